@@ -1,0 +1,67 @@
+"""The ``kernelmap`` console script.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
+``main(args) -> int``. Modules are imported only when their subcommand runs, so no framework
+is imported by ``kernelmap --help`` or by a subcommand that does not need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from .errors import KernelmapError, ParseError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("kernelmap.runner", "train/benchmark one or both frameworks into a run directory"),
+    "parity": ("kernelmap.parity", "check that both frameworks compute the same model (CPU, fp32)"),
+    "doctor": ("kernelmap.doctor", "say what is installed and usable here"),
+    "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
+    "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),
+    "compare": ("kernelmap.history", "compare two saved pytest-benchmark runs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelmap", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"kernelmap {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _error_payload(exc: BaseException) -> dict:
+    payload: dict = {"error": str(exc), "type": type(exc).__name__}
+    if isinstance(exc, ParseError):
+        payload.update(file=exc.path, line=exc.line, record=exc.record, cause=exc.cause)
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    want_json = bool(getattr(args, "json", False))
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except KernelmapError as exc:
+        if want_json:
+            print(json.dumps(_error_payload(exc)))
+        print(f"kernelmap {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if want_json:
+            print(json.dumps({"error": "interrupted", "type": "KeyboardInterrupt"}))
+        print(f"kernelmap {args.command}: interrupted; nothing partial was kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

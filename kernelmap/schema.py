@@ -1,0 +1,164 @@
+"""The record schema: one typed table of events, versioned. docs/SCHEMA.md is its prose twin.
+
+Every adapter returns a DataFrame with exactly ``COLUMNS`` (in order, with these dtypes).
+``validate`` checks that on write and on read; Parquet files carry ``schema_version`` in their
+key-value metadata, and a file of another version is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+# column -> pandas dtype. Nullable extension dtypes so that "unknown" is NA, never a magic value.
+COLUMNS: dict[str, str] = {
+    "run": "string",  # run id (run directory name, or the file stem for loose files)
+    "framework": "string",  # pytorch | mxnet | unknown
+    "device": "string",  # gpu | cpu
+    "batch_size": "Int64",
+    "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose
+    "source_file": "string",
+    "event_id": "Int64",  # unique within (run, source_file)
+    "kind": "string",  # see KINDS
+    "iteration": "Int64",  # training step index, where known
+    "phase": "string",  # see PHASES
+    "layer": "string",  # conv1 | conv2 | fc1 | fc2 | loss | ...
+    "op_name": "string",  # the framework's own op name (aten::convolution, Convolution, ...)
+    "canonical_op": "string",  # see CANONICAL_OPS
+    "direction": "string",  # see DIRECTIONS
+    "library": "string",  # see LIBRARIES
+    "library_call": "string",  # cudnnBackendExecute, cublasSgemm_v2, cublasLtMatmul, convolution forward_training, ...
+    "kernel_name": "string",  # demangled
+    "start_ns": "Int64",  # absolute, in the source's clock
+    "dur_ns": "Int64",
+    "stream": "Int64",
+    "grid_x": "Int64",
+    "grid_y": "Int64",
+    "grid_z": "Int64",
+    "block_x": "Int64",
+    "block_y": "Int64",
+    "block_z": "Int64",
+    "correlation_id": "Int64",  # CUDA runtime launch <-> kernel
+    "op_event_id": "Int64",  # link: the op (kind=op) this event belongs to
+    "call_event_id": "Int64",  # link: the library call (kind=library_call) this kernel belongs to
+    "math_mode": "string",  # fp32 | tf32 | fp16 | bf16 | ...
+    "shapes": "string",  # JSON list of input shapes, e.g. "[[64,1,28,28],[32,1,3,3]]"
+    "flops": "Int64",  # where derivable from shapes
+    "bytes": "Int64",  # memcpy/memset size
+    "pid": "Int64",
+    "tid": "Int64",
+}
+
+KINDS = ("op", "library_call", "kernel", "memcpy", "memset", "runtime", "step", "annotation")
+PHASES = ("forward", "backward", "optimizer", "data", "other")
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight", "bwd_bias", "bwd", "update", "none")
+LIBRARIES = ("cuDNN", "cuBLAS", "cuBLASLt", "oneDNN", "BLAS", "native")
+CANONICAL_OPS = (
+    "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
+    "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
+    "add", "reorder", "sum", "mul", "other",
+)
+
+_ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,
+          "canonical_op": CANONICAL_OPS}
+
+
+def empty() -> pd.DataFrame:
+    """An empty records table with the right columns and dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()})
+
+
+def conform(df: pd.DataFrame) -> pd.DataFrame:
+    """Add missing columns as NA, order them, and cast to the schema's dtypes."""
+    out = pd.DataFrame(index=df.index)
+    for col, dtype in COLUMNS.items():
+        out[col] = df[col].astype(dtype) if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype)
+    extra = set(df.columns) - set(COLUMNS)
+    if extra:
+        raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")
+    return out.reset_index(drop=True)
+
+
+def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
+    """Raise SchemaError unless ``df`` has exactly the schema's columns, dtypes and vocabularies."""
+    if list(df.columns) != list(COLUMNS):
+        missing = [c for c in COLUMNS if c not in df.columns]
+        extra = [c for c in df.columns if c not in COLUMNS]
+        raise SchemaError(f"{where}: columns differ from schema v{SCHEMA_VERSION} (missing {missing}, extra {extra})")
+    for col, dtype in COLUMNS.items():
+        if str(df[col].dtype) != dtype:
+            raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
+    for col, allowed in _ENUMS.items():
+        bad = set(df[col].dropna().unique()) - set(allowed)
+        if bad:
+            raise SchemaError(f"{where}: column {col!r} has values outside the vocabulary: {sorted(bad)[:5]}")
+    if df["kind"].isna().any():
+        raise SchemaError(f"{where}: {int(df['kind'].isna().sum())} rows have no kind")
+    neg = df["dur_ns"].dropna() < 0
+    if neg.any():
+        raise SchemaError(f"{where}: {int(neg.sum())} rows have a negative duration")
+    return df
+
+
+def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
+    """Validate and write atomically, with ``schema_version`` in the Parquet metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .atomic import atomic_path
+
+    validate(df, str(path))
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
+    if extra_meta:
+        meta[b"kernelmap.meta"] = json.dumps(extra_meta).encode()
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
+    """Read records, refusing files without or with another ``schema_version``."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise SchemaError(f"{path}: no such file") from None
+    except Exception as exc:  # pyarrow raises several types for a non-Parquet file
+        raise SchemaError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    meta = table.schema.metadata or {}
+    raw = meta.get(b"kernelmap.schema_version")
+    if raw is None:
+        raise SchemaError(f"{path}: no kernelmap.schema_version in the Parquet metadata; not a kernelmap records file")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise SchemaError(f"{path}: schema_version {raw!r} is not a number") from None
+    if version != SCHEMA_VERSION:
+        newer = "newer than" if version > SCHEMA_VERSION else "older than"
+        raise SchemaError(f"{path}: schema_version {version} is {newer} this kernelmap's {SCHEMA_VERSION}")
+    df = table.to_pandas()
+    try:
+        df = df.astype(COLUMNS) if list(df.columns) == list(COLUMNS) else df
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"{path}: {exc}") from None
+    return validate(df, str(path))
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The ``extra_meta`` dict stored by ``write_parquet`` (summary, attribution), or {}."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(b"kernelmap.meta")
+    return json.loads(raw) if raw else {}
