@@ -96,8 +96,15 @@ class WorkloadBase(abc.ABC):
         """Logits for a batch, as numpy (no gradient)."""
 
     @abc.abstractmethod
+    def region(self, name: str):
+        """Context manager: a named range in the framework profiler's trace (record_function /
+        mx.profiler) and, on the GPU, an NVTX range. Names used: ``kernelmap:step#N``,
+        ``kernelmap:forward``, ``kernelmap:backward``, ``kernelmap:optimizer``."""
+
+    @abc.abstractmethod
     def train_step(self, images: Any, labels: Any) -> Any:
-        """One SGD step; returns the loss as a framework scalar (not synchronised)."""
+        """One SGD step, its phases wrapped in ``region('kernelmap:forward'|'kernelmap:backward'|
+        'kernelmap:optimizer')``; returns the loss as a framework scalar (not synchronised)."""
 
     @abc.abstractmethod
     def synchronize(self) -> None:
