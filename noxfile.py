@@ -1,0 +1,93 @@
+"""Sessions for kernelmap: tests, the benchmark job, history comparison and lint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from datetime import datetime, timezone
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# MXNet 1.9.1 (the last release) needs numpy < 1.24, which has no wheels past Python 3.11.
+PYTHON = "3.11"
+
+
+def _gpu_compute_capability() -> tuple[int, int] | None:
+    """The first GPU's compute capability from nvidia-smi, or None where there is no GPU."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        major, minor = out.splitlines()[0].strip().split(".")
+        return int(major), int(minor)
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _mxnet_extra() -> str:
+    """`mxnet-gpu` (mxnet-cu112 + CUDA 11 wheels) where its machine code runs, else CPU `mxnet`."""
+    cc = _gpu_compute_capability()
+    # mxnet-cu112 1.9.1 carries sm_50/60/70/80/86 machine code and no PTX (measured).
+    if cc is not None and cc[0] * 10 + cc[1] in (50, 60, 70, 80, 86):
+        return "mxnet-gpu"
+    return "mxnet"
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite (CPU; GPU tests skip without a GPU)."""
+    session.install("-e", ".[pytorch,mxnet,dev]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """The main job: both frameworks on the best device, all capture passes, then the report."""
+    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = os.path.join("runs", stamp)
+    args = session.posargs or ["--steps", "200", "--profile", "all", "--batch-size", "64", "256"]
+    session.run("kernelmap", "doctor")
+    session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
+    session.run("kernelmap", "report", run_dir, "-o", os.path.join(run_dir, "report"),
+                "--storage", ".benchmarks")
+    session.log(f"report: {os.path.join(run_dir, 'report', 'report.html')}")
+
+
+@nox.session(python=PYTHON)
+def benchmarks(session: nox.Session) -> None:
+    """pytest-benchmark of one training step per framework (autosaved to .benchmarks/)."""
+    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    for framework in ("pytorch", "mxnet"):
+        # One pytest process per framework: their CUDA runtimes must never share a process.
+        session.run("pytest", "benches/bench_train_step.py", f"--framework={framework}",
+                    "--benchmark-autosave", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def compare(session: nox.Session) -> None:
+    """Compare the two latest saved benchmark runs (or the ones given) and fail past a threshold."""
+    session.install("-e", ".")
+    session.run("kernelmap", "compare", *(session.posargs or ["--fail", "mean:5%"]))
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Run ruff."""
+    session.install("ruff>=0.4")
+    session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """GPU-only tests; skipped where there is no GPU."""
+    if _gpu_compute_capability() is None:
+        session.skip("no NVIDIA GPU found (nvidia-smi)")
+    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    session.run("pytest", "-m", "gpu", *session.posargs)
