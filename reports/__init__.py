@@ -1,0 +1,1 @@
+"""Reports: analyses (DataFrames), figures (PNG) and the HTML page, in that order."""
