@@ -2,6 +2,13 @@
 
 Every framework's ``Workload`` implements ``WorkloadBase`` from this module and builds the model
 described by ``LAYERS``. Nothing here imports torch or mxnet.
+
+Weight file (docs/WEIGHTS.md): an ``.npz`` of float32 arrays named ``conv1.weight``,
+``conv1.bias``, ... (``weight_names()``), in the neutral layout: conv weights OIHW
+(out channels, in channels, kernel h, kernel w), linear weights (out features, in features),
+biases 1-D. Both frameworks happen to store their parameters in exactly this layout
+(``torch.nn.Conv2d``/``nn.Linear`` and Gluon ``Conv2D``/``Dense``), so no transposition is
+needed on either side; the flatten before ``fc1`` is C, H, W order in both.
 """
 
 from __future__ import annotations
@@ -9,10 +16,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from kernelmap.errors import KernelmapError
 
 # --- the model -------------------------------------------------------------------------------
 # conv 1->32 3x3 pad 1, relu, maxpool 2 -> conv 32->64 3x3 pad 1, relu, maxpool 2 -> flatten
@@ -36,7 +45,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("fc2", "linear", (10, 128), (10,)),
 )
 PARAM_COUNT = 421_642
-assert sum(int(np.prod(l.weight_shape)) + int(np.prod(l.bias_shape)) for l in LAYERS) == PARAM_COUNT
+assert sum(int(np.prod(x.weight_shape)) + int(np.prod(x.bias_shape)) for x in LAYERS) == PARAM_COUNT
 
 # Normalisation applied to pixels after scaling to [0, 1] (the usual MNIST constants).
 PIXEL_MEAN = 0.1307
@@ -72,8 +81,40 @@ class WorkloadBase(abc.ABC):
 
     framework: str = ""
 
-    def __init__(self, config: TrainConfig):
+    def __init__(self, config: TrainConfig, data_info=None, cache_dir=None):
+        """``data_info``: a ``data.DataInfo`` already resolved (else resolved from ``config`` on
+        first use); ``cache_dir``: where ``data.prepare_dir`` lays the files out."""
         self.config = config
+        self._data_info = data_info
+        self._cache_dir = cache_dir
+
+    @property
+    def data_info(self):
+        """The ``data.DataInfo`` this workload trains on (resolved lazily, raising if missing)."""
+        if self._data_info is None:
+            from .data import resolve_data
+
+            self._data_info = resolve_data(self.config)
+        return self._data_info
+
+    def prepared_data(self):
+        """The IDX files laid out for the framework loaders (``data.PreparedData``)."""
+        from .data import prepare_dir
+
+        return prepare_dir(self.data_info, self._cache_dir)
+
+    def dataset(self, split: str):
+        """The framework's dataset of ``split`` (train | test), built once by ``_make_dataset``."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be train or test, not {split!r}")
+        cache = self.__dict__.setdefault("_datasets", {})
+        if split not in cache:
+            cache[split] = self._make_dataset(split)
+        return cache[split]
+
+    def _make_dataset(self, split: str):
+        """Build the framework's dataset (its own loader over ``prepared_data()``, or synthetic arrays)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def versions(self) -> dict[str, Any]:
@@ -117,4 +158,89 @@ class WorkloadBase(abc.ABC):
 
 def weight_names() -> list[str]:
     """Neutral weight names: conv1.weight, conv1.bias, ... in model order."""
-    return [f"{l.name}.{p}" for l in LAYERS for p in ("weight", "bias")]
+    return [f"{layer.name}.{p}" for layer in LAYERS for p in ("weight", "bias")]
+
+
+# --- initial weights and the weight file ----------------------------------------------------
+WEIGHT_DTYPE = np.float32
+
+
+def weight_shapes() -> dict[str, tuple[int, ...]]:
+    """Neutral weight name -> shape, in model order."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in LAYERS:
+        shapes[f"{layer.name}.weight"] = layer.weight_shape
+        shapes[f"{layer.name}.bias"] = layer.bias_shape
+    return shapes
+
+
+def init_weights(seed: int) -> dict[str, np.ndarray]:
+    """Deterministic initial weights, the distribution of torch's default initialisation.
+
+    ``nn.Conv2d``/``nn.Linear`` use ``kaiming_uniform_(a=sqrt(5))`` for weights, which is
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for biases. fan_in is in*kh*kw for a
+    conv and in_features for a linear layer. Drawn with numpy's PCG64 from ``seed`` in model order.
+    """
+    rng = np.random.default_rng(seed)
+    weights: dict[str, np.ndarray] = {}
+    for layer in LAYERS:
+        fan_in = int(np.prod(layer.weight_shape[1:]))
+        bound = 1.0 / np.sqrt(fan_in)
+        weights[f"{layer.name}.weight"] = rng.uniform(-bound, bound, layer.weight_shape).astype(WEIGHT_DTYPE)
+        weights[f"{layer.name}.bias"] = rng.uniform(-bound, bound, layer.bias_shape).astype(WEIGHT_DTYPE)
+    return weights
+
+
+def check_weights(weights: dict[str, np.ndarray], source: str = "weights") -> dict[str, np.ndarray]:
+    """Raise ``KernelmapError`` naming ``source`` unless names, shapes and dtype are the spec's."""
+    shapes = weight_shapes()
+    missing = [n for n in shapes if n not in weights]
+    extra = sorted(n for n in weights if n not in shapes)
+    if missing or extra:
+        raise KernelmapError(
+            f"{source}: weight names do not match the spec (missing {missing}, unexpected {extra})"
+        )
+    for name, shape in shapes.items():
+        a = weights[name]
+        if tuple(a.shape) != shape:
+            raise KernelmapError(f"{source}: {name} has shape {tuple(a.shape)}, the spec says {shape}")
+        if a.dtype != WEIGHT_DTYPE:
+            raise KernelmapError(f"{source}: {name} has dtype {a.dtype}, the spec says float32")
+        if not np.all(np.isfinite(a)):
+            raise KernelmapError(f"{source}: {name} holds non-finite values")
+    return {n: weights[n] for n in shapes}
+
+
+def save_weights(path, weights: dict[str, np.ndarray]) -> None:
+    """Write the weight file (``.npz``) atomically, after checking it against the spec."""
+    from kernelmap.atomic import atomic_file
+
+    weights = check_weights(weights, str(path))
+    with atomic_file(path, "wb") as fh:
+        np.savez(fh, **weights)
+
+
+def load_weights(path) -> dict[str, np.ndarray]:
+    """Read and validate a weight file; any problem raises ``KernelmapError`` naming the file."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            weights = {name: npz[name] for name in npz.files}
+    except FileNotFoundError:
+        raise KernelmapError(f"{path}: weight file not found") from None
+    except (OSError, ValueError) as exc:
+        raise KernelmapError(f"{path}: not a readable .npz weight file ({exc})") from exc
+    return check_weights(weights, str(path))
+
+
+# --- data order ------------------------------------------------------------------------------
+def sample_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``range(n)`` both frameworks visit in ``epoch`` (int64)."""
+    return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
+
+
+def training_order(n: int, seed: int, n_samples: int) -> np.ndarray:
+    """The first ``n_samples`` sample indices of training: epoch 0's order, then epoch 1's, ..."""
+    if n <= 0:
+        raise KernelmapError("the training set is empty")
+    epochs = -(-n_samples // n)
+    return np.concatenate([sample_order(n, seed, e) for e in range(max(epochs, 1))])[:n_samples]

@@ -1,0 +1,199 @@
+"""The MNIST CNN in MXNet Gluon: a ``HybridSequential`` run imperatively (``hybridize()`` when
+``config.hybridize``), SoftmaxCrossEntropyLoss, ``gluon.Trainer('sgd')``, Gluon's MNIST datasets."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from kernelmap.errors import KernelmapError
+
+from .. import spec
+from ..data import file_digest, synthetic_arrays
+from . import cuda11
+
+PRELOAD = cuda11.preload()  # CUDA 11 libraries of the nvidia-*-cu11 wheels, before mxnet loads
+
+import mxnet as mx  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+from mxnet.gluon.data.vision import transforms  # noqa: E402
+
+_SPLIT_ATTRS = ("_train_data", "_train_label", "_test_data", "_test_label")
+
+
+def offline_dataset(cls, root: str, train: bool):
+    """``cls`` (gluon FashionMNIST or MNIST) reading the local .gz files, never downloading.
+
+    Gluon's ``_get_data`` calls ``gluon.utils.download`` with the SHA1 of the upstream .gz files and
+    downloads on any mismatch. Local copies legitimately differ (Debian recompresses them; tests
+    write their own), and the content is pinned by ``DataInfo.sha256`` instead, so the expected
+    SHA1 is set to the local files' own before gluon's parser runs. A missing file raises here.
+    """
+
+    class Offline(cls):
+        def _get_data(self):
+            needed = _SPLIT_ATTRS[:2] if self._train else _SPLIT_ATTRS[2:]
+            for attr in needed:
+                name, _upstream_sha1 = getattr(self, attr)
+                path = os.path.join(self._root, name)
+                if not os.path.isfile(path):
+                    raise KernelmapError(f"{path}: missing; gluon would try to download it")
+                setattr(self, attr, (name, file_digest(path, "sha1")))
+            super()._get_data()
+
+    Offline.__name__ = Offline.__qualname__ = f"Offline{cls.__name__}"
+    return Offline(root=root, train=train)
+
+
+class OrderSampler(gluon.data.Sampler):
+    """Yields the sample indices of ``order``, as given."""
+
+    def __init__(self, order: np.ndarray):
+        self._order = [int(i) for i in order]
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self):
+        return len(self._order)
+
+
+def build_net() -> nn.HybridSequential:
+    net = nn.HybridSequential()
+    net.add(
+        nn.Conv2D(32, kernel_size=3, padding=1, in_channels=1, activation="relu"),
+        nn.MaxPool2D(pool_size=2),
+        nn.Conv2D(64, kernel_size=3, padding=1, in_channels=32, activation="relu"),
+        nn.MaxPool2D(pool_size=2),
+        nn.Flatten(),
+        nn.Dense(128, in_units=64 * 7 * 7, activation="relu"),
+        nn.Dense(spec.NUM_CLASSES, in_units=128),
+    )
+    return net
+
+
+class Workload(spec.WorkloadBase):
+    framework = "mxnet"
+
+    def __init__(self, config: spec.TrainConfig, data_info=None, cache_dir=None):
+        super().__init__(config, data_info, cache_dir)
+        if config.device == "gpu":
+            if mx.context.num_gpus() < 1:
+                raise KernelmapError(
+                    "device gpu asked for, but mxnet sees no GPU (mx.context.num_gpus() == 0)"
+                )
+            self.ctx = mx.gpu(0)
+        else:
+            self.ctx = mx.cpu()
+        self.net = build_net()
+        self.net.initialize(ctx=self.ctx)
+        if config.hybridize:
+            self.net.hybridize()
+        self._layers = {"conv1": self.net[0], "conv2": self.net[2], "fc1": self.net[5], "fc2": self.net[6]}
+        self.set_weights(spec.init_weights(config.seed))
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.trainer = gluon.Trainer(
+            self.net.collect_params(), "sgd", {"learning_rate": config.lr, "momentum": config.momentum}
+        )
+
+    # --- versions, weights ---------------------------------------------------------------------
+    def versions(self) -> dict[str, Any]:
+        features = mx.runtime.Features()
+        libs = cuda11.library_versions()
+        return {
+            "framework": "mxnet",
+            "version": mx.__version__,
+            "cuda_enabled": features.is_enabled("CUDA"),
+            "cudnn_enabled": features.is_enabled("CUDNN"),
+            "mkldnn": features.is_enabled("MKLDNN"),
+            # reported by the CUDA 11 libraries preloaded from the nvidia wheels; None without them
+            "cuda": libs["cudart"],
+            "cudnn": libs["cudnn"],
+            "cublas": libs["cublas"],
+            "preload": PRELOAD.describe(),
+        }
+
+    def _params(self) -> dict[str, gluon.Parameter]:
+        return {
+            f"{layer}.{kind}": getattr(block, kind)
+            for layer, block in self._layers.items()
+            for kind in ("weight", "bias")
+        }
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        weights = spec.check_weights(weights)
+        for name, param in self._params().items():
+            param.set_data(mx.nd.array(weights[name], ctx=self.ctx, dtype="float32"))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {name: p.data(self.ctx).asnumpy() for name, p in self._params().items()}
+
+    def param_count(self) -> int:
+        return sum(int(np.prod(p.shape)) for p in self.net.collect_params().values())
+
+    # --- data ---------------------------------------------------------------------------------
+    def _make_dataset(self, split: str):
+        info = self.data_info
+        if info.synthetic:
+            images, labels = synthetic_arrays(info.seed, split)
+            dataset = gluon.data.ArrayDataset(
+                mx.nd.array(images[..., None], dtype="uint8"), labels.astype(np.int32)
+            )
+        else:
+            prepared = self.prepared_data()
+            cls = gluon.data.vision.FashionMNIST if info.kind == "fashion-mnist" else gluon.data.vision.MNIST
+            dataset = offline_dataset(cls, str(prepared.gluon_root), train=split == "train")
+        transform = transforms.Compose(
+            [transforms.ToTensor(), transforms.Normalize(spec.PIXEL_MEAN, spec.PIXEL_STD)]
+        )
+        return dataset.transform_first(transform)
+
+    def batches(self, split: str, batch_size: int, order: np.ndarray) -> Iterator[tuple[Any, Any]]:
+        loader = gluon.data.DataLoader(
+            self.dataset(split), batch_size=batch_size, sampler=OrderSampler(order), last_batch="keep"
+        )
+        for images, labels in loader:
+            yield images.as_in_context(self.ctx), labels.as_in_context(self.ctx)
+
+    # --- compute ------------------------------------------------------------------------------
+    def forward(self, images) -> np.ndarray:
+        return self.net(images).asnumpy()
+
+    @contextlib.contextmanager
+    def region(self, name: str):
+        # mx.profiler.Event is the range that shows as a named duration span ("ph": "B"/"E") on
+        # the calling thread in the dumped chrome trace; Task gives async "b"/"e" events and Frame
+        # "("/")" ones. It times the host thread: MXNet's engine runs the ops asynchronously.
+        # On the GPU, MXNet emits NVTX ranges for its operators itself.
+        event = mx.profiler.Event(name)
+        event.start()
+        try:
+            yield
+        finally:
+            event.stop()
+
+    def train_step(self, images, labels):
+        with self.region("kernelmap:forward"):
+            with autograd.record():
+                loss = self.loss_fn(self.net(images), labels)
+        with self.region("kernelmap:backward"):
+            loss.backward()
+        with self.region("kernelmap:optimizer"):
+            self.trainer.step(images.shape[0])
+        return loss.mean()
+
+    def synchronize(self) -> None:
+        mx.nd.waitall()
+
+    def evaluate(self, batch_size: int = 1000) -> float:
+        dataset = self.dataset("test")
+        correct = 0
+        for images, labels in self.batches("test", batch_size, np.arange(len(dataset))):
+            pred = self.net(images).argmax(axis=1).astype("int32")
+            correct += int((pred == labels.astype("int32")).sum().asscalar())
+        return correct / len(dataset)

@@ -1,0 +1,281 @@
+"""``kernelmap parity``: do both frameworks compute the same model? (CPU, fp32)
+
+Each framework runs in its own subprocess (``python -m kernelmap.parity --worker ...``, never
+both in one process); both load the same initial weight file and train on the same batches in
+the same order. Each writes an ``.npz``: logits of the first batch before any step, the loss of
+each SGD step, the weights after the last step. The parent imports no framework and compares:
+
+- ``forward_logits_max_abs_diff`` = max |a - b| over all logits of the first batch;
+- ``loss_max_rel_diff`` = max over steps of |a - b| / |a|;
+- ``weights_max_rel_diff[name]`` = max |a - b| / max |a| for each weight tensor (``a`` is the
+  first framework, ``pytorch``), and ``weights_worst`` the largest of these.
+
+Each must be <= 1e-4 (``TOLERANCES``); exit status 1 when one is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import KernelmapError, MissingToolError
+
+FRAMEWORKS = ("pytorch", "mxnet")
+TOLERANCES = {"forward_logits_max_abs_diff": 1e-4, "loss_max_rel_diff": 1e-4, "weights_worst": 1e-4}
+DEFINITIONS = {
+    "forward_logits_max_abs_diff": "max |a-b| over the logits of the first batch, before any step",
+    "loss_max_rel_diff": "max over steps of |a-b|/|a|, a = first framework's loss",
+    "weights_max_rel_diff": "per tensor: max|a-b| / max|a| after the last step, a = first framework's",
+    "weights_worst": "max of weights_max_rel_diff",
+}
+IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",)}
+INSTALL_FIX = {"pytorch": "pip install 'kernelmap[pytorch]'", "mxnet": "pip install 'kernelmap[mxnet]'"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data", default="auto", help="auto | fashion-mnist | mnist | synthetic | DIR (default auto)"
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="directory of the IDX files for --data fashion-mnist/mnist"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="SGD steps compared (default 20)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
+    parser.add_argument("--hybridize", action="store_true", help="hybridize the Gluon model")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--out", default=None, help="also write the figures to this file (parity.json)")
+
+
+def check_available(frameworks=FRAMEWORKS) -> None:
+    """Raise ``MissingToolError`` naming the fix for a framework that is not installed (no import)."""
+    for fw in frameworks:
+        for module in IMPORT_NAMES[fw]:
+            if importlib.util.find_spec(module) is None:
+                raise MissingToolError(f"{fw}: python module {module!r} is not installed; {INSTALL_FIX[fw]}")
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(a)))
+    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]) -> dict[str, Any]:
+    """The figures of ``DEFINITIONS`` for two worker outputs (``a`` is the reference)."""
+    la, lb = a["losses"].astype(np.float64), b["losses"].astype(np.float64)
+    if la.shape != lb.shape:
+        raise KernelmapError(f"the workers ran different numbers of steps ({la.size} and {lb.size})")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss_rel = np.abs(la - lb) / np.abs(la)
+    weights = {n: _relative(a[f"weight/{n}"], b[f"weight/{n}"]) for n in names}
+    figures = {
+        "forward_logits_max_abs_diff": float(np.max(np.abs(a["logits"].astype(np.float64) - b["logits"]))),
+        "loss_max_rel_diff": float(np.max(loss_rel)) if loss_rel.size else 0.0,
+        "loss_rel_diff_per_step": [float(x) for x in loss_rel],
+        "weights_max_rel_diff": weights,
+        "weights_worst": max(weights.values()),
+    }
+    failures = [
+        f"{key} = {figures[key]:.3g} > {tol:g}"
+        for key, tol in TOLERANCES.items()
+        if not figures[key] <= tol  # NaN fails too
+    ]
+    figures["failures"] = failures
+    figures["passed"] = not failures
+    return figures
+
+
+def _run_worker(fw: str, workdir: Path, weights: Path, params: dict[str, Any], timeout: float) -> dict:
+    out = workdir / f"{fw}.npz"
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernelmap.parity",
+        "--worker",
+        fw,
+        "--weights",
+        str(weights),
+        "--result",
+        str(out),
+    ]
+    cmd += ["--params", json.dumps(params)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # CPU only: fp32 without TF32 or GPU libraries
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise KernelmapError(f"parity: the {fw} worker failed (exit {proc.returncode}):\n{tail}")
+    with np.load(out, allow_pickle=False) as npz:
+        result = {k: npz[k] for k in npz.files}
+    result["meta"] = json.loads(str(result["meta"]))
+    return result
+
+
+def compute_parity(
+    *,
+    data: str = "auto",
+    data_dir: str | None = None,
+    steps: int = 20,
+    batch_size: int = 64,
+    lr: float = 0.01,
+    momentum: float = 0.9,
+    seed: int = 0,
+    hybridize: bool = False,
+    timeout: float = 600.0,
+    cache_dir: str | None = None,
+    workdir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Run both framework workers and return the figures (see the module docstring); prints nothing."""
+    from .frameworks import data as data_mod
+    from .frameworks import spec
+
+    if steps < 1 or batch_size < 1:
+        raise KernelmapError("parity: --steps and --batch-size must be at least 1")
+    check_available()
+    config = spec.TrainConfig(
+        batch_size=batch_size,
+        lr=lr,
+        momentum=momentum,
+        steps=steps,
+        seed=seed,
+        data=data,
+        data_dir=data_dir,
+        hybridize=hybridize,
+        device="cpu",
+    )
+    info = data_mod.resolve_data(config)
+    if not info.synthetic:
+        data_mod.prepare_dir(info, cache_dir)  # once, before two workers race for it
+    params = {
+        k: config.to_dict()[k]
+        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "hybridize")
+    }
+    params["cache_dir"] = cache_dir
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kernelmap-parity-", dir=workdir) as tmp:
+        tmp = Path(tmp)
+        weights = tmp / "initial_weights.npz"
+        spec.save_weights(weights, spec.init_weights(seed))
+        results = {fw: _run_worker(fw, tmp, weights, params, timeout) for fw in FRAMEWORKS}
+    for fw, r in results.items():
+        if r["meta"]["data_sha256"] != info.sha256:
+            raise KernelmapError(f"parity: the {fw} worker read different data files than {info.path}")
+    figures = compare(results[FRAMEWORKS[0]], results[FRAMEWORKS[1]], spec.weight_names())
+    return {
+        "frameworks": list(FRAMEWORKS),
+        "device": "cpu",
+        "dtype": "float32",
+        "steps": steps,
+        **figures,
+        "tolerances": TOLERANCES,
+        "definitions": DEFINITIONS,
+        "losses": {fw: [float(x) for x in r["losses"]] for fw, r in results.items()},
+        "versions": {fw: r["meta"]["versions"] for fw, r in results.items()},
+        "config": params,
+        "data": info.to_dict(),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def format_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"parity {' vs '.join(result['frameworks'])} on {result['device']} {result['dtype']}, "
+        f"{result['steps']} SGD steps, data {result['data']['kind']} ({result['data']['path'] or 'generated'})",
+        f"  forward logits max |a-b|     {result['forward_logits_max_abs_diff']:.3e}  (<= {TOLERANCES['forward_logits_max_abs_diff']:g})",
+        f"  loss max |a-b|/|a| per step  {result['loss_max_rel_diff']:.3e}  (<= {TOLERANCES['loss_max_rel_diff']:g})",
+        f"  weights max|a-b|/max|a|      {result['weights_worst']:.3e}  (<= {TOLERANCES['weights_worst']:g})",
+    ]
+    for name, v in result["weights_max_rel_diff"].items():
+        lines.append(f"    {name:<14} {v:.3e}")
+    first, last = (result["losses"][fw] for fw in result["frameworks"])
+    lines.append(
+        f"  loss step 1 / {result['steps']}: {first[0]:.6f} / {first[-1]:.6f} vs {last[0]:.6f} / {last[-1]:.6f}"
+    )
+    lines.append("PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"]))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = compute_parity(
+        data=args.data,
+        data_dir=args.data_dir,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+        seed=args.seed,
+        hybridize=args.hybridize,
+        timeout=args.timeout,
+    )
+    if args.out:
+        from .atomic import atomic_file
+
+        with atomic_file(args.out) as fh:
+            json.dump(result, fh, indent=2)
+    print(json.dumps(result, indent=2) if args.json else format_text(result))
+    return 0 if result["passed"] else 1
+
+
+# --- the worker: one framework, in its own process -------------------------------------------
+def worker(framework: str, weights_path: str, result_path: str, params: dict[str, Any]) -> None:
+    from .atomic import atomic_file
+    from .frameworks import load_workload, spec
+
+    cache_dir = params.pop("cache_dir", None)
+    config = spec.TrainConfig(device="cpu", **params)
+    workload = load_workload(framework)(config, cache_dir=cache_dir)
+    workload.set_weights(spec.load_weights(weights_path))
+    info = workload.data_info
+    order = spec.training_order(info.n_train, config.seed, config.steps * config.batch_size)
+    logits = None
+    losses = []
+    for images, labels in workload.batches("train", config.batch_size, order):
+        if logits is None:
+            logits = workload.forward(images)
+        losses.append(float(np.asarray(_scalar(workload.train_step(images, labels)))))
+    workload.synchronize()
+    meta = {"versions": workload.versions(), "data_sha256": info.sha256, "framework": framework}
+    arrays = {f"weight/{k}": v for k, v in workload.get_weights().items()}
+    with atomic_file(result_path, "wb") as fh:
+        np.savez(
+            fh, logits=logits, losses=np.asarray(losses, dtype=np.float64), meta=json.dumps(meta), **arrays
+        )
+
+
+def _scalar(x):
+    return x.asnumpy() if hasattr(x, "asnumpy") else x.detach().cpu().numpy()
+
+
+def _worker_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernelmap.parity")
+    p.add_argument("--worker", required=True, choices=FRAMEWORKS)
+    p.add_argument("--weights", required=True)
+    p.add_argument("--result", required=True)
+    p.add_argument("--params", required=True, help="JSON of TrainConfig fields")
+    a = p.parse_args(argv)
+    try:
+        worker(a.worker, a.weights, a.result, json.loads(a.params))
+    except KernelmapError as exc:
+        print(f"kernelmap parity worker ({a.worker}): error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())
