@@ -15,7 +15,7 @@ import pandas as pd
 
 from .errors import SchemaError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # column -> pandas dtype. Nullable extension dtypes so that "unknown" is NA, never a magic value.
 COLUMNS: dict[str, str] = {
@@ -25,7 +25,7 @@ COLUMNS: dict[str, str] = {
     "batch_size": "Int64",
     "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose
     "source_file": "string",
-    "event_id": "Int64",  # unique within (run, source_file)
+    "event_id": "Int64",  # unique within a source file; unique within a run after `normalise`
     "kind": "string",  # see KINDS
     "iteration": "Int64",  # training step index, where known
     "phase": "string",  # see PHASES
@@ -48,6 +48,8 @@ COLUMNS: dict[str, str] = {
     "correlation_id": "Int64",  # CUDA runtime launch <-> kernel
     "op_event_id": "Int64",  # link: the op (kind=op) this event belongs to
     "call_event_id": "Int64",  # link: the library call (kind=library_call) this kernel belongs to
+    "algo": "string",  # the library's algorithm id: cuDNN engine "eng28" / algo enum, cuBLASLt "algoId=55"
+    "seq": "Int64",  # autograd sequence number (links a backward op to its forward op)
     "math_mode": "string",  # fp32 | tf32 | fp16 | bf16 | ...
     "shapes": "string",  # JSON list of input shapes, e.g. "[[64,1,28,28],[32,1,3,3]]"
     "flops": "Int64",  # where derivable from shapes

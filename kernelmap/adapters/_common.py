@@ -1,0 +1,71 @@
+"""Helpers shared by the adapters: transparent gzip, a frame builder, and the ParseError wrap."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import schema
+from ..errors import ParseError, SchemaError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The file's bytes, gunzipped when the content (not the name) is gzip."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ParseError(path, f"cannot read: {exc.strerror or exc}") from None
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ParseError(path, f"corrupt gzip data: {exc}") from None
+    return data
+
+
+def read_text(path: str | os.PathLike) -> str:
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"not UTF-8 text (byte {exc.start})") from None
+
+
+def head(path: str | os.PathLike, n: int = 4096) -> bytes:
+    """The first ``n`` bytes of the (gunzipped) content, for sniffing."""
+    with open(path, "rb") as fh:
+        start = fh.read(2)
+        fh.seek(0)
+        if start == GZIP_MAGIC:
+            try:
+                with gzip.GzipFile(fileobj=fh) as gz:
+                    return gz.read(n)
+            except (OSError, EOFError, zlib.error):
+                return b""
+        return fh.read(n)
+
+
+def finish(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
+    """Build a schema-conforming frame from column arrays; event_id = row order within the file."""
+    n = next((len(v) for v in cols.values() if not isinstance(v, str | int | float | type(None))), 0)
+    df = pd.DataFrame(cols, index=pd.RangeIndex(n))
+    df["source"] = source
+    df["source_file"] = str(Path(path).name)
+    df["event_id"] = np.arange(n, dtype="int64")
+    try:
+        return schema.validate(schema.conform(df), str(path))
+    except (SchemaError, TypeError, ValueError) as exc:
+        raise ParseError(path, f"records do not fit the schema: {exc}") from None
+
+
+def ns_from_us(values) -> np.ndarray:
+    """Microsecond floats (Chrome trace ``ts``/``dur``) to integer nanoseconds."""
+    return np.rint(np.asarray(values, dtype="float64") * 1000.0).astype("int64")

@@ -1,0 +1,158 @@
+"""Linking and labelling shared by the profiler adapters (Kineto, nsys): op nesting, canonical
+op, phase, iteration, layer; kernel -> runtime launch (correlation) -> op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import canonical as C
+
+HOST_KINDS = ("op", "annotation", "runtime", "step")
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+
+
+def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd.DataFrame:
+    """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
+
+    ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
+    position); ``dims`` is, per row, the op's list of input shapes (or None)."""
+    n = len(df)
+    kind = df["kind"].to_numpy(dtype=object)
+    names = df["op_name"].fillna("").to_numpy(dtype=object)
+    start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
+    end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
+
+    # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
+    region_ph = np.array([C.region_phase(s) if k in ("annotation", "step") else None
+                          for s, k in zip(names, kind, strict=True)], dtype=object)
+    step_no = np.array([C.step_number(s) if k in ("annotation", "step") else None
+                        for s, k in zip(names, kind, strict=True)], dtype=object)
+    is_region = (region_ph != None) | (step_no != None)  # noqa: E711
+    host = np.isin(kind, HOST_KINDS) & ~is_region
+    hidx = np.flatnonzero(host)
+    tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
+
+    # nesting of host spans per thread
+    par_local = C.nest(tid[hidx], start[hidx], end[hidx])
+    parent = np.full(n, -1, dtype="int64")
+    parent[hidx] = np.where(par_local >= 0, hidx[np.maximum(par_local, 0)], -1)
+
+    canon, direc = C.map_names(df["op_name"], framework)
+    canon = canon.where(pd.Series(np.isin(kind, ("op", "annotation")), index=df.index))
+    mapped = canon.notna().to_numpy()
+    # resolve over host rows only, in local indices
+    top_local = C.outermost_mapped(par_local, mapped[hidx])
+    top = np.full(n, -1, dtype="int64")
+    top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
+
+    canon_a = canon.to_numpy(dtype=object, na_value=None)
+    direc_a = direc.to_numpy(dtype=object, na_value=None)
+    has_top = top >= 0
+    out_canon = np.full(n, None, dtype=object)
+    out_dir = np.full(n, None, dtype=object)
+    out_canon[has_top] = canon_a[top[has_top]]
+    out_dir[has_top] = direc_a[top[has_top]]
+    is_op = kind == "op"
+    out_canon[is_op & ~has_top] = "other"
+    out_dir[is_op & ~has_top] = "none"
+
+    # the op a runtime launch (or any host span) sits in: nearest enclosing kind=op span
+    inner_op = np.full(n, -1, dtype="int64")
+    _nearest_op(parent, is_op, hidx, inner_op)
+
+    # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
+    own = np.full(n, None, dtype=object)
+    if dims is not None:
+        for i in np.flatnonzero(is_op):
+            d = dims[i]
+            if d is not None:
+                own[i] = C.layer_from_inputs(names[i], d)
+    tree_layer = _tree_layers(top, own)
+    seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
+    layer = np.where(has_top, tree_layer[np.maximum(top, 0)], own)
+    fwd_rows = (seq >= 0) & (out_dir == "fwd") & (layer != None)  # noqa: E711
+    seq_layer = dict(zip(seq[fwd_rows].tolist(), layer[fwd_rows].tolist(), strict=True))
+    if seq_layer:
+        top_seq = np.where(has_top, seq[np.maximum(top, 0)], -1)
+        need = (layer == None) & (top_seq >= 0)  # noqa: E711
+        layer[need] = [seq_layer.get(s) for s in top_seq[need].tolist()]
+    layer[np.isin(out_canon, list(C.LOSS_OPS))] = "loss"
+
+    # phase and iteration by time containment of the start (any thread), then name rules
+    rmask = region_ph != None  # noqa: E711
+    smask = step_no != None  # noqa: E711
+    phase = C.containing(start, start[rmask], end[rmask], region_ph[rmask])
+    iteration = C.containing(start, start[smask], end[smask], step_no[smask])
+
+    # device rows inherit from their runtime launch (same correlation id)
+    dev = np.isin(kind, DEVICE_KINDS)
+    corr = df["correlation_id"].to_numpy(dtype="int64", na_value=-1)
+    rt = np.flatnonzero((kind == "runtime") & (corr >= 0))
+    launch = pd.Series(rt, index=corr[rt])
+    launch = launch[~launch.index.duplicated(keep="first")]
+    didx = np.flatnonzero(dev & (corr >= 0))
+    src = launch.reindex(corr[didx]).to_numpy(dtype="float64")
+    ok = ~np.isnan(src)
+    d_ok, s_ok = didx[ok], src[ok].astype("int64")
+    inner_op[d_ok] = inner_op[s_ok]
+    for arr in (out_canon, out_dir, layer, phase, iteration):
+        arr[d_ok] = arr[s_ok]
+    # device rows without a launch: regions by their own (device) time
+    nolaunch = np.flatnonzero(dev)[~np.isin(np.flatnonzero(dev), d_ok)]
+    # (their phase stays from the containment above, which used their own start)
+    del nolaunch
+
+    op_ids = df["event_id"].to_numpy(dtype="int64")
+    df["op_event_id"] = pd.array(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
+                                 dtype="Int64")
+    df.loc[inner_op < 0, "op_event_id"] = pd.NA
+    df["canonical_op"] = pd.array(out_canon, dtype="string")
+    df["direction"] = pd.array(out_dir, dtype="string")
+    df["layer"] = pd.array(layer, dtype="string")
+    df["iteration"] = pd.array(iteration, dtype="Int64")
+    ph = pd.Series(pd.array(phase, dtype="string"), index=df.index)
+    fallback = C.phase_from_direction(df["direction"], df["canonical_op"])
+    df["phase"] = ph.fillna(fallback)
+    refine_direction(df)
+    return df
+
+
+def refine_direction(df: pd.DataFrame) -> None:
+    """Convolution backward kernels name their half: dgrad -> bwd_data, wgrad -> bwd_weight."""
+    k = df["kind"].eq("kernel") & df["canonical_op"].eq("conv2d") & df["direction"].eq("bwd")
+    if not k.any():
+        return
+    low = df.loc[k, "kernel_name"].str.lower()
+    df.loc[low[low.str.contains("dgrad", na=False)].index, "direction"] = "bwd_data"
+    df.loc[low[low.str.contains("wgrad", na=False)].index, "direction"] = "bwd_weight"
+
+
+def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = nearest ancestor (strict) of i that is an op, for host rows; resolved by depth."""
+    if len(hidx) == 0:
+        return
+    depth = np.zeros(len(parent), dtype="int64")
+    p = parent.copy()
+    active = p >= 0
+    while active.any():
+        depth[active] += 1
+        p[active] = parent[p[active]]
+        active = p >= 0
+    for d in range(1, int(depth[hidx].max()) + 1):
+        idx = hidx[depth[hidx] == d]
+        par = parent[idx]
+        out[idx] = np.where(is_op[par], par, out[par])
+
+
+def _tree_layers(top: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Per top-level op: the one layer named by the weights in its tree, None if none or several."""
+    res = np.full(len(top), None, dtype=object)
+    sel = (top >= 0) & (own != None)  # noqa: E711
+    if not sel.any():
+        return res
+    g = pd.DataFrame({"top": top[sel], "layer": own[sel]}).drop_duplicates()
+    counts = g.groupby("top")["layer"].transform("size")
+    g = g[counts == 1]
+    res[g["top"].to_numpy()] = g["layer"].to_numpy()
+    return res

@@ -1,0 +1,215 @@
+"""One op vocabulary for both frameworks: framework op name -> (canonical op, direction),
+op nesting, phase regions, and layer inference from weight shapes.
+
+Everything here is vectorised over unique names or runs one pass over the ops of a trace.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from ..frameworks.spec import LAYERS
+
+_PT: dict[str, tuple[str, str]] = {}
+
+
+def _add(table: dict, names: str, canon: str, direction: str) -> None:
+    for n in names.split():
+        table[n] = (canon, direction)
+
+
+# --- PyTorch (aten / autograd node / optimizer annotation names) -----------------------------
+_add(_PT, "aten::conv2d aten::convolution aten::_convolution aten::cudnn_convolution "
+          "aten::mkldnn_convolution aten::thnn_conv2d aten::_slow_conv2d_forward", "conv2d", "fwd")
+_add(_PT, "aten::convolution_backward ConvolutionBackward0 aten::cudnn_convolution_backward "
+          "aten::cudnn_convolution_backward_input aten::cudnn_convolution_backward_weight", "conv2d", "bwd")
+_add(_PT, "aten::relu aten::relu_ aten::clamp_min", "relu", "fwd")
+_add(_PT, "ReluBackward0 aten::threshold_backward", "relu", "bwd")
+_add(_PT, "aten::max_pool2d aten::max_pool2d_with_indices", "max_pool2d", "fwd")
+_add(_PT, "MaxPool2DWithIndicesBackward0 aten::max_pool2d_with_indices_backward", "max_pool2d", "bwd")
+_add(_PT, "aten::flatten aten::reshape aten::view", "flatten", "fwd")
+_add(_PT, "ViewBackward0 ReshapeAliasBackward0 UnsafeViewBackward0", "flatten", "bwd")
+_add(_PT, "aten::linear aten::addmm aten::matmul aten::mm", "linear", "fwd")
+_add(_PT, "AddmmBackward0 MmBackward0 TBackward0", "linear", "bwd")
+_add(_PT, "aten::log_softmax aten::_log_softmax", "log_softmax", "fwd")
+_add(_PT, "LogSoftmaxBackward0 aten::_log_softmax_backward_data", "log_softmax", "bwd")
+_add(_PT, "aten::nll_loss aten::nll_loss_nd aten::nll_loss2d aten::nll_loss_forward", "nll_loss", "fwd")
+_add(_PT, "NllLossBackward0 aten::nll_loss_backward", "nll_loss", "bwd")
+_add(_PT, "aten::cross_entropy_loss", "softmax_cross_entropy", "fwd")
+_add(_PT, "Optimizer.step#SGD.step", "sgd_update", "update")
+_add(_PT, "Optimizer.zero_grad#SGD.zero_grad aten::zero_", "zero_grad", "none")
+_add(_PT, "aten::fill_ aten::ones_like aten::zeros_like aten::zeros aten::ones", "fill", "none")
+_add(_PT, "aten::copy_ aten::to aten::_to_copy aten::clone aten::contiguous", "copy", "none")
+_add(_PT, "torch::autograd::AccumulateGrad", "add", "bwd")
+_add(_PT, "aten::add aten::add_ aten::_foreach_add_ aten::_foreach_add", "add", "none")
+_add(_PT, "aten::mul aten::mul_ aten::_foreach_mul_ aten::_foreach_mul", "mul", "none")
+_add(_PT, "aten::sum", "sum", "none")
+_add(_PT, "aten::mean", "mean", "none")
+
+# --- MXNet (operator names of the profiler's `operator` category) ----------------------------
+_MX: dict[str, tuple[str, str]] = {}
+_add(_MX, "Convolution", "conv2d", "fwd")
+_add(_MX, "_backward_Convolution", "conv2d", "bwd")
+# Activation / Pooling carry no act_type / pool_type in the trace; in this workload they are the
+# relu and the max pool of frameworks/spec.py, which is what the mapping states.
+_add(_MX, "Activation relu", "relu", "fwd")
+_add(_MX, "_backward_Activation _backward_relu", "relu", "bwd")
+_add(_MX, "Pooling", "max_pool2d", "fwd")
+_add(_MX, "_backward_Pooling", "max_pool2d", "bwd")
+_add(_MX, "Flatten flatten Reshape reshape", "flatten", "fwd")
+_add(_MX, "_backward_copy _backward_Flatten _backward_reshape", "flatten", "bwd")
+_add(_MX, "FullyConnected", "linear", "fwd")
+_add(_MX, "_backward_FullyConnected", "linear", "bwd")
+_add(_MX, "log_softmax", "log_softmax", "fwd")
+_add(_MX, "_backward_log_softmax", "log_softmax", "bwd")
+_add(_MX, "pick", "pick", "fwd")
+_add(_MX, "_backward_pick", "pick", "bwd")
+_add(_MX, "mean", "mean", "fwd")
+_add(_MX, "_backward_mean", "mean", "bwd")
+_add(_MX, "softmax_cross_entropy", "softmax_cross_entropy", "fwd")
+_add(_MX, "_backward_softmax_cross_entropy", "softmax_cross_entropy", "bwd")
+_add(_MX, "_mul_scalar elemwise_mul broadcast_mul", "mul", "fwd")
+_add(_MX, "_backward_mul_scalar _backward_mul", "mul", "bwd")
+_add(_MX, "sgd_update sgd_mom_update multi_sgd_update multi_sgd_mom_update "
+          "preloaded_multi_sgd_update preloaded_multi_sgd_mom_update", "sgd_update", "update")
+_add(_MX, "_zeros _zeros_without_dtype SetValueOp _ones _full", "fill", "none")
+_add(_MX, "_copyto _copy", "copy", "none")
+_add(_MX, "elemwise_add _plus _grad_add add_n ElementWiseSum", "add", "none")
+_add(_MX, "sum", "sum", "none")
+
+_AUTOGRAD_PREFIX = "autograd::engine::evaluate_function: "
+
+# the loss computation, whichever way a framework spells it
+LOSS_OPS = frozenset({"log_softmax", "nll_loss", "softmax_cross_entropy", "pick", "mean"})
+
+
+def lookup(name: str, framework: str) -> tuple[str, str] | None:
+    """(canonical_op, direction) for one framework op name, or None where there is no rule."""
+    if framework == "mxnet":
+        return _MX.get(name)
+    if name.startswith(_AUTOGRAD_PREFIX):
+        name = name[len(_AUTOGRAD_PREFIX):]
+    return _PT.get(name)
+
+
+def map_names(names: pd.Series, framework: str) -> tuple[pd.Series, pd.Series]:
+    """Vectorised ``lookup``: (canonical_op, direction) series with NA where unmapped."""
+    uniq = pd.unique(names.dropna())
+    table = {n: lookup(n, framework) for n in uniq}
+    canon = names.map({n: v[0] for n, v in table.items() if v}).astype("string")
+    direc = names.map({n: v[1] for n, v in table.items() if v}).astype("string")
+    return canon, direc
+
+
+def nest(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Index of the innermost span enclosing each span on the same thread (-1: none).
+
+    One pass over the spans sorted by (thread, start, longest first) with a stack."""
+    n = len(start)
+    parent = np.full(n, -1, dtype="int64")
+    if n == 0:
+        return parent
+    order = np.lexsort((-(end - start), start, tid))
+    tid_s, start_s, end_s = tid[order].tolist(), start[order].tolist(), end[order].tolist()
+    order_l = order.tolist()
+    stack: list[int] = []  # positions in sorted order
+    cur_tid = None
+    out = [-1] * n
+    for k in range(n):
+        t = tid_s[k]
+        if t != cur_tid:
+            stack.clear()
+            cur_tid = t
+        s = start_s[k]
+        while stack and end_s[stack[-1]] <= s:
+            stack.pop()
+        if stack:
+            out[order_l[k]] = order_l[stack[-1]]
+        stack.append(k)
+    parent[:] = out
+    return parent
+
+
+def outermost_mapped(parent: np.ndarray, mapped: np.ndarray) -> np.ndarray:
+    """For each span, the outermost span on its ancestor chain (itself included) that has a
+    mapping; -1 if none has."""
+    n = len(parent)
+    out = np.full(n, -1, dtype="int64")
+    # resolve in an order where parents come first: by depth
+    depth = np.zeros(n, dtype="int64")
+    p = parent.copy()
+    active = p >= 0
+    while active.any():
+        depth[active] += 1
+        p[active] = parent[p[active]]
+        active = p >= 0
+    for d in range(int(depth.max()) + 1 if n else 0):
+        idx = np.flatnonzero(depth == d)
+        par = parent[idx]
+        inherited = np.where(par >= 0, out[np.maximum(par, 0)], -1)
+        out[idx] = np.where(inherited >= 0, inherited, np.where(mapped[idx], idx, -1))
+    return out
+
+
+def containing(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_value: np.ndarray,
+               fill=None) -> np.ndarray:
+    """For each time in ``starts``, the value of the region [r_start, r_end) containing it (the
+    latest-starting one when regions nest or overlap); ``fill`` where none does."""
+    out = np.full(len(starts), fill, dtype=object)
+    if len(r_start) == 0 or len(starts) == 0:
+        return out
+    order = np.argsort(r_start, kind="stable")
+    rs, re_, rv = r_start[order], r_end[order], np.asarray(r_value, dtype=object)[order]
+    pos = np.searchsorted(rs, starts, side="right") - 1
+    ok = pos >= 0
+    ok[ok] = starts[ok] < re_[pos[ok]]
+    out[ok] = rv[pos[ok]]
+    return out
+
+
+_REGION = re.compile(r"^kernelmap:(forward|backward|optimizer)$")
+_STEP = re.compile(r"^(?:kernelmap:step#|ProfilerStep#)(-?\d+)$")
+
+
+def region_phase(name: str) -> str | None:
+    m = _REGION.match(name)
+    return m.group(1) if m else None
+
+
+def step_number(name: str) -> int | None:
+    m = _STEP.match(name)
+    return int(m.group(1)) if m else None
+
+
+def phase_from_direction(direction: pd.Series, canonical: pd.Series) -> pd.Series:
+    """Fallback phase by name rule where no kernelmap region covers an event."""
+    ph = pd.Series(pd.NA, index=direction.index, dtype="string")
+    ph[direction.isin(["fwd"])] = "forward"
+    ph[direction.isin(["bwd", "bwd_data", "bwd_weight", "bwd_bias"])] = "backward"
+    ph[direction.eq("update") | canonical.eq("zero_grad")] = "optimizer"
+    return ph
+
+
+# --- layers from weight shapes ---------------------------------------------------------------
+_WEIGHTS = {tuple(layer.weight_shape): layer.name for layer in LAYERS}
+# (op name -> position of the weight among the inputs, transposed?)
+_WEIGHT_ARG = {
+    "aten::conv2d": (1, False), "aten::convolution": (1, False), "aten::_convolution": (1, False),
+    "aten::cudnn_convolution": (1, False), "aten::mkldnn_convolution": (1, False),
+    "aten::convolution_backward": (2, False), "aten::linear": (1, False), "aten::addmm": (2, True),
+}
+
+
+def layer_from_inputs(name: str, dims) -> str | None:
+    """The spec layer whose weight is the op's weight argument (by position), or None."""
+    rule = _WEIGHT_ARG.get(name)
+    if rule is None or not isinstance(dims, list) or len(dims) <= rule[0]:
+        return None
+    w = dims[rule[0]]
+    if not isinstance(w, list):
+        return None
+    shape = tuple(reversed(w)) if rule[1] else tuple(w)
+    return _WEIGHTS.get(shape)

@@ -1,0 +1,161 @@
+"""Kineto JSON (torch.profiler ``export_chrome_trace``): cpu_op, user_annotation, cuda_runtime,
+kernel, gpu_memcpy, gpu_memset spans (``ph: X``).
+
+Links: kernel/memcpy/memset -> runtime launch (``args.correlation``) -> innermost enclosing
+``cpu_op`` on the launching thread (time containment; ``External id`` where containment finds
+none). Canonical op, phase, iteration and layer come from ``_trace.label``. Flow events (``ac2g``,
+``fwdbwd``), metadata (``M``) and instant events are not records: ``ac2g`` only repeats the
+correlation id the kernel already carries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ParseError
+from . import _trace
+from ._common import finish, ns_from_us, read_bytes
+
+SOURCE = "kineto"
+_KIND = {
+    "cpu_op": "op", "user_annotation": "annotation", "gpu_user_annotation": "annotation",
+    "cuda_runtime": "runtime", "cuda_driver": "runtime", "kernel": "kernel",
+    "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+}
+
+
+def sniff(head: bytes) -> bool:
+    h = head.lstrip()
+    return h.startswith(b"{") and b'"traceEvents"' in head and (
+        b'"schemaVersion"' in head or b'"deviceProperties"' in head or b'"baseTimeNanoseconds"' in head
+        or b'"cpu_op"' in head or b'"ProfilerStep' in head)
+
+
+def load_events(path: str | os.PathLike) -> list:
+    data = read_bytes(path)
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    except RecursionError:
+        raise ParseError(path, "JSON nested too deeply") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ParseError(path, "not a Chrome trace: no traceEvents list")
+    return doc["traceEvents"]
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    events = load_events(path)
+    bad = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
+    if bad is not None:
+        raise ParseError(path, f"trace event is a {type(events[bad]).__name__}, not an object", record=bad)
+    idx = [i for i, e in enumerate(events) if e.get("ph") == "X"]
+    ev = [events[i] for i in idx]
+    del events
+    for j, e in enumerate(ev):
+        if "ts" not in e or "name" not in e:
+            raise ParseError(path, f"complete event without {'ts' if 'ts' not in e else 'name'}", record=idx[j])
+    cats = [e.get("cat") for e in ev]
+    kind = [_KIND.get(c, "annotation") for c in cats]
+    names = [e["name"] for e in ev]
+    args = [e.get("args") or {} for e in ev]
+    if any(not isinstance(a, dict) for a in args):
+        j = next(j for j, a in enumerate(args) if not isinstance(a, dict))
+        raise ParseError(path, "args is not an object", record=idx[j])
+    try:
+        start = ns_from_us([e["ts"] for e in ev])
+        dur = ns_from_us([e.get("dur", 0) for e in ev])
+    except (TypeError, ValueError) as exc:
+        raise ParseError(path, f"non-numeric ts/dur: {exc}") from None
+    is_dev = np.isin(np.asarray(kind, dtype=object), _trace.DEVICE_KINDS)
+    kind = ["step" if k == "annotation" and n.startswith(("ProfilerStep#", "kernelmap:step#")) else k
+            for k, n in zip(kind, names, strict=True)]
+
+    def arg(key):
+        return pd.to_numeric(pd.Series([a.get(key) for a in args], dtype=object), errors="coerce")
+
+    def triple(key, i):
+        return pd.to_numeric(pd.Series([(a.get(key) or (None, None, None))[i] if isinstance(a.get(key), list)
+                                        else None for a in args], dtype=object), errors="coerce")
+
+    dims = [a.get("Input Dims") for a in args]
+    shapes = [json.dumps(d, separators=(",", ":")) if d is not None else None for d in dims]
+    corr = arg("correlation")
+    ext = arg("External id")
+    cols = {
+        "kind": kind,
+        "op_name": [None if d else n for n, d in zip(names, is_dev, strict=True)],
+        "kernel_name": [n if d else None for n, d in zip(names, is_dev, strict=True)],
+        "start_ns": start, "dur_ns": dur,
+        "pid": pd.to_numeric(pd.Series([e.get("pid") for e in ev], dtype=object), errors="coerce"),
+        "tid": pd.to_numeric(pd.Series([e.get("tid") for e in ev], dtype=object), errors="coerce"),
+        "correlation_id": corr,
+        "seq": arg("Sequence number"),
+        "stream": arg("stream"),
+        "grid_x": triple("grid", 0), "grid_y": triple("grid", 1), "grid_z": triple("grid", 2),
+        "block_x": triple("block", 0), "block_y": triple("block", 1), "block_z": triple("block", 2),
+        "bytes": arg("bytes"),
+        "shapes": shapes,
+        "framework": "pytorch",
+        "device": "gpu" if is_dev.any() else "cpu",
+    }
+    for c in ("pid", "tid", "correlation_id", "seq", "stream", "bytes", *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
+        cols[c] = pd.array(cols[c].round(), dtype="Int64") if len(ev) else pd.array([], dtype="Int64")
+    df = finish(cols, path, SOURCE)
+    df["library"] = pd.array(np.where(df["kind"].eq("kernel") & df["kernel_name"].str.contains("at::native", regex=False, na=False),
+                                      "native", None), dtype="string")
+    _trace.label(df, dims, "pytorch")
+    _link_by_external_id(df, ext.to_numpy(dtype="float64"))
+    kernel_library(df)
+    return df
+
+
+def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
+    """Runtime/device rows that time containment left without an op: the cpu_op with their
+    ``External id`` (Kineto gives launches and kernels the External id of the launching op)."""
+    need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
+    if not need.any():
+        return
+    ops = df["kind"].eq("op").to_numpy() & ~np.isnan(ext)
+    table = pd.Series(np.flatnonzero(ops), index=ext[ops])
+    table = table[~table.index.duplicated(keep="first")]
+    hit = table.reindex(ext[need]).to_numpy(dtype="float64")
+    rows = np.flatnonzero(need)[~np.isnan(hit)]
+    src = hit[~np.isnan(hit)].astype("int64")
+    for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
+        vals = df[col].to_numpy(dtype=object, na_value=None)
+        keep = df.loc[rows, col].isna().to_numpy()
+        vals[rows[keep]] = vals[src[keep]]
+        df[col] = pd.array(vals, dtype=df[col].dtype)
+    df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
+    _trace.refine_direction(df)
+
+
+_CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
+              "aten::cudnn_convolution_backward_input", "aten::cudnn_convolution_backward_weight",
+              "aten::cudnn_convolution_transpose")
+
+
+def kernel_library(df: pd.DataFrame) -> None:
+    """Library of a kernel where it is known: by name (``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
+    ``at::native`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
+    named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
+    here, set by the library-log link in attribution."""
+    k = df["kind"].eq("kernel")
+    name = df["kernel_name"].fillna("")
+    lib = df["library"].copy()
+    lib[k & name.str.contains("at::native", regex=False)] = "native"
+    lib[k & name.str.contains("cublasLt", regex=False)] = "cuBLASLt"
+    lib[k & name.str.contains("cudnn", case=False, regex=False)] = "cuDNN"
+    op_name = df["op_name"]
+    ids = df["op_event_id"]
+    if ids.notna().any():
+        by_id = pd.Series(op_name.to_numpy(), index=df["event_id"].to_numpy())
+        launcher = by_id.reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype=object)
+        from_cudnn_op = k.to_numpy() & np.isin(launcher, _CUDNN_OPS) & ~lib.eq("native").fillna(False).to_numpy()
+        lib[from_cudnn_op & lib.isna().to_numpy()] = "cuDNN"
+    df["library"] = lib.astype("string")

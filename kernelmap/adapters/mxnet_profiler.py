@@ -1,0 +1,146 @@
+"""MXNet profiler JSON (``mx.profiler.set_config(profile_all=True, ...)``, ``mx.profiler.dump()``).
+
+Records: each ``operator`` span of a device process (B/E pair; ``process_name`` metadata maps the
+pid to "cpu/0", "gpu/0", ...) is one ``op``; ``b``/``e`` pairs of other domains (the workload's
+``kernelmap:*`` tasks) are ``annotation``/``step`` rows. Not records: the async ``b``/``e`` copy
+of every operator span that MXNet writes under the "operator" process (a duplicate of the B/E
+span), ``MXNET_C_API`` calls, and counters (``C``). ``tid`` is MXNet's hash, kept as is.
+
+Layer: MXNet writes no shapes, so a conv/linear op takes the layer at its position among the ops
+of its kind within the iteration (forward in model order, backward in reverse); left NA when the
+count does not match frameworks/spec.LAYERS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ParseError
+from ..frameworks.spec import LAYERS
+from . import canonical as C
+from ._common import finish, read_bytes
+
+SOURCE = "mxnet_profiler"
+_SKIP_ASYNC = {"operator", "MXNET_C_API"}
+
+
+def sniff(head: bytes) -> bool:
+    return b'"traceEvents"' in head and (b'"process_name"' in head) and (
+        b'"cpu/' in head or b'"gpu/' in head or b'"MXNET_C_API"' in head or b'"operator"' in head) and (
+        b'"cpu_op"' not in head and b'"schemaVersion"' not in head)
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    data = read_bytes(path)
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise ParseError(path, "not an MXNet profiler trace: no traceEvents list")
+    pname: dict = {}
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise ParseError(path, "trace event is not an object", record=i)
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            pname[e.get("pid")] = str((e.get("args") or {}).get("name", ""))
+    devices = {p: n.split("/")[0] for p, n in pname.items() if n.startswith(("cpu/", "gpu/"))}
+    rows: list[tuple] = []
+    open_sync: dict = {}  # (pid, tid) -> stack of (name, ts, record)
+    open_async: dict = {}  # (pid, id, name) -> stack of (ts, record)
+    for i, e in enumerate(events):
+        ph = e.get("ph")
+        if ph in ("B", "E"):
+            if e.get("cat") != "operator" or e.get("pid") not in devices:
+                continue
+            try:
+                key, ts, name = (e["pid"], e["tid"]), int(e["ts"]), e["name"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ParseError(path, f"operator event without a usable {exc}", record=i) from None
+            if ph == "B":
+                open_sync.setdefault(key, []).append((name, ts, i))
+            else:
+                stack = open_sync.get(key)
+                if not stack or stack[-1][0] != name:
+                    raise ParseError(path, f"E of {name!r} without a matching B on its thread", record=i)
+                bname, bts, _ = stack.pop()
+                rows.append(("op", name, bts, ts - bts, e["pid"], e["tid"], devices[e["pid"]]))
+        elif ph in ("b", "e"):
+            if e.get("cat") in _SKIP_ASYNC:
+                continue
+            try:
+                key, ts, name = (e["pid"], e.get("id"), e["name"]), int(e["ts"]), e["name"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ParseError(path, f"async event without a usable {exc}", record=i) from None
+            if ph == "b":
+                open_async.setdefault(key, []).append((ts, i))
+            else:
+                stack = open_async.get(key)
+                if not stack:
+                    raise ParseError(path, f"e of {name!r} without a matching b", record=i)
+                bts, _ = stack.pop()
+                kind = "step" if C.step_number(name) is not None else "annotation"
+                rows.append((kind, name, bts, ts - bts, e["pid"], e.get("tid"), None))
+    unclosed = [v[-1] for v in open_sync.values() if v]
+    if unclosed:
+        raise ParseError(path, f"B of {unclosed[0][0]!r} never ends (truncated trace?)", record=unclosed[0][2])
+    df = pd.DataFrame(rows, columns=["kind", "op_name", "start_us", "dur_us", "pid", "tid", "dev"])
+    df = df.sort_values(["start_us", "kind"], kind="stable").reset_index(drop=True)
+    ops_dev = df.loc[df["kind"].eq("op"), "dev"]
+    device = "gpu" if ops_dev.eq("gpu").any() else "cpu"
+    start = df["start_us"].to_numpy(dtype="int64") * 1000
+    dur = df["dur_us"].to_numpy(dtype="int64") * 1000
+    # pid/tid: MXNet hashes can exceed int64; keep those that fit, NA otherwise
+    cols = {
+        "kind": df["kind"].tolist(), "op_name": df["op_name"].tolist(),
+        "start_ns": start, "dur_ns": dur,
+        "pid": _int64_or_na(df["pid"]), "tid": _int64_or_na(df["tid"]),
+        "framework": "mxnet", "device": device,
+    }
+    out = finish(cols, path, SOURCE)
+    _label(out)
+    return out
+
+
+def _int64_or_na(s: pd.Series) -> pd.array:
+    vals = [int(v) if isinstance(v, int) and -(2**63) <= v < 2**63 else None for v in s.tolist()]
+    return pd.array(vals, dtype="Int64")
+
+
+def _label(df: pd.DataFrame) -> None:
+    kind = df["kind"].to_numpy(dtype=object)
+    names = df["op_name"].fillna("").to_numpy(dtype=object)
+    start = df["start_ns"].to_numpy(dtype="int64")
+    end = start + df["dur_ns"].to_numpy(dtype="int64")
+    canon, direc = C.map_names(df["op_name"], "mxnet")
+    is_op = df["kind"].eq("op")
+    df["canonical_op"] = canon.where(is_op).astype("string")
+    df.loc[is_op & df["canonical_op"].isna(), "canonical_op"] = "other"
+    df["direction"] = direc.where(is_op).astype("string")
+    df.loc[is_op & df["direction"].isna(), "direction"] = "none"
+    rph = np.array([C.region_phase(n) for n in names], dtype=object)
+    stp = np.array([C.step_number(n) for n in names], dtype=object)
+    r, s = rph != None, stp != None  # noqa: E711
+    phase = C.containing(start, start[r], end[r], rph[r])
+    iteration = C.containing(start, start[s], end[s], stp[s])
+    ph = pd.Series(pd.array(phase, dtype="string"), index=df.index)
+    df["phase"] = ph.fillna(C.phase_from_direction(df["direction"], df["canonical_op"])).where(is_op | ph.notna())
+    df["iteration"] = pd.array(iteration, dtype="Int64")
+    df.loc[is_op & df["canonical_op"].isin(list(C.LOSS_OPS)), "layer"] = "loss"
+    for kind_name, canon_name in (("conv2d", "conv2d"), ("linear", "linear")):
+        names_fwd = [layer.name for layer in LAYERS if layer.kind == kind_name]
+        for d, order in (("fwd", names_fwd), ("bwd", names_fwd[::-1])):
+            sel = df[is_op & df["canonical_op"].eq(canon_name) & df["direction"].eq(d)]
+            if sel.empty:
+                continue
+            key = sel["iteration"].fillna(-(10**9))
+            pos = sel.groupby(key).cumcount()
+            size = sel.groupby(key)["kind"].transform("size")
+            ok = size == len(order)
+            df.loc[sel.index[ok.to_numpy()], "layer"] = [order[p] for p in pos[ok].tolist()]
+    del kind

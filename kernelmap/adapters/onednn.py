@@ -1,0 +1,158 @@
+"""oneDNN verbose output (``ONEDNN_VERBOSE=1`` / ``DNNL_VERBOSE=1`` / ``MKLDNN_VERBOSE=1``).
+
+Accepted line shapes (prefix ``onednn_verbose``, ``dnnl_verbose`` or ``mkldnn_verbose``)::
+
+    onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,forward_training,MDS,ATTRS,AUX,PROBLEM,TIME   (v3.4+)
+    onednn_verbose,TIMESTAMP,primitive,exec,cpu,...                     (v3.x with ONEDNN_VERBOSE_TIMESTAMP=1)
+    onednn_verbose,primitive,exec,cpu,...   onednn_verbose,exec,cpu,... (v3.0 - v3.3)
+    dnnl_verbose,exec,cpu,convolution,...   mkldnn_verbose,exec,cpu,... (v1.x / v2.x, MXNet 1.9.1)
+
+Each ``exec`` line is one primitive execution: a ``library_call`` row, library oneDNN,
+``library_call`` = "<primitive> <prop_kind>", ``dur_ns`` from the time (ms), ``shapes`` from the
+problem descriptor. ``info``/``create``/``graph`` lines are not executions: they are counted in
+``df.attrs["non_exec_lines"]``. Lines without a verbose prefix (the program's own stdout,
+interleaved) are skipped and counted in ``df.attrs["skipped_lines"]``. A prefixed line that does
+not have the fields above raises ParseError with its line number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pandas as pd
+
+from ..errors import ParseError
+from . import canonical as C
+from ._common import finish, read_text
+
+SOURCE = "onednn_verbose"
+PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
+_NON_EXEC = re.compile(r"^(info|create(:\w+)*|graph|common|error|warn|profile_\w+)$")
+_TS = re.compile(r"^\d+(\.\d+)?$")
+
+_PRIM = {
+    "convolution": "conv2d", "deconvolution": "conv2d", "inner_product": "linear", "matmul": "linear",
+    "reorder": "reorder", "sum": "sum", "concat": "copy",
+}
+_DIR = {"forward_training": "fwd", "forward_inference": "fwd", "forward": "fwd",
+        "backward_data": "bwd_data", "backward_weights": "bwd_weight", "backward": "bwd",
+        "backward_bias": "bwd_bias", "undef": "none"}
+
+
+def sniff(head: bytes) -> bool:
+    text = head.decode("utf-8", "replace")
+    return any(line.startswith(PREFIXES) for line in text.splitlines()[:200])
+
+
+def _problem_shapes(prim: str, problem: str) -> list | None:
+    """Input shapes from the problem descriptor: conv/ip 'mbN_icCocO_ihH...' or 'AxBxC'."""
+    if re.fullmatch(r"\d+(x\d+)*", problem):
+        return [[int(v) for v in problem.split("x")]]
+    g = dict(re.findall(r"([a-z]+)(\d+)", problem))
+    try:
+        mb, ic = int(g["mb"]), int(g["ic"])
+    except KeyError:
+        return None
+    if prim in ("convolution", "deconvolution") and "oc" in g and "kh" in g:
+        return [[mb, ic, int(g["ih"]), int(g["iw"])], [int(g["oc"]), ic, int(g["kh"]), int(g["kw"])]]
+    if prim == "inner_product" and "oc" in g:
+        return [[mb, ic], [int(g["oc"]), ic]]
+    if prim.startswith("pooling") and "ih" in g:
+        return [[mb, ic, int(g["ih"]), int(g["iw"])]]
+    return None
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    text = read_text(path)
+    rows = []
+    skipped = non_exec = 0
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.startswith(PREFIXES):
+            skipped += 1
+            continue
+        f = line.rstrip("\r").split(",")
+        k = 1
+        ts = None
+        if len(f) > k and (f[k] == "v1" or _TS.match(f[k])):
+            ts = float(f[k]) if _TS.match(f[k]) else None
+            k += 1
+        if len(f) > k and f[k] == "primitive":
+            k += 1
+        if len(f) <= k:
+            raise ParseError(path, "verbose line with no operation field", line=lineno)
+        op = f[k]
+        if op != "exec":
+            if _NON_EXEC.match(op) or f[k - 1] in ("graph",):
+                non_exec += 1
+                continue
+            raise ParseError(path, f"unknown oneDNN verbose operation {op!r}", line=lineno)
+        rest = f[k + 1:]
+        if len(rest) < 9:
+            raise ParseError(path, f"exec line has {len(rest)} fields after 'exec', expected 9", line=lineno)
+        engine, prim, impl, prop = rest[0], rest[1], rest[2], rest[3]
+        aux, problem, time_ms = rest[-3], rest[-2], rest[-1]
+        try:
+            dur_ns = round(float(time_ms) * 1e6)
+        except ValueError:
+            raise ParseError(path, f"exec time {time_ms!r} is not a number", line=lineno) from None
+        shapes = _problem_shapes(prim, problem)
+        rows.append((prim, prop, engine, impl, aux, problem, dur_ns, shapes,
+                     None if ts is None else round(ts * 1e6)))
+    df = pd.DataFrame(rows, columns=["prim", "prop", "engine", "impl", "aux", "problem", "dur_ns", "shapes", "ts"])
+    canon = [_canonical(p, a) for p, a in zip(df["prim"], df["aux"], strict=True)]
+    direction = [_DIR.get(p, "none") for p in df["prop"]]
+    layers = [_layer(c, s) for c, s in zip(canon, df["shapes"], strict=True)]
+    cols = {
+        "kind": "library_call",
+        "library": "oneDNN",
+        "library_call": (df["prim"] + " " + df["prop"]).tolist(),
+        "op_name": df["prim"].tolist(),
+        "kernel_name": df["impl"].tolist(),
+        "algo": df["aux"].where(df["aux"] != "").tolist(),
+        "canonical_op": canon,
+        "direction": direction,
+        "layer": layers,
+        "phase": [_phase(d, c) for d, c in zip(direction, canon, strict=True)],
+        "dur_ns": pd.array(df["dur_ns"].tolist(), dtype="Int64"),
+        "start_ns": pd.array(df["ts"].tolist(), dtype="Int64"),
+        "shapes": [json.dumps(s, separators=(",", ":")) if s else None for s in df["shapes"]],
+        "device": [("cpu" if e == "cpu" else "gpu") for e in df["engine"]],
+    }
+    if df.empty:
+        cols = {k: pd.Series([], dtype=object) for k in cols}
+    out = finish(cols, path, SOURCE)
+    out.attrs["skipped_lines"] = skipped
+    out.attrs["non_exec_lines"] = non_exec
+    return out
+
+
+def _canonical(prim: str, aux: str) -> str:
+    if prim in _PRIM:
+        return _PRIM[prim]
+    if prim == "eltwise":
+        return "relu" if "eltwise_relu" in aux else "other"
+    if prim.startswith("pooling"):
+        return "max_pool2d" if "pooling_max" in aux else "other"
+    if prim.startswith(("softmax", "logsoftmax")):
+        return "log_softmax" if "logsoftmax" in aux or prim.startswith("logsoftmax") else "other"
+    if prim == "binary":
+        return "add" if "binary_add" in aux else "mul" if "binary_mul" in aux else "other"
+    return "other"
+
+
+def _layer(canon: str, shapes) -> str | None:
+    if canon == "log_softmax":
+        return "loss"
+    if canon in ("conv2d", "linear") and shapes and len(shapes) == 2:
+        return C.layer_from_inputs("aten::linear", shapes)  # weight is input 1
+    return None
+
+
+def _phase(direction: str, canon: str) -> str | None:
+    if direction == "fwd":
+        return "forward"
+    if direction.startswith("bwd"):
+        return "backward"
+    return None
