@@ -1,0 +1,237 @@
+"""One framework x batch size x capture pass, in its own process: ``python -m kernelmap.worker``.
+
+The parent (``kernelmap run``) imports no framework; each worker imports exactly one. The worker
+writes its result to ``<dir>/<pass>.json`` and nothing to stdout, so that stdout holds only what
+libraries print there (oneDNN verbose lines in the ``libs`` pass on the CPU, captured by the
+parent into ``onednn.log``). Progress and errors go to stderr.
+
+Exit codes: 0 done; 1 an unexpected failure (traceback on stderr); 2 a ``KernelmapError`` (one
+line); ``EXIT_OOM`` the device ran out of memory (one line naming the batch size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernelmap.atomic import atomic_file
+from kernelmap.errors import KernelmapError
+
+PASSES = ("clean", "framework", "libs", "nsys")
+EXIT_OOM = 75
+OOM_MARKER = "kernelmap-worker: out of memory"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text and ("cuda" in text or "cudamalloc" in text or "gpu" in text)
+
+
+def _to_float(value: Any) -> float:
+    if hasattr(value, "asscalar"):  # mxnet NDArray
+        return float(value.asscalar())
+    if hasattr(value, "item"):  # torch tensor, numpy scalar
+        return float(value.item())
+    return float(value)
+
+
+def summarise(step_times: list[float], batch_size: int) -> dict[str, Any]:
+    """Median, quartiles, IQR and images/s of per-step times (seconds)."""
+    if not step_times:
+        raise ValueError("no timed steps")
+    arr = np.asarray(step_times, dtype=np.float64)
+    q25, median, q75 = (float(x) for x in np.percentile(arr, [25, 50, 75]))
+    return {
+        "median_step_s": median,
+        "q25_step_s": q25,
+        "q75_step_s": q75,
+        "iqr_step_s": q75 - q25,
+        "mean_step_s": float(arr.mean()),
+        "stdev_step_s": statistics.stdev(step_times) if len(step_times) > 1 else 0.0,
+        "images_per_s": batch_size / median if median > 0 else None,
+    }
+
+
+# --- framework profilers (pass "framework") ----------------------------------------------------
+@contextlib.contextmanager
+def _torch_profiler(out_dir: Path, gpu: bool):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        yield
+    prof.export_chrome_trace(str(out_dir / "trace.json.gz"))
+    del torch
+
+
+@contextlib.contextmanager
+def _mxnet_profiler(out_dir: Path, gpu: bool):
+    import mxnet as mx
+
+    raw = out_dir / "mxnet_profile.json"
+    mx.profiler.set_config(profile_all=True, aggregate_stats=False, continuous_dump=False, filename=str(raw))
+    mx.nd.waitall()
+    mx.profiler.set_state("run")
+    try:
+        yield
+        mx.nd.waitall()
+    finally:
+        mx.profiler.set_state("stop")
+    mx.profiler.dump(finished=True)
+    # One name for both frameworks' traces (the adapters sniff the format from the content).
+    with open(raw, "rb") as fin, gzip.open(out_dir / "trace.json.gz", "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    raw.unlink()
+
+
+@contextlib.contextmanager
+def _nvtx_ops(framework: str, gpu: bool):
+    """Per-op NVTX ranges for nsys: torch's emit_nvtx (MXNet's ops carry none; its regions do)."""
+    if framework == "pytorch" and gpu:
+        import torch
+
+        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            yield
+    else:
+        yield
+
+
+# --- the timed loop -----------------------------------------------------------------------------
+def _progress(total: int, enabled: bool, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=not enabled, leave=False)
+
+
+def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: int | None,
+             epochs: int | None, warmup: int, progress: bool) -> dict[str, Any]:
+    """Train ``warmup`` untimed steps then ``steps`` timed ones (or ``epochs`` epochs, the first
+    ``warmup`` steps untimed); the capture of ``pass_name`` covers the timed steps only."""
+    from kernelmap.frameworks import spec
+
+    cfg = workload.config
+    info = workload.data_info
+    bs = cfg.batch_size
+    gpu = cfg.device == "gpu"
+    if epochs is not None:
+        total = epochs * -(-info.n_train // bs)  # batches() keeps a last partial batch
+        n_samples = epochs * info.n_train
+        warmup = min(warmup, max(total - 1, 0))
+    else:
+        total = warmup + steps
+        n_samples = total * bs
+    order = spec.training_order(info.n_train, cfg.seed, n_samples)
+    # Epoch boundaries must not carry a partial batch into the next epoch.
+    chunks = [order[i : i + info.n_train] for i in range(0, len(order), info.n_train)]
+
+    def batch_iter():
+        for chunk in chunks:
+            yield from workload.batches("train", bs, chunk)
+
+    capture: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if pass_name == "framework":
+        capture = (_torch_profiler if framework == "pytorch" else _mxnet_profiler)(out_dir, gpu)
+    elif pass_name == "nsys":
+        capture = _nvtx_ops(framework, gpu)
+
+    times: list[float] = []
+    loss = None
+    batches = batch_iter()
+    with _progress(total, progress, f"{framework} bs{bs} {pass_name}") as bar:
+        for i in range(warmup):
+            images, labels = next(batches)
+            with workload.region(f"kernelmap:step#{i}"):
+                loss = workload.train_step(images, labels)
+            workload.synchronize()
+            bar.update()
+        with capture:
+            for i in range(warmup, total):
+                images, labels = next(batches)
+                workload.synchronize()  # the batch's host-to-device copy is not the step's
+                t0 = time.perf_counter()
+                with workload.region(f"kernelmap:step#{i}"):
+                    loss = workload.train_step(images, labels)
+                workload.synchronize()
+                times.append(time.perf_counter() - t0)
+                bar.update()
+    if len(times) != total - warmup:
+        raise RuntimeError(f"timed {len(times)} steps, expected {total - warmup}")
+    result = {"pass": pass_name, "warmup_steps": warmup, "steps": len(times), "step_times_s": times,
+              **summarise(times, bs)}
+    result["final_loss"] = _to_float(loss) if loss is not None else None
+    if loss is not None and not np.isfinite(result["final_loss"]):
+        raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--framework", required=True, choices=("pytorch", "mxnet"))
+    p.add_argument("--pass", dest="pass_name", required=True, choices=PASSES)
+    p.add_argument("--dir", required=True, help="the framework x batch size folder of the run")
+    p.add_argument("--config", required=True, help="TrainConfig as JSON (device = the one to use)")
+    p.add_argument("--data-info", required=True, help="data.DataInfo as JSON, resolved by the parent")
+    p.add_argument("--steps", type=int, help="timed steps of this pass (default: the config's)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up steps of this pass (default: the config's)")
+    p.add_argument("--no-evaluate", action="store_true", help="skip the test-set accuracy")
+    p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    p.add_argument("--cache-dir", help="where data.prepare_dir lays the files out")
+    args = p.parse_args(argv)
+
+    from kernelmap.frameworks import load_workload, spec
+    from kernelmap.frameworks.data import DataInfo
+
+    config = spec.TrainConfig(**json.loads(args.config))
+    data_info = DataInfo(**json.loads(args.data_info))
+    out_dir = Path(args.dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = args.steps if args.steps is not None else config.steps
+    epochs = None if args.steps is not None else config.epochs
+    if steps is None and epochs is None:
+        raise KernelmapError("neither steps nor epochs given")
+    try:
+        if args.framework == "mxnet":
+            from kernelmap.frameworks.mxnet import cuda11
+
+            cuda11.preload()  # CUDA 11 libraries of mxnet-cu112 before `import mxnet`; no-op without them
+        Workload = load_workload(args.framework)
+        workload = Workload(config, data_info, args.cache_dir)
+        t0 = time.perf_counter()
+        result = run_pass(workload, framework=args.framework, pass_name=args.pass_name, out_dir=out_dir,
+                          steps=None if epochs is not None else steps, epochs=epochs,
+                          warmup=config.warmup_steps if args.warmup is None else args.warmup,
+                          progress=args.progress)
+        result["train_wall_s"] = time.perf_counter() - t0
+        result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
+        result.update(framework=args.framework, batch_size=config.batch_size, device=config.device,
+                      versions=workload.versions(), pid=os.getpid())
+    except KernelmapError as exc:
+        print(f"kernelmap-worker: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if _is_oom(exc):
+            print(f"{OOM_MARKER} at batch size {config.batch_size} ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+            return EXIT_OOM
+        raise
+    with atomic_file(out_dir / f"{args.pass_name}.json") as fh:
+        json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
