@@ -1,0 +1,140 @@
+"""Shared fixtures.
+
+Frameworks are never imported into the pytest process: torch and mxnet must not share a process
+(see docs/ARCHITECTURE.md), so framework code runs in subprocesses (``run_framework``), and
+``require_framework`` skips a test cleanly when ``import <framework>`` fails in a subprocess
+(``pytest.importorskip`` would import it here).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FRAMEWORK_MODULES = {"pytorch": "torch, torchvision", "mxnet": "mxnet"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernelmap_cache(tmp_path_factory):
+    """Keep data layouts out of ~/.cache: KERNELMAP_CACHE points at a session tmp dir
+    (inherited by subprocesses)."""
+    old = os.environ.get("KERNELMAP_CACHE")
+    os.environ["KERNELMAP_CACHE"] = str(tmp_path_factory.mktemp("kernelmap-cache"))
+    yield Path(os.environ["KERNELMAP_CACHE"])
+    if old is None:
+        os.environ.pop("KERNELMAP_CACHE", None)
+    else:
+        os.environ["KERNELMAP_CACHE"] = old
+
+
+# --- framework subprocesses ----------------------------------------------------------------
+@functools.cache
+def _import_error(framework: str) -> str | None:
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {FRAMEWORK_MODULES[framework]}"], capture_output=True, text=True
+    )
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+def require_framework(framework: str) -> None:
+    """Skip the calling test when ``framework`` cannot be imported (checked in a subprocess)."""
+    error = _import_error(framework)
+    if error is not None:
+        pytest.skip(f"{framework} not importable: {error}")
+
+
+def run_framework(framework: str, code: str, timeout: float = 120) -> dict:
+    """Run ``code`` in a fresh interpreter after ``require_framework``; it must print one JSON
+    object as its last stdout line, which is returned. A failure fails the test with stderr."""
+    require_framework(framework)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"{framework} subprocess failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- MNIST-format IDX files written by the tests ---------------------------------------------
+def write_idx(directory: Path, split: str, images: np.ndarray, labels: np.ndarray, gz: bool) -> None:
+    """Write ``images`` (N, 28, 28) uint8 and ``labels`` (N,) as the IDX pair of ``split``."""
+    prefix = "train" if split == "train" else "t10k"
+    opener = gzip.open if gz else open
+    suffix = ".gz" if gz else ""
+    directory.mkdir(parents=True, exist_ok=True)
+    with opener(directory / f"{prefix}-images-idx3-ubyte{suffix}", "wb") as fh:
+        fh.write(struct.pack(">IIII", 2051, len(images), 28, 28))
+        fh.write(np.ascontiguousarray(images, dtype=np.uint8).tobytes())
+    with opener(directory / f"{prefix}-labels-idx1-ubyte{suffix}", "wb") as fh:
+        fh.write(struct.pack(">II", 2049, len(labels)))
+        fh.write(np.ascontiguousarray(labels, dtype=np.uint8).tobytes())
+
+
+SMALL_SIZES = {"train": 96, "test": 40}
+
+
+@pytest.fixture(scope="session")
+def small_idx_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """split -> (images (N, 28, 28) uint8, labels (N,) uint8): small, deterministic, learnable."""
+    rng = np.random.default_rng(1234)
+    out = {}
+    for split, n in SMALL_SIZES.items():
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 100, (n, 28, 28)).astype(np.uint8)
+        for i, label in enumerate(labels):
+            images[i, :, 2 * label : 2 * label + 6] += 150  # a class-dependent vertical band
+        out[split] = (images, labels)
+    return out
+
+
+def _idx_dir(tmp_path_factory, arrays, gz: bool) -> Path:
+    directory = tmp_path_factory.mktemp("idx-gz" if gz else "idx-raw")
+    for split, (images, labels) in arrays.items():
+        write_idx(directory, split, images, labels, gz)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def idx_dir_gz(tmp_path_factory, small_idx_arrays) -> Path:
+    """A directory of the four gzipped IDX files of ``small_idx_arrays``."""
+    return _idx_dir(tmp_path_factory, small_idx_arrays, gz=True)
+
+
+@pytest.fixture(scope="session")
+def idx_dir_raw(tmp_path_factory, small_idx_arrays) -> Path:
+    """A directory of the four uncompressed IDX files of ``small_idx_arrays``."""
+    return _idx_dir(tmp_path_factory, small_idx_arrays, gz=False)
+
+
+# --- markers: gpu / mxnet skip cleanly where the machine lacks them (kernelmap run/doctor tests) ---
+@functools.cache
+def _gpu_problem() -> str | None:
+    """Why there is no usable NVIDIA GPU here (framework-free: nvidia-smi / NVML), or None."""
+    from kernelmap import gpuinfo
+
+    report = gpuinfo.query()
+    return None if report.gpus else (report.problem or "no NVIDIA GPU found")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu") is not None and _gpu_problem() is not None:
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {_gpu_problem()}"))
+        if item.get_closest_marker("mxnet") is not None and _import_error("mxnet") is not None:
+            item.add_marker(pytest.mark.skip(reason=f"mxnet not importable: {_import_error('mxnet')}"))

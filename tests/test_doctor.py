@@ -1,0 +1,50 @@
+"""``kernelmap doctor``: a report (exit 0) as valid JSON; gpuinfo parsing; tool lookup."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from kernelmap import doctor, gpuinfo
+
+
+def test_doctor_json_is_valid_and_exits_0():
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "doctor", "--json"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert set(report["frameworks"]) == {"pytorch", "mxnet"}
+    for facts in report["frameworks"].values():
+        assert facts["installed"] in (True, False)
+        if not facts["installed"]:
+            assert facts["fix"] and facts["error"]
+    assert set(report["profilers"]) == {"nsys", "ncu"}
+    assert isinstance(report["mxnet_on_this_gpu"]["ok"], bool) and report["mxnet_on_this_gpu"]["message"]
+    for item in report["missing"]:
+        assert item["what"] and item["fix"]
+    if not report["gpu"]["gpus"]:
+        assert any(item["what"] == "NVIDIA GPU" for item in report["missing"])
+
+
+def test_parse_smi_csv():
+    text = "0, NVIDIA H100 80GB HBM3, 9.0, 570.86.15, 81559\n1, NVIDIA A100-SXM4-40GB, 8.0, 570.86.15, [N/A]\n"
+    gpus = gpuinfo.parse_smi_csv(text)
+    assert [(g.index, g.name, g.compute_capability) for g in gpus] == [
+        (0, "NVIDIA H100 80GB HBM3", "9.0"), (1, "NVIDIA A100-SXM4-40GB", "8.0")]
+    assert gpus[0].driver == "570.86.15" and gpus[0].memory_mib == 81559 and gpus[1].memory_mib is None
+
+
+def test_mxnet_verdict_from_compute_capability_string():
+    assert doctor.mxnet_gpu_verdict("9.0")[0] is False
+    assert doctor.mxnet_gpu_verdict("8.6")[0] is True
+    assert doctor.mxnet_gpu_verdict(None) == (False, "no NVIDIA GPU found")
+
+
+def test_find_tool_on_path(tmp_path, monkeypatch):
+    tool = tmp_path / "nsys"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert doctor.find_tool("nsys") == str(tool)

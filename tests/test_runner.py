@@ -1,0 +1,221 @@
+"""``kernelmap run``: device decisions, worker failures, the nsys command path and real CPU runs.
+
+End-to-end runs go through the console entry (``python -m kernelmap.cli run``) in a subprocess,
+so this pytest process never imports a framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import require_framework
+
+from kernelmap import manifest, runner
+from kernelmap.errors import KernelmapError
+
+MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
+MX_CPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": False, "num_gpus": 0}
+TORCH_CUDA = {"installed": True, "version": "2.14.1+cu130", "cuda_build": "13.0", "cuda_available": True}
+TORCH_CPU = {"installed": True, "version": "2.14.1+cpu", "cuda_build": None, "cuda_available": False}
+
+
+# --- device decisions (the real gpu_verdict, with an injected compute capability) -------------------
+@pytest.mark.parametrize("requested", ["auto", "gpu"])
+def test_mxnet_on_hopper_runs_on_cpu_labelled(requested):
+    d = runner.decide_device("mxnet", requested, MX_GPU_PROBE, "9.0")
+    assert d.device == "cpu"
+    assert "sm_90" in d.note and "CPU" in d.note
+    assert d.to_manifest() == {"device_requested": requested, "device": "cpu", "device_note": d.note}
+
+
+@pytest.mark.parametrize("cc", ["8.0", "8.6", "8.9", "7.0"])
+def test_mxnet_gpu_where_the_wheel_has_code(cc):
+    d = runner.decide_device("mxnet", "auto", MX_GPU_PROBE, cc)
+    assert (d.device, d.note) == ("gpu", None)
+
+
+def test_mxnet_blackwell_and_cpu_wheel():
+    assert runner.decide_device("mxnet", "auto", MX_GPU_PROBE, "10.0").device == "cpu"
+    auto = runner.decide_device("mxnet", "auto", MX_CPU_PROBE, "8.0")
+    assert auto.device == "cpu" and "CPU build" in auto.note
+    explicit = runner.decide_device("mxnet", "gpu", MX_CPU_PROBE, "8.0")
+    assert explicit.device is None and explicit.explicit and "mxnet-gpu" in explicit.note
+
+
+def test_torch_without_cuda():
+    auto = runner.decide_device("pytorch", "auto", TORCH_CPU, None, "nvidia-smi not on PATH")
+    assert auto.device == "cpu" and "CPU-only build" in auto.note
+    gpu = runner.decide_device("pytorch", "gpu", TORCH_CPU, "9.0")
+    assert gpu.device is None and gpu.explicit and "download.pytorch.org" in gpu.note
+    assert runner.decide_device("pytorch", "gpu", TORCH_CUDA, "9.0").device == "gpu"
+    assert runner.decide_device("pytorch", "cpu", TORCH_CUDA, "9.0").device == "cpu"
+
+
+def test_missing_framework_is_skipped_with_fix():
+    d = runner.decide_device("mxnet", "auto", {"installed": False, "error": "No module named 'mxnet'",
+                                                "fix": "pip install x"}, None)
+    assert d.device is None and not d.explicit and "pip install x" in d.note
+
+
+# --- worker failures, the libs environment, nsys ----------------------------------------------------
+def test_worker_failure_is_one_line_naming_the_pass():
+    cmd = [sys.executable, "-c", "import sys; print('progress\\r', file=sys.stderr); sys.exit('boom: bad thing')"]
+    with pytest.raises(KernelmapError) as exc:
+        runner.run_worker(cmd, label="pytorch bs 64 (clean pass, cpu)", batch_size=64, forward_stderr=False)
+    assert str(exc.value) == "pytorch bs 64 (clean pass, cpu): worker exited 1: boom: bad thing"
+
+
+def test_worker_oom_names_the_batch_size():
+    cmd = [sys.executable, "-c", f"import sys; sys.exit({runner.EXIT_OOM})"]
+    with pytest.raises(KernelmapError, match="out of memory at batch size 1024"):
+        runner.run_worker(cmd, label="mxnet bs 1024 (clean pass, gpu)", batch_size=1024, forward_stderr=False)
+
+
+def test_worker_exit_oom_matches():
+    from kernelmap import worker
+
+    assert worker.EXIT_OOM == runner.EXIT_OOM
+
+
+def test_libs_env():
+    gpu = runner.libs_env("gpu", Path("/x"))
+    assert gpu["CUDNN_LOGDEST_DBG"] == "/x/cudnn.log" and gpu["CUDNN_LOGLEVEL_DBG"] == "3"
+    assert gpu["CUDNN_LOGINFO_DBG"] == "1" and gpu["CUBLAS_LOGDEST_DBG"] == "/x/cublas.log"
+    assert gpu["CUBLASLT_LOG_FILE"] == "/x/cublaslt.log"
+    assert runner.libs_env("cpu", Path("/x"))["ONEDNN_VERBOSE"] == "1"
+
+
+FAKE_NSYS = """\
+#!{python}
+# A stand-in for nsys: `profile ... -o BASE ... CMD...` runs CMD and writes BASE.nsys-rep;
+# `export ... -o OUT REPORT` writes OUT. Records its argv in calls.jsonl beside itself.
+import json, os, subprocess, sys
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "calls.jsonl"), "a") as fh:
+    fh.write(json.dumps(sys.argv[1:]) + "\\n")
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+if args[0] == "profile":
+    cmd = args[args.index("--force-overwrite") + 2:]
+    rc = subprocess.call(cmd)
+    open(out + ".nsys-rep", "w").write("report")
+    sys.exit(rc)
+open(out, "w").write("sqlite from " + args[-1])
+"""
+
+
+def test_nsys_command_path(tmp_path):
+    nsys = tmp_path / "bin" / "nsys"
+    nsys.parent.mkdir()
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable))
+    nsys.chmod(nsys.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "run"
+    out.mkdir()
+    worker = [sys.executable, "-c", f"open({str(out / 'nsys.json')!r}, 'w').write('{{}}')"]
+    profile, export = runner._nsys_commands(str(nsys), out, worker)
+    runner.run_worker(profile, label="pytorch bs 64 (nsys pass, gpu)", batch_size=64, forward_stderr=False)
+    runner.run_worker([*export, str(runner._nsys_report(out))], label="export", batch_size=64)
+    assert (out / "nsys.json").is_file() and (out / "nsys.sqlite").read_text().endswith("nsys.nsys-rep")
+    calls = [json.loads(line) for line in (tmp_path / "bin" / "calls.jsonl").read_text().splitlines()]
+    assert calls[0][:2] == ["profile", "--trace=cuda,nvtx"] and calls[0][-len(worker):] == worker
+    assert calls[1][:3] == ["export", "--type", "sqlite"]
+
+
+# --- the CLI ---------------------------------------------------------------------------------------
+def _run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+
+
+def test_existing_out_is_refused(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--out", str(out))
+    assert proc.returncode == 2
+    assert "already exists" in proc.stderr and "--replace" in proc.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+STEPS = 3
+
+
+def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)  # --json: stdout is only the summary
+    assert summary["run_dir"] == str(out)
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+    man = json.loads((out / "manifest.json").read_text())
+    for key in manifest.REQUIRED_KEYS:
+        assert key in man, key
+    fw = man["frameworks"][framework]
+    assert (fw["device_requested"], fw["device"]) == ("cpu", "cpu")
+    assert fw["versions"]["framework"] == framework and fw["versions"]["version"]
+    assert man["data"]["kind"] == "synthetic" and man["data"]["sha256"]
+    assert man["config"]["train"]["steps"] == STEPS
+    assert man["host"]["cpu"]
+    (entry,) = json.loads((out / "results.json").read_text())
+    assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
+    assert len(entry["step_times_s"]) == STEPS and all(t > 0 for t in entry["step_times_s"])
+    assert entry["median_step_s"] > 0 and entry["iqr_step_s"] >= 0
+    assert entry["images_per_s"] == pytest.approx(64 / entry["median_step_s"])
+    assert 0.0 <= entry["test_accuracy"] <= 1.0
+    assert (out / framework / "bs64" / "clean.json").is_file()
+    return entry
+
+
+def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
+                    "--data", "synthetic", "--out", str(out), "--profile", "libs", "--json")
+    entry = _check_run(out, "pytorch", proc)
+    assert entry["passes"]["libs"]["steps"] == STEPS and "overhead" in entry["passes"]["libs"]
+    log = (out / "pytorch" / "bs64" / "onednn.log").read_text()
+    assert "onednn_verbose" in log and ",exec," in log
+    assert (out / "records.parquet").is_file()  # normalise ran over the captures
+
+
+@pytest.mark.mxnet
+def test_run_mxnet_cpu(tmp_path):
+    out = tmp_path / "run"
+    proc = _run_cli("--framework", "mxnet", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
+                    "--data", "synthetic", "--out", str(out), "--json")
+    _check_run(out, "mxnet", proc)
+
+
+@pytest.mark.gpu
+def test_run_all_gpu_all_passes(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
+                           "--steps", "10", "--data", "synthetic", "--out", str(out), "--profile", "all", "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["gpu"]["compute_capability"]
+    results = json.loads((out / "results.json").read_text())
+    torch_entry = next(r for r in results if r["framework"] == "pytorch")
+    assert torch_entry["device"] == "gpu"
+    bs_dir = out / "pytorch" / "bs64"
+    assert (bs_dir / "trace.json.gz").is_file() and (bs_dir / "cudnn.log").is_file()
+    assert (bs_dir / "cublas.log").is_file() or (bs_dir / "cublaslt.log").is_file()
+    assert (out / "parity.json").is_file() == (len({r["framework"] for r in results}) == 2)
+
+
+def test_parent_imports_no_framework():
+    code = textwrap.dedent("""
+        import sys
+        import kernelmap.cli, kernelmap.runner, kernelmap.doctor, kernelmap.manifest, kernelmap.gpuinfo
+        kernelmap.cli.build_parser()
+        bad = [m for m in ("torch", "mxnet") if m in sys.modules]
+        assert not bad, bad
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
