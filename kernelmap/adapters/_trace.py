@@ -24,10 +24,14 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
-    region_ph = np.array([C.region_phase(s) if k in ("annotation", "step") else None
-                          for s, k in zip(names, kind, strict=True)], dtype=object)
-    step_no = np.array([C.step_number(s) if k in ("annotation", "step") else None
-                        for s, k in zip(names, kind, strict=True)], dtype=object)
+    ann = np.isin(kind, ("annotation", "step"))
+    uniq = pd.unique(names[ann])
+    ph_map = {u: C.region_phase(u) for u in uniq}
+    st_map = {u: C.step_number(u) for u in uniq}
+    region_ph = np.full(n, None, dtype=object)
+    step_no = np.full(n, None, dtype=object)
+    region_ph[ann] = [ph_map[u] for u in names[ann]]
+    step_no[ann] = [st_map[u] for u in names[ann]]
     is_region = (region_ph != None) | (step_no != None)  # noqa: E711
     host = np.isin(kind, HOST_KINDS) & ~is_region
     hidx = np.flatnonzero(host)
@@ -74,7 +78,12 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     fwd_rows = (seq >= 0) & (out_dir == "fwd") & (layer != None)  # noqa: E711
     seq_layer = dict(zip(seq[fwd_rows].tolist(), layer[fwd_rows].tolist(), strict=True))
     if seq_layer:
-        top_seq = np.where(has_top, seq[np.maximum(top, 0)], -1)
+        # a backward tree's seq: the first seq in it (nsys' evaluate_function wrapper has none,
+        # the autograd node inside it has the forward op's)
+        with_seq = has_top & (seq >= 0)
+        first = (pd.DataFrame({"top": top[with_seq], "seq": seq[with_seq], "start": start[with_seq]})
+                 .sort_values("start", kind="stable").groupby("top")["seq"].first())
+        top_seq = np.where(has_top, first.reindex(top).fillna(-1).to_numpy(dtype="int64"), -1)
         need = (layer == None) & (top_seq >= 0)  # noqa: E711
         layer[need] = [seq_layer.get(s) for s in top_seq[need].tolist()]
     layer[np.isin(out_canon, list(C.LOSS_OPS))] = "loss"
@@ -115,7 +124,36 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     fallback = C.phase_from_direction(df["direction"], df["canonical_op"])
     df["phase"] = ph.fillna(fallback)
     refine_direction(df)
+    _refine_linear(df, inner_op, dims)
     return df
+
+
+def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) -> None:
+    """Linear backward kernels: the innermost ``aten::mm`` says which half it computes —
+    [B,out] x [out,in] is the input gradient (bwd_data), [out,B] x [B,in] the weight's."""
+    if dims is None:
+        return
+    from ..frameworks.spec import LAYERS
+
+    w = {x.name: x.weight_shape for x in LAYERS if x.kind == "linear"}
+    sel = np.flatnonzero(df["kind"].isin(DEVICE_KINDS).to_numpy() & df["canonical_op"].eq("linear").to_numpy()
+                         & df["direction"].eq("bwd").to_numpy() & (inner_op >= 0))
+    names = df["op_name"].to_numpy(dtype=object)
+    layers = df["layer"].to_numpy(dtype=object, na_value=None)
+    direc = df["direction"].to_numpy(dtype=object, na_value=None)
+    for i in sel:
+        op = inner_op[i]
+        d = dims[op]
+        if names[op] != "aten::mm" or layers[i] not in w or not isinstance(d, list) or len(d) < 2 \
+                or not all(isinstance(x, list) and len(x) == 2 for x in d[:2]):
+            continue
+        out_f, in_f = w[layers[i]]
+        (p, q), (_, r) = d[0], d[1]
+        if (q, r) == (out_f, in_f):
+            direc[i] = "bwd_data"
+        elif (p, r) == (out_f, in_f):
+            direc[i] = "bwd_weight"
+    df["direction"] = pd.array(direc, dtype="string")
 
 
 def refine_direction(df: pd.DataFrame) -> None:

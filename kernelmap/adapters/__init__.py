@@ -1,0 +1,51 @@
+"""Adapters: pure functions file -> records DataFrame (docs/SCHEMA.md). The format is sniffed from
+the content (gzip is looked through), never from the name — except ``.nsys-rep``, nsys' own
+binary report, which is recognised by its suffix as a last resort and converted with nsys.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import ParseError
+from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn
+from ._common import head
+
+# order matters: the most specific sniffers first
+FORMATS = {
+    "nsys": nsys,
+    "kineto": kineto,
+    "mxnet_profiler": mxnet_profiler,
+    "cudnn_log": cudnn_log,
+    "cublas_log": cublas_log,
+    "cublaslt_log": cublaslt_log,
+    "onednn_verbose": onednn,
+}
+
+
+def detect(path: str | os.PathLike) -> str:
+    """The format name of a file (a key of ``FORMATS``), from its first bytes."""
+    try:
+        first = head(path, 64 * 1024)
+    except OSError as exc:
+        raise ParseError(path, f"cannot read: {exc.strerror or exc}") from None
+    for name, mod in FORMATS.items():
+        if mod.sniff(first):
+            return name
+    if str(path).endswith(".nsys-rep"):
+        return "nsys"
+    raise ParseError(path, "unrecognised content: not a Kineto or MXNet profiler trace, nsys SQLite export, "
+                           "cuDNN/cuBLAS/cuBLASLt log or oneDNN verbose output")
+
+
+def read(path: str | os.PathLike, fmt: str | None = None) -> pd.DataFrame:
+    """Records of one file; ``fmt`` overrides detection."""
+    fmt = fmt or detect(path)
+    if fmt not in FORMATS:
+        raise ParseError(path, f"unknown format {fmt!r}")
+    df = FORMATS[fmt].read(Path(path))
+    df.attrs["format"] = fmt
+    return df

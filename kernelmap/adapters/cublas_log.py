@@ -1,0 +1,162 @@
+"""cuBLAS API log (``CUBLAS_LOGINFO_DBG=1``, ``CUBLAS_LOGDEST_DBG=FILE``).
+
+A call is a block: ``I! cuBLAS (v13.1.0) function cublasStatus_t cublasSgemm_v2(...) called:``,
+``i!  name: type=T; val=V`` argument lines, ``i! Time: <date>T<hh:mm:ss> elapsed from start ...``
+(second resolution) and ``i!Process=..; Thread=..; GPU=..; Handle=..; StreamId=..; MathMode=..``.
+``Thread`` is the pthread handle, kept as ``tid``.
+
+Records (kind ``library_call``, library cuBLAS) for the BLAS compute calls (gemm/gemv/ger/axpy/
+scal/dot/geam/dgmm/trsm/syrk families, batched and Ex variants); handle/stream/workspace/math-mode
+set-up calls are counted in ``df.attrs["calls"]`` only. For a gemm, ``shapes`` is
+``[[m, k], [k, n]]`` (op(A), op(B)) and the layer is the spec ``linear`` layer whose weight
+dimensions are two of (m, n, k); math mode from ``MathMode`` and the type prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from datetime import UTC, datetime
+
+import pandas as pd
+
+from ..errors import ParseError
+from ..frameworks.spec import LAYERS
+from ._common import finish, read_text
+
+SOURCE = "cublas_log"
+_HEAD = re.compile(r"^I! cuBLAS \(v([\d.]+)\) function (?:[\w\s\*]+?\s)?(\w+)\((.*)\) called:\s*$")
+_ARG = re.compile(r"^i!\s+(\w+): type=([^;]*); val=(.*)$")
+_TIME = re.compile(r"^i! Time: (\S+)")
+_PROC = re.compile(r"^i!\s*Process=(\d+); Thread=(\d+); GPU=([^;]*);(.*)$")
+_MATH = re.compile(r"MathMode=(\w+)")
+COMPUTE = re.compile(r"^cublas\w*?(gemm|gemv|ger|axpy|scal|dot|nrm2|geam|dgmm|trsm|syrk|herk|symm|asum|copy)\w*$",
+                     re.I)
+_LINEAR = [(layer.name, sorted(layer.weight_shape)) for layer in LAYERS if layer.kind == "linear"]
+
+
+def sniff(head: bytes) -> bool:
+    return re.search(rb"^I! cuBLAS \(v", head, re.M) is not None
+
+
+def linear_layer(dims: list[int]) -> str | None:
+    """The spec linear layer whose two weight dims are among ``dims`` (unique match only)."""
+    hits = []
+    for name, w in _LINEAR:
+        rest = list(dims)
+        ok = True
+        for d in w:
+            if d in rest:
+                rest.remove(d)
+            else:
+                ok = False
+                break
+        if ok:
+            hits.append(name)
+    return hits[0] if len(hits) == 1 else None
+
+
+def gemm_direction(layer: str | None, m: int, n: int, k: int) -> str | None:
+    """fwd / bwd_data / bwd_weight of a linear layer's gemm (column-major m x n x k, cuBLAS view
+    of row-major PyTorch/MXNet tensors), or None where the dims do not say it unambiguously."""
+    w = next((x.weight_shape for x in LAYERS if x.name == layer), None)
+    if w is None:
+        return None
+    out_f, in_f = w
+    rest = [m, n, k]
+    for d in (out_f, in_f):
+        rest.remove(d)
+    batch = rest[0]
+    if len({out_f, in_f, batch}) < 3:
+        return None
+    if k == in_f:
+        return "fwd"
+    if k == out_f:
+        return "bwd_data"
+    return "bwd_weight" if k == batch else None
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    text = read_text(path)
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("I! ")]
+    if not heads and text.strip():
+        raise ParseError(path, "no 'I! cuBLAS (v...) function ... called:' block", line=1)
+    calls: Counter = Counter()
+    rows = []
+    for n, h in enumerate(heads):
+        m = _HEAD.match(lines[h])
+        if not m:
+            raise ParseError(path, "malformed cuBLAS log header", line=h + 1)
+        func = m.group(2)
+        calls[func] += 1
+        if not COMPUTE.match(func):
+            continue
+        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
+        args: dict[str, str] = {}
+        row: dict = {"library_call": func, "start_ns": None, "pid": None, "tid": None, "math": None}
+        for ln in lines[h + 1:end]:
+            a = _ARG.match(ln)
+            if a:
+                args[a.group(1)] = a.group(3).strip()
+                continue
+            t = _TIME.match(ln)
+            if t:
+                try:
+                    ts = datetime.fromisoformat(t.group(1)).replace(tzinfo=UTC)
+                except ValueError:
+                    raise ParseError(path, f"bad Time {t.group(1)!r}", line=h + 1) from None
+                row["start_ns"] = int(ts.timestamp()) * 10**9
+                continue
+            p = _PROC.match(ln)
+            if p:
+                row["pid"], row["tid"] = int(p.group(1)), int(p.group(2))
+                mm = _MATH.search(p.group(4))
+                row["math"] = mm.group(1) if mm else None
+        mm_, nn, kk = _int(args.get("m")), _int(args.get("n")), _int(args.get("k"))
+        if "gemm" in func.lower() and None not in (mm_, nn, kk):
+            row["shapes"] = json.dumps([[mm_, kk], [kk, nn]], separators=(",", ":"))
+            row["layer"] = linear_layer([mm_, nn, kk])
+            row["direction"] = gemm_direction(row["layer"], mm_, nn, kk)
+        row["math_mode"] = _math(row["math"], func)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["library_call", "start_ns", "pid", "tid", "math", "shapes", "layer", "direction",
+                                     "math_mode"])
+    layer = df["layer"].tolist()
+    cols = {
+        "kind": ["library_call"] * len(df), "library": ["cuBLAS"] * len(df), "device": ["gpu"] * len(df),
+        "library_call": df["library_call"].tolist(), "op_name": df["library_call"].tolist(),
+        "shapes": df["shapes"].tolist(), "layer": layer,
+        "canonical_op": ["linear" if isinstance(v, str) else None for v in layer],
+        "direction": df["direction"].tolist(),
+        "phase": [_phase(d) for d in df["direction"]],
+        "math_mode": df["math_mode"].tolist(),
+        "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
+        "pid": pd.array(df["pid"].tolist(), dtype="Int64"), "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
+    }
+    out = finish(cols, path, SOURCE)
+    out.attrs["calls"] = dict(calls)
+    return out
+
+
+def _phase(direction) -> str | None:
+    return "forward" if direction == "fwd" else "backward" if isinstance(direction, str) else None
+
+
+def _math(mode: str | None, func: str) -> str | None:
+    if mode and "TF32" in mode:
+        return "tf32"
+    base = func.removeprefix("cublas")[:1].upper()
+    by_type = {"S": "fp32", "D": "fp64", "H": "fp16", "C": "fp32", "Z": "fp64"}.get(base)
+    if mode and mode == "CUBLAS_TENSOR_OP_MATH" and base == "S":
+        return "fp16"  # the deprecated mode lets cuBLAS down-convert fp32 inputs to fp16
+    return by_type

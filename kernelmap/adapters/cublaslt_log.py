@@ -1,0 +1,108 @@
+"""cuBLASLt log (``CUBLASLT_LOG_LEVEL=5``): lines ``[date time][cublasLt][TID][Level][function] ...``.
+
+The third bracket is the logging thread's OS id (the main thread's equals the pid; the autograd
+thread has its own), kept as ``tid``. Each ``[Api][cublasLtMatmul]`` line is one call (kind
+``library_call``, library cuBLASLt); its shapes, compute type and algorithm come from the next
+``[Trace][cublasLtMatmul]`` line of the same thread (Adesc/Bdesc ``rows``/``cols``/``batchCount``,
+``computeType``, ``algo=[algoId=N ...]``). ``[Trace][cublasLtSSSMatmul]`` (and other typed
+internal variants) are matmuls cuBLAS itself runs through cuBLASLt (e.g. for ``cublasSgemm_v2``):
+not calls of the framework, counted in ``df.attrs["internal_matmuls"]``. Other API functions are
+counted in ``df.attrs["calls"]``. Time has second resolution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from datetime import UTC, datetime
+
+import pandas as pd
+
+from ..errors import ParseError
+from ._common import finish, read_text
+from .cublas_log import _phase, gemm_direction, linear_layer
+
+SOURCE = "cublaslt_log"
+_LINE = re.compile(r"^\[([^\]]+)\]\[cublasLt\]\[(\d+)\]\[(\w+)\]\[(\w+)\]\s?(.*)$")
+_DESC = re.compile(r"\b([ABCD])desc=\[([^\]]*)\]")
+_KV = re.compile(r"(\w+)=([^\s\]]+)")
+_ALGO = re.compile(r"\balgo=\[([^\]]*)\]")
+_COMPUTE = re.compile(r"computeType=(\w+)")
+_MATH = {"COMPUTE_32F": "fp32", "COMPUTE_32F_PEDANTIC": "fp32", "COMPUTE_32F_FAST_TF32": "tf32",
+         "COMPUTE_32F_FAST_16F": "fp16", "COMPUTE_32F_FAST_16BF": "bf16", "COMPUTE_16F": "fp16",
+         "COMPUTE_64F": "fp64"}
+
+
+def sniff(head: bytes) -> bool:
+    return re.search(rb"^\[[^\]]+\]\[cublasLt\]\[\d+\]", head, re.M) is not None
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    text = read_text(path)
+    calls: Counter = Counter()
+    internal = 0
+    rows: list[dict] = []
+    waiting: dict[int, int] = {}  # tid -> row awaiting its Trace line
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise ParseError(path, "not a cuBLASLt log line", line=lineno)
+        stamp, tid, level, func, rest = m.group(1), int(m.group(2)), m.group(3), m.group(4), m.group(5)
+        if level == "Api":
+            calls[func] += 1
+            if func == "cublasLtMatmul":
+                try:
+                    t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+                except ValueError:
+                    raise ParseError(path, f"bad timestamp {stamp!r}", line=lineno) from None
+                waiting[tid] = len(rows)
+                rows.append({"start_ns": int(t.timestamp()) * 10**9, "tid": tid, "shapes": None,
+                             "algo": None, "math_mode": None, "layer": None, "direction": None})
+        elif level == "Trace":
+            if func == "cublasLtMatmul" and tid in waiting:
+                row = rows[waiting.pop(tid)]
+                shapes = []
+                descs = _DESC.findall(rest)
+                for _, body in descs[:2]:
+                    kv = dict(_KV.findall(body))
+                    shape = [int(kv["rows"]), int(kv["cols"])]
+                    if "batchCount" in kv:
+                        shape = [int(kv["batchCount"]), *shape]
+                    shapes.append(shape)
+                row["shapes"] = json.dumps(shapes, separators=(",", ":")) if shapes else None
+                a = _ALGO.search(rest)
+                if a:
+                    row["algo"] = dict(_KV.findall(a.group(1))).get("algoId")
+                c = _COMPUTE.search(rest)
+                row["math_mode"] = _MATH.get(c.group(1)) if c else None
+                weights = [s for s in shapes if len(s) == 2]
+                hits = {linear_layer(s) for s in weights if linear_layer(s)}
+                row["layer"] = hits.pop() if len(hits) == 1 else None
+                if row["layer"] and len(descs) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+                    trans = dict(_KV.findall(rest.split("computeDesc=[", 1)[-1].split("]", 1)[0]))
+                    (ar, ac), (br, bc) = shapes[0], shapes[1]
+                    m, k = (ac, ar) if trans.get("transa") == "OP_T" else (ar, ac)
+                    n = br if trans.get("transb") == "OP_T" else bc
+                    row["direction"] = gemm_direction(row["layer"], m, n, k)
+            elif func.startswith("cublasLt") and func.endswith("Matmul") and func != "cublasLtMatmul":
+                internal += 1
+    df = pd.DataFrame(rows, columns=["start_ns", "tid", "shapes", "algo", "math_mode", "layer", "direction"])
+    n = len(df)
+    cols = {
+        "kind": ["library_call"] * n, "library": ["cuBLASLt"] * n, "device": ["gpu"] * n,
+        "library_call": ["cublasLtMatmul"] * n, "op_name": ["cublasLtMatmul"] * n,
+        "shapes": df["shapes"].tolist(), "algo": df["algo"].tolist(), "math_mode": df["math_mode"].tolist(),
+        "layer": df["layer"].tolist(), "direction": df["direction"].tolist(),
+        "phase": [_phase(d) for d in df["direction"]],
+        "canonical_op": ["linear" if isinstance(v, str) else None for v in df["layer"]],
+        "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
+        "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
+    }
+    out = finish(cols, path, SOURCE)
+    out.attrs["calls"] = dict(calls)
+    out.attrs["internal_matmuls"] = internal
+    return out

@@ -1,0 +1,226 @@
+"""cuDNN API logs: v9 (``CUDNN_LOGLEVEL_DBG=3``) and v8 (``CUDNN_LOGINFO_DBG=1``); one format.
+
+A call is a block: a header ``I! CuDNN (v91900 56) function cudnnBackendExecute() called:``, then
+indented ``i!`` attribute lines (``name: type=T; val=V;``, nesting by indentation), then the
+``Time: <ISO wall clock> (...)`` and ``Process=..; Thread=..; GPU=..; Handle=..; StreamId=..``
+trailer. cuDNN 9 logs each call twice: an entry block with the arguments and a return block whose
+only attribute is ``status``; a call is counted once, at its entry block.
+
+Records (kind ``library_call``, library cuDNN) for the calls that do work on the GPU:
+``cudnnBackendExecute`` (the operation, x/w/y dims and engine id from the execution plan; math
+mode from the ``cudnnBackendExecuteInternal`` block that follows on the same thread) and the
+legacy v7/v8 entry points (``cudnnConvolutionForward``, ``...BackwardData``, ``...BackwardFilter``,
+``...BackwardBias``, ``cudnnActivationForward``, ``cudnnPoolingForward``, ``cudnnSoftmaxForward``,
+their backward twins, ``cudnnAddTensor``, ...). Descriptor set-up, finalisation and heuristics
+calls are not records; ``df.attrs["calls"]`` counts every API function in the log.
+``start_ns`` is the logged wall clock (µs resolution) read as UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from datetime import UTC, datetime
+
+import pandas as pd
+
+from ..errors import ParseError
+from . import canonical as C
+from ._common import finish, read_text
+
+SOURCE = "cudnn_log"
+_HEAD = re.compile(r"^I! CuDNN \(v(\d+)(?: \d+)?\) function (\w+)\(\) called:\s*$")
+_ATTR = re.compile(r"^i!(\s+)([^:]+?):\s*(.*)$")
+_VAL = re.compile(r"val=([^;]*);?")
+_TIME = re.compile(r"^i! Time: (\S+)")
+_PROC = re.compile(r"^i! Process=(\d+); Thread=(\d+); GPU=([^;]*); Handle=([^;]*); StreamId=(.*?)\.?\s*$")
+
+LEGACY = {
+    "cudnnConvolutionForward": ("conv2d", "fwd"),
+    "cudnnConvolutionBiasActivationForward": ("conv2d", "fwd"),
+    "cudnnConvolutionBackwardData": ("conv2d", "bwd_data"),
+    "cudnnConvolutionBackwardFilter": ("conv2d", "bwd_weight"),
+    "cudnnConvolutionBackwardBias": ("conv2d", "bwd_bias"),
+    "cudnnActivationForward": ("relu", "fwd"),
+    "cudnnActivationBackward": ("relu", "bwd"),
+    "cudnnPoolingForward": ("max_pool2d", "fwd"),
+    "cudnnPoolingBackward": ("max_pool2d", "bwd"),
+    "cudnnSoftmaxForward": ("log_softmax", "fwd"),
+    "cudnnSoftmaxBackward": ("log_softmax", "bwd"),
+    "cudnnAddTensor": ("add", "none"),
+    "cudnnOpTensor": ("other", "none"),
+    "cudnnTransformTensor": ("copy", "none"),
+}
+_OPERATION = {
+    "CONVOLUTION_FORWARD": ("conv2d", "fwd"), "CONV_FORWARD": ("conv2d", "fwd"),
+    "CONVOLUTION_BACKWARD_DATA": ("conv2d", "bwd_data"), "CONV_BACKWARD_DATA": ("conv2d", "bwd_data"),
+    "CONVOLUTION_BACKWARD_FILTER": ("conv2d", "bwd_weight"), "CONV_BACKWARD_FILTER": ("conv2d", "bwd_weight"),
+}
+EXECUTE = "cudnnBackendExecute"
+
+
+def sniff(head: bytes) -> bool:
+    return re.search(rb"^I! CuDNN \(v\d+", head, re.M) is not None
+
+
+def _parse_attrs(lines: list[str]) -> dict[str, str]:
+    """Flatten indented attribute lines to {'a.b.c': value-or-type}."""
+    out: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for line in lines:
+        m = _ATTR.match(line)
+        if not m:
+            continue
+        indent, key, rest = len(m.group(1)), m.group(2).strip(), m.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([s[1] for s in stack] + [key])
+        v = _VAL.search(rest)
+        out[path] = v.group(1).strip() if v else rest.strip().rstrip(":;").removeprefix("type=")
+        stack.append((indent, key))
+    return out
+
+
+def _find(attrs: dict[str, str], suffix: str) -> str | None:
+    for k, v in attrs.items():
+        if k == suffix or k.endswith("." + suffix):
+            return v
+    return None
+
+
+def _dims(attrs: dict[str, str], desc: str) -> list[int] | None:
+    v = _find(attrs, f"{desc}.dimA")
+    if not v:
+        return None
+    try:
+        return json.loads(v)
+    except ValueError:
+        return None
+
+
+def _enum(v: str | None) -> str | None:
+    return v.split(" (")[0].strip() if v else None
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    text = read_text(path)
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("I! ")]
+    if not heads and text.strip():
+        raise ParseError(path, "no 'I! CuDNN (v...) function ...() called:' block", line=1)
+    calls: Counter = Counter()
+    rows = []
+    pending_internal: dict[str, int] = {}  # thread -> row index awaiting ExecuteInternal
+    for n, h in enumerate(heads):
+        m = _HEAD.match(lines[h])
+        if not m:
+            raise ParseError(path, "malformed cuDNN log header", line=h + 1)
+        version, func = m.group(1), m.group(2)
+        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
+        body = lines[h + 1:end]
+        is_return = sum(1 for ln in body if _ATTR.match(ln) and not ln.startswith(("i! Time:", "i! Process="))) == 1 and \
+            any(ln.strip().startswith("i!     status:") for ln in body)
+        if func == "cudnnBackendExecuteInternal":
+            attrs = _parse_attrs(body)
+            thread = _thread(body)
+            if thread in pending_internal:
+                r = rows[pending_internal.pop(thread)]
+                tf32 = _find(attrs, "enable_tf32")
+                r["math_mode"] = "tf32" if tf32 == "true" else r["math_mode"]
+            continue
+        if is_return:
+            continue
+        calls[func] += 1
+        if func != EXECUTE and func not in LEGACY:
+            continue
+        attrs = _parse_attrs(body)
+        row = _trailer(path, body, h)
+        row.update(library_call=func, cudnn_version=version)
+        if func == EXECUTE:
+            op = _find(attrs, "operation") or ""
+            key = op.replace("CUDNN_BACKEND_OPERATION_", "").replace("_DESCRIPTOR", "")
+            canon, direction = _OPERATION.get(key, ("other", "none"))
+            eng = _find(attrs, "engine_id")
+            row["algo"] = f"eng{eng}" if eng is not None else None
+            row["op_name"] = key or None
+            dtype = _enum(_find(attrs, "computeType"))
+        else:
+            canon, direction = LEGACY[func]
+            if func == "cudnnActivationForward" or func == "cudnnActivationBackward":
+                mode = _find(attrs, "activationDesc.mode") or ""
+                canon = "relu" if "RELU" in mode else "other"
+            if func.startswith("cudnnPooling"):
+                canon = "max_pool2d" if "MAX" in (_find(attrs, "poolingDesc.mode") or "") else "other"
+            if func.startswith("cudnnSoftmax"):
+                canon = "log_softmax" if "LOG" in (_find(attrs, "algo") or "") else "other"
+            row["algo"] = _enum(_find(attrs, "algo"))
+            row["op_name"] = func
+            dtype = _enum(_find(attrs, "convDesc.dataType") or _find(attrs, "xDesc.dataType"))
+            math = _enum(_find(attrs, "convDesc.mathType"))
+            if math and "TENSOR_OP" in math and dtype == "CUDNN_DATA_FLOAT":
+                row["math_mode"] = "tf32"
+        row.setdefault("math_mode", _dtype(dtype))
+        x = _dims(attrs, "xDesc") or _dims(attrs, "dxDesc")
+        w = _dims(attrs, "wDesc") or _dims(attrs, "dwDesc")
+        y = _dims(attrs, "yDesc") or _dims(attrs, "dyDesc")
+        shapes = [s for s in (x, w, y) if s is not None]
+        row["shapes"] = json.dumps(shapes, separators=(",", ":")) if shapes else None
+        layer = C._WEIGHTS.get(tuple(w)) if w else None
+        row.update(canonical_op=canon, direction=direction, layer=layer)
+        if func == EXECUTE and row.get("tid") is not None:
+            pending_internal[str(row["tid"])] = len(rows)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["library_call", "op_name", "algo", "math_mode", "shapes", "canonical_op",
+                                     "direction", "layer", "start_ns", "pid", "tid", "stream", "gpu", "cudnn_version"])
+    cols = {c: df[c].tolist() for c in ("library_call", "op_name", "algo", "math_mode", "shapes",
+                                        "canonical_op", "direction", "layer")}
+    cols.update(
+        kind=["library_call"] * len(df), library=["cuDNN"] * len(df), device=["gpu"] * len(df),
+        start_ns=pd.array(df["start_ns"].tolist(), dtype="Int64"),
+        pid=pd.array(df["pid"].tolist(), dtype="Int64"), tid=pd.array(df["tid"].tolist(), dtype="Int64"),
+        stream=pd.array(df["stream"].tolist(), dtype="Int64"),
+        phase=[_phase(d) for d in df["direction"]],
+    )
+    out = finish(cols, path, SOURCE)
+    out.attrs["calls"] = dict(calls)
+    return out
+
+
+def _phase(direction) -> str | None:
+    return "forward" if direction == "fwd" else "backward" if isinstance(direction, str) and direction.startswith("bwd") else None
+
+
+def _dtype(dtype: str | None) -> str | None:
+    return {"CUDNN_DATA_FLOAT": "fp32", "CUDNN_DATA_HALF": "fp16", "CUDNN_DATA_BFLOAT16": "bf16",
+            "CUDNN_DATA_DOUBLE": "fp64"}.get(dtype or "")
+
+
+def _thread(body: list[str]) -> str | None:
+    for ln in reversed(body):
+        m = _PROC.match(ln)
+        if m:
+            return m.group(2)
+    return None
+
+
+def _trailer(path, body: list[str], h: int) -> dict:
+    row: dict = {"start_ns": None, "pid": None, "tid": None, "stream": None, "gpu": None}
+    for ln in body:
+        m = _TIME.match(ln)
+        if m:
+            try:
+                t = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
+            except ValueError:
+                raise ParseError(path, f"bad Time {m.group(1)!r}", line=h + 1) from None
+            row["start_ns"] = int(t.timestamp()) * 10**9 + t.microsecond * 1000
+            continue
+        m = _PROC.match(ln)
+        if m:
+            row["pid"], row["tid"] = int(m.group(1)), int(m.group(2))
+            row["gpu"] = m.group(3)
+            s = m.group(5)
+            row["stream"] = 0 if s.startswith("(nil)") or s.startswith("0x0 ") or s == "0x0" else (
+                int(s.split()[0], 16) if s.startswith("0x") else None)
+    return row

@@ -1,0 +1,235 @@
+"""Nsight Systems SQLite export (``nsys export --type sqlite``), or a ``.nsys-rep`` converted with
+``nsys export`` when nsys is on PATH.
+
+Tables exist only when they have rows and their columns change between nsys versions, so the
+adapter reads ``sqlite_master`` and each table's ``pragma table_info`` and asks only for what it
+needs; a missing required table/column raises ParseError naming it. Everything is SQL + pandas:
+
+* ``CUPTI_ACTIVITY_KIND_KERNEL`` -> kernel rows (name: ``demangledName`` through ``StringIds``)
+* ``CUPTI_ACTIVITY_KIND_RUNTIME`` -> runtime rows (kernel <-> launch by ``correlationId``)
+* ``CUPTI_ACTIVITY_KIND_MEMCPY`` / ``_MEMSET`` -> memcpy / memset rows
+* ``NVTX_EVENTS`` ranges (push/pop 59, start/end 60) -> ``op`` rows for ``emit_nvtx`` ranges
+  (``aten::conv2d, seq = 12, op_id = 34, sizes = [[...]], ...``: name, seq and sizes parsed from
+  the fields), ``step``/``annotation`` rows for other ranges (``kernelmap:*``, user ranges)
+* ``CUDNN_EVENTS`` / ``CUBLAS_EVENTS`` (nsys ``--trace=cudnn,cublas``) -> library_call rows
+
+``tid``/``pid`` are decoded from nsys' ``globalTid`` (pid = bits 24..47, tid = low 24 bits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ParseError
+from . import _trace
+from ._common import GZIP_MAGIC, finish
+
+SOURCE = "nsys"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_SEQ = re.compile(r", seq = (\d+)")
+_SIZES = re.compile(r", sizes = (\[(?:\[[^\]]*\](?:, )?)*\])")
+
+
+def sniff(head: bytes) -> bool:
+    return head.startswith(SQLITE_MAGIC)
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f'pragma table_info("{table}")')}
+
+
+def _need(path, table: str, have: set[str], cols: tuple[str, ...]) -> None:
+    missing = [c for c in cols if c not in have]
+    if missing:
+        raise ParseError(path, f"table {table} lacks column(s) {', '.join(missing)}")
+
+
+def read(path: str | os.PathLike, framework: str | None = None) -> pd.DataFrame:
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if head.startswith(SQLITE_MAGIC):
+        return _read_sqlite(path, path, framework)
+    if head[:2] == GZIP_MAGIC:
+        import gzip
+
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = Path(tmp) / (path.name.removesuffix(".gz") or "trace.sqlite")
+            try:
+                with gzip.open(path, "rb") as fi, open(plain, "wb") as fo:
+                    shutil.copyfileobj(fi, fo)
+            except (OSError, EOFError) as exc:
+                raise ParseError(path, f"corrupt gzip data: {exc}") from None
+            return read(plain, framework).assign(source_file=path.name).pipe(_restring)
+    return _read_rep(path, framework)
+
+
+def _restring(df: pd.DataFrame) -> pd.DataFrame:
+    df["source_file"] = df["source_file"].astype("string")
+    return df
+
+
+def _read_rep(path: Path, framework: str | None) -> pd.DataFrame:
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise ParseError(path, "an .nsys-rep report needs `nsys export --type sqlite`; nsys is not on PATH "
+                               "(export it where nsys is installed and pass the .sqlite)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "export.sqlite"
+        proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+                               "--output", str(out), str(path)], capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            raise ParseError(path, f"nsys export failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+        return _read_sqlite(out, path, framework)
+
+
+def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise ParseError(path, f"not a readable SQLite database: {exc}") from None
+    try:
+        return _read_tables(con, tables, path, framework)
+    except sqlite3.DatabaseError as exc:
+        raise ParseError(path, f"SQLite error: {exc}") from None
+    finally:
+        con.close()
+
+
+def _name_expr(con, path, table: str, col: str, alias: str, tables: set[str]) -> tuple[str, str]:
+    """(select expression, join clause) for a name column that may be a StringIds id or text."""
+    decl = {r[1]: (r[2] or "").upper() for r in con.execute(f'pragma table_info("{table}")')}
+    if "INT" in decl.get(col, "INT"):
+        if "StringIds" not in tables:
+            raise ParseError(path, f"{table}.{col} refers to StringIds, which the export lacks")
+        return f"{alias}_s.value", f'LEFT JOIN StringIds {alias}_s ON {alias}_s.id = {alias}."{col}"'
+    return f'{alias}."{col}"', ""
+
+
+def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd.DataFrame:
+    frames = []
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables and "NVTX_EVENTS" not in tables \
+            and "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
+        raise ParseError(path, "no CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_RUNTIME or NVTX_EVENTS "
+                               "table: not an nsys export with CUDA or NVTX trace")
+    t = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if t in tables:
+        have = _columns(con, t)
+        _need(path, t, have, ("start", "end", "correlationId", "streamId"))
+        name_col = "demangledName" if "demangledName" in have else "shortName" if "shortName" in have else None
+        if name_col is None:
+            raise ParseError(path, f"table {t} lacks column demangledName (and shortName)")
+        expr, join = _name_expr(con, path, t, name_col, "k", tables)
+        grid = ", ".join(f'k."{c}" AS {c.lower()[:-1]}_{c[-1].lower()}' if c in have else f"NULL AS {c.lower()[:-1]}_{c[-1].lower()}"
+                         for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
+        gpid = 'k."globalPid"' if "globalPid" in have else "NULL"
+        frames.append(pd.read_sql_query(
+            f'SELECT \'kernel\' AS kind, k.start AS start_ns, k."end" - k.start AS dur_ns, k.correlationId AS correlation_id, '
+            f'k.streamId AS stream, {grid}, {expr} AS kernel_name, {gpid} AS gpid, NULL AS gtid FROM {t} k {join}', con))
+    for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+        if t in tables:
+            have = _columns(con, t)
+            _need(path, t, have, ("start", "end", "correlationId", "bytes"))
+            stream = "streamId" if "streamId" in have else "NULL"
+            frames.append(pd.read_sql_query(
+                f"SELECT '{kind}' AS kind, start AS start_ns, \"end\" - start AS dur_ns, correlationId AS correlation_id, "
+                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}", con))
+    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if t in tables:
+        have = _columns(con, t)
+        _need(path, t, have, ("start", "end", "correlationId", "nameId", "globalTid"))
+        expr, join = _name_expr(con, path, t, "nameId", "r", tables)
+        frames.append(pd.read_sql_query(
+            f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
+            f"{expr} AS op_name, r.globalTid AS gtid FROM {t} r {join}", con))
+    t = "NVTX_EVENTS"
+    dims = None
+    if t in tables:
+        have = _columns(con, t)
+        _need(path, t, have, ("start", "end", "eventType", "globalTid"))
+        text = 'n."text"' if "text" in have else "NULL"
+        if "textId" in have and "StringIds" in tables:
+            text, join = f"COALESCE({text}, n_s.value)", "LEFT JOIN StringIds n_s ON n_s.id = n.textId"
+        else:
+            join = ""
+        nv = pd.read_sql_query(
+            f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, n.globalTid AS gtid "
+            f"FROM {t} n {join} WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL", con)
+        frames.append(_nvtx(nv))
+    for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
+        if t in tables:
+            have = _columns(con, t)
+            _need(path, t, have, ("start", "end", "nameId", "globalTid"))
+            expr, join = _name_expr(con, path, t, "nameId", "l", tables)
+            frames.append(pd.read_sql_query(
+                f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
+                f"{expr} AS library_call, l.globalTid AS gtid FROM {t} l {join}", con))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    bad = int((df["kind"].eq("kernel") & df["kernel_name"].isna()).sum()) if "kernel_name" in df else 0
+    if bad:
+        raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
+    df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    gtid = pd.to_numeric(df.get("gtid"), errors="coerce")
+    gpid = pd.to_numeric(df["gpid"], errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
+    tid = (gtid % 0x1000000)
+    pid = ((gtid // 0x1000000) % 0x1000000).fillna((gpid // 0x1000000) % 0x1000000)
+    dims = df.pop("dims").tolist() if "dims" in df else None
+    names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype="string")
+    if framework is None:
+        framework = "pytorch" if names.fillna("").str.startswith("aten::").any() else "unknown"
+    cols = {c: df[c] for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
+                                "op_name", "seq", "shapes", "bytes", "library", "library_call",
+                                "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z") if c in df}
+    for c in ("correlation_id", "stream", "seq", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+              "block_z", "start_ns", "dur_ns"):
+        if c in cols:
+            cols[c] = pd.array(pd.to_numeric(cols[c], errors="coerce"), dtype="Int64")
+    cols["tid"] = pd.array(tid, dtype="Int64")
+    cols["pid"] = pd.array(pid, dtype="Int64")
+    cols["framework"] = framework
+    cols["device"] = "gpu"
+    out = finish(cols, path, SOURCE)
+    if len(out):
+        _trace.label(out, dims, framework if framework != "unknown" else "pytorch")
+        from .kineto import kernel_library
+
+        out["library"] = out["library"].astype("string")
+        kernel_library(out)
+    return out
+
+
+def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
+    """NVTX ranges -> op rows (emit_nvtx) or annotation/step rows, fields parsed structurally."""
+    text = nv["text"].fillna("").astype(str)
+    is_op = text.str.contains(", op_id = ", regex=False) | text.str.contains(", seq = ", regex=False)
+    name = text.where(~is_op, text.str.split(", ", n=1).str[0])
+    seq = text.str.extract(_SEQ, expand=False)
+    sizes = text.str.extract(_SIZES, expand=False).where(is_op)
+    from .canonical import _WEIGHT_ARG, step_number
+
+    want = is_op & name.isin([*_WEIGHT_ARG, "aten::mm"])
+    dims = pd.Series([None] * len(nv), index=nv.index, dtype=object)
+    for i in np.flatnonzero(want.to_numpy() & sizes.notna().to_numpy()):
+        try:
+            dims.iat[i] = json.loads(sizes.iat[i])
+        except ValueError:
+            dims.iat[i] = None
+    kind = np.where(is_op, "op", "annotation")
+    steps = name.map(lambda s: step_number(s) is not None) if len(name) else name
+    kind[(~is_op & steps.astype(bool)).to_numpy()] = "step"
+    return pd.DataFrame({
+        "kind": kind, "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"], "op_name": name,
+        "seq": pd.to_numeric(seq, errors="coerce"), "shapes": sizes.str.replace(" ", "", regex=False),
+        "dims": dims, "gtid": nv["gtid"],
+    })

@@ -1,0 +1,160 @@
+"""``kernelmap normalise``: run the adapters on any mix of traces and logs, link the files of one
+run to each other, write one records table (Parquet, docs/SCHEMA.md) and print the summary.
+
+Files of one run are the files of one directory (or all files, with ``--run``); files of other
+runs are concatenated, never linked. ``event_id`` is made unique within a run by offsetting each
+file's ids (links are offset with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from . import adapters, attribution, schema
+from .errors import KernelmapError, ParseError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="traces and logs, any mix (.gz read transparently)")
+    p.add_argument("-o", "--output", default="records.parquet", help="Parquet file to write (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--run", help="treat all files as one run of this name")
+    p.add_argument("--framework", choices=["pytorch", "mxnet"], help="framework of files that do not say it")
+
+
+def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
+    for col in ("event_id", "op_event_id", "call_event_id"):
+        df[col] = df[col] + base
+    return df
+
+
+def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
+              batch_size: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes."""
+    groups: dict[str, list[Path]] = {}
+    for p in map(Path, paths):
+        key = run or (p.resolve().parent.name or p.stem)
+        groups.setdefault(key, []).append(p)
+    frames, runs, files = [], {}, []
+    for name, members in groups.items():
+        parts, base = [], 0
+        for p in members:
+            df = adapters.read(p)
+            fmt = df.attrs.get("format")
+            files.append({"file": str(p), "format": fmt, "run": name, "rows": len(df),
+                          **{k: v for k, v in df.attrs.items() if k != "format"}})
+            df = _offset(df, base)
+            base += len(df)
+            df["run"] = name
+            if framework:
+                df["framework"] = df["framework"].where(df["framework"].notna() & ~df["framework"].eq("unknown"),
+                                                        framework)
+            if device:
+                df["device"] = device
+            if batch_size is not None:
+                df["batch_size"] = batch_size
+            parts.append(df)
+        rdf = pd.concat(parts, ignore_index=True) if parts else schema.empty()
+        rdf = schema.conform(rdf)
+        links = attribution.link_library_calls(rdf)
+        links.update(attribution.link_onednn(rdf))
+        runs[name] = {**attribution.summarise(rdf), **links}
+        frames.append(rdf)
+    df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
+    summary = {**attribution.summarise(df), "runs": runs, "files": files}
+    return df, summary
+
+
+def main(args: argparse.Namespace) -> int:
+    df, summary = normalise(args.files, run=args.run, framework=args.framework)
+    schema.write_parquet(df, args.output, extra_meta={"summary": summary})
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print(summary, args.output)
+    return 0
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def _print(s: dict, out) -> None:
+    w = sys.stdout.write
+    w(f"{s['events']} records from {len(s['files'])} file(s) -> {out}\n")
+    for name, r in s["runs"].items():
+        w(f"run {name}: {r['kernels']} kernels, {r['kernel_time_ns'] / 1e6:.3f} ms, "
+          f"{_pct(r['attributed_kernel_time_share'])} of kernel time attributed to an op; "
+          f"{r['ops']} framework ops; library kernels linked to a call {r['library_kernels_linked']}"
+          f"/{r['library_kernels']}\n")
+        if r["library_calls"]:
+            w("  library calls: " + ", ".join(f"{k} {v}" for k, v in r["library_calls"].items()) + "\n")
+        if r["onednn_primitives"]:
+            w("  oneDNN executions: " + ", ".join(f"{k} {v}" for k, v in r["onednn_primitives"].items())
+              + f" ({r['onednn_linked']} linked to an op)\n")
+        for u in r["unattributed_top"][:5]:
+            w(f"  unattributed: {u['count']} x {u['kernel_name'][:90]} ({u['time_ns'] / 1e3:.1f} us)\n")
+
+
+# --- run directories -------------------------------------------------------------------------
+_BS = re.compile(r"^bs(\d+)$")
+
+
+def _manifest_device(manifest: dict, fw: str) -> str | None:
+    for key in ("frameworks", "per_framework"):
+        entry = manifest.get(key, {}).get(fw) if isinstance(manifest.get(key), dict) else None
+        if isinstance(entry, dict):
+            for k in ("device_used", "used", "device"):
+                if isinstance(entry.get(k), str):
+                    return entry[k]
+            dev = entry.get("device")
+            if isinstance(dev, dict) and isinstance(dev.get("used"), str):
+                return dev["used"]
+    return None
+
+
+def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
+    """Normalise ``RUN_DIR/<framework>/bs<N>/*`` into ``RUN_DIR/records.parquet`` and
+    ``RUN_DIR/attribution.json``; returns the summary. Files no adapter recognises (clean.json,
+    step timings) are listed under ``not_records``."""
+    from .atomic import atomic_file
+
+    run_dir = Path(run_dir)
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+    except FileNotFoundError:
+        manifest = {}
+    except ValueError as exc:
+        raise KernelmapError(f"{run_dir / 'manifest.json'}: not JSON ({exc})") from None
+    frames, per, skipped = [], {}, []
+    for fw_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for bs_dir in sorted(p for p in fw_dir.iterdir() if p.is_dir() and _BS.match(p.name)):
+            files = []
+            for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+                try:
+                    adapters.detect(f)
+                    files.append(f)
+                except ParseError as exc:
+                    skipped.append({"file": str(f.relative_to(run_dir)), "reason": exc.cause})
+            if not files:
+                continue
+            bs = int(_BS.match(bs_dir.name).group(1))
+            name = f"{fw_dir.name}/{bs_dir.name}"
+            df, s = normalise(files, run=name, framework=fw_dir.name, device=_manifest_device(manifest, fw_dir.name),
+                              batch_size=bs)
+            df["framework"] = fw_dir.name
+            frames.append(df)
+            per[name] = {**s["runs"][name], "files": s["files"], "framework": fw_dir.name, "batch_size": bs}
+    df = schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty()
+    summary = {"runs": per, "not_records": skipped}
+    schema.write_parquet(df, run_dir / "records.parquet", extra_meta={"summary": summary})
+    with atomic_file(run_dir / "attribution.json") as fh:
+        json.dump(summary, fh, indent=2, default=str)
+    return summary
