@@ -1,0 +1,80 @@
+"""pytest-benchmark setup: one framework per pytest process (``--framework``).
+
+PyTorch's CUDA 13 and MXNet's CUDA 11 must never share a process, so a pytest invocation
+benchmarks exactly one framework: ``pytest benches/bench_train_step.py --framework=mxnet
+--benchmark-autosave`` (the ``benchmarks`` nox session runs it once per framework). Device
+decisions are made as ``kernelmap run`` makes them (``runner.decide_device``), before the framework
+is imported here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from kernelmap import doctor, gpuinfo, runner
+
+BATCH_SIZES = (64, 256, 1024)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kernelmap")
+    group.addoption("--framework", choices=runner.FRAMEWORK_CHOICES, default="pytorch",
+                    help="the one framework this pytest process benchmarks (default pytorch)")
+    group.addoption("--bench-data", default="synthetic",
+                    help="data of the benchmarked batch: synthetic (default), fashion-mnist, mnist or a directory")
+
+
+def pytest_collect_file(file_path, parent):
+    """Collect ``bench_*.py`` here (pyproject's python_files is the default ``test_*.py``)."""
+    if parent.session.isinitpath(file_path):
+        return None  # named on the command line: pytest collects it already
+    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+@functools.cache
+def gpu_report() -> gpuinfo.GpuReport:
+    return gpuinfo.query()
+
+
+@functools.cache
+def probe(framework: str) -> dict:
+    return doctor.probe_framework(framework)
+
+
+@functools.cache
+def decision(framework: str, device: str) -> runner.Decision:
+    report = gpu_report()
+    cc = report.gpus[0].compute_capability if report.gpus else None
+    return runner.decide_device(framework, device, probe(framework), cc, report.problem)
+
+
+@pytest.fixture(scope="session")
+def framework(request) -> str:
+    return request.config.getoption("--framework")
+
+
+@pytest.fixture(scope="session")
+def bench_data(request) -> str:
+    return request.config.getoption("--bench-data")
+
+
+_VERSIONS: dict = {}
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """GPU, driver, CUDA, cuDNN and framework versions beside pytest-benchmark's CPU facts."""
+    report = gpu_report()
+    fw = config.getoption("--framework")
+    machine_info["kernelmap"] = {
+        "framework": fw,
+        "framework_versions": _VERSIONS.get(fw) or probe(fw),
+        "gpus": [g.to_dict() for g in report.gpus],
+        "gpu_problem": report.problem,
+        "driver": report.gpus[0].driver if report.gpus else None,
+        "cuda_driver_version": report.cuda_driver_version,
+        "cpu": gpuinfo.cpu_model(),
+    }
