@@ -1,0 +1,102 @@
+"""nsys SQLite adapter against the trimmed H200 probe export (tests/data/gpu_nsys.sqlite.gz)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kernelmap.adapters import detect, nsys
+from kernelmap.errors import ParseError
+
+DATA = Path(__file__).parent / "data"
+GZ = DATA / "gpu_nsys.sqlite.gz"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nsys") / "run.sqlite"
+    with gzip.open(GZ, "rb") as fi, open(out, "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    return out
+
+
+@pytest.fixture(scope="module")
+def df(db):
+    return nsys.read(db)
+
+
+def test_kernel_count_and_time_match_sqlite(db, df):
+    con = sqlite3.connect(db)
+    n, total = con.execute('select count(*), sum("end" - start) from CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+    k = df[df["kind"].eq("kernel")]
+    assert len(k) == n == 294
+    assert int(k["dur_ns"].sum()) == total
+    names = {r[0] for r in con.execute("select s.value from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds s on s.id = k.demangledName")}
+    assert set(k["kernel_name"]) == names
+
+
+def test_other_tables_counted(db, df):
+    con = sqlite3.connect(db)
+    for table, kind in (("CUPTI_ACTIVITY_KIND_RUNTIME", "runtime"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
+                        ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+        assert int(df["kind"].eq(kind).sum()) == con.execute(f"select count(*) from {table}").fetchone()[0]
+    ranges = con.execute("select count(*) from NVTX_EVENTS where eventType in (59, 60) and \"end\" is not null").fetchone()[0]
+    assert int(df["kind"].isin(["op", "annotation", "step"]).sum()) == ranges
+
+
+def test_emit_nvtx_parsed_structurally(df):
+    conv = df[df["op_name"].eq("aten::conv2d")]
+    assert len(conv) == 6  # 3 steps under emit_nvtx x 2 conv layers
+    assert sorted(conv["layer"].unique()) == ["conv1", "conv2"]
+    assert conv["seq"].notna().all()
+    assert conv["shapes"].str.startswith("[[64,").all()
+
+
+def test_kernels_in_emit_nvtx_steps_are_attributed(db, df):
+    # kernels launched inside the emit_nvtx ranges: all of them must have a canonical op
+    con = sqlite3.connect(db)
+    lo, hi = con.execute("select min(start), max(\"end\") from NVTX_EVENTS where text like 'step%'").fetchone()
+    k = df[df["kind"].eq("kernel")]
+    launched = df[df["kind"].eq("runtime") & df["start_ns"].between(lo, hi)]["correlation_id"]
+    inside = k[k["correlation_id"].isin(launched)]
+    assert len(inside) > 0
+    assert inside["canonical_op"].notna().all(), inside.loc[inside["canonical_op"].isna(), "kernel_name"].head()
+    conv_bwd = inside[inside["kernel_name"].str.contains("dgrad")]
+    assert set(conv_bwd["direction"]) == {"bwd_data"}
+
+
+def test_missing_column_is_named(tmp_path):
+    p = tmp_path / "bad.sqlite"
+    con = sqlite3.connect(p)
+    con.execute('create table CUPTI_ACTIVITY_KIND_KERNEL (start int, "end" int, streamId int, demangledName int)')
+    con.execute("insert into CUPTI_ACTIVITY_KIND_KERNEL values (1, 2, 7, 1)")
+    con.commit()
+    con.close()
+    with pytest.raises(ParseError, match="CUPTI_ACTIVITY_KIND_KERNEL lacks column.*correlationId"):
+        nsys.read(p)
+
+
+def test_sqlite_without_trace_tables(tmp_path):
+    p = tmp_path / "empty.sqlite"
+    sqlite3.connect(p).execute("create table t (a int)").connection.commit()
+    assert detect(p) == "nsys"
+    with pytest.raises(ParseError, match="no CUPTI_ACTIVITY_KIND_KERNEL"):
+        nsys.read(p)
+
+
+def test_nsys_rep_needs_nsys(tmp_path, monkeypatch):
+    p = tmp_path / "run.nsys-rep"
+    p.write_bytes(b"\x00not sqlite")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect(p) == "nsys"
+    with pytest.raises(ParseError, match="nsys is not on PATH"):
+        nsys.read(p)
+
+
+def test_gzipped_export_reads_the_same(db, df):
+    again = nsys.read(GZ)
+    assert len(again) == len(df) and again["source_file"].iloc[0] == GZ.name
