@@ -1,6 +1,6 @@
 """``kernelmap parity``: do both frameworks compute the same model? (CPU, fp32)
 
-Each framework runs in its own subprocess (``python -m kernelmap.parity --worker ...``, never
+Each framework runs in its own subprocess, the two concurrently (``python -m kernelmap.parity --worker ...``, never
 both in one process); both load the same initial weight file and train on the same batches in
 the same order. Each writes an ``.npz``: logits of the first batch before any step, the loss of
 each SGD step, the weights after the last step. The parent imports no framework and compares:
@@ -99,32 +99,40 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
     return figures
 
 
-def _run_worker(fw: str, workdir: Path, weights: Path, params: dict[str, Any], timeout: float) -> dict:
-    out = workdir / f"{fw}.npz"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kernelmap.parity",
-        "--worker",
-        fw,
-        "--weights",
-        str(weights),
-        "--result",
-        str(out),
-    ]
-    cmd += ["--params", json.dumps(params)]
+def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float) -> dict[str, dict]:
+    """Start one worker per framework (concurrently), wait for all, read their ``.npz`` files."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # CPU only: fp32 without TF32 or GPU libraries
+    procs: dict[str, subprocess.Popen] = {}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise KernelmapError(f"parity: the {fw} worker failed (exit {proc.returncode}):\n{tail}")
-    with np.load(out, allow_pickle=False) as npz:
-        result = {k: npz[k] for k in npz.files}
-    result["meta"] = json.loads(str(result["meta"]))
-    return result
+        for fw in FRAMEWORKS:
+            cmd = [sys.executable, "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
+            cmd += ["--result", str(workdir / f"{fw}.npz"), "--params", json.dumps(params)]
+            procs[fw] = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        deadline = time.monotonic() + timeout
+        errors = {}
+        for fw, proc in procs.items():
+            try:
+                _, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
+            if proc.returncode != 0:
+                tail = "\n".join(stderr.strip().splitlines()[-15:])
+                errors[fw] = f"the {fw} worker failed (exit {proc.returncode}):\n{tail}"
+        if errors:
+            raise KernelmapError("parity: " + "\n".join(errors.values()))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = {}
+    for fw in FRAMEWORKS:
+        with np.load(workdir / f"{fw}.npz", allow_pickle=False) as npz:
+            results[fw] = {k: npz[k] for k in npz.files}
+        results[fw]["meta"] = json.loads(str(results[fw]["meta"]))
+    return results
 
 
 def compute_parity(
@@ -172,7 +180,7 @@ def compute_parity(
         tmp = Path(tmp)
         weights = tmp / "initial_weights.npz"
         spec.save_weights(weights, spec.init_weights(seed))
-        results = {fw: _run_worker(fw, tmp, weights, params, timeout) for fw in FRAMEWORKS}
+        results = _run_workers(tmp, weights, params, timeout)
     for fw, r in results.items():
         if r["meta"]["data_sha256"] != info.sha256:
             raise KernelmapError(f"parity: the {fw} worker read different data files than {info.path}")

@@ -1,0 +1,108 @@
+"""`kernelmap parity`: the comparison arithmetic, and real runs of both frameworks (subprocesses)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+from conftest import require_framework
+from kernelmap.frameworks import spec
+
+from kernelmap import parity
+from kernelmap.errors import KernelmapError, MissingToolError
+
+NAMES = spec.weight_names()
+
+
+def fake_result(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {"logits": rng.normal(size=(4, 10)).astype(np.float32), "losses": np.linspace(2.3, 1.0, 20)}
+    out.update({f"weight/{k}": v for k, v in spec.init_weights(seed).items()})
+    return out
+
+
+def test_compare_identical_is_zero():
+    a = fake_result()
+    figures = parity.compare(a, dict(a), NAMES)
+    assert figures["forward_logits_max_abs_diff"] == 0 and figures["loss_max_rel_diff"] == 0
+    assert figures["weights_worst"] == 0 and figures["passed"] and figures["failures"] == []
+
+
+def test_compare_definitions_and_failures():
+    a = fake_result()
+    b = {k: v.copy() for k, v in a.items()}
+    b["logits"][1, 2] += 3e-4
+    b["losses"][7] *= 1 + 5e-4
+    w = b["weight/fc1.weight"]
+    w[0, 0] += 2e-4 * np.abs(w).max()
+    figures = parity.compare(a, b, NAMES)
+    assert figures["forward_logits_max_abs_diff"] == pytest.approx(3e-4, rel=1e-3)
+    assert figures["loss_max_rel_diff"] == pytest.approx(5e-4, rel=1e-6)
+    assert figures["loss_rel_diff_per_step"][7] == figures["loss_max_rel_diff"]
+    assert figures["weights_max_rel_diff"]["fc1.weight"] == pytest.approx(2e-4, rel=1e-2)
+    assert figures["weights_max_rel_diff"]["conv1.weight"] == 0
+    assert not figures["passed"] and len(figures["failures"]) == 3
+
+
+def test_compare_nan_fails():
+    a = fake_result()
+    b = dict(a, losses=a["losses"].copy())
+    b["losses"][3] = np.nan
+    assert not parity.compare(a, b, NAMES)["passed"]
+
+
+def test_missing_framework_names_fix(monkeypatch):
+    real = parity.importlib.util.find_spec
+    monkeypatch.setattr(parity.importlib.util, "find_spec", lambda m: None if m == "mxnet" else real(m))
+    with pytest.raises(MissingToolError, match=r"pip install 'kernelmap\[mxnet\]'"):
+        parity.compute_parity(data="synthetic")
+
+
+def test_bad_arguments():
+    with pytest.raises(KernelmapError):
+        parity.compute_parity(data="synthetic", steps=0)
+
+
+def _require_both():
+    require_framework("pytorch")
+    require_framework("mxnet")
+
+
+def assert_within_tolerances(result: dict, steps: int) -> None:
+    assert result["passed"], result["failures"]
+    assert result["forward_logits_max_abs_diff"] <= 1e-4
+    assert result["loss_max_rel_diff"] <= 1e-4
+    assert max(result["weights_max_rel_diff"].values()) <= 1e-4
+    assert set(result["weights_max_rel_diff"]) == set(NAMES)
+    for fw in ("pytorch", "mxnet"):
+        losses = result["losses"][fw]
+        assert len(losses) == steps and all(np.isfinite(losses))
+    # training did something, so agreement is not agreement between two idle models
+    assert result["losses"]["pytorch"][-1] < result["losses"]["pytorch"][0]
+
+
+@pytest.mark.mxnet
+def test_parity_on_idx_files(idx_dir_gz):
+    _require_both()
+    result = parity.compute_parity(data=str(idx_dir_gz), steps=20, batch_size=16)  # 320 samples: 3+ epochs
+    assert_within_tolerances(result, 20)
+    assert result["data"]["kind"] == "idx" and result["data"]["n_train"] == 96
+    assert result["versions"]["pytorch"]["framework"] == "pytorch"
+    assert result["versions"]["mxnet"]["framework"] == "mxnet"
+
+
+@pytest.mark.mxnet
+def test_parity_cli_synthetic(tmp_path, capsys):
+    _require_both()
+    p = argparse.ArgumentParser()
+    parity.add_arguments(p)
+    out = tmp_path / "parity.json"
+    args = p.parse_args(["--data", "synthetic", "--batch-size", "16", "--json", "--out", str(out)])
+    assert parity.main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["data"]["kind"] == "synthetic" and printed["steps"] == 20
+    assert_within_tolerances(printed, 20)
+    assert not list(tmp_path.glob(".*partial"))
