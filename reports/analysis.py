@@ -1,0 +1,777 @@
+"""Analyses of run directories: pure functions that return DataFrames and dicts.
+
+Nothing here draws or formats HTML; ``figures`` and ``html`` only render what these return.
+A run directory is read as docs/ARCHITECTURE.md lays it out (manifest.json, results.json,
+parity.json, records.parquet, attribution.json); every file but manifest.json and results.json
+is optional, and a section whose input is absent says so rather than guessing.
+
+Time accounting (``timed_events``): records hold the same work seen by several sources (a
+Kineto trace and an nsys capture both list the kernels). For each framework x batch size one
+source is chosen to time from, in ``TRACE_SOURCES`` order, at the finest level it has: kernels
+where the source has any (GPU), else the outermost framework ops (CPU, where ops nest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kernelmap import schema
+from kernelmap.errors import KernelmapError
+
+TRACE_SOURCES = ("kineto", "mxnet_profiler", "nsys")
+PHASE_ORDER = ("forward", "backward", "optimizer", "data", "other")
+FRAMEWORK_LABEL = {"pytorch": "PyTorch", "mxnet": "MXNet"}
+
+# Peak dense throughput (FLOP/s) by GPU name, from NVIDIA's datasheets. Tensor-core figures are
+# the dense ones: the datasheets print them "with sparsity", i.e. doubled; we halve them.
+#  - H100 SXM5 / H200 SXM: FP32 67 TFLOPS, TF32 Tensor Core 989 TFLOPS with sparsity -> 494.5 dense
+#    (NVIDIA H100 Tensor Core GPU datasheet; NVIDIA H200 Tensor Core GPU datasheet).
+#  - H100 PCIe: FP32 51 TFLOPS, TF32 756 TFLOPS with sparsity -> 378 dense (H100 datasheet).
+#  - H200 NVL: FP32 60 TFLOPS, TF32 835 TFLOPS with sparsity -> 417.5 dense (H200 datasheet).
+#  - A100 SXM4 / PCIe: FP32 19.5 TFLOPS, TF32 156 TFLOPS dense (A100 datasheet).
+# Matching is by substring of the GPU name, most specific first.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200 NVL", {"fp32": 60e12, "tf32": 417.5e12}),
+    ("H200", {"fp32": 67e12, "tf32": 494.5e12}),
+    ("H100 PCIe", {"fp32": 51e12, "tf32": 378e12}),
+    ("H100", {"fp32": 67e12, "tf32": 494.5e12}),
+    ("A100", {"fp32": 19.5e12, "tf32": 156e12}),
+)
+
+
+def peak_flops(gpu_name: str | None) -> dict[str, float] | None:
+    """{'fp32': FLOP/s, 'tf32': FLOP/s} for a known GPU, else None (CPU and unknown GPUs)."""
+    if not gpu_name:
+        return None
+    for key, peaks in PEAK_FLOPS:
+        if key.lower() in gpu_name.lower():
+            return dict(peaks)
+    return None
+
+
+def fw_label(fw: str) -> str:
+    return FRAMEWORK_LABEL.get(str(fw), str(fw))
+
+
+# --- loading ---------------------------------------------------------------------------------
+@dataclass
+class Run:
+    path: Path
+    manifest: dict
+    results: list[dict]
+    parity: dict | None = None
+    attribution: Any = None
+    records: pd.DataFrame | None = None
+    problems: list[str] = field(default_factory=list)  # optional inputs that are absent
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise KernelmapError(f"{path}: not valid JSON ({exc})") from None
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one run directory. manifest.json and results.json are required."""
+    path = Path(path)
+    if not path.is_dir():
+        raise KernelmapError(f"{path}: not a run directory")
+    for req in ("manifest.json", "results.json"):
+        if not (path / req).is_file():
+            raise KernelmapError(f"{path}: no {req}; not a complete kernelmap run directory")
+    results = _read_json(path / "results.json")
+    if isinstance(results, dict):  # tolerate {"results": [...]}
+        results = results.get("results", [])
+    run = Run(path, _read_json(path / "manifest.json"), list(results))
+    if (path / "parity.json").is_file():
+        run.parity = _read_json(path / "parity.json")
+    else:
+        run.problems.append("no parity.json (parity is recorded only when both frameworks ran)")
+    if (path / "attribution.json").is_file():
+        run.attribution = _read_json(path / "attribution.json")
+    else:
+        run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
+    if (path / "records.parquet").is_file():
+        run.records = schema.read_parquet(path / "records.parquet")
+    else:
+        run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
+                            "sections are empty")
+    return run
+
+
+def _get(d: Any, *keys: str, default: Any = None) -> Any:
+    """The first present, non-None value among ``keys`` (dotted paths allowed)."""
+    if not isinstance(d, dict):
+        return default
+    for key in keys:
+        cur: Any = d
+        for part in key.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                cur = None
+                break
+        if cur is not None:
+            return cur
+    return default
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts/lists -> {'a.b.0.c': scalar}."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list) and not all(isinstance(x, int | float) for x in d):
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+# --- summary ---------------------------------------------------------------------------------
+def framework_devices(run: Run) -> pd.DataFrame:
+    """Per framework: device asked, device used, and why they differ (manifest)."""
+    rows = []
+    fws = _get(run.manifest, "frameworks", default={}) or {}
+    if isinstance(fws, list):
+        fws = {f.get("framework") or f.get("name"): f for f in fws}
+    for fw, info in fws.items():
+        used = _get(info, "device", "device_used")
+        asked = _get(info, "device_requested", "device_asked", default=used)
+        rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
+                     "device_note": _get(info, "device_note", "note", "why"),
+                     "fallback": bool(asked and used and asked != used)})
+    for r in run.results:  # results may say it too
+        fw = _get(r, "framework")
+        if fw is None or any(x["framework"] == fw for x in rows):
+            continue
+        used = _get(r, "device")
+        asked = _get(r, "device_requested", default=used)
+        rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
+                     "device_note": _get(r, "device_note"), "fallback": bool(asked != used)})
+    return pd.DataFrame(rows, columns=["run", "framework", "device_requested", "device", "device_note",
+                                       "fallback"])
+
+
+def _passes(r: dict) -> dict[str, dict]:
+    passes = _get(r, "passes", default={}) or {}
+    if isinstance(passes, list):
+        passes = {p.get("pass") or p.get("name") or str(i): p for i, p in enumerate(passes)}
+    return {k: v for k, v in passes.items() if isinstance(v, dict)}
+
+
+def _clean(r: dict) -> dict:
+    """The clean (no profiler) pass of a results entry, or the entry itself."""
+    return _passes(r).get("clean") or r
+
+
+def _step_times_s(r: dict) -> np.ndarray | None:
+    v = _get(r, "step_times_s")
+    if isinstance(v, list) and v:
+        return np.asarray(v, dtype=float)
+    v = _get(r, "step_times_ms")
+    return np.asarray(v, dtype=float) / 1e3 if isinstance(v, list) and v else None
+
+
+def summary_table(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x device x batch size: step time median and IQR (ms), images/s,
+    test accuracy, and the device fallback mark."""
+    rows = []
+    for run in runs:
+        devs = framework_devices(run).set_index("framework")
+        for r in run.results:
+            fw = _get(r, "framework")
+            c = _clean(r)
+            st = _step_times_s(r) if _step_times_s(r) is not None else _step_times_s(c)
+            bs = _get(r, "batch_size", default=_get(c, "batch_size"))
+            if st is not None:
+                med = float(np.median(st))
+                q1, q3 = np.percentile(st, [25, 75])
+                iqr = float(q3 - q1)
+                n = len(st)
+            else:
+                med = _get(r, "median_step_s", default=_get(c, "median_step_s"))
+                iqr = _get(r, "iqr_step_s", default=_get(c, "iqr_step_s"))
+                n = _get(r, "steps", default=_get(c, "steps"))
+            ips = _get(r, "images_per_s", default=_get(c, "images_per_s"))
+            if ips is None and med and bs:
+                ips = bs / med
+            dev = devs.loc[fw] if fw in devs.index else None
+            rows.append({
+                "run": run.name, "framework": fw,
+                "device": _get(r, "device", default=None if dev is None else dev["device"]),
+                "device_requested": None if dev is None else dev["device_requested"],
+                "fallback": False if dev is None else bool(dev["fallback"]),
+                "device_note": None if dev is None else dev["device_note"],
+                "batch_size": bs, "steps_timed": n,
+                "step_ms_median": None if med is None else med * 1e3,
+                "step_ms_iqr": None if iqr is None else iqr * 1e3,
+                "images_per_s": ips,
+                "test_accuracy": _get(r, "test_accuracy", default=_get(c, "test_accuracy")),
+            })
+    return pd.DataFrame(rows)
+
+
+def parity_table(runs: list[Run]) -> pd.DataFrame:
+    """parity.json's headline figures: run, figure, value, tolerance, definition. Scalars only
+    (per-step lists, versions and config stay in the file); per-tensor dicts become one row each."""
+    rows = []
+    skip = {"tolerances", "definitions", "versions", "config", "data", "losses", "frameworks"}
+    for run in runs:
+        p = run.parity
+        if not isinstance(p, dict):
+            continue
+        tol, defs = p.get("tolerances") or {}, p.get("definitions") or {}
+        for k, v in p.items():
+            if k in skip or isinstance(v, list):
+                continue
+            items = v.items() if isinstance(v, dict) else [(None, v)]
+            for sub, val in items:
+                if isinstance(val, dict | list):
+                    continue
+                rows.append({"run": run.name, "figure": k if sub is None else f"{k} [{sub}]", "value": val,
+                             "tolerance": tol.get(k), "definition": defs.get(k)})
+    return pd.DataFrame(rows, columns=["run", "figure", "value", "tolerance", "definition"])
+
+
+_ENV_KEYS = (
+    ("GPU", ("gpu.name", "gpus.0.name", "gpu")),
+    ("compute capability", ("gpu.compute_capability", "gpus.0.compute_capability")),
+    ("driver", ("driver", "gpu.driver", "gpus.0.driver", "driver_version")),
+    ("CUDA driver API", ("cuda_driver_version", "gpu_report.cuda_driver_version")),
+    ("CPU", ("host.cpu", "cpu")),
+    ("Python", ("host.python",)),
+    ("commit", ("git_commit.commit", "git_commit")),
+    ("tree dirty", ("git_commit.dirty",)),
+    ("kernelmap", ("kernelmap_version",)),
+    ("data", ("data.kind", "config.data")),
+)
+_FW_VERSION_KEYS = (("framework", ("version", "framework_version")), ("CUDA", ("cuda",)),
+                    ("cuDNN", ("cudnn",)), ("cuBLAS", ("cublas",)), ("oneDNN", ("onednn", "mkldnn")))
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, dict | list):
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def environment_table(runs: list[Run]) -> pd.DataFrame:
+    """Rows: item (GPU, driver, CUDA, cuDNN, cuBLAS, framework versions, commit...); one column per run."""
+    table: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        m = run.manifest
+        col = {}
+        for label, keys in _ENV_KEYS:
+            v = _get(m, *keys)
+            if v is not None:
+                col[label] = _scalar(v)
+        fws = _get(m, "frameworks", default={}) or {}
+        if isinstance(fws, list):
+            fws = {f.get("framework") or f.get("name"): f for f in fws}
+        for fw, info in fws.items():
+            versions = _get(info, "versions", default=info) or {}
+            for label, keys in _FW_VERSION_KEYS:
+                v = _get(versions, *keys)
+                if v is not None:
+                    col[f"{fw_label(fw)} {label}".replace(" framework", "")] = _scalar(v)
+            asked, used = _get(info, "device_requested"), _get(info, "device")
+            if used is not None:
+                col[f"{fw_label(fw)} device"] = used if asked in (None, used) else f"{used} (asked {asked})"
+        table[run.name] = col
+    df = pd.DataFrame(table)
+    df.index.name = "item"
+    return df.reset_index()
+
+
+# --- records: which events to time from ------------------------------------------------------
+def _records(run: Run) -> pd.DataFrame:
+    return run.records if run.records is not None else schema.empty()
+
+
+def _outermost(ops: pd.DataFrame) -> pd.DataFrame:
+    """Keep op rows not contained in another op row of the same (pid, tid)."""
+    if ops.empty:
+        return ops
+    keep = []
+    for _, g in ops.sort_values(["start_ns", "dur_ns"], ascending=[True, False]).groupby(
+            [ops["pid"].fillna(-1), ops["tid"].fillna(-1)], sort=False):
+        end = -1
+        for idx, s, d in zip(g.index, g["start_ns"], g["dur_ns"], strict=True):
+            if pd.isna(s) or pd.isna(d):
+                continue
+            if s >= end:
+                keep.append(idx)
+                end = s + d
+            # else: nested inside the current outermost op
+    return ops.loc[sorted(keep)]
+
+
+@dataclass
+class Timed:
+    """The events one framework x batch size is timed from."""
+
+    framework: str
+    batch_size: int | None
+    source: str
+    level: str  # kernel | op
+    events: pd.DataFrame  # the timed rows, canonical_op/direction/library/... filled from links
+    n_steps: int
+    step_ns: float | None  # median step duration in this source (kind=step rows), if any
+    n_steps_basis: str = ""
+    step_basis: str | None = None  # where step_ns comes from
+
+
+def _fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+    """Fill canonical_op, direction, phase, layer, op_name from the linked op, and library,
+    library_call, math_mode, algo from the linked library call, where the row itself has none.
+    Links are event ids, unique within a records ``run`` (one framework x batch size folder)."""
+    ev = ev.copy()
+    ref = rec.dropna(subset=["event_id"]).drop_duplicates(["run", "event_id"])
+    for link, cols in (("op_event_id", ("canonical_op", "direction", "phase", "layer", "op_name")),
+                       ("call_event_id", ("library", "library_call", "math_mode", "algo", "canonical_op",
+                                          "direction"))):
+        if ev[link].isna().all():
+            continue
+        r = ref[["run", "event_id", *cols]].rename(columns={"event_id": link, **{c: f"_{c}" for c in cols}})
+        merged = ev[["run", link]].merge(r, on=["run", link], how="left")
+        merged.index = ev.index
+        for c in cols:
+            ev[c] = ev[c].fillna(merged[f"_{c}"].astype(ev[c].dtype))
+    return ev
+
+
+_SOURCE_PASS = {"kineto": "framework", "mxnet_profiler": "framework", "nsys": "nsys"}
+
+
+def _n_steps(rows: pd.DataFrame, run: Run, fw: str, bs: int | None, source: str) -> tuple[int, str]:
+    """Traced steps: distinct iterations in the trace, else its step events, else the capture
+    pass's timed step count from results.json. Returns (n, how it was found)."""
+    it = rows["iteration"].dropna()
+    if len(it):
+        return int(it.nunique()), "iterations in the trace"
+    steps = rows[rows["kind"] == "step"]
+    if len(steps):
+        return len(steps), "step events in the trace"
+    for r in run.results:
+        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
+            n = _get(_passes(r).get(_SOURCE_PASS.get(source, ""), {}), "steps")
+            if n:
+                return int(n), f"results.json: steps of the {_SOURCE_PASS[source]} pass"
+    raise KernelmapError(f"{run.path}: {fw} bs {bs}: cannot tell how many steps the {source} trace holds "
+                         "(no iterations, no step events, no pass step count)")
+
+
+def timed_events(run: Run) -> list[Timed]:
+    out = []
+    rec = _records(run)
+    if rec.empty:
+        return out
+    for (fw, bs), g in rec.groupby(["framework", rec["batch_size"].fillna(-1)], sort=True):
+        bs_v = None if bs == -1 else int(bs)
+        chosen = None
+        for level, kinds in (("kernel", ("kernel",)), ("op", ("op",))):
+            for src in TRACE_SOURCES:
+                rows = g[(g["source"] == src) & g["kind"].isin(kinds) & g["dur_ns"].notna()]
+                if len(rows):
+                    chosen = (src, level, rows)
+                    break
+            if chosen:
+                break
+        if not chosen:
+            continue
+        src, level, rows = chosen
+        srows = g[g["source"] == src]
+        rows = _fill_from_links(rows, srows)
+        if level == "op":
+            rows = _outermost(rows[rows["canonical_op"].notna()])
+        steps = srows[srows["kind"] == "step"]["dur_ns"].dropna()
+        n, basis = _n_steps(srows[srows["kind"].isin(["op", "kernel", "step"])], run, str(fw), bs_v, src)
+        step_ns, step_basis = (float(steps.median()), "traced step events") if len(steps) else (None, None)
+        if step_ns is None:
+            pass_name = _SOURCE_PASS.get(src, "")
+            for r in run.results:
+                if _get(r, "framework") == fw and _get(r, "batch_size") == bs_v:
+                    med = _get(_passes(r).get(pass_name, {}), "median_step_s")
+                    if med:
+                        step_ns, step_basis = med * 1e9, f"median step of the {pass_name} pass (results.json)"
+        out.append(Timed(str(fw), bs_v, src, level, rows, n, step_ns, basis, step_basis))
+    return out
+
+
+# --- op time and the side-by-side table ------------------------------------------------------
+def op_time(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x canonical op x direction x phase: time per step (ms),
+    events per step, share of the step. ``level`` says whether kernels or ops were summed."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"),
+                                 direction=t.events["direction"].fillna("none"),
+                                 phase=t.events["phase"].fillna("other"))
+            for (op, d, ph), g in ev.groupby(["canonical_op", "direction", "phase"]):
+                ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "canonical_op": op, "direction": d, "phase": ph, "level": t.level,
+                             "source": t.source, "ms_per_step": ms,
+                             "events_per_step": len(g) / t.n_steps,
+                             "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "canonical_op", "direction",
+                                       "phase", "level", "source", "ms_per_step", "events_per_step",
+                                       "share_of_step"])
+
+
+def _uniq(s: pd.Series, limit: int = 6) -> list[str]:
+    vals = [str(v) for v in pd.unique(s.dropna())]
+    return vals[:limit] + ([f"... {len(vals) - limit} more"] if len(vals) > limit else [])
+
+
+def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """The side-by-side table of one run at one batch size: one row per canonical op x direction,
+    columns ``<framework>.<field>``, and ``differences`` saying plainly where the frameworks part.
+
+    Returns (table, frameworks)."""
+    rec = _records(run)
+    timed = [t for t in timed_events(run) if batch_size is None or t.batch_size == batch_size]
+    if batch_size is None and timed:
+        batch_size = timed[0].batch_size
+        timed = [t for t in timed if t.batch_size == batch_size]
+    fws = [t.framework for t in timed]
+    per: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in timed:
+        allrows = rec[(rec["framework"] == t.framework) & (rec["batch_size"].fillna(-1) == (
+            -1 if t.batch_size is None else t.batch_size))]
+        allrows = _fill_from_links(allrows, allrows)
+        ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"),
+                             direction=t.events["direction"].fillna("none"))
+        ops = allrows[(allrows["kind"] == "op") & (allrows["source"] == t.source)]
+        ops = _outermost(ops[ops["canonical_op"].notna()])
+        for (op, d), g in ev.groupby(["canonical_op", "direction"]):
+            key = (op, d)
+            a = allrows[(allrows["canonical_op"] == op) & (allrows["direction"].fillna("none") == d)]
+            calls = a[a["kind"] == "library_call"]
+            kernels = a[a["kind"] == "kernel"]
+            n_ops = ops[(ops["canonical_op"] == op) & (ops["direction"].fillna("none") == d)]
+            ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+            per.setdefault(key, {})[t.framework] = {
+                "op_names": _uniq(g["op_name"]) or _uniq(a[a["kind"] == "op"]["op_name"]),
+                "libraries": _uniq(pd.concat([g["library"], a["library"]])) or ["native"],
+                "library_calls": _uniq(calls["library_call"]) or _uniq(a["library_call"]),
+                "kernels": _uniq(kernels["kernel_name"]),
+                "n_kernels": int(kernels["kernel_name"].nunique()),
+                "calls_per_step": (len(n_ops) if len(n_ops) else len(g)) / t.n_steps,
+                "ms_per_step": ms,
+                "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None,
+                "math_modes": _uniq(a["math_mode"]),
+                "level": t.level,
+            }
+    rows = []
+    for (op, d), cells in per.items():
+        row: dict[str, Any] = {"canonical_op": op, "direction": d}
+        for fw in fws:
+            for k, v in (cells.get(fw) or {}).items():
+                row[f"{fw}.{k}"] = v
+        row["differences"] = differences(cells, fws)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if len(df):
+        order = {o: i for i, o in enumerate((*schema.CANONICAL_OPS, "unattributed"))}
+        dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
+        df = df.assign(_o=df["canonical_op"].map(order), _d=df["direction"].map(dorder)).sort_values(
+            ["_o", "_d"]).drop(columns=["_o", "_d"]).reset_index(drop=True)
+    return df, fws
+
+
+def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
+    """Plain statements of where frameworks differ for one op row."""
+    present = [fw for fw in fws if fw in cells]
+    missing = [fw for fw in fws if fw not in cells]
+    out = []
+    if missing and present:
+        out.append(f"only {', '.join(fw_label(f) for f in present)} has this op")
+    if len(present) < 2:
+        return out
+
+    def say(field_: str, what: str) -> None:
+        sets = {fw: tuple(sorted(cells[fw][field_])) for fw in present}
+        if len(set(sets.values())) > 1:
+            out.append(f"{what} differs: " + ", ".join(
+                f"{fw_label(fw)}: {'/'.join(v) or 'none recorded'}" for fw, v in sets.items()))
+
+    say("libraries", "library")
+    modes = {fw: tuple(sorted(cells[fw]["math_modes"])) for fw in present}
+    if len(set(modes.values())) > 1:
+        tf32 = {fw for fw, m in modes.items() if "tf32" in m}
+        lead = "TF32 differs" if tf32 and len(tf32) < len(present) else "math mode differs"
+        out.append(f"{lead}: " + ", ".join(f"{fw_label(fw)}: {'/'.join(m) or 'not recorded'}"
+                                         for fw, m in modes.items()))
+    libs = {fw: tuple(sorted(cells[fw]["libraries"])) for fw in present}
+    kern = {fw: set(cells[fw]["kernels"]) for fw in present}
+    if len(set(libs.values())) == 1 and all(kern.values()) and not set.intersection(*kern.values()):
+        out.append("different algorithms (no kernel in common)")
+    return out
+
+
+# --- library mix, kernel counts, busy share -----------------------------------------------------
+def _event_library(run: Run, t: Timed) -> pd.Series:
+    """The library of each timed event: its own (or its linked call's); for op-level time (CPU)
+    without a linked call, the library whose calls the library-log pass recorded for the same
+    canonical op and direction; else "native" (framework code)."""
+    lib = t.events["library"]
+    if t.level == "op" and lib.isna().any():
+        rec = _records(run)
+        calls = rec[(rec["framework"] == t.framework) & (rec["kind"] == "library_call")
+                    & (rec["batch_size"].fillna(-1) == (-1 if t.batch_size is None else t.batch_size))]
+        by_key = calls.groupby([calls["canonical_op"].fillna("?"), calls["direction"].fillna("none")])[
+            "library"].agg(lambda x: "/".join(sorted(set(x.dropna()))))
+        keys = zip(t.events["canonical_op"].fillna("?"), t.events["direction"].fillna("none"), strict=True)
+        lib = lib.fillna(pd.Series([by_key.get(k) or pd.NA for k in keys], index=t.events.index, dtype="string"))
+    return lib.fillna("native")
+
+
+def library_mix(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x library: time per step (ms) and share of timed time."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            lib = _event_library(run, t)
+            total = float(t.events["dur_ns"].sum())
+            for name, g in t.events.groupby(lib):
+                ns = float(g["dur_ns"].sum())
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "library": name, "level": t.level, "ms_per_step": ns / t.n_steps / 1e6,
+                             "share": ns / total if total else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "library", "level",
+                                       "ms_per_step", "share"])
+
+
+def kernel_counts(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x canonical op: distinct kernels and launches per step."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            if t.level != "kernel":
+                continue
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"))
+            for op, g in ev.groupby("canonical_op"):
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "canonical_op": op, "distinct_kernels": int(g["kernel_name"].nunique()),
+                             "launches_per_step": len(g) / t.n_steps})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "canonical_op",
+                                       "distinct_kernels", "launches_per_step"])
+
+
+def busy_share(runs: list[Run]) -> pd.DataFrame:
+    """Sum of timed event time per step / step wall time (median step in the same trace, or,
+    when the trace has no step events, the clean pass's median step time from results.json)."""
+    summ = summary_table(runs)
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
+            step_ms, basis = (t.step_ns / 1e6, t.step_basis) if t.step_ns else (None, None)
+            if step_ms is None:
+                m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
+                         & (summ["batch_size"] == t.batch_size)]
+                if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
+                    step_ms, basis = float(m["step_ms_median"].iloc[0]), "clean-pass median step"
+            rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                         "level": t.level, "source": t.source, "busy_ms_per_step": busy_ms,
+                         "step_ms": step_ms, "step_basis": basis,
+                         "busy_share": busy_ms / step_ms if step_ms else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "level", "source",
+                                       "busy_ms_per_step", "step_ms", "step_basis", "busy_share"])
+
+
+def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
+    """Per capture pass (results.json ``passes``): median step time and its ratio to the clean pass."""
+    rows = []
+    for run in runs:
+        for r in run.results:
+            meds, skipped = {}, {}
+            for name, p in _passes(r).items():
+                st = _step_times_s(p)
+                med = float(np.median(st)) if st is not None else _get(p, "median_step_s")
+                if med is not None:
+                    meds[name] = med
+                elif _get(p, "skipped"):
+                    skipped[name] = str(_get(p, "skipped"))
+            clean = meds.get("clean")
+            for name in _passes(r):
+                med = meds.get(name)
+                rows.append({"run": run.name, "framework": _get(r, "framework"),
+                             "batch_size": _get(r, "batch_size"), "pass": name,
+                             "step_ms_median": None if med is None else med * 1e3,
+                             "overhead": med / clean - 1 if clean and med is not None else None,
+                             "skipped": skipped.get(name)})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "pass", "step_ms_median",
+                                       "overhead", "skipped"])
+
+
+# --- roofline ----------------------------------------------------------------------------------
+def gpu_name(run: Run) -> str | None:
+    v = _get(run.manifest, "gpu.name", "gpus.0.name", "gpu")
+    return v if isinstance(v, str) else None
+
+
+def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Achieved FLOP/s of conv and linear work vs the device's peak.
+
+    One row per framework x batch size x layer x canonical op x direction: FLOPs per step (from
+    the op's ``flops``) over the kernel time per step of that op. Returns (table, peaks) where
+    peaks maps run -> {'gpu', 'fp32', 'tf32'} or a 'note' why no peak is known."""
+    rows, peaks = [], {}
+    for run in runs:
+        name = gpu_name(run)
+        pk = peak_flops(name)
+        peaks[run.name] = {"gpu": name, **(pk or {})} if pk else {
+            "gpu": name, "note": "peak unknown (CPU run, or a GPU not in the peak table)"}
+        rec = _records(run)
+        for t in timed_events(run):
+            ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"])]
+            if ev.empty:
+                continue
+            src_ops = rec[(rec["source"] == t.source) & (rec["kind"] == "op")
+                          & rec["run"].isin(t.events["run"].dropna().unique())]
+            for (layer, op, d), g in ev.groupby([ev["layer"].fillna("?"), "canonical_op",
+                                                 ev["direction"].fillna("none")]):
+                flops = g["flops"].dropna()
+                if flops.empty and t.level == "kernel":
+                    linked = src_ops[src_ops["event_id"].isin(g["op_event_id"].dropna().unique())
+                                     & src_ops["run"].isin(g["run"].unique())]
+                    flops = linked["flops"].dropna()
+                if flops.empty:
+                    continue
+                ns = float(g["dur_ns"].sum())
+                modes = _uniq(g["math_mode"])
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "layer": layer, "canonical_op": op, "direction": d, "level": t.level,
+                             "device": "gpu" if t.level == "kernel" else "cpu",
+                             "flops_per_step": float(flops.sum()) / t.n_steps,
+                             "ms_per_step": ns / t.n_steps / 1e6,
+                             "achieved_flops": float(flops.sum()) / (ns / 1e9) if ns else None,
+                             "math_mode": "/".join(modes) if modes else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "layer", "canonical_op",
+                                       "direction", "level", "device", "flops_per_step", "ms_per_step",
+                                       "achieved_flops", "math_mode"]), peaks
+
+
+# --- coverage ----------------------------------------------------------------------------------
+def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(summary, top unattributed events, attribution.json per part, files normalise did not read).
+
+    summary: per run x framework x batch size, timed time with and without a canonical op.
+    top: the largest unattributed events by time per step, with whatever reason is recorded."""
+    summ, top = [], []
+    for run in runs:
+        for t in timed_events(run):
+            ev = t.events
+            un = ev[ev["canonical_op"].isna()]
+            total = float(ev["dur_ns"].sum())
+            summ.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                         "level": t.level, "source": t.source, "events": len(ev),
+                         "unattributed_events": len(un),
+                         "unattributed_ms_per_step": float(un["dur_ns"].sum()) / t.n_steps / 1e6,
+                         "unattributed_share": float(un["dur_ns"].sum()) / total if total else None})
+            name = un["kernel_name"].fillna(un["op_name"]).fillna("(unnamed)")
+            for nm, g in un.groupby(name):
+                top.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                            "event": nm, "count_per_step": len(g) / t.n_steps,
+                            "ms_per_step": float(g["dur_ns"].sum()) / t.n_steps / 1e6,
+                            "linked_op": "yes" if g["op_event_id"].notna().any() else "no",
+                            "linked_call": "yes" if g["call_event_id"].notna().any() else "no"})
+    attr, skipped_files = [], []
+    for run in runs:
+        a = run.attribution
+        if not isinstance(a, dict):
+            continue
+        for key, entry in (a.get("runs") or {}).items():
+            row = {"run": run.name, "part": key}
+            for k, v in entry.items():
+                if k in ("files", "canonical_ops"):
+                    continue
+                if k == "unattributed_top" and isinstance(v, list):
+                    row[k] = [json.dumps(x, sort_keys=True) if isinstance(x, dict) else str(x) for x in v[:5]]
+                elif isinstance(v, dict):
+                    row[k] = [f"{kk}: {vv}" for kk, vv in v.items()]
+                else:
+                    row[k] = v
+            attr.append(row)
+        for nr in a.get("not_records") or []:
+            skipped_files.append({"run": run.name, "file": nr.get("file"), "reason": nr.get("reason")})
+    top_df = pd.DataFrame(top, columns=["run", "framework", "batch_size", "event", "count_per_step",
+                                        "ms_per_step", "linked_op", "linked_call"])
+    top_df = top_df.sort_values("ms_per_step", ascending=False).groupby(
+        ["run", "framework", "batch_size"], dropna=False).head(10).reset_index(drop=True)
+    return (pd.DataFrame(summ, columns=["run", "framework", "batch_size", "level", "source", "events",
+                                        "unattributed_events", "unattributed_ms_per_step",
+                                        "unattributed_share"]),
+            top_df, pd.DataFrame(attr), pd.DataFrame(skipped_files, columns=["run", "file", "reason"]))
+
+
+# --- one iteration, for the timeline figure and export ------------------------------------------
+LANES = ("phase", "op", "library_call", "kernel")
+
+
+def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool = False) -> pd.DataFrame:
+    """Events of the timed source, per framework x batch size, in lanes phase/op/library_call/kernel,
+    with times relative to the start of the shown window (ns).
+
+    By default one iteration: ``iteration`` if given, else the median-numbered traced iteration.
+    Library calls are the source's own library_call rows; where the source has none (Kineto does
+    not record cuDNN/cuBLAS calls) they are derived as the span of the kernels linked to each call
+    (``derived`` = True)."""
+    rec = _records(run)
+    out = []
+    for t in timed_events(run):
+        src = rec[(rec["source"] == t.source) & (rec["framework"] == t.framework)
+                  & (rec["batch_size"].fillna(-1) == (-1 if t.batch_size is None else t.batch_size))]
+        src = src[src["start_ns"].notna() & src["dur_ns"].notna()]
+        src = _fill_from_links(src, src)
+        its = sorted(src["iteration"].dropna().unique())
+        it = None
+        if not all_iterations and its:
+            it = iteration if iteration in its else its[len(its) // 2]
+            src = src[src["iteration"] == it]
+        parts = []
+        ph = src[src["kind"].isin(["step", "annotation"])].assign(lane="phase", derived=False)
+        parts.append(ph)
+        ops = src[src["kind"] == "op"]
+        outer = _outermost(ops[ops["canonical_op"].notna()]).index
+        parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))
+        calls = src[src["kind"] == "library_call"].assign(lane="library_call", derived=False)
+        kernels = src[src["kind"].isin(["kernel", "memcpy", "memset"])].assign(lane="kernel", derived=False)
+        if calls.empty and kernels["call_event_id"].notna().any():
+            k = kernels.dropna(subset=["call_event_id"]).assign(end_ns=lambda x: x["start_ns"] + x["dur_ns"])
+            agg = k.groupby("call_event_id").agg(
+                start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), library_call=("library_call", "first"),
+                library=("library", "first"), canonical_op=("canonical_op", "first"),
+                direction=("direction", "first"), stream=("stream", "first")).reset_index()
+            calls = agg.assign(dur_ns=agg["end_ns"] - agg["start_ns"], kind="library_call",
+                               lane="library_call", derived=True, framework=t.framework,
+                               batch_size=t.batch_size, iteration=it).drop(columns=["end_ns"])
+        parts += [calls, kernels]
+        ev = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
+            else pd.DataFrame(columns=[*schema.COLUMNS, "lane", "derived"])
+        if ev.empty:
+            continue
+        t0 = ev["start_ns"].min()
+        ev = ev.assign(rel_ns=(ev["start_ns"] - t0).astype("int64"), framework=t.framework,
+                       batch_size=t.batch_size, shown_iteration=it, run=run.name)
+        out.append(ev)
+    if not out:
+        return pd.DataFrame(columns=[*schema.COLUMNS, "lane", "derived", "rel_ns", "shown_iteration"])
+    return pd.concat(out, ignore_index=True)

@@ -1,0 +1,198 @@
+"""``kernelmap report RUN_DIR... -o DIR``: the side-by-side HTML/PNG report and timeline export.
+
+DIR is built under a temporary name and renamed when complete; an existing DIR is refused unless
+``--replace``. Contents: report.html (self-contained), one PNG per figure, timeline.json
+(Chrome trace / Perfetto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html as _html
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kernelmap import __version__
+from kernelmap.atomic import atomic_dir, atomic_file
+from kernelmap.errors import KernelmapError
+
+from . import analysis as A
+from . import figures as F
+from . import html as H
+from .timeline import chrome_trace
+
+SUMMARY_COLS = {"run": "run", "framework_html": "framework", "device_html": "device", "batch_size": "batch",
+                "steps_timed": "steps timed", "step_ms_median": "step median (ms)",
+                "step_ms_iqr": "step IQR (ms)", "images_per_s": "images/s", "test_accuracy": "test accuracy"}
+OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library call(s)",
+             "kernels": "kernel(s)", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
+             "share_of_step": "share", "math_modes": "math mode"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (kernelmap run [+ normalise])")
+    parser.add_argument("-o", "--out", required=True, metavar="DIR", help="report directory to create")
+    parser.add_argument("--replace", action="store_true", help="replace DIR if it exists")
+    parser.add_argument("--storage", metavar="DIR", help="pytest-benchmark storage: add the step-time trend")
+    parser.add_argument("--all-iterations", action="store_true",
+                        help="timeline.json: every traced iteration, not only one")
+
+
+def _fallbacks(runs: list[A.Run]) -> list[dict]:
+    out = []
+    for run in runs:
+        d = A.framework_devices(run)
+        for _, r in d[d["fallback"]].iterrows():
+            out.append({"run": run.name, "framework": A.fw_label(r["framework"]), "fw": r["framework"],
+                        "device": r["device"], "device_requested": r["device_requested"], "note": r["device_note"]})
+    return out
+
+
+def _summary_html(summ: pd.DataFrame) -> str:
+    if summ.empty:
+        return '<p class="empty">results.json lists no results.</p>'
+    s = summ.copy()
+    s["framework_html"] = [_html.escape(A.fw_label(f)) for f in s["framework"]]
+    s["device_html"] = [
+        (f'<span class="fallback" title="{_html.escape(str(n or ""))}">⚠ {_html.escape(str(d))} '
+         f"(asked {_html.escape(str(q))})</span>") if fb else _html.escape(str(d))
+        for d, q, fb, n in zip(s["device"], s["device_requested"], s["fallback"], s["device_note"], strict=True)]
+    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html"})
+
+
+def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
+    out = []
+    for run in runs:
+        for bs in sorted({t.batch_size for t in A.timed_events(run)}, key=lambda x: (x is None, x)):
+            df, fws = A.op_table(run, bs)
+            if df.empty:
+                continue
+            marks = {f["fw"]: f for f in fallbacks if f["run"] == run.name}
+            head1 = '<th rowspan="2">op</th><th rowspan="2">direction</th>'
+            head2 = ""
+            for fw in fws:
+                levels = df.get(f"{fw}.level")
+                level = levels.dropna().iloc[0] if levels is not None and levels.notna().any() else "?"
+                warn = (f' <span class="fallback">⚠ on {_html.escape(str(marks[fw]["device"]))}</span>'
+                        if fw in marks else "")
+                head1 += f'<th colspan="{len(OP_FIELDS)}">{_html.escape(A.fw_label(fw))} ({level} time){warn}</th>'
+                head2 += "".join(f"<th>{h}</th>" for h in OP_FIELDS.values())
+            head1 += '<th rowspan="2">differences</th>'
+            body = []
+            for _, row in df.iterrows():
+                cells = [f"<td>{_html.escape(row['canonical_op'])}</td>", f"<td>{_html.escape(row['direction'])}</td>"]
+                for fw in fws:
+                    for k in OP_FIELDS:
+                        v = row.get(f"{fw}.{k}")
+                        num = isinstance(v, float)
+                        cells.append(f'<td class="{"num" if num else ""}">{H.fmt(v, k)}</td>')
+                diff = row["differences"]
+                cells.append(f'<td class="differs">{H.fmt(diff)}</td>' if diff else "<td></td>")
+                body.append("<tr>" + "".join(cells) + "</tr>")
+            html_ = (f'<div class="wide"><table><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
+                     f"<tbody>{''.join(body)}</tbody></table></div>")
+            out.append({"title": f"Run {run.name}, batch size {bs}", "html": html_,
+                        "notes": [f"{f['framework']} ran on {f['device']}, not {f['device_requested']}"
+                                  + (f": {f['note']}" if f["note"] else "") for f in marks.values()]})
+    return out
+
+
+def _figure(out: Path, stem: str, title: str, caption: str, draw, data: pd.DataFrame | None, *args,
+            table_cols: dict | None = None, why_empty: str = "") -> dict[str, Any]:
+    path = draw(*args, out / f"{stem}.png")
+    return {"stem": stem, "title": title, "caption": caption, "file": f"{stem}.png" if path else None,
+            "data_uri": H.data_uri(path) if path else None, "why_empty": why_empty or "no data for it in these runs",
+            "table_html": H.table(data, table_cols) if data is not None and not data.empty else ""}
+
+
+def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | None = None,
+          all_iterations: bool = False) -> Path:
+    runs = [A.load_run(d) for d in run_dirs]
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise KernelmapError(f"two run directories share a name ({names}); rename one")
+    fallbacks = _fallbacks(runs)
+    summ = A.summary_table(runs)
+    ot = A.op_time(runs)
+    mix = A.library_mix(runs)
+    kc = A.kernel_counts(runs)
+    tl = A.timeline_events(runs[0]) if len(runs) == 1 else pd.concat(
+        [A.timeline_events(r) for r in runs], ignore_index=True)
+    busy = A.busy_share(runs)
+    ov = A.profiler_overhead(runs)
+    roof, peaks = A.roofline(runs)
+    cov, cov_top, attr, not_read = A.coverage(runs)
+    trace = chrome_trace(runs, all_iterations=all_iterations)
+    with atomic_dir(out, replace=replace) as tmp:
+        figs = [
+            _figure(tmp, "op_time", "Time per canonical op",
+                    "Per framework, time per training step spent in each canonical op, stacked by phase "
+                    "(forward / backward / optimizer). GPU runs sum kernel time; CPU runs sum outermost framework-op time.",
+                    F.op_time_figure, ot, ot),
+            _figure(tmp, "library_mix", "Library mix",
+                    "Share of the timed time per step that runs in each library (cuDNN, cuBLAS, cuBLASLt, oneDNN, "
+                    "native framework code).", F.library_mix_figure, mix, mix),
+            _figure(tmp, "kernel_count", "Kernels per op",
+                    "Distinct kernels each canonical op launches, per framework; launches per step on each bar.",
+                    F.kernel_count_figure, kc, kc, why_empty="no kernels recorded (CPU runs have none)"),
+            _figure(tmp, "timeline", "One iteration",
+                    "One traced iteration per framework: lanes for the step and its phases, framework ops, library "
+                    "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
+                    F.timeline_figure, None, tl),
+            _figure(tmp, "busy_share", "Busy share",
+                    "Summed kernel time (GPU) or outermost op time (CPU) per step over the step's wall time. "
+                    "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
+                    F.busy_share_figure, busy, busy),
+            _figure(tmp, "overhead", "Profiler overhead",
+                    "Median step time of each capture pass (clean, framework profiler, library logs, nsys) and "
+                    "its change against the clean pass.", F.overhead_figure, ov, ov,
+                    why_empty="results.json records no capture passes"),
+            _figure(tmp, "roofline", "Achieved FLOP/s vs peak",
+                    "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
+                    "direction, against the GPU's dense FP32 and TF32 peak from the datasheet table in "
+                    "reports/analysis.py. " + " ".join(
+                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p),
+                    F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
+        ]
+        trend = None
+        if storage:
+            from kernelmap.history import load_history
+
+            hist = load_history(storage)
+            p = F.trend_figure(hist, tmp / "trend.png")
+            trend = {"storage": storage, "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
+                     "why_empty": "no saved benchmarks",
+                     "table_html": H.table(hist, {c: c for c in ("run", "datetime", "name", "framework", "batch_size",
+                                                                  "median", "mean", "min", "rounds")})}
+        with atomic_file(tmp / "timeline.json") as fh:
+            json.dump(trace, fh)
+        procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+        problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
+        context = {
+            "runs": names, "run_info": [{"name": r.name, "path": str(r.path)} for r in runs],
+            "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
+            "fallbacks": fallbacks, "problems": problems,
+            "summary_html": _summary_html(summ),
+            "parity_html": H.table(A.parity_table(runs)),
+            "env_html": H.table(A.environment_table(runs)),
+            "op_tables": _op_tables(runs, fallbacks),
+            "figures": figs,
+            "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
+            "not_read_html": H.table(not_read),
+            "timeline_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X"),
+            "timeline_processes": procs, "trend": trend,
+        }
+        with atomic_file(tmp / "report.html") as fh:
+            fh.write(H.render(context))
+    return Path(out)
+
+
+def main(args: argparse.Namespace) -> int:
+    out = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
+                all_iterations=args.all_iterations)
+    print(f"wrote {out / 'report.html'}")
+    return 0

@@ -1,0 +1,354 @@
+"""Figures: matplotlib (Agg) PNGs drawn only from what ``reports.analysis`` returns.
+
+Each ``*_figure(data, path)`` writes one PNG and returns its path, or returns None when the data
+is empty (the HTML then says there was nothing to draw). Nothing here reads a run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from kernelmap.atomic import atomic_path  # noqa: E402
+from kernelmap.schema import CANONICAL_OPS  # noqa: E402
+
+from .analysis import fw_label  # noqa: E402
+
+FW_COLOR = {"pytorch": "#d9480f", "mxnet": "#1864ab"}
+PHASE_COLOR = {"forward": "#4dabf7", "backward": "#f76707", "optimizer": "#37b24d", "data": "#ae3ec9",
+               "other": "#adb5bd"}
+LIB_COLOR = {"cuDNN": "#5c940d", "cuBLAS": "#1971c2", "cuBLASLt": "#4dabf7", "oneDNN": "#e8590c",
+             "BLAS": "#f59f00", "native": "#868e96", "unattributed": "#dee2e6"}
+DPI = 110
+
+
+def _fw_color(fw: str) -> str:
+    return FW_COLOR.get(fw, "#495057")
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path
+
+
+def _case(df: pd.DataFrame) -> list[tuple[str, object]]:
+    """(run, batch_size) pairs in order."""
+    return list(dict.fromkeys(zip(df["run"], df["batch_size"], strict=True)))
+
+
+def _title_case(run: str, bs, many_runs: bool) -> str:
+    return (f"{run}, " if many_runs else "") + (f"batch {bs}" if pd.notna(bs) else "batch ?")
+
+
+def op_time_figure(op_time: pd.DataFrame, path: Path) -> Path | None:
+    """Time per step per canonical op, stacked by phase; one panel per framework (shared axes),
+    one row per run x batch size."""
+    if op_time.empty:
+        return None
+    cases = _case(op_time)[:4]
+    fws = list(dict.fromkeys(op_time["framework"]))
+    many = op_time["run"].nunique() > 1
+    fig, axes = plt.subplots(len(cases), len(fws), figsize=(5.2 * len(fws), 0.5 + 3.2 * len(cases)),
+                             squeeze=False, sharey="row")
+    for r, (run, bs) in enumerate(cases):
+        sub = op_time[(op_time["run"] == run) & (op_time["batch_size"] == bs)]
+        totals = sub.groupby("canonical_op")["ms_per_step"].sum().sort_values()
+        ops = list(totals.index)
+        xmax = sub.groupby(["framework", "canonical_op"])["ms_per_step"].sum().max()
+        for c, fw in enumerate(fws):
+            ax = axes[r][c]
+            s = sub[sub["framework"] == fw]
+            left = np.zeros(len(ops))
+            for ph, color in PHASE_COLOR.items():
+                vals = s[s["phase"] == ph].groupby("canonical_op")["ms_per_step"].sum().reindex(ops).fillna(0)
+                if vals.sum() == 0:
+                    continue
+                ax.barh(ops, vals.values, left=left, color=color, label=ph, edgecolor="white", linewidth=0.5)
+                left += vals.values
+            for y, v in enumerate(left):
+                if v > 0:
+                    ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+            level = s["level"].iloc[0] if len(s) else "?"
+            ax.set_title(f"{fw_label(fw)} ({_title_case(run, bs, many)}; {level} time)", fontsize=10,
+                         color=_fw_color(fw))
+            ax.set_xlabel("ms per training step")
+            ax.set_xlim(0, (xmax or 1) * 1.18)
+            ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOR.items() if p in set(op_time["phase"])]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 1.0),
+               frameon=False, title="phase")
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return _save(fig, path)
+
+
+def library_mix_figure(mix: pd.DataFrame, path: Path) -> Path | None:
+    """Share of timed time per library, one horizontal 100% bar per framework x batch size."""
+    if mix.empty:
+        return None
+    many = mix["run"].nunique() > 1
+    keys = list(dict.fromkeys(zip(mix["run"], mix["batch_size"], mix["framework"], strict=True)))
+    labels = [f"{fw_label(fw)}\n{_title_case(run, bs, many)}" for run, bs, fw in keys]
+    libs = [lib for lib in LIB_COLOR if lib in set(mix["library"])] + sorted(
+        set(mix["library"]) - set(LIB_COLOR))
+    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.7 * len(keys)))
+    left = np.zeros(len(keys))
+    for lib in libs:
+        vals = np.array([mix[(mix["run"] == run) & (mix["batch_size"] == bs) & (mix["framework"] == fw)
+                             & (mix["library"] == lib)]["share"].sum() for run, bs, fw in keys], dtype=float)
+        ms = np.array([mix[(mix["run"] == run) & (mix["batch_size"] == bs) & (mix["framework"] == fw)
+                           & (mix["library"] == lib)]["ms_per_step"].sum() for run, bs, fw in keys])
+        ax.barh(labels, vals * 100, left=left, color=LIB_COLOR.get(lib, None), label=lib,
+                edgecolor="white")
+        for y, (v, m, lft) in enumerate(zip(vals, ms, left, strict=True)):
+            if v >= 0.06:
+                ax.text(lft + v * 50, y, f"{v * 100:.0f}%\n{m:.3g} ms", ha="center", va="center", fontsize=7)
+        left += vals * 100
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of timed time per step (%)  —  GPU: kernel time; CPU: outermost op time")
+    ax.invert_yaxis()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(keys) < 3 else -0.18),
+              ncol=len(libs), frameon=False)
+    ax.set_title("Library mix: which library's code the step's time is spent in")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def kernel_count_figure(counts: pd.DataFrame, path: Path) -> Path | None:
+    """Distinct kernels per canonical op, bars side by side per framework; launches per step
+    written on each bar."""
+    if counts.empty:
+        return None
+    cases = _case(counts)[:4]
+    many = counts["run"].nunique() > 1
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 0.6 + 3.0 * len(cases)), squeeze=False)
+    for r, (run, bs) in enumerate(cases):
+        ax = axes[r][0]
+        sub = counts[(counts["run"] == run) & (counts["batch_size"] == bs)]
+        ops = list(sub.groupby("canonical_op")["distinct_kernels"].sum().sort_values(ascending=False).index)
+        fws = list(dict.fromkeys(sub["framework"]))
+        width = 0.8 / max(1, len(fws))
+        x = np.arange(len(ops))
+        for i, fw in enumerate(fws):
+            s = sub[sub["framework"] == fw].set_index("canonical_op").reindex(ops)
+            bars = ax.bar(x + (i - (len(fws) - 1) / 2) * width, s["distinct_kernels"].fillna(0), width,
+                          color=_fw_color(fw), label=fw_label(fw))
+            for b, launches in zip(bars, s["launches_per_step"], strict=True):
+                if pd.notna(launches):
+                    ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{launches:.3g}/step",
+                            ha="center", va="bottom", fontsize=6.5, rotation=90)
+        ax.set_xticks(x, ops, rotation=30, ha="right")
+        ax.set_ylabel("distinct kernels")
+        ax.set_ylim(0, sub["distinct_kernels"].max() * 1.5 + 1)
+        ax.set_title(f"Kernels per op ({_title_case(run, bs, many)}); label: launches per step", fontsize=10)
+        ax.legend(frameon=False)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _lane_color(op) -> str:
+    """A fixed colour per canonical op (its place in the schema's vocabulary), grey when none."""
+    palette = plt.get_cmap("tab20").colors
+    if op is None or pd.isna(op) or op not in CANONICAL_OPS:
+        return "#ced4da"
+    return matplotlib.colors.to_hex(palette[CANONICAL_OPS.index(op) % len(palette)])
+
+
+def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
+    """One iteration per framework: lanes phase / op / library call / kernel, coloured by
+    canonical op, on a shared time axis (ms from the start of the shown iteration)."""
+    if tl.empty:
+        return None
+    keys = list(dict.fromkeys(zip(tl["run"], tl["batch_size"], tl["framework"], strict=True)))[:6]
+    many = tl["run"].nunique() > 1
+    lanes = ["phase", "op", "library_call", "kernel"]
+    lane_label = {"phase": "step / phase", "op": "framework ops", "library_call": "library calls",
+                  "kernel": "kernels"}
+    ops_seen: list[str] = []
+    fig, axes = plt.subplots(len(keys), 1, figsize=(13, 0.5 + 2.3 * len(keys)), squeeze=False)
+    order = {o: i for i, o in enumerate(("step", "annotation"))}
+    for r, (run, bs, fw) in enumerate(keys):
+        ax = axes[r][0]
+        sub = tl[(tl["run"] == run) & (tl["batch_size"] == bs) & (tl["framework"] == fw)]
+        for li, lane in enumerate(lanes):
+            ev = sub[sub["lane"] == lane]
+            if lane == "op":  # nested ops would overdraw: the outermost ones with a canonical op
+                ev = ev[ev["outermost"].eq(True)]
+            if lane == "phase":
+                ev = ev.assign(_o=ev["kind"].map(order)).sort_values("_o")
+            for _, e in ev.iterrows():
+                x0, w = e["rel_ns"] / 1e6, e["dur_ns"] / 1e6
+                op = e["canonical_op"] if lane != "phase" else None
+                color = PHASE_COLOR.get(str(e["phase"]), "#e9ecef") if lane == "phase" and e["kind"] != "step" \
+                    else ("#f1f3f5" if lane == "phase" else _lane_color(op))
+                h, y = (0.8, li - 0.4) if not (lane == "phase" and e["kind"] == "step") else (0.9, li - 0.45)
+                ax.broken_barh([(x0, max(w, 1e-4))], (y, h), facecolors=color,
+                               edgecolors="#495057" if lane == "phase" else "none", linewidth=0.3)
+                if op is not None and pd.notna(op) and op not in ops_seen:
+                    ops_seen.append(op)
+            if lane == "library_call" and len(ev) and ev["derived"].eq(True).all():
+                ax.text(1.0, li, " derived from kernel spans", transform=ax.get_yaxis_transform(),
+                        fontsize=7, va="center", color="#495057")
+            if ev.empty:
+                ax.text(0.5, li, "(none in this trace)", transform=ax.get_yaxis_transform(), fontsize=7,
+                        va="center", ha="center", color="#868e96")
+        ax.set_yticks(range(len(lanes)), [lane_label[x] for x in lanes])
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
+        ax.set_xlabel("ms from the start of the shown iteration")
+        it = sub["shown_iteration"].dropna()
+        ax.set_title(f"{fw_label(fw)} — {_title_case(run, bs, many)}"
+                     + (f", iteration {int(it.iloc[0])}" if len(it) else
+                        ": every traced step (the trace marks no step boundaries)"), fontsize=10,
+                     color=_fw_color(fw), loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(color=_lane_color(o), label=o) for o in ops_seen]
+    handles += [Patch(color=PHASE_COLOR[p], label=f"phase: {p}") for p in ("forward", "backward", "optimizer")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False,
+               fontsize=8, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(handles) // 8), 1, 1))
+    return _save(fig, path)
+
+
+def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
+    """Busy share per framework x batch size: sum of kernel (or outermost op) time / step time."""
+    b = busy.dropna(subset=["busy_share"])
+    if b.empty:
+        return None
+    many = b["run"].nunique() > 1
+    labels = [f"{fw_label(fw)}\n{_title_case(run, bs, many)}\n({lvl})"
+              for run, bs, fw, lvl in zip(b["run"], b["batch_size"], b["framework"], b["level"], strict=True)]
+    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(b)), 4))
+    bars = ax.bar(labels, b["busy_share"] * 100, color=[_fw_color(f) for f in b["framework"]])
+    for bar, v, bm, sm in zip(bars, b["busy_share"], b["busy_ms_per_step"], b["step_ms"], strict=True):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                f"{v * 100:.1f}%\n{bm:.3g} / {sm:.3g} ms", ha="center", va="bottom", fontsize=8)
+    ax.axhline(100, color="#495057", lw=0.8, ls="--")
+    ax.set_ylim(0, max(110, float(b["busy_share"].max()) * 125))
+    ax.set_ylabel("busy share of the step (%)")
+    ax.set_title("Busy share = summed kernel time (GPU) or outermost op time (CPU) / step wall time",
+                 fontsize=10)
+    notes = [f"{fw_label(fw)} bs {bs}: step = {basis}" for fw, bs, basis in
+             zip(b["framework"], b["batch_size"], b["step_basis"], strict=True)]
+    fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, va="top", color="#495057")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
+    """Median step time per capture pass, per framework x batch size; overhead vs clean on top."""
+    skipped = ov[ov["step_ms_median"].isna() & ov["skipped"].notna()]
+    ov = ov.dropna(subset=["step_ms_median"])
+    if ov.empty:
+        return None
+    many = ov["run"].nunique() > 1
+    keys = list(dict.fromkeys(zip(ov["run"], ov["batch_size"], ov["framework"], strict=True)))
+    passes = list(dict.fromkeys(ov["pass"]))
+    cmap = plt.get_cmap("Set2").colors
+    width = 0.8 / len(passes)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(keys) * max(1, len(passes) / 2)), 4.2))
+    x = np.arange(len(keys))
+    for i, p in enumerate(passes):
+        vals, ovs = [], []
+        for run, bs, fw in keys:
+            m = ov[(ov["run"] == run) & (ov["batch_size"] == bs) & (ov["framework"] == fw) & (ov["pass"] == p)]
+            vals.append(m["step_ms_median"].iloc[0] if len(m) else np.nan)
+            ovs.append(m["overhead"].iloc[0] if len(m) else np.nan)
+        bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
+        for bar, o in zip(bars, ovs, strict=True):
+            if pd.notna(o) and p != "clean":
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{o * 100:+.0f}%",
+                        ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [f"{fw_label(fw)}\n{_title_case(run, bs, many)}" for run, bs, fw in keys])
+    ax.set_ylabel("median step time (ms)")
+    ax.set_title("Profiler overhead per capture pass (label: change vs the clean pass)", fontsize=10)
+    ax.legend(title="pass", frameon=False, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    if len(skipped):
+        why = sorted({f"{p} pass skipped: {w}" for p, w in zip(skipped["pass"], skipped["skipped"], strict=True)})
+        fig.text(0.01, -0.02, "\n".join(why), fontsize=8, va="top", color="#862e9c")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
+    """Achieved FLOP/s of each conv and linear op's kernels, against the device's fp32/tf32 peak."""
+    r = roof.dropna(subset=["achieved_flops"])
+    if r.empty:
+        return None
+    many = r["run"].nunique() > 1
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    labels = list(dict.fromkeys(f"{layer} {d}" for layer, d in zip(r["layer"], r["direction"], strict=True)))
+    xpos = {lab: i for i, lab in enumerate(labels)}
+    keys = list(dict.fromkeys(zip(r["run"], r["batch_size"], r["framework"], strict=True)))
+    markers = "osD^v<>"
+    for k, (run, bs, fw) in enumerate(keys):
+        s = r[(r["run"] == run) & (r["batch_size"] == bs) & (r["framework"] == fw)]
+        xs = [xpos[f"{a} {d}"] + (k - (len(keys) - 1) / 2) * 0.12 for a, d in zip(s["layer"], s["direction"],
+                                                                                   strict=True)]
+        ax.scatter(xs, s["achieved_flops"] / 1e12, color=_fw_color(fw), marker=markers[k % len(markers)],
+                   s=45, label=f"{fw_label(fw)}, {_title_case(run, bs, many)}", zorder=3)
+    notes = []
+    drawn = set()
+    for run, pk in peaks.items():
+        if run not in set(r["run"]):
+            continue
+        if "fp32" in pk:
+            for kind, ls in (("fp32", "--"), ("tf32", ":")):
+                if (pk.get("gpu"), kind) in drawn:
+                    continue
+                drawn.add((pk.get("gpu"), kind))
+                ax.axhline(pk[kind] / 1e12, color="#212529", ls=ls, lw=1)
+                ax.text(len(labels) - 0.5, pk[kind] / 1e12, f"{pk['gpu']} peak {kind.upper()} "
+                        f"{pk[kind] / 1e12:.0f} TFLOP/s (dense)", ha="right", va="bottom", fontsize=8)
+        else:
+            notes.append(f"{run}: {pk.get('note')}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylabel("achieved TFLOP/s (FLOPs from shapes / summed time)")
+    ax.set_title("Achieved throughput of conv and linear work vs device peak"
+                 + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(frameon=False, fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Path | None:
+    """Benchmark time per saved run (pytest-benchmark storage), one line per framework x batch size
+    (or per benchmark name when the benchmark carries no framework/batch_size)."""
+    if history.empty:
+        return None
+    h = history.copy()
+    h["series"] = [
+        f"{fw_label(fw)} bs {bs}" if pd.notna(fw) and pd.notna(bs) else name
+        for fw, bs, name in zip(h["framework"], h["batch_size"], h["name"], strict=True)]
+    runs = sorted(h["run"].unique())
+    x = {r: i for i, r in enumerate(runs)}
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(runs) + 4), 4.2))
+    for name, g in h.groupby("series"):
+        g = g.sort_values("run")
+        fw = g["framework"].iloc[0]
+        ax.plot([x[r] for r in g["run"]], g[stat] * 1e3, marker="o", label=name,
+                color=_fw_color(fw) if pd.notna(fw) else None,
+                alpha=0.5 + 0.5 * (g["batch_size"].iloc[0] == h["batch_size"].max()) if pd.notna(fw) else 1)
+    ax.set_xticks(range(len(runs)), runs)
+    ax.set_xlabel("saved benchmark run")
+    ax.set_ylabel(f"{stat} time per benchmark round (ms)")
+    ax.set_title(f"Step time trend over saved runs ({stat})", fontsize=10)
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    return _save(fig, path)
