@@ -85,6 +85,20 @@ def probe_framework(name: str, timeout: float = 180.0) -> dict[str, Any]:
     return facts
 
 
+IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",)}
+
+
+def find_framework(name: str) -> dict[str, Any]:
+    """Whether ``name``'s modules are installed, without importing them (cheaper than a probe;
+    enough where no GPU question is asked). Same shape as ``probe_framework``'s answer."""
+    import importlib.util
+
+    for module in IMPORT_NAMES[name]:
+        if importlib.util.find_spec(module) is None:
+            return {"installed": False, "error": f"No module named {module!r}", "fix": FIX[name]}
+    return {"installed": True}
+
+
 def find_tool(name: str) -> str | None:
     """``nsys``/``ncu`` on PATH, else in the usual Nsight and CUDA install folders (newest first)."""
     found = shutil.which(name)

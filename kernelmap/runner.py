@@ -334,7 +334,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
     decisions: dict[str, Decision] = {}
     for fw in frameworks:
-        probe = doctor.probe_framework(fw)
+        # Only a GPU question needs the framework imported (in a subprocess); the CPU needs it installed.
+        probe = doctor.find_framework(fw) if args.device == "cpu" else doctor.probe_framework(fw)
         d = decide_device(fw, args.device, probe, cc, gpus.problem)
         decisions[fw] = d
         if d.device is None:

@@ -234,4 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the parent says "interrupted" once; no traceback from here
+        sys.exit(130)
