@@ -15,7 +15,6 @@ import os
 import struct
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,9 @@ def _kernelmap_cache(tmp_path_factory):
 
 
 # --- framework subprocesses ----------------------------------------------------------------
+_IMPORTABLE: dict[str, bool] = {}  # framework -> a subprocess imported it (set by a successful run)
+
+
 @functools.cache
 def _import_error(framework: str) -> str | None:
     proc = subprocess.run(
@@ -49,26 +51,59 @@ def _import_error(framework: str) -> str | None:
 
 
 def require_framework(framework: str) -> None:
-    """Skip the calling test when ``framework`` cannot be imported (checked in a subprocess)."""
+    """Skip the calling test when ``framework`` cannot be imported (checked in a subprocess,
+    unless a framework subprocess of this session already ran)."""
+    if _IMPORTABLE.get(framework):
+        return
     error = _import_error(framework)
     if error is not None:
         pytest.skip(f"{framework} not importable: {error}")
 
 
-def run_framework(framework: str, code: str, timeout: float = 120) -> dict:
-    """Run ``code`` in a fresh interpreter after ``require_framework``; it must print one JSON
-    object as its last stdout line, which is returned. A failure fails the test with stderr."""
-    require_framework(framework)
+def run_framework(framework: str, argv: list[str], timeout: float = 300) -> dict:
+    """Run ``python ARGV...`` for ``framework``; it must print one JSON object as its last stdout
+    line, which is returned. It fails the test with stderr, or skips it when the framework
+    itself cannot be imported."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
     if proc.returncode != 0:
+        require_framework(framework)  # skips if the framework is the problem
         pytest.fail(f"{framework} subprocess failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    _IMPORTABLE[framework] = True
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def framework_report(idx_dir_gz, idx_dir_raw):
+    """``get(fw)``: tests/framework_probe.py's report for ``fw``, one subprocess per framework per
+    session (imports dominate the suite's time). Cases: the small IDX files gzipped and raw, and
+    the installed Fashion-MNIST when there is one (``get.fashion`` is its DataInfo or None)."""
+    from kernelmap.frameworks import data, spec
+
+    from kernelmap.errors import KernelmapError
+
+    cases = {"gz": [str(idx_dir_gz), 32, 96], "raw": [str(idx_dir_raw), 32, 96]}
+    try:
+        fashion = data.resolve_data(spec.TrainConfig(data="fashion-mnist"))
+        cases["fashion"] = ["fashion-mnist", 1000, 3000]
+    except KernelmapError:
+        fashion = None
+    probe = str(Path(__file__).with_name("framework_probe.py"))
+    arg = json.dumps({"idx": str(idx_dir_gz), "cases": cases})
+    cache: dict = {}
+
+    def get(fw: str) -> dict:
+        if fw not in cache:
+            cache[fw] = run_framework(fw, [probe, fw, arg])
+        return cache[fw]
+
+    get.fashion = fashion
+    return get
 
 
 # --- MNIST-format IDX files written by the tests ---------------------------------------------

@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import run_framework, write_idx
+from conftest import write_idx
 from kernelmap.frameworks import data, spec
 
 from kernelmap.errors import KernelmapError
@@ -86,75 +86,15 @@ def test_prepare_dir_refuses_synthetic(tmp_path):
         data.prepare_dir(data.resolve_data(cfg(data="synthetic")), tmp_path)
 
 
-LOADER_CODE = """
-import json, socket, sys
-import numpy as np
-
-def no_network(*a, **k):
-    raise RuntimeError("network access attempted")
-socket.socket.connect = socket.getaddrinfo = socket.create_connection = no_network
-
-from kernelmap.frameworks import load_workload, spec
-
-def first_batches(data, batch_size, n):
-    W = load_workload(FW)(spec.TrainConfig(data=data, seed=0))
-    order = spec.sample_order(W.data_info.n_train, 0, 0)[:n]
-    labels, first = [], None
-    for images, y in W.batches("train", batch_size, order):
-        if first is None:
-            first = np.asarray(images.asnumpy() if hasattr(images, "asnumpy") else images.numpy())
-        labels += [int(v) for v in (y.asnumpy() if hasattr(y, "asnumpy") else y.numpy())]
-    return {"labels": labels, "order": order.tolist(), "first_shape": list(first.shape),
-            "first_sum": float(first.astype(np.float64).sum()), "first_pixel": float(first[0, 0, 0, 0]),
-            "n_test": len(W.dataset("test"))}
-
-out = {key: first_batches(data, bs, n) for key, (data, bs, n) in CASES.items()}
-if FW == "mxnet":  # control: stock gluon MNIST on the same files reaches for the network
-    import mxnet as mx
-    from kernelmap.frameworks import data as data_mod
-    info = data_mod.resolve_data(spec.TrainConfig(data=CASES["gz"][0]))
-    try:
-        mx.gluon.data.vision.MNIST(root=str(data_mod.prepare_dir(info).gluon_root), train=False)
-        out["stock_gluon"] = "loaded"
-    except Exception as exc:
-        out["stock_gluon"] = type(exc).__name__ + ": " + str(exc)
-print(json.dumps(out))
-"""
-
-
 def _expected_first(images: np.ndarray, order: list[int], n: int) -> np.ndarray:
     x = images[order[:n]].astype(np.float32) / np.float32(255)
     return (x - np.float32(spec.PIXEL_MEAN)) / np.float32(spec.PIXEL_STD)
 
 
-@pytest.fixture(scope="module")
-def loader_outputs(idx_dir_gz, idx_dir_raw) -> dict:
-    """Per framework, one subprocess: first batches through its own loader, for each data case."""
-    cases = {"gz": (str(idx_dir_gz), 32, 96), "raw": (str(idx_dir_raw), 32, 96)}
-    try:
-        fashion = data.resolve_data(cfg(data="fashion-mnist"))
-        cases["fashion"] = ("fashion-mnist", 1000, 3000)
-    except KernelmapError:
-        fashion = None
-    return {"fashion": fashion, "code": lambda fw: f"FW = {fw!r}\nCASES = {cases!r}\n" + LOADER_CODE}
-
-
-@pytest.fixture(scope="module")
-def loader_output(loader_outputs):
-    cache: dict = {}
-
-    def get(fw):
-        if fw not in cache:
-            cache[fw] = run_framework(fw, loader_outputs["code"](fw))
-        return cache[fw]
-
-    return get
-
-
 @pytest.mark.parametrize("case", ["gz", "raw"])
 @pytest.mark.parametrize("fw", ["pytorch", pytest.param("mxnet", marks=pytest.mark.mxnet)])
-def test_framework_loader_reads_idx_in_order(loader_output, case, fw, small_idx_arrays):
-    out = loader_output(fw)[case]
+def test_framework_loader_reads_idx_in_order(framework_report, case, fw, small_idx_arrays):
+    out = framework_report(fw)["loaders"][case]
     images, labels = small_idx_arrays["train"]
     assert out["order"] == spec.sample_order(96, 0, 0).tolist()
     assert out["labels"] == labels[out["order"]].tolist()
@@ -166,21 +106,21 @@ def test_framework_loader_reads_idx_in_order(loader_output, case, fw, small_idx_
 
 
 @pytest.mark.mxnet
-def test_gluon_loader_never_downloads(loader_output):
+def test_gluon_loader_never_downloads(framework_report):
     """Our offline dataset loaded the files above with the network blocked; stock gluon MNIST,
     given the same files, rejects their SHA1 and tries to download (the control)."""
-    stock = loader_output("mxnet")["stock_gluon"]
+    stock = framework_report("mxnet")["stock_gluon"]
     assert stock != "loaded"
     assert "network access attempted" in stock or "amazonaws" in stock
 
 
 @pytest.mark.mxnet
-def test_loaders_agree_on_fashion_mnist(loader_outputs, loader_output):
+def test_loaders_agree_on_fashion_mnist(framework_report):
     """The installed Fashion-MNIST (if any): both loaders yield the same labels in the same order."""
-    if loader_outputs["fashion"] is None:
+    if framework_report.fashion is None:
         pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
-    pt, mx = loader_output("pytorch")["fashion"], loader_output("mxnet")["fashion"]
+    pt, mx = (framework_report(fw)["loaders"]["fashion"] for fw in ("pytorch", "mxnet"))
     assert len(pt["labels"]) == 3000 and pt["first_shape"] == [1000, 1, 28, 28]
     assert pt["labels"] == mx["labels"]
     assert pt["first_sum"] == pytest.approx(mx["first_sum"], rel=1e-6)
-    assert pt["n_test"] == mx["n_test"] == loader_outputs["fashion"].n_test
+    assert pt["n_test"] == mx["n_test"] == framework_report.fashion.n_test

@@ -3,75 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_framework
 from kernelmap.frameworks import spec
-
-WORKLOAD_CODE = """
-import json, os, tempfile
-import numpy as np
-from kernelmap.frameworks import load_workload, spec
-
-def to_np(x):
-    return x.asnumpy() if hasattr(x, "asnumpy") else x.detach().cpu().numpy()
-
-def train(hybridize=False, steps=15):
-    W = load_workload(FW)(spec.TrainConfig(data=DATA, seed=0, batch_size=32, hybridize=hybridize))
-    order = spec.training_order(W.data_info.n_train, 0, steps * 32)
-    losses = [float(to_np(W.train_step(x, y))) for x, y in W.batches("train", 32, order)]
-    W.synchronize()
-    return W, losses
-
-out = {}
-W = load_workload(FW)(spec.TrainConfig(data=DATA, seed=0))
-out["param_count"] = W.param_count()
-w7 = spec.init_weights(7)
-W.set_weights(w7)
-back = W.get_weights()
-out["round_trip_exact"] = list(back) == spec.weight_names() and all(np.array_equal(back[k], w7[k]) for k in w7)
-x, y = next(W.batches("test", 5, np.arange(5)))
-out["logits_shape"] = list(W.forward(x).shape)
-out["versions"] = W.versions()
-
-names = set()
-if FW == "pytorch":
-    import torch
-    out["module_version"] = torch.__version__
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        W.train_step(x, y)
-    names = {e.name for e in prof.events()}
-else:
-    import mxnet as mx
-    out["module_version"] = mx.__version__
-    trace = os.path.join(tempfile.mkdtemp(), "profile.json")
-    mx.profiler.set_config(profile_all=True, filename=trace)
-    mx.profiler.set_state("run")
-    W.train_step(x, y)
-    mx.nd.waitall()
-    mx.profiler.set_state("stop")
-    mx.profiler.dump()
-    events = json.load(open(trace))["traceEvents"]
-    names = {e["name"] for e in events if e.get("ph") in ("B", "X")}
-out["regions"] = sorted(n for n in names if n.startswith("kernelmap:"))
-
-W, losses = train()
-out["losses"] = losses
-out["accuracy"] = W.evaluate(batch_size=16)
-if FW == "mxnet":
-    out["hybrid_losses"] = train(hybridize=True, steps=5)[1]
-print(json.dumps(out))
-"""
+from kernelmap.frameworks.mxnet import cuda11
 
 
-@pytest.fixture(scope="module")
-def workload_output(idx_dir_gz):
-    cache: dict = {}
-
-    def get(fw):
-        if fw not in cache:
-            cache[fw] = run_framework(fw, f"FW = {fw!r}\nDATA = {str(idx_dir_gz)!r}\n" + WORKLOAD_CODE)
-        return cache[fw]
-
-    return get
+@pytest.fixture
+def workload_output(framework_report):
+    return lambda fw: framework_report(fw)["workload"]
 
 
 FRAMEWORKS = ["pytorch", pytest.param("mxnet", marks=pytest.mark.mxnet)]
@@ -128,7 +66,6 @@ def test_frameworks_train_alike(workload_output):
 
 
 # --- MXNet GPU install story: pure logic, no mxnet and no GPU needed -------------------------
-from kernelmap.frameworks.mxnet import cuda11  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -174,7 +111,9 @@ def test_plan_orders_libraries_and_reports_missing(tmp_path):
     assert missing == ["libcufft.so.10"]
     assert dirs["cudnn"] == nvidia / "cudnn" / "lib"
     names = [f.name for f in files]
-    assert names.index("libcudart.so.11.0") < names.index("libcublasLt.so.11") < names.index("libcublas.so.11")
+    assert (
+        names.index("libcudart.so.11.0") < names.index("libcublasLt.so.11") < names.index("libcublas.so.11")
+    )
     assert names.index("libcudnn_ops_infer.so.8") < names.index("libcudnn.so.8")
 
 
