@@ -111,15 +111,19 @@ def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: 
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
             )
         deadline = time.monotonic() + timeout
-        errors = {}
+        errors, missing = {}, {}
         for fw, proc in procs.items():
             try:
                 _, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
-            if proc.returncode != 0:
+            if proc.returncode == MissingToolError.exit_code:
+                missing[fw] = stderr.strip().splitlines()[-1]
+            elif proc.returncode != 0:
                 tail = "\n".join(stderr.strip().splitlines()[-15:])
                 errors[fw] = f"the {fw} worker failed (exit {proc.returncode}):\n{tail}"
+        if missing:
+            raise MissingToolError("parity: " + "; ".join(missing.values()))
         if errors:
             raise KernelmapError("parity: " + "\n".join(errors.values()))
     finally:
@@ -247,7 +251,11 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
 
     cache_dir = params.pop("cache_dir", None)
     config = spec.TrainConfig(device="cpu", **params)
-    workload = load_workload(framework)(config, cache_dir=cache_dir)
+    try:
+        cls = load_workload(framework)
+    except ImportError as exc:
+        raise MissingToolError(f"{framework}: import failed ({exc}); {INSTALL_FIX[framework]}") from exc
+    workload = cls(config, cache_dir=cache_dir)
     workload.set_weights(spec.load_weights(weights_path))
     info = workload.data_info
     order = spec.training_order(info.n_train, config.seed, config.steps * config.batch_size)

@@ -106,3 +106,20 @@ def test_parity_cli_synthetic(tmp_path, capsys):
     assert printed["data"]["kind"] == "synthetic" and printed["steps"] == 20
     assert_within_tolerances(printed, 20)
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_worker_reports_broken_framework_with_fix(tmp_path):
+    """A framework whose import fails makes the worker exit with MissingToolError's code and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "mxnet.py").write_text('raise ImportError("simulated broken mxnet")\n')
+    weights = tmp_path / "w.npz"
+    spec.save_weights(weights, spec.init_weights(0))
+    cmd = [sys.executable, "-m", "kernelmap.parity", "--worker", "mxnet", "--weights", str(weights)]
+    cmd += ["--result", str(tmp_path / "r.npz"), "--params", json.dumps({"data": "synthetic", "steps": 1})]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert proc.returncode == MissingToolError.exit_code
+    assert "simulated broken mxnet" in proc.stderr and "pip install 'kernelmap[mxnet]'" in proc.stderr
+    assert not (tmp_path / "r.npz").exists()
