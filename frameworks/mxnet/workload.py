@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap.errors import KernelmapError
+from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
@@ -48,6 +48,16 @@ def offline_dataset(cls, root: str, train: bool):
 
     Offline.__name__ = Offline.__qualname__ = f"Offline{cls.__name__}"
     return Offline(root=root, train=train)
+
+
+def _compute_capability(ctx) -> tuple[int, int] | None:
+    """(major, minor) of ``ctx``'s GPU as mxnet reads it from the driver; None where mxnet cannot
+    load the driver library under the name it tries (``libcuda.so``, a dev symlink)."""
+    try:
+        value = mx.util.get_cuda_compute_capability(ctx)
+    except OSError:
+        return None
+    return divmod(int(value), 10)
 
 
 class OrderSampler(gluon.data.Sampler):
@@ -88,8 +98,14 @@ class Workload(spec.WorkloadBase):
                     "device gpu asked for, but mxnet sees no GPU (mx.context.num_gpus() == 0)"
                 )
             self.ctx = mx.gpu(0)
+            self.compute_capability = _compute_capability(self.ctx)
+            if self.compute_capability is not None:
+                ok, message = cuda11.gpu_verdict(self.compute_capability)
+                if not ok:
+                    raise MissingToolError(f"mxnet on the GPU: {message}")
         else:
             self.ctx = mx.cpu()
+            self.compute_capability = None
         self.net = build_net()
         self.net.initialize(ctx=self.ctx)
         if config.hybridize:
@@ -116,6 +132,7 @@ class Workload(spec.WorkloadBase):
             "cudnn": libs["cudnn"],
             "cublas": libs["cublas"],
             "preload": PRELOAD.describe(),
+            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
         }
 
     def _params(self) -> dict[str, gluon.Parameter]:
