@@ -169,12 +169,14 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
 
-def libs_env(device: str, log_dir: Path) -> dict[str, str]:
+def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str, str]:
     """Environment that makes the math libraries log their calls into ``log_dir``."""
     if device == "gpu":
+        # cuDNN 9 (PyTorch) takes CUDNN_LOGLEVEL_DBG (3 = info); cuDNN 8 (MXNet's CUDA 11 build)
+        # the older CUDNN_LOGINFO_DBG, which cuDNN 9 only tolerates as deprecated.
+        cudnn_level = {"CUDNN_LOGINFO_DBG": "1"} if framework == "mxnet" else {"CUDNN_LOGLEVEL_DBG": "3"}
         return {
-            "CUDNN_LOGLEVEL_DBG": "3",  # cuDNN 9 (PyTorch): info level
-            "CUDNN_LOGINFO_DBG": "1",  # cuDNN 8 (MXNet's CUDA 11 build)
+            **cudnn_level,
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
             "CUBLAS_LOGINFO_DBG": "1",
             "CUBLAS_LOGDEST_DBG": str(log_dir / "cublas.log"),
@@ -228,7 +230,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             cmd += ["--steps", str(steps), "--no-evaluate"]
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
-            env = {**os.environ, **libs_env(decision.device, out_dir)}
+            env = {**os.environ, **libs_env(decision.device, out_dir, fw)}
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         if p == "nsys":

@@ -85,9 +85,11 @@ def test_worker_exit_oom_matches():
 
 
 def test_libs_env():
-    gpu = runner.libs_env("gpu", Path("/x"))
+    gpu = runner.libs_env("gpu", Path("/x"), "pytorch")
     assert gpu["CUDNN_LOGDEST_DBG"] == "/x/cudnn.log" and gpu["CUDNN_LOGLEVEL_DBG"] == "3"
-    assert gpu["CUDNN_LOGINFO_DBG"] == "1" and gpu["CUBLAS_LOGDEST_DBG"] == "/x/cublas.log"
+    assert gpu["CUBLAS_LOGINFO_DBG"] == "1" and gpu["CUBLAS_LOGDEST_DBG"] == "/x/cublas.log"
+    mx = runner.libs_env("gpu", Path("/x"), "mxnet")
+    assert mx["CUDNN_LOGINFO_DBG"] == "1" and "CUDNN_LOGLEVEL_DBG" not in mx
     assert gpu["CUBLASLT_LOG_FILE"] == "/x/cublaslt.log"
     assert runner.libs_env("cpu", Path("/x"))["ONEDNN_VERBOSE"] == "1"
 
