@@ -69,6 +69,7 @@ class Run:
     attribution: Any = None
     records: pd.DataFrame | None = None
     problems: list[str] = field(default_factory=list)  # optional inputs that are absent
+    _timed: list | None = field(default=None, repr=False, compare=False)  # timed_events, computed once
 
     @property
     def name(self) -> str:
@@ -376,6 +377,13 @@ def _n_steps(rows: pd.DataFrame, run: Run, fw: str, bs: int | None, source: str)
 
 
 def timed_events(run: Run) -> list[Timed]:
+    """The events each framework x batch size is timed from (computed once per Run)."""
+    if run._timed is None:
+        run._timed = _timed_events(run)
+    return run._timed
+
+
+def _timed_events(run: Run) -> list[Timed]:
     out = []
     rec = _records(run)
     if rec.empty:

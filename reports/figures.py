@@ -19,7 +19,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from kernelmap.atomic import atomic_path  # noqa: E402
 from kernelmap.schema import CANONICAL_OPS  # noqa: E402
 
-from .analysis import fw_label  # noqa: E402
+from .analysis import PHASE_ORDER, fw_label  # noqa: E402
 
 FW_COLOR = {"pytorch": "#d9480f", "mxnet": "#1864ab"}
 PHASE_COLOR = {"forward": "#4dabf7", "backward": "#f76707", "optimizer": "#37b24d", "data": "#ae3ec9",
@@ -176,7 +176,6 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
                   "kernel": "kernels"}
     ops_seen: list[str] = []
     fig, axes = plt.subplots(len(keys), 1, figsize=(13, 0.5 + 2.3 * len(keys)), squeeze=False)
-    order = {o: i for i, o in enumerate(("step", "annotation"))}
     for r, (run, bs, fw) in enumerate(keys):
         ax = axes[r][0]
         sub = tl[(tl["run"] == run) & (tl["batch_size"] == bs) & (tl["framework"] == fw)]
@@ -184,18 +183,24 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
             ev = sub[sub["lane"] == lane]
             if lane == "op":  # nested ops would overdraw: the outermost ones with a canonical op
                 ev = ev[ev["outermost"].eq(True)]
-            if lane == "phase":
-                ev = ev.assign(_o=ev["kind"].map(order)).sort_values("_o")
-            for _, e in ev.iterrows():
-                x0, w = e["rel_ns"] / 1e6, e["dur_ns"] / 1e6
-                op = e["canonical_op"] if lane != "phase" else None
-                color = PHASE_COLOR.get(str(e["phase"]), "#e9ecef") if lane == "phase" and e["kind"] != "step" \
-                    else ("#f1f3f5" if lane == "phase" else _lane_color(op))
-                h, y = (0.8, li - 0.4) if not (lane == "phase" and e["kind"] == "step") else (0.9, li - 0.45)
-                ax.broken_barh([(x0, max(w, 1e-4))], (y, h), facecolors=color,
-                               edgecolors="#495057" if lane == "phase" else "none", linewidth=0.3)
-                if op is not None and pd.notna(op) and op not in ops_seen:
-                    ops_seen.append(op)
+            if lane == "phase":  # grey with the phase written in: op colours stay unambiguous
+                colors = ["#dee2e6" if k != "step" else "#f8f9fa" for k in ev["kind"]]
+                span = float(sub["rel_ns"].max() + 1) / 1e6
+                for x0, w, ph, k in zip(ev["rel_ns"] / 1e6, ev["dur_ns"] / 1e6, ev["phase"], ev["kind"], strict=True):
+                    if k != "step" and pd.notna(ph) and ph in PHASE_ORDER[:3] and w > 0.05 * span:
+                        ax.text(x0 + w / 2, li, ph, ha="center", va="center", fontsize=8, zorder=5)
+            else:
+                colors = [_lane_color(op) for op in ev["canonical_op"]]
+                ops_seen += [o for o in dict.fromkeys(ev["canonical_op"].dropna()) if o not in ops_seen]
+            spans = list(zip(ev["rel_ns"] / 1e6, np.maximum(ev["dur_ns"].astype(float) / 1e6, 1e-4), strict=True))
+            steps = (ev["kind"] == "step").to_numpy() if lane == "phase" else np.zeros(len(ev), bool)
+            for is_step in (True, False):  # steps first, phases drawn over them
+                for color in dict.fromkeys(colors):
+                    sel = [sp for sp, c, st in zip(spans, colors, steps, strict=True) if c == color and st == is_step]
+                    if sel:
+                        y, h = (li - 0.45, 0.9) if is_step else (li - 0.4, 0.8)
+                        ax.broken_barh(sel, (y, h), facecolors=color,
+                                       edgecolors="#495057" if lane == "phase" else "none", linewidth=0.3)
             if lane == "library_call" and len(ev) and ev["derived"].eq(True).all():
                 ax.text(1.0, li, " derived from kernel spans", transform=ax.get_yaxis_transform(),
                         fontsize=7, va="center", color="#495057")
@@ -204,7 +209,7 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
                         va="center", ha="center", color="#868e96")
         ax.set_yticks(range(len(lanes)), [lane_label[x] for x in lanes])
         ax.set_ylim(len(lanes) - 0.5, -0.5)
-        ax.set_xlabel("ms from the start of the shown iteration")
+        ax.set_xlabel("ms from the start of the shown window")
         it = sub["shown_iteration"].dropna()
         ax.set_title(f"{fw_label(fw)} — {_title_case(run, bs, many)}"
                      + (f", iteration {int(it.iloc[0])}" if len(it) else
@@ -212,7 +217,6 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
                      color=_fw_color(fw), loc="left")
         ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=_lane_color(o), label=o) for o in ops_seen]
-    handles += [Patch(color=PHASE_COLOR[p], label=f"phase: {p}") for p in ("forward", "backward", "optimizer")]
     fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False,
                fontsize=8, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(handles) // 8), 1, 1))

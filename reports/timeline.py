@@ -13,8 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from kernelmap.atomic import atomic_file
 
 from .analysis import Run, fw_label, timeline_events
@@ -27,22 +25,17 @@ _ARG_COLS = ("kind", "canonical_op", "direction", "phase", "layer", "op_name", "
              "grid_y", "grid_z", "block_x", "block_y", "block_z", "correlation_id", "derived")
 
 
-def _name(e: pd.Series) -> str:
+def _name(e: dict) -> str:
     for col in ("kernel_name", "library_call", "op_name"):
         if col == "kernel_name" and e["lane"] != "kernel":
             continue
-        v = e.get(col)
-        if v is not None and pd.notna(v):
-            return str(v)
-    return str(e.get("canonical_op") if pd.notna(e.get("canonical_op")) else e["kind"])
+        if e.get(col) is not None:
+            return str(e[col])
+    return str(e.get("canonical_op") or e["kind"])
 
 
 def _jsonable(v: Any) -> Any:
-    if v is None or (not isinstance(v, list | dict) and pd.isna(v)):
-        return None
-    if hasattr(v, "item"):
-        return v.item()
-    return v
+    return v.item() if hasattr(v, "item") else v
 
 
 def chrome_trace(runs: list[Run], all_iterations: bool = False) -> dict:
@@ -57,10 +50,11 @@ def chrome_trace(runs: list[Run], all_iterations: bool = False) -> dict:
             events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
             tids: dict[tuple[str, Any], int] = {}
-            for _, e in g.sort_values(["lane", "rel_ns", "dur_ns"], ascending=[True, True, False]).iterrows():
+            g = g.sort_values(["lane", "rel_ns", "dur_ns"], ascending=[True, True, False])
+            for e in g.astype(object).where(g.notna(), None).to_dict("records"):
                 lane = e["lane"]
                 sub = e["stream"] if lane == "kernel" else e["tid"]
-                sub = None if pd.isna(sub) else int(sub)
+                sub = None if sub is None else int(sub)
                 key = (lane, sub)
                 if key not in tids:
                     tid = LANE_TID[lane] + sum(1 for k in tids if k[0] == lane)

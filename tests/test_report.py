@@ -1,0 +1,198 @@
+"""kernelmap report on a real (trimmed) CPU run directory: sections, numbers, figures, timeline."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kernelmap.reports import analysis as A
+from kernelmap.reports import cli as report_cli
+from kernelmap.reports.html import fmt
+
+from kernelmap.errors import KernelmapError
+
+RUN = Path(__file__).parent / "data" / "report_cpu_run"
+FIGURES = ("op_time", "library_mix", "timeline", "busy_share", "overhead")  # CPU: no kernels, no FLOP peak
+
+
+def report(*argv: str) -> int:
+    """``kernelmap report ARGV`` through the module's own parser (as kernelmap.cli dispatches it)."""
+    parser = argparse.ArgumentParser()
+    report_cli.add_arguments(parser)
+    return report_cli.main(parser.parse_args(argv))
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rep") / "report"
+    assert report(str(RUN), "-o", str(d)) == 0
+    return d
+
+
+@pytest.fixture(scope="module")
+def page(out) -> str:
+    return (out / "report.html").read_text()
+
+
+def _section(page: str, sid: str) -> str:
+    m = re.search(rf'<section id="{sid}">(.*?)</section>', page, re.S)
+    assert m, f"section {sid} missing"
+    return m.group(1)
+
+
+def test_all_sections_present(page):
+    for sid in ("summary", "ops", "figures", "coverage", "timeline"):
+        assert _section(page, sid).strip()
+
+
+def test_self_contained(page):
+    assert "<script" not in page
+    assert not re.search(r'(src|href)="(https?:)?//', page.replace('href="https://ui.perfetto.dev"', ""))
+    assert "<link" not in page
+
+
+def test_summary_carries_results_json(page):
+    summ = _section(page, "summary")
+    results = json.loads((RUN / "results.json").read_text())
+    assert len(results) == 4
+    for r in results:
+        med_ms = float(np.median(r["step_times_s"])) * 1e3
+        assert fmt(med_ms) in summ, (r["framework"], r["batch_size"], med_ms)
+        assert fmt(r["images_per_s"]) in summ
+        assert fmt(r["test_accuracy"], "test_accuracy") in summ
+        q1, q3 = np.percentile(r["step_times_s"], [25, 75])
+        assert fmt(float(q3 - q1) * 1e3) in summ
+
+
+def test_parity_and_environment(page):
+    summ = _section(page, "summary")
+    parity = json.loads((RUN / "parity.json").read_text())
+    assert fmt(parity["forward_logits_max_abs_diff"]) in summ
+    assert fmt(parity["loss_max_rel_diff"]) in summ
+    manifest = json.loads((RUN / "manifest.json").read_text())
+    assert manifest["git_commit"]["commit"] in summ
+    assert manifest["frameworks"]["pytorch"]["versions"]["version"] in summ
+    assert manifest["frameworks"]["mxnet"]["versions"]["version"] in summ
+
+
+def test_op_table_side_by_side(page):
+    ops = _section(page, "ops")
+    assert "batch size 32" in ops and "batch size 64" in ops
+    assert "PyTorch (op time)" in ops and "MXNet (op time)" in ops
+    # the frameworks' own op names and the library their calls went to
+    for name in ("aten::conv2d", "Convolution", "FullyConnected", "oneDNN", "convolution forward_training"):
+        assert name in ops
+    run = A.load_run(RUN)
+    table, fws = A.op_table(run, 32)
+    assert set(fws) == {"pytorch", "mxnet"}
+    row = table[(table["canonical_op"] == "conv2d") & (table["direction"] == "fwd")].iloc[0]
+    for fw in fws:
+        assert fmt(row[f"{fw}.ms_per_step"]) in ops
+    # differences are stated, e.g. linear fwd: MXNet -> oneDNN inner_product, PyTorch -> native addmm
+    lin = table[(table["canonical_op"] == "linear") & (table["direction"] == "fwd")].iloc[0]
+    assert any("library differs" in d for d in lin["differences"])
+    assert "library differs: MXNet: oneDNN, PyTorch: native" in ops
+
+
+def test_op_time_matches_records(page):
+    """Outermost conv2d forward op time per step, recomputed by hand from records.parquet."""
+    from kernelmap import schema
+
+    rec = schema.read_parquet(RUN / "records.parquet")
+    r = rec[(rec["framework"] == "pytorch") & (rec["batch_size"] == 64) & (rec["source"] == "kineto")]
+    conv = r[(r["kind"] == "op") & (r["op_name"] == "aten::conv2d")]
+    steps = r[r["kind"] == "step"]
+    want_ms = float(conv["dur_ns"].sum()) / len(steps) / 1e6
+    ot = A.op_time([A.load_run(RUN)])
+    got = ot[(ot["framework"] == "pytorch") & (ot["batch_size"] == 64) & (ot["canonical_op"] == "conv2d")
+             & (ot["direction"] == "fwd")]["ms_per_step"].sum()
+    assert got == pytest.approx(want_ms, rel=1e-9)
+
+
+def test_figures_decode_and_are_not_blank(out, page):
+    import matplotlib.image as mpimg
+
+    for stem in FIGURES:
+        png = out / f"{stem}.png"
+        assert png.is_file(), stem
+        img = mpimg.imread(png)
+        assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300
+        rgb = img[..., :3].reshape(-1, 3)
+        assert rgb.var() > 0, stem
+        assert len(np.unique((rgb * 255).astype(np.uint8), axis=0)) > 10, stem
+        uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+        assert uri in page, f"{stem}.png is not embedded"
+
+
+def test_missing_figures_say_why(page):
+    figs = _section(page, "figures")
+    # CPU records have no kernels and no GPU peak: those figures say so instead of drawing nothing
+    assert "no kernels recorded" in figs
+    assert "peak unknown" in figs
+
+
+def test_timeline_has_both_frameworks(out, page):
+    trace = json.loads((out / "timeline.json").read_text())
+    ev = trace["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"PyTorch bs32", "PyTorch bs64", "MXNet bs32", "MXNet bs64"} <= set(procs.values())
+    for pid in procs:
+        xs = [e for e in ev if e["ph"] == "X" and e["pid"] == pid]
+        assert xs and min(e["ts"] for e in xs) == 0
+        assert all(e["dur"] > 0 for e in xs)
+    lanes = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any(name.startswith("framework ops") for name in lanes)
+    assert any(name.startswith("step / phase") for name in lanes)
+    assert str(sum(1 for e in ev if e["ph"] == "X")) in _section(page, "timeline")
+
+
+def test_coverage_reads_attribution(page):
+    cov = _section(page, "coverage")
+    attribution = json.loads((RUN / "attribution.json").read_text())
+    for part, entry in attribution["runs"].items():
+        assert part in cov
+        assert fmt(entry["onednn_linked_share"], "onednn_linked_share") in cov
+
+
+def test_existing_out_refused_and_replaced(tmp_path):
+    d = tmp_path / "r"
+    assert report(str(RUN), "-o", str(d)) == 0
+    with pytest.raises(KernelmapError, match="already exists"):
+        report(str(RUN), "-o", str(d))
+    assert report(str(RUN), "-o", str(d), "--replace") == 0
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []
+
+
+def test_device_fallback_is_marked(tmp_path):
+    """The runner marks a framework that ran elsewhere than asked (MXNet on the CPU on Hopper) in
+    manifest.json. No such real run exists on this CPU machine, so a copy of the real run gets
+    that marking (devices only; every number stays the run's own)."""
+    run = tmp_path / "fallback_run"
+    shutil.copytree(RUN, run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["frameworks"]["mxnet"].update(device_requested="gpu", device_note="mxnet-cu112 has no kernels for sm_90")
+    (run / "manifest.json").write_text(json.dumps(m))
+    d = tmp_path / "rep"
+    assert report(str(run), "-o", str(d)) == 0
+    page = (d / "report.html").read_text()
+    assert "⚠ MXNet ran on cpu, not gpu" in page
+    assert "no kernels for sm_90" in page
+    assert page.count('class="fallback"') >= 1 + 2 + 2  # banner, summary rows (2 batch sizes), op tables
+
+
+def test_peak_table():
+    assert A.peak_flops("NVIDIA H200")["fp32"] == 67e12
+    assert A.peak_flops("NVIDIA H100 80GB HBM3")["tf32"] == 494.5e12
+    assert A.peak_flops("NVIDIA H100 PCIe")["fp32"] == 51e12
+    assert A.peak_flops(None) is None and A.peak_flops("AMD EPYC") is None
+
+
+def test_not_a_run_dir(tmp_path):
+    with pytest.raises(KernelmapError, match="manifest.json"):
+        report(str(tmp_path), "-o", str(tmp_path / "out"))
