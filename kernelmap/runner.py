@@ -346,7 +346,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             print(f"kernelmap run: {fw} runs on the {d.device.upper()}: {d.note}", file=sys.stderr)
     runnable = [fw for fw in frameworks if decisions[fw].device is not None]
     if not runnable:
-        raise MissingToolError("nothing can run: " + "; ".join(d.note or "" for d in decisions.values()))
+        notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
+        raise MissingToolError(f"nothing can run ({', '.join(frameworks)}): " + "; ".join(notes_))
 
     data_info = _resolve_data(train)
     data_json = json.dumps(data_info.to_dict())
