@@ -442,6 +442,24 @@ def op_time(runs: list[Run]) -> pd.DataFrame:
                                        "share_of_step"])
 
 
+def short_kernel(name: str, limit: int = 110) -> str:
+    """A kernel's name without return type, template arguments and parameters, for tables."""
+    n = str(name).replace("<unnamed>", "{anon}")
+    n = n[5:] if n.startswith("void ") else n
+    depth, out = 0, []
+    for ch in n:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(ch)
+    n = "".join(out).strip() or n
+    return n if len(n) <= limit else n[: limit - 1] + "…"
+
+
 def _uniq(s: pd.Series, limit: int = 6) -> list[str]:
     vals = [str(v) for v in pd.unique(s.dropna())]
     return vals[:limit] + ([f"... {len(vals) - limit} more"] if len(vals) > limit else [])
@@ -478,7 +496,7 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
                 "op_names": _uniq(g["op_name"]) or _uniq(a[a["kind"] == "op"]["op_name"]),
                 "libraries": _uniq(pd.concat([g["library"], a["library"]])) or ["native"],
                 "library_calls": _uniq(calls["library_call"]) or _uniq(a["library_call"]),
-                "kernels": _uniq(kernels["kernel_name"]),
+                "kernels": _uniq(kernels["kernel_name"].map(short_kernel, na_action="ignore")),
                 "n_kernels": int(kernels["kernel_name"].nunique()),
                 "calls_per_step": (len(n_ops) if len(n_ops) else len(g)) / t.n_steps,
                 "ms_per_step": ms,
@@ -777,6 +795,11 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
         if ev.empty:
             continue
         t0 = ev["start_ns"].min()
+        if it is None:  # no step marks: start the window at the first attributed timed event
+            timed = ev[ev["lane"].isin(["kernel", "op"]) & ev["canonical_op"].notna()]
+            if len(timed):
+                t0 = timed["start_ns"].min()
+                ev = ev[ev["start_ns"] + ev["dur_ns"] >= t0]
         ev = ev.assign(rel_ns=(ev["start_ns"] - t0).astype("int64"), framework=t.framework,
                        batch_size=t.batch_size, shown_iteration=it, run=run.name)
         out.append(ev)

@@ -175,7 +175,8 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
     lane_label = {"phase": "step / phase", "op": "framework ops", "library_call": "library calls",
                   "kernel": "kernels"}
     ops_seen: list[str] = []
-    fig, axes = plt.subplots(len(keys), 1, figsize=(13, 0.5 + 2.3 * len(keys)), squeeze=False)
+    height = 1.2 + 2.3 * len(keys)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(13, height), squeeze=False)
     for r, (run, bs, fw) in enumerate(keys):
         ax = axes[r][0]
         sub = tl[(tl["run"] == run) & (tl["batch_size"] == bs) & (tl["framework"] == fw)]
@@ -219,7 +220,7 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
     handles = [Patch(color=_lane_color(o), label=o) for o in ops_seen]
     fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False,
                fontsize=8, bbox_to_anchor=(0.5, 0.0))
-    fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(handles) // 8), 1, 1))
+    fig.tight_layout(rect=(0, (0.5 + 0.25 * (len(handles) // 8)) / height, 1, 1))
     return _save(fig, path)
 
 

@@ -196,3 +196,29 @@ def test_peak_table():
 def test_not_a_run_dir(tmp_path):
     with pytest.raises(KernelmapError, match="manifest.json"):
         report(str(tmp_path), "-o", str(tmp_path / "out"))
+
+
+def test_trend_from_benchmark_storage(tmp_path):
+    """--storage: real pytest-benchmark storage (two autosaved runs of a tiny benchmark) -> trend."""
+    import subprocess
+    import sys
+
+    import matplotlib.image as mpimg
+    from test_history import TINY
+
+    (tmp_path / "test_tiny.py").write_text(TINY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    st = tmp_path / "st"
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_tiny.py",
+                               "--benchmark-autosave", f"--benchmark-storage={st}",
+                               "--benchmark-min-rounds=3", "--benchmark-max-time=0.01"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = tmp_path / "rep"
+    assert report(str(RUN), "-o", str(d), "--storage", str(st)) == 0
+    page = (d / "report.html").read_text()
+    hist = _section(page, "history")
+    assert "0001" in hist and "0002" in hist
+    img = mpimg.imread(d / "trend.png")[..., :3]
+    assert img.var() > 0
