@@ -13,6 +13,8 @@ from typing import Any
 from . import __version__, gpuinfo
 
 MANIFEST_VERSION = 1
+ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_ENGINE_TYPE", "CUDA_VISIBLE_DEVICES",
+            "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG")
 
 # Keys every manifest has (tests and readers rely on them).
 REQUIRED_KEYS = (
@@ -60,6 +62,9 @@ def host_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpu": gpuinfo.cpu_model(),
         "cpu_count": _cpu_count(),
+        # CPU timings depend on these: OpenMP threads spin-wait badly on a busy machine.
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
     }
 
 
