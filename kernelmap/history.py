@@ -248,7 +248,7 @@ def _param(b: dict, *keys: str):
 
 def load_history(storage: str | Path) -> pd.DataFrame:
     """Every benchmark of every saved run: run number, machine, datetime, commit, name,
-    framework and batch_size (from the benchmark's params or extra_info, where given) and stats."""
+    framework, batch_size and device (from the benchmark's params or extra_info, where given) and stats."""
     rows = []
     for run in list_runs(storage):
         for b in run.data["benchmarks"]:
@@ -259,6 +259,7 @@ def load_history(storage: str | Path) -> pd.DataFrame:
                 "name": b.get("fullname") or b["name"],
                 "framework": _param(b, "framework"),
                 "batch_size": _param(b, "batch_size", "bs"),
+                "device": _param(b, "device"),
                 **{s: stats.get(s) for s in STATS},
             })
     return pd.DataFrame(rows)

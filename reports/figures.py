@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
@@ -336,23 +337,30 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     if history.empty:
         return None
     h = history.copy()
+    dev = h["device"] if "device" in h else pd.Series(None, index=h.index)
     h["series"] = [
-        f"{fw_label(fw)} bs {bs}" if pd.notna(fw) and pd.notna(bs) else name
-        for fw, bs, name in zip(h["framework"], h["batch_size"], h["name"], strict=True)]
+        f"{fw_label(fw)} bs {bs}" + (f" {d}" if pd.notna(d) else "") if pd.notna(fw) and pd.notna(bs) else name
+        for fw, bs, d, name in zip(h["framework"], h["batch_size"], dev, h["name"], strict=True)]
     runs = sorted(h["run"].unique())
     x = {r: i for i, r in enumerate(runs)}
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(runs) + 4), 4.2))
-    for name, g in h.groupby("series"):
+    cycle = plt.get_cmap("tab10").colors
+    styles = ("-", "--", ":", "-.")
+    bss = sorted(h["batch_size"].dropna().unique())
+    for i, (name, g) in enumerate(h.groupby("series")):
         g = g.sort_values("run")
-        fw = g["framework"].iloc[0]
+        fw, bs = g["framework"].iloc[0], g["batch_size"].iloc[0]
+        by_fw = pd.notna(fw) and pd.notna(bs)
         ax.plot([x[r] for r in g["run"]], g[stat] * 1e3, marker="o", label=name,
-                color=_fw_color(fw) if pd.notna(fw) else None,
-                alpha=0.5 + 0.5 * (g["batch_size"].iloc[0] == h["batch_size"].max()) if pd.notna(fw) else 1)
+                color=_fw_color(fw) if by_fw and fw in FW_COLOR else cycle[i % len(cycle)],
+                ls=styles[bss.index(bs) % len(styles)] if by_fw else "-")
     ax.set_xticks(range(len(runs)), runs)
     ax.set_xlabel("saved benchmark run")
     ax.set_ylabel(f"{stat} time per benchmark round (ms)")
     ax.set_title(f"Step time trend over saved runs ({stat})", fontsize=10)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
     ax.grid(alpha=0.3, which="both")
     ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
