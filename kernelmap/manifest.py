@@ -63,7 +63,7 @@ def host_info() -> dict[str, Any]:
         "cpu": gpuinfo.cpu_model(),
         "cpu_count": _cpu_count(),
         # CPU timings depend on these: OpenMP threads spin-wait badly on a busy machine.
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "env": {k: os.environ.get(k) for k in ENV_KEYS},
     }
 

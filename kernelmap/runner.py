@@ -331,6 +331,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     if train["epochs"] is not None and train["epochs"] < 1:
         raise KernelmapError("--epochs must be at least 1")
 
+    load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     # Decide devices before any work, so that every downgrade is said first.
     gpus = gpuinfo.query()
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
@@ -376,6 +377,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                   "train": train, "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
                   "out": str(out)}
         man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict())
+        man["host"]["load_average_start"] = load_start
         man["notes"] = notes
         man["parity"] = None if parity is None else {"passed": parity["passed"], "file": "parity.json"}
         with atomic_file(tmp / "manifest.json") as fh:
