@@ -188,7 +188,10 @@ def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str
 
 
 def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str], list[str]]:
-    profile = [nsys, "profile", "--trace=cuda,nvtx", "-o", str(out_dir / "nsys"), "--force-overwrite", "true",
+    # Record only the timed steps: the worker brackets them with cudaProfilerStart/Stop, so warm-up
+    # kernels (which no op range covers) never enter the capture.
+    profile = [nsys, "profile", "--trace=cuda,nvtx", "--capture-range=cudaProfilerApi",
+               "--capture-range-end=stop", "-o", str(out_dir / "nsys"), "--force-overwrite", "true",
                *worker_cmd]
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out_dir / "nsys.sqlite")]
     return profile, export

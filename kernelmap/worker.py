@@ -100,12 +100,20 @@ def _mxnet_profiler(out_dir: Path, gpu: bool):
 
 @contextlib.contextmanager
 def _nvtx_ops(framework: str, gpu: bool):
-    """Per-op NVTX ranges for nsys: torch's emit_nvtx (MXNet's ops carry none; its regions do)."""
+    """The nsys capture window: cudaProfilerStart/Stop around the timed steps (the runner starts
+    nsys with --capture-range=cudaProfilerApi), and per-op NVTX ranges from torch's emit_nvtx
+    (MXNet's ops carry none; its regions do)."""
     if framework == "pytorch" and gpu:
         import torch
 
-        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
-            yield
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        try:
+            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+                yield
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.profiler.stop()
     else:
         yield
 
@@ -158,9 +166,13 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                 loss = workload.train_step(images, labels)
             workload.synchronize()
             bar.update()
+        # A capture pass records training steps, not the loader: its batches are fetched (onto the
+        # device) before the capture starts. The clean pass reads them as it goes.
+        timed = range(warmup, total)
+        fetched = [next(batches) for _ in timed] if pass_name != "clean" else None
         with capture:
-            for i in range(warmup, total):
-                images, labels = next(batches)
+            for k, i in enumerate(timed):
+                images, labels = fetched[k] if fetched is not None else next(batches)
                 workload.synchronize()  # the batch's host-to-device copy is not the step's
                 t0 = time.perf_counter()
                 with workload.region(f"kernelmap:step#{i}"):
