@@ -39,6 +39,21 @@ def read_text(path: str | os.PathLike) -> str:
         raise ParseError(path, f"not UTF-8 text (byte {exc.start})") from None
 
 
+def load_json(path: str | os.PathLike):
+    """The (gunzipped) file parsed as JSON; ParseError for bad bytes, bad JSON or deep nesting."""
+    import json
+
+    data = read_bytes(path)
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ParseError(path, "invalid JSON: nested too deeply") from None
+
+
 def head(path: str | os.PathLike, n: int = 4096) -> bytes:
     """The first ``n`` bytes of the (gunzipped) content, for sniffing."""
     with open(path, "rb") as fh:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import finish, ns_from_us, read_bytes
+from ._common import finish, load_json, ns_from_us
 
 SOURCE = "kineto"
 _KIND = {
@@ -36,13 +36,7 @@ def sniff(head: bytes) -> bool:
 
 
 def load_events(path: str | os.PathLike) -> list:
-    data = read_bytes(path)
-    try:
-        doc = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
-    except RecursionError:
-        raise ParseError(path, "JSON nested too deeply") from None
+    doc = load_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ParseError(path, "not a Chrome trace: no traceEvents list")
     return doc["traceEvents"]

@@ -13,7 +13,6 @@ count does not match frameworks/spec.LAYERS.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -22,7 +21,7 @@ import pandas as pd
 from ..errors import ParseError
 from ..frameworks.spec import LAYERS
 from . import canonical as C
-from ._common import finish, read_bytes
+from ._common import finish, load_json
 
 SOURCE = "mxnet_profiler"
 _SKIP_ASYNC = {"operator", "MXNET_C_API"}
@@ -35,11 +34,7 @@ def sniff(head: bytes) -> bool:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    data = read_bytes(path)
-    try:
-        doc = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    doc = load_json(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise ParseError(path, "not an MXNet profiler trace: no traceEvents list")

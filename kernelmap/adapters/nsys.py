@@ -101,7 +101,7 @@ def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
         raise ParseError(path, f"not a readable SQLite database: {exc}") from None
     try:
         return _read_tables(con, tables, path, framework)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:  # pandas wraps sqlite3's
         raise ParseError(path, f"SQLite error: {exc}") from None
     finally:
         con.close()
@@ -113,6 +113,7 @@ def _name_expr(con, path, table: str, col: str, alias: str, tables: set[str]) ->
     if "INT" in decl.get(col, "INT"):
         if "StringIds" not in tables:
             raise ParseError(path, f"{table}.{col} refers to StringIds, which the export lacks")
+        _need(path, "StringIds", _columns(con, "StringIds"), ("id", "value"))
         return f"{alias}_s.value", f'LEFT JOIN StringIds {alias}_s ON {alias}_s.id = {alias}."{col}"'
     return f'{alias}."{col}"', ""
 
