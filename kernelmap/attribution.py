@@ -2,14 +2,17 @@
 
 * GPU kernel -> canonical op: done by the profiler adapters (kernel -> launch -> op).
 * library call (cuDNN/cuBLAS/cuBLASLt log) -> kernels: the logs come from their own capture pass
-  (another process, another clock), so calls are linked *structurally*: per key (canonical op,
-  layer, direction), the n-th call of the log is the n-th launching op occurrence of the trace,
-  aligned from the end (a pass may have more warm-up steps than another). Kernels of a matched op
-  get ``call_event_id``; everything else is counted as unlinked.
-* oneDNN primitive -> op (CPU): same matching against the profiler trace of the run, when there is
-  one; otherwise 0 with the reason.
+  (another process, other steps, another clock), so a kernel is linked to a call by *signature*:
+  the log's call with the kernel's (canonical op, layer, direction) in the same framework x batch
+  size (``link_library_calls``). It says which call, engine and math mode that kind of kernel is
+  launched by, not which log line launched this kernel instance.
+* oneDNN primitive -> op (CPU): per key (canonical op, layer, direction) the n-th primitive of the
+  log is the n-th op occurrence of the trace, aligned from the end; 0 with the reason where the
+  run has no trace.
 
-Nothing is dropped: unattributed kernels are counted and the top names by time listed.
+Every profiler source (Kineto, nsys, MXNet profiler) is its own capture pass, so kernel figures
+are given per source (``by_source``) as well as over all kernels read. Nothing is dropped:
+unattributed and unlinked kernels are counted and the top names by time listed with the reason.
 """
 
 from __future__ import annotations
@@ -39,35 +42,152 @@ def _match(calls: pd.DataFrame, occ: pd.DataFrame, keys: list[str]) -> list[tupl
     return pairs
 
 
+LOG_SOURCES = ("cudnn_log", "cublas_log", "cublaslt_log")
+SIGNATURE = ["canonical_op", "layer", "direction"]
+_CALL_COLS = ["library", "library_call", "algo", "math_mode"]
+
+
+def _native(k: pd.DataFrame) -> pd.Series:
+    return k["library"].eq("native").fillna(False) | k["kernel_name"].str.contains("at::native", regex=False,
+                                                                                    na=False)
+
+
+def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["kind"].eq("library_call") & df["library"].isin(GPU_LIBS) & df["source"].isin(LOG_SOURCES)]
+
+
+def _sig(frame: pd.DataFrame) -> pd.Series:
+    """The signature of each row as one string (empty frames too)."""
+    vals = ["|".join(map(str, r)) for r in frame[SIGNATURE].itertuples(index=False)]
+    return pd.Series(vals, index=frame.index, dtype=object)
+
+
+def _signed(calls: pd.DataFrame) -> pd.Series:
+    return calls[SIGNATURE].notna().all(axis=1)
+
+
+def _targets(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per signature: the call kernels link to (one row per signature whose calls agree on
+    library, API, algo and math mode: the last of them), and the signatures whose calls do not."""
+    signed = calls[_signed(calls)].sort_values(["start_ns", "event_id"], kind="stable")
+    if signed.empty:
+        empty = pd.DataFrame(columns=[*SIGNATURE, "call_event_id", *_CALL_COLS, "log_calls"])
+        return empty, empty
+    variants = signed.groupby(SIGNATURE, dropna=False)[_CALL_COLS].apply(
+        lambda g: len(g.astype(str).drop_duplicates()))
+    last = signed.groupby(SIGNATURE, dropna=False).tail(1).set_index(SIGNATURE)
+    n = signed.groupby(SIGNATURE, dropna=False).size()
+    t = last[["event_id", *_CALL_COLS]].rename(columns={"event_id": "call_event_id"})
+    t["log_calls"] = n.reindex(t.index).to_numpy()
+    t["variants"] = variants.reindex(t.index).to_numpy()
+    t = t.reset_index()
+    return t[t["variants"].eq(1)].drop(columns="variants"), t[t["variants"].gt(1)].drop(columns="variants")
+
+
 def link_library_calls(df: pd.DataFrame) -> dict:
-    """Set ``call_event_id`` (and ``library`` where NA) of library kernels from the GPU library
-    logs of the same run. Returns counts for the summary."""
-    calls = df[df["kind"].eq("library_call") & df["library"].isin(GPU_LIBS)
-               & df["canonical_op"].notna() & df["layer"].notna() & df["direction"].notna()]
-    k = df[df["kind"].eq("kernel") & df["op_event_id"].notna() & ~df["library"].eq("native").fillna(False)
-           & df["canonical_op"].isin(["conv2d", "linear"])]
-    info = {"library_calls_matched": 0}
-    if calls.empty or k.empty:
+    """Link library kernels to the GPU library-log calls of the same run, by signature.
+
+    The logs come from their own capture pass (another process, other steps), so a kernel is not
+    linked to the call that launched it in time but to the log's call with the same signature
+    (canonical op, layer, direction) in the same framework x batch size: the call a kernel of
+    that signature is launched inside. A signature's calls must agree on library, API function,
+    algo/engine and math mode (else the signature is ambiguous and nothing links to it); the
+    kernel gets the last of them as ``call_event_id`` and the call's library, API function, algo
+    and math mode. Sets those columns in place; returns what could not be used."""
+    calls = _log_calls(df)
+    info: dict = {"library_call_signatures": 0, "library_calls_without_signature": [],
+                  "ambiguous_signatures": []}
+    if calls.empty:
         return info
-    occ = (k.assign(start=k["start_ns"]).sort_values("start")
-           .groupby(["op_event_id", "canonical_op", "layer", "direction"], dropna=False, sort=False)
-           .agg(start=("start", "first")).reset_index().sort_values("start").reset_index(drop=True))
-    calls = calls.sort_values(["start_ns", "event_id"], kind="stable")
-    pairs = _match(calls, occ, ["canonical_op", "layer", "direction"])
-    if not pairs:
+    targets, ambiguous = _targets(calls)
+    info["library_call_signatures"] = len(targets) + len(ambiguous)
+    info["ambiguous_signatures"] = [dict(zip(SIGNATURE, map(str, r), strict=True))
+                                    for r in ambiguous[SIGNATURE].itertuples(index=False)]
+    uns = calls[~_signed(calls)]
+    if len(uns):
+        g = uns.assign(shapes=uns["shapes"].fillna(""), algo=uns["algo"].fillna("")).groupby(
+            ["library", "library_call", "shapes", "algo"], dropna=False).size()
+        info["library_calls_without_signature"] = [
+            {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
+             "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
+                       "inside another library's call)"} for (a, b, c, d), n in g.items()]
+    k = df[df["kind"].eq("kernel") & df[SIGNATURE].notna().all(axis=1)]
+    k = k[~_native(k)]
+    if k.empty or targets.empty:
         return info
-    call_rows = np.array([p[0] for p in pairs])
-    occ_rows = np.array([p[1] for p in pairs])
-    m = occ.loc[occ_rows, ["op_event_id", "canonical_op", "layer", "direction"]].copy()
-    m["call_event_id"] = df.loc[call_rows, "event_id"].to_numpy()
-    m["call_library"] = df.loc[call_rows, "library"].to_numpy()
-    key = ["op_event_id", "canonical_op", "layer", "direction"]
-    kk = k[key].reset_index().merge(m, on=key, how="inner").set_index("index")
-    df.loc[kk.index, "call_event_id"] = kk["call_event_id"].astype("Int64")
-    fill = df.loc[kk.index, "library"].isna()
-    df.loc[fill[fill].index, "library"] = kk.loc[fill[fill].index, "call_library"].astype("string")
-    info["library_calls_matched"] = len(pairs)
+    m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
+    df.loc[m.index, "call_event_id"] = m["call_event_id"].astype("Int64")
+    for col in _CALL_COLS:
+        df.loc[m.index, col] = m[col].astype("string")
     return info
+
+
+def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
+    """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
+    linked). A kernel is a library kernel when it is linked to a log call, when its name says its
+    library, or when it is a non-native kernel of a convolution/linear op or of an op whose
+    signature a log call has."""
+    k = df[df["kind"].eq("kernel")]
+    k = k[~_native(k)]
+    calls = _log_calls(df)
+    sig = _sig(k)
+    signed = calls[_signed(calls)]
+    call_sigs = set(_sig(signed))
+    lib = (k["call_event_id"].notna() | k["library"].isin(GPU_LIBS) | k["canonical_op"].isin(["conv2d", "linear"])
+           | sig.isin(call_sigs))
+    k = k[lib]
+    sig = sig[lib]
+    reason = pd.Series(pd.NA, index=k.index, dtype="string")
+    un = k["call_event_id"].isna()
+    _, ambiguous = _targets(calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
+    amb = set(_sig(ambiguous))
+    rules = [
+        (k["canonical_op"].isna() | k["canonical_op"].eq("other") | k["op_event_id"].isna(),
+         "not launched inside a framework op of its trace (outside the op ranges)"),
+        (pd.Series(calls.empty, index=k.index), "no GPU library log in this run"),
+        (k["layer"].isna(), "no layer for its op"),
+        (k["direction"].eq("bwd") & k["canonical_op"].eq("conv2d"),
+         "convolution backward kernel not split into bwd_data/bwd_weight"),
+        (sig.isin(amb), "the log's calls of its signature differ in library/API/algo/math mode"),
+        (pd.Series(True, index=k.index), "no library-log call with its signature (canonical op, layer, direction)"),
+    ]
+    for cond, text in rules:
+        hit = un & reason.isna() & cond.fillna(False).astype(bool)
+        reason[hit] = text
+    return k.assign(reason=reason)
+
+
+def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
+    """Per run, source and linked call: the call (library, API, algo, math mode), how many times
+    the log has it (and per logged step, when ``log_steps`` is known), and the kernels linked to
+    it in that source (count, time, per traced step, launching ops per step)."""
+    k = df[df["kind"].eq("kernel") & df["call_event_id"].notna()]
+    if k.empty:
+        return []
+    calls = _log_calls(df)
+    n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
+    by_id = df[df["kind"].eq("library_call")].set_index("event_id")
+    out = []
+    for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
+        c = by_id.loc[cid]
+        c = c.iloc[0] if isinstance(c, pd.DataFrame) else c
+        steps = max(int(g["iteration"].nunique()), 1)
+        key = (run, *(c[x] for x in SIGNATURE))
+        logged = int(n_calls.get(key, 0))
+        out.append({
+            "run": run, "source": src, "library": c["library"], "library_call": c["library_call"],
+            "canonical_op": c["canonical_op"], "layer": c["layer"], "direction": c["direction"],
+            "algo": None if pd.isna(c["algo"]) else c["algo"],
+            "math_mode": None if pd.isna(c["math_mode"]) else c["math_mode"],
+            "call_event_id": int(cid), "log_calls": logged,
+            "log_calls_per_step": (logged / log_steps) if log_steps else None,
+            "kernels": len(g), "kernel_time_ns": int(g["dur_ns"].sum()),
+            "traced_steps": int(g["iteration"].nunique()),
+            "kernels_per_step": len(g) / steps,
+            "launching_ops_per_step": int(g["op_event_id"].nunique()) / steps,
+            "kernel_names": sorted(g["kernel_name"].dropna().unique().tolist()),
+        })
+    return out
 
 
 def link_onednn(df: pd.DataFrame) -> dict:
@@ -99,23 +219,14 @@ def link_onednn(df: pd.DataFrame) -> dict:
     return {"onednn_linked_share": len(pairs) / len(prims), "onednn_link_reason": None}
 
 
-def summarise(df: pd.DataFrame) -> dict:
-    """The figures of one run (or of any records table)."""
-    k = df[df["kind"].eq("kernel")]
+def _kernel_figures(k: pd.DataFrame) -> dict:
     t = int(k["dur_ns"].sum()) if len(k) else 0
     attributed = k["canonical_op"].notna() & ~k["canonical_op"].eq("other")
     t_attr = int(k.loc[attributed, "dur_ns"].sum())
     un = k[~attributed]
     top = (un.groupby("kernel_name")["dur_ns"].agg(["size", "sum"]).sort_values("sum", ascending=False)
            .head(TOP_N))
-    lib_k = k[k["library"].isin(GPU_LIBS) | (k["canonical_op"].isin(["conv2d", "linear"])
-                                              & ~k["library"].eq("native").fillna(False))]
-    calls = df[df["kind"].eq("library_call")]
-    gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
-    prims = calls[calls["library"].eq("oneDNN")]
-    ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
-    out = {
-        "events": len(df),
+    return {
         "kernels": len(k),
         "kernel_time_ns": t,
         "attributed_kernel_time_ns": t_attr,
@@ -123,14 +234,75 @@ def summarise(df: pd.DataFrame) -> dict:
         "unattributed_kernels": int((~attributed).sum()),
         "unattributed_top": [{"kernel_name": n, "count": int(r["size"]), "time_ns": int(r["sum"])}
                              for n, r in top.iterrows()],
+    }
+
+
+def _library_figures(lk: pd.DataFrame) -> dict:
+    linked = lk["reason"].isna()
+    t = int(lk["dur_ns"].sum())
+    t_linked = int(lk.loc[linked, "dur_ns"].sum())
+    un = lk[~linked]
+    top = (un.groupby(["kernel_name", "reason"])["dur_ns"].agg(["size", "sum"])
+           .sort_values("sum", ascending=False).head(TOP_N))
+    return {
+        "library_kernels": len(lk),
+        "library_kernels_linked": int(linked.sum()),
+        "library_kernel_linked_share": float(linked.mean()) if len(lk) else None,
+        "library_kernel_time_ns": t,
+        "library_kernel_time_linked_ns": t_linked,
+        "library_kernel_time_linked_share": (t_linked / t) if t else None,
+        "library_kernels_unlinked": int((~linked).sum()),
+        "library_unlinked_top": [{"kernel_name": n, "reason": r, "count": int(v["size"]), "time_ns": int(v["sum"])}
+                                 for (n, r), v in top.iterrows()],
+    }
+
+
+def by_source(df: pd.DataFrame) -> dict:
+    """The kernel figures per profiler source (Kineto, nsys, MXNet profiler): each source is its
+    own capture pass of other steps, so its kernels are counted once, never merged with another's.
+    ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
+    the ``..._in_op_steps`` figures count only kernels of those steps."""
+    k = df[df["kind"].eq("kernel")]
+    lk = library_kernels(df)
+    out = {}
+    for src, g in k.groupby("source", sort=True):
+        ops = df[df["kind"].eq("op") & df["source"].eq(src)]
+        op_steps = sorted(int(i) for i in ops["iteration"].dropna().unique())
+        w = g[g["iteration"].isin(op_steps)]
+        fw = _kernel_figures(w)
+        out[str(src)] = {
+            **_kernel_figures(g),
+            "steps": int(g["iteration"].nunique()),
+            "op_steps": len(op_steps),
+            "kernels_in_op_steps": fw["kernels"],
+            "kernel_time_in_op_steps_ns": fw["kernel_time_ns"],
+            "attributed_kernel_time_share_in_op_steps": fw["attributed_kernel_time_share"],
+            **_library_figures(lk[lk["source"].eq(src)]),
+        }
+        lw = lk[lk["source"].eq(src) & lk["iteration"].isin(op_steps)]
+        lf = _library_figures(lw)
+        out[str(src)].update(library_kernels_in_op_steps=lf["library_kernels"],
+                             library_kernel_time_linked_share_in_op_steps=lf["library_kernel_time_linked_share"])
+    return out
+
+
+def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
+    """The figures of one run (or of any records table). Top-level kernel figures count every
+    kernel event read (all sources together); ``by_source`` has them per source."""
+    calls = df[df["kind"].eq("library_call")]
+    gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
+    prims = calls[calls["library"].eq("oneDNN")]
+    ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
+    return {
+        "events": len(df),
+        **_kernel_figures(df[df["kind"].eq("kernel")]),
         "ops": len(ops),
         "nvtx_ops": int((df["kind"].eq("op") & df["source"].eq("nsys")).sum()),
         "canonical_ops": sorted(df["canonical_op"].dropna().unique().tolist()),
         "library_calls": {str(n): int(c) for n, c in gpu_calls["library_call"].value_counts().sort_index().items()},
-        "library_kernels": len(lib_k),
-        "library_kernels_linked": int(lib_k["call_event_id"].notna().sum()),
-        "library_kernel_linked_share": (float(lib_k["call_event_id"].notna().mean()) if len(lib_k) else None),
+        **_library_figures(library_kernels(df)),
         "onednn_primitives": {str(n): int(c) for n, c in prims["op_name"].value_counts().sort_index().items()},
         "onednn_linked": int(prims["op_event_id"].notna().sum()),
+        "by_source": by_source(df),
+        "library_links": library_links(df, log_steps),
     }
-    return out

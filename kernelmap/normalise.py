@@ -36,8 +36,9 @@ def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
 
 
 def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
-              batch_size: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes."""
+              batch_size: int | None = None, log_steps: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes.
+    ``log_steps``: the training steps the library logs cover (for calls per step), where known."""
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
@@ -65,10 +66,10 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
         rdf = schema.conform(rdf)
         links = attribution.link_library_calls(rdf)
         links.update(attribution.link_onednn(rdf))
-        runs[name] = {**attribution.summarise(rdf), **links}
+        runs[name] = {**attribution.summarise(rdf, log_steps), **links}
         frames.append(rdf)
     df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
-    summary = {**attribution.summarise(df), "runs": runs, "files": files}
+    summary = {**attribution.summarise(df, log_steps), "runs": runs, "files": files}
     return df, summary
 
 
@@ -90,17 +91,22 @@ def _print(s: dict, out) -> None:
     w = sys.stdout.write
     w(f"{s['events']} records from {len(s['files'])} file(s) -> {out}\n")
     for name, r in s["runs"].items():
-        w(f"run {name}: {r['kernels']} kernels, {r['kernel_time_ns'] / 1e6:.3f} ms, "
-          f"{_pct(r['attributed_kernel_time_share'])} of kernel time attributed to an op; "
-          f"{r['ops']} framework ops; library kernels linked to a call {r['library_kernels_linked']}"
-          f"/{r['library_kernels']}\n")
+        w(f"run {name}: {r['kernels']} kernels read, {r['ops']} framework ops\n")
+        for src, b in r["by_source"].items():
+            w(f"  {src}: {b['kernels']} kernels, {b['kernel_time_ns'] / 1e6:.3f} ms over {b['steps']} step(s), "
+              f"{_pct(b['attributed_kernel_time_share'])} of kernel time attributed to an op "
+              f"({_pct(b['attributed_kernel_time_share_in_op_steps'])} in the {b['op_steps']} step(s) with ops); "
+              f"library kernels linked to a call {b['library_kernels_linked']}/{b['library_kernels']} "
+              f"({_pct(b['library_kernel_time_linked_share'])} of their time)\n")
+            for u in b["library_unlinked_top"][:3]:
+                w(f"    unlinked: {u['count']} x {u['kernel_name'][:70]}: {u['reason']}\n")
+            for u in b["unattributed_top"][:3]:
+                w(f"    unattributed: {u['count']} x {u['kernel_name'][:90]} ({u['time_ns'] / 1e3:.1f} us)\n")
         if r["library_calls"]:
             w("  library calls: " + ", ".join(f"{k} {v}" for k, v in r["library_calls"].items()) + "\n")
         if r["onednn_primitives"]:
             w("  oneDNN executions: " + ", ".join(f"{k} {v}" for k, v in r["onednn_primitives"].items())
               + f" ({r['onednn_linked']} linked to an op)\n")
-        for u in r["unattributed_top"][:5]:
-            w(f"  unattributed: {u['count']} x {u['kernel_name'][:90]} ({u['time_ns'] / 1e3:.1f} us)\n")
 
 
 # --- run directories -------------------------------------------------------------------------
@@ -120,6 +126,21 @@ def _manifest_device(manifest: dict, fw: str) -> str | None:
     return None
 
 
+def _log_steps(path: Path) -> int | None:
+    """Steps the library-log pass ran (warm-up included: the logs are on from process start), from
+    the worker's ``libs.json``; None where it is missing or does not say."""
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise KernelmapError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        return None
+    w, n = d.get("warmup_steps"), d.get("steps")
+    return w + n if isinstance(w, int) and isinstance(n, int) else None
+
+
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     """Normalise ``RUN_DIR/<framework>/bs<N>/*`` into ``RUN_DIR/records.parquet`` and
     ``RUN_DIR/attribution.json``; returns the summary. Files no adapter recognises (clean.json,
@@ -133,7 +154,7 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         manifest = {}
     except ValueError as exc:
         raise KernelmapError(f"{run_dir / 'manifest.json'}: not JSON ({exc})") from None
-    frames, per, skipped = [], {}, []
+    frames, per, skipped, sources = [], {}, [], []
     for fw_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for bs_dir in sorted(p for p in fw_dir.iterdir() if p.is_dir() and _BS.match(p.name)):
             files = []
@@ -148,12 +169,15 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
             bs = int(_BS.match(bs_dir.name).group(1))
             name = f"{fw_dir.name}/{bs_dir.name}"
             df, s = normalise(files, run=name, framework=fw_dir.name, device=_manifest_device(manifest, fw_dir.name),
-                              batch_size=bs)
+                              batch_size=bs, log_steps=_log_steps(bs_dir / "libs.json"))
             df["framework"] = fw_dir.name
             frames.append(df)
             per[name] = {**s["runs"][name], "files": s["files"], "framework": fw_dir.name, "batch_size": bs}
+            sources += [{"framework": fw_dir.name, "batch_size": bs, "source": src,
+                         **{k: v for k, v in b.items() if not isinstance(v, list)}}
+                        for src, b in s["runs"][name]["by_source"].items()]
     df = schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty()
-    summary = {"runs": per, "not_records": skipped}
+    summary = {"runs": per, "by_source": sources, "not_records": skipped}
     schema.write_parquet(df, run_dir / "records.parquet", extra_meta={"summary": summary})
     with atomic_file(run_dir / "attribution.json") as fh:
         json.dump(summary, fh, indent=2, default=str)

@@ -157,13 +157,44 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
 
 
 def refine_direction(df: pd.DataFrame) -> None:
-    """Convolution backward kernels name their half: dgrad -> bwd_data, wgrad -> bwd_weight."""
+    """Convolution backward kernels: the kernel name says its half (``dgrad`` -> bwd_data,
+    ``wgrad`` -> bwd_weight; cuDNN's ``wgrad_alg0_engine``, ``winogradWgradData4x4``,
+    ``sm90_xmma_dgrad_implicit_gemm_...`` ...). The unnamed kernels of the same launching op
+    (layout transforms, the gemm of a non-fused Winograd wgrad) take the half of the named
+    kernels around them, in launch order: between two kernels of one half, that half; before the
+    first or after the last named kernel, the nearest one's; between a dgrad and a wgrad kernel,
+    the following call's, except a conversion back to NCHW (``ToNchw``), which ends the preceding
+    call. Native (``at::native``) kernels are not a library's and stay ``bwd``."""
     k = df["kind"].eq("kernel") & df["canonical_op"].eq("conv2d") & df["direction"].eq("bwd")
     if not k.any():
         return
     low = df.loc[k, "kernel_name"].str.lower()
     df.loc[low[low.str.contains("dgrad", na=False)].index, "direction"] = "bwd_data"
     df.loc[low[low.str.contains("wgrad", na=False)].index, "direction"] = "bwd_weight"
+    sel = df[k & df["op_event_id"].notna() & ~df["library"].eq("native").fillna(False)
+             & ~df["kernel_name"].str.contains("at::native", regex=False, na=False)]
+    if sel.empty:
+        return
+    fill: dict = {}
+    for _, g in sel.sort_values("start_ns", kind="stable").groupby("op_event_id", sort=False):
+        d = g["direction"].tolist()
+        named = [i for i, x in enumerate(d) if x != "bwd"]
+        if not named:
+            continue
+        names = g["kernel_name"].fillna("").tolist()
+        for i, x in enumerate(d):
+            if x != "bwd":
+                continue
+            prev = max((j for j in named if j < i), default=None)
+            nxt = min((j for j in named if j > i), default=None)
+            if prev is None or nxt is None:
+                fill[g.index[i]] = d[nxt if prev is None else prev]
+            elif d[prev] == d[nxt]:
+                fill[g.index[i]] = d[prev]
+            else:
+                fill[g.index[i]] = d[prev] if "tonchw" in names[i].lower() else d[nxt]
+    if fill:
+        df.loc[list(fill), "direction"] = pd.Series(fill, dtype="string")
 
 
 def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np.ndarray) -> None:
