@@ -169,6 +169,9 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
 
+MXNET_PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0"}
+
+
 def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str, str]:
     """Environment that makes the math libraries log their calls into ``log_dir``."""
     if device == "gpu":
@@ -231,6 +234,10 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         if p != "clean":
             steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
             cmd += ["--steps", str(steps), "--no-evaluate"]
+        if p == "framework" and fw == "mxnet":
+            # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the
+            # profiler then shows no _backward_* operator. Read at `import mxnet`, hence the env.
+            env = {**os.environ, **MXNET_PROFILE_ENV}
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
             env = {**os.environ, **libs_env(decision.device, out_dir, fw)}
