@@ -1,8 +1,11 @@
 """MXNet profiler JSON (``mx.profiler.set_config(profile_all=True, ...)``, ``mx.profiler.dump()``).
 
 Records: each ``operator`` span of a device process (B/E pair; ``process_name`` metadata maps the
-pid to "cpu/0", "gpu/0", ...) is one ``op``; ``b``/``e`` pairs of other domains (the workload's
-``kernelmap:*`` tasks) are ``annotation``/``step`` rows. Not records: the async ``b``/``e`` copy
+pid to "cpu/0", "gpu/0", ...) is one ``op``; ``mx.profiler.Event`` spans (B/E pairs of category
+``event``: the workload's ``kernelmap:step#N`` and ``kernelmap:forward|backward|optimizer``) and
+``b``/``e`` pairs of other domains (``mx.profiler.Task``) are ``step``/``annotation`` rows. Steps
+give every row its ``iteration``, the regions the phase of what the op name leaves open (see
+``_label``: operators run asynchronously, after the host has left the region that issued them). Not records: the async ``b``/``e`` copy
 of every operator span that MXNet writes under the "operator" process (a duplicate of the B/E
 span), ``MXNET_C_API`` calls, and counters (``C``). ``tid`` is MXNet's hash, kept as is.
 
@@ -48,10 +51,29 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     rows: list[tuple] = []
     open_sync: dict = {}  # (pid, tid) -> stack of (name, ts, record)
     open_async: dict = {}  # (pid, id, name) -> stack of (ts, record)
+    open_event: dict = {}  # (pid, tid) -> stack of (name, ts, record), mx.profiler.Event spans
     for i, e in enumerate(events):
         ph = e.get("ph")
-        if ph in ("B", "E"):
-            if e.get("cat") != "operator" or e.get("pid") not in devices:
+        if ph in ("B", "E") and e.get("cat") != "operator":
+            # mx.profiler.Event spans (the workload's kernelmap:step#N / forward / backward /
+            # optimizer regions): B/E on the calling thread, category "event"
+            if e.get("cat") != "event":
+                continue
+            try:
+                key, ts, name = (e["pid"], e["tid"]), int(e["ts"]), e["name"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ParseError(path, f"event span without a usable {exc}", record=i) from None
+            if ph == "B":
+                open_event.setdefault(key, []).append((name, ts, i))
+            else:
+                stack = open_event.get(key)
+                if not stack or stack[-1][0] != name:
+                    raise ParseError(path, f"E of event {name!r} without a matching B on its thread", record=i)
+                _, bts, _ = stack.pop()
+                kind = "step" if C.step_number(name) is not None else "annotation"
+                rows.append((kind, name, bts, ts - bts, e["pid"], e["tid"], None))
+        elif ph in ("B", "E"):
+            if e.get("pid") not in devices:
                 continue
             try:
                 key, ts, name = (e["pid"], e["tid"]), int(e["ts"]), e["name"]
@@ -107,6 +129,17 @@ def _int64_or_na(s: pd.Series) -> pd.array:
     return pd.array(vals, dtype="Int64")
 
 
+def _until_next(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Each span's end moved to the next span's start (the last one: to the end of time)."""
+    if len(starts) == 0:
+        return ends
+    order = np.argsort(starts, kind="stable")
+    out = np.empty_like(ends)
+    nxt = np.append(starts[order][1:], np.iinfo("int64").max)
+    out[order] = np.maximum(nxt, ends[order])
+    return out
+
+
 def _label(df: pd.DataFrame) -> None:
     kind = df["kind"].to_numpy(dtype=object)
     names = df["op_name"].fillna("").to_numpy(dtype=object)
@@ -121,10 +154,17 @@ def _label(df: pd.DataFrame) -> None:
     rph = np.array([C.region_phase(n) for n in names], dtype=object)
     stp = np.array([C.step_number(n) for n in names], dtype=object)
     r, s = rph != None, stp != None  # noqa: E711
-    phase = C.containing(start, start[r], end[r], rph[r])
-    iteration = C.containing(start, start[s], end[s], stp[s])
-    ph = pd.Series(pd.array(phase, dtype="string"), index=df.index)
-    df["phase"] = ph.fillna(C.phase_from_direction(df["direction"], df["canonical_op"])).where(is_op | ph.notna())
+    # MXNet runs operators asynchronously on its engine threads: an op of step N runs after the
+    # host has left step N's region (the regions time the issuing Python thread), but before step
+    # N+1 is issued, since the loop waits for each step. So a step reaches to the next one's start,
+    # and so does each phase region; an op's phase is its name's (MXNet's names say fwd/bwd/update)
+    # and the region's only where the name says none.
+    iteration = C.containing(start, start[s], _until_next(start[s], end[s]), stp[s])
+    phase = C.containing(start, start[r], _until_next(start[r], end[r]), rph[r])
+    own = C.containing(start, start[r], end[r], rph[r])
+    by_name = C.phase_from_direction(df["direction"], df["canonical_op"])
+    region = pd.Series(pd.array(np.where(is_op.to_numpy(), phase, own), dtype="string"), index=df.index)
+    df["phase"] = by_name.where(is_op).fillna(region).where(is_op | region.notna())
     df["iteration"] = pd.array(iteration, dtype="Int64")
     df.loc[is_op & df["canonical_op"].isin(list(C.LOSS_OPS)), "layer"] = "loss"
     for kind_name, canon_name in (("conv2d", "conv2d"), ("linear", "linear")):
