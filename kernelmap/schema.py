@@ -149,7 +149,10 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
     if version != SCHEMA_VERSION:
         newer = "newer than" if version > SCHEMA_VERSION else "older than"
         raise SchemaError(f"{path}: schema_version {version} is {newer} this kernelmap's {SCHEMA_VERSION}")
-    df = table.to_pandas()
+    try:
+        df = table.to_pandas()
+    except Exception as exc:  # pandas metadata that disagrees with the columns (pyarrow and pandas errors)
+        raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
     try:
         df = df.astype(COLUMNS) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:

@@ -82,5 +82,25 @@ def finish(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
 
 
 def ns_from_us(values) -> np.ndarray:
-    """Microsecond floats (Chrome trace ``ts``/``dur``) to integer nanoseconds."""
-    return np.rint(np.asarray(values, dtype="float64") * 1000.0).astype("int64")
+    """Microsecond floats (Chrome trace ``ts``/``dur``) to integer nanoseconds; ValueError for
+    values that are not finite or do not fit int64 nanoseconds."""
+    ns = np.rint(np.asarray(values, dtype="float64") * 1000.0)
+    if len(ns) and not (np.isfinite(ns).all() and np.abs(ns).max() < 2**63):
+        raise ValueError("value out of range")
+    return ns.astype("int64")
+
+
+def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.arrays.IntegerArray:
+    """Numbers to an Int64 array (non-numeric -> NA, fractions rounded); ParseError for a number
+    outside int64, naming its record where ``records`` (row -> record number) is given."""
+    num = pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,
+                        errors="coerce")
+    if num.dtype.kind in "fO":
+        f = pd.to_numeric(num.astype(object), errors="coerce", downcast=None).astype("float64")
+        out = ~f.isna() & ~(f.abs() < 2**63)
+        if out.any():
+            i = int(np.flatnonzero(out.to_numpy())[0])
+            raise ParseError(path, f"{what} {num.iloc[i]!r} does not fit a 64-bit integer",
+                             record=None if records is None else int(records[i]))
+        num = f.round()
+    return pd.array(num, dtype="Int64")

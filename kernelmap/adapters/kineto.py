@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import finish, load_json, ns_from_us
+from ._common import finish, int64_array, load_json, ns_from_us
 
 SOURCE = "kineto"
 _KIND = {
@@ -53,6 +53,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     for j, e in enumerate(ev):
         if "ts" not in e or "name" not in e:
             raise ParseError(path, f"complete event without {'ts' if 'ts' not in e else 'name'}", record=idx[j])
+        bad = next((k for k in ("name", "cat") if not isinstance(e.get(k), str | None)), None)
+        if bad or e["name"] is None:
+            raise ParseError(path, f"{bad or 'name'} is a {type(e[bad or 'name']).__name__}, not a string", record=idx[j])
     cats = [e.get("cat") for e in ev]
     kind = [_KIND.get(c, "annotation") for c in cats]
     names = [e["name"] for e in ev]
@@ -98,7 +101,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "device": "gpu" if is_dev.any() else "cpu",
     }
     for c in ("pid", "tid", "correlation_id", "seq", "stream", "bytes", *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
-        cols[c] = pd.array(cols[c].round(), dtype="Int64") if len(ev) else pd.array([], dtype="Int64")
+        cols[c] = int64_array(cols[c], path, c, idx) if len(ev) else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
     df["library"] = pd.array(np.where(df["kind"].eq("kernel") & df["kernel_name"].str.contains("at::native", regex=False, na=False),
                                       "native", None), dtype="string")

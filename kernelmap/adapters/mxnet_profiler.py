@@ -45,6 +45,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     for i, e in enumerate(events):
         if not isinstance(e, dict):
             raise ParseError(path, "trace event is not an object", record=i)
+        bad = next((k for k, ok in (("pid", int | str), ("tid", int | str), ("id", int | str), ("name", str),
+                                     ("cat", str), ("ph", str)) if not isinstance(e.get(k), ok | None)), None)
+        if bad:
+            raise ParseError(path, f"{bad} is a {type(e[bad]).__name__}", record=i)
         if e.get("ph") == "M" and e.get("name") == "process_name":
             pname[e.get("pid")] = str((e.get("args") or {}).get("name", ""))
     devices = {p: n.split("/")[0] for p, n in pname.items() if n.startswith(("cpu/", "gpu/"))}

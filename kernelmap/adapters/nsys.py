@@ -32,7 +32,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import GZIP_MAGIC, finish
+from ._common import GZIP_MAGIC, finish, int64_array
 
 SOURCE = "nsys"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -195,9 +195,9 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     for c in ("correlation_id", "stream", "seq", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
               "block_z", "start_ns", "dur_ns"):
         if c in cols:
-            cols[c] = pd.array(pd.to_numeric(cols[c], errors="coerce"), dtype="Int64")
-    cols["tid"] = pd.array(tid, dtype="Int64")
-    cols["pid"] = pd.array(pid, dtype="Int64")
+            cols[c] = int64_array(cols[c], path, c)
+    cols["tid"] = int64_array(tid, path, "tid")
+    cols["pid"] = int64_array(pid, path, "pid")
     cols["framework"] = framework
     cols["device"] = "gpu"
     out = finish(cols, path, SOURCE)

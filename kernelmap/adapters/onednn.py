@@ -53,14 +53,14 @@ def _problem_shapes(prim: str, problem: str) -> list | None:
     g = dict(re.findall(r"([a-z]+)(\d+)", problem))
     try:
         mb, ic = int(g["mb"]), int(g["ic"])
-    except KeyError:
+        if prim in ("convolution", "deconvolution") and "oc" in g and "kh" in g:
+            return [[mb, ic, int(g["ih"]), int(g["iw"])], [int(g["oc"]), ic, int(g["kh"]), int(g["kw"])]]
+        if prim == "inner_product" and "oc" in g:
+            return [[mb, ic], [int(g["oc"]), ic]]
+        if prim.startswith("pooling") and "ih" in g:
+            return [[mb, ic, int(g["ih"]), int(g["iw"])]]
+    except KeyError:  # a descriptor without one of the sizes: no shapes
         return None
-    if prim in ("convolution", "deconvolution") and "oc" in g and "kh" in g:
-        return [[mb, ic, int(g["ih"]), int(g["iw"])], [int(g["oc"]), ic, int(g["kh"]), int(g["kw"])]]
-    if prim == "inner_product" and "oc" in g:
-        return [[mb, ic], [int(g["oc"]), ic]]
-    if prim.startswith("pooling") and "ih" in g:
-        return [[mb, ic, int(g["ih"]), int(g["iw"])]]
     return None
 
 
