@@ -16,29 +16,71 @@ from kernelmap.normalise import normalise, normalise_run_dir
 
 DATA = Path(__file__).parent / "data"
 GPU = [DATA / n for n in ("gpu_nsys.sqlite.gz", "gpu_cudnn.log.gz", "gpu_cublas.log.gz", "gpu_cublaslt.log.gz")]
+KINETO_GPU = DATA / "gpu_kineto.json.gz"
 
 
 def test_gpu_run_summary(tmp_path, capsys):
     out = tmp_path / "r.parquet"
-    assert cli(["normalise", *map(str, GPU), "-o", str(out), "--json", "--run", "h200"]) == 0
+    assert cli(["normalise", str(KINETO_GPU), *map(str, GPU), "-o", str(out), "--json", "--run", "h200"]) == 0
     s = json.loads(capsys.readouterr().out)
     db = tmp_path / "x.sqlite"
     db.write_bytes(gzip.open(GPU[0]).read())
     n, total = sqlite3.connect(db).execute('select count(*), sum("end"-start) from CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
-    assert (s["kernels"], s["kernel_time_ns"]) == (n, total)
-    assert s["library_calls"] == {"cublasLtMatmul": 18, "cublasSgemm_v2": 24, "cudnnBackendExecute": 30}
-    assert 0 < s["attributed_kernel_time_share"] < 1  # the probe ran 3 of its 6 steps outside emit_nvtx
+    ev = [e for e in json.loads(gzip.open(KINETO_GPU).read())["traceEvents"] if e.get("cat") == "kernel"]
+    k_n, k_total = len(ev), sum(round(e["dur"] * 1000) for e in ev)
+    # top level: every kernel event read; per source: each capture pass on its own
+    assert (s["kernels"], s["kernel_time_ns"]) == (n + k_n, total + k_total)
+    src = s["runs"]["h200"]["by_source"]
+    assert (src["nsys"]["kernels"], src["nsys"]["kernel_time_ns"]) == (n, total)
+    assert (src["kineto"]["kernels"], src["kineto"]["kernel_time_ns"]) == (k_n, k_total)
+    assert s["library_calls"] == {"cublasLtMatmul": 12, "cublasSgemm_v2": 16, "cudnnBackendExecute": 20}
+    for key in ("kernels", "kernel_time_ns", "attributed_kernel_time_share", "ops", "canonical_ops",
+                "library_calls", "onednn_primitives"):
+        assert key in s
+    # attribution to a canonical op: all of Kineto's kernels; in nsys all kernels of the 10 steps
+    # with op ranges (this recording also captured 5 warm-up steps without op ranges)
+    assert src["kineto"]["attributed_kernel_time_share"] >= 0.99
+    assert (src["nsys"]["steps"], src["nsys"]["op_steps"]) == (15, 10)
+    assert src["nsys"]["attributed_kernel_time_share_in_op_steps"] >= 0.99
+    assert src["nsys"]["attributed_kernel_time_share"] < 0.99
     assert sum(u["count"] for u in s["runs"]["h200"]["unattributed_top"]) <= s["unattributed_kernels"]
-    assert s["runs"]["h200"]["library_kernels_linked"] > 0
+    # library kernels linked to a log call by signature: all of Kineto's (110 = 22 per step);
+    # nsys: the 220 of the op steps, the 60 cuDNN/cuBLASLt-named kernels of the warm-up steps not
+    assert (src["kineto"]["library_kernels"], src["kineto"]["library_kernels_linked"]) == (110, 110)
+    assert src["kineto"]["library_kernel_time_linked_share"] == 1.0
+    assert (src["nsys"]["library_kernels"], src["nsys"]["library_kernels_linked"]) == (280, 220)
+    assert src["nsys"]["library_kernel_time_linked_share_in_op_steps"] == 1.0
+    assert {u["reason"] for u in src["nsys"]["library_unlinked_top"]} == {
+        "not launched inside a framework op of its trace (outside the op ranges)"}
+    assert [c["shapes"] for c in s["runs"]["h200"]["library_calls_without_signature"]] == ["[[36,32,1024],[36,64,1024]]"]
     df = schema.read_parquet(out)
     assert len(df) == s["events"]
-    assert schema.read_meta(out)["summary"]["kernels"] == n
+    assert schema.read_meta(out)["summary"]["kernels"] == n + k_n
     assert not df.duplicated(["run", "event_id"]).any()
     linked = df[df["call_event_id"].notna()]
     calls = df.set_index("event_id").loc[linked["call_event_id"].astype(int)]
     assert (calls["kind"] == "library_call").all()
-    # a linked kernel and its call agree on what they compute
-    assert (calls["layer"].to_numpy() == linked["layer"].to_numpy()).all()
+    # a linked kernel and its call agree on what they compute, and it carries the call's API/algo/math
+    for col in ("canonical_op", "layer", "direction", "library", "library_call", "algo", "math_mode"):
+        assert (calls[col].fillna("-").to_numpy() == linked[col].fillna("-").to_numpy()).all(), col
+    # the library is the call's, not the kernel name's: cuBLAS' sgemm runs a cublasLt:: split-K reduce
+    split_k = linked[linked["kernel_name"].str.contains("splitKreduce", na=False)]
+    assert set(split_k["library_call"]) == {"cublasSgemm_v2"} and set(split_k["layer"]) == {"fc2"}
+    # Winograd wgrad's gemm (a ..._cublas kernel) belongs to cuDNN's conv2 bwd_weight call, engine 17
+    wg = linked[linked["kernel_name"].str.endswith("_cublas", na=False) & linked["canonical_op"].eq("conv2d")]
+    assert set(zip(wg["library"], wg["layer"], wg["direction"], wg["algo"], strict=True)) == {
+        ("cuDNN", "conv2", "bwd_weight", "eng17")}
+
+
+def test_gpu_calls_per_step(tmp_path):
+    _, s = normalise([KINETO_GPU, *GPU[1:]], run="k", log_steps=4)
+    links = s["runs"]["k"]["library_links"]
+    assert len(links) == 11  # 5 cuDNN + 4 cuBLAS + 2 cuBLASLt signatures
+    assert {x["log_calls_per_step"] for x in links} == {1.0}
+    assert {x["launching_ops_per_step"] for x in links} == {1.0}
+    by = {(x["layer"], x["direction"]): x for x in links}
+    assert by[("conv2", "bwd_weight")]["kernels_per_step"] == 4.0
+    assert by[("fc2", "fwd")]["library"] == "cuBLASLt" and by[("fc2", "fwd")]["algo"] == "10"
 
 
 def test_unrelated_files_are_not_linked(tmp_path):
@@ -68,14 +110,20 @@ def test_run_dir(tmp_path):
         for f in files:
             shutil.copy(f, d / f.name)
         (d / "clean.json").write_text('{"step_times": []}')
+    (tmp_path / "pytorch" / "bs64" / "libs.json").write_text('{"warmup_steps": 1, "steps": 3}')
     (tmp_path / "manifest.json").write_text(json.dumps({"frameworks": {"mxnet": {"device_used": "cpu"}}}))
     s = normalise_run_dir(tmp_path)
     assert set(s["runs"]) == {"pytorch/bs64", "mxnet/bs64"}
-    assert {x["file"] for x in s["not_records"]} == {"pytorch/bs64/clean.json", "mxnet/bs64/clean.json"}
+    assert {x["file"] for x in s["not_records"]} == {"pytorch/bs64/clean.json", "mxnet/bs64/clean.json",
+                                                    "pytorch/bs64/libs.json"}
     df = schema.read_parquet(tmp_path / "records.parquet")
     assert set(df["framework"]) == {"pytorch", "mxnet"} and set(df["batch_size"]) == {64}
     assert set(df.loc[df["framework"].eq("mxnet"), "device"]) == {"cpu"}
-    assert json.loads((tmp_path / "attribution.json").read_text())["runs"]["mxnet/bs64"]["ops"] > 0
+    a = json.loads((tmp_path / "attribution.json").read_text())
+    assert a["runs"]["mxnet/bs64"]["ops"] > 0
+    assert [(r["framework"], r["batch_size"], r["source"]) for r in a["by_source"]] == [("pytorch", 64, "nsys")]
+    links = a["runs"]["pytorch/bs64"]["library_links"]
+    assert links and {x["log_calls_per_step"] for x in links} == {1.0}  # 4 calls over the 1 + 3 logged steps
 
 
 def test_bad_file_is_a_one_line_error(tmp_path, capsys):
