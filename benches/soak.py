@@ -14,6 +14,7 @@ first capture): growth beyond ``--tolerance-mib`` is a leak, and the exit code i
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -61,6 +62,7 @@ def allocator_bytes(framework: str, gpu: bool) -> int | None:
 
 
 def sample(framework: str, gpu: bool, label: str, t0: float) -> dict:
+    gc.collect()  # unreachable cycles are garbage, not a leak: collect before measuring
     return {"label": label, "t_s": round(time.perf_counter() - t0, 3), "rss_bytes": rss_bytes(),
             "device_bytes": driver_device_bytes(os.getpid()) if gpu else None,
             "allocator_bytes": allocator_bytes(framework, gpu)}
