@@ -143,8 +143,18 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # --- summary ---------------------------------------------------------------------------------
+def _is_fallback(asked: str | None, used: str | None, expected_auto: str) -> bool:
+    """Did a framework run elsewhere than asked? ``auto`` asks for the GPU where the machine has
+    one (MXNet on the CPU of a Hopper machine is a fallback; every framework on the CPU of a
+    machine without a GPU is not). A framework that did not run at all is not a fallback."""
+    if used is None or asked is None:
+        return False
+    return used != (expected_auto if asked == "auto" else asked)
+
+
 def framework_devices(run: Run) -> pd.DataFrame:
     """Per framework: device asked, device used, and why they differ (manifest)."""
+    expected = "gpu" if _get(run.manifest, "gpu") else "cpu"
     rows = []
     fws = _get(run.manifest, "frameworks", default={}) or {}
     if isinstance(fws, list):
@@ -154,7 +164,7 @@ def framework_devices(run: Run) -> pd.DataFrame:
         asked = _get(info, "device_requested", "device_asked", default=used)
         rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
                      "device_note": _get(info, "device_note", "note", "why"),
-                     "fallback": bool(asked and used and asked != used)})
+                     "fallback": _is_fallback(asked, used, expected)})
     for r in run.results:  # results may say it too
         fw = _get(r, "framework")
         if fw is None or any(x["framework"] == fw for x in rows):
@@ -162,7 +172,7 @@ def framework_devices(run: Run) -> pd.DataFrame:
         used = _get(r, "device")
         asked = _get(r, "device_requested", default=used)
         rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
-                     "device_note": _get(r, "device_note"), "fallback": bool(asked != used)})
+                     "device_note": _get(r, "device_note"), "fallback": _is_fallback(asked, used, expected)})
     return pd.DataFrame(rows, columns=["run", "framework", "device_requested", "device", "device_note",
                                        "fallback"])
 
