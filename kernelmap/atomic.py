@@ -12,6 +12,17 @@ from pathlib import Path
 from .errors import KernelmapError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publishable(path: Path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp create private (0600/0700) entries; give the final output the usual mode."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
     """Open a temporary file beside ``path``; it replaces ``path`` only if the block completes."""
@@ -23,6 +34,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        _publishable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -39,6 +51,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        _publishable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -60,6 +73,7 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         yield tmp
+        _publishable(tmp, directory=True)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
