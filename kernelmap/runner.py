@@ -151,6 +151,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         try:
             rc = proc.wait()
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
+            tee.forward = False  # the worker got the Ctrl-C too; its traceback (e.g. mid-import) is noise
             proc.terminate()
             try:
                 proc.wait(timeout=15)

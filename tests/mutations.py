@@ -13,6 +13,7 @@ they must pass ``schema.validate`` (``check``).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
@@ -75,6 +76,7 @@ def targets() -> list[Target]:
     return out
 
 
+@functools.cache
 def _raw(fixture: Path) -> bytes:
     data = fixture.read_bytes()
     return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data

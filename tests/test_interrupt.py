@@ -1,0 +1,142 @@
+"""Ctrl-C in the middle of a real CPU ``kernelmap run`` (and ``kernelmap report``): exit 130, no
+output directory, no ``.partial`` leftovers, no worker left behind.
+
+SIGINT goes to the whole process group, as a terminal's Ctrl-C does (the parent and its worker
+both get it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import require_framework
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (from /proc), so that orphans can be looked for afterwards."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _interrupt(cmd: list[str], ready, timeout: float = 120.0) -> dict:
+    """Start ``cmd`` in its own process group, wait until ``ready(descendants)`` is true, send
+    SIGINT to the group, and return what happened."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    kids: list[int] = []
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"finished before it could be interrupted: {proc.returncode}\n{proc.stderr.read()[-3000:]}")
+            kids = _children(proc.pid)
+            if ready(kids):
+                break
+            if time.monotonic() - t0 > timeout:
+                pytest.fail("never became ready to interrupt")
+            time.sleep(0.05)
+        t_int = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    time.sleep(0.2)
+    return {"rc": proc.returncode, "stdout": out.decode(), "stderr": err.decode(), "kids": kids,
+            "orphans": [k for k in kids if _alive(k)], "ready_s": t_int - t0, "exit_s": time.monotonic() - t_int}
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith((name, f".{name}")))
+
+
+def _torch_loaded_since(pid: int, since: dict) -> float:
+    """Seconds since libtorch_cpu was first seen mapped into ``pid`` (0 until it is)."""
+    try:
+        loaded = "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return 0.0
+    if loaded:
+        since.setdefault(pid, time.monotonic())
+    return time.monotonic() - since[pid] if pid in since else 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["starting", "training"])
+def test_interrupted_run_leaves_nothing(tmp_path, stage):
+    """``starting``: the worker process exists (still importing); ``training``: torch has been
+    loaded in it for 3 s (data built, steps running)."""
+    require_framework("pytorch")
+    out = tmp_path / "run1"
+    since: dict = {}
+
+    def ready(kids):
+        partial = list(tmp_path.glob(".run1.*.partial"))
+        workers = [k for k in kids if "kernelmap.worker" in _cmdline(k)]
+        if not (workers and any((p / "pytorch" / "bs64").is_dir() for p in partial)):
+            return False
+        return stage == "starting" or _torch_loaded_since(workers[0], since) > 3.0
+
+    r = _interrupt([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "cpu",
+                    "--data", "synthetic", "--steps", "500", "--batch-size", "64", "--out", str(out)], ready)
+    print(f"run ({stage}): ready after {r['ready_s']:.1f} s, exited {r['rc']} {r['exit_s']:.2f} s after SIGINT; "
+          f"stderr tail: {r['stderr'].strip().splitlines()[-1:]}")
+    assert r["rc"] == 130, r["stderr"][-3000:]
+    assert "interrupted; nothing partial was kept" in r["stderr"]
+    if stage == "training":  # a worker still importing can die in Python's own import-time traceback
+        assert "Traceback" not in r["stderr"], r["stderr"][-3000:]
+    assert not out.exists()
+    assert _leftovers(tmp_path, "run1") == []
+    assert r["kids"] and r["orphans"] == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_interrupted_report_leaves_nothing(tmp_path):
+    """``kernelmap report`` interrupted while it draws (its .partial dir exists): nothing kept."""
+    run = tmp_path / "cpu_run"
+    shutil.copytree(DATA / "report_cpu_run", run)
+    out = tmp_path / "rep"
+
+    def drawing(kids):
+        return any(tmp_path.glob(".rep.*.partial/*.png"))
+
+    r = _interrupt([sys.executable, "-m", "kernelmap.cli", "report", str(run), "-o", str(out)], drawing,
+                   timeout=90)
+    print(f"report: ready after {r['ready_s']:.1f} s, exited {r['rc']} {r['exit_s']:.2f} s after SIGINT")
+    assert r["rc"] == 130, r["stderr"][-3000:]
+    assert "Traceback" not in r["stderr"]
+    assert not out.exists() and _leftovers(tmp_path, "rep") == []
+    assert r["orphans"] == []
