@@ -23,6 +23,7 @@ import pandas as pd
 
 from kernelmap import schema
 from kernelmap.errors import KernelmapError
+from kernelmap.flops import layer_flops
 
 TRACE_SOURCES = ("kineto", "mxnet_profiler", "nsys")
 PHASE_ORDER = ("forward", "backward", "optimizer", "data", "other")
@@ -689,6 +690,10 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                     linked = src_ops[src_ops["event_id"].isin(g["op_event_id"].dropna().unique())
                                      & src_ops["run"].isin(g["run"].unique())]
                     flops = linked["flops"].dropna()
+                if flops.empty and t.batch_size is not None:
+                    # Nothing recorded per event: the spec's shapes give the layer's FLOPs per step.
+                    model = layer_flops(layer, d, int(t.batch_size))
+                    flops = pd.Series([model] * t.n_steps, dtype="float64") if model else flops
                 if flops.empty:
                     continue
                 ns = float(g["dur_ns"].sum())
