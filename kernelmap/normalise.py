@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="traces and logs, any mix (.gz read transparently)")
     p.add_argument("-o", "--output", default="records.parquet", help="Parquet file to write (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--replace", action="store_true", help="replace an existing --output")
     p.add_argument("--run", help="treat all files as one run of this name")
     p.add_argument("--framework", choices=["pytorch", "mxnet"], help="framework of files that do not say it")
 
@@ -74,6 +75,8 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
 
 
 def main(args: argparse.Namespace) -> int:
+    if Path(args.output).exists() and not args.replace:
+        raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
     df, summary = normalise(args.files, run=args.run, framework=args.framework)
     schema.write_parquet(df, args.output, extra_meta={"summary": summary})
     if args.json:
