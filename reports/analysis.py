@@ -711,6 +711,11 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
 
 
 # --- coverage ----------------------------------------------------------------------------------
+ATTRIBUTION_COLUMNS = ("framework", "batch_size", "source", "steps", "kernels", "kernel_time_ns",
+                       "attributed_kernel_time_share", "library_kernels", "library_kernels_linked",
+                       "library_kernel_time_linked_share", "onednn_primitives", "onednn_linked")
+
+
 def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(summary, top unattributed events, attribution.json per part, files normalise did not read).
 
@@ -739,18 +744,9 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
         a = run.attribution
         if not isinstance(a, dict):
             continue
-        for key, entry in (a.get("runs") or {}).items():
-            row = {"run": run.name, "part": key}
-            for k, v in entry.items():
-                if k in ("files", "canonical_ops"):
-                    continue
-                if k == "unattributed_top" and isinstance(v, list):
-                    row[k] = [json.dumps(x, sort_keys=True) if isinstance(x, dict) else str(x) for x in v[:5]]
-                elif isinstance(v, dict):
-                    row[k] = [f"{kk}: {vv}" for kk, vv in v.items()]
-                else:
-                    row[k] = v
-            attr.append(row)
+        # One row per framework x batch size x source (Kineto and nsys are separate passes).
+        for entry in a.get("by_source") or []:
+            attr.append({"run": run.name, **{k: entry.get(k) for k in ATTRIBUTION_COLUMNS}})
         for nr in a.get("not_records") or []:
             skipped_files.append({"run": run.name, "file": nr.get("file"), "reason": nr.get("reason")})
     top_df = pd.DataFrame(top, columns=["run", "framework", "batch_size", "event", "count_per_step",
@@ -760,7 +756,8 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
     return (pd.DataFrame(summ, columns=["run", "framework", "batch_size", "level", "source", "events",
                                         "unattributed_events", "unattributed_ms_per_step",
                                         "unattributed_share"]),
-            top_df, pd.DataFrame(attr), pd.DataFrame(skipped_files, columns=["run", "file", "reason"]))
+            top_df, pd.DataFrame(attr, columns=["run", *ATTRIBUTION_COLUMNS]).dropna(axis=1, how="all"),
+            pd.DataFrame(skipped_files, columns=["run", "file", "reason"]))
 
 
 # --- one iteration, for the timeline figure and export ------------------------------------------
