@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -369,10 +370,26 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
     with atomic_dir(out, replace=args.replace) as tmp:
+        failed: list[str] = []
         for fw in runnable:
             for bs in args.batch_size:
-                results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys, notes))
-        parity = _parity(train, args.batch_size[0]) if len(runnable) == 2 else None
+                try:
+                    results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys,
+                                            notes))
+                except KernelmapError as exc:  # OOM at this batch size, a broken install: the rest still runs
+                    msg = f"{exc}; {fw} bs {bs} left out of the run"
+                    if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
+                        msg += f"; fix: {doctor.FIX[fw]}"
+                    print(f"kernelmap run: {msg}", file=sys.stderr)
+                    notes.append(msg)
+                    failed.append(str(exc))
+                    shutil.rmtree(tmp / fw / f"bs{bs}", ignore_errors=True)
+                    if (tmp / fw).is_dir() and not any((tmp / fw).iterdir()):
+                        (tmp / fw).rmdir()
+        if not results:
+            raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
+        ran = {r["framework"] for r in results}
+        parity = _parity(train, args.batch_size[0]) if len(ran) == 2 else None
         if parity is not None:
             with atomic_file(tmp / "parity.json") as fh:
                 json.dump(parity, fh, indent=2)
@@ -416,7 +433,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError(f"{out}: the run is complete but normalising its captures failed: {normalise_error}; "
                              f"fix and rerun `kernelmap normalise {out}`")
     # An explicit --device gpu that a framework cannot meet fails the run (after keeping what ran).
-    summary["exit_code"] = 3 if any(d.explicit for d in decisions.values()) else 0
+    summary["exit_code"] = 3 if any(d.explicit for d in decisions.values()) or failed else 0
     return summary
 
 

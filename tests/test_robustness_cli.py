@@ -146,6 +146,28 @@ def test_device_gpu_without_gpu_names_the_fix(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def _mxnet_shim(tmp_path) -> dict:
+    shim = tmp_path / "shim" / "mxnet"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('libmxnet.so: cannot open shared object file')\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim.parent), os.environ.get("PYTHONPATH", "")]),
+                CUDA_VISIBLE_DEVICES="")
+
+
+@pytest.mark.slow
+def test_broken_mxnet_leaves_the_pytorch_half_of_the_run(tmp_path):
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "cpu",
+                           "--steps", "2", "--warmup", "1", "--data", "synthetic", "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=300, env=_mxnet_shim(tmp_path))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert [r["framework"] for r in summary["results"]] == ["pytorch"]
+    assert any("libmxnet.so" in n and "fix: pip install" in n for n in summary["notes"]), summary["notes"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "pytorch", "results.json"]
+
+
 def test_mxnet_import_failing_in_the_worker(tmp_path):
     """A broken MXNet install (a module named mxnet that raises ImportError, put first on the
     worker's PYTHONPATH): the run fails with one line naming the import error, nothing kept."""
