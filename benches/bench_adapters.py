@@ -1,6 +1,7 @@
 """Adapter speed: events/s of the Kineto JSON and nsys SQLite adapters on >= 1M-event traces built
-at bench time by replicating the real fixtures (steps shifted in time, ids shifted), and peak RSS
-of a fresh process reading them, against the input file size (``extra_info``).
+at bench time by replicating the real GPU fixtures (the H200 Kineto trace and nsys export; steps
+shifted in time, correlation and External ids shifted), and peak RSS of a fresh process reading
+them, against the input file size (``extra_info``).
 
     pytest benches/bench_adapters.py --benchmark-only
 """
@@ -22,7 +23,7 @@ TARGET = 1_000_000
 
 
 def _scale_kineto(dst: Path) -> int:
-    doc = json.loads(gzip.open(DATA / "cpu_torch_kineto.json.gz").read())
+    doc = json.loads(gzip.open(DATA / "gpu_kineto.json.gz").read())
     ev = [e for e in doc["traceEvents"] if e.get("ph") != "M"]
     meta = [e for e in doc["traceEvents"] if e.get("ph") == "M"]
     t0 = min(e["ts"] for e in ev)
@@ -35,8 +36,11 @@ def _scale_kineto(dst: Path) -> int:
             for e in ev:
                 e2 = dict(e, ts=round(e["ts"] + r * span, 3))
                 a = e2.get("args")
-                if isinstance(a, dict) and "External id" in a:
-                    e2["args"] = dict(a, **{"External id": a["External id"] + r * 1_000_000})
+                if isinstance(a, dict):
+                    e2["args"] = dict(a, **{k: a[k] + r * 1_000_000 for k in ("External id", "correlation")
+                                            if isinstance(a.get(k), int)})
+                if "id" in e2 and isinstance(e2["id"], int):  # flow events (ac2g: the correlation id)
+                    e2["id"] += r * 1_000_000
                 fh.write(",\n")
                 fh.write(json.dumps(e2))
         fh.write("\n]}\n")
@@ -47,8 +51,9 @@ def _scale_nsys(dst: Path) -> int:
     with gzip.open(DATA / "gpu_nsys.sqlite.gz", "rb") as fi, open(dst, "wb") as fo:
         shutil.copyfileobj(fi, fo)
     con = sqlite3.connect(dst)
-    tables = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
-              "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS")
+    have = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+    tables = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                          "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS") if t in have]
     base = sum(con.execute(f"select count(*) from {t}").fetchone()[0] for t in tables)
     lo, hi = con.execute('select min(start), max("end") from CUPTI_ACTIVITY_KIND_RUNTIME').fetchone()
     span = hi - lo + 1000

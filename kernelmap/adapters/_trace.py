@@ -171,30 +171,29 @@ def refine_direction(df: pd.DataFrame) -> None:
     low = df.loc[k, "kernel_name"].str.lower()
     df.loc[low[low.str.contains("dgrad", na=False)].index, "direction"] = "bwd_data"
     df.loc[low[low.str.contains("wgrad", na=False)].index, "direction"] = "bwd_weight"
-    sel = df[k & df["op_event_id"].notna() & ~df["library"].eq("native").fillna(False)
-             & ~df["kernel_name"].str.contains("at::native", regex=False, na=False)]
-    if sel.empty:
+    sel = np.flatnonzero((k & df["op_event_id"].notna() & ~df["library"].eq("native").fillna(False)
+                          & ~df["kernel_name"].str.contains("at::native", regex=False, na=False)).to_numpy(dtype=bool, na_value=False))
+    if not len(sel):
         return
-    fill: dict = {}
-    for _, g in sel.sort_values("start_ns", kind="stable").groupby("op_event_id", sort=False):
-        d = g["direction"].tolist()
-        named = [i for i, x in enumerate(d) if x != "bwd"]
-        if not named:
-            continue
-        names = g["kernel_name"].fillna("").tolist()
-        for i, x in enumerate(d):
-            if x != "bwd":
-                continue
-            prev = max((j for j in named if j < i), default=None)
-            nxt = min((j for j in named if j > i), default=None)
-            if prev is None or nxt is None:
-                fill[g.index[i]] = d[nxt if prev is None else prev]
-            elif d[prev] == d[nxt]:
-                fill[g.index[i]] = d[prev]
-            else:
-                fill[g.index[i]] = d[prev] if "tonchw" in names[i].lower() else d[nxt]
-    if fill:
-        df.loc[list(fill), "direction"] = pd.Series(fill, dtype="string")
+    # per launching op, in launch order: the nearest named kernel before and after each unnamed one
+    start = df["start_ns"].to_numpy(dtype="int64", na_value=0)[sel]
+    op = df["op_event_id"].to_numpy(dtype="int64", na_value=0)[sel]
+    order = np.lexsort((np.arange(len(sel)), start, op))
+    rows, op = sel[order], op[order]
+    d = pd.Series(df["direction"].to_numpy(dtype=object, na_value=None)[rows])
+    named = pd.Series(np.where(d != "bwd", d.to_numpy(dtype=object), None), dtype=object)
+    prev = named.groupby(op, sort=False).ffill().to_numpy(dtype=object)
+    nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
+    unnamed = (d == "bwd").to_numpy()
+    has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
+    names = df["kernel_name"].to_numpy(dtype=object, na_value="")[rows]
+    tonchw = np.array(["tonchw" in n.lower() for n in names], dtype=bool) if len(names) else np.zeros(0, bool)
+    val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
+    fill = unnamed & (has_prev | has_nxt)
+    if fill.any():
+        dirs = df["direction"].to_numpy(dtype=object, na_value=None)
+        dirs[rows[fill]] = val[fill]
+        df["direction"] = pd.array(dirs, dtype="string")
 
 
 def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np.ndarray) -> None:
