@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn
-from ._common import head
+from ._common import head, no_gc
 
 # order matters: the most specific sniffers first
 FORMATS = {
@@ -46,6 +46,7 @@ def read(path: str | os.PathLike, fmt: str | None = None) -> pd.DataFrame:
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise ParseError(path, f"unknown format {fmt!r}")
-    df = FORMATS[fmt].read(Path(path))
+    with no_gc():
+        df = FORMATS[fmt].read(Path(path))
     df.attrs["format"] = fmt
     return df

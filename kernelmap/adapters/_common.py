@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import os
 import zlib
@@ -44,6 +46,11 @@ def load_json(path: str | os.PathLike):
     import json
 
     data = read_bytes(path)
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except (_orjson.JSONDecodeError, TypeError, ValueError):
+            pass  # what orjson refuses (NaN, big integers, other encodings...) stdlib may read: it decides
     try:
         return json.loads(data)
     except json.JSONDecodeError as exc:
@@ -52,6 +59,25 @@ def load_json(path: str | os.PathLike):
         raise ParseError(path, f"invalid JSON: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ParseError(path, "invalid JSON: nested too deeply") from None
+
+
+try:  # optional: the same documents as stdlib json, parsed ~2x faster; stdlib decides what orjson refuses
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Cyclic GC paused: building millions of containers (JSON events, column lists) otherwise
+    triggers full collections over them again and again; adapters make no reference cycles."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def head(path: str | os.PathLike, n: int = 4096) -> bytes:
@@ -90,9 +116,29 @@ def ns_from_us(values) -> np.ndarray:
     return ns.astype("int64")
 
 
+_PLAIN = frozenset({int, float, type(None)})
+
+
+def numeric(values: list) -> pd.Series:
+    """``pd.to_numeric(values, errors="coerce")`` of a list of JSON values, done in numpy where
+    they are all ints, floats and None that float64 holds exactly (the usual case)."""
+    if set(map(type, values)) <= _PLAIN:
+        a = np.array(values, dtype="float64")
+        if not len(a) or not (np.abs(a) >= 2**53).any():
+            return pd.Series(a, copy=False)
+    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+
+
 def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.arrays.IntegerArray:
     """Numbers to an Int64 array (non-numeric -> NA, fractions rounded); ParseError for a number
     outside int64, naming its record where ``records`` (row -> record number) is given."""
+    if isinstance(values, pd.Series | np.ndarray) and values.dtype == "float64":
+        f = np.asarray(values)
+        nan = np.isnan(f)
+        if (np.abs(f[~nan]) < 2**63).all():
+            return pd.arrays.IntegerArray(np.where(nan, 0, np.round(f)).astype("int64"), nan)
+    if isinstance(values, pd.Series | np.ndarray) and values.dtype == "int64":
+        return pd.arrays.IntegerArray(np.asarray(values, dtype="int64").copy(), np.zeros(len(values), dtype=bool))
     num = pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,
                         errors="coerce")
     if num.dtype.kind in "fO":
