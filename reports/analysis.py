@@ -713,7 +713,8 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
 # --- coverage ----------------------------------------------------------------------------------
 ATTRIBUTION_COLUMNS = ("framework", "batch_size", "source", "steps", "kernels", "kernel_time_ns",
                        "attributed_kernel_time_share", "library_kernels", "library_kernels_linked",
-                       "library_kernel_time_linked_share", "onednn_primitives", "onednn_linked")
+                       "library_kernel_time_linked_share", "ops", "onednn_primitives", "onednn_linked",
+                       "onednn_linked_share")
 
 
 def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -744,9 +745,18 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
         a = run.attribution
         if not isinstance(a, dict):
             continue
-        # One row per framework x batch size x source (Kineto and nsys are separate passes).
-        for entry in a.get("by_source") or []:
-            attr.append({"run": run.name, **{k: entry.get(k) for k in ATTRIBUTION_COLUMNS}})
+        # GPU: one row per framework x batch size x source (Kineto and nsys are separate passes).
+        # CPU (no kernels): one row per framework x batch size with the oneDNN figures.
+        for entry in (a.get("runs") or {}).values():
+            per_source = entry.get("by_source") or {}
+            for src, fig in per_source.items():
+                attr.append({"run": run.name, "framework": entry.get("framework"),
+                             "batch_size": entry.get("batch_size"), "source": src,
+                             **{k: fig.get(k) for k in ATTRIBUTION_COLUMNS[3:]}})
+            if not per_source:
+                prims = entry.get("onednn_primitives") or {}
+                attr.append({"run": run.name, **{k: entry.get(k) for k in ATTRIBUTION_COLUMNS},
+                             "source": "all files", "onednn_primitives": sum(prims.values()) if prims else None})
         for nr in a.get("not_records") or []:
             skipped_files.append({"run": run.name, "file": nr.get("file"), "reason": nr.get("reason")})
     top_df = pd.DataFrame(top, columns=["run", "framework", "batch_size", "event", "count_per_step",

@@ -155,9 +155,9 @@ def test_timeline_has_both_frameworks(out, page):
 def test_coverage_reads_attribution(page):
     cov = _section(page, "coverage")
     attribution = json.loads((RUN / "attribution.json").read_text())
-    for part, entry in attribution["runs"].items():
-        assert part in cov
+    for entry in attribution["runs"].values():  # a CPU run: the oneDNN figures per framework x bs
         assert fmt(entry["onednn_linked_share"], "onednn_linked_share") in cov
+        assert fmt(sum(entry["onednn_primitives"].values()), "onednn_primitives") in cov
 
 
 def test_existing_out_refused_and_replaced(tmp_path):
