@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import nox
 
@@ -48,13 +48,14 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """The main job: both frameworks on the best device, all capture passes, then the report."""
+    """The main job: both frameworks on the best device, all capture passes, step benchmarks, the report."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
-    args = session.posargs or ["--steps", "200", "--profile", "all", "--batch-size", "64", "256"]
+    args = session.posargs or ["--steps", "100", "--profile", "all", "--batch-size", "64", "256"]
     session.run("kernelmap", "doctor")
     session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
+    _step_benchmarks(session, "--benchmark-max-time=0.5")
     session.run("kernelmap", "report", run_dir, "-o", os.path.join(run_dir, "report"),
                 "--storage", ".benchmarks")
     session.log(f"report: {os.path.join(run_dir, 'report', 'report.html')}")
@@ -64,10 +65,15 @@ def bench(session: nox.Session) -> None:
 def benchmarks(session: nox.Session) -> None:
     """pytest-benchmark of one training step per framework (autosaved to .benchmarks/)."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    _step_benchmarks(session, *session.posargs)
+
+
+def _step_benchmarks(session: nox.Session, *args: str) -> None:
+    """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
     for framework in ("pytorch", "mxnet"):
         # One pytest process per framework: their CUDA runtimes must never share a process.
         session.run("pytest", "benches/bench_train_step.py", f"--framework={framework}",
-                    "--benchmark-autosave", *session.posargs)
+                    "--benchmark-autosave", "-p", "no:cacheprovider", *args)
 
 
 @nox.session(python=PYTHON)
