@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import finish, int64_array, load_json, ns_from_us
+from ._common import finish, int64_array, load_json, ns_from_us, numeric
 
 SOURCE = "kineto"
 _KIND = {
@@ -26,6 +26,19 @@ _KIND = {
     "cuda_runtime": "runtime", "cuda_driver": "runtime", "kernel": "kernel",
     "gpu_memcpy": "memcpy", "gpu_memset": "memset",
 }
+
+
+_MISSING = object()
+
+
+def _check_events(path, ev: list, idx: list) -> None:
+    """The first complete event without a string name (or with a non-string cat) or a ts."""
+    for j, e in enumerate(ev):
+        if "ts" not in e or "name" not in e:
+            raise ParseError(path, f"complete event without {'ts' if 'ts' not in e else 'name'}", record=idx[j])
+        bad = next((k for k in ("name", "cat") if not isinstance(e.get(k), str | None)), None)
+        if bad or e["name"] is None:
+            raise ParseError(path, f"{bad or 'name'} is a {type(e[bad or 'name']).__name__}, not a string", record=idx[j])
 
 
 def sniff(head: bytes) -> bool:
@@ -44,57 +57,69 @@ def load_events(path: str | os.PathLike) -> list:
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
     events = load_events(path)
-    bad = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
-    if bad is not None:
+    if set(map(type, events)) - {dict}:
+        bad = next(i for i, e in enumerate(events) if not isinstance(e, dict))
         raise ParseError(path, f"trace event is a {type(events[bad]).__name__}, not an object", record=bad)
     idx = [i for i, e in enumerate(events) if e.get("ph") == "X"]
     ev = [events[i] for i in idx]
     del events
-    for j, e in enumerate(ev):
-        if "ts" not in e or "name" not in e:
-            raise ParseError(path, f"complete event without {'ts' if 'ts' not in e else 'name'}", record=idx[j])
-        bad = next((k for k in ("name", "cat") if not isinstance(e.get(k), str | None)), None)
-        if bad or e["name"] is None:
-            raise ParseError(path, f"{bad or 'name'} is a {type(e[bad or 'name']).__name__}, not a string", record=idx[j])
+    names = [e.get("name") for e in ev]
     cats = [e.get("cat") for e in ev]
-    kind = [_KIND.get(c, "annotation") for c in cats]
-    names = [e["name"] for e in ev]
+    ts = [e.get("ts", _MISSING) for e in ev]
+    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or _MISSING in ts:
+        _check_events(path, ev, idx)
     args = [e.get("args") or {} for e in ev]
-    if any(not isinstance(a, dict) for a in args):
+    if set(map(type, args)) - {dict}:
         j = next(j for j, a in enumerate(args) if not isinstance(a, dict))
         raise ParseError(path, "args is not an object", record=idx[j])
     try:
-        start = ns_from_us([e["ts"] for e in ev])
+        start = ns_from_us(ts)
         dur = ns_from_us([e.get("dur", 0) for e in ev])
     except (TypeError, ValueError) as exc:
         raise ParseError(path, f"non-numeric ts/dur: {exc}") from None
-    is_dev = np.isin(np.asarray(kind, dtype=object), _trace.DEVICE_KINDS)
-    kind = ["step" if k == "annotation" and n.startswith(("ProfilerStep#", "kernelmap:step#")) else k
-            for k, n in zip(kind, names, strict=True)]
+    kind_of = {c: _KIND.get(c, "annotation") for c in set(cats)}
+    kind = np.array([kind_of[c] for c in cats], dtype=object)
+    is_dev = np.isin(kind, _trace.DEVICE_KINDS)
+    ann = np.flatnonzero(kind == "annotation")
+    is_step = {n: n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in {names[i] for i in ann}}
+    kind[[i for i in ann if is_step[names[i]]]] = "step"
 
     def arg(key):
-        return pd.to_numeric(pd.Series([a.get(key) for a in args], dtype=object), errors="coerce")
+        return numeric([a.get(key) for a in args])
 
-    def triple(key, i):
-        return pd.to_numeric(pd.Series([(a.get(key) or (None, None, None))[i] if isinstance(a.get(key), list)
-                                        else None for a in args], dtype=object), errors="coerce")
+    def triple(key):
+        vals = [a.get(key) for a in args]
+        rows = [j for j, v in enumerate(vals) if isinstance(v, list) and v]
+        short = next((j for j in rows if len(vals[j]) < 3), None)
+        if short is not None:
+            raise ParseError(path, f"args.{key} has {len(vals[short])} entries, not 3", record=idx[short])
+        out = []
+        for i in range(3):
+            col = [None] * len(vals)
+            for j in rows:
+                col[j] = vals[j][i]
+            out.append(numeric(col))
+        return out
 
     dims = [a.get("Input Dims") for a in args]
-    shapes = [json.dumps(d, separators=(",", ":")) if d is not None else None for d in dims]
+    enc = json.JSONEncoder(separators=(",", ":")).encode
+    shapes = [enc(d) if d is not None else None for d in dims]
     corr = arg("correlation")
     ext = arg("External id")
+    names_a = np.array(names, dtype=object)
+    grid, block = triple("grid"), triple("block")
     cols = {
         "kind": kind,
-        "op_name": [None if d else n for n, d in zip(names, is_dev, strict=True)],
-        "kernel_name": [n if d else None for n, d in zip(names, is_dev, strict=True)],
+        "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),
+        "kernel_name": pd.array(np.where(is_dev, names_a, None), dtype="string"),
         "start_ns": start, "dur_ns": dur,
-        "pid": pd.to_numeric(pd.Series([e.get("pid") for e in ev], dtype=object), errors="coerce"),
-        "tid": pd.to_numeric(pd.Series([e.get("tid") for e in ev], dtype=object), errors="coerce"),
+        "pid": numeric([e.get("pid") for e in ev]),
+        "tid": numeric([e.get("tid") for e in ev]),
         "correlation_id": corr,
         "seq": arg("Sequence number"),
         "stream": arg("stream"),
-        "grid_x": triple("grid", 0), "grid_y": triple("grid", 1), "grid_z": triple("grid", 2),
-        "block_x": triple("block", 0), "block_y": triple("block", 1), "block_z": triple("block", 2),
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
         "bytes": arg("bytes"),
         "shapes": shapes,
         "framework": "pytorch",
