@@ -212,25 +212,27 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
 
 def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
     """NVTX ranges -> op rows (emit_nvtx) or annotation/step rows, fields parsed structurally."""
-    text = nv["text"].fillna("").astype(str)
-    is_op = text.str.contains(", op_id = ", regex=False) | text.str.contains(", seq = ", regex=False)
-    name = text.where(~is_op, text.str.split(", ", n=1).str[0])
-    seq = text.str.extract(_SEQ, expand=False)
-    sizes = text.str.extract(_SIZES, expand=False).where(is_op)
+    text = nv["text"].fillna("").astype(str).tolist()
+    is_op = [", op_id = " in t or ", seq = " in t for t in text]
+    name = [t.split(", ", 1)[0] if o else t for t, o in zip(text, is_op, strict=True)]
+    seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
+    sizes = [m.group(1) if o and (m := _SIZES.search(t)) else None for t, o in zip(text, is_op, strict=True)]
     from .canonical import _WEIGHT_ARG, step_number
 
-    want = is_op & name.isin([*_WEIGHT_ARG, "aten::mm"])
-    dims = pd.Series([None] * len(nv), index=nv.index, dtype=object)
-    for i in np.flatnonzero(want.to_numpy() & sizes.notna().to_numpy()):
-        try:
-            dims.iat[i] = json.loads(sizes.iat[i])
-        except ValueError:
-            dims.iat[i] = None
-    kind = np.where(is_op, "op", "annotation")
-    steps = name.map(lambda s: step_number(s) is not None) if len(name) else name
-    kind[(~is_op & steps.astype(bool)).to_numpy()] = "step"
+    want = {*_WEIGHT_ARG, "aten::mm"}
+    dims = [None] * len(text)
+    for i, (n, z) in enumerate(zip(name, sizes, strict=True)):
+        if z is not None and n in want and is_op[i]:
+            try:
+                dims[i] = json.loads(z)
+            except ValueError:
+                dims[i] = None
+    is_step = {n: step_number(n) is not None for n in set(name)}
+    kind = ["op" if o else "step" if is_step[n] else "annotation" for n, o in zip(name, is_op, strict=True)]
     return pd.DataFrame({
-        "kind": kind, "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"], "op_name": name,
-        "seq": pd.to_numeric(seq, errors="coerce"), "shapes": sizes.str.replace(" ", "", regex=False),
-        "dims": dims, "gtid": nv["gtid"],
+        "kind": pd.Series(kind, index=nv.index, dtype=object), "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"],
+        "op_name": pd.Series(name, index=nv.index, dtype=object),
+        "seq": pd.to_numeric(pd.Series(seq, index=nv.index, dtype=object), errors="coerce"),
+        "shapes": pd.Series([None if z is None else z.replace(" ", "") for z in sizes], index=nv.index, dtype=object),
+        "dims": pd.Series(dims, index=nv.index, dtype=object), "gtid": nv["gtid"],
     })
