@@ -56,7 +56,7 @@ def op_time_figure(op_time: pd.DataFrame, path: Path) -> Path | None:
     one row per run x batch size."""
     if op_time.empty:
         return None
-    cases = _case(op_time)[:4]
+    cases = _case(op_time)[:6]
     fws = list(dict.fromkeys(op_time["framework"]))
     many = op_time["run"].nunique() > 1
     fig, axes = plt.subplots(len(cases), len(fws), figsize=(5.2 * len(fws), 0.5 + 3.2 * len(cases)),
@@ -69,6 +69,12 @@ def op_time_figure(op_time: pd.DataFrame, path: Path) -> Path | None:
         for c, fw in enumerate(fws):
             ax = axes[r][c]
             s = sub[sub["framework"] == fw]
+            if s.empty:
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"{fw_label(fw)}: no timed events\nin {_title_case(run, bs, many)}\n"
+                        "(not run there: see the summary)", ha="center", va="center", fontsize=9,
+                        color="0.4", transform=ax.transAxes)
+                continue
             left = np.zeros(len(ops))
             for ph, color in PHASE_COLOR.items():
                 vals = s[s["phase"] == ph].groupby("canonical_op")["ms_per_step"].sum().reindex(ops).fillna(0)
@@ -227,27 +233,27 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
 
 def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
     """Busy share per framework x batch size: sum of kernel (or outermost op) time / step time."""
-    b = busy.dropna(subset=["busy_share"])
+    b = busy.dropna(subset=["busy_share"]).iloc[::-1]
     if b.empty:
         return None
     many = b["run"].nunique() > 1
-    labels = [f"{fw_label(fw)}\n{_title_case(run, bs, many)}\n({lvl})"
+    labels = [f"{fw_label(fw)}, {_title_case(run, bs, many)} ({lvl})"
               for run, bs, fw, lvl in zip(b["run"], b["batch_size"], b["framework"], b["level"], strict=True)]
-    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(b)), 4))
-    bars = ax.bar(labels, b["busy_share"] * 100, color=[_fw_color(f) for f in b["framework"]])
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(b)))
+    bars = ax.barh(labels, b["busy_share"] * 100, color=[_fw_color(f) for f in b["framework"]])
     for bar, v, bm, sm in zip(bars, b["busy_share"], b["busy_ms_per_step"], b["step_ms"], strict=True):
-        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
-                f"{v * 100:.1f}%\n{bm:.3g} / {sm:.3g} ms", ha="center", va="bottom", fontsize=8)
-    ax.axhline(100, color="#495057", lw=0.8, ls="--")
-    ax.set_ylim(0, max(110, float(b["busy_share"].max()) * 125))
-    ax.set_ylabel("busy share of the step (%)")
-    ax.set_title("Busy share = summed kernel time (GPU) or outermost op time (CPU) / step wall time",
-                 fontsize=10)
-    notes = [f"{fw_label(fw)} bs {bs}: step = {basis}" for fw, bs, basis in
-             zip(b["framework"], b["batch_size"], b["step_basis"], strict=True)]
-    fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, va="top", color="#495057")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {v * 100:.1f}%  ({bm:.3g} of {sm:.3g} ms)", va="center", fontsize=8)
+    ax.axvline(100, color="#495057", lw=0.8, ls="--")
+    ax.set_xlim(0, max(110, float(b["busy_share"].max()) * 135))
+    ax.set_xlabel("busy share of the step (%)")
+    ax.set_title("Busy share = summed kernel time (GPU) or outermost op time (CPU) / step wall time\n"
+                 "GPU: low = launch-bound. CPU: op time adds up over engine threads, so it can pass 100%",
+                 fontsize=9)
+    bases = sorted(set(b["step_basis"].dropna()))
+    fig.text(0.01, 0.0, "step wall time: " + "; ".join(bases), fontsize=7, va="bottom", color="#495057")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return _save(fig, path)
 
 
