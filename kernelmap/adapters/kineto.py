@@ -128,8 +128,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     for c in ("pid", "tid", "correlation_id", "seq", "stream", "bytes", *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[c] = int64_array(cols[c], path, c, idx) if len(ev) else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
-    df["library"] = pd.array(np.where(df["kind"].eq("kernel") & df["kernel_name"].str.contains("at::native", regex=False, na=False),
-                                      "native", None), dtype="string")
+    df["library"] = pd.Series(pd.NA, index=df.index, dtype="string")
     _trace.label(df, dims, "pytorch")
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
@@ -168,11 +167,15 @@ def kernel_library(df: pd.DataFrame) -> None:
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
     k = df["kind"].eq("kernel")
-    name = df["kernel_name"].fillna("")
+    # by name: once per unique kernel name
+    codes, uniq = pd.factorize(df["kernel_name"].to_numpy(dtype=object, na_value=None))
+    by_name = np.array([None] * len(uniq) + [None], dtype=object)
+    for i, n in enumerate(uniq):
+        by_name[i] = "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else \
+            "native" if "at::native" in n else None
+    named = pd.Series(by_name[codes], index=df.index)
     lib = df["library"].copy()
-    lib[k & name.str.contains("at::native", regex=False)] = "native"
-    lib[k & name.str.contains("cublasLt", regex=False)] = "cuBLASLt"
-    lib[k & name.str.contains("cudnn", case=False, regex=False)] = "cuDNN"
+    lib[(k & named.notna()).to_numpy(dtype=bool, na_value=False)] = named
     op_name = df["op_name"]
     ids = df["op_event_id"]
     if ids.notna().any():
