@@ -79,13 +79,12 @@ def empty() -> pd.DataFrame:
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
     """Add missing columns as NA, order them, and cast to the schema's dtypes."""
-    out = pd.DataFrame(index=df.index)
-    for col, dtype in COLUMNS.items():
-        out[col] = df[col].astype(dtype) if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype)
+    cols = {col: df[col].astype(dtype).array if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype).array
+            for col, dtype in COLUMNS.items()}
     extra = set(df.columns) - set(COLUMNS)
     if extra:
         raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")
-    return out.reset_index(drop=True)
+    return pd.DataFrame(cols, index=pd.RangeIndex(len(df)), copy=False)  # the arrays are astype's copies
 
 
 def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
