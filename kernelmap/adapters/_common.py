@@ -67,6 +67,28 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 
+def compact_json(values: list) -> list:
+    """``json.dumps(v, separators=(",", ":"))`` of each value (None stays None). With orjson, its
+    output is taken where it has only digits, minus signs, brackets and commas (nested lists of
+    ints, the usual ``Input Dims``), which is exactly what stdlib writes for those."""
+    import json
+
+    enc = json.JSONEncoder(separators=(",", ":")).encode
+    if _orjson is None:
+        return [enc(v) if v is not None else None for v in values]
+    dumps, out = _orjson.dumps, []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            b = dumps(v)
+        except (TypeError, ValueError):
+            b = b"x"
+        out.append(b.decode() if not b.translate(None, b"0123456789-[],") else enc(v))
+    return out
+
+
 @contextlib.contextmanager
 def no_gc():
     """Cyclic GC paused: building millions of containers (JSON events, column lists) otherwise

@@ -10,7 +10,6 @@ correlation id the kernel already carries.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -18,7 +17,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import finish, int64_array, load_json, ns_from_us, numeric
+from ._common import compact_json, finish, int64_array, load_json, ns_from_us, numeric
 
 SOURCE = "kineto"
 _KIND = {
@@ -102,8 +101,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         return out
 
     dims = [a.get("Input Dims") for a in args]
-    enc = json.JSONEncoder(separators=(",", ":")).encode
-    shapes = [enc(d) if d is not None else None for d in dims]
+    shapes = compact_json(dims)
     corr = arg("correlation")
     ext = arg("External id")
     names_a = np.array(names, dtype=object)

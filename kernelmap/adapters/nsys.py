@@ -188,7 +188,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     dims = df.pop("dims").tolist() if "dims" in df else None
     names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype="string")
     if framework is None:
-        framework = "pytorch" if names.fillna("").str.startswith("aten::").any() else "unknown"
+        framework = "pytorch" if any(str(n).startswith("aten::") for n in pd.unique(names.dropna())) else "unknown"
     cols = {c: df[c] for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
                                 "op_name", "seq", "shapes", "bytes", "library", "library_call",
                                 "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z") if c in df}
@@ -221,12 +221,15 @@ def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
 
     want = {*_WEIGHT_ARG, "aten::mm"}
     dims = [None] * len(text)
+    parsed: dict = {}  # per unique sizes text (rows share the list: it is only read)
     for i, (n, z) in enumerate(zip(name, sizes, strict=True)):
         if z is not None and n in want and is_op[i]:
-            try:
-                dims[i] = json.loads(z)
-            except ValueError:
-                dims[i] = None
+            if z not in parsed:
+                try:
+                    parsed[z] = json.loads(z)
+                except ValueError:
+                    parsed[z] = None
+            dims[i] = parsed[z]
     is_step = {n: step_number(n) is not None for n in set(name)}
     kind = ["op" if o else "step" if is_step[n] else "annotation" for n, o in zip(name, is_op, strict=True)]
     return pd.DataFrame({
