@@ -46,7 +46,7 @@ def load_json(path: str | os.PathLike):
     import json
 
     data = read_bytes(path)
-    if _orjson is not None:
+    if _orjson is not None and not _long_digit_run(data):
         try:
             return _orjson.loads(data)
         except (_orjson.JSONDecodeError, TypeError, ValueError):
@@ -87,6 +87,16 @@ def compact_json(values: list) -> list:
             b = b"x"
         out.append(b.decode() if not b.translate(None, b"0123456789-[],") else enc(v))
     return out
+
+
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _long_digit_run(data: bytes, n: int = 19, chunk: int = 1 << 24) -> bool:
+    """Whether ``data`` has ``n`` digits in a row: an integer outside int64 could be there, which
+    orjson reads as a float and stdlib as an int (checked in chunks, not one copy of the file)."""
+    z = b"0" * n
+    return any(data[i:i + chunk + n].translate(_DIGITS).find(z) >= 0 for i in range(0, len(data), chunk))
 
 
 @contextlib.contextmanager
