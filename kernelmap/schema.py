@@ -77,14 +77,15 @@ def empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()})
 
 
-def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """Add missing columns as NA, order them, and cast to the schema's dtypes."""
-    cols = {col: df[col].astype(dtype).array if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype).array
+def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
+    """Add missing columns as NA, order them, and cast to the schema's dtypes. ``copy=False``: a
+    column that has its dtype already is taken as it is (for a frame the caller drops)."""
+    cols = {col: df[col].astype(dtype, copy=copy).array if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype).array
             for col, dtype in COLUMNS.items()}
     extra = set(df.columns) - set(COLUMNS)
     if extra:
         raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")
-    return pd.DataFrame(cols, index=pd.RangeIndex(len(df)), copy=False)  # the arrays are astype's copies
+    return pd.DataFrame(cols, index=pd.RangeIndex(len(df)), copy=False)  # the arrays are astype's (copies unless copy=False)
 
 
 def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
