@@ -109,4 +109,7 @@ def test_adapter_speed(benchmark, traces, fmt):
     df = benchmark.pedantic(read, args=(path, fmt), rounds=1, iterations=1)
     assert len(df) >= TARGET * 0.85  # Kineto flow events (s/f) are read but are not records
     secs = benchmark.stats.stats.mean
-    benchmark.extra_info.update({"events": n_events, "events_per_s": n_events / secs, **_peak(path)})
+    from kernelmap.adapters import _common
+
+    benchmark.extra_info.update({"events": n_events, "events_per_s": n_events / secs, "records": len(df),
+                                 "json_parser": "orjson" if _common._orjson is not None else "json", **_peak(path)})
