@@ -96,6 +96,9 @@ def load_run(path: str | Path) -> Run:
     if isinstance(results, dict):  # tolerate {"results": [...]}
         results = results.get("results", [])
     run = Run(path, _read_json(path / "manifest.json"), list(results))
+    for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
+        if isinstance(info, dict) and info.get("skipped"):
+            run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
     if (path / "parity.json").is_file():
         run.parity = _read_json(path / "parity.json")
     else:

@@ -282,7 +282,8 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
                 ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{o * 100:+.0f}%",
                         ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [f"{fw_label(fw)}\n{_title_case(run, bs, many)}" for run, bs, fw in keys])
-    ax.set_ylabel("median step time (ms)")
+    ax.set_ylabel("median step time (ms, log scale)")
+    ax.set_yscale("log")  # GPU steps (ms) and CPU steps (100s of ms) share the axis
     ax.set_title("Profiler overhead per capture pass (label: change vs the clean pass)", fontsize=10)
     ax.legend(title="pass", frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
