@@ -162,6 +162,12 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         for bs_dir in sorted(p for p in fw_dir.iterdir() if p.is_dir() and _BS.match(p.name)):
             files = []
             for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+                if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
+                    # The runner keeps the report for the GUI beside its SQLite export: one capture,
+                    # read once (reading both would count every kernel twice).
+                    skipped.append({"file": str(f.relative_to(run_dir)),
+                                    "reason": f"the same capture as {f.with_suffix('.sqlite').name}, which was read"})
+                    continue
                 try:
                     adapters.detect(f)
                     files.append(f)

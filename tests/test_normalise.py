@@ -149,3 +149,20 @@ def test_kernels_without_a_logged_call_are_counted_with_the_reason():
     assert b["library_kernels"] == 110 and b["library_kernels_unlinked"] == sum(u["count"] for u in un) == 25
     assert {u["reason"] for u in un} == {"no library-log call with its signature (canonical op, layer, direction)"}
     assert 0 < b["library_kernel_time_linked_share"] < 1
+
+
+def test_run_dir_reads_one_nsys_capture_once(tmp_path):
+    """The runner keeps nsys.nsys-rep beside its export nsys.sqlite: the capture is read once."""
+    import gzip
+    import sqlite3
+
+    d = tmp_path / "pytorch" / "bs64"
+    d.mkdir(parents=True)
+    with gzip.open(DATA / "gpu_nsys.sqlite.gz", "rb") as fin:
+        (d / "nsys.sqlite").write_bytes(fin.read())
+    (d / "nsys.nsys-rep").write_bytes(b"stands in for the binary report; must not be read")
+    s = normalise_run_dir(tmp_path)
+    with sqlite3.connect(d / "nsys.sqlite") as con:
+        (n_kernels,) = con.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    assert s["runs"]["pytorch/bs64"]["kernels"] == n_kernels
+    assert {x["file"] for x in s["not_records"]} == {"pytorch/bs64/nsys.nsys-rep"}
