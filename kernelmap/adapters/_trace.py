@@ -200,13 +200,7 @@ def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np
     """out[i] = nearest ancestor (strict) of i that is an op, for host rows; resolved by depth."""
     if len(hidx) == 0:
         return
-    depth = np.zeros(len(parent), dtype="int64")
-    p = parent.copy()
-    active = p >= 0
-    while active.any():
-        depth[active] += 1
-        p[active] = parent[p[active]]
-        active = p >= 0
+    depth = C.tree_depth(parent)
     for d in range(1, int(depth[hidx].max()) + 1):
         idx = hidx[depth[hidx] == d]
         par = parent[idx]

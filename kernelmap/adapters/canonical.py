@@ -13,6 +13,18 @@ import pandas as pd
 
 from ..frameworks.spec import LAYERS
 
+
+def tree_depth(parent: np.ndarray) -> np.ndarray:
+    """Depth of each node of a forest given as parent indices (-1 for a root): roots are 0."""
+    depth = np.zeros(len(parent), dtype="int64")
+    p = parent.copy()
+    active = p >= 0
+    while active.any():
+        depth[active] += 1
+        p[active] = parent[p[active]]
+        active = p >= 0
+    return depth
+
 _PT: dict[str, tuple[str, str]] = {}
 
 
@@ -139,13 +151,7 @@ def outermost_mapped(parent: np.ndarray, mapped: np.ndarray) -> np.ndarray:
     n = len(parent)
     out = np.full(n, -1, dtype="int64")
     # resolve in an order where parents come first: by depth
-    depth = np.zeros(n, dtype="int64")
-    p = parent.copy()
-    active = p >= 0
-    while active.any():
-        depth[active] += 1
-        p[active] = parent[p[active]]
-        active = p >= 0
+    depth = tree_depth(parent)
     for d in range(int(depth.max()) + 1 if n else 0):
         idx = np.flatnonzero(depth == d)
         par = parent[idx]
