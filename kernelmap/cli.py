@@ -26,7 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernelmap", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kernelmap",
+        description="PyTorch and MXNet side by side: framework op -> library call -> kernel, and what it costs.",
+    )
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"kernelmap {__version__}")
