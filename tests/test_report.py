@@ -83,13 +83,13 @@ def test_parity_and_environment(page):
 
 def test_op_table_side_by_side(page):
     ops = _section(page, "ops")
-    assert "batch size 32" in ops and "batch size 64" in ops
+    assert "batch size 256" in ops and "batch size 64" in ops
     assert "PyTorch (op time)" in ops and "MXNet (op time)" in ops
     # the frameworks' own op names and the library their calls went to
     for name in ("aten::conv2d", "Convolution", "FullyConnected", "oneDNN", "convolution forward_training"):
         assert name in ops
     run = A.load_run(RUN)
-    table, fws = A.op_table(run, 32)
+    table, fws = A.op_table(run, 256)
     assert set(fws) == {"pytorch", "mxnet"}
     row = table[(table["canonical_op"] == "conv2d") & (table["direction"] == "fwd")].iloc[0]
     for fw in fws:
@@ -141,7 +141,7 @@ def test_timeline_has_both_frameworks(out, page):
     trace = json.loads((out / "timeline.json").read_text())
     ev = trace["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert {"PyTorch bs32", "PyTorch bs64", "MXNet bs32", "MXNet bs64"} <= set(procs.values())
+    assert {"PyTorch bs256", "PyTorch bs64", "MXNet bs256", "MXNet bs64"} <= set(procs.values())
     for pid in procs:
         xs = [e for e in ev if e["ph"] == "X" and e["pid"] == pid]
         assert xs and min(e["ts"] for e in xs) == 0
