@@ -46,6 +46,26 @@ def test_mutated_fixture_is_parsed_or_refused(target, data, mut_dir):
     assert M.check(target, path) in ("error", "records")
 
 
+# Mutations the 1,000-per-parser campaign (benches/mutation_campaign.py -n 1000 --seed 7) found
+# escaping as other exceptions: a zlib.error from corrupt gzip, a UnicodeDecodeError from a
+# non-UTF-8 SQLite text, a TypeError from an unattributed kernel's NA canonical op.
+CAMPAIGN_FINDS = [
+    ("nsys:gpu_nsys.sqlite.gz", "delete_rows", 3843426609),
+    ("nsys:gpu_nsys.sqlite.gz", "gzip_flip", 3024517369),
+    ("nsys:gpu_nsys.sqlite.gz", "flip_many", 754314360),
+    ("adapters.read:gpu_nsys.sqlite.gz", "null_values", 3591869756),
+    ("adapters.read:gpu_nsys.sqlite.gz", "flip_many", 220014700),
+    ("adapters.read:gpu_nsys.sqlite.gz", "gzip_flip", 3021864542),
+]
+
+
+@pytest.mark.parametrize(("name", "op", "seed"), CAMPAIGN_FINDS)
+def test_campaign_finds_stay_handled(name, op, seed, mut_dir):
+    target = next(t for t in TARGETS if t.name == name)
+    path = M.mutate(target, op, seed, M.fresh_dir(mut_dir / "c"))
+    assert M.check(target, path) in ("error", "records")
+
+
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
 @settings(PROFILE, max_examples=TRUNCATIONS)
 @given(data=st.data())

@@ -136,8 +136,10 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
     from ..frameworks.spec import LAYERS
 
     w = {x.name: x.weight_shape for x in LAYERS if x.kind == "linear"}
-    sel = np.flatnonzero(df["kind"].isin(DEVICE_KINDS).to_numpy() & df["canonical_op"].eq("linear").to_numpy()
-                         & df["direction"].eq("bwd").to_numpy() & (inner_op >= 0))
+    # NA (an unattributed kernel) is not "linear": fill before leaving pandas' three-valued logic
+    sel = np.flatnonzero(df["kind"].isin(DEVICE_KINDS).to_numpy()
+                         & df["canonical_op"].eq("linear").fillna(False).to_numpy(dtype=bool)
+                         & df["direction"].eq("bwd").fillna(False).to_numpy(dtype=bool) & (inner_op >= 0))
     names = df["op_name"].to_numpy(dtype=object)
     layers = df["layer"].to_numpy(dtype=object, na_value=None)
     direc = df["direction"].to_numpy(dtype=object, na_value=None)

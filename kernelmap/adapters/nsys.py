@@ -25,6 +25,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def read(path: str | os.PathLike, framework: str | None = None) -> pd.DataFrame:
             try:
                 with gzip.open(path, "rb") as fi, open(plain, "wb") as fo:
                     shutil.copyfileobj(fi, fo)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 raise ParseError(path, f"corrupt gzip data: {exc}") from None
             return read(plain, framework).assign(source_file=path.name).pipe(_restring)
     return _read_rep(path, framework)
@@ -97,12 +98,14 @@ def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise ParseError(path, f"not a readable SQLite database: {exc}") from None
     try:
         return _read_tables(con, tables, path, framework)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:  # pandas wraps sqlite3's
         raise ParseError(path, f"SQLite error: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"a text value in the database is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     finally:
         con.close()
 
