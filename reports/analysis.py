@@ -802,9 +802,13 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
             it = iteration if iteration in its else its[len(its) // 2]
             src = src[src["iteration"] == it]
         parts = []
-        ph = src[src["kind"].isin(["step", "annotation"])].assign(lane="phase", derived=False)
-        parts.append(ph)
         ops = src[src["kind"] == "op"]
+        ph = src[src["kind"].isin(["step", "annotation"])]
+        # Kineto repeats each annotation on the GPU timeline (gpu_user_annotation, the device's
+        # pid): the phase lane shows the host's, as the op lane does.
+        host = set(ops["pid"].dropna())
+        ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host else ph
+        parts.append(ph.assign(lane="phase", derived=False))
         outer = _outermost(ops[ops["canonical_op"].notna()]).index
         parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))
         calls = src[src["kind"] == "library_call"].assign(lane="library_call", derived=False)
