@@ -48,7 +48,8 @@ def test_mutated_fixture_is_parsed_or_refused(target, data, mut_dir):
 
 # Mutations the 1,000-per-parser campaign (benches/mutation_campaign.py -n 1000 --seed 7) found
 # escaping as other exceptions: a zlib.error from corrupt gzip, a UnicodeDecodeError from a
-# non-UTF-8 SQLite text, a TypeError from an unattributed kernel's NA canonical op.
+# non-UTF-8 SQLite text, a TypeError from an unattributed kernel's NA canonical op, an
+# OverflowError and a ValueError.
 CAMPAIGN_FINDS = [
     ("nsys:gpu_nsys.sqlite.gz", "delete_rows", 3843426609),
     ("nsys:gpu_nsys.sqlite.gz", "gzip_flip", 3024517369),
@@ -56,6 +57,10 @@ CAMPAIGN_FINDS = [
     ("adapters.read:gpu_nsys.sqlite.gz", "null_values", 3591869756),
     ("adapters.read:gpu_nsys.sqlite.gz", "flip_many", 220014700),
     ("adapters.read:gpu_nsys.sqlite.gz", "gzip_flip", 3021864542),
+    # and the full campaign: an MXNet timestamp beyond int64, a cuBLASLt layout with a broken number
+    ("mxnet_profiler:cpu_mxnet_profile.json.gz", "event_field_junk", 4086465527),
+    ("adapters.read:cpu_mxnet_profile.json.gz", "event_field_junk", 4265965867),
+    ("adapters.read:gpu_cublaslt.log.gz", "flip_many", 2258147868),
 ]
 
 

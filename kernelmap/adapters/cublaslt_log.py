@@ -69,9 +69,13 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                 descs = _DESC.findall(rest)
                 for _, body in descs[:2]:
                     kv = dict(_KV.findall(body))
-                    shape = [int(kv["rows"]), int(kv["cols"])]
-                    if "batchCount" in kv:
-                        shape = [int(kv["batchCount"]), *shape]
+                    try:
+                        shape = [int(kv["rows"]), int(kv["cols"])]
+                        if "batchCount" in kv:
+                            shape = [int(kv["batchCount"]), *shape]
+                    except (KeyError, ValueError):
+                        raise ParseError(path, f"matrix layout without integer rows/cols: {body[:80]!r}",
+                                         line=lineno) from None
                     shapes.append(shape)
                 row["shapes"] = json.dumps(shapes, separators=(",", ":")) if shapes else None
                 a = _ALGO.search(rest)

@@ -114,8 +114,15 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df = df.sort_values(["start_us", "kind"], kind="stable").reset_index(drop=True)
     ops_dev = df.loc[df["kind"].eq("op"), "dev"]
     device = "gpu" if ops_dev.eq("gpu").any() else "cpu"
-    start = df["start_us"].to_numpy(dtype="int64") * 1000
-    dur = df["dur_us"].to_numpy(dtype="int64") * 1000
+    try:
+        start = df["start_us"].to_numpy(dtype="int64")
+        dur = df["dur_us"].to_numpy(dtype="int64")
+    except (OverflowError, ValueError, TypeError):
+        raise ParseError(path, "a timestamp or duration does not fit a 64-bit integer") from None
+    limit = np.iinfo(np.int64).max // 1000  # µs -> ns must not wrap around
+    if len(start) and max(np.abs(start).max(), np.abs(dur).max()) > limit:
+        raise ParseError(path, "a timestamp or duration is out of range (more than 292 years in ns)")
+    start, dur = start * 1000, dur * 1000
     # pid/tid: MXNet hashes can exceed int64; keep those that fit, NA otherwise
     cols = {
         "kind": df["kind"].tolist(), "op_name": df["op_name"].tolist(),
