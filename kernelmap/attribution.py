@@ -216,7 +216,28 @@ def link_onednn(df: pd.DataFrame) -> dict:
         df.loc[pr, "op_event_id"] = df.loc[oc, "event_id"].to_numpy()
         for col in ("phase", "iteration"):
             df.loc[pr, col] = df.loc[oc, col].to_numpy()
-    return {"onednn_linked_share": len(pairs) / len(prims), "onednn_link_reason": None}
+        _link_reorders(df, prims.index)
+    linked = int(df.loc[prims.index, "op_event_id"].notna().sum())
+    return {"onednn_linked_share": linked / len(prims), "onednn_link_reason": None}
+
+
+def _link_reorders(df: pd.DataFrame, prims: pd.Index) -> None:
+    """A layout ``reorder`` belongs to the op of the primitive it feeds: the next primitive the
+    verbose log executes after it (in log order, per file), or, after the last one, the primitive
+    it follows. Only reorders with no op of their own are touched."""
+    for _, g in df.loc[prims].sort_values(["source_file", "event_id"]).groupby("source_file", sort=False):
+        reorder = g["canonical_op"].eq("reorder").fillna(False).to_numpy(dtype=bool)
+        if not reorder.any():
+            continue
+        own = pd.Series(np.where(~reorder & g["op_event_id"].notna().to_numpy(), g.index, -1), index=g.index)
+        own = own.where(own >= 0)
+        target = own.bfill().fillna(own.ffill())
+        pick = reorder & g["op_event_id"].isna().to_numpy() & target.notna().to_numpy()
+        if not pick.any():
+            continue
+        rows, src = g.index[pick], target[pick].astype("int64").to_numpy()
+        for col in ("op_event_id", "phase", "iteration"):
+            df.loc[rows, col] = df.loc[src, col].to_numpy()
 
 
 def _kernel_figures(k: pd.DataFrame) -> dict:

@@ -93,7 +93,13 @@ def test_cpu_runs(tmp_path):
     ev = json.loads(gzip.open(DATA / "cpu_torch_kineto.json.gz").read())["traceEvents"]
     assert s["ops"] == sum(1 for e in ev if e.get("cat") == "cpu_op" and e.get("ph") == "X")
     assert s["onednn_primitives"] == {"convolution": 15, "reorder": 48}
-    assert s["runs"]["pt"]["onednn_linked"] == 15  # every convolution primitive to its aten op
+    # every convolution primitive to its aten op, and each layout reorder to the op of the
+    # convolution it feeds (PyTorch uses oneDNN only for convolutions here)
+    assert s["runs"]["pt"]["onednn_linked"] == 15 + 48
+    prims = df[df["library"].eq("oneDNN")]
+    ops = df.set_index("event_id")
+    for _, r in prims[prims["canonical_op"].eq("reorder")].iterrows():
+        assert ops.loc[r["op_event_id"], "canonical_op"] == "conv2d"
     _, s2 = normalise([DATA / "cpu_mxnet_onednn.log.gz"], run="mx")
     assert s2["runs"]["mx"]["onednn_linked_share"] == 0.0 and s2["runs"]["mx"]["onednn_link_reason"]
 
