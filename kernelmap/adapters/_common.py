@@ -6,7 +6,9 @@ import contextlib
 import gc
 import gzip
 import os
+import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +184,19 @@ def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.
                              record=None if records is None else int(records[i]))
         num = f.round()
     return pd.array(num, dtype="Int64")
+
+
+def api_log_blocks(path, head: re.Pattern, library: str) -> Iterator[tuple[int, re.Match, list[str]]]:
+    """The blocks of an NVIDIA library API log (cuDNN, cuBLAS): an ``I! ...`` header line, matched
+    by ``head``, then its ``i!`` lines. Yields (0-based line index of the header, match, body)."""
+    text = read_text(path)
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("I! ")]
+    if not heads and text.strip():
+        raise ParseError(path, f"no 'I! {library} (v...) function ... called:' block", line=1)
+    for n, h in enumerate(heads):
+        m = head.match(lines[h])
+        if not m:
+            raise ParseError(path, f"malformed {library} log header", line=h + 1)
+        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
+        yield h, m, lines[h + 1:end]

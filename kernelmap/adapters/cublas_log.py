@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from ..frameworks.spec import LAYERS
-from ._common import finish, read_text
+from ._common import api_log_blocks, finish
 
 SOURCE = "cublas_log"
 _HEAD = re.compile(r"^I! cuBLAS \(v([\d.]+)\) function (?:[\w\s\*]+?\s)?(\w+)\((.*)\) called:\s*$")
@@ -86,25 +86,16 @@ def _int(v: str | None) -> int | None:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    text = read_text(path)
-    lines = text.splitlines()
-    heads = [i for i, ln in enumerate(lines) if ln.startswith("I! ")]
-    if not heads and text.strip():
-        raise ParseError(path, "no 'I! cuBLAS (v...) function ... called:' block", line=1)
     calls: Counter = Counter()
     rows = []
-    for n, h in enumerate(heads):
-        m = _HEAD.match(lines[h])
-        if not m:
-            raise ParseError(path, "malformed cuBLAS log header", line=h + 1)
+    for h, m, body in api_log_blocks(path, _HEAD, "cuBLAS"):
         func = m.group(2)
         calls[func] += 1
         if not COMPUTE.match(func):
             continue
-        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
         args: dict[str, str] = {}
         row: dict = {"library_call": func, "start_ns": None, "pid": None, "tid": None, "math": None}
-        for ln in lines[h + 1:end]:
+        for ln in body:
             a = _ARG.match(ln)
             if a:
                 args[a.group(1)] = a.group(3).strip()

@@ -28,7 +28,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import canonical as C
-from ._common import finish, read_text
+from ._common import api_log_blocks, finish
 
 SOURCE = "cudnn_log"
 _HEAD = re.compile(r"^I! CuDNN \(v(\d+)(?: \d+)?\) function (\w+)\(\) called:\s*$")
@@ -105,21 +105,11 @@ def _enum(v: str | None) -> str | None:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    text = read_text(path)
-    lines = text.splitlines()
-    heads = [i for i, ln in enumerate(lines) if ln.startswith("I! ")]
-    if not heads and text.strip():
-        raise ParseError(path, "no 'I! CuDNN (v...) function ...() called:' block", line=1)
     calls: Counter = Counter()
     rows = []
     pending_internal: dict[str, int] = {}  # thread -> row index awaiting ExecuteInternal
-    for n, h in enumerate(heads):
-        m = _HEAD.match(lines[h])
-        if not m:
-            raise ParseError(path, "malformed cuDNN log header", line=h + 1)
+    for h, m, body in api_log_blocks(path, _HEAD, "CuDNN"):
         version, func = m.group(1), m.group(2)
-        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
-        body = lines[h + 1:end]
         is_return = sum(1 for ln in body if _ATTR.match(ln) and not ln.startswith(("i! Time:", "i! Process="))) == 1 and \
             any(ln.strip().startswith("i!     status:") for ln in body)
         if func == "cudnnBackendExecuteInternal":
