@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import KernelmapError
+from .interrupt import raise_if_seen
 
 
 def _umask() -> int:
@@ -34,6 +35,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        raise_if_seen()
         _publishable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
@@ -51,6 +53,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        raise_if_seen()
         _publishable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
@@ -73,6 +76,7 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         yield tmp
+        raise_if_seen()
         _publishable(tmp, directory=True)
         if path.exists():
             old = path.with_name(f".{path.name}.old")

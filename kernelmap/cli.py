@@ -12,6 +12,7 @@ import importlib
 import json
 import sys
 
+from . import interrupt
 from .errors import KernelmapError, ParseError
 
 # name -> (module, one-line help)
@@ -48,22 +49,35 @@ def _error_payload(exc: BaseException) -> dict:
     return payload
 
 
+def _interrupted(args: argparse.Namespace, want_json: bool) -> int:
+    if want_json:
+        print(json.dumps({"error": "interrupted", "type": "KeyboardInterrupt"}))
+    print(f"kernelmap {args.command}: interrupted; nothing partial was kept", file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     want_json = bool(getattr(args, "json", False))
+    sigint = interrupt.install()
     try:
         return int(importlib.import_module(args._module).main(args) or 0)
     except KernelmapError as exc:
+        if sigint.seen:
+            return _interrupted(args, want_json)
         if want_json:
             print(json.dumps(_error_payload(exc)))
         print(f"kernelmap {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        if want_json:
-            print(json.dumps({"error": "interrupted", "type": "KeyboardInterrupt"}))
-        print(f"kernelmap {args.command}: interrupted; nothing partial was kept", file=sys.stderr)
-        return 130
+        return _interrupted(args, want_json)
+    except Exception:
+        if sigint.seen:  # Ctrl-C that a C extension turned into another exception (see interrupt.py)
+            return _interrupted(args, want_json)
+        raise
+    finally:
+        interrupt.uninstall(sigint)
 
 
 if __name__ == "__main__":  # pragma: no cover

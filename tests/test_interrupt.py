@@ -140,3 +140,81 @@ def test_interrupted_report_leaves_nothing(tmp_path):
     assert "Traceback" not in r["stderr"]
     assert not out.exists() and _leftovers(tmp_path, "rep") == []
     assert r["orphans"] == []
+
+
+class _SwallowingCommand:
+    """A stand-in subcommand module: Ctrl-C arrives inside 'C code' that turns it into a TypeError
+    (what pybind11's argument conversion in matplotlib did to a real SIGINT on CI)."""
+
+    @staticmethod
+    def add_arguments(parser):
+        parser.add_argument("--json", action="store_true")
+
+    @staticmethod
+    def main(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs at the next bytecode; never reached in full
+        except KeyboardInterrupt:
+            raise TypeError("affine_transform(): incompatible function arguments") from None
+        raise AssertionError("SIGINT was not delivered")
+
+
+class _FailingCommand(_SwallowingCommand):
+    @staticmethod
+    def main(args):
+        raise TypeError("a real bug, no Ctrl-C")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_interrupt_swallowed_by_c_code_still_exits_130(monkeypatch, capsys, as_json):
+    from kernelmap import cli
+
+    monkeypatch.setitem(sys.modules, "kernelmap_fake_cmd", _SwallowingCommand)
+    monkeypatch.setattr(cli, "COMMANDS", {"fake": ("kernelmap_fake_cmd", "test")})
+    rc = cli.main(["fake"] + (["--json"] if as_json else []))
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "kernelmap fake: interrupted; nothing partial was kept" in err
+    assert ('"error": "interrupted"' in out) is as_json
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_other_exceptions_still_propagate(monkeypatch):
+    from kernelmap import cli
+
+    monkeypatch.setitem(sys.modules, "kernelmap_fake_cmd", _FailingCommand)
+    monkeypatch.setattr(cli, "COMMANDS", {"fake": ("kernelmap_fake_cmd", "test")})
+    with pytest.raises(TypeError, match="a real bug"):
+        cli.main(["fake"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_atomic_writers_refuse_to_publish_after_a_swallowed_interrupt(tmp_path):
+    """A Ctrl-C that C code swallowed entirely (no exception at all) still stops the rename."""
+    from kernelmap import interrupt
+    from kernelmap.atomic import atomic_dir, atomic_file, atomic_path
+
+    handler = interrupt.install()
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # swallowed, as a C extension might
+        assert interrupt.seen()
+        for writer in (atomic_dir, atomic_path, atomic_file):
+            target = tmp_path / f"out-{writer.__name__}"
+            with pytest.raises(KeyboardInterrupt):
+                with writer(target) as handle:
+                    if writer is atomic_dir:
+                        (handle / "x").write_text("x")
+                    elif writer is atomic_path:
+                        handle.write_text("x")
+                    else:
+                        handle.write("x")
+            assert not target.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    finally:
+        interrupt.uninstall(handler)
+    assert not interrupt.seen()
