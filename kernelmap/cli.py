@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 
 from . import interrupt
@@ -49,35 +50,36 @@ def _error_payload(exc: BaseException) -> dict:
     return payload
 
 
-def _interrupted(args: argparse.Namespace, want_json: bool) -> int:
+def _interrupted(args: argparse.Namespace, want_json: bool, signals: interrupt.Interrupt) -> int:
+    what = "terminated" if signals.signum == signal.SIGTERM else "interrupted"
     if want_json:
-        print(json.dumps({"error": "interrupted", "type": "KeyboardInterrupt"}))
-    print(f"kernelmap {args.command}: interrupted; nothing partial was kept", file=sys.stderr)
-    return 130
+        print(json.dumps({"error": what, "type": "KeyboardInterrupt"}))
+    print(f"kernelmap {args.command}: {what}; nothing partial was kept", file=sys.stderr)
+    return signals.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     want_json = bool(getattr(args, "json", False))
-    sigint = interrupt.install()
+    signals = interrupt.install()
     try:
         return int(importlib.import_module(args._module).main(args) or 0)
     except KernelmapError as exc:
-        if sigint.seen:
-            return _interrupted(args, want_json)
+        if signals.seen:
+            return _interrupted(args, want_json, signals)
         if want_json:
             print(json.dumps(_error_payload(exc)))
         print(f"kernelmap {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return _interrupted(args, want_json)
+        return _interrupted(args, want_json, signals)
     except Exception:
-        if sigint.seen:  # Ctrl-C that a C extension turned into another exception (see interrupt.py)
-            return _interrupted(args, want_json)
+        if signals.seen:  # Ctrl-C that a C extension turned into another exception (see interrupt.py)
+            return _interrupted(args, want_json, signals)
         raise
     finally:
-        interrupt.uninstall(sigint)
+        interrupt.uninstall(signals)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,51 +1,70 @@
-"""Ctrl-C that survives C extensions.
+"""Ctrl-C (and SIGTERM) that survive C extensions.
 
 Python's own SIGINT handler raises KeyboardInterrupt at the next bytecode. When that happens
 inside a C extension's argument conversion (pybind11 in matplotlib's transforms, for one), the
 extension may swallow it and raise something else, or nothing. ``install()`` puts in a handler
-that also remembers the signal, so the CLI can still exit 130 and the atomic writers can refuse
-to publish an output that was interrupted.
+that also remembers the signal, so the CLI can still exit 128 + signal and the atomic writers can
+refuse to publish an output that was interrupted.
+
+SIGTERM (a job runner's timeout, ``kill``) gets the same handler, so that a terminated
+``kernelmap run`` still stops its workers, which run in their own process groups, and removes
+its temporary directory.
 """
 
 from __future__ import annotations
 
 import signal
 
+_PYTHON_DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
-class Sigint:
-    """A SIGINT handler that records that the signal came, then raises KeyboardInterrupt."""
+
+class Interrupt:
+    """A handler for SIGINT and SIGTERM that records the signal, then raises KeyboardInterrupt."""
 
     def __init__(self) -> None:
-        self.seen = False
+        self.signum: int | None = None
+
+    @property
+    def seen(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
 
     def __call__(self, signum, frame):
-        self.seen = True
+        self.signum = signum
         raise KeyboardInterrupt
 
 
-def install() -> Sigint:
-    """Install a recording handler where Python's default one is in place (main thread only)."""
-    handler = Sigint()
-    try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: keep Python's handler
-        pass
+def install() -> Interrupt:
+    """Install the recording handler where Python's default one is in place (main thread only)."""
+    handler = Interrupt()
+    for sig, default in _PYTHON_DEFAULT.items():
+        try:
+            if signal.getsignal(sig) is default:
+                signal.signal(sig, handler)
+        except ValueError:  # not the main thread: keep Python's handlers
+            break
     return handler
 
 
-def uninstall(handler: Sigint) -> None:
-    if signal.getsignal(signal.SIGINT) is handler:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+def uninstall(handler: Interrupt) -> None:
+    for sig, default in _PYTHON_DEFAULT.items():
+        try:
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, default)
+        except ValueError:
+            break
 
 
 def seen() -> bool:
-    """True when the installed handler has caught a SIGINT."""
+    """True when the installed handler has caught a signal."""
     current = signal.getsignal(signal.SIGINT)
-    return isinstance(current, Sigint) and current.seen
+    return isinstance(current, Interrupt) and current.seen
 
 
 def raise_if_seen() -> None:
-    """Raise KeyboardInterrupt if a SIGINT was caught and then lost inside a C extension."""
+    """Raise KeyboardInterrupt if a signal was caught and then lost inside a C extension."""
     if seen():
         raise KeyboardInterrupt

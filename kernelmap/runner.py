@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -137,6 +139,21 @@ class _StderrTee(threading.Thread):
         return lines[-1] if lines else ""
 
 
+def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process group led by ``proc``, then SIGKILL it if it is not gone in ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # the leader is gone; stragglers of its group are not
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, str] | None = None,
                stdout_path: Path | None = None, forward_stderr: bool = True) -> None:
     """Run one worker command; raise ``KernelmapError`` (one line) when it fails.
@@ -146,19 +163,18 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
     """
     stdout_fh = open(stdout_path, "wb") if stdout_path else None  # noqa: SIM115
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or sys.stderr.fileno(), stderr=subprocess.PIPE)
+        # Its own process group: a terminal's Ctrl-C reaches only this process, which then stops the
+        # worker (and nsys with its target) as a group. A worker that got the SIGINT itself could be
+        # mid-import and print Python's startup traceback.
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or sys.stderr.fileno(), stderr=subprocess.PIPE,
+                                process_group=0)
         tee = _StderrTee(proc.stderr, forward_stderr)
         tee.start()
         try:
             rc = proc.wait()
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
-            tee.forward = False  # the worker got the Ctrl-C too; its traceback (e.g. mid-import) is noise
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            tee.forward = False
+            stop_group(proc)
             raise
         tee.join(timeout=10)
     finally:
