@@ -181,7 +181,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         if stdout_fh:
             stdout_fh.close()
     if rc == EXIT_OOM:
-        raise KernelmapError(f"{label}: the GPU ran out of memory at batch size {batch_size}; "
+        raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
     if rc != 0:
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")

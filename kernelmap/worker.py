@@ -33,11 +33,29 @@ EXIT_OOM = 75
 OOM_MARKER = "kernelmap-worker: out of memory"
 
 
+# What an allocation failure says on the CPU (measured under `ulimit -v`): torch's
+# "DefaultCPUAllocator: can't allocate memory: ... Error code 12 (Cannot allocate memory)",
+# MXNet's "Failed to allocate CPU Memory", C++'s std::bad_alloc.
+_CPU_OOM = ("defaultcpuallocator: can't allocate memory", "defaultcpuallocator: not enough memory",
+            "cannot allocate memory", "failed to allocate cpu memory", "bad_alloc")
+
+
+def _oom_line(exc: BaseException) -> str:
+    """The line of the message that says what failed (MXNet's message starts with a C++ stack)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = [line.lower() for line in lines]
+    hit = next((i for i, t in enumerate(text) if "out of memory" in t or any(m in t for m in _CPU_OOM)), None)
+    return lines[hit] if hit is not None else (lines[0] if lines else "")
+
+
 def _is_oom(exc: BaseException) -> bool:
-    if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
+    """True for a device or host allocation failure (not for any error that mentions memory)."""
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):  # torch.OutOfMemoryError
         return True
     text = str(exc).lower()
-    return "out of memory" in text and ("cuda" in text or "cudamalloc" in text or "gpu" in text)
+    if "out of memory" in text and ("cuda" in text or "cudamalloc" in text or "gpu" in text):
+        return True
+    return any(marker in text for marker in _CPU_OOM)
 
 
 def _to_float(value: Any) -> float:
@@ -236,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:
         if _is_oom(exc):
-            print(f"{OOM_MARKER} at batch size {config.batch_size} ({type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+            print(f"{OOM_MARKER} at batch size {config.batch_size} ({type(exc).__name__}: {_oom_line(exc)})",
+                  file=sys.stderr)
             return EXIT_OOM
         raise
     with atomic_file(out_dir / f"{args.pass_name}.json") as fh:
