@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import nox
 
@@ -30,11 +33,21 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
         return None
 
 
+def _mxnet_gpu_verdict(cc: tuple[int, int]) -> tuple[bool, str]:
+    """``frameworks/mxnet/cuda11.gpu_verdict``, loaded from its file: nox runs outside the project's
+    environment, and that module needs only the standard library."""
+    path = Path(__file__).resolve().parent / "frameworks" / "mxnet" / "cuda11.py"
+    spec = importlib.util.spec_from_file_location("_kernelmap_mxnet_cuda11", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.gpu_verdict(cc)
+
+
 def _mxnet_extra() -> str:
     """`mxnet-gpu` (mxnet-cu112 + CUDA 11 wheels) where its machine code runs, else CPU `mxnet`."""
     cc = _gpu_compute_capability()
-    # mxnet-cu112 1.9.1 carries sm_50/60/70/80/86 machine code and no PTX (measured).
-    if cc is not None and cc[0] * 10 + cc[1] in (50, 60, 70, 80, 86):
+    if cc is not None and _mxnet_gpu_verdict(cc)[0]:
         return "mxnet-gpu"
     return "mxnet"
 

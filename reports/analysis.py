@@ -93,9 +93,9 @@ def load_run(path: str | Path) -> Run:
         if not (path / req).is_file():
             raise KernelmapError(f"{path}: no {req}; not a complete kernelmap run directory")
     results = _read_json(path / "results.json")
-    if isinstance(results, dict):  # tolerate {"results": [...]}
-        results = results.get("results", [])
-    run = Run(path, _read_json(path / "manifest.json"), list(results))
+    if not isinstance(results, list):
+        raise KernelmapError(f"{path / 'results.json'}: not a list of results (one per framework x batch size)")
+    run = Run(path, _read_json(path / "manifest.json"), results)
     for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
@@ -115,21 +115,14 @@ def load_run(path: str | Path) -> Run:
     return run
 
 
-def _get(d: Any, *keys: str, default: Any = None) -> Any:
-    """The first present, non-None value among ``keys`` (dotted paths allowed)."""
-    if not isinstance(d, dict):
-        return default
-    for key in keys:
-        cur: Any = d
-        for part in key.split("."):
-            if isinstance(cur, dict) and part in cur:
-                cur = cur[part]
-            else:
-                cur = None
-                break
-        if cur is not None:
-            return cur
-    return default
+def _get(d: Any, key: str, default: Any = None) -> Any:
+    """``d``'s value at the dotted path ``key``, or ``default`` where it is missing or None."""
+    cur: Any = d
+    for part in key.split("."):
+        if not isinstance(cur, dict) or cur.get(part) is None:
+            return default
+        cur = cur[part]
+    return cur
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -160,45 +153,23 @@ def framework_devices(run: Run) -> pd.DataFrame:
     """Per framework: device asked, device used, and why they differ (manifest)."""
     expected = "gpu" if _get(run.manifest, "gpu") else "cpu"
     rows = []
-    fws = _get(run.manifest, "frameworks", default={}) or {}
-    if isinstance(fws, list):
-        fws = {f.get("framework") or f.get("name"): f for f in fws}
-    for fw, info in fws.items():
-        used = _get(info, "device", "device_used")
-        asked = _get(info, "device_requested", "device_asked", default=used)
+    for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
+        used = _get(info, "device")
+        asked = _get(info, "device_requested", default=used)
         rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
-                     "device_note": _get(info, "device_note", "note", "why"),
-                     "fallback": _is_fallback(asked, used, expected)})
-    for r in run.results:  # results may say it too
-        fw = _get(r, "framework")
-        if fw is None or any(x["framework"] == fw for x in rows):
-            continue
-        used = _get(r, "device")
-        asked = _get(r, "device_requested", default=used)
-        rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
-                     "device_note": _get(r, "device_note"), "fallback": _is_fallback(asked, used, expected)})
+                     "device_note": _get(info, "device_note"), "fallback": _is_fallback(asked, used, expected)})
     return pd.DataFrame(rows, columns=["run", "framework", "device_requested", "device", "device_note",
                                        "fallback"])
 
 
 def _passes(r: dict) -> dict[str, dict]:
     passes = _get(r, "passes", default={}) or {}
-    if isinstance(passes, list):
-        passes = {p.get("pass") or p.get("name") or str(i): p for i, p in enumerate(passes)}
     return {k: v for k, v in passes.items() if isinstance(v, dict)}
-
-
-def _clean(r: dict) -> dict:
-    """The clean (no profiler) pass of a results entry, or the entry itself."""
-    return _passes(r).get("clean") or r
 
 
 def _step_times_s(r: dict) -> np.ndarray | None:
     v = _get(r, "step_times_s")
-    if isinstance(v, list) and v:
-        return np.asarray(v, dtype=float)
-    v = _get(r, "step_times_ms")
-    return np.asarray(v, dtype=float) / 1e3 if isinstance(v, list) and v else None
+    return np.asarray(v, dtype=float) if isinstance(v, list) and v else None
 
 
 def summary_table(runs: list[Run]) -> pd.DataFrame:
@@ -209,19 +180,16 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
         devs = framework_devices(run).set_index("framework")
         for r in run.results:
             fw = _get(r, "framework")
-            c = _clean(r)
-            st = _step_times_s(r) if _step_times_s(r) is not None else _step_times_s(c)
-            bs = _get(r, "batch_size", default=_get(c, "batch_size"))
+            st = _step_times_s(r)
+            bs = _get(r, "batch_size")
             if st is not None:
                 med = float(np.median(st))
                 q1, q3 = np.percentile(st, [25, 75])
                 iqr = float(q3 - q1)
                 n = len(st)
             else:
-                med = _get(r, "median_step_s", default=_get(c, "median_step_s"))
-                iqr = _get(r, "iqr_step_s", default=_get(c, "iqr_step_s"))
-                n = _get(r, "steps", default=_get(c, "steps"))
-            ips = _get(r, "images_per_s", default=_get(c, "images_per_s"))
+                med, iqr, n = _get(r, "median_step_s"), _get(r, "iqr_step_s"), _get(r, "steps")
+            ips = _get(r, "images_per_s")
             if ips is None and med and bs:
                 ips = bs / med
             dev = devs.loc[fw] if fw in devs.index else None
@@ -235,7 +203,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
                 "step_ms_median": None if med is None else med * 1e3,
                 "step_ms_iqr": None if iqr is None else iqr * 1e3,
                 "images_per_s": ips,
-                "test_accuracy": _get(r, "test_accuracy", default=_get(c, "test_accuracy")),
+                "test_accuracy": _get(r, "test_accuracy"),
             })
     return pd.DataFrame(rows)
 
@@ -262,20 +230,22 @@ def parity_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "figure", "value", "tolerance", "definition"])
 
 
+# (label, manifest key) as kernelmap/manifest.py writes them
 _ENV_KEYS = (
-    ("GPU", ("gpu.name", "gpus.0.name", "gpu")),
-    ("compute capability", ("gpu.compute_capability", "gpus.0.compute_capability")),
-    ("driver", ("driver", "gpu.driver", "gpus.0.driver", "driver_version")),
-    ("CUDA driver API", ("cuda_driver_version", "gpu_report.cuda_driver_version")),
-    ("CPU", ("host.cpu", "cpu")),
-    ("Python", ("host.python",)),
-    ("commit", ("git_commit.commit", "git_commit")),
-    ("tree dirty", ("git_commit.dirty",)),
-    ("kernelmap", ("kernelmap_version",)),
-    ("data", ("data.kind", "config.data")),
+    ("GPU", "gpu.name"),
+    ("compute capability", "gpu.compute_capability"),
+    ("driver", "driver"),
+    ("CUDA driver API", "cuda_driver_version"),
+    ("CPU", "host.cpu"),
+    ("Python", "host.python"),
+    ("commit", "git_commit.commit"),
+    ("tree dirty", "git_commit.dirty"),
+    ("kernelmap", "kernelmap_version"),
+    ("data", "data.kind"),
 )
-_FW_VERSION_KEYS = (("framework", ("version", "framework_version")), ("CUDA", ("cuda",)),
-                    ("cuDNN", ("cudnn",)), ("cuBLAS", ("cublas",)), ("oneDNN", ("onednn", "mkldnn")))
+# (label, key of a framework's ``versions`` as the workloads' ``versions()`` write them)
+_FW_VERSION_KEYS = (("framework", "version"), ("CUDA", "cuda"), ("cuDNN", "cudnn"), ("cuBLAS", "cublas"),
+                    ("oneDNN", "mkldnn"))
 
 
 def _scalar(v: Any) -> Any:
@@ -290,17 +260,14 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         m = run.manifest
         col = {}
-        for label, keys in _ENV_KEYS:
-            v = _get(m, *keys)
+        for label, key in _ENV_KEYS:
+            v = _get(m, key)
             if v is not None:
                 col[label] = _scalar(v)
-        fws = _get(m, "frameworks", default={}) or {}
-        if isinstance(fws, list):
-            fws = {f.get("framework") or f.get("name"): f for f in fws}
-        for fw, info in fws.items():
-            versions = _get(info, "versions", default=info) or {}
-            for label, keys in _FW_VERSION_KEYS:
-                v = _get(versions, *keys)
+        for fw, info in (_get(m, "frameworks", default={}) or {}).items():
+            versions = _get(info, "versions", default={}) or {}
+            for label, key in _FW_VERSION_KEYS:
+                v = _get(versions, key)
                 if v is not None:
                     col[f"{fw_label(fw)} {label}".replace(" framework", "")] = _scalar(v)
             asked, used = _get(info, "device_requested"), _get(info, "device")
@@ -667,7 +634,7 @@ def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
 
 # --- roofline ----------------------------------------------------------------------------------
 def gpu_name(run: Run) -> str | None:
-    v = _get(run.manifest, "gpu.name", "gpus.0.name", "gpu")
+    v = _get(run.manifest, "gpu.name")
     return v if isinstance(v, str) else None
 
 

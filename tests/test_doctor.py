@@ -48,3 +48,25 @@ def test_find_tool_on_path(tmp_path, monkeypatch):
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert doctor.find_tool("nsys") == str(tool)
+
+
+def test_noxfile_picks_the_mxnet_extra_by_the_same_verdict(monkeypatch):
+    """nox runs outside the project's venv; its mxnet-gpu/mxnet choice loads cuda11.py by path."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    pytest.importorskip("nox")
+    from kernelmap.frameworks.mxnet import cuda11
+
+    spec = importlib.util.spec_from_file_location("_noxfile", Path(__file__).resolve().parents[1] / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    for cc in [(9, 0), (8, 6), (8, 9), (7, 5), (6, 1), (5, 2), (12, 0), (3, 7)]:
+        assert noxfile._mxnet_gpu_verdict(cc) == cuda11.gpu_verdict(cc)
+        monkeypatch.setattr(noxfile, "_gpu_compute_capability", lambda cc=cc: cc)
+        assert noxfile._mxnet_extra() == ("mxnet-gpu" if cuda11.gpu_verdict(cc)[0] else "mxnet")
+    monkeypatch.setattr(noxfile, "_gpu_compute_capability", lambda: None)
+    assert noxfile._mxnet_extra() == "mxnet"
+    assert noxfile._mxnet_gpu_verdict((8, 9))[0] and not noxfile._mxnet_gpu_verdict((9, 0))[0]

@@ -104,6 +104,16 @@ def test_report_of_incomplete_run_dir(tmp_path, capsys, missing):
     assert not (tmp_path / "rep").exists()
 
 
+def test_report_of_run_dir_with_results_not_a_list(tmp_path, capsys):
+    run = _run_copy(tmp_path)
+    (run / "results.json").write_text('{"results": []}')
+    rc, _, err = _cli(capsys, "report", str(run), "-o", str(tmp_path / "rep"))
+    assert rc == 2
+    assert _one_line_error(err, "report") == (f"kernelmap report: error: {run / 'results.json'}: not a list of results "
+                                              "(one per framework x batch size)")
+    assert not (tmp_path / "rep").exists()
+
+
 def test_report_refuses_existing_out(tmp_path, capsys):
     run = _run_copy(tmp_path)
     (tmp_path / "rep").mkdir()
