@@ -81,6 +81,14 @@ def benchmarks(session: nox.Session) -> None:
     _step_benchmarks(session, *session.posargs)
 
 
+@nox.session(python=PYTHON)
+def adapter_speed(session: nox.Session) -> None:
+    """Adapter events/s and peak memory on >= 1M-event traces, beside Holistic Trace Analysis 0.5.0."""
+    session.install("-e", ".[dev]", "holistictraceanalysis==0.5.0")
+    session.run("pytest", "benches/bench_adapters.py", "--benchmark-only", "--benchmark-autosave",
+                "--benchmark-columns=mean,rounds", "-p", "no:cacheprovider", *session.posargs)
+
+
 def _step_benchmarks(session: nox.Session, *args: str) -> None:
     """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
     for framework in ("pytorch", "mxnet"):

@@ -22,7 +22,8 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 TARGET = 1_000_000
 
 
-def _scale_kineto(dst: Path) -> tuple[int, int]:
+def _scale_kineto(dst: Path) -> tuple[int, int, int]:
+    """Returns (events, complete events, complete events of category ``Trace``)."""
     doc = json.loads(gzip.open(DATA / "gpu_kineto.json.gz").read())
     ev = [e for e in doc["traceEvents"] if e.get("ph") != "M"]
     meta = [e for e in doc["traceEvents"] if e.get("ph") == "M"]
@@ -44,7 +45,8 @@ def _scale_kineto(dst: Path) -> tuple[int, int]:
                 fh.write(",\n")
                 fh.write(json.dumps(e2))
         fh.write("\n]}\n")
-    return reps * len(ev), reps * sum(e.get("ph") == "X" for e in ev)
+    complete = [e for e in ev if e.get("ph") == "X"]
+    return reps * len(ev), reps * len(complete), reps * sum(e.get("cat") == "Trace" for e in complete)
 
 
 def _scale_nsys(dst: Path) -> tuple[int, int]:
@@ -75,18 +77,28 @@ def _scale_nsys(dst: Path) -> tuple[int, int]:
 # VmHWM, not ru_maxrss: Linux carries the parent's ru_maxrss across fork+exec
 _PEAK = """
 import re, sys, time
-from kernelmap.adapters import read
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+{imports}
 base = hwm()
-t = time.perf_counter(); df = read(sys.argv[1]); dt = time.perf_counter() - t
-print(len(df), dt, base, hwm())
+t = time.perf_counter(); n = {read}; dt = time.perf_counter() - t
+print(n, dt, base, hwm())
 """
+_READERS = {
+    "kernelmap": ("from kernelmap.adapters import read", "len(read(sys.argv[1]))"),
+    # HTA reads a directory of per-rank traces; the file is its only entry
+    "hta": ("import os\nfrom hta.common.trace import Trace",
+            "(lambda t: (t.parse_traces(use_multiprocessing=False), len(t.get_trace(next(iter(t.traces)))))[1])"
+            "(Trace(trace_dir=os.path.dirname(sys.argv[1])))"),
+}
 
 
-def _peak(path: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, check=True)
-    rows, dt, base, peak = out.stdout.split()
+def _peak(path: Path, reader: str = "kernelmap") -> dict:
+    """Read ``path`` in a fresh process: its own wall time and peak RSS (VmHWM) against the file size."""
+    imports, read = _READERS[reader]
+    code = _PEAK.format(imports=imports, read=read)
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    rows, dt, base, peak = out.stdout.split()[-4:]
     size = path.stat().st_size
     return {"rows": int(rows), "seconds_fresh_process": float(dt), "input_bytes": size,
             "peak_rss_bytes": int(peak), "rss_before_read_bytes": int(base),
@@ -96,15 +108,17 @@ def _peak(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
-    k, s = d / "kineto.json", d / "nsys.sqlite"
+    (d / "kineto").mkdir()  # a directory of its own: HTA reads every trace in the directory it is given
+    k, s = d / "kineto" / "rank0.json", d / "nsys.sqlite"
     return {"kineto": (k, _scale_kineto(k)), "nsys": (s, _scale_nsys(s))}
 
 
 @pytest.mark.parametrize("fmt", ["kineto", "nsys"])
 def test_adapter_speed(benchmark, traces, fmt):
+    benchmark.group = f"adapter speed: {fmt}"
     from kernelmap.adapters import read
 
-    path, (n_events, n_records) = traces[fmt]
+    path, (n_events, n_records, *_) = traces[fmt]
     assert n_events >= TARGET
     df = benchmark.pedantic(read, args=(path, fmt), rounds=1, iterations=1)
     assert len(df) == n_records  # Kineto flow (s/f), metadata and instant events are read but are not records
@@ -113,3 +127,33 @@ def test_adapter_speed(benchmark, traces, fmt):
 
     benchmark.extra_info.update({"events": n_events, "events_per_s": n_events / secs, "records": len(df),
                                  "json_parser": "orjson" if _common._orjson is not None else "json", **_peak(path)})
+
+
+def test_hta_kineto_speed(benchmark, traces):
+    """The anchor, on the same file in the same session: Holistic Trace Analysis parsing the scaled
+    Kineto trace (``pip install holistictraceanalysis==0.5.0``; skipped without it). Shown in the
+    same benchmark group as kernelmap's Kineto adapter, so the table compares the two directly."""
+    pytest.importorskip("hta")
+    from hta.common.trace import Trace
+
+    benchmark.group = "adapter speed: kineto"
+    path, (n_events, n_complete, n_trace_spans) = traces["kineto"]
+
+    def parse():
+        t = Trace(trace_dir=str(path.parent))
+        t.parse_traces(use_multiprocessing=False)
+        return t.get_trace(next(iter(t.traces)))
+
+    df = benchmark.pedantic(parse, rounds=1, iterations=1)
+    assert len(df) == n_complete - n_trace_spans  # HTA keeps every complete event but the "Trace" span
+    benchmark.extra_info.update({"events": n_events, "events_per_s": n_events / benchmark.stats.stats.mean,
+                                 "records": len(df), "hta_version": _hta_version(), **_peak(path, "hta")})
+
+
+def _hta_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("holistictraceanalysis")
+    except PackageNotFoundError:
+        return None

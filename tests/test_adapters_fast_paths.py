@@ -67,3 +67,76 @@ def test_int64_array_fast_path_is_the_object_path(values):
     fast = _common.int64_array(values, "x", "c")
     slow = _common.int64_array(pd.Series(values, dtype=object), "x", "c")
     pd.testing.assert_extension_array_equal(fast, slow)
+
+
+# --- the Kineto trace read a chunk of the traceEvents array at a time ----------------------------
+def _whole(monkeypatch, path):
+    """The Kineto adapter with the chunked reader switched off: one parse of the whole document."""
+    from kernelmap.adapters import kineto
+
+    def unavailable(*args, **kwargs):
+        raise _common.NoFastPath
+        yield
+
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "trace_event_chunks", unavailable)
+        return kineto.read(path)
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "cpu_torch_kineto.json.gz"])
+@pytest.mark.parametrize("chunk", [300, 4000, 60000])
+def test_kineto_in_chunks_is_the_whole_parse(monkeypatch, name, chunk):
+    """Cut into 300-byte to 60 KB chunks, the real traces give exactly the records of one parse.
+    (GPU kernel names such as ``{lambda(float)#1}, std::array`` hold ``},`` inside strings.)"""
+    from kernelmap.adapters import kineto
+
+    data = _common.read_bytes(DATA / name)
+    chunks = list(_common.trace_event_chunks(data, chunk))
+    whole = _common.parse_json(data, name)["traceEvents"]
+    assert len(chunks) >= len(data) // chunk // 2 > 1
+    assert [e for _, evs in chunks for e in evs] == whole
+    assert [first for first, _ in chunks] == list(np.cumsum([0] + [len(evs) for _, evs in chunks[:-1]]))
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    pd.testing.assert_frame_equal(kineto.read(DATA / name), _whole(monkeypatch, DATA / name), check_exact=True)
+
+
+_EVENT = '{"ph": "X", "name": "a},b", "ts": 1, "args": {"x": {"y": 1}, "z": [1]}}'
+
+
+def _doc(template: str, n: int = 1, sep: str = ",\n") -> str:
+    """``template`` with each ``@`` replaced by ``n`` copies of ``_EVENT``."""
+    return template.replace("@", sep.join([_EVENT] * n))
+
+
+@pytest.mark.parametrize(("doc", "valid"), [
+    (_doc('{"traceEvents": [@]}', 5, ", "), True),
+    (_doc('{"a": {"b": 1},\n "traceEvents": [\n@\n],\n"traceName": "t]"}', 5), True),
+    ('{"traceEvents": []}', True),
+    (_doc('{"traceEvents": [@,\n]}', 5), False),  # a trailing comma
+    (_doc('{"traceEvents": [@', 5), False),  # truncated
+    (_doc('{"traceEvents": [@]', 5), False),
+    (_doc('{"traceEvents": [@]}, 1', 5), False),
+    (_doc('{"traceEvents": [@], "traceEvents": [@]}'), True),  # the last one wins
+    (_doc('{"x": {"traceEvents": [@]}, "traceEvents": []}'), True),  # a nested key of the same name
+    (_doc('{"traceEvents": [@, {"ts": NaN}]}'), None),  # stdlib's JSON, not orjson's: stdlib decides
+    (_doc('{"traceEvents": [@, {"ts": 123456789012345678901}]}'), True),
+    (_doc('{"traceEvents": [@}, @]}'), False),
+])
+@pytest.mark.parametrize("chunk", [1, 40, 1 << 20])
+def test_trace_event_chunks_yield_the_array_or_step_aside(doc, valid, chunk):
+    """Either the chunks are exactly the array a whole parse finds, or NoFastPath (the whole parse
+    then decides, and reports any error); never a different list, never an invalid document."""
+    import json
+
+    data = doc.encode()
+    try:
+        got = [e for _, evs in _common.trace_event_chunks(data, chunk) for e in evs]
+    except _common.NoFastPath:
+        got = None
+    if not valid:
+        assert got is None
+        if valid is False:
+            with pytest.raises(ValueError):
+                json.loads(data)
+    elif got is not None:
+        assert got == json.loads(data)["traceEvents"]

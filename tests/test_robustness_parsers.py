@@ -267,3 +267,47 @@ def test_parquet_of_another_schema_version(tmp_path, version, word):
     with pytest.raises(SchemaError, match=word) as ei:
         schema.read_parquet(p)
     assert str(p) in str(ei.value)
+
+
+KINETO = next(t for t in TARGETS if t.name == "kineto:cpu_torch_kineto.json.gz")
+
+
+@settings(PROFILE)
+@given(data=st.data())
+def test_mutated_kineto_in_small_chunks_is_the_whole_parse(data, mut_dir, monkeypatch_module):
+    """A mutated Kineto trace read 2 KB of traceEvents at a time gives what one whole-document
+    parse gives: the same records, or a ParseError (the whole parse's own, for a broken document)."""
+    import pandas as pd
+
+    from kernelmap.adapters import _common, kineto
+
+    op = data.draw(st.sampled_from(KINETO.ops), label="op")
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    path = M.mutate(KINETO, op, seed, M.fresh_dir(mut_dir / "k"))
+
+    def outcome():
+        try:
+            return kineto.read(path)
+        except ParseError as exc:
+            return str(exc)
+
+    def unavailable(*args, **kwargs):
+        raise _common.NoFastPath
+        yield
+
+    monkeypatch_module.setattr(kineto, "CHUNK_BYTES", 2000)
+    chunked = outcome()
+    monkeypatch_module.setattr(kineto, "trace_event_chunks", unavailable)
+    whole = outcome()
+    monkeypatch_module.undo()
+    if isinstance(whole, str) or isinstance(chunked, str):
+        assert type(chunked) is type(whole)  # both refuse (the first bad record may differ per chunk)
+    else:
+        pd.testing.assert_frame_equal(chunked, whole, check_exact=True)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()

@@ -45,9 +45,13 @@ def read_text(path: str | os.PathLike) -> str:
 
 def load_json(path: str | os.PathLike):
     """The (gunzipped) file parsed as JSON; ParseError for bad bytes, bad JSON or deep nesting."""
+    return parse_json(read_bytes(path), path)
+
+
+def parse_json(data: bytes, path: str | os.PathLike):
+    """``data`` (the content of ``path``) parsed as JSON, as ``load_json`` does."""
     import json
 
-    data = read_bytes(path)
     if _orjson is not None and not _long_digit_run(data):
         try:
             return _orjson.loads(data)
@@ -61,6 +65,88 @@ def load_json(path: str | os.PathLike):
         raise ParseError(path, f"invalid JSON: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ParseError(path, "invalid JSON: nested too deeply") from None
+
+
+class NoFastPath(Exception):
+    """``trace_event_chunks`` cannot vouch for this document: parse it whole instead."""
+
+
+_TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
+_WS = re.compile(rb"\s*")
+
+
+def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[int]:
+    """Where a chunk starting at ``pos`` may end: after a ``}`` followed by ``,``, the last ones
+    before ``limit`` first, then the first ones after it (an element longer than a chunk). A
+    ``},`` then newline first: JSON strings hold no raw newline, so that one is never inside a
+    kernel name (C++ names often contain ``},``); the end of the array last."""
+    for sep in (b"},\n", b"},"):
+        cut, n = data.rfind(sep, pos, limit), 0
+        while cut >= 0 and n < tries:
+            yield cut + 1
+            cut, n = data.rfind(sep, pos, cut), n + 1
+        cut, n = data.find(sep, limit, end), 0
+        while cut >= 0 and n < tries:
+            yield cut + 1
+            cut, n = data.find(sep, cut + 1, end), n + 1
+    yield end
+
+
+def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) -> Iterator[tuple[int, list]]:
+    """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
+    chunk's first event in the array, its events). The same values as a whole-document parse, with
+    only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
+
+    How it stays exact: the array's extent is accepted only if the document with the array emptied
+    parses to an object whose ``traceEvents`` is ``[]``. Each chunk is cut after a ``},`` and
+    accepted only if ``[chunk]`` parses; a chunk that starts at an element and parses as a list of
+    complete values ends at an element boundary, so the chunks are the array's elements in order.
+    Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
+    orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
+    """
+    if _orjson is None or _long_digit_run(data):
+        raise NoFastPath
+    m = _TRACE_EVENTS.search(data)
+    if m is None:
+        raise NoFastPath
+    start, end = m.end(), None
+    j = len(data)
+    for _ in range(tries):  # the array's closing bracket, from the end of the document backwards
+        j = data.rfind(b"]", start, j)
+        if j < 0:
+            break
+        try:
+            shell = _orjson.loads(data[:start] + b"]" + data[j + 1:])
+        except _orjson.JSONDecodeError:
+            continue
+        # the key once, at the top level: not before the array, not after it
+        once = data.find(b'"traceEvents"', 0, m.start()) < 0 and data.find(b'"traceEvents"', j + 1) < 0
+        if isinstance(shell, dict) and shell.get("traceEvents") == [] and once:
+            end = j
+        break
+    if end is None:
+        raise NoFastPath
+    pos, first = start, 0
+    if _WS.fullmatch(data, start, end):
+        return
+    while True:
+        cuts = [end] if end - pos <= chunk_bytes else _cuts(data, pos, pos + chunk_bytes, end, tries)
+        events = None
+        for cut in cuts:
+            try:
+                events = _orjson.loads(b"[" + data[pos:cut] + b"]")
+                break
+            except _orjson.JSONDecodeError:
+                continue
+        if events is None:
+            raise NoFastPath
+        yield first, events
+        if cut == end:
+            return
+        first += len(events)
+        pos = cut + 1  # past the comma
+        if _WS.fullmatch(data, pos, end):  # a comma before the closing bracket: not JSON
+            raise NoFastPath
 
 
 try:  # optional: the same documents as stdlib json, parsed ~2x faster; stdlib decides what orjson refuses
@@ -91,14 +177,20 @@ def compact_json(values: list) -> list:
     return out
 
 
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")  # every digit -> "0"
 
 
-def _long_digit_run(data: bytes, n: int = 19, chunk: int = 1 << 24) -> bool:
-    """Whether ``data`` has ``n`` digits in a row: an integer outside int64 could be there, which
-    orjson reads as a float and stdlib as an int (checked in chunks, not one copy of the file)."""
-    z = b"0" * n
-    return any(data[i:i + chunk + n].translate(_DIGITS).find(z) >= 0 for i in range(0, len(data), chunk))
+def _long_digit_run(data: bytes, chunk: int = 1 << 24) -> bool:
+    """Whether ``data`` may hold an integer that orjson and stdlib json read differently: orjson
+    returns exact ints from -2**63 to 2**64-1 and floats beyond, so that is a run of 20 digits, or
+    19 after a minus sign (checked in chunks, not one copy of the file). Kineto's own 19-digit
+    ``baseTimeNanoseconds`` does not send a trace to the slower parser."""
+    z20, neg19 = b"0" * 20, b"-" + b"0" * 19
+    for i in range(0, len(data), chunk):
+        t = data[i:i + chunk + 20].translate(_DIGITS)
+        if t.find(z20) >= 0 or t.find(neg19) >= 0:
+            return True
+    return False
 
 
 @contextlib.contextmanager

@@ -17,7 +17,17 @@ import pandas as pd
 
 from ..errors import ParseError
 from . import _trace
-from ._common import compact_json, finish, int64_array, load_json, ns_from_us, numeric
+from ._common import (
+    NoFastPath,
+    compact_json,
+    finish,
+    int64_array,
+    ns_from_us,
+    numeric,
+    parse_json,
+    read_bytes,
+    trace_event_chunks,
+)
 
 SOURCE = "kineto"
 _KIND = {
@@ -28,6 +38,7 @@ _KIND = {
 
 
 _MISSING = object()
+CHUNK_BYTES = 8 << 20  # of the traceEvents array parsed at a time (see _common.trace_event_chunks)
 
 
 def _check_events(path, ev: list, idx: list) -> None:
@@ -48,19 +59,38 @@ def sniff(head: bytes) -> bool:
 
 
 def load_events(path: str | os.PathLike) -> list:
-    doc = load_json(path)
+    return _trace_events(parse_json(read_bytes(path), path), path)
+
+
+def _trace_events(doc, path) -> list:
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ParseError(path, "not a Chrome trace: no traceEvents list")
     return doc["traceEvents"]
 
 
-def read(path: str | os.PathLike) -> pd.DataFrame:
-    events = load_events(path)
+def _chunks(path: str | os.PathLike) -> list[dict]:
+    """Columns of the complete events, one dict per chunk of the ``traceEvents`` array (see
+    ``trace_event_chunks``), or one for the whole array where that is not possible."""
+    data = read_bytes(path)
+    seen: dict = {}  # one object per distinct name, category and shape list, not one per event
+    try:
+        return [_columns(path, first, events, seen) for first, events in trace_event_chunks(data, CHUNK_BYTES)]
+    except NoFastPath:
+        pass
+    events = _trace_events(parse_json(data, path), path)
+    del data
+    return [_columns(path, 0, events, seen)]
+
+
+def _columns(path, first: int, events: list, seen: dict) -> dict:
+    """Per-event values of the complete (``ph: X``) events of ``events`` (``events[0]`` is
+    record ``first`` of the file)."""
     if set(map(type, events)) - {dict}:
         bad = next(i for i, e in enumerate(events) if not isinstance(e, dict))
-        raise ParseError(path, f"trace event is a {type(events[bad]).__name__}, not an object", record=bad)
-    idx = [i for i, e in enumerate(events) if e.get("ph") == "X"]
-    ev = [events[i] for i in idx]
+        raise ParseError(path, f"trace event is a {type(events[bad]).__name__}, not an object", record=first + bad)
+    pos = [i for i, e in enumerate(events) if e.get("ph") == "X"]
+    idx = [first + i for i in pos]
+    ev = [events[i] for i in pos]
     del events
     names = [e.get("name") for e in ev]
     cats = [e.get("cat") for e in ev]
@@ -76,12 +106,6 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         dur = ns_from_us([e.get("dur", 0) for e in ev])
     except (TypeError, ValueError) as exc:
         raise ParseError(path, f"non-numeric ts/dur: {exc}") from None
-    kind_of = {c: _KIND.get(c, "annotation") for c in set(cats)}
-    kind = np.array([kind_of[c] for c in cats], dtype=object)
-    is_dev = np.isin(kind, _trace.DEVICE_KINDS)
-    ann = np.flatnonzero(kind == "annotation")
-    is_step = {n: n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in {names[i] for i in ann}}
-    kind[[i for i in ann if is_step[names[i]]]] = "step"
 
     def arg(key):
         return numeric([a.get(key) for a in args])
@@ -102,29 +126,65 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
 
     dims = [a.get("Input Dims") for a in args]
     shapes = compact_json(dims)
-    corr = arg("correlation")
-    ext = arg("External id")
-    names_a = np.array(names, dtype=object)
+    # the first list seen for each shape string stands for all equal ones
+    dims = [None if s is None else seen.setdefault(("dims", s), d) for s, d in zip(shapes, dims, strict=True)]
     grid, block = triple("grid"), triple("block")
-    cols = {
-        "kind": kind,
-        "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),
-        "kernel_name": pd.array(np.where(is_dev, names_a, None), dtype="string"),
+    return {
+        "idx": idx,
+        "names": [seen.setdefault(n, n) for n in names],
+        "cats": [seen.setdefault(c, c) for c in cats],
         "start_ns": start, "dur_ns": dur,
         "pid": numeric([e.get("pid") for e in ev]),
         "tid": numeric([e.get("tid") for e in ev]),
-        "correlation_id": corr,
+        "correlation_id": arg("correlation"),
+        "ext": arg("External id"),
         "seq": arg("Sequence number"),
         "stream": arg("stream"),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
         "block_x": block[0], "block_y": block[1], "block_z": block[2],
         "bytes": arg("bytes"),
-        "shapes": shapes,
+        "shapes": [None if s is None else seen.setdefault(s, s) for s in shapes],
+        "dims": dims,
+    }
+
+
+def _joined(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for key, first in parts[0].items():
+        vals = [p[key] for p in parts]
+        if isinstance(first, list):
+            out[key] = [x for v in vals for x in v]
+        elif isinstance(first, pd.Series):
+            out[key] = pd.concat(vals, ignore_index=True)
+        else:
+            out[key] = np.concatenate(vals)
+    return out
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    c = _joined(_chunks(path))
+    idx, names, cats, dims, ext = c.pop("idx"), c.pop("names"), c.pop("cats"), c.pop("dims"), c.pop("ext")
+    kind_of = {k: _KIND.get(k, "annotation") for k in set(cats)}
+    kind = np.array([kind_of[k] for k in cats], dtype=object)
+    is_dev = np.isin(kind, _trace.DEVICE_KINDS)
+    ann = np.flatnonzero(kind == "annotation")
+    is_step = {n: n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in {names[i] for i in ann}}
+    kind[[i for i in ann if is_step[names[i]]]] = "step"
+    names_a = np.array(names, dtype=object)
+    del names, cats
+    cols = {
+        "kind": kind,
+        "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),
+        "kernel_name": pd.array(np.where(is_dev, names_a, None), dtype="string"),
+        **c,
         "framework": "pytorch",
         "device": "gpu" if is_dev.any() else "cpu",
     }
-    for c in ("pid", "tid", "correlation_id", "seq", "stream", "bytes", *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
-        cols[c] = int64_array(cols[c], path, c, idx) if len(ev) else pd.array([], dtype="Int64")
+    for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
+                *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
+        cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
     df["library"] = pd.Series(pd.NA, index=df.index, dtype="string")
     _trace.label(df, dims, "pytorch")
