@@ -110,15 +110,43 @@ def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
         con.close()
 
 
-def _name_expr(con, path, table: str, col: str, alias: str, tables: set[str]) -> tuple[str, str]:
-    """(select expression, join clause) for a name column that may be a StringIds id or text."""
+def _is_string_id(con, path, table: str, col: str, tables: set[str]) -> bool:
+    """Whether a name column holds StringIds ids (declared INTEGER) rather than the text itself."""
     decl = {r[1]: (r[2] or "").upper() for r in con.execute(f'pragma table_info("{table}")')}
     if "INT" in decl.get(col, "INT"):
         if "StringIds" not in tables:
             raise ParseError(path, f"{table}.{col} refers to StringIds, which the export lacks")
         _need(path, "StringIds", _columns(con, "StringIds"), ("id", "value"))
-        return f"{alias}_s.value", f'LEFT JOIN StringIds {alias}_s ON {alias}_s.id = {alias}."{col}"'
-    return f'{alias}."{col}"', ""
+        return True
+    return False
+
+
+def _strings(con, ids: pd.Series) -> pd.Series:
+    """StringIds values of ``ids`` (NA where StringIds has none), as one shared str object per
+    distinct name: a SQL join would hand every row its own copy (a kernel name per kernel)."""
+    uniq = pd.unique(ids.dropna())
+    if len(uniq) > 5000:  # many distinct ids (NVTX texts): one pass over the table
+        table = dict(con.execute("SELECT id, value FROM StringIds"))
+    else:
+        table = {}
+        for i in range(0, len(uniq), 500):
+            part = [v.item() if hasattr(v, "item") else v for v in uniq[i:i + 500]]
+            q = f"SELECT id, value FROM StringIds WHERE id IN ({', '.join('?' * len(part))})"
+            table.update(con.execute(q, part))
+    return ids.map(table).astype(object)
+
+
+def _named(con, path, table: str, col: str, alias: str, tables: set[str], as_: str) -> str:
+    """Select expression for a name column: its text, or its StringIds id as ``{as_}__id``."""
+    suffix = "__id" if _is_string_id(con, path, table, col, tables) else ""
+    return f'{alias}."{col}" AS {as_}{suffix}'
+
+
+def _resolve(con, frame: pd.DataFrame) -> pd.DataFrame:
+    """Replace each ``X__id`` column of ``frame`` by ``X``, its StringIds values."""
+    for c in [c for c in frame.columns if c.endswith("__id")]:
+        frame[c.removesuffix("__id")] = _strings(con, frame.pop(c))
+    return frame
 
 
 def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd.DataFrame:
@@ -134,13 +162,13 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
         name_col = "demangledName" if "demangledName" in have else "shortName" if "shortName" in have else None
         if name_col is None:
             raise ParseError(path, f"table {t} lacks column demangledName (and shortName)")
-        expr, join = _name_expr(con, path, t, name_col, "k", tables)
+        name = _named(con, path, t, name_col, "k", tables, "kernel_name")
         grid = ", ".join(f'k."{c}" AS {c.lower()[:-1]}_{c[-1].lower()}' if c in have else f"NULL AS {c.lower()[:-1]}_{c[-1].lower()}"
                          for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
         gpid = 'k."globalPid"' if "globalPid" in have else "NULL"
-        frames.append(pd.read_sql_query(
+        frames.append(_resolve(con, pd.read_sql_query(
             f'SELECT \'kernel\' AS kind, k.start AS start_ns, k."end" - k.start AS dur_ns, k.correlationId AS correlation_id, '
-            f'k.streamId AS stream, {grid}, {expr} AS kernel_name, {gpid} AS gpid, NULL AS gtid FROM {t} k {join}', con))
+            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k', con)))
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
             have = _columns(con, t)
@@ -153,32 +181,32 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "correlationId", "nameId", "globalTid"))
-        expr, join = _name_expr(con, path, t, "nameId", "r", tables)
-        frames.append(pd.read_sql_query(
+        name = _named(con, path, t, "nameId", "r", tables, "op_name")
+        frames.append(_resolve(con, pd.read_sql_query(
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
-            f"{expr} AS op_name, r.globalTid AS gtid FROM {t} r {join}", con))
+            f"{name}, r.globalTid AS gtid FROM {t} r", con)))
     t = "NVTX_EVENTS"
     dims = None
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "eventType", "globalTid"))
         text = 'n."text"' if "text" in have else "NULL"
-        if "textId" in have and "StringIds" in tables:
-            text, join = f"COALESCE({text}, n_s.value)", "LEFT JOIN StringIds n_s ON n_s.id = n.textId"
-        else:
-            join = ""
+        text_id = "n.textId" if "textId" in have and "StringIds" in tables else "NULL"
         nv = pd.read_sql_query(
-            f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, n.globalTid AS gtid "
-            f"FROM {t} n {join} WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL", con)
+            f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, {text_id} AS text_id, "
+            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL", con)
+        ids = nv.pop("text_id")
+        if ids.notna().any():  # the text itself where the row has one, else its StringIds value
+            nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
         frames.append(_nvtx(nv))
     for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
         if t in tables:
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "nameId", "globalTid"))
-            expr, join = _name_expr(con, path, t, "nameId", "l", tables)
-            frames.append(pd.read_sql_query(
+            name = _named(con, path, t, "nameId", "l", tables, "library_call")
+            frames.append(_resolve(con, pd.read_sql_query(
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
-                f"{expr} AS library_call, l.globalTid AS gtid FROM {t} l {join}", con))
+                f"{name}, l.globalTid AS gtid FROM {t} l", con)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     bad = int((df["kind"].eq("kernel") & df["kernel_name"].isna()).sum()) if "kernel_name" in df else 0
     if bad:
