@@ -40,3 +40,30 @@ def layer_flops(layer: str, direction: str, batch_size: int) -> int | None:
     out_f, in_f = lay.weight_shape
     return 2 * batch_size * in_f * out_f
 
+
+
+# --- FLOPs of one library call, from the sizes its own log records --------------------------------
+def conv2d_call_flops(w: list[int] | None, y: list[int] | None) -> int | None:
+    """``2 * N * C_out * H_out * W_out * (C_in / groups) * kh * kw`` from the filter ``w``
+    ([C_out, C_in/groups, kh, kw]) and the output ``y`` ([N, C_out, H_out, W_out]); the same for
+    forward, data gradient and weight gradient. None unless both are 4-d with matching C_out."""
+    if not (_ints(w, 4) and _ints(y, 4)) or w[0] != y[1]:
+        return None
+    n, c_out, h, wd = y
+    return _fits(2 * n * c_out * h * wd * w[1] * w[2] * w[3])
+
+
+def gemm_call_flops(m: int | None, n: int | None, k: int | None, batch: int | None = 1) -> int | None:
+    """``2 * m * n * k * batch`` of a (batched) matrix multiply; None where a size is unknown."""
+    if not _ints([m, n, k, batch], 4):
+        return None
+    return _fits(2 * m * n * k * batch)
+
+
+def _fits(flops: int) -> int | None:
+    """None for a count no int64 column holds (only a corrupt log gets there)."""
+    return flops if flops < 2**63 else None
+
+
+def _ints(v, n: int) -> bool:
+    return isinstance(v, list | tuple) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from ..errors import ParseError
+from ..flops import gemm_call_flops
 from ..frameworks.spec import LAYERS
 from ._common import api_log_blocks, finish
 
@@ -118,10 +119,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
             row["shapes"] = json.dumps([[mm_, kk], [kk, nn]], separators=(",", ":"))
             row["layer"] = linear_layer([mm_, nn, kk])
             row["direction"] = gemm_direction(row["layer"], mm_, nn, kk)
+            row["flops"] = gemm_call_flops(mm_, nn, kk, _int(args.get("batchCount")) if "batchCount" in args else 1)
         row["math_mode"] = _math(row["math"], func)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["library_call", "start_ns", "pid", "tid", "math", "shapes", "layer", "direction",
-                                     "math_mode"])
+                                     "math_mode", "flops"])
     layer = df["layer"].tolist()
     cols = {
         "kind": ["library_call"] * len(df), "library": ["cuBLAS"] * len(df), "device": ["gpu"] * len(df),
@@ -133,6 +135,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "math_mode": df["math_mode"].tolist(),
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "pid": pd.array(df["pid"].tolist(), dtype="Int64"), "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
+        "flops": pd.array(df["flops"].tolist(), dtype="Int64"),
     }
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)

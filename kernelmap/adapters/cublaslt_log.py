@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from ..errors import ParseError
+from ..flops import gemm_call_flops
 from ._common import finish, read_text
 from .cublas_log import _phase, gemm_direction, linear_layer
 
@@ -61,7 +62,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                     raise ParseError(path, f"bad timestamp {stamp!r}", line=lineno) from None
                 waiting[tid] = len(rows)
                 rows.append({"start_ns": int(t.timestamp()) * 10**9, "tid": tid, "shapes": None,
-                             "algo": None, "math_mode": None, "layer": None, "direction": None})
+                             "algo": None, "math_mode": None, "layer": None, "direction": None, "flops": None})
         elif level == "Trace":
             if func == "cublasLtMatmul" and tid in waiting:
                 row = rows[waiting.pop(tid)]
@@ -86,15 +87,17 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                 weights = [s for s in shapes if len(s) == 2]
                 hits = {linear_layer(s) for s in weights if linear_layer(s)}
                 row["layer"] = hits.pop() if len(hits) == 1 else None
-                if row["layer"] and len(descs) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+                if len(shapes) == 2:
                     trans = dict(_KV.findall(rest.split("computeDesc=[", 1)[-1].split("]", 1)[0]))
-                    (ar, ac), (br, bc) = shapes[0], shapes[1]
+                    (ar, ac), (br, bc) = shapes[0][-2:], shapes[1][-2:]
                     m, k = (ac, ar) if trans.get("transa") == "OP_T" else (ar, ac)
                     n = br if trans.get("transb") == "OP_T" else bc
-                    row["direction"] = gemm_direction(row["layer"], m, n, k)
+                    row["flops"] = gemm_call_flops(m, n, k, shapes[0][0] if len(shapes[0]) == 3 else 1)
+                    if row["layer"] and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+                        row["direction"] = gemm_direction(row["layer"], m, n, k)
             elif func.startswith("cublasLt") and func.endswith("Matmul") and func != "cublasLtMatmul":
                 internal += 1
-    df = pd.DataFrame(rows, columns=["start_ns", "tid", "shapes", "algo", "math_mode", "layer", "direction"])
+    df = pd.DataFrame(rows, columns=["start_ns", "tid", "shapes", "algo", "math_mode", "layer", "direction", "flops"])
     n = len(df)
     cols = {
         "kind": ["library_call"] * n, "library": ["cuBLASLt"] * n, "device": ["gpu"] * n,
@@ -105,6 +108,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "canonical_op": ["linear" if isinstance(v, str) else None for v in df["layer"]],
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
+        "flops": pd.array(df["flops"].tolist(), dtype="Int64"),
     }
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from ..errors import ParseError
+from ..flops import conv2d_call_flops
 from . import canonical as C
 from ._common import api_log_blocks, finish
 
@@ -157,13 +158,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         y = _dims(attrs, "yDesc") or _dims(attrs, "dyDesc")
         shapes = [s for s in (x, w, y) if s is not None]
         row["shapes"] = json.dumps(shapes, separators=(",", ":")) if shapes else None
+        row["flops"] = conv2d_call_flops(w, y) if canon == "conv2d" else None
         layer = C._WEIGHTS.get(tuple(w)) if w else None
         row.update(canonical_op=canon, direction=direction, layer=layer)
         if func == EXECUTE and row.get("tid") is not None:
             pending_internal[str(row["tid"])] = len(rows)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["library_call", "op_name", "algo", "math_mode", "shapes", "canonical_op",
-                                     "direction", "layer", "start_ns", "pid", "tid", "stream", "gpu", "cudnn_version"])
+                                     "direction", "layer", "flops", "start_ns", "pid", "tid", "stream", "gpu", "cudnn_version"])
     cols = {c: df[c].tolist() for c in ("library_call", "op_name", "algo", "math_mode", "shapes",
                                         "canonical_op", "direction", "layer")}
     cols.update(
@@ -171,6 +173,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         start_ns=pd.array(df["start_ns"].tolist(), dtype="Int64"),
         pid=pd.array(df["pid"].tolist(), dtype="Int64"), tid=pd.array(df["tid"].tolist(), dtype="Int64"),
         stream=pd.array(df["stream"].tolist(), dtype="Int64"),
+        flops=pd.array(df["flops"].tolist(), dtype="Int64"),
         phase=[_phase(d) for d in df["direction"]],
     )
     out = finish(cols, path, SOURCE)

@@ -24,6 +24,7 @@ import re
 import pandas as pd
 
 from ..errors import ParseError
+from ..flops import conv2d_call_flops, gemm_call_flops
 from . import canonical as C
 from ._common import finish, read_text
 
@@ -60,6 +61,21 @@ def _problem_shapes(prim: str, problem: str) -> list | None:
         if prim.startswith("pooling") and "ih" in g:
             return [[mb, ic, int(g["ih"]), int(g["iw"])]]
     except KeyError:  # a descriptor without one of the sizes: no shapes
+        return None
+    return None
+
+
+def _problem_flops(prim: str, problem: str) -> int | None:
+    """FLOPs of one 2-d convolution or inner product from its problem descriptor (the same for
+    forward and both gradients); None for other primitives and descriptors without the sizes."""
+    g = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", problem)}
+    try:
+        if prim == "convolution" and "od" not in g and g.get("ic", 0) % g.get("g", 1) == 0:
+            w = [g["oc"], g["ic"] // g.get("g", 1), g["kh"], g["kw"]]
+            return conv2d_call_flops(w, [g["mb"], g["oc"], g["oh"], g["ow"]])
+        if prim == "inner_product":
+            return gemm_call_flops(g["mb"], g["oc"], g["ic"] * g.get("id", 1) * g.get("ih", 1) * g.get("iw", 1))
+    except KeyError:
         return None
     return None
 
@@ -118,6 +134,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "dur_ns": pd.array(df["dur_ns"].tolist(), dtype="Int64"),
         "start_ns": pd.array(df["ts"].tolist(), dtype="Int64"),
         "shapes": [json.dumps(s, separators=(",", ":")) if s else None for s in df["shapes"]],
+        "flops": pd.array([_problem_flops(p, q) for p, q in zip(df["prim"], df["problem"], strict=True)],
+                          dtype="Int64"),
         "device": [("cpu" if e == "cpu" else "gpu") for e in df["engine"]],
     }
     if df.empty:
