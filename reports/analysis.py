@@ -506,6 +506,58 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
     return df, fws
 
 
+LAYER_COLUMNS = ("run", "batch_size", "layer", "canonical_op", "direction", "framework", "level",
+                 "libraries", "library_calls", "algos", "kernels", "ms_per_step", "flops_per_step", "achieved_flops",
+                 "math_modes")
+
+
+def layer_table(runs: list[Run]) -> pd.DataFrame:
+    """Conv and linear work per layer and direction, for each framework: the library call(s), the
+    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step (timed
+    events as in the op table) and the FLOP/s that gives (the spec's FLOPs for the layer)."""
+    rows = []
+    for run in runs:
+        rec = _records(run)
+        for t in timed_events(run):
+            ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
+            if ev.empty:
+                continue
+            allrows = rec[(rec["framework"] == t.framework) & (rec["batch_size"].fillna(-1) == (
+                -1 if t.batch_size is None else t.batch_size))]
+            allrows = _fill_from_links(allrows, allrows)
+            for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
+                # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients
+                dirs = {"bwd", "bwd_data", "bwd_weight"} if d == "bwd" else {d}
+                a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
+                            & allrows["direction"].fillna("none").isin(dirs)]
+                calls = a[a["kind"] == "library_call"]
+                kernels = a[a["kind"] == "kernel"]["kernel_name"]
+                onednn = calls[calls["library"] == "oneDNN"]
+                ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                # FLOPs of an op-level "bwd": the gradients its library calls computed
+                parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if d == "bwd" else [d]
+                flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
+                    if t.batch_size is not None else None
+                rows.append({
+                    "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
+                    "direction": d, "framework": t.framework, "level": t.level,
+                    "libraries": _uniq(pd.concat([g["library"], calls["library"]])) or ["native"],
+                    "library_calls": _uniq(pd.concat([calls["library_call"], g["library_call"]])),
+                    "algos": _uniq(calls["algo"]),
+                    # oneDNN names its implementation (its "kernel") in the verbose line
+                    "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
+                    "ms_per_step": ms, "flops_per_step": flops,
+                    "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
+                    "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
+                })
+    df = pd.DataFrame(rows, columns=list(LAYER_COLUMNS))
+    if len(df):
+        dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
+        df = df.assign(_d=df["direction"].map(dorder)).sort_values(
+            ["run", "batch_size", "layer", "_d", "framework"]).drop(columns="_d").reset_index(drop=True)
+    return df
+
+
 def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
     """Plain statements of where frameworks differ for one op row."""
     present = [fw for fw in fws if fw in cells]

@@ -33,6 +33,13 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
              "share_of_step": "share", "math_modes": "math mode"}
 
 
+LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
+                "direction": "direction", "framework": "framework", "libraries": "library",
+                "library_calls": "library call(s)",
+                "algos": "algorithm", "kernels": "kernel(s)", "ms_per_step": "time/step (ms)",
+                "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (kernelmap run [+ normalise])")
     parser.add_argument("-o", "--out", required=True, metavar="DIR", help="report directory to create")
@@ -180,6 +187,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "parity_html": H.table(A.parity_table(runs)),
             "env_html": H.table(A.environment_table(runs)),
             "op_tables": _op_tables(runs, fallbacks),
+            "layer_html": H.table(A.layer_table(runs), LAYER_FIELDS),
             "figures": figs,
             "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
             "not_read_html": H.table(not_read),

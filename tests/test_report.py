@@ -47,7 +47,7 @@ def _section(page: str, sid: str) -> str:
 
 
 def test_all_sections_present(page):
-    for sid in ("summary", "ops", "figures", "coverage", "timeline"):
+    for sid in ("summary", "ops", "layers", "figures", "coverage", "timeline"):
         assert _section(page, sid).strip()
 
 
@@ -98,6 +98,37 @@ def test_op_table_side_by_side(page):
     lin = table[(table["canonical_op"] == "linear") & (table["direction"] == "fwd")].iloc[0]
     assert any("library differs" in d for d in lin["differences"])
     assert "library differs: MXNet: oneDNN, PyTorch: native" in ops
+
+
+def test_layer_table_splits_the_op_table_by_layer(page):
+    """Per layer x direction x framework: time per step sums to the op table's conv2d/linear row,
+    FLOPs are the spec's, and the library calls are what each framework's log recorded."""
+    from kernelmap.flops import layer_flops
+
+    run = A.load_run(RUN)
+    lt = A.layer_table([run])
+    assert len(lt) == 2 * 4 * 2 * 2  # batch sizes x layers x (fwd, op-level bwd) x frameworks
+    for bs in (64, 256):
+        table, fws = A.op_table(run, bs)
+        for op, d in (("conv2d", "fwd"), ("conv2d", "bwd"), ("linear", "fwd"), ("linear", "bwd")):
+            row = table[(table["canonical_op"] == op) & (table["direction"] == d)].iloc[0]
+            for fw in fws:
+                part = lt[(lt["batch_size"] == bs) & (lt["framework"] == fw) & (lt["canonical_op"] == op)
+                          & (lt["direction"] == d)]
+                assert part["ms_per_step"].sum() == pytest.approx(row[f"{fw}.ms_per_step"], rel=1e-9)
+    fwd = lt[lt["direction"] == "fwd"]
+    assert all(f == layer_flops(la, "fwd", bs) for f, la, bs in zip(fwd["flops_per_step"], fwd["layer"],
+                                                                   fwd["batch_size"], strict=True))
+    one = lt.set_index(["batch_size", "layer", "direction", "framework"])
+    assert one.loc[(64, "fc1", "fwd", "mxnet"), "library_calls"] == ["inner_product forward_training"]
+    assert one.loc[(64, "fc1", "fwd", "pytorch"), "libraries"] == ["native"]
+    assert one.loc[(64, "conv1", "bwd", "pytorch"), "library_calls"] == ["convolution backward_weights"]
+    # conv1's input needs no gradient: its backward is the weight gradient only
+    assert one.loc[(64, "conv1", "bwd", "pytorch"), "flops_per_step"] == layer_flops("conv1", "bwd_weight", 64)
+    assert one.loc[(64, "conv2", "bwd", "mxnet"), "flops_per_step"] == 2 * layer_flops("conv2", "fwd", 64)
+    layers = _section(page, "layers")
+    assert "inner_product forward_training" in layers and fmt(one.loc[(64, "conv2", "fwd", "pytorch"),
+                                                                      "ms_per_step"], "ms_per_step") in layers
 
 
 def test_op_time_matches_records(page):
