@@ -526,8 +526,10 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 -1 if t.batch_size is None else t.batch_size))]
             allrows = _fill_from_links(allrows, allrows)
             for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
-                # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients
-                dirs = {"bwd", "bwd_data", "bwd_weight"} if d == "bwd" else {d}
+                # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
+                # a kernel-level "bwd" is work no gradient call owns (the bias gradient's reduction)
+                split = d == "bwd" and t.level == "op"
+                dirs = {"bwd", "bwd_data", "bwd_weight"} if split else {d}
                 a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
                             & allrows["direction"].fillna("none").isin(dirs)]
                 calls = a[a["kind"] == "library_call"]
@@ -535,7 +537,7 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 onednn = calls[calls["library"] == "oneDNN"]
                 ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
                 # FLOPs of an op-level "bwd": the gradients its library calls computed
-                parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if d == "bwd" else [d]
+                parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
                 flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
                     if t.batch_size is not None else None
                 rows.append({

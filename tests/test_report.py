@@ -253,3 +253,56 @@ def test_trend_from_benchmark_storage(tmp_path):
     assert "0001" in hist and "0002" in hist
     img = mpimg.imread(d / "trend.png")[..., :3]
     assert img.var() > 0
+
+
+def _gpu_run_dir(d: Path) -> int:
+    """A run directory assembled from the real H200 fixtures (one PyTorch bs-64 run: Kineto trace,
+    cuDNN/cuBLAS/cuBLASLt logs, nsys export) with the pass step counts the recording had."""
+    import gzip
+
+    data = Path(__file__).parent / "data"
+    info = json.loads((data / "gpu_fixtures.json").read_text())
+    bs = info["batch_size"]
+    b = d / "pytorch" / f"bs{bs}"
+    b.mkdir(parents=True)
+    shutil.copy(data / "gpu_kineto.json.gz", b / "trace.json.gz")
+    for name in ("cudnn", "cublas", "cublaslt"):
+        (b / f"{name}.log").write_bytes(gzip.decompress((data / f"gpu_{name}.log.gz").read_bytes()))
+    (b / "nsys.sqlite").write_bytes(gzip.decompress((data / "gpu_nsys.sqlite.gz").read_bytes()))
+    (d / "manifest.json").write_text(json.dumps({"gpu": info["gpu"], "frameworks": {"pytorch": {
+        "device_requested": "gpu", "device": "gpu", "device_note": None, "versions": info["versions"],
+        "skipped": False}}}))
+    (d / "results.json").write_text(json.dumps([{"framework": "pytorch", "batch_size": bs, "device": "gpu",
+                                                 "passes": info["steps"]}]))
+    return bs
+
+
+def test_layer_table_on_real_gpu_records(tmp_path):
+    """On the H200 recording: every conv/linear gradient is its own row with its cuDNN or cuBLAS
+    call, engine and kernels; layer rows sum to the op table; FLOPs are the spec's; a kernel-level
+    ``bwd`` (the bias gradient's reduction) is not given the gradients' calls or FLOPs."""
+    from kernelmap.flops import layer_flops
+    from kernelmap.normalise import normalise_run_dir
+
+    run_dir = tmp_path / "gpu"
+    bs = _gpu_run_dir(run_dir)
+    assert normalise_run_dir(run_dir)["runs"][f"pytorch/bs{bs}"]["attributed_kernel_time_share"] == 1.0
+    run = A.load_run(run_dir)
+    lt = A.layer_table([run])
+    table, _ = A.op_table(run, bs)
+    assert set(lt["level"]) == {"kernel"} and len(lt) == 15
+    for op in ("conv2d", "linear"):
+        for d in ("fwd", "bwd_data", "bwd_weight"):
+            part = lt[(lt["canonical_op"] == op) & (lt["direction"] == d)]
+            want = {"conv2d": {"conv1", "conv2"}, "linear": {"fc1", "fc2"}}[op]
+            assert set(part["layer"]) == (want - {"conv1"} if (op, d) == ("conv2d", "bwd_data") else want)
+            row = table[(table["canonical_op"] == op) & (table["direction"] == d)].iloc[0]
+            assert part["ms_per_step"].sum() == pytest.approx(row["pytorch.ms_per_step"], rel=1e-9)
+            for _, r in part.iterrows():
+                assert r["kernels"] and r["flops_per_step"] == layer_flops(r["layer"], d, bs)
+                assert r["library_calls"] == (["cudnnBackendExecute"] if op == "conv2d" else
+                                              ["cublasLtMatmul"] if d == "fwd" else ["cublasSgemm_v2"])
+    conv = lt[(lt["canonical_op"] == "conv2d") & lt["direction"].isin(["fwd", "bwd_data", "bwd_weight"])]
+    assert all(len(a) == 1 and a[0].startswith("eng") for a in conv["algos"])  # the cuDNN engine chosen
+    bias = lt[lt["direction"] == "bwd"]
+    assert len(bias) == 4 and bias["flops_per_step"].isna().all() and all(c == [] for c in bias["library_calls"])
