@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return _interrupted(args, want_json, signals)
+    except BrokenPipeError:  # `kernelmap ... | head`: the reader left; say nothing more (Python docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception:
         if signals.seen:  # Ctrl-C that a C extension turned into another exception (see interrupt.py)
             return _interrupted(args, want_json, signals)

@@ -2,7 +2,8 @@
 run to each other, write one records table (Parquet, docs/SCHEMA.md) and print the summary.
 
 Files of one run are the files of one directory (or all files, with ``--run``); files of other
-runs are concatenated, never linked. ``event_id`` is made unique within a run by offsetting each
+runs are concatenated, never linked. ``kernelmap normalise RUN_DIR`` (a ``kernelmap run``
+directory) re-normalises the run in place: RUN_DIR/records.parquet and RUN_DIR/attribution.json. ``event_id`` is made unique within a run by offsetting each
 file's ids (links are offset with them).
 """
 
@@ -22,8 +23,10 @@ from .errors import KernelmapError, ParseError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE", help="traces and logs, any mix (.gz read transparently)")
-    p.add_argument("-o", "--output", default="records.parquet", help="Parquet file to write (default: %(default)s)")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="traces and logs, any mix (.gz read transparently); or one `kernelmap run` directory")
+    p.add_argument("-o", "--output", help="Parquet file to write (default: records.parquet; for a run "
+                                          "directory, RUN_DIR/records.parquet and RUN_DIR/attribution.json)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--replace", action="store_true", help="replace an existing --output")
     p.add_argument("--run", help="treat all files as one run of this name")
@@ -75,6 +78,10 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
 
 
 def main(args: argparse.Namespace) -> int:
+    dirs = [f for f in args.files if Path(f).is_dir()]
+    if dirs:
+        return _main_run_dir(args, dirs)
+    args.output = args.output or "records.parquet"
     if Path(args.output).exists() and not args.replace:
         raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
     df, summary = normalise(args.files, run=args.run, framework=args.framework)
@@ -86,6 +93,31 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _main_run_dir(args: argparse.Namespace, dirs: list[str]) -> int:
+    """``kernelmap normalise RUN_DIR``: the run directory's own records and attribution, rewritten."""
+    run_dir = Path(dirs[0])
+    if len(args.files) > 1:
+        raise KernelmapError(f"{run_dir}: a run directory is normalised on its own; pass it alone "
+                             "(or pass files, not directories)")
+    if not (run_dir / "manifest.json").is_file():
+        raise KernelmapError(f"{run_dir}: not a kernelmap run directory (no manifest.json); pass trace and log files")
+    if args.output or args.run or args.framework:
+        raise KernelmapError(f"{run_dir}: -o, --run and --framework apply to files; a run directory is normalised "
+                             "into RUN_DIR/records.parquet and RUN_DIR/attribution.json")
+    summary = normalise_run_dir(run_dir)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        files = sum(len(r["files"]) for r in summary["runs"].values())
+        sys.stdout.write(f"{files} file(s) of {len(summary['runs'])} framework x batch size run(s) -> "
+                         f"{run_dir / 'records.parquet'}, {run_dir / 'attribution.json'}\n")
+        _print_runs(summary)
+        if summary["not_records"]:
+            sys.stdout.write(f"{len(summary['not_records'])} file(s) not read (pass results, timings; each with its "
+                             "reason under not_records in attribution.json)\n")
+    return 0
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
@@ -93,6 +125,11 @@ def _pct(x) -> str:
 def _print(s: dict, out) -> None:
     w = sys.stdout.write
     w(f"{s['events']} records from {len(s['files'])} file(s) -> {out}\n")
+    _print_runs(s)
+
+
+def _print_runs(s: dict) -> None:
+    w = sys.stdout.write
     for name, r in s["runs"].items():
         w(f"run {name}: {r['kernels']} kernels read, {r['ops']} framework ops\n")
         for src, b in r["by_source"].items():

@@ -173,3 +173,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {_gpu_problem()}"))
         if item.get_closest_marker("mxnet") is not None and _import_error("mxnet") is not None:
             item.add_marker(pytest.mark.skip(reason=f"mxnet not importable: {_import_error('mxnet')}"))
+
+
+def gpu_run_dir(d: Path) -> int:
+    """A run directory assembled from the real H200 fixtures (one PyTorch bs-64 run: Kineto trace,
+    cuDNN/cuBLAS/cuBLASLt logs, nsys export) with the pass step counts the recording had."""
+    import shutil
+
+    data = Path(__file__).parent / "data"
+    info = json.loads((data / "gpu_fixtures.json").read_text())
+    bs = info["batch_size"]
+    b = d / "pytorch" / f"bs{bs}"
+    b.mkdir(parents=True)
+    shutil.copy(data / "gpu_kineto.json.gz", b / "trace.json.gz")
+    for name in ("cudnn", "cublas", "cublaslt"):
+        (b / f"{name}.log").write_bytes(gzip.decompress((data / f"gpu_{name}.log.gz").read_bytes()))
+    (b / "nsys.sqlite").write_bytes(gzip.decompress((data / "gpu_nsys.sqlite.gz").read_bytes()))
+    (d / "manifest.json").write_text(json.dumps({"gpu": info["gpu"], "frameworks": {"pytorch": {
+        "device_requested": "gpu", "device": "gpu", "device_note": None, "versions": info["versions"],
+        "skipped": False}}}))
+    (d / "results.json").write_text(json.dumps([{"framework": "pytorch", "batch_size": bs, "device": "gpu",
+                                                 "passes": info["steps"]}]))
+    return bs

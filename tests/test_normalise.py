@@ -172,3 +172,64 @@ def test_run_dir_reads_one_nsys_capture_once(tmp_path):
         (n_kernels,) = con.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
     assert s["runs"]["pytorch/bs64"]["kernels"] == n_kernels
     assert {x["file"] for x in s["not_records"]} == {"pytorch/bs64/nsys.nsys-rep"}
+
+
+def test_normalise_a_run_directory_in_place(tmp_path, capsys):
+    """``kernelmap normalise RUN_DIR`` (what the runner and the report tell users to run): the run's
+    records and attribution rewritten in place, kernel counts those of the recorded files."""
+    from conftest import gpu_run_dir
+
+    from kernelmap import cli, schema
+    from kernelmap.adapters import read
+
+    run = tmp_path / "run"
+    bs = gpu_run_dir(run)
+    assert cli.main(["normalise", str(run), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    r = summary["runs"][f"pytorch/bs{bs}"]
+    want = {src: int((read(DATA / f)["kind"] == "kernel").sum())
+            for src, f in (("kineto", "gpu_kineto.json.gz"), ("nsys", "gpu_nsys.sqlite.gz"))}
+    assert {src: b["kernels"] for src, b in r["by_source"].items()} == want
+    assert r["kernels"] == sum(want.values())
+    assert r["library_calls"] == {"cudnnBackendExecute": 20, "cublasSgemm_v2": 16, "cublasLtMatmul": 12}
+    assert json.loads((run / "attribution.json").read_text())["runs"] == json.loads(json.dumps(summary["runs"]))
+    assert int((schema.read_parquet(run / "records.parquet")["kind"] == "kernel").sum()) == sum(want.values())
+    assert cli.main(["normalise", str(run)]) == 0  # again, in place, as the runner's note says
+    assert "file(s) of 1 framework x batch size run(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    (["{data}/gpu_cudnn.log.gz"], "a run directory is normalised on its own"),
+    (["-o", "x.parquet"], "-o, --run and --framework apply to files"),
+])
+def test_normalise_run_directory_misuse(tmp_path, capsys, extra, why):
+    from conftest import gpu_run_dir
+
+    from kernelmap import cli
+
+    run = tmp_path / "run"
+    gpu_run_dir(run)
+    rc = cli.main(["normalise", str(run), *[e.format(data=DATA) for e in extra]])
+    err = capsys.readouterr().err
+    assert rc == 2 and why in err and "Traceback" not in err
+    assert not (run / "records.parquet").exists()
+    rc = cli.main(["normalise", str(tmp_path)])
+    assert rc == 2 and "not a kernelmap run directory (no manifest.json)" in capsys.readouterr().err
+
+
+def test_broken_pipe_exits_quietly(tmp_path):
+    """``kernelmap normalise RUN_DIR | head``: the reader is gone before anything is printed (its
+    end of the pipe closed at once); exit 141, no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from conftest import gpu_run_dir
+
+    run = tmp_path / "run"
+    gpu_run_dir(run)
+    proc = subprocess.Popen([sys.executable, "-m", "kernelmap.cli", "normalise", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and (run / "records.parquet").is_file()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import gpu_run_dir
 from kernelmap.reports import analysis as A
 from kernelmap.reports import cli as report_cli
 from kernelmap.reports.html import fmt
@@ -255,28 +256,6 @@ def test_trend_from_benchmark_storage(tmp_path):
     assert img.var() > 0
 
 
-def _gpu_run_dir(d: Path) -> int:
-    """A run directory assembled from the real H200 fixtures (one PyTorch bs-64 run: Kineto trace,
-    cuDNN/cuBLAS/cuBLASLt logs, nsys export) with the pass step counts the recording had."""
-    import gzip
-
-    data = Path(__file__).parent / "data"
-    info = json.loads((data / "gpu_fixtures.json").read_text())
-    bs = info["batch_size"]
-    b = d / "pytorch" / f"bs{bs}"
-    b.mkdir(parents=True)
-    shutil.copy(data / "gpu_kineto.json.gz", b / "trace.json.gz")
-    for name in ("cudnn", "cublas", "cublaslt"):
-        (b / f"{name}.log").write_bytes(gzip.decompress((data / f"gpu_{name}.log.gz").read_bytes()))
-    (b / "nsys.sqlite").write_bytes(gzip.decompress((data / "gpu_nsys.sqlite.gz").read_bytes()))
-    (d / "manifest.json").write_text(json.dumps({"gpu": info["gpu"], "frameworks": {"pytorch": {
-        "device_requested": "gpu", "device": "gpu", "device_note": None, "versions": info["versions"],
-        "skipped": False}}}))
-    (d / "results.json").write_text(json.dumps([{"framework": "pytorch", "batch_size": bs, "device": "gpu",
-                                                 "passes": info["steps"]}]))
-    return bs
-
-
 def test_layer_table_on_real_gpu_records(tmp_path):
     """On the H200 recording: every conv/linear gradient is its own row with its cuDNN or cuBLAS
     call, engine and kernels; layer rows sum to the op table; FLOPs are the spec's; a kernel-level
@@ -285,7 +264,7 @@ def test_layer_table_on_real_gpu_records(tmp_path):
     from kernelmap.normalise import normalise_run_dir
 
     run_dir = tmp_path / "gpu"
-    bs = _gpu_run_dir(run_dir)
+    bs = gpu_run_dir(run_dir)
     assert normalise_run_dir(run_dir)["runs"][f"pytorch/bs{bs}"]["attributed_kernel_time_share"] == 1.0
     run = A.load_run(run_dir)
     lt = A.layer_table([run])
