@@ -120,6 +120,11 @@ class WorkloadBase(abc.ABC):
     def versions(self) -> dict[str, Any]:
         """Framework, CUDA, cuDNN, cuBLAS versions as this framework reports them."""
 
+    def threads(self) -> dict[str, Any]:
+        """CPU threads the framework itself says it uses (intra-op, inter-op, ...); {} where it
+        exposes none (the worker records the thread environment beside it)."""
+        return {}
+
     @abc.abstractmethod
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Load weights in the neutral layout (see ``weight_names``)."""

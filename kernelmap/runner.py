@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import doctor, gpuinfo, manifest
+from . import doctor, gpuinfo, manifest, rundir, timing
 from .atomic import atomic_dir, atomic_file
 from .errors import KernelmapError, MissingToolError
 
@@ -38,8 +39,10 @@ PROFILES = {
     "nsys": ("clean", "nsys"),
     "all": ("clean", "framework", "libs", "nsys"),
 }
-# Timed steps of each capture pass (at most the clean pass's). Library logs grow fast.
-PASS_STEPS = {"framework": 5, "libs": 3, "nsys": 10}
+# Timed steps of each capture pass (at most the clean pass's): enough for its overhead to be judged
+# against the clean pass's interval (kernelmap.timing).
+PASS_STEPS = {"framework": timing.MIN_CAPTURE_STEPS, "libs": timing.MIN_CAPTURE_STEPS,
+              "nsys": timing.MIN_CAPTURE_STEPS}
 LIBS_WARMUP = 1
 EXIT_OOM = 75  # kernelmap.worker.EXIT_OOM (not imported: the worker module imports numpy only, but stay lean)
 
@@ -231,11 +234,51 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.load(fh)
 
 
+def physical_cores() -> int:
+    """Physical CPU cores of this machine (distinct physical id x core id in /proc/cpuinfo), else
+    the logical count: the default thread setting of every framework."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.cpu_count() or 1
+    cores, phys = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            phys = value.strip()
+        elif key == "core id":
+            cores.add((phys, value.strip()))
+    return len(cores) or os.cpu_count() or 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The same CPU thread settings for every framework's worker."""
+    return {k: str(threads) for k in timing.THREAD_ENV}
+
+
+def _clean_summary(trials: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """The clean pass's figures over its trials (``kernelmap.timing``)."""
+    stats = timing.step_stats([t["step_times_s"] for t in trials])
+    e2e = [t["e2e_step_s"] for t in trials if t.get("e2e_step_s")]
+    loader = [t["loader_batch_s"] for t in trials if t.get("loader_batch_s")]
+    e2e_step = float(statistics.median(e2e)) if e2e else None
+    return {
+        **stats.to_dict(),
+        "images_per_s": batch_size / stats.median_s if stats.median_s > 0 else None,
+        "e2e_step_s": e2e_step,
+        "e2e_images_per_s": batch_size / e2e_step if e2e_step else None,
+        "loader_batch_s": float(statistics.median(loader)) if loader else None,
+        "timing": trials[0]["timing"], "e2e_timing": trials[0].get("e2e_timing"),
+        "block_steps": trials[0]["block_steps"],
+    }
+
+
 def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], train: dict[str, Any],
              data_json: str, run_tmp: Path, progress: bool, nsys: str | None,
-             notes: list[str]) -> dict[str, Any]:
+             notes: list[str], trials: int, threads: int) -> dict[str, Any]:
     """All capture passes of one framework x batch size; returns its results.json entry."""
-    rel = Path(fw) / f"bs{bs}"
+    rel = rundir.case_dir(fw, bs)
     out_dir = run_tmp / rel
     out_dir.mkdir(parents=True)
     config = dict(train, batch_size=bs, device=decision.device)
@@ -243,22 +286,31 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             "--config", json.dumps(config), "--data-info", data_json]
     if progress:
         base.append("--progress")
+    threads_env = thread_env(threads)
+    clean_trials: list[dict[str, Any]] = []
     pass_results: dict[str, dict[str, Any]] = {}
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
-        env = None
+        env = {**os.environ, **threads_env}
         stdout_path = None
-        if p != "clean":
-            steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
-            cmd += ["--steps", str(steps), "--no-evaluate"]
+        if p == "clean":
+            # K independent trials, each its own process; the first one also measures accuracy.
+            for t in range(1, trials + 1):
+                extra = ["--trial", str(t)] + (["--no-evaluate"] if t > 1 else [])
+                run_worker([*cmd, *extra], label=f"{fw} bs {bs} ({p} pass trial {t}/{trials}, {decision.device})",
+                           batch_size=bs, env=env)
+                clean_trials.append(_read_json(out_dir / rundir.pass_result_name(p, t)))
+            continue
+        steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
+        cmd += ["--steps", str(steps), "--no-evaluate"]
         if p == "framework" and fw == "mxnet":
             # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the
             # profiler then shows no _backward_* operator. Read at `import mxnet`, hence the env.
-            env = {**os.environ, **MXNET_PROFILE_ENV}
+            env.update(MXNET_PROFILE_ENV)
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
-            env = {**os.environ, **libs_env(decision.device, out_dir, fw)}
+            env.update(libs_env(decision.device, out_dir, fw))
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         if p == "nsys":
@@ -269,37 +321,52 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
                 pass_results[p] = {"skipped": "nsys not found"}
                 continue
             cmd, export = _nsys_commands(nsys, out_dir, cmd)
-            run_worker(cmd, label=label, batch_size=bs)
+            run_worker(cmd, label=label, batch_size=bs, env=env)
             run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs)
         else:
             run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path)
-        pass_results[p] = _read_json(out_dir / f"{p}.json")
+        pass_results[p] = _read_json(out_dir / rundir.pass_result_name(p))
 
-    clean = pass_results["clean"]
-    clean_median = clean["median_step_s"]
-    passes_summary: dict[str, Any] = {}
+    clean = _clean_summary(clean_trials, bs)
+    first = clean_trials[0]
+    passes_summary: dict[str, Any] = {
+        "clean": {"median_step_s": clean["median_step_s"], "ci95_low_s": clean["ci95_low_s"],
+                  "ci95_high_s": clean["ci95_high_s"], "steps": first["steps"],
+                  "warmup_steps": first["warmup_steps"], "trials": len(clean_trials), "timing": clean["timing"]},
+    }
     for p, r in pass_results.items():
         if "skipped" in r:
             passes_summary[p] = r
             continue
-        entry = {"median_step_s": r["median_step_s"], "steps": r["steps"], "warmup_steps": r["warmup_steps"]}
-        if p != "clean":
-            entry["overhead"] = r["median_step_s"] / clean_median - 1.0
-        passes_summary[p] = entry
+        passes_summary[p] = {
+            "median_step_s": r["median_step_s"], "steps": r["steps"], "warmup_steps": r["warmup_steps"],
+            "step_times_s": r["step_times_s"], "timing": r["timing"],
+            "overhead": r["median_step_s"] / clean["median_step_s"] - 1.0,
+            "overhead_verdict": str(timing.overhead_verdict(r["median_step_s"], r["steps"], clean)),
+        }
     files = sorted(str(rel / f.name) for f in out_dir.iterdir() if f.is_file())
-    keys = ("steps", "warmup_steps", "step_times_s", "median_step_s", "q25_step_s", "q75_step_s", "iqr_step_s",
-            "mean_step_s", "stdev_step_s", "images_per_s", "test_accuracy", "final_loss", "train_wall_s")
     return {
         "framework": fw,
         "batch_size": bs,
         "device": decision.device,
         "device_requested": decision.requested,
         "device_note": decision.note,
-        **{k: clean[k] for k in keys},
+        "steps": first["steps"],
+        "warmup_steps": first["warmup_steps"],
+        # every trial's samples, trial after trial (``trials`` says which are whose)
+        "step_times_s": [x for t in clean_trials for x in t["step_times_s"]],
+        **clean,
+        "trials": [{"trial": t["trial"], "pid": t["pid"], "median_step_s": t["median_step_s"],
+                    "e2e_step_s": t.get("e2e_step_s"), "samples": len(t["step_times_s"]),
+                    "train_wall_s": t["train_wall_s"]} for t in clean_trials],
+        "threads": first["threads"],
+        "test_accuracy": first["test_accuracy"],
+        "final_loss": first["final_loss"],
+        "train_wall_s": first["train_wall_s"],
         "passes": passes_summary,
         "dir": str(rel),
         "files": files,
-        "versions": clean["versions"],
+        "versions": first["versions"],
     }
 
 
@@ -378,6 +445,11 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
         raise MissingToolError(f"nothing can run ({', '.join(frameworks)}): " + "; ".join(notes_))
 
+    if args.trials < 1:
+        raise KernelmapError("--trials must be at least 1")
+    threads = args.threads if args.threads is not None else physical_cores()
+    if threads < 1:
+        raise KernelmapError("--threads must be at least 1")
     data_info = _resolve_data(train)
     data_json = json.dumps(data_info.to_dict())
     nsys = doctor.find_tool("nsys") if "nsys" in passes else None
@@ -391,7 +463,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             for bs in args.batch_size:
                 try:
                     results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys,
-                                            notes))
+                                            notes, args.trials, threads))
                 except KernelmapError as exc:  # OOM at this batch size, a broken install: the rest still runs
                     msg = f"{exc}; {fw} bs {bs} left out of the run"
                     if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
@@ -419,7 +491,12 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             fw_entries[fw] = {**d.to_manifest(), "versions": versions, "skipped": d.device is None}
         config = {"cli": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                   "train": train, "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
-                  "out": str(out)}
+                  "out": str(out), "trials": args.trials, "threads": threads,
+                  "timing": {"step": timing.STEP_METHOD, "end_to_end": timing.E2E_METHOD,
+                             "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
+                             "window_steps": timing.WINDOW_STEPS, "confidence": timing.CONFIDENCE,
+                             "noise_threshold": timing.NOISE_THRESHOLD,
+                             "min_capture_steps": timing.MIN_CAPTURE_STEPS}}
         man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict())
         man["host"]["load_average_start"] = load_start
         man["notes"] = notes
@@ -436,9 +513,12 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "run_dir": str(out),
         "results": [
-            {k: r[k] for k in ("framework", "batch_size", "device", "device_note", "median_step_s", "iqr_step_s",
-                               "images_per_s", "test_accuracy")}
-            | {"overheads": {p: v.get("overhead") for p, v in r["passes"].items() if p != "clean"}}
+            {k: r[k] for k in ("framework", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
+                               "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
+                               "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy")}
+            | {"overheads": {p: {"overhead": v.get("overhead"), "verdict": v.get("overhead_verdict"),
+                                 "skipped": v.get("skipped")}
+                             for p, v in r["passes"].items() if p != "clean"}}
             for r in results
         ],
         "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
@@ -453,15 +533,31 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _overhead_text(name: str, o: dict[str, Any]) -> str:
+    if o.get("skipped"):
+        return f"{name} skipped"
+    if o.get("verdict") == str(timing.OverheadVerdict.ABOVE):
+        return f"{name} {o['overhead']:+.0%}"
+    return f"{name} {o.get('verdict')}"
+
+
 def _print_table(summary: dict[str, Any]) -> None:
     rows = summary["results"]
-    head = f"{'framework':<10} {'bs':>5} {'device':<6} {'median ms':>10} {'IQR ms':>8} {'img/s':>10} {'acc':>7}  overhead"
+    print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
+          " e2e: with the loader")
+    head = (f"{'framework':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
+            f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  capture overhead")
     print(head)
     for r in rows:
-        over = ", ".join(f"{p} {v:+.0%}" if v is not None else f"{p} skipped" for p, v in r["overheads"].items())
+        over = ", ".join(_overhead_text(p, o) for p, o in r["overheads"].items())
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "-"
-        print(f"{r['framework']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>10.3f} "
-              f"{r['iqr_step_s'] * 1e3:>8.3f} {r['images_per_s']:>10.1f} {acc:>7}  {over}")
+        ci = (f"{r['ci95_low_s'] * 1e3:.3f}-{r['ci95_high_s'] * 1e3:.3f}" if r["ci95_low_s"] is not None else "-")
+        if r["noisy"]:
+            ci += " noisy"
+        e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
+        e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
+        print(f"{r['framework']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
+              f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  {over}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")
     print(summary["run_dir"])
@@ -482,6 +578,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=tuple(PROFILES), default="none", help="capture passes after the clean one")
     parser.add_argument("--hybridize", action="store_true", help="Gluon: hybridize the network")
     parser.add_argument("--replace", action="store_true", help="replace an existing --out")
+    parser.add_argument("--trials", type=int, default=timing.DEFAULT_TRIALS,
+                        help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads of every framework (OMP/MKL); default: the physical cores")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelmap import rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 
@@ -143,10 +144,20 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, disable=not enabled, leave=False)
 
 
+def _threads(workload) -> dict[str, Any]:
+    """CPU thread settings this worker ran with: the environment the runner set, and the framework's own."""
+    env = {k: os.environ.get(k) for k in timing.THREAD_ENV}
+    return {"env": env, "framework": workload.threads()}
+
+
 def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: int | None,
              epochs: int | None, warmup: int, progress: bool) -> dict[str, Any]:
     """Train ``warmup`` untimed steps then ``steps`` timed ones (or ``epochs`` epochs, the first
-    ``warmup`` steps untimed); the capture of ``pass_name`` covers the timed steps only."""
+    ``warmup`` steps untimed); the capture of ``pass_name`` covers the timed steps only.
+
+    Timing follows ``kernelmap.timing``: batches are fetched onto the device before the steps
+    that use them (the loader is timed on its own); the clean pass synchronises every
+    ``timing.BLOCK_STEPS`` steps, a capture pass after every step."""
     from kernelmap.frameworks import spec
 
     cfg = workload.config
@@ -168,15 +179,29 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
         for chunk in chunks:
             yield from workload.batches("train", bs, chunk)
 
+    clean = pass_name == "clean"
     capture: contextlib.AbstractContextManager = contextlib.nullcontext()
     if pass_name == "framework":
         capture = (_torch_profiler if framework == "pytorch" else _mxnet_profiler)(out_dir, gpu)
     elif pass_name == "nsys":
         capture = _nvtx_ops(framework, gpu)
+    block_steps = timing.BLOCK_STEPS if clean else 1
 
-    times: list[float] = []
+    samples: list[float] = []  # seconds per step, one per timed block
+    sample_steps: list[int] = []
+    loader_times: list[float] = []  # seconds per batch fetched onto the device
     loss = None
     batches = batch_iter()
+
+    def fetch(n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out.append(next(batches))
+            workload.synchronize()  # the host-to-device copy is the loader's, not the step's
+            loader_times.append(time.perf_counter() - t0)
+        return out
+
     with _progress(total, progress, f"{framework} bs{bs} {pass_name}") as bar:
         for i in range(warmup):
             images, labels = next(batches)
@@ -184,25 +209,44 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                 loss = workload.train_step(images, labels)
             workload.synchronize()
             bar.update()
-        # A capture pass records training steps, not the loader: its batches are fetched (onto the
-        # device) before the capture starts. The clean pass reads them as it goes.
-        timed = range(warmup, total)
-        fetched = [next(batches) for _ in timed] if pass_name != "clean" else None
+        n_timed = total - warmup
+        # A capture pass records training steps, not the loader: all its batches are fetched
+        # before the capture starts. The clean pass fetches a window at a time.
+        windows = timing.blocks(n_timed, timing.WINDOW_STEPS if clean else max(n_timed, 1))
+        prefetched = None if clean else fetch(n_timed)
+        i = warmup
+        e2e_start = time.perf_counter()
         with capture:
-            for k, i in enumerate(timed):
-                images, labels = fetched[k] if fetched is not None else next(batches)
-                workload.synchronize()  # the batch's host-to-device copy is not the step's
-                t0 = time.perf_counter()
-                with workload.region(f"kernelmap:step#{i}"):
-                    loss = workload.train_step(images, labels)
-                workload.synchronize()
-                times.append(time.perf_counter() - t0)
-                bar.update()
-    if len(times) != total - warmup:
-        raise RuntimeError(f"timed {len(times)} steps, expected {total - warmup}")
-    result = {"pass": pass_name, "warmup_steps": warmup, "steps": len(times), "step_times_s": times,
-              **summarise(times, bs)}
+            for window in windows:
+                fetched = fetch(window) if clean else prefetched[i - warmup : i - warmup + window]
+                k = 0
+                for block in timing.blocks(window, block_steps):
+                    t0 = time.perf_counter()
+                    for _ in range(block):
+                        images, labels = fetched[k]
+                        with workload.region(f"kernelmap:step#{i}"):
+                            loss = workload.train_step(images, labels)
+                        k += 1
+                        i += 1
+                    workload.synchronize()
+                    samples.append((time.perf_counter() - t0) / block)
+                    sample_steps.append(block)
+                    bar.update(block)
+                del fetched
+        e2e_wall = time.perf_counter() - e2e_start
+    if sum(sample_steps) != n_timed:
+        raise RuntimeError(f"timed {sum(sample_steps)} steps, expected {n_timed}")
+    result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed, "block_steps": block_steps,
+              "step_times_s": samples, "sample_steps": sample_steps,
+              "timing": timing.STEP_METHOD if clean else timing.CAPTURE_METHOD,
+              **summarise(samples, bs)}
+    if loader_times:
+        result["loader_batch_s"] = float(np.median(loader_times))
+    if clean:
+        result["e2e_step_s"] = e2e_wall / n_timed
+        result["e2e_timing"] = timing.E2E_METHOD
     result["final_loss"] = _to_float(loss) if loss is not None else None
+    result["threads"] = _threads(workload)
     if loss is not None and not np.isfinite(result["final_loss"]):
         raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")
     return result
@@ -220,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-evaluate", action="store_true", help="skip the test-set accuracy")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--cache-dir", help="where data.prepare_dir lays the files out")
+    p.add_argument("--trial", type=int, help="trial number of a repeated pass (names its result file)")
     args = p.parse_args(argv)
 
     from kernelmap.frameworks import load_workload, spec
@@ -258,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return EXIT_OOM
         raise
-    with atomic_file(out_dir / f"{args.pass_name}.json") as fh:
+    if args.trial is not None:
+        result["trial"] = args.trial
+    with atomic_file(out_dir / rundir.pass_result_name(args.pass_name, args.trial)) as fh:
         json.dump(result, fh, indent=1)
     return 0
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import schema
+from kernelmap import schema, timing
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
@@ -172,26 +172,36 @@ def _step_times_s(r: dict) -> np.ndarray | None:
     return np.asarray(v, dtype=float) if isinstance(v, list) and v else None
 
 
+def clean_stats(r: dict) -> dict[str, Any]:
+    """The clean pass's step figures of a results.json entry (``kernelmap.timing``). Entries of runs
+    made before trials existed carry one trial's per-step times: their interval is computed here,
+    by the same rule."""
+    if _get(r, "ci95_low_s") is not None or _get(r, "n_trials") is not None:
+        return {k: _get(r, k) for k in ("median_step_s", "q25_step_s", "q75_step_s", "iqr_step_s", "ci95_low_s",
+                                        "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "n_samples",
+                                        "e2e_step_s", "e2e_images_per_s", "timing")}
+    st = _step_times_s(r)
+    if st is None:
+        return {"median_step_s": _get(r, "median_step_s"), "iqr_step_s": _get(r, "iqr_step_s"), "n_trials": 1,
+                "n_samples": _get(r, "steps"), "timing": "one trial (older run); no interval"}
+    return {**timing.step_stats([list(st)]).to_dict(), "e2e_step_s": None, "e2e_images_per_s": None,
+            "timing": "one trial of per-step synchronised steps (older run)"}
+
+
 def summary_table(runs: list[Run]) -> pd.DataFrame:
-    """Per run x framework x device x batch size: step time median and IQR (ms), images/s,
-    test accuracy, and the device fallback mark."""
+    """Per run x framework x device x batch size: the clean pass's step time (median over all trials'
+    samples, 95% CI, noise flag, IQR), images/s from it, the end-to-end step with the loader, test
+    accuracy, and the device fallback mark."""
     rows = []
     for run in runs:
         devs = framework_devices(run).set_index("framework")
         for r in run.results:
             fw = _get(r, "framework")
-            st = _step_times_s(r)
             bs = _get(r, "batch_size")
-            if st is not None:
-                med = float(np.median(st))
-                q1, q3 = np.percentile(st, [25, 75])
-                iqr = float(q3 - q1)
-                n = len(st)
-            else:
-                med, iqr, n = _get(r, "median_step_s"), _get(r, "iqr_step_s"), _get(r, "steps")
-            ips = _get(r, "images_per_s")
-            if ips is None and med and bs:
-                ips = bs / med
+            c = clean_stats(r)
+            med = c.get("median_step_s")
+            lo, hi = c.get("ci95_low_s"), c.get("ci95_high_s")
+            e2e = c.get("e2e_step_s")
             dev = devs.loc[fw] if fw in devs.index else None
             rows.append({
                 "run": run.name, "framework": fw,
@@ -199,11 +209,19 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
                 "device_requested": None if dev is None else dev["device_requested"],
                 "fallback": False if dev is None else bool(dev["fallback"]),
                 "device_note": None if dev is None else dev["device_note"],
-                "batch_size": bs, "steps_timed": n,
+                "batch_size": bs, "steps_timed": _get(r, "steps"), "trials": c.get("n_trials"),
                 "step_ms_median": None if med is None else med * 1e3,
-                "step_ms_iqr": None if iqr is None else iqr * 1e3,
-                "images_per_s": ips,
+                "step_ms_ci95_low": None if lo is None else lo * 1e3,
+                "step_ms_ci95_high": None if hi is None else hi * 1e3,
+                "ci95_half_width_pct": None if c.get("ci95_half_width_rel") is None
+                else c["ci95_half_width_rel"] * 100,
+                "noisy": c.get("noisy"),
+                "step_ms_iqr": None if c.get("iqr_step_s") is None else c["iqr_step_s"] * 1e3,
+                "images_per_s": bs / med if med and bs else None,
+                "e2e_step_ms": None if e2e is None else e2e * 1e3,
+                "e2e_images_per_s": bs / e2e if e2e and bs else None,
                 "test_accuracy": _get(r, "test_accuracy"),
+                "timing": c.get("timing"),
             })
     return pd.DataFrame(rows)
 
@@ -662,28 +680,29 @@ def busy_share(runs: list[Run]) -> pd.DataFrame:
 
 
 def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
-    """Per capture pass (results.json ``passes``): median step time and its ratio to the clean pass."""
+    """Per capture pass (results.json ``passes``): median step time, its change vs the clean pass and
+    the verdict against the clean pass's 95% interval (``timing.overhead_verdict``): an overhead is
+    a figure only where the verdict is "above noise"."""
     rows = []
     for run in runs:
         for r in run.results:
-            meds, skipped = {}, {}
+            clean = clean_stats(r)
             for name, p in _passes(r).items():
-                st = _step_times_s(p)
-                med = float(np.median(st)) if st is not None else _get(p, "median_step_s")
-                if med is not None:
-                    meds[name] = med
-                elif _get(p, "skipped"):
-                    skipped[name] = str(_get(p, "skipped"))
-            clean = meds.get("clean")
-            for name in _passes(r):
-                med = meds.get(name)
+                if name == "clean":
+                    med, over, verdict, steps = clean.get("median_step_s"), None, None, _get(r, "steps")
+                else:
+                    st = _step_times_s(p)
+                    med = float(np.median(st)) if st is not None else _get(p, "median_step_s")
+                    steps = _get(p, "steps")
+                    over = med / clean["median_step_s"] - 1 if med is not None and clean.get("median_step_s") else None
+                    verdict = None if med is None else str(timing.overhead_verdict(med, steps or 0, clean))
                 rows.append({"run": run.name, "framework": _get(r, "framework"),
-                             "batch_size": _get(r, "batch_size"), "pass": name,
+                             "batch_size": _get(r, "batch_size"), "pass": name, "steps": steps,
                              "step_ms_median": None if med is None else med * 1e3,
-                             "overhead": med / clean - 1 if clean and med is not None else None,
-                             "skipped": skipped.get(name)})
-    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "pass", "step_ms_median",
-                                       "overhead", "skipped"])
+                             "overhead": over, "verdict": verdict,
+                             "skipped": None if _get(p, "skipped") is None else str(_get(p, "skipped"))})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "pass", "steps", "step_ms_median",
+                                       "overhead", "verdict", "skipped"])
 
 
 # --- roofline ----------------------------------------------------------------------------------

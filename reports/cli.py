@@ -26,8 +26,10 @@ from . import html as H
 from .timeline import chrome_trace
 
 SUMMARY_COLS = {"run": "run", "framework_html": "framework", "device_html": "device", "batch_size": "batch",
-                "steps_timed": "steps timed", "step_ms_median": "step median (ms)",
-                "step_ms_iqr": "step IQR (ms)", "images_per_s": "images/s", "test_accuracy": "test accuracy"}
+                "steps_timed": "steps timed / trial", "trials": "trials", "step_ms_median": "step median (ms)",
+                "ci_html": "step 95% CI (ms)", "step_ms_iqr": "step IQR (ms)",
+                "images_per_s": "images/s (step)", "e2e_step_ms": "end-to-end step with loader (ms)",
+                "e2e_images_per_s": "images/s (end to end)", "test_accuracy": "test accuracy"}
 OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library call(s)",
              "kernels": "kernel(s)", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
              "share_of_step": "share", "math_modes": "math mode"}
@@ -68,7 +70,12 @@ def _summary_html(summ: pd.DataFrame) -> str:
         (f'<span class="fallback" title="{_html.escape(str(n or ""))}">⚠ {_html.escape(str(d))} '
          f"(asked {_html.escape(str(q))})</span>") if fb else _html.escape(str(d))
         for d, q, fb, n in zip(s["device"], s["device_requested"], s["fallback"], s["device_note"], strict=True)]
-    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html"})
+    s["ci_html"] = [
+        "not measured" if pd.isna(lo) else
+        f"{lo:.3f}–{hi:.3f} (±{hw:.1f}%)" + (' <span class="fallback">noisy</span>' if nz else "")
+        for lo, hi, hw, nz in zip(s["step_ms_ci95_low"], s["step_ms_ci95_high"], s["ci95_half_width_pct"],
+                                  s["noisy"], strict=True)]
+    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html", "ci_html"})
 
 
 def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
@@ -156,7 +163,10 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     F.busy_share_figure, busy, busy),
             _figure(tmp, "overhead", "Profiler overhead",
                     "Median step time of each capture pass (clean, framework profiler, library logs, nsys) and "
-                    "its change against the clean pass.", F.overhead_figure, ov, ov,
+                    "its change against the clean pass, stated only where it lies outside the clean pass's 95% "
+                    "interval ('noise' otherwise; 'too few steps' under 20 timed steps). Capture passes synchronise "
+                    "after every step (their traces need step boundaries), the clean pass every 10 steps, so a "
+                    "capture pass's change includes that.", F.overhead_figure, ov, ov,
                     why_empty="results.json records no capture passes"),
             _figure(tmp, "roofline", "Achieved FLOP/s vs peak",
                     "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "

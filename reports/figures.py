@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from kernelmap import timing  # noqa: E402
 from kernelmap.atomic import atomic_path  # noqa: E402
 from kernelmap.schema import CANONICAL_OPS  # noqa: E402
 
@@ -257,6 +258,17 @@ def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _overhead_label(row: pd.Series) -> str:
+    """A capture pass's bar label: its change vs clean where it is one (timing.OverheadVerdict)."""
+    if pd.isna(row["overhead"]):
+        return ""
+    if row["verdict"] == str(timing.OverheadVerdict.ABOVE):
+        return f"{row['overhead'] * 100:+.0f}%"
+    if row["verdict"] == str(timing.OverheadVerdict.WITHIN):
+        return "noise"
+    return str(row["verdict"])
+
+
 def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
     """Median step time per capture pass, per framework x batch size; overhead vs clean on top."""
     skipped = ov[ov["step_ms_median"].isna() & ov["skipped"].notna()]
@@ -271,20 +283,21 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(keys) * max(1, len(passes) / 2)), 4.2))
     x = np.arange(len(keys))
     for i, p in enumerate(passes):
-        vals, ovs = [], []
+        vals, labels = [], []
         for run, bs, fw in keys:
             m = ov[(ov["run"] == run) & (ov["batch_size"] == bs) & (ov["framework"] == fw) & (ov["pass"] == p)]
             vals.append(m["step_ms_median"].iloc[0] if len(m) else np.nan)
-            ovs.append(m["overhead"].iloc[0] if len(m) else np.nan)
+            labels.append(_overhead_label(m.iloc[0]) if len(m) and p != "clean" else "")
         bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
-        for bar, o in zip(bars, ovs, strict=True):
-            if pd.notna(o) and p != "clean":
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{o * 100:+.0f}%",
+        for bar, text in zip(bars, labels, strict=True):
+            if text:
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text,
                         ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [f"{fw_label(fw)}\n{_title_case(run, bs, many)}" for run, bs, fw in keys])
     ax.set_ylabel("median step time (ms, log scale)")
     ax.set_yscale("log")  # GPU steps (ms) and CPU steps (100s of ms) share the axis
-    ax.set_title("Profiler overhead per capture pass (label: change vs the clean pass)", fontsize=10)
+    ax.set_title("Median step time per capture pass (label: change vs the clean pass where it lies outside\n"
+                 "the clean pass's 95% interval, else 'noise'; capture passes sync every step)", fontsize=9)
     ax.legend(title="pass", frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     if len(skipped):

@@ -14,10 +14,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import require_framework
 
-from kernelmap import manifest, runner
+from kernelmap import manifest, runner, timing
 from kernelmap.errors import KernelmapError
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
@@ -148,6 +149,7 @@ def test_existing_out_is_refused(tmp_path):
 
 
 STEPS = 3
+TRIALS = 2
 
 
 def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> dict:
@@ -166,11 +168,24 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     assert man["host"]["cpu"]
     (entry,) = json.loads((out / "results.json").read_text())
     assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
-    assert len(entry["step_times_s"]) == STEPS and all(t > 0 for t in entry["step_times_s"])
-    assert entry["median_step_s"] > 0 and entry["iqr_step_s"] >= 0
+    # STEPS < timing.BLOCK_STEPS: each trial times one block of STEPS steps, so one sample per trial
+    assert entry["steps"] == STEPS and entry["n_trials"] == TRIALS and len(entry["trials"]) == TRIALS
+    assert len(entry["step_times_s"]) == TRIALS and all(t > 0 for t in entry["step_times_s"])
+    assert entry["median_step_s"] == pytest.approx(float(np.median(entry["step_times_s"])))
+    assert entry["ci95_low_s"] <= entry["median_step_s"] <= entry["ci95_high_s"]
     assert entry["images_per_s"] == pytest.approx(64 / entry["median_step_s"])
+    assert entry["e2e_images_per_s"] == pytest.approx(64 / entry["e2e_step_s"])
     assert 0.0 <= entry["test_accuracy"] <= 1.0
-    assert (out / framework / "bs64" / "clean.json").is_file()
+    pids = set()
+    for t in range(1, TRIALS + 1):
+        trial = json.loads((out / framework / "bs64" / f"clean-{t}.json").read_text())
+        pids.add(trial["pid"])
+        assert trial["sample_steps"] == [STEPS] and trial["block_steps"] == timing.BLOCK_STEPS
+        # end to end (loader included) is never shorter than the steps alone
+        assert trial["e2e_step_s"] * STEPS >= trial["step_times_s"][0] * STEPS
+        assert trial["threads"]["env"] == {k: str(man["config"]["threads"]) for k in timing.THREAD_ENV}
+        assert (trial["test_accuracy"] is None) == (t > 1)  # accuracy from the first trial only
+    assert len(pids) == TRIALS  # each trial its own process
     return entry
 
 
@@ -178,9 +193,11 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     require_framework("pytorch")
     out = tmp_path / "run"
     proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
-                    "--data", "synthetic", "--out", str(out), "--profile", "libs", "--json")
+                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "libs", "--json")
     entry = _check_run(out, "pytorch", proc)
-    assert entry["passes"]["libs"]["steps"] == STEPS and "overhead" in entry["passes"]["libs"]
+    libs = entry["passes"]["libs"]
+    assert libs["steps"] == STEPS and libs["overhead"] == pytest.approx(libs["median_step_s"] / entry["median_step_s"] - 1)
+    assert libs["overhead_verdict"] == "too few steps"  # 3 < timing.MIN_CAPTURE_STEPS
     log = (out / "pytorch" / "bs64" / "onednn.log").read_text()
     assert "onednn_verbose" in log and ",exec," in log
     assert (out / "records.parquet").is_file()  # normalise ran over the captures
@@ -190,7 +207,7 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
 def test_run_mxnet_cpu(tmp_path):
     out = tmp_path / "run"
     proc = _run_cli("--framework", "mxnet", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
-                    "--data", "synthetic", "--out", str(out), "--json")
+                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--json")
     _check_run(out, "mxnet", proc)
 
 
@@ -245,6 +262,6 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert [(r["framework"], r["batch_size"]) for r in summary["results"]] == [(framework, 32)]
-    note = f"{framework} bs 60000 (clean pass, cpu): out of memory at batch size 60000; try a smaller --batch-size"
+    note = f"{framework} bs 60000 (clean pass trial 1/3, cpu): out of memory at batch size 60000; try a smaller --batch-size"
     assert any(n.startswith(note) for n in summary["notes"]), summary["notes"]
     assert [r["batch_size"] for r in json.loads((out / "results.json").read_text())] == [32]

@@ -64,6 +64,9 @@ class Workload(spec.WorkloadBase):
             "mkldnn": torch.backends.mkldnn.is_available(),
         }
 
+    def threads(self) -> dict[str, Any]:
+        return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+
     def _params(self) -> dict[str, torch.Tensor]:
         named = dict(self.model.named_parameters())
         return {name: named[name] for name in spec.weight_names()}

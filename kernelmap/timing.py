@@ -1,0 +1,140 @@
+"""How kernelmap times a training step, and what its figures mean (one rule per fact).
+
+The clean pass fetches its batches onto the device in windows (the loader is timed on its own),
+then runs the steps of a window back to back and synchronises the device only every
+``BLOCK_STEPS`` steps: a *sample* is the wall time of one block divided by its steps, so no
+per-step synchronisation adds launch gaps. ``kernelmap run`` repeats the clean pass in ``trials``
+separate processes; the step figure is the median of all samples, with a 95% confidence interval
+from a two-level bootstrap (trials, then samples within a trial), so that a trial-to-trial shift
+widens the interval as it should. Capture passes synchronise after every step (their traces need
+step boundaries), and their overhead is called an overhead only where their median lies outside
+the clean pass's interval.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BLOCK_STEPS = 10  # clean pass: steps between device synchronisations (one sample)
+WINDOW_STEPS = 50  # batches fetched onto the device before a run of steps
+DEFAULT_TRIALS = 3
+MIN_CAPTURE_STEPS = 20  # a capture pass needs this many timed steps for its overhead to be judged
+NOISE_THRESHOLD = 0.05  # CI half-width over median above which a figure is flagged noisy
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261122
+# CPU thread settings the runner sets equally for every framework's worker (which records them).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+STEP_METHOD = (f"training step only, batches already on the device; one sample = a block of up to "
+               f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps")
+E2E_METHOD = (f"end to end with the loader: wall time of the timed steps including fetching their batches "
+              f"onto the device ({WINDOW_STEPS} at a time) / steps")
+CAPTURE_METHOD = "capture pass: device synchronised after every step (its trace needs step boundaries)"
+
+
+class OverheadVerdict(enum.StrEnum):
+    """What a capture pass's median says against the clean pass's interval."""
+
+    ABOVE = "above noise"  # median above the clean pass's CI: a real slowdown
+    BELOW = "below noise"  # median below the CI: faster than clean, which a capture cannot be; suspect
+    WITHIN = "within noise"
+    TOO_FEW_STEPS = "too few steps"  # fewer than MIN_CAPTURE_STEPS timed
+    NO_INTERVAL = "no interval"  # the clean pass has no CI (a single sample)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The step figure of one framework x batch size: pooled samples of every trial."""
+
+    median_s: float
+    q25_s: float
+    q75_s: float
+    mean_s: float
+    ci95_low_s: float | None
+    ci95_high_s: float | None
+    n_trials: int
+    n_samples: int
+    trial_medians_s: tuple[float, ...]
+
+    @property
+    def half_width_rel(self) -> float | None:
+        if self.ci95_low_s is None or self.ci95_high_s is None or self.median_s <= 0:
+            return None
+        return (self.ci95_high_s - self.ci95_low_s) / 2 / self.median_s
+
+    @property
+    def noisy(self) -> bool | None:
+        hw = self.half_width_rel
+        return None if hw is None else hw > NOISE_THRESHOLD
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "median_step_s": self.median_s, "q25_step_s": self.q25_s, "q75_step_s": self.q75_s,
+            "iqr_step_s": self.q75_s - self.q25_s, "mean_step_s": self.mean_s,
+            "ci95_low_s": self.ci95_low_s, "ci95_high_s": self.ci95_high_s,
+            "ci95_half_width_rel": self.half_width_rel, "noisy": self.noisy,
+            "n_trials": self.n_trials, "n_samples": self.n_samples,
+            "trial_medians_s": list(self.trial_medians_s),
+        }
+
+
+def median_ci(trials: list[list[float]], confidence: float = CONFIDENCE,
+              resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+    """Bootstrap interval of the pooled median: resample trials, then samples within each trial.
+
+    None where there is nothing to resample (one sample in all)."""
+    arrays = [np.asarray(t, dtype=np.float64) for t in trials if len(t)]
+    if sum(len(a) for a in arrays) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    meds = np.empty(resamples)
+    k = len(arrays)
+    for i in range(resamples):
+        picked = rng.integers(0, k, size=k) if k > 1 else np.zeros(1, dtype=int)
+        parts = [arrays[j][rng.integers(0, len(arrays[j]), size=len(arrays[j]))] for j in picked]
+        meds[i] = np.median(np.concatenate(parts))
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(meds, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def step_stats(trials: list[list[float]]) -> StepStats:
+    """Median, quartiles and the median's 95% interval of the samples of ``trials``."""
+    pooled = np.concatenate([np.asarray(t, dtype=np.float64) for t in trials]) if trials else np.empty(0)
+    if pooled.size == 0:
+        raise ValueError("no timed samples")
+    q25, med, q75 = (float(x) for x in np.percentile(pooled, [25, 50, 75]))
+    ci = median_ci(trials)
+    return StepStats(median_s=med, q25_s=q25, q75_s=q75, mean_s=float(pooled.mean()),
+                     ci95_low_s=None if ci is None else ci[0], ci95_high_s=None if ci is None else ci[1],
+                     n_trials=len(trials), n_samples=int(pooled.size),
+                     trial_medians_s=tuple(float(np.median(t)) for t in trials))
+
+
+def overhead_verdict(capture_median_s: float, capture_steps: int, clean: dict[str, Any]) -> OverheadVerdict:
+    """Judge a capture pass's median against the clean pass's interval (``StepStats.to_dict()``)."""
+    if capture_steps < MIN_CAPTURE_STEPS:
+        return OverheadVerdict.TOO_FEW_STEPS
+    lo, hi = clean.get("ci95_low_s"), clean.get("ci95_high_s")
+    if lo is None or hi is None:
+        return OverheadVerdict.NO_INTERVAL
+    if capture_median_s > hi:
+        return OverheadVerdict.ABOVE
+    if capture_median_s < lo:
+        return OverheadVerdict.BELOW
+    return OverheadVerdict.WITHIN
+
+
+def blocks(n_steps: int, block: int) -> list[int]:
+    """Sizes of the timed blocks of ``n_steps`` steps: full blocks, then the rest."""
+    if block < 1:
+        raise ValueError("block must be at least 1")
+    full, rest = divmod(n_steps, block)
+    return [block] * full + ([rest] if rest else [])

@@ -1,0 +1,56 @@
+"""kernelmap.timing: the step figure, its interval, the noise flag and the overhead verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernelmap import timing
+from kernelmap.timing import OverheadVerdict
+
+
+def test_blocks_cover_the_steps_exactly():
+    assert timing.blocks(25, 10) == [10, 10, 5]
+    assert timing.blocks(20, 10) == [10, 10]
+    assert timing.blocks(3, 10) == [3]
+    assert timing.blocks(0, 10) == []
+    with pytest.raises(ValueError):
+        timing.blocks(5, 0)
+
+
+def test_step_stats_pools_trials():
+    trials = [[1.0, 2.0, 3.0], [4.0, 5.0], [6.0]]
+    s = timing.step_stats(trials)
+    assert s.median_s == 3.5 and s.n_trials == 3 and s.n_samples == 6
+    assert s.trial_medians_s == (2.0, 4.5, 6.0)
+    assert s.q25_s == pytest.approx(np.percentile([1, 2, 3, 4, 5, 6], 25))
+    assert s.ci95_low_s <= s.median_s <= s.ci95_high_s
+    d = s.to_dict()
+    assert d["iqr_step_s"] == pytest.approx(s.q75_s - s.q25_s) and d["noisy"] is True  # huge spread
+
+
+def test_interval_is_deterministic_and_widens_when_trials_disagree():
+    rng = np.random.default_rng(0)
+    base = [list(1.0 + 0.001 * rng.standard_normal(30)) for _ in range(3)]
+    same = timing.step_stats(base)
+    assert same == timing.step_stats(base)  # fixed bootstrap seed
+    assert same.half_width_rel < 0.01 and same.noisy is False
+    shifted = timing.step_stats([base[0], base[1], [x * 1.2 for x in base[2]]])
+    assert shifted.half_width_rel > 5 * same.half_width_rel
+
+
+def test_single_sample_has_no_interval():
+    s = timing.step_stats([[0.002]])
+    assert s.ci95_low_s is None and s.half_width_rel is None and s.noisy is None
+    assert timing.overhead_verdict(0.003, 50, s.to_dict()) is OverheadVerdict.NO_INTERVAL
+    with pytest.raises(ValueError):
+        timing.step_stats([[]])
+
+
+def test_overhead_verdict():
+    clean = {"ci95_low_s": 0.98, "ci95_high_s": 1.02}
+    assert timing.overhead_verdict(1.05, 20, clean) is OverheadVerdict.ABOVE
+    assert timing.overhead_verdict(1.01, 20, clean) is OverheadVerdict.WITHIN
+    assert timing.overhead_verdict(0.90, 20, clean) is OverheadVerdict.BELOW
+    assert timing.overhead_verdict(1.50, timing.MIN_CAPTURE_STEPS - 1, clean) is OverheadVerdict.TOO_FEW_STEPS
+    assert str(OverheadVerdict.WITHIN) == "within noise"
