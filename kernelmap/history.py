@@ -93,7 +93,7 @@ class BenchKey:
 
     def extra_info(self) -> dict:
         """The fields a benchmark records in ``extra_info`` (``key`` is the id, for readers)."""
-        return {"framework": self.framework, "mode": str(Mode(self.mode).value), "device": self.device,
+        return {"framework": self.framework, "mode": Mode(self.mode).value, "device": self.device,
                 "batch_size": self.batch_size, "key": self.id}
 
 
