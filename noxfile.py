@@ -76,7 +76,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def benchmarks(session: nox.Session) -> None:
-    """pytest-benchmark of one training step per framework (autosaved to .benchmarks/)."""
+    """pytest-benchmark of one training step per framework x mode x device x batch size (autosaved to
+    .benchmarks/, one file per framework)."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
     _step_benchmarks(session, *session.posargs)
 
@@ -89,17 +90,28 @@ def adapter_speed(session: nox.Session) -> None:
                 "--benchmark-columns=mean,rounds", "-p", "no:cacheprovider", *session.posargs)
 
 
+STEP_BENCH_FRAMEWORKS = ("pytorch", "mxnet")
+
+
+def step_benchmark_argv(framework: str, *args: str) -> list[str]:
+    """The pytest command line of one framework's step benchmarks (tests/test_history.py runs it too).
+    Each saves one numbered file whose benchmarks are named by their key, e.g.
+    ``test_train_step[pytorch-eager-cpu-64]``, so ``kernelmap compare`` pairs like with like."""
+    return ["pytest", "benches/bench_train_step.py", f"--framework={framework}", "--benchmark-autosave",
+            "-p", "no:cacheprovider", *args]
+
+
 def _step_benchmarks(session: nox.Session, *args: str) -> None:
     """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
-    for framework in ("pytorch", "mxnet"):
+    for framework in STEP_BENCH_FRAMEWORKS:
         # One pytest process per framework: their CUDA runtimes must never share a process.
-        session.run("pytest", "benches/bench_train_step.py", f"--framework={framework}",
-                    "--benchmark-autosave", "-p", "no:cacheprovider", *args)
+        session.run(*step_benchmark_argv(framework, *args))
 
 
 @nox.session(python=PYTHON)
 def compare(session: nox.Session) -> None:
-    """Compare the two latest saved benchmark runs (or the ones given) and fail past a threshold."""
+    """Compare saved benchmark runs like with like (by default, per framework x mode x device x batch
+    size, the latest two runs holding it; see kernelmap/history.py) and fail past a threshold."""
     session.install("-e", ".")
     session.run("kernelmap", "compare", *(session.posargs or ["--fail", "mean:5%"]))
 

@@ -14,6 +14,7 @@ import functools
 import pytest
 
 from kernelmap import doctor, gpuinfo, runner
+from kernelmap.history import FRAMEWORK_MODES, Mode
 
 BATCH_SIZES = (64, 256, 1024)
 
@@ -22,6 +23,10 @@ def pytest_addoption(parser):
     group = parser.getgroup("kernelmap")
     group.addoption("--framework", choices=runner.FRAMEWORK_CHOICES, default="pytorch",
                     help="the one framework this pytest process benchmarks (default pytorch)")
+    group.addoption("--mode", action="append", choices=[m.value for m in Mode], default=None,
+                    help="execution mode(s) to benchmark (may be repeated; default: every mode of the framework: "
+                         + "; ".join(f"{fw}: {', '.join(m.value for m in ms)}" for fw, ms in FRAMEWORK_MODES.items())
+                         + ")")
     group.addoption("--bench-data", default="synthetic",
                     help="data of the benchmarked batch: synthetic (default), fashion-mnist, mnist or a directory")
 
@@ -33,6 +38,23 @@ def pytest_collect_file(file_path, parent):
     if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_configure(config):
+    bench_modes(config)  # a --mode the framework lacks is a usage error before collection
+
+
+def bench_modes(config) -> tuple[Mode, ...]:
+    """The modes this process benchmarks: ``--mode`` (each must be one of the framework's), else all of them."""
+    fw = config.getoption("--framework")
+    wanted = config.getoption("--mode")
+    if not wanted:
+        return FRAMEWORK_MODES[fw]
+    bad = [m for m in wanted if Mode(m) not in FRAMEWORK_MODES[fw]]
+    if bad:
+        raise pytest.UsageError(f"--mode {', '.join(bad)}: {fw} runs only "
+                                f"{', '.join(m.value for m in FRAMEWORK_MODES[fw])}")
+    return tuple(dict.fromkeys(Mode(m) for m in wanted))
 
 
 @functools.cache

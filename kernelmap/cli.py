@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("kernelmap.doctor", "say what is installed and usable here"),
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
     "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),
-    "compare": ("kernelmap.history", "compare two saved pytest-benchmark runs"),
+    "compare": ("kernelmap.history", "compare saved pytest-benchmark runs like with like"),
 }
 
 

@@ -182,9 +182,10 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             hist = load_history(storage)
             p = F.trend_figure(hist, tmp / "trend.png")
             trend = {"storage": storage, "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
-                     "why_empty": "no saved benchmarks",
-                     "table_html": H.table(hist, {c: c for c in ("run", "datetime", "name", "framework", "batch_size",
-                                                                  "median", "mean", "min", "rounds")})}
+                     "why_empty": "no saved benchmark records framework, mode, device and batch size",
+                     "table_html": H.table(hist, {c: c for c in ("run", "datetime", "name", "framework", "mode",
+                                                                  "device", "batch_size", "unpaired", "median",
+                                                                  "mean", "min", "rounds")})}
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
         procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]

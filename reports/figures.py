@@ -352,32 +352,34 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
 
 
 def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Path | None:
-    """Benchmark time per saved run (pytest-benchmark storage), one line per framework x batch size
-    (or per benchmark name when the benchmark carries no framework/batch_size)."""
-    if history.empty:
+    """Benchmark time per saved run (pytest-benchmark storage), one labelled line per key (framework x
+    mode x device x batch size, ``kernelmap.history.trend_series``); None when no saved benchmark
+    carries a key."""
+    from kernelmap.history import trend_series
+
+    series = trend_series(history, stat)
+    if not series:
         return None
-    h = history.copy()
-    dev = h["device"] if "device" in h else pd.Series(None, index=h.index)
-    h["series"] = [
-        f"{fw_label(fw)} bs {bs}" + (f" {d}" if pd.notna(d) else "") if pd.notna(fw) and pd.notna(bs) else name
-        for fw, bs, d, name in zip(h["framework"], h["batch_size"], dev, h["name"], strict=True)]
-    runs = sorted(h["run"].unique())
-    x = {r: i for i, r in enumerate(runs)}
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(runs) + 4), 4.2))
-    cycle = plt.get_cmap("tab10").colors
+    points = pd.concat(series.values())
+    several_machines = points["machine"].nunique() > 1
+    order = sorted(set(zip(points["machine"], points["run"], strict=True)), key=lambda mr: (mr[0], int(mr[1])))
+    x = {mr: i for i, mr in enumerate(order)}
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(order) + 4), 4.2))
     styles = ("-", "--", ":", "-.")
-    bss = sorted(h["batch_size"].dropna().unique())
-    for i, (name, g) in enumerate(h.groupby("series")):
-        g = g.sort_values("run")
-        fw, bs = g["framework"].iloc[0], g["batch_size"].iloc[0]
-        by_fw = pd.notna(fw) and pd.notna(bs)
-        ax.plot([x[r] for r in g["run"]], g[stat] * 1e3, marker="o", label=name,
-                color=_fw_color(fw) if by_fw and fw in FW_COLOR else cycle[i % len(cycle)],
-                ls=styles[bss.index(bs) % len(styles)] if by_fw else "-")
-    ax.set_xticks(range(len(runs)), runs)
+    markers = ("o", "s", "^", "D")
+    bss = sorted(points["batch_size"].unique())
+    modes = sorted(points["mode"].unique())
+    for label, g in series.items():
+        fw, mode, bs = g["framework"].iloc[0], g["mode"].iloc[0], g["batch_size"].iloc[0]
+        ax.plot([x[mr] for mr in zip(g["machine"], g["run"], strict=True)], g["value"] * 1e3, label=label,
+                color=_fw_color(fw), ls=styles[bss.index(bs) % len(styles)],
+                marker=markers[modes.index(mode) % len(markers)])
+    ax.set_xticks(range(len(order)), [f"{r} ({m})" if several_machines else r for m, r in order],
+                  rotation=20 if several_machines else 0, ha="right" if several_machines else "center")
     ax.set_xlabel("saved benchmark run")
-    ax.set_ylabel(f"{stat} time per benchmark round (ms)")
-    ax.set_title(f"Step time trend over saved runs ({stat})", fontsize=10)
+    ax.set_ylabel(f"{stat} time per training step (ms)")
+    ax.set_title(f"Step time trend over saved runs ({stat}), one line per framework x mode x device x batch size",
+                 fontsize=10)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
