@@ -59,13 +59,38 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+BENCH_DEFAULTS = ("--steps", "100", "--profile", "all", "--batch-size", "64", "256")
+
+
+def merge_options(defaults: tuple[str, ...] | list[str], given: list[str]) -> list[str]:
+    """``defaults`` with the options named in ``given`` replaced by ``given``'s (posargs add to the
+    defaults, they do not replace them): each option is a ``--flag`` and the values up to the next."""
+
+    def groups(argv) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        flag = None
+        for a in argv:
+            if a.startswith("--"):
+                name, eq, value = a.partition("=")
+                flag = name
+                out[flag] = [value] if eq else []
+            elif flag is None:
+                raise ValueError(f"{a!r}: expected an option (--name) first")
+            else:
+                out[flag].append(a)
+        return out
+
+    merged = {**groups(defaults), **groups(given)}
+    return [x for flag, values in merged.items() for x in (flag, *values)]
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """The main job: both frameworks on the best device, all capture passes, step benchmarks, the report."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
-    args = session.posargs or ["--steps", "100", "--profile", "all", "--batch-size", "64", "256"]
+    args = merge_options(BENCH_DEFAULTS, session.posargs)
     session.run("kernelmap", "doctor")
     session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
     _step_benchmarks(session, "--benchmark-max-time=0.5")
@@ -114,6 +139,15 @@ def compare(session: nox.Session) -> None:
     size, the latest two runs holding it; see kernelmap/history.py) and fail past a threshold."""
     session.install("-e", ".")
     session.run("kernelmap", "compare", *(session.posargs or ["--fail", "mean:5%"]))
+
+
+@nox.session(python=PYTHON)
+def reference_loop(session: nox.Session) -> None:
+    """GPU: the bare step loop beside the clean pass, three repeated runs and their spread."""
+    if _gpu_compute_capability() is None:
+        session.skip("no NVIDIA GPU found (nvidia-smi)")
+    session.install("-e", ".[pytorch,dev]")
+    session.run("bash", "benches/gpu_timing_check.sh", *session.posargs, external=True)
 
 
 @nox.session(python=PYTHON)
