@@ -18,3 +18,12 @@ def pass_result_name(pass_name: str, trial: int | None = None) -> str:
     if trial < 1:
         raise ValueError(f"trial {trial}: trials count from 1")
     return f"{pass_name}-{trial}.json"
+
+
+LOGS = Path("logs")
+
+
+def worker_log(framework: str, batch_size: int, pass_name: str, trial: int | None = None) -> Path:
+    """A worker's stderr (third-party warnings, library chatter), relative to the run directory."""
+    stem = pass_result_name(pass_name, trial).removesuffix(".json")
+    return LOGS / f"{framework}-bs{batch_size}-{stem}.log"

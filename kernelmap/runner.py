@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,18 +118,21 @@ def decide_device(framework: str, requested: str, probe: dict[str, Any], compute
 
 # --- workers -------------------------------------------------------------------------------------
 class _StderrTee(threading.Thread):
-    """Forward a worker's stderr to ours as it arrives (progress bars included), keeping a tail."""
+    """Copy a worker's stderr into its log file (and to ours where asked) as it arrives, keeping a tail."""
 
-    def __init__(self, stream, forward: bool):
+    def __init__(self, stream, forward: bool, log=None):
         super().__init__(daemon=True)
         self.stream = stream
         self.forward = forward
+        self.log = log
         self.tail: collections.deque[bytes] = collections.deque(maxlen=64)
 
     def run(self) -> None:
         out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         for chunk in iter(lambda: self.stream.read1(65536), b""):
             self.tail.append(chunk)
+            if self.log is not None:
+                self.log.write(chunk)
             if self.forward:
                 if out is not None:
                     out.write(chunk)
@@ -158,20 +162,25 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 
 def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, str] | None = None,
-               stdout_path: Path | None = None, forward_stderr: bool = True) -> None:
+               stdout_path: Path | None = None, forward_stderr: bool = True, log_path: Path | None = None) -> None:
     """Run one worker command; raise ``KernelmapError`` (one line) when it fails.
 
-    The worker's stdout goes to ``stdout_path`` (library verbose lines) or else to our stderr, so
-    that our stdout stays clean for ``--json``.
+    The worker's stdout goes to ``stdout_path`` (library verbose lines), else to ``log_path``, else
+    to our stderr, so that our stdout stays clean for ``--json``. Its stderr (third-party warnings,
+    library chatter) goes to ``log_path`` and, with ``forward_stderr``, to our stderr too.
     """
+    log_fh = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fh = open(log_path, "ab")  # noqa: SIM115
     stdout_fh = open(stdout_path, "wb") if stdout_path else None  # noqa: SIM115
     try:
         # Its own process group: a terminal's Ctrl-C reaches only this process, which then stops the
         # worker (and nsys with its target) as a group. A worker that got the SIGINT itself could be
         # mid-import and print Python's startup traceback.
-        proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or sys.stderr.fileno(), stderr=subprocess.PIPE,
-                                process_group=0)
-        tee = _StderrTee(proc.stderr, forward_stderr)
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or log_fh or sys.stderr.fileno(),
+                                stderr=subprocess.PIPE, process_group=0)
+        tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
         tee.start()
         try:
             rc = proc.wait()
@@ -183,6 +192,8 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
     finally:
         if stdout_fh:
             stdout_fh.close()
+        if log_fh:
+            log_fh.close()
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
@@ -234,6 +245,37 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.load(fh)
 
 
+class RunProgress:
+    """The overall progress of a run: one plain line on stderr per worker process (pass n of N,
+    elapsed, an ETA from the mean time of the workers done so far). Plain lines, so that a log
+    without a terminal shows them too."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total = total
+        self.done = 0
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = time.monotonic()
+
+    @staticmethod
+    def _clock(seconds: float) -> str:
+        m, s = divmod(int(round(seconds)), 60)
+        return f"{m}m{s:02d}s" if m else f"{s}s"
+
+    def line(self, label: str) -> str:
+        elapsed = time.monotonic() - self.t0
+        eta = (f", ETA ~{self._clock(elapsed / self.done * (self.total - self.done))}" if self.done
+               else "")
+        return f"kernelmap run: [{self.done + 1}/{self.total}] {label} (elapsed {self._clock(elapsed)}{eta})"
+
+    def start(self, label: str) -> None:
+        if self.enabled:
+            print(self.line(label), file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        self.done += 1
+
+
 def physical_cores() -> int:
     """Physical CPU cores of this machine (distinct physical id x core id in /proc/cpuinfo), else
     the logical count: the default thread setting of every framework."""
@@ -275,7 +317,7 @@ def _clean_summary(trials: list[dict[str, Any]], batch_size: int) -> dict[str, A
 
 
 def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], train: dict[str, Any],
-             data_json: str, run_tmp: Path, progress: bool, nsys: str | None,
+             data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None,
              notes: list[str], trials: int, threads: int) -> dict[str, Any]:
     """All capture passes of one framework x batch size; returns its results.json entry."""
     rel = rundir.case_dir(fw, bs)
@@ -284,8 +326,6 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     config = dict(train, batch_size=bs, device=decision.device)
     base = [sys.executable, "-m", "kernelmap.worker", "--framework", fw, "--dir", str(out_dir),
             "--config", json.dumps(config), "--data-info", data_json]
-    if progress:
-        base.append("--progress")
     threads_env = thread_env(threads)
     clean_trials: list[dict[str, Any]] = []
     pass_results: dict[str, dict[str, Any]] = {}
@@ -298,8 +338,11 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             # K independent trials, each its own process; the first one also measures accuracy.
             for t in range(1, trials + 1):
                 extra = ["--trial", str(t)] + (["--no-evaluate"] if t > 1 else [])
-                run_worker([*cmd, *extra], label=f"{fw} bs {bs} ({p} pass trial {t}/{trials}, {decision.device})",
-                           batch_size=bs, env=env)
+                tlabel = f"{fw} bs {bs} ({p} pass trial {t}/{trials}, {decision.device})"
+                progress.start(tlabel)
+                run_worker([*cmd, *extra], label=tlabel, batch_size=bs, env=env, forward_stderr=False,
+                           log_path=run_tmp / rundir.worker_log(fw, bs, p, t))
+                progress.finish()
                 clean_trials.append(_read_json(out_dir / rundir.pass_result_name(p, t)))
             continue
         steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
@@ -319,12 +362,19 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
                 print(f"kernelmap run: {msg}", file=sys.stderr)
                 notes.append(msg)
                 pass_results[p] = {"skipped": "nsys not found"}
+                progress.finish()
                 continue
+        log_path = run_tmp / rundir.worker_log(fw, bs, p)
+        progress.start(label)
+        if p == "nsys":
             cmd, export = _nsys_commands(nsys, out_dir, cmd)
-            run_worker(cmd, label=label, batch_size=bs, env=env)
-            run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs)
+            run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
+            run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs,
+                       forward_stderr=False, log_path=log_path)
         else:
-            run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path)
+            run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path, forward_stderr=False,
+                       log_path=log_path)
+        progress.finish()
         pass_results[p] = _read_json(out_dir / rundir.pass_result_name(p))
 
     clean = _clean_summary(clean_trials, bs)
@@ -453,7 +503,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     data_info = _resolve_data(train)
     data_json = json.dumps(data_info.to_dict())
     nsys = doctor.find_tool("nsys") if "nsys" in passes else None
-    progress = sys.stderr.isatty() and not args.json
+    per_case = args.trials + sum(1 for p in passes if p != "clean")
+    progress = RunProgress(per_case * len(runnable) * len(args.batch_size))
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
