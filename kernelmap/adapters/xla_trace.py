@@ -382,7 +382,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     hlo_op = [r[2].get("hlo_op") for r in rows]
     module = [r[2].get("hlo_module") for r in rows]
     corr = [r[2].get("correlation_id") for r in rows]
-    for j, (_, e, a) in enumerate(rows):
+    for j, (_, _, a) in enumerate(rows):
         if dev[j]:
             kind[j] = "memcpy" if "memcpy_details" in a else "memset" if "Memset_details" in a else "kernel"
         elif hlo_op[j] is not None:

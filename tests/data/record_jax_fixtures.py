@@ -120,10 +120,12 @@ def main(argv=None) -> int:
     elif a.what == "libs":  # the library-log env is the caller's; only a few steps, no profiler
         w, spec = _workload("gpu", 64, a.data)
         order = spec.training_order(w.data_info.n_train, 0, 4 * 64)
-        for i, (x, yb) in enumerate(w.batches("train", 64, order)):
+        steps = 0
+        for x, yb in w.batches("train", 64, order):
             w.train_step(x, yb)
             w.synchronize()
-        print("libs steps", i + 1)
+            steps += 1
+        print("libs steps", steps)
     elif a.what == "time":
         timing(out, a.device, a.data, [int(b) for b in a.batch_sizes.split(",")])
     else:
