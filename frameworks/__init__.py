@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-FRAMEWORKS = ("pytorch", "mxnet")
+FRAMEWORKS = ("pytorch", "mxnet", "jax")
 
 
 def load_workload(name: str):

@@ -11,6 +11,12 @@ each SGD step, the weights after the last step. The parent imports no framework 
   first framework, ``pytorch``), and ``weights_worst`` the largest of these.
 
 Each must be <= 1e-4 (``TOLERANCES``); exit status 1 when one is broken.
+
+``--frameworks A,B`` picks the pair (default pytorch,mxnet; A is the reference). A framework whose
+dependencies clash with another's (JAX needs numpy >= 2, MXNet numpy < 1.24) runs its worker
+under its own interpreter: ``--python FRAMEWORK=PATH`` or ``KERNELMAP_PYTHON_<FRAMEWORK>`` (e.g.
+``KERNELMAP_PYTHON_JAX=/venvs/jax/bin/python``), which must have kernelmap importable; the
+interpreter used is recorded in the figures (``python``).
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ DEFINITIONS = {
     "weights_max_rel_diff": "per tensor: max|a-b| / max|a| after the last step, a = first framework's",
     "weights_worst": "max of weights_max_rel_diff",
 }
-IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",)}
-INSTALL_FIX = {"pytorch": "pip install 'kernelmap[pytorch]'", "mxnet": "pip install 'kernelmap[mxnet]'"}
+WORKER_FRAMEWORKS = ("pytorch", "mxnet", "jax")
+IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",), "jax": ("jax", "flax", "optax")}
+INSTALL_FIX = {"pytorch": "pip install 'kernelmap[pytorch]'", "mxnet": "pip install 'kernelmap[mxnet]'",
+               "jax": "pip install 'jax[cpu]' flax optax (an environment of its own where mxnet is installed: "
+                      "jax needs numpy >= 2), then --python jax=PATH or KERNELMAP_PYTHON_JAX=PATH"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,13 +65,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     parser.add_argument("--hybridize", action="store_true", help="hybridize the Gluon model")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help="the two frameworks compared, reference first (default pytorch,mxnet)")
+    parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",
+                        help="interpreter for that framework's worker (else KERNELMAP_PYTHON_<FRAMEWORK>, "
+                             "else this one)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--out", default=None, help="also write the figures to this file (parity.json)")
 
 
-def check_available(frameworks=FRAMEWORKS) -> None:
-    """Raise ``MissingToolError`` naming the fix for a framework that is not installed (no import)."""
+def interpreters(frameworks, python: dict[str, str] | None = None) -> dict[str, str]:
+    """Per framework, the interpreter its worker runs under: ``python[fw]``, else the environment's
+    ``KERNELMAP_PYTHON_<FW>``, else this one."""
+    python = python or {}
+    return {fw: python.get(fw) or os.environ.get(f"KERNELMAP_PYTHON_{fw.upper()}") or sys.executable
+            for fw in frameworks}
+
+
+def parse_python(items: list[str]) -> dict[str, str]:
+    """``--python FRAMEWORK=PATH`` arguments as a dict."""
+    out = {}
+    for item in items:
+        fw, sep, path = item.partition("=")
+        if not sep or fw not in WORKER_FRAMEWORKS or not path:
+            raise KernelmapError(f"--python {item!r}: expected FRAMEWORK=PATH with FRAMEWORK one of {WORKER_FRAMEWORKS}")
+        out[fw] = path
+    return out
+
+
+def check_available(frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> None:
+    """Raise ``MissingToolError`` naming the fix for a framework that is not installed (no import).
+    A framework run under another interpreter is checked by its worker (exit 3 names the fix)."""
+    where = interpreters(frameworks, python)
     for fw in frameworks:
+        if fw not in WORKER_FRAMEWORKS:
+            raise KernelmapError(f"parity: unknown framework {fw!r}; choose from {WORKER_FRAMEWORKS}")
+        if where[fw] != sys.executable:
+            continue
         for module in IMPORT_NAMES[fw]:
             if importlib.util.find_spec(module) is None:
                 raise MissingToolError(f"{fw}: python module {module!r} is not installed; {INSTALL_FIX[fw]}")
@@ -99,13 +138,17 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
     return figures
 
 
-def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float) -> dict[str, dict]:
+def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,
+                 frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> dict[str, dict]:
     """Start one worker per framework (concurrently), wait for all, read their ``.npz`` files."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # CPU only: fp32 without TF32 or GPU libraries
+    # CPU only: fp32 without TF32 or GPU libraries (JAX_PLATFORMS: jax's CPU backend, even where a
+    # CUDA plugin is installed)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    where = interpreters(frameworks, python)
     procs: dict[str, subprocess.Popen] = {}
     try:
-        for fw in FRAMEWORKS:
-            cmd = [sys.executable, "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
+        for fw in frameworks:
+            cmd = [where[fw], "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
             cmd += ["--result", str(workdir / f"{fw}.npz"), "--params", json.dumps(params)]
             procs[fw] = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -132,7 +175,7 @@ def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: 
                 proc.kill()
                 proc.wait()
     results = {}
-    for fw in FRAMEWORKS:
+    for fw in frameworks:
         with np.load(workdir / f"{fw}.npz", allow_pickle=False) as npz:
             results[fw] = {k: npz[k] for k in npz.files}
         results[fw]["meta"] = json.loads(str(results[fw]["meta"]))
@@ -152,6 +195,8 @@ def compute_parity(
     timeout: float = 600.0,
     cache_dir: str | None = None,
     workdir: str | os.PathLike | None = None,
+    frameworks: tuple[str, str] = FRAMEWORKS,
+    python: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run both framework workers and return the figures (see the module docstring); prints nothing."""
     from .frameworks import data as data_mod
@@ -159,7 +204,10 @@ def compute_parity(
 
     if steps < 1 or batch_size < 1:
         raise KernelmapError("parity: --steps and --batch-size must be at least 1")
-    check_available()
+    frameworks = tuple(frameworks)
+    if len(frameworks) != 2 or frameworks[0] == frameworks[1]:
+        raise KernelmapError(f"parity compares two different frameworks, not {list(frameworks)}")
+    check_available(frameworks, python)
     config = spec.TrainConfig(
         batch_size=batch_size,
         lr=lr,
@@ -184,13 +232,14 @@ def compute_parity(
         tmp = Path(tmp)
         weights = tmp / "initial_weights.npz"
         spec.save_weights(weights, spec.init_weights(seed))
-        results = _run_workers(tmp, weights, params, timeout)
+        results = _run_workers(tmp, weights, params, timeout, frameworks, python)
     for fw, r in results.items():
         if r["meta"]["data_sha256"] != info.sha256:
             raise KernelmapError(f"parity: the {fw} worker read different data files than {info.path}")
-    figures = compare(results[FRAMEWORKS[0]], results[FRAMEWORKS[1]], spec.weight_names())
+    figures = compare(results[frameworks[0]], results[frameworks[1]], spec.weight_names())
     return {
-        "frameworks": list(FRAMEWORKS),
+        "frameworks": list(frameworks),
+        "python": interpreters(frameworks, python),
         "device": "cpu",
         "dtype": "float32",
         "steps": steps,
@@ -234,6 +283,8 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         hybridize=args.hybridize,
         timeout=args.timeout,
+        frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
+        python=parse_python(args.python),
     )
     if args.out:
         from .atomic import atomic_file
@@ -275,12 +326,17 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
 
 
 def _scalar(x):
-    return x.asnumpy() if hasattr(x, "asnumpy") else x.detach().cpu().numpy()
+    """A framework scalar as numpy: mxnet ``asnumpy``, torch ``detach``, else the array protocol (jax)."""
+    if hasattr(x, "asnumpy"):
+        return x.asnumpy()
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.parity")
-    p.add_argument("--worker", required=True, choices=FRAMEWORKS)
+    p.add_argument("--worker", required=True, choices=WORKER_FRAMEWORKS)
     p.add_argument("--weights", required=True)
     p.add_argument("--result", required=True)
     p.add_argument("--params", required=True, help="JSON of TrainConfig fields")

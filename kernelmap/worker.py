@@ -181,7 +181,11 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
 
     clean = pass_name == "clean"
     capture: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if pass_name == "framework":
+    if pass_name == "framework" and framework == "jax":
+        from kernelmap.frameworks.jax.capture import profiler_trace
+
+        capture = profiler_trace(out_dir, workload)
+    elif pass_name == "framework":
         capture = (_torch_profiler if framework == "pytorch" else _mxnet_profiler)(out_dir, gpu)
     elif pass_name == "nsys":
         capture = _nvtx_ops(framework, gpu)
@@ -254,7 +258,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
-    p.add_argument("--framework", required=True, choices=("pytorch", "mxnet"))
+    p.add_argument("--framework", required=True, choices=("pytorch", "mxnet", "jax"))
     p.add_argument("--pass", dest="pass_name", required=True, choices=PASSES)
     p.add_argument("--dir", required=True, help="the framework x batch size folder of the run")
     p.add_argument("--config", required=True, help="TrainConfig as JSON (device = the one to use)")

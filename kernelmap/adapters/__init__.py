@@ -11,12 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ParseError
-from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn
+from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn, xla_trace
 from ._common import head, no_gc
 
 # order matters: the most specific sniffers first
 FORMATS = {
     "nsys": nsys,
+    "xla_trace": xla_trace,
     "kineto": kineto,
     "mxnet_profiler": mxnet_profiler,
     "cudnn_log": cudnn_log,
@@ -37,7 +38,7 @@ def detect(path: str | os.PathLike) -> str:
             return name
     if str(path).endswith(".nsys-rep"):
         return "nsys"
-    raise ParseError(path, "unrecognised content: not a Kineto or MXNet profiler trace, nsys SQLite export, "
+    raise ParseError(path, "unrecognised content: not a Kineto, MXNet profiler or XLA (jax.profiler) trace, nsys SQLite export, "
                            "cuDNN/cuBLAS/cuBLASLt log or oneDNN verbose output")
 
 
