@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ParseError
-from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn
+from . import cublas_log, cublaslt_log, cudnn_log, kineto, mkl_verbose, mxnet_profiler, nsys, onednn
 from ._common import head, no_gc
 
 # order matters: the most specific sniffers first
@@ -23,6 +23,7 @@ FORMATS = {
     "cublas_log": cublas_log,
     "cublaslt_log": cublaslt_log,
     "onednn_verbose": onednn,
+    "mkl_verbose": mkl_verbose,
 }
 
 
@@ -38,7 +39,7 @@ def detect(path: str | os.PathLike) -> str:
     if str(path).endswith(".nsys-rep"):
         return "nsys"
     raise ParseError(path, "unrecognised content: not a Kineto or MXNet profiler trace, nsys SQLite export, "
-                           "cuDNN/cuBLAS/cuBLASLt log or oneDNN verbose output")
+                           "cuDNN/cuBLAS/cuBLASLt log, oneDNN or MKL verbose output")
 
 
 def read(path: str | os.PathLike, fmt: str | None = None) -> pd.DataFrame:
