@@ -659,14 +659,21 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
 
 
 LAYER_COLUMNS = ("run", "batch_size", "layer", "canonical_op", "direction", "framework", "level",
-                 "libraries", "library_calls", "algos", "kernels", "ms_per_step", "flops_per_step", "achieved_flops",
+                 "libraries", "library_calls", "algos", "kernels", "calls_per_step", "ms_per_step", "time_source",
+                 "op_ms_per_step", "reorders_per_step", "reorder_ms_per_step", "flops_per_step", "achieved_flops",
                  "math_modes")
 
 
 def layer_table(runs: list[Run]) -> pd.DataFrame:
     """Conv and linear work per layer and direction, for each framework: the library call(s), the
-    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step (timed
-    events as in the op table) and the FLOP/s that gives (the spec's FLOPs for the layer)."""
+    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step and the
+    FLOP/s that gives (the spec's FLOPs for the layer).
+
+    Time per step: on the GPU the kernels' (the timed source's); on the CPU the library calls'
+    own time from the library log (oneDNN primitives, BLAS calls; libs pass, per logged step),
+    with ``time_source`` naming it; ``op_ms_per_step`` is the framework ops' time in the trace's
+    pass (as in the op table), and the oneDNN layout reorders feeding the layer's primitives are
+    counted apart (``reorders_per_step``, ``reorder_ms_per_step``)."""
     rows = []
     for run in runs:
         rec = _records(run)
@@ -674,9 +681,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
             ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
             if ev.empty:
                 continue
-            allrows = rec[(rec["framework"] == t.framework) & (rec["batch_size"].fillna(-1) == (
-                -1 if t.batch_size is None else t.batch_size))]
-            allrows = _fill_from_links(allrows, allrows)
+            allrows = _fill_from_links(_fwbs(rec, t.framework, t.batch_size), _fwbs(rec, t.framework, t.batch_size))
+            lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
+            n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
             for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
                 # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
                 # a kernel-level "bwd" is work no gradient call owns (the bias gradient's reduction)
@@ -687,7 +694,24 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 calls = a[a["kind"] == "library_call"]
                 kernels = a[a["kind"] == "kernel"]["kernel_name"]
                 onednn = calls[calls["library"] == "oneDNN"]
-                ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                reorders_ps = reorder_ms = None
+                if t.level == "op":
+                    ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
+                    if len(calls) and n_log:
+                        ms = float(calls["dur_ns"].sum()) / n_log / 1e6 if calls["dur_ns"].notna().all() else None
+                        calls_ps = len(calls) / n_log
+                        source = f"{'/'.join(sorted(set(calls['library'].dropna())))} log, {log_basis}"
+                    elif len(calls):
+                        source = f"library log: {log_basis}"
+                    ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
+                                & lcalls["op_layer"].eq(layer) & lcalls["op_dgroup"].eq(direction_group(d))]
+                    if n_log and len(calls):
+                        reorders_ps = len(ro) / n_log
+                        reorder_ms = float(ro["dur_ns"].sum()) / n_log / 1e6
+                else:
+                    ms, calls_ps = op_ms, None
+                    source = f"{t.level}s of the {t.source} trace ({t.pass_name} pass)"
                 # FLOPs of an op-level "bwd": the gradients its library calls computed
                 parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
                 flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
@@ -700,7 +724,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "algos": _uniq(calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
-                    "ms_per_step": ms, "flops_per_step": flops,
+                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source, "op_ms_per_step": op_ms,
+                    "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
+                    "flops_per_step": flops,
                     "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
                     "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
                 })
@@ -709,6 +735,47 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
         dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
         df = df.assign(_d=df["direction"].map(dorder)).sort_values(
             ["run", "batch_size", "layer", "_d", "framework"]).drop(columns="_d").reset_index(drop=True)
+    return df
+
+
+LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
+                        "direction", "linked", "calls_per_step", "ms_per_step", "logged_calls", "logged_steps",
+                        "basis")
+
+
+def library_calls(runs: list[Run]) -> pd.DataFrame:
+    """Every library-log call kind per framework x batch size: library, call, the framework op it
+    is linked to (canonical op, layer, direction group; a oneDNN layout reorder is counted under
+    the op of the primitive it feeds, as its own row), calls and time per logged step. Calls not
+    linked to an op are listed under their own canonical op, with ``linked`` False."""
+    rows = []
+    for run in runs:
+        rec = _records(run)
+        keys = rec[rec["kind"] == "library_call"][["framework", "batch_size"]].drop_duplicates()
+        for fw, bs in keys.itertuples(index=False):
+            bs_v = None if pd.isna(bs) else int(bs)
+            c = linked_calls(run, str(fw), bs_v)
+            n_log, basis = log_steps(run, str(fw), bs_v)
+            linked = c["op_canonical"].notna()
+            c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna("?"),
+                         _layer=c["op_layer"].where(linked, c["layer"]).fillna("-"),
+                         _dir=c["op_dgroup"].where(linked, c["dgroup"]).fillna("none"), _linked=linked)
+            for (lib, call, op, layer, d, lk), g in c.groupby(
+                    [c["library"].fillna("?"), c["library_call"].fillna("?"), "_op", "_layer", "_dir", "_linked"]):
+                timed = g["dur_ns"].notna().all()
+                rows.append({"run": run.name, "framework": fw, "batch_size": bs_v, "library": lib,
+                             "library_call": call, "canonical_op": op, "layer": None if layer == "-" else layer,
+                             "direction": d, "linked": bool(lk),
+                             "calls_per_step": len(g) / n_log if n_log else None,
+                             "ms_per_step": float(g["dur_ns"].sum()) / n_log / 1e6 if n_log and timed else None,
+                             "logged_calls": len(g), "logged_steps": n_log,
+                             "basis": basis if timed else f"{basis}; the log records no durations"})
+    df = pd.DataFrame(rows, columns=list(LIBRARY_CALL_COLUMNS))
+    if len(df):
+        order = {o: i for i, o in enumerate(schema.CANONICAL_OPS)}
+        df = df.assign(_o=df["canonical_op"].map(order).fillna(99)).sort_values(
+            ["run", "batch_size", "framework", "_o", "layer", "direction", "library_call"],
+            na_position="first").drop(columns="_o").reset_index(drop=True)
     return df
 
 
