@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
-
 from kernelmap.frameworks.spec import LAYERS
 
 EXIT_CHECK_FAILED = 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import re
@@ -11,22 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import gpu_run_dir
+from conftest import gpu_run_dir, report
 from kernelmap.reports import analysis as A
-from kernelmap.reports import cli as report_cli
 from kernelmap.reports.html import fmt
 
 from kernelmap.errors import KernelmapError
 
 RUN = Path(__file__).parent / "data" / "report_cpu_run"
 FIGURES = ("op_time", "library_mix", "timeline", "busy_share", "overhead")  # CPU: no kernels, no FLOP peak
-
-
-def report(*argv: str) -> int:
-    """``kernelmap report ARGV`` through the module's own parser (as kernelmap.cli dispatches it)."""
-    parser = argparse.ArgumentParser()
-    report_cli.add_arguments(parser)
-    return report_cli.main(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ also CSV, and ``--strict`` passes here and fails on a doctored copy."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import report
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
 from kernelmap.reports import cli as report_cli
@@ -24,12 +24,6 @@ from kernelmap.normalise import normalise_run_dir
 
 DATA = Path(__file__).parent / "data" / "cpu_run_all"
 FWS = ("pytorch", "mxnet")
-
-
-def report(*argv: str) -> int:
-    parser = argparse.ArgumentParser()
-    report_cli.add_arguments(parser)
-    return report_cli.main(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
