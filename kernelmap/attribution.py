@@ -190,35 +190,49 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
     return out
 
 
+CPU_LIBS = ("oneDNN", "BLAS")
+# the framework op that runs a CPU library call: MXNet ops are flat; in PyTorch the entry points
+# of oneDNN (convolutions, and linear/pooling where torch sends them there) and of BLAS (addmm, mm)
+_CPU_ENTRY = {"oneDNN": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mkldnn_linear",
+                         "aten::mkldnn_max_pool2d"),
+              "BLAS": ("aten::addmm", "aten::mm")}
+
+
 def link_onednn(df: pd.DataFrame) -> dict:
-    """oneDNN primitives -> the framework op of the run's profiler trace (op_event_id)."""
-    prims = df[df["kind"].eq("library_call") & df["library"].eq("oneDNN")]
+    """CPU library-log calls (oneDNN primitives, BLAS calls) -> the framework op of the run's
+    profiler trace (op_event_id), per library: per key (canonical op, layer, direction group)
+    the n-th call is the n-th entry-op occurrence, aligned from the end."""
+    prims = df[df["kind"].eq("library_call") & df["library"].isin(CPU_LIBS)]
     ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
     if prims.empty:
         return {}
     if ops.empty:
         return {"onednn_linked_share": 0.0, "onednn_link_reason": "no profiler trace of this run to link to"}
     name = ops["op_name"]
-    # the op that runs the primitive: MXNet ops are flat; in PyTorch the oneDNN entry points
-    entry = ops[(ops["source"].eq("mxnet_profiler"))
-                | name.isin(["aten::mkldnn_convolution", "aten::convolution_backward",
-                             "aten::mkldnn_linear", "aten::mkldnn_max_pool2d"])]
-    occ = entry.assign(dgroup=_dir_group(entry["direction"]), layer_k=entry["layer"].fillna("-"))
-    p = prims.assign(dgroup=_dir_group(prims["direction"]), layer_k=prims["layer"].fillna("-"))
     pairs = []
-    for d in ("bwd_data", "bwd_weight", "bwd_bias", "bwd", "fwd"):
-        sub = p[p["direction"].eq(d)]
-        if not sub.empty:
-            pairs += _match(sub, occ, ["canonical_op", "layer_k", "dgroup"])
+    for lib in CPU_LIBS:
+        entry = ops[(ops["source"].eq("mxnet_profiler")) | name.isin(_CPU_ENTRY[lib])]
+        occ = entry.assign(dgroup=_dir_group(entry["direction"]), layer_k=entry["layer"].fillna("-"))
+        lp = prims[prims["library"].eq(lib)]
+        p = lp.assign(dgroup=_dir_group(lp["direction"]), layer_k=lp["layer"].fillna("-"))
+        for d in ("bwd_data", "bwd_weight", "bwd_bias", "bwd", "fwd"):
+            sub = p[p["direction"].eq(d)]
+            if not sub.empty:
+                pairs += _match(sub, occ, ["canonical_op", "layer_k", "dgroup"])
     if pairs:
         pr = np.array([a for a, _ in pairs])
         oc = np.array([b for _, b in pairs])
         df.loc[pr, "op_event_id"] = df.loc[oc, "event_id"].to_numpy()
         for col in ("phase", "iteration"):
             df.loc[pr, col] = df.loc[oc, col].to_numpy()
-        _link_reorders(df, prims.index)
-    linked = int(df.loc[prims.index, "op_event_id"].notna().sum())
-    return {"onednn_linked_share": linked / len(prims), "onednn_link_reason": None}
+        _link_reorders(df, prims.index[prims["library"].eq("oneDNN")])
+    onednn = prims.index[prims["library"].eq("oneDNN")]
+    linked = int(df.loc[onednn, "op_event_id"].notna().sum())
+    out = {"onednn_linked_share": linked / len(onednn) if len(onednn) else None, "onednn_link_reason": None}
+    blas = prims.index[prims["library"].eq("BLAS")]
+    if len(blas):
+        out["blas_linked_share"] = int(df.loc[blas, "op_event_id"].notna().sum()) / len(blas)
+    return out
 
 
 def _link_reorders(df: pd.DataFrame, prims: pd.Index) -> None:
@@ -313,6 +327,7 @@ def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
     calls = df[df["kind"].eq("library_call")]
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
+    blas = calls[calls["library"].eq("BLAS")]
     ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
     return {
         "events": len(df),
@@ -324,6 +339,8 @@ def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
         **_library_figures(library_kernels(df)),
         "onednn_primitives": {str(n): int(c) for n, c in prims["op_name"].value_counts().sort_index().items()},
         "onednn_linked": int(prims["op_event_id"].notna().sum()),
+        "blas_calls": {str(n): int(c) for n, c in blas["library_call"].value_counts().sort_index().items()},
+        "blas_linked": int(blas["op_event_id"].notna().sum()),
         "by_source": by_source(df),
         "library_links": library_links(df, log_steps),
     }

@@ -147,6 +147,9 @@ def _print_runs(s: dict) -> None:
         if r["onednn_primitives"]:
             w("  oneDNN executions: " + ", ".join(f"{k} {v}" for k, v in r["onednn_primitives"].items())
               + f" ({r['onednn_linked']} linked to an op)\n")
+        if r.get("blas_calls"):
+            w("  BLAS calls: " + ", ".join(f"{k} {v}" for k, v in r["blas_calls"].items())
+              + f" ({r['blas_linked']} linked to an op)\n")
 
 
 # --- run directories -------------------------------------------------------------------------

@@ -219,7 +219,9 @@ def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str
             "CUBLASLT_LOG_FILE": str(log_dir / "cublaslt.log"),
         }
     # oneDNN (PyTorch's and MXNet's MKL-DNN) print verbose lines on stdout: captured to onednn.log.
-    return {"DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "MKLDNN_VERBOSE": "1"}
+    # oneMKL (torch's CPU BLAS: linear's sgemm) writes its own verbose lines to blas.log.
+    return {"DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "MKLDNN_VERBOSE": "1",
+            "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log")}
 
 
 def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str], list[str]]:

@@ -23,7 +23,7 @@ COLUMNS: dict[str, str] = {
     "framework": "string",  # pytorch | mxnet | unknown
     "device": "string",  # gpu | cpu
     "batch_size": "Int64",
-    "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose
+    "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose | mkl_verbose
     "source_file": "string",
     "event_id": "Int64",  # unique within a source file; unique within a run after `normalise`
     "kind": "string",  # see KINDS

@@ -333,6 +333,15 @@ class Timed:
     step_ns: float | None  # median step duration in this source (kind=step rows), if any
     n_steps_basis: str = ""
     step_basis: str | None = None  # where step_ns comes from
+    iterations: tuple[int, ...] = ()  # the traced iterations counted as steps (those with model ops)
+    outside_events: int = 0  # timed events of iterations not counted (e.g. a warm-up step's tail)
+    outside_ns: int = 0
+    pass_name: str | None = None  # the capture pass the source belongs to (framework, nsys)
+    ops: pd.DataFrame | None = field(default=None, repr=False)  # the source's op rows of the counted steps
+
+    @property
+    def records_run(self) -> set[str]:
+        return set(self.events["run"].dropna().unique())
 
 
 def _fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
@@ -357,22 +366,36 @@ def _fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
 _SOURCE_PASS = {"kineto": "framework", "mxnet_profiler": "framework", "nsys": "nsys"}
 
 
+def model_ops() -> frozenset[str]:
+    """Canonical ops of the model's layers (frameworks/spec.py, via ``reports.checks``)."""
+    from .checks import expected_calls_per_step
+
+    return frozenset(op for op, _ in expected_calls_per_step())
+
+
+def _counted_iterations(rows: pd.DataFrame) -> list[int]:
+    """The traced iterations that hold timed work of the model: an iteration counts as a step when
+    one of its timed events has a canonical op of the model's layers. A trace may hold step marks
+    of steps it did not profile (MXNet's profiler keeps the warm-up steps' regions) and stray ops
+    of such a step (a variable deleted as the profiler starts); neither makes a step."""
+    it = rows.loc[rows["canonical_op"].isin(model_ops()), "iteration"].dropna()
+    return sorted(int(i) for i in it.unique())
+
+
 def _n_steps(rows: pd.DataFrame, run: Run, fw: str, bs: int | None, source: str) -> tuple[int, str]:
-    """Traced steps: distinct iterations in the trace, else its step events, else the capture
-    pass's timed step count from results.json. Returns (n, how it was found)."""
-    it = rows["iteration"].dropna()
-    if len(it):
-        return int(it.nunique()), "iterations in the trace"
-    steps = rows[rows["kind"] == "step"]
-    if len(steps):
-        return len(steps), "step events in the trace"
+    """Traced steps: iterations holding timed model work, else the capture pass's timed step
+    count from results.json. Returns (n, how it was found). Step events alone never count: a
+    trace may mark steps it did not time (MXNet's profiler keeps the warm-up steps' marks)."""
+    its = _counted_iterations(rows)
+    if its:
+        return len(its), "iterations of the trace that hold timed model ops"
     for r in run.results:
         if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
             n = _get(_passes(r).get(_SOURCE_PASS.get(source, ""), {}), "steps")
             if n:
                 return int(n), f"results.json: steps of the {_SOURCE_PASS[source]} pass"
     raise KernelmapError(f"{run.path}: {fw} bs {bs}: cannot tell how many steps the {source} trace holds "
-                         "(no iterations, no step events, no pass step count)")
+                         "(no iterations with timed model ops, no pass step count)")
 
 
 def timed_events(run: Run) -> list[Timed]:
@@ -406,7 +429,15 @@ def _timed_events(run: Run) -> list[Timed]:
         if level == "op":
             rows = _outermost(rows[rows["canonical_op"].notna()])
         steps = srows[srows["kind"] == "step"]["dur_ns"].dropna()
-        n, basis = _n_steps(srows[srows["kind"].isin(["op", "kernel", "step"])], run, str(fw), bs_v, src)
+        n, basis = _n_steps(rows, run, str(fw), bs_v, src)
+        its = _counted_iterations(rows)
+        outside = rows["iteration"].notna() & ~rows["iteration"].isin(its) if its else \
+            pd.Series(False, index=rows.index)
+        out_ev, out_ns = int(outside.sum()), int(rows.loc[outside, "dur_ns"].sum())
+        rows = rows[~outside]
+        ops = srows[(srows["kind"] == "op") & srows["canonical_op"].notna()]
+        if its:
+            ops = ops[ops["iteration"].isin(its)]
         # The step's wall time is the median the worker measured (device synchronised) in the very
         # pass that recorded this trace. Traced step spans are host-side only: MXNet's engine runs
         # ops after its region has closed, and CUDA kernels outlive their launches.
@@ -419,8 +450,122 @@ def _timed_events(run: Run) -> list[Timed]:
                     step_ns, step_basis = med * 1e9, f"median synchronised step of the {pass_name} pass"
         if step_ns is None and len(steps):
             step_ns, step_basis = float(steps.median()), "traced step events (host side)"
-        out.append(Timed(str(fw), bs_v, src, level, rows, n, step_ns, basis, step_basis))
+        out.append(Timed(str(fw), bs_v, src, level, rows, n, step_ns, basis, step_basis, tuple(its),
+                         out_ev, out_ns, pass_name or None, ops))
     return out
+
+
+_BWD = ("bwd", "bwd_data", "bwd_weight", "bwd_bias")
+
+
+def direction_group(d: Any) -> str:
+    """fwd, bwd (any gradient), or the direction itself (update, none)."""
+    if d is None or (not isinstance(d, str) and pd.isna(d)):
+        return "none"
+    return "bwd" if d in _BWD else str(d)
+
+
+def op_calls(t: Timed) -> pd.DataFrame:
+    """Framework-op calls per step of each canonical op x direction group (fwd, bwd, ...) in the
+    counted steps of the timed source: outermost ops with a canonical op. A backward call is
+    counted once per forward call it differentiates: where the trace has autograd sequence numbers
+    (PyTorch), backward ops whose ``seq`` falls in the same outermost forward op are one call
+    (linear's ``AddmmBackward0`` and ``TBackward0`` are linear's one backward); without them
+    (MXNet: one ``_backward_*`` op per forward op) each outermost backward op is a call.
+
+    Columns: canonical_op, direction (group), calls, calls_per_step, basis."""
+    cols = ["canonical_op", "direction", "calls", "calls_per_step", "basis"]
+    ops = t.ops
+    if ops is None or ops.empty:
+        return pd.DataFrame(columns=cols)
+    outer = _outermost(ops)
+    dgroup = outer["direction"].map(direction_group)
+    key = outer["event_id"].astype("Int64").astype(object)
+    basis = pd.Series("outermost op", index=outer.index, dtype=object)
+    if ops["seq"].notna().any():
+        fwd_outer = outer[dgroup.eq("fwd")]
+        seq_to_fwd: dict[int, int] = {}
+        if len(fwd_outer):
+            fw_ops = ops[ops["seq"].notna() & ops["direction"].eq("fwd")]
+            for (pid, tid), g in fw_ops.groupby([fw_ops["pid"].fillna(-1), fw_ops["tid"].fillna(-1)]):
+                fo = fwd_outer[(fwd_outer["pid"].fillna(-1) == pid) & (fwd_outer["tid"].fillna(-1) == tid)]
+                if fo.empty:
+                    continue
+                fo = fo.sort_values("start_ns")
+                starts = fo["start_ns"].to_numpy(dtype="int64")
+                ends = starts + fo["dur_ns"].to_numpy(dtype="int64")
+                pos = np.searchsorted(starts, g["start_ns"].to_numpy(dtype="int64"), side="right") - 1
+                for p, s_, sq in zip(pos, g["start_ns"].to_numpy(dtype="int64"), g["seq"], strict=True):
+                    if p >= 0 and s_ < ends[p]:
+                        seq_to_fwd.setdefault(int(sq), int(fo["event_id"].iloc[p]))
+        bwd = dgroup.eq("bwd") & outer["seq"].notna()
+        mapped = outer.loc[bwd, "seq"].map(lambda q: seq_to_fwd.get(int(q)))
+        hit = mapped.notna()
+        key.loc[mapped.index[hit]] = [("fwd", int(v)) for v in mapped[hit]]
+        basis.loc[mapped.index[hit]] = "backward ops per forward call (autograd seq)"
+    df = pd.DataFrame({"canonical_op": outer["canonical_op"], "direction": dgroup, "key": key, "basis": basis})
+    rows = []
+    for (op, d), g in df.groupby(["canonical_op", "direction"], sort=False):
+        n = int(g["key"].nunique())
+        rows.append({"canonical_op": op, "direction": d, "calls": n, "calls_per_step": n / t.n_steps,
+                     "basis": "; ".join(sorted(set(g["basis"])))})
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --- library calls linked to ops (CPU: oneDNN, BLAS) -----------------------------------------
+_SIG = ["canonical_op", "layer", "dgroup"]
+
+
+def _fwbs(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
+    return rec[(rec["framework"] == fw) & (rec["batch_size"].fillna(-1) == (-1 if bs is None else bs))]
+
+
+def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
+    """Training steps the library-log (libs) pass ran with its logs on: its warm-up and timed
+    steps (the logs are on from process start), from results.json."""
+    for r in run.results:
+        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
+            p = _passes(r).get("libs", {})
+            n, w = _get(p, "steps"), _get(p, "warmup_steps")
+            if isinstance(n, int) and isinstance(w, int):
+                return n + w, f"libs pass: {n + w} logged steps ({w} warm-up + {n} timed)"
+    return None, "results.json does not say how many steps the libs pass ran"
+
+
+def linked_calls(run: Run, fw: str, bs: int | None) -> pd.DataFrame:
+    """The library-log calls of one framework x batch size (any library), each with the
+    signature of the framework op it is linked to (``op_canonical``, ``op_layer``, ``op_dgroup``:
+    a oneDNN reorder takes the op of the primitive it feeds) and its own (``canonical_op``,
+    ``layer``, ``dgroup``). Unlinked calls keep NA op columns."""
+    rec = _fwbs(_records(run), fw, bs)
+    calls = rec[rec["kind"] == "library_call"].copy()
+    calls["dgroup"] = calls["direction"].map(direction_group)
+    ops = rec[rec["kind"] == "op"][["run", "event_id", "canonical_op", "layer", "direction"]].rename(
+        columns={"event_id": "op_event_id", "canonical_op": "op_canonical", "layer": "op_layer",
+                 "direction": "op_direction"}).drop_duplicates(["run", "op_event_id"])
+    m = calls[["run", "op_event_id"]].merge(ops, on=["run", "op_event_id"], how="left")
+    m.index = calls.index
+    calls["op_canonical"], calls["op_layer"] = m["op_canonical"], m["op_layer"]
+    calls["op_dgroup"] = m["op_direction"].map(direction_group).where(m["op_direction"].notna())
+    return calls
+
+
+def linked_libraries(run: Run, fw: str, bs: int | None) -> dict[tuple[str, str, str], dict[str, list[str]]]:
+    """Per op signature (canonical op, layer or '-', direction group): the libraries and library
+    calls linked to ops of that signature (CPU library logs: oneDNN, BLAS)."""
+    calls = linked_calls(run, fw, bs)
+    calls = calls[calls["op_canonical"].notna()]
+    out: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    for (op, layer, d), g in calls.groupby([calls["op_canonical"], calls["op_layer"].fillna("-"),
+                                            calls["op_dgroup"].fillna("none")]):
+        out[(str(op), str(layer), str(d))] = {"libraries": sorted(set(g["library"].dropna())),
+                                              "library_calls": sorted(set(g["library_call"].dropna()))}
+    return out
+
+
+def _op_signature(ev: pd.DataFrame) -> list[tuple[str, str, str]]:
+    return list(zip(ev["canonical_op"].fillna("?"), ev["layer"].fillna("-"),
+                    ev["direction"].map(direction_group), strict=True))
 
 
 # --- op time and the side-by-side table ------------------------------------------------------
@@ -481,27 +626,34 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
     fws = [t.framework for t in timed]
     per: dict[tuple[str, str], dict[str, Any]] = {}
     for t in timed:
-        allrows = rec[(rec["framework"] == t.framework) & (rec["batch_size"].fillna(-1) == (
-            -1 if t.batch_size is None else t.batch_size))]
+        allrows = _fwbs(rec, t.framework, t.batch_size)
         allrows = _fill_from_links(allrows, allrows)
         ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"),
                              direction=t.events["direction"].fillna("none"))
-        ops = allrows[(allrows["kind"] == "op") & (allrows["source"] == t.source)]
-        ops = _outermost(ops[ops["canonical_op"].notna()])
+        lib = _event_library(run, t)
+        calls_n = op_calls(t).set_index(["canonical_op", "direction"])["calls_per_step"]
+        by_sig = linked_libraries(run, t.framework, t.batch_size) if t.level == "op" else {}
         for (op, d), g in ev.groupby(["canonical_op", "direction"]):
             key = (op, d)
             a = allrows[(allrows["canonical_op"] == op) & (allrows["direction"].fillna("none") == d)]
-            calls = a[a["kind"] == "library_call"]
             kernels = a[a["kind"] == "kernel"]
-            n_ops = ops[(ops["canonical_op"] == op) & (ops["direction"].fillna("none") == d)]
             ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+            if t.level == "op":
+                # what was linked to these ops (CPU library logs), not what a name suggests
+                sigs = set(_op_signature(g))
+                lib_calls = sorted({c for k in sigs if k in by_sig for c in by_sig[k]["library_calls"]})
+            else:
+                lib_calls = _uniq(a[a["kind"] == "library_call"]["library_call"]) or _uniq(a["library_call"])
+            # kernel-level rows split a backward op (bwd_data/bwd_weight): their calls are kernel launches
+            n_calls = calls_n.get((op, d)) if (op, d) in calls_n.index else None
             per.setdefault(key, {})[t.framework] = {
                 "op_names": _uniq(g["op_name"]) or _uniq(a[a["kind"] == "op"]["op_name"]),
-                "libraries": _uniq(pd.concat([g["library"], a["library"]])) or ["native"],
-                "library_calls": _uniq(calls["library_call"]) or _uniq(a["library_call"]),
+                "libraries": sorted(set(lib[g.index])),
+                "library_calls": lib_calls,
                 "kernels": _uniq(kernels["kernel_name"].map(short_kernel, na_action="ignore")),
                 "n_kernels": int(kernels["kernel_name"].nunique()),
-                "calls_per_step": (len(n_ops) if len(n_ops) else len(g)) / t.n_steps,
+                "calls_per_step": float(n_calls) if n_calls is not None else len(g) / t.n_steps,
+                "calls_basis": "framework-op calls" if n_calls is not None else f"{t.level}s",
                 "ms_per_step": ms,
                 "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None,
                 "math_modes": _uniq(a["math_mode"]),
@@ -525,14 +677,21 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
 
 
 LAYER_COLUMNS = ("run", "batch_size", "layer", "canonical_op", "direction", "framework", "level",
-                 "libraries", "library_calls", "algos", "kernels", "ms_per_step", "flops_per_step", "achieved_flops",
+                 "libraries", "library_calls", "algos", "kernels", "calls_per_step", "ms_per_step", "time_source",
+                 "op_ms_per_step", "reorders_per_step", "reorder_ms_per_step", "flops_per_step", "achieved_flops",
                  "math_modes")
 
 
 def layer_table(runs: list[Run]) -> pd.DataFrame:
     """Conv and linear work per layer and direction, for each framework: the library call(s), the
-    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step (timed
-    events as in the op table) and the FLOP/s that gives (the spec's FLOPs for the layer)."""
+    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step and the
+    FLOP/s that gives (the spec's FLOPs for the layer).
+
+    Time per step: on the GPU the kernels' (the timed source's); on the CPU the library calls'
+    own time from the library log (oneDNN primitives, BLAS calls; libs pass, per logged step),
+    with ``time_source`` naming it; ``op_ms_per_step`` is the framework ops' time in the trace's
+    pass (as in the op table), and the oneDNN layout reorders feeding the layer's primitives are
+    counted apart (``reorders_per_step``, ``reorder_ms_per_step``)."""
     rows = []
     for run in runs:
         rec = _records(run)
@@ -540,9 +699,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
             ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
             if ev.empty:
                 continue
-            allrows = rec[(rec["framework"] == t.framework) & (rec["batch_size"].fillna(-1) == (
-                -1 if t.batch_size is None else t.batch_size))]
-            allrows = _fill_from_links(allrows, allrows)
+            allrows = _fill_from_links(_fwbs(rec, t.framework, t.batch_size), _fwbs(rec, t.framework, t.batch_size))
+            lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
+            n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
             for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
                 # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
                 # a kernel-level "bwd" is work no gradient call owns (the bias gradient's reduction)
@@ -553,7 +712,24 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 calls = a[a["kind"] == "library_call"]
                 kernels = a[a["kind"] == "kernel"]["kernel_name"]
                 onednn = calls[calls["library"] == "oneDNN"]
-                ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                reorders_ps = reorder_ms = None
+                if t.level == "op":
+                    ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
+                    if len(calls) and n_log:
+                        ms = float(calls["dur_ns"].sum()) / n_log / 1e6 if calls["dur_ns"].notna().all() else None
+                        calls_ps = len(calls) / n_log
+                        source = f"{'/'.join(sorted(set(calls['library'].dropna())))} log, {log_basis}"
+                    elif len(calls):
+                        source = f"library log: {log_basis}"
+                    ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
+                                & lcalls["op_layer"].eq(layer) & lcalls["op_dgroup"].eq(direction_group(d))]
+                    if n_log and len(calls):
+                        reorders_ps = len(ro) / n_log
+                        reorder_ms = float(ro["dur_ns"].sum()) / n_log / 1e6
+                else:
+                    ms, calls_ps = op_ms, None
+                    source = f"{t.level}s of the {t.source} trace ({t.pass_name} pass)"
                 # FLOPs of an op-level "bwd": the gradients its library calls computed
                 parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
                 flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
@@ -566,7 +742,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "algos": _uniq(calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
-                    "ms_per_step": ms, "flops_per_step": flops,
+                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source, "op_ms_per_step": op_ms,
+                    "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
+                    "flops_per_step": flops,
                     "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
                     "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
                 })
@@ -575,6 +753,47 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
         dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
         df = df.assign(_d=df["direction"].map(dorder)).sort_values(
             ["run", "batch_size", "layer", "_d", "framework"]).drop(columns="_d").reset_index(drop=True)
+    return df
+
+
+LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
+                        "direction", "linked", "calls_per_step", "ms_per_step", "logged_calls", "logged_steps",
+                        "basis")
+
+
+def library_calls(runs: list[Run]) -> pd.DataFrame:
+    """Every library-log call kind per framework x batch size: library, call, the framework op it
+    is linked to (canonical op, layer, direction group; a oneDNN layout reorder is counted under
+    the op of the primitive it feeds, as its own row), calls and time per logged step. Calls not
+    linked to an op are listed under their own canonical op, with ``linked`` False."""
+    rows = []
+    for run in runs:
+        rec = _records(run)
+        keys = rec[rec["kind"] == "library_call"][["framework", "batch_size"]].drop_duplicates()
+        for fw, bs in keys.itertuples(index=False):
+            bs_v = None if pd.isna(bs) else int(bs)
+            c = linked_calls(run, str(fw), bs_v)
+            n_log, basis = log_steps(run, str(fw), bs_v)
+            linked = c["op_canonical"].notna()
+            c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna("?"),
+                         _layer=c["op_layer"].where(linked, c["layer"]).fillna("-"),
+                         _dir=c["op_dgroup"].where(linked, c["dgroup"]).fillna("none"), _linked=linked)
+            for (lib, call, op, layer, d, lk), g in c.groupby(
+                    [c["library"].fillna("?"), c["library_call"].fillna("?"), "_op", "_layer", "_dir", "_linked"]):
+                timed = g["dur_ns"].notna().all()
+                rows.append({"run": run.name, "framework": fw, "batch_size": bs_v, "library": lib,
+                             "library_call": call, "canonical_op": op, "layer": None if layer == "-" else layer,
+                             "direction": d, "linked": bool(lk),
+                             "calls_per_step": len(g) / n_log if n_log else None,
+                             "ms_per_step": float(g["dur_ns"].sum()) / n_log / 1e6 if n_log and timed else None,
+                             "logged_calls": len(g), "logged_steps": n_log,
+                             "basis": basis if timed else f"{basis}; the log records no durations"})
+    df = pd.DataFrame(rows, columns=list(LIBRARY_CALL_COLUMNS))
+    if len(df):
+        order = {o: i for i, o in enumerate(schema.CANONICAL_OPS)}
+        df = df.assign(_o=df["canonical_op"].map(order).fillna(99)).sort_values(
+            ["run", "batch_size", "framework", "_o", "layer", "direction", "library_call"],
+            na_position="first").drop(columns="_o").reset_index(drop=True)
     return df
 
 
@@ -610,18 +829,16 @@ def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
 
 # --- library mix, kernel counts, busy share -----------------------------------------------------
 def _event_library(run: Run, t: Timed) -> pd.Series:
-    """The library of each timed event: its own (or its linked call's); for op-level time (CPU)
-    without a linked call, the library whose calls the library-log pass recorded for the same
-    canonical op and direction; else "native" (framework code)."""
+    """The library of each timed event. Kernels (GPU): their own, from the linked library call.
+    Framework ops (CPU): the libraries of the library-log calls linked to ops of the same
+    signature (canonical op, layer, direction group), e.g. oneDNN for a convolution backward,
+    BLAS for PyTorch's linear; ``a/b`` where both ran; "native" (framework code) where nothing
+    was linked."""
     lib = t.events["library"]
-    if t.level == "op" and lib.isna().any():
-        rec = _records(run)
-        calls = rec[(rec["framework"] == t.framework) & (rec["kind"] == "library_call")
-                    & (rec["batch_size"].fillna(-1) == (-1 if t.batch_size is None else t.batch_size))]
-        by_key = calls.groupby([calls["canonical_op"].fillna("?"), calls["direction"].fillna("none")])[
-            "library"].agg(lambda x: "/".join(sorted(set(x.dropna()))))
-        keys = zip(t.events["canonical_op"].fillna("?"), t.events["direction"].fillna("none"), strict=True)
-        lib = lib.fillna(pd.Series([by_key.get(k) or pd.NA for k in keys], index=t.events.index, dtype="string"))
+    if t.level == "op":
+        by_sig = linked_libraries(run, t.framework, t.batch_size)
+        vals = ["/".join(by_sig[k]["libraries"]) if k in by_sig else pd.NA for k in _op_signature(t.events)]
+        lib = pd.Series(vals, index=t.events.index, dtype="string")
     return lib.fillna("native")
 
 

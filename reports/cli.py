@@ -2,7 +2,10 @@
 
 DIR is built under a temporary name and renamed when complete; an existing DIR is refused unless
 ``--replace``. Contents: report.html (self-contained), one PNG per figure, timeline.json
-(Chrome trace / Perfetto).
+(Chrome trace / Perfetto), and every table the page shows as CSV under ``tables/`` (``TABLES``).
+
+Every report runs its self-checks (``checks.py``) and shows them; with ``--strict`` a failed
+check makes the command exit ``checks.EXIT_CHECK_FAILED`` (4) after writing the report.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import html as _html
 import json
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 
 from . import analysis as A
+from . import checks as C
 from . import figures as F
 from . import html as H
 from .timeline import chrome_trace
@@ -38,8 +43,39 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
                 "direction": "direction", "framework": "framework", "libraries": "library",
                 "library_calls": "library call(s)",
-                "algos": "algorithm", "kernels": "kernel(s)", "ms_per_step": "time/step (ms)",
+                "algos": "algorithm", "kernels": "kernel(s)", "calls_per_step": "library calls/step",
+                "ms_per_step": "time/step (ms)", "time_source": "time from", "op_ms_per_step": "op time/step (ms)",
+                "reorders_per_step": "reorders/step", "reorder_ms_per_step": "reorder time/step (ms)",
                 "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode"}
+LIBCALL_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "library": "library",
+                  "library_call": "library call", "canonical_op": "op", "layer": "layer", "direction": "direction",
+                  "linked": "linked to an op", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
+                  "basis": "per step of"}
+CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "check": "check",
+                "subject": "subject", "expected": "expected", "measured": "measured", "status": "status",
+                "detail": "detail"}
+
+# tables/<name>.csv: every table the page renders, under a stable name
+TABLES = {
+    "summary": "Summary: clean-pass step time, images/s, accuracy per framework x batch size",
+    "parity": "parity.json's headline figures",
+    "environment": "versions and machine, one column per run",
+    "op_table": "side-by-side op table, all runs and batch sizes (long form: one row per op x direction x framework)",
+    "layer_table": "per layer: conv and linear",
+    "library_calls": "library-log calls per step, reorders as their own rows",
+    "self_checks": "the report's self-checks",
+    "op_time": "figure data: time per canonical op",
+    "library_mix": "figure data: library mix",
+    "kernel_count": "figure data: kernels per op",
+    "busy_share": "figure data: busy share",
+    "overhead": "figure data: profiler overhead",
+    "roofline": "figure data: achieved FLOP/s",
+    "coverage": "coverage: unattributed timed time",
+    "coverage_top": "coverage: largest unattributed events",
+    "attribution": "coverage: attribution.json per part",
+    "not_read": "files normalise did not read",
+    "trend": "history: saved benchmarks (with --storage)",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", metavar="DIR", help="pytest-benchmark storage: add the step-time trend")
     parser.add_argument("--all-iterations", action="store_true",
                         help="timeline.json: every traced iteration, not only one")
+    parser.add_argument("--strict", action="store_true",
+                        help=f"exit {C.EXIT_CHECK_FAILED} when a self-check fails (the report is still written)")
 
 
 def _fallbacks(runs: list[A.Run]) -> list[dict]:
@@ -115,6 +153,46 @@ def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
     return out
 
 
+def op_table_long(runs: list[A.Run]) -> pd.DataFrame:
+    """All op tables of all runs in long form: one row per run x batch size x op x direction x framework."""
+    rows = []
+    for run in runs:
+        for bs in sorted({t.batch_size for t in A.timed_events(run)}, key=lambda x: (x is None, x)):
+            df, fws = A.op_table(run, bs)
+            for _, r in df.iterrows():
+                for fw in fws:
+                    if not isinstance(r.get(f"{fw}.level"), str):
+                        continue
+                    rows.append({"run": run.name, "batch_size": bs, "canonical_op": r["canonical_op"],
+                                 "direction": r["direction"], "framework": fw,
+                                 **{k: r.get(f"{fw}.{k}") for k in ("level", *OP_FIELDS, "calls_basis")},
+                                 "differences": r["differences"]})
+    return pd.DataFrame(rows)
+
+
+def _csv_cell(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return "; ".join(map(str, v))
+    return v
+
+
+def write_tables(out: Path, tables: dict[str, pd.DataFrame | None]) -> list[dict]:
+    """``out/tables/<name>.csv`` for each table (``TABLES`` names); lists become '; '-joined text.
+    Returns [{name, file, rows, what}] for the page."""
+    (out / "tables").mkdir(exist_ok=True)
+    written = []
+    for name, df in tables.items():
+        if name not in TABLES:
+            raise KernelmapError(f"table {name!r} has no entry in reports.cli.TABLES")
+        if df is None:
+            continue
+        path = out / "tables" / f"{name}.csv"
+        with atomic_file(path) as fh:
+            df.map(_csv_cell).to_csv(fh, index=False)
+        written.append({"name": name, "file": f"tables/{name}.csv", "rows": len(df), "what": TABLES[name]})
+    return written
+
+
 def _figure(out: Path, stem: str, title: str, caption: str, draw, data: pd.DataFrame | None, *args,
             table_cols: dict | None = None, why_empty: str = "") -> dict[str, Any]:
     path = draw(*args, out / f"{stem}.png")
@@ -140,6 +218,10 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     ov = A.profiler_overhead(runs)
     roof, peaks = A.roofline(runs)
     cov, cov_top, attr, not_read = A.coverage(runs)
+    checks = C.self_checks(runs)
+    libcalls = A.library_calls(runs)
+    layers = A.layer_table(runs)
+    parity, env = A.parity_table(runs), A.environment_table(runs)
     trace = chrome_trace(runs, all_iterations=all_iterations)
     with atomic_dir(out, replace=replace) as tmp:
         figs = [
@@ -175,7 +257,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                         f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p),
                     F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
         ]
-        trend = None
+        trend, hist = None, None
         if storage:
             from kernelmap.history import load_history
 
@@ -188,6 +270,12 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                                                                   "mean", "min", "rounds")})}
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
+        csvs = write_tables(tmp, {
+            "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
+            "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
+            "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
+            "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
+            "trend": hist})
         procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
         problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
         context = {
@@ -195,10 +283,16 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
-            "parity_html": H.table(A.parity_table(runs)),
-            "env_html": H.table(A.environment_table(runs)),
+            "parity_html": H.table(parity),
+            "env_html": H.table(env),
             "op_tables": _op_tables(runs, fallbacks),
-            "layer_html": H.table(A.layer_table(runs), LAYER_FIELDS),
+            "layer_html": H.table(layers, LAYER_FIELDS),
+            "libcalls_html": H.table(libcalls, LIBCALL_FIELDS),
+            "checks_html": H.table(checks, CHECK_FIELDS, cell_class={"status": "status"}),
+            "checks_failed": int((checks["status"] == C.FAIL).sum()),
+            "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
+            "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
+            "csvs": csvs,
             "figures": figs,
             "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
             "not_read_html": H.table(not_read),
@@ -207,11 +301,21 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
         }
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(context))
-    return Path(out)
+    return Path(out), checks
 
 
 def main(args: argparse.Namespace) -> int:
-    out = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
-                all_iterations=args.all_iterations)
+    out, checks = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
+                        all_iterations=args.all_iterations)
     print(f"wrote {out / 'report.html'}")
+    bad = C.failed(checks)
+    unchecked = int((checks["status"] == C.NOT_CHECKED).sum())
+    print(f"self-checks: {len(checks) - len(bad) - unchecked} passed, {len(bad)} failed, {unchecked} not checked "
+          f"({out / 'tables' / 'self_checks.csv'})")
+    for _, r in bad.iterrows():
+        print(f"  FAIL {r['run']} {A.fw_label(r['framework'])} bs {r['batch_size']}: {r['check']}: {r['subject']}: "
+              f"expected {r['expected']}, measured {r['measured']} ({r['detail']})", file=sys.stderr)
+    if args.strict and len(bad):
+        print(f"kernelmap report: --strict: {len(bad)} self-check(s) failed", file=sys.stderr)
+        return C.EXIT_CHECK_FAILED
     return 0

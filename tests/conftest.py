@@ -195,3 +195,14 @@ def gpu_run_dir(d: Path) -> int:
     (d / "results.json").write_text(json.dumps([{"framework": "pytorch", "batch_size": bs, "device": "gpu",
                                                  "passes": info["steps"]}]))
     return bs
+
+
+def report(*argv: str) -> int:
+    """``kernelmap report ARGV`` through the module's own parser (as kernelmap.cli dispatches it)."""
+    import argparse
+
+    from kernelmap.reports import cli as report_cli
+
+    parser = argparse.ArgumentParser()
+    report_cli.add_arguments(parser)
+    return report_cli.main(parser.parse_args(argv))

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernelmap import adapters, schema
-from kernelmap.adapters import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn
+from kernelmap.adapters import cublas_log, cublaslt_log, cudnn_log, kineto, mkl_verbose, mxnet_profiler, nsys, onednn
 from kernelmap.errors import ParseError, SchemaError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -53,7 +53,8 @@ def _read_parquet(p: Path) -> pd.DataFrame:
 
 
 _TEXT = {"gpu_cudnn.log.gz": cudnn_log, "gpu_cublas.log.gz": cublas_log, "gpu_cublaslt.log.gz": cublaslt_log,
-         "cpu_torch_onednn.log.gz": onednn, "cpu_mxnet_onednn.log.gz": onednn}
+         "cpu_torch_onednn.log.gz": onednn, "cpu_mxnet_onednn.log.gz": onednn,
+         "cpu_run_all/pytorch/bs64/blas.log.gz": mkl_verbose}
 _JSON = {"cpu_torch_kineto.json.gz": kineto, "cpu_mxnet_profile.json.gz": mxnet_profiler}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import re
@@ -11,22 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import gpu_run_dir
+from conftest import gpu_run_dir, report
 from kernelmap.reports import analysis as A
-from kernelmap.reports import cli as report_cli
 from kernelmap.reports.html import fmt
 
 from kernelmap.errors import KernelmapError
 
 RUN = Path(__file__).parent / "data" / "report_cpu_run"
 FIGURES = ("op_time", "library_mix", "timeline", "busy_share", "overhead")  # CPU: no kernels, no FLOP peak
-
-
-def report(*argv: str) -> int:
-    """``kernelmap report ARGV`` through the module's own parser (as kernelmap.cli dispatches it)."""
-    parser = argparse.ArgumentParser()
-    report_cli.add_arguments(parser)
-    return report_cli.main(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +107,7 @@ def test_layer_table_splits_the_op_table_by_layer(page):
             for fw in fws:
                 part = lt[(lt["batch_size"] == bs) & (lt["framework"] == fw) & (lt["canonical_op"] == op)
                           & (lt["direction"] == d)]
-                assert part["ms_per_step"].sum() == pytest.approx(row[f"{fw}.ms_per_step"], rel=1e-9)
+                assert part["op_ms_per_step"].sum() == pytest.approx(row[f"{fw}.ms_per_step"], rel=1e-9)
     fwd = lt[lt["direction"] == "fwd"]
     assert all(f == layer_flops(la, "fwd", bs) for f, la, bs in zip(fwd["flops_per_step"], fwd["layer"],
                                                                    fwd["batch_size"], strict=True))
@@ -127,6 +118,17 @@ def test_layer_table_splits_the_op_table_by_layer(page):
     # conv1's input needs no gradient: its backward is the weight gradient only
     assert one.loc[(64, "conv1", "bwd", "pytorch"), "flops_per_step"] == layer_flops("conv1", "bwd_weight", 64)
     assert one.loc[(64, "conv2", "bwd", "mxnet"), "flops_per_step"] == 2 * layer_flops("conv2", "fwd", 64)
+    # on the CPU the layer's time is its primitives' own, from the oneDNN log (libs pass, per logged step)
+    from kernelmap import schema
+
+    rec = schema.read_parquet(RUN / "records.parquet")
+    prim = rec[(rec["framework"] == "pytorch") & (rec["batch_size"] == 64) & (rec["library_call"]
+                                                                             == "convolution forward_training")
+               & (rec["layer"] == "conv2")]
+    libs = json.loads((RUN / "results.json").read_text())[0]["passes"]["libs"]
+    assert one.loc[(64, "conv2", "fwd", "pytorch"), "ms_per_step"] == pytest.approx(
+        prim["dur_ns"].sum() / (libs["steps"] + libs["warmup_steps"]) / 1e6, rel=1e-12)
+    assert "libs pass" in one.loc[(64, "conv2", "fwd", "pytorch"), "time_source"]
     layers = _section(page, "layers")
     assert "inner_product forward_training" in layers and fmt(one.loc[(64, "conv2", "fwd", "pytorch"),
                                                                       "ms_per_step"], "ms_per_step") in layers

@@ -92,7 +92,10 @@ def test_libs_env():
     mx = runner.libs_env("gpu", Path("/x"), "mxnet")
     assert mx["CUDNN_LOGINFO_DBG"] == "1" and "CUDNN_LOGLEVEL_DBG" not in mx
     assert gpu["CUBLASLT_LOG_FILE"] == "/x/cublaslt.log"
-    assert runner.libs_env("cpu", Path("/x"))["ONEDNN_VERBOSE"] == "1"
+    cpu = runner.libs_env("cpu", Path("/x"))
+    assert cpu["ONEDNN_VERBOSE"] == "1"
+    # oneMKL's own verbose log (torch's CPU sgemm) goes to its own file, not the oneDNN stdout capture
+    assert cpu["MKL_VERBOSE"] == "1" and cpu["MKL_VERBOSE_OUTPUT_FILE"] == "/x/blas.log"
 
 
 FAKE_NSYS = """\

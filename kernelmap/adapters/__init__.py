@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ParseError
-from . import cublas_log, cublaslt_log, cudnn_log, kineto, mxnet_profiler, nsys, onednn, xla_trace
+from . import cublas_log, cublaslt_log, cudnn_log, kineto, mkl_verbose, mxnet_profiler, nsys, onednn, xla_trace
 from ._common import head, no_gc
 
 # order matters: the most specific sniffers first
@@ -24,6 +24,7 @@ FORMATS = {
     "cublas_log": cublas_log,
     "cublaslt_log": cublaslt_log,
     "onednn_verbose": onednn,
+    "mkl_verbose": mkl_verbose,
 }
 
 
@@ -38,8 +39,8 @@ def detect(path: str | os.PathLike) -> str:
             return name
     if str(path).endswith(".nsys-rep"):
         return "nsys"
-    raise ParseError(path, "unrecognised content: not a Kineto, MXNet profiler or XLA (jax.profiler) trace, nsys SQLite export, "
-                           "cuDNN/cuBLAS/cuBLASLt log or oneDNN verbose output")
+    raise ParseError(path, "unrecognised content: not a Kineto, MXNet profiler or XLA (jax.profiler) trace, nsys SQLite "
+                           "export, cuDNN/cuBLAS/cuBLASLt log, oneDNN or MKL verbose output")
 
 
 def read(path: str | os.PathLike, fmt: str | None = None) -> pd.DataFrame:
