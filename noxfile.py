@@ -52,10 +52,27 @@ def _mxnet_extra() -> str:
     return "mxnet"
 
 
+# JAX needs numpy >= 2, MXNet 1.9.1 numpy < 1.24: JAX's workers run from an environment of their own.
+JAX_REQUIREMENTS = ("jax[cpu]>=0.4.30", "flax", "optax", "pytest>=7", "pytest-benchmark>=4")
+
+
+def _jax_python(session: nox.Session) -> str:
+    """An environment with jax[cpu], flax, optax and kernelmap (.nox/jax-workers), made once; returns its
+    python, which kernelmap's JAX workers use (KERNELMAP_PYTHON_JAX)."""
+    env = Path(".nox") / "jax-workers"
+    python = env / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(env), external=True)
+        session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77", external=True)
+    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".", *JAX_REQUIREMENTS, external=True)
+    return str(python.resolve())
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     session.install("-e", ".[pytorch,mxnet,dev]")
+    session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
     session.run("pytest", *session.posargs)
 
 
@@ -91,6 +108,8 @@ def bench(session: nox.Session) -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
     args = merge_options(BENCH_DEFAULTS, session.posargs)
+    if "KERNELMAP_PYTHON_JAX" not in os.environ:
+        session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
     session.run("kernelmap", "doctor")
     session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
     _step_benchmarks(session, "--benchmark-max-time=0.5")
@@ -104,6 +123,8 @@ def benchmarks(session: nox.Session) -> None:
     """pytest-benchmark of one training step per framework x mode x device x batch size (autosaved to
     .benchmarks/, one file per framework)."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    if "KERNELMAP_PYTHON_JAX" not in os.environ:
+        session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
     _step_benchmarks(session, *session.posargs)
 
 
@@ -115,7 +136,9 @@ def adapter_speed(session: nox.Session) -> None:
                 "--benchmark-columns=mean,rounds", "-p", "no:cacheprovider", *session.posargs)
 
 
-STEP_BENCH_FRAMEWORKS = ("pytorch", "mxnet")
+# Every framework folder with a descriptor (frameworks/<name>/descriptor.py; the registry lists them).
+STEP_BENCH_FRAMEWORKS = tuple(sorted(p.parent.name for p in (Path(__file__).resolve().parent / "frameworks")
+                                     .glob("*/descriptor.py")))
 
 
 def step_benchmark_argv(framework: str, *args: str) -> list[str]:
@@ -129,8 +152,14 @@ def step_benchmark_argv(framework: str, *args: str) -> list[str]:
 def _step_benchmarks(session: nox.Session, *args: str) -> None:
     """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
     for framework in STEP_BENCH_FRAMEWORKS:
-        # One pytest process per framework: their CUDA runtimes must never share a process.
-        session.run(*step_benchmark_argv(framework, *args))
+        # One pytest process per framework: their CUDA runtimes must never share a process. A framework
+        # with an environment of its own (KERNELMAP_PYTHON_<NAME>) is benchmarked by that interpreter.
+        python = session.env.get(f"KERNELMAP_PYTHON_{framework.upper()}") or os.environ.get(
+            f"KERNELMAP_PYTHON_{framework.upper()}")
+        if python:
+            session.run(python, "-m", *step_benchmark_argv(framework, *args), external=True)
+        else:
+            session.run(*step_benchmark_argv(framework, *args))
 
 
 @nox.session(python=PYTHON)

@@ -21,11 +21,10 @@ def workload_cls(framework):
     d = decision(framework, "cpu")
     if d.device is None:
         pytest.skip(d.note)
-    if framework == "mxnet":
-        from kernelmap.frameworks.mxnet import cuda11
+    from kernelmap.frameworks import get, load_workload
 
-        cuda11.preload()  # mxnet-cu112's CUDA 11 libraries before `import mxnet`; a no-op without them
-    from kernelmap.frameworks import load_workload
+    if get(framework).before_import is not None:
+        get(framework).before_import()  # e.g. mxnet-cu112's CUDA 11 libraries before `import mxnet`
 
     return load_workload(framework)
 

@@ -120,6 +120,19 @@ class WorkloadBase(abc.ABC):
     def versions(self) -> dict[str, Any]:
         """Framework, CUDA, cuDNN, cuBLAS versions as this framework reports them."""
 
+    @abc.abstractmethod
+    def profile(self, out_dir):
+        """Context manager: the framework profiler around the timed steps of the framework pass; on
+        exit it writes ``out_dir/trace.json.gz`` (and any companion file its adapter reads)."""
+
+    def nsys_window(self):
+        """Context manager: the nsys capture window around the timed steps (the runner starts nsys with
+        ``--capture-range=cudaProfilerApi``: cudaProfilerStart/Stop) and any per-op NVTX ranges. The
+        default opens no window: such a framework's nsys capture holds nothing, and its records say so."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def threads(self) -> dict[str, Any]:
         """CPU threads the framework itself says it uses (intra-op, inter-op, ...); {} where it
         exposes none (the worker records the thread environment beside it)."""

@@ -16,59 +16,26 @@ import subprocess
 import sys
 from typing import Any
 
-from . import gpuinfo
+from . import frameworks, gpuinfo
 
 FIX = {
-    "pytorch": "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)",
-    "mxnet": "pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
-    "needs Python 3.11 and numpy < 1.24",
+    **{name: d.install_fix for name, d in frameworks.REGISTRY.items()},
     "nsys": "install Nsight Systems (https://developer.nvidia.com/nsight-systems) and put `nsys` on PATH",
     "ncu": "install Nsight Compute (https://developer.nvidia.com/nsight-compute) and put `ncu` on PATH",
-    "torch-cuda": "install a CUDA build of torch, e.g. pip install torch --index-url "
-    "https://download.pytorch.org/whl/cu130, on a machine with an NVIDIA GPU and driver",
-}
-
-# Each probe prints one JSON line last on stdout. Imports may print to stdout first; only the
-# last line is read.
-_PROBES = {
-    "pytorch": r"""
-import json, torch
-d = {"version": torch.__version__, "cuda_build": torch.version.cuda,
-     "cuda_available": bool(torch.cuda.is_available()), "devices": []}
-d["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-if d["cuda_available"]:
-    for i in range(torch.cuda.device_count()):
-        cc = torch.cuda.get_device_capability(i)
-        d["devices"].append({"index": i, "name": torch.cuda.get_device_name(i),
-                             "compute_capability": f"{cc[0]}.{cc[1]}"})
-    d["arch_list"] = torch.cuda.get_arch_list()
-print(json.dumps(d))
-""",
-    "mxnet": r"""
-import json
-from kernelmap.frameworks.mxnet import cuda11
-pre = cuda11.preload()  # the CUDA 11 wheels of mxnet-cu112; a no-op without them
-import mxnet as mx
-f = mx.runtime.Features()
-cuda = f.is_enabled("CUDA")
-d = {"version": mx.__version__, "cuda_build": cuda, "cudnn_build": f.is_enabled("CUDNN"),
-     "onednn_build": f.is_enabled("MKLDNN"), "num_gpus": mx.context.num_gpus() if cuda else 0,
-     "cuda11_preload": pre.describe()}
-d["cuda_available"] = d["num_gpus"] > 0
-print(json.dumps(d))
-""",
 }
 
 
-def probe_framework(name: str, timeout: float = 180.0) -> dict[str, Any]:
-    """Import framework ``name`` in a fresh interpreter; return its facts, or why it failed.
+def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | None = None) -> dict[str, Any]:
+    """Import framework ``name`` in a fresh interpreter (its own where ``--python``/``KERNELMAP_PYTHON_<NAME>``
+    names one); return its facts (its descriptor's probe), or why it failed.
 
     The result always has ``installed`` (bool); when False, ``error`` (the last stderr line) and
     ``fix``.
     """
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _PROBES[name]], capture_output=True, text=True, timeout=timeout
+            [frameworks.get(name).python(python) or sys.executable, "-c", frameworks.get(name).probe],
+            capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return {"installed": False, "error": f"importing {name} took more than {timeout:.0f} s", "fix": FIX[name]}
@@ -85,15 +52,15 @@ def probe_framework(name: str, timeout: float = 180.0) -> dict[str, Any]:
     return facts
 
 
-IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",)}
-
-
-def find_framework(name: str) -> dict[str, Any]:
+def find_framework(name: str, python: dict[str, str] | None = None) -> dict[str, Any]:
     """Whether ``name``'s modules are installed, without importing them (cheaper than a probe;
-    enough where no GPU question is asked). Same shape as ``probe_framework``'s answer."""
+    enough where no GPU question is asked). Same shape as ``probe_framework``'s answer. A framework
+    that runs under another interpreter is probed there."""
     import importlib.util
 
-    for module in IMPORT_NAMES[name]:
+    if frameworks.get(name).python(python):
+        return probe_framework(name, python=python)
+    for module in frameworks.get(name).import_names:
         if importlib.util.find_spec(module) is None:
             return {"installed": False, "error": f"No module named {module!r}", "fix": FIX[name]}
     return {"installed": True}
@@ -133,7 +100,7 @@ def collect() -> dict[str, Any]:
         "executable": sys.executable,
         "cpu": gpuinfo.cpu_model(),
         "gpu": gpus.to_dict(),
-        "frameworks": {name: probe_framework(name) for name in _PROBES},
+        "frameworks": {name: probe_framework(name) for name in frameworks.FRAMEWORKS},
         "profilers": {},
         "missing": [],
     }
@@ -149,11 +116,16 @@ def collect() -> dict[str, Any]:
         report["missing"].append(
             {"what": "NVIDIA GPU", "fix": "run on a machine with an NVIDIA GPU and driver", "error": gpus.problem}
         )
-    else:
-        torch_facts = report["frameworks"]["pytorch"]
-        if torch_facts["installed"] and not torch_facts["cuda_available"]:
-            report["missing"].append({"what": "torch CUDA", "fix": FIX["torch-cuda"]})
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
+    cc_tuple = tuple(int(x) for x in cc.split(".")) if cc else None
+    report["gpu_use"] = {}
+    for name, facts in report["frameworks"].items():
+        if not facts["installed"]:
+            continue
+        v = frameworks.get(name).gpu_verdict(facts, cc_tuple, gpus.problem)
+        report["gpu_use"][name] = {"usable": v.usable, "why": v.why, "fix": v.fix}
+        if gpus.gpus and not v.usable and v.fix:  # a GPU is here and this framework cannot use it
+            report["missing"].append({"what": f"{name} on the GPU", "fix": v.fix, "error": v.why})
     ok, msg = mxnet_gpu_verdict(cc)
     report["mxnet_on_this_gpu"] = {"ok": ok, "compute_capability": cc, "message": msg}
     return report
@@ -173,15 +145,11 @@ def _print_text(r: dict[str, Any]) -> None:
         if not f["installed"]:
             print(f"{name:<11} MISSING: {f['error']}")
             continue
-        if name == "pytorch":
-            extra = f"CUDA build {f['cuda_build']}, cuDNN {f['cudnn']}, cuda available: {f['cuda_available']}"
-            devs = ", ".join(f"{d['name']} (sm {d['compute_capability']})" for d in f["devices"])
-            if devs:
-                extra += f", devices: {devs}"
-        else:
-            extra = (f"CUDA build: {f['cuda_build']}, cuDNN: {f['cudnn_build']}, oneDNN: {f['onednn_build']}, "
-                     f"GPUs: {f['num_gpus']}")
-        print(f"{name:<11} {f['version']}  ({extra})")
+        facts = ", ".join(f"{k}: {v}" for k, v in f.items() if k not in ("installed", "version", "devices")
+                          and not isinstance(v, dict | list))
+        use = r["gpu_use"].get(name)
+        gpu = "" if use is None else ("; GPU: usable" if use["usable"] else f"; GPU: no ({use['why']})")
+        print(f"{name:<11} {f['version']}  ({facts}{gpu})")
     for tool, path in r["profilers"].items():
         print(f"{tool:<11} {path or 'not found'}")
     m = r["mxnet_on_this_gpu"]

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import frameworks
 from .errors import KernelmapError
 
 STATS = ("min", "max", "mean", "stddev", "median", "iqr", "ops", "rounds")
@@ -63,12 +64,12 @@ class Mode(enum.StrEnum):
     EAGER = "eager"  # PyTorch, op by op
     IMPERATIVE = "imperative"  # Gluon, not hybridized
     HYBRIDIZED = "hybridized"  # Gluon after ``net.hybridize()``
+    JIT = "jit"  # JAX: one jitted step
 
 
 # the modes each framework's benchmark runs, in order
 FRAMEWORK_MODES: dict[str, tuple[Mode, ...]] = {
-    "pytorch": (Mode.EAGER,),
-    "mxnet": (Mode.IMPERATIVE, Mode.HYBRIDIZED),
+    name: tuple(Mode(m) for m in d.modes) for name, d in frameworks.REGISTRY.items()
 }
 KEY_FIELDS = ("framework", "mode", "device", "batch_size")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import adapters, attribution, schema
+from . import adapters, attribution, frameworks, schema
 from .errors import KernelmapError, ParseError
 
 
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--replace", action="store_true", help="replace an existing --output")
     p.add_argument("--run", help="treat all files as one run of this name")
-    p.add_argument("--framework", choices=["pytorch", "mxnet"], help="framework of files that do not say it")
+    p.add_argument("--framework", choices=frameworks.FRAMEWORKS, help="framework of files that do not say it")
 
 
 def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:

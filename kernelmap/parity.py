@@ -34,9 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from . import frameworks as registry
 from .errors import KernelmapError, MissingToolError
 
-FRAMEWORKS = ("pytorch", "mxnet")
+REGISTRY_NAMES = registry.FRAMEWORKS
+
+FRAMEWORKS = (REGISTRY_NAMES[0], REGISTRY_NAMES[1])  # the default pair: the reference and the next
 TOLERANCES = {"forward_logits_max_abs_diff": 1e-4, "loss_max_rel_diff": 1e-4, "weights_worst": 1e-4}
 DEFINITIONS = {
     "forward_logits_max_abs_diff": "max |a-b| over the logits of the first batch, before any step",
@@ -44,11 +47,7 @@ DEFINITIONS = {
     "weights_max_rel_diff": "per tensor: max|a-b| / max|a| after the last step, a = first framework's",
     "weights_worst": "max of weights_max_rel_diff",
 }
-WORKER_FRAMEWORKS = ("pytorch", "mxnet", "jax")
-IMPORT_NAMES = {"pytorch": ("torch", "torchvision"), "mxnet": ("mxnet",), "jax": ("jax", "flax", "optax")}
-INSTALL_FIX = {"pytorch": "pip install 'kernelmap[pytorch]'", "mxnet": "pip install 'kernelmap[mxnet]'",
-               "jax": "pip install 'jax[cpu]' flax optax (an environment of its own where mxnet is installed: "
-                      "jax needs numpy >= 2), then --python jax=PATH or KERNELMAP_PYTHON_JAX=PATH"}
+WORKER_FRAMEWORKS = REGISTRY_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,20 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def interpreters(frameworks, python: dict[str, str] | None = None) -> dict[str, str]:
     """Per framework, the interpreter its worker runs under: ``python[fw]``, else the environment's
     ``KERNELMAP_PYTHON_<FW>``, else this one."""
-    python = python or {}
-    return {fw: python.get(fw) or os.environ.get(f"KERNELMAP_PYTHON_{fw.upper()}") or sys.executable
-            for fw in frameworks}
+    return {fw: registry.get(fw).python(python) or sys.executable for fw in frameworks}
 
 
 def parse_python(items: list[str]) -> dict[str, str]:
     """``--python FRAMEWORK=PATH`` arguments as a dict."""
-    out = {}
-    for item in items:
-        fw, sep, path = item.partition("=")
-        if not sep or fw not in WORKER_FRAMEWORKS or not path:
-            raise KernelmapError(f"--python {item!r}: expected FRAMEWORK=PATH with FRAMEWORK one of {WORKER_FRAMEWORKS}")
-        out[fw] = path
-    return out
+    try:
+        return registry.parse_python(items)
+    except ValueError as exc:
+        raise KernelmapError(str(exc)) from None
 
 
 def check_available(frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> None:
@@ -102,9 +96,10 @@ def check_available(frameworks=FRAMEWORKS, python: dict[str, str] | None = None)
             raise KernelmapError(f"parity: unknown framework {fw!r}; choose from {WORKER_FRAMEWORKS}")
         if where[fw] != sys.executable:
             continue
-        for module in IMPORT_NAMES[fw]:
+        for module in registry.get(fw).import_names:
             if importlib.util.find_spec(module) is None:
-                raise MissingToolError(f"{fw}: python module {module!r} is not installed; {INSTALL_FIX[fw]}")
+                raise MissingToolError(f"{fw}: python module {module!r} is not installed; "
+                                       f"{registry.get(fw).install_fix}")
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -305,7 +300,7 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     try:
         cls = load_workload(framework)
     except ImportError as exc:
-        raise MissingToolError(f"{framework}: import failed ({exc}); {INSTALL_FIX[framework]}") from exc
+        raise MissingToolError(f"{framework}: import failed ({exc}); {registry.get(framework).install_fix}") from exc
     workload = cls(config, cache_dir=cache_dir)
     workload.set_weights(spec.load_weights(weights_path))
     info = workload.data_info

@@ -27,3 +27,9 @@ def worker_log(framework: str, batch_size: int, pass_name: str, trial: int | Non
     """A worker's stderr (third-party warnings, library chatter), relative to the run directory."""
     stem = pass_result_name(pass_name, trial).removesuffix(".json")
     return LOGS / f"{framework}-bs{batch_size}-{stem}.log"
+
+
+def parity_name(framework: str) -> str:
+    """``kernelmap parity`` figures of ``framework`` against the reference (runs before per-pair files:
+    ``parity.json``)."""
+    return f"parity-{framework}.json"

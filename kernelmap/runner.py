@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import doctor, gpuinfo, manifest, rundir, timing
+from . import doctor, frameworks, gpuinfo, manifest, rundir, timing
 from .atomic import atomic_dir, atomic_file
 from .errors import KernelmapError, MissingToolError
 
-FRAMEWORK_CHOICES = ("pytorch", "mxnet")
+FRAMEWORK_CHOICES = frameworks.FRAMEWORKS
 PROFILES = {
     "none": ("clean",),
     "framework": ("clean", "framework"),
@@ -69,51 +69,22 @@ def _parse_cc(cc: str | None) -> tuple[int, int] | None:
 
 
 def decide_device(framework: str, requested: str, probe: dict[str, Any], compute_capability: str | None,
-                  gpu_problem: str | None = None, verdict=None) -> Decision:
-    """Where ``framework`` runs, given what its probe found and the GPU's compute capability.
-
-    ``verdict(cc_tuple) -> (ok, message)`` defaults to ``frameworks.mxnet.cuda11.gpu_verdict``.
-    """
+                  gpu_problem: str | None = None) -> Decision:
+    """Where ``framework`` runs, given what its probe found and the GPU's compute capability: the
+    framework's own ``gpu_verdict`` (frameworks/<name>/descriptor.py) decides whether it can use the GPU."""
     if not probe.get("installed"):
         return Decision(framework, requested, None, f"{framework} is not installed ({probe.get('error')}); "
                         f"fix: {probe.get('fix')}")
     if requested == "cpu":
         return Decision(framework, requested, "cpu", None)
-    no_gpu = f"no NVIDIA GPU found ({gpu_problem})" if gpu_problem else "no NVIDIA GPU found"
-
-    def unusable(why: str, fix: str) -> Decision:
-        if requested == "auto":
-            return Decision(framework, requested, "cpu", f"{why}; running on the CPU")
-        return Decision(framework, requested, None, f"--device gpu: {why}; fix: {fix}", explicit=True)
-
-    if framework == "pytorch":
-        if probe.get("cuda_available"):
-            return Decision(framework, requested, "gpu", None)
-        if not probe.get("cuda_build"):
-            return unusable(f"torch {probe.get('version')} is a CPU-only build", doctor.FIX["torch-cuda"])
-        if compute_capability is None:
-            return unusable(no_gpu, "run on a machine with an NVIDIA GPU and driver")
-        return unusable(
-            f"torch {probe.get('version')} (CUDA {probe.get('cuda_build')}) sees no usable GPU "
-            "(torch.cuda.is_available() is False; is the driver new enough?)",
-            "update the NVIDIA driver, or install a torch build for the driver's CUDA version",
-        )
-    # mxnet
-    cc = _parse_cc(compute_capability)
-    if cc is None:
-        return unusable(no_gpu, "run on a machine with an NVIDIA GPU and driver")
-    if verdict is None:
-        from kernelmap.frameworks.mxnet.cuda11 import gpu_verdict as verdict
-    ok, message = verdict(cc)
-    if not ok:
-        # The wheel has no code for this GPU at all: MXNet runs on the CPU, labelled, whatever was asked.
-        return Decision(framework, requested, "cpu", f"{message} (GPU sm {compute_capability})")
-    if not probe.get("cuda_build"):
-        return unusable(f"mxnet {probe.get('version')} is the CPU build", doctor.FIX["mxnet"])
-    if not probe.get("num_gpus"):
-        return unusable("MXNet sees no GPU (mx.context.num_gpus() == 0)",
-                        "check the driver and the nvidia-*-cu11 wheels (kernelmap doctor)")
-    return Decision(framework, requested, "gpu", None)
+    v = frameworks.get(framework).gpu_verdict(probe, _parse_cc(compute_capability), gpu_problem)
+    if v.usable:
+        return Decision(framework, requested, "gpu", None)
+    if v.cpu_regardless:  # no code for this GPU at all: the CPU, labelled, whatever was asked
+        return Decision(framework, requested, "cpu", v.why)
+    if requested == "auto":
+        return Decision(framework, requested, "cpu", f"{v.why}; running on the CPU")
+    return Decision(framework, requested, None, f"--device gpu: {v.why}; fix: {v.fix}", explicit=True)
 
 
 # --- workers -------------------------------------------------------------------------------------
@@ -201,17 +172,16 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
 
-MXNET_PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0"}
-
-
-def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str, str]:
-    """Environment that makes the math libraries log their calls into ``log_dir``."""
+def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE) -> dict[str, str]:
+    """Environment that makes the math libraries log their calls into ``log_dir``; a framework's
+    descriptor adds its own (MXNet's cuDNN 8 wheel logs under the older variable)."""
+    extra = frameworks.get(framework).libs_env
+    own = dict(extra(device, log_dir)) if extra is not None else {}
     if device == "gpu":
-        # cuDNN 9 (PyTorch) takes CUDNN_LOGLEVEL_DBG (3 = info); cuDNN 8 (MXNet's CUDA 11 build)
-        # the older CUDNN_LOGINFO_DBG, which cuDNN 9 only tolerates as deprecated.
-        cudnn_level = {"CUDNN_LOGINFO_DBG": "1"} if framework == "mxnet" else {"CUDNN_LOGLEVEL_DBG": "3"}
+        # cuDNN 9 takes CUDNN_LOGLEVEL_DBG (3 = info); cuDNN 8 the older CUDNN_LOGINFO_DBG.
         return {
-            **cudnn_level,
+            "CUDNN_LOGLEVEL_DBG": "3",
+            **own,
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
             "CUBLAS_LOGINFO_DBG": "1",
             "CUBLAS_LOGDEST_DBG": str(log_dir / "cublas.log"),
@@ -221,7 +191,7 @@ def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str
     # oneDNN (PyTorch's and MXNet's MKL-DNN) print verbose lines on stdout: captured to onednn.log.
     # oneMKL (torch's CPU BLAS: linear's sgemm) writes its own verbose lines to blas.log.
     return {"DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "MKLDNN_VERBOSE": "1",
-            "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log")}
+            "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log"), **own}
 
 
 def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str], list[str]]:
@@ -320,13 +290,14 @@ def _clean_summary(trials: list[dict[str, Any]], batch_size: int) -> dict[str, A
 
 def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], train: dict[str, Any],
              data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None,
-             notes: list[str], trials: int, threads: int) -> dict[str, Any]:
+             notes: list[str], trials: int, threads: int, python: dict[str, str]) -> dict[str, Any]:
     """All capture passes of one framework x batch size; returns its results.json entry."""
     rel = rundir.case_dir(fw, bs)
     out_dir = run_tmp / rel
     out_dir.mkdir(parents=True)
     config = dict(train, batch_size=bs, device=decision.device)
-    base = [sys.executable, "-m", "kernelmap.worker", "--framework", fw, "--dir", str(out_dir),
+    descriptor = frameworks.get(fw)
+    base = [descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw, "--dir", str(out_dir),
             "--config", json.dumps(config), "--data-info", data_json]
     threads_env = thread_env(threads)
     clean_trials: list[dict[str, Any]] = []
@@ -349,21 +320,23 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             continue
         steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
         cmd += ["--steps", str(steps), "--no-evaluate"]
-        if p == "framework" and fw == "mxnet":
-            # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the
-            # profiler then shows no _backward_* operator. Read at `import mxnet`, hence the env.
-            env.update(MXNET_PROFILE_ENV)
+        env.update(descriptor.pass_env.get(p, {}))
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
             env.update(libs_env(decision.device, out_dir, fw))
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         if p == "nsys":
-            if nsys is None:
-                msg = f"{fw} bs {bs}: nsys pass skipped: nsys not found; {doctor.FIX['nsys']}"
+            why = ("nsys not found" if nsys is None else
+                   None if descriptor.nsys_window or decision.device != "gpu" else
+                   f"{descriptor.label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)")
+            if nsys is not None and decision.device != "gpu":
+                why = "the CPU run launches no CUDA work for nsys to record"
+            if why is not None:
+                msg = f"{fw} bs {bs}: nsys pass skipped: {why}" + (f"; {doctor.FIX['nsys']}" if nsys is None else "")
                 print(f"kernelmap run: {msg}", file=sys.stderr)
                 notes.append(msg)
-                pass_results[p] = {"skipped": "nsys not found"}
+                pass_results[p] = {"skipped": why}
                 progress.finish()
                 continue
         log_path = run_tmp / rundir.worker_log(fw, bs, p)
@@ -439,14 +412,19 @@ def _resolve_data(train: dict[str, Any]):
 PARITY_STEPS = 20
 
 
-def _parity(train: dict[str, Any], batch_size: int) -> dict[str, Any]:
-    """``kernelmap parity`` figures (CPU, fp32, both frameworks in their own subprocesses)."""
+def _parity(train: dict[str, Any], batch_size: int, ran: set[str],
+            python: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``kernelmap parity`` figures of every framework that ran against the reference (CPU, fp32, each
+    framework in its own subprocess): {framework: figures}; {} where the reference did not run."""
     from .parity import compute_parity
 
+    if frameworks.REFERENCE not in ran:
+        return {}
     steps = PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
-    return compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
-                          lr=train["lr"], momentum=train["momentum"], seed=train["seed"],
-                          hybridize=train["hybridize"])
+    return {fw: compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
+                               lr=train["lr"], momentum=train["momentum"], seed=train["seed"],
+                               hybridize=train["hybridize"], frameworks=(frameworks.REFERENCE, fw), python=python)
+            for fw in frameworks.FRAMEWORKS if fw in ran and fw != frameworks.REFERENCE}
 
 
 def _normalise(run_tmp: Path) -> None:
@@ -457,7 +435,11 @@ def _normalise(run_tmp: Path) -> None:
 
 def execute(args: argparse.Namespace) -> dict[str, Any]:
     """Do the run; return the summary (also what ``--json`` prints)."""
-    frameworks = list(FRAMEWORK_CHOICES) if args.framework == "all" else [args.framework]
+    chosen = list(FRAMEWORK_CHOICES) if args.framework == "all" else [args.framework]
+    try:
+        python = frameworks.parse_python(args.python)
+    except ValueError as exc:
+        raise KernelmapError(str(exc)) from None
     passes = PROFILES[args.profile]
     out = Path(args.out) if args.out else _default_out()
     if out.exists() and not args.replace:
@@ -483,19 +465,20 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     gpus = gpuinfo.query()
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
     decisions: dict[str, Decision] = {}
-    for fw in frameworks:
+    for fw in chosen:
         # Only a GPU question needs the framework imported (in a subprocess); the CPU needs it installed.
-        probe = doctor.find_framework(fw) if args.device == "cpu" else doctor.probe_framework(fw)
+        probe = (doctor.find_framework(fw, python) if args.device == "cpu"
+                 else doctor.probe_framework(fw, python=python))
         d = decide_device(fw, args.device, probe, cc, gpus.problem)
         decisions[fw] = d
         if d.device is None:
             print(f"kernelmap run: {fw} will not run: {d.note}", file=sys.stderr)
         elif d.note:
             print(f"kernelmap run: {fw} runs on the {d.device.upper()}: {d.note}", file=sys.stderr)
-    runnable = [fw for fw in frameworks if decisions[fw].device is not None]
+    runnable = [fw for fw in chosen if decisions[fw].device is not None]
     if not runnable:
         notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
-        raise MissingToolError(f"nothing can run ({', '.join(frameworks)}): " + "; ".join(notes_))
+        raise MissingToolError(f"nothing can run ({', '.join(chosen)}): " + "; ".join(notes_))
 
     if args.trials < 1:
         raise KernelmapError("--trials must be at least 1")
@@ -516,7 +499,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             for bs in args.batch_size:
                 try:
                     results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys,
-                                            notes, args.trials, threads))
+                                            notes, args.trials, threads, python))
                 except KernelmapError as exc:  # OOM at this batch size, a broken install: the rest still runs
                     msg = f"{exc}; {fw} bs {bs} left out of the run"
                     if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
@@ -530,12 +513,13 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
         ran = {r["framework"] for r in results}
-        parity = _parity(train, args.batch_size[0]) if len(ran) == 2 else None
-        if parity is not None:
-            with atomic_file(tmp / "parity.json") as fh:
+        parities = _parity(train, args.batch_size[0], ran, python)
+        for fw, parity in parities.items():
+            with atomic_file(tmp / rundir.parity_name(fw)) as fh:
                 json.dump(parity, fh, indent=2)
             if not parity["passed"]:
-                msg = f"parity: the frameworks differ beyond tolerance: {'; '.join(parity['failures'])}"
+                msg = (f"parity: {fw} differs from {frameworks.REFERENCE} beyond tolerance: "
+                       f"{'; '.join(parity['failures'])}")
                 print(f"kernelmap run: {msg}", file=sys.stderr)
                 notes.append(msg)
         fw_entries = {}
@@ -553,7 +537,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict())
         man["host"]["load_average_start"] = load_start
         man["notes"] = notes
-        man["parity"] = None if parity is None else {"passed": parity["passed"], "file": "parity.json"}
+        man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": p["passed"], "file": rundir.parity_name(fw)}
+                         for fw, p in parities.items()} or None
         with atomic_file(tmp / "manifest.json") as fh:
             json.dump(man, fh, indent=2)
         with atomic_file(tmp / "results.json") as fh:
@@ -576,7 +561,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
         "notes": notes,
-        "parity_passed": parity["passed"] if parity is not None else None,
+        "parity_passed": {fw: p["passed"] for fw, p in parities.items()} or None,
     }
     if normalise_error is not None:
         raise KernelmapError(f"{out}: the run is complete but normalising its captures failed: {normalise_error}; "
@@ -635,6 +620,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of every framework (OMP/MKL); default: the physical cores")
+    parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",
+                        help="interpreter of that framework's workers (else $KERNELMAP_PYTHON_<FRAMEWORK>, else this "
+                             "one): frameworks whose dependencies clash live in environments of their own")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -25,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap import rundir, timing
+from kernelmap import frameworks, rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 
@@ -84,59 +82,6 @@ def summarise(step_times: list[float], batch_size: int) -> dict[str, Any]:
     }
 
 
-# --- framework profilers (pass "framework") ----------------------------------------------------
-@contextlib.contextmanager
-def _torch_profiler(out_dir: Path, gpu: bool):
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=activities, record_shapes=True) as prof:
-        yield
-    prof.export_chrome_trace(str(out_dir / "trace.json.gz"))
-    del torch
-
-
-@contextlib.contextmanager
-def _mxnet_profiler(out_dir: Path, gpu: bool):
-    import mxnet as mx
-
-    raw = out_dir / "mxnet_profile.json"
-    mx.profiler.set_config(profile_all=True, aggregate_stats=False, continuous_dump=False, filename=str(raw))
-    mx.nd.waitall()
-    mx.profiler.set_state("run")
-    try:
-        yield
-        mx.nd.waitall()
-    finally:
-        mx.profiler.set_state("stop")
-    mx.profiler.dump(finished=True)
-    # One name for both frameworks' traces (the adapters sniff the format from the content).
-    with open(raw, "rb") as fin, gzip.open(out_dir / "trace.json.gz", "wb") as fout:
-        shutil.copyfileobj(fin, fout)
-    raw.unlink()
-
-
-@contextlib.contextmanager
-def _nvtx_ops(framework: str, gpu: bool):
-    """The nsys capture window: cudaProfilerStart/Stop around the timed steps (the runner starts
-    nsys with --capture-range=cudaProfilerApi), and per-op NVTX ranges from torch's emit_nvtx
-    (MXNet's ops carry none; its regions do)."""
-    if framework == "pytorch" and gpu:
-        import torch
-
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        try:
-            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
-                yield
-            torch.cuda.synchronize()
-        finally:
-            torch.cuda.profiler.stop()
-    else:
-        yield
-
-
 # --- the timed loop -----------------------------------------------------------------------------
 def _progress(total: int, enabled: bool, desc: str):
     from tqdm import tqdm
@@ -163,7 +108,6 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     cfg = workload.config
     info = workload.data_info
     bs = cfg.batch_size
-    gpu = cfg.device == "gpu"
     if epochs is not None:
         total = epochs * -(-info.n_train // bs)  # batches() keeps a last partial batch
         n_samples = epochs * info.n_train
@@ -181,14 +125,10 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
 
     clean = pass_name == "clean"
     capture: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if pass_name == "framework" and framework == "jax":
-        from kernelmap.frameworks.jax.capture import profiler_trace
-
-        capture = profiler_trace(out_dir, workload)
-    elif pass_name == "framework":
-        capture = (_torch_profiler if framework == "pytorch" else _mxnet_profiler)(out_dir, gpu)
+    if pass_name == "framework":
+        capture = workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
     elif pass_name == "nsys":
-        capture = _nvtx_ops(framework, gpu)
+        capture = workload.nsys_window()
     block_steps = timing.BLOCK_STEPS if clean else 1
 
     samples: list[float] = []  # seconds per step, one per timed block
@@ -258,7 +198,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
-    p.add_argument("--framework", required=True, choices=("pytorch", "mxnet", "jax"))
+    p.add_argument("--framework", required=True, choices=frameworks.FRAMEWORKS)
     p.add_argument("--pass", dest="pass_name", required=True, choices=PASSES)
     p.add_argument("--dir", required=True, help="the framework x batch size folder of the run")
     p.add_argument("--config", required=True, help="TrainConfig as JSON (device = the one to use)")
@@ -274,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernelmap.frameworks import load_workload, spec
     from kernelmap.frameworks.data import DataInfo
 
+
     config = spec.TrainConfig(**json.loads(args.config))
     data_info = DataInfo(**json.loads(args.data_info))
     out_dir = Path(args.dir)
@@ -283,10 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     if steps is None and epochs is None:
         raise KernelmapError("neither steps nor epochs given")
     try:
-        if args.framework == "mxnet":
-            from kernelmap.frameworks.mxnet import cuda11
-
-            cuda11.preload()  # CUDA 11 libraries of mxnet-cu112 before `import mxnet`; no-op without them
+        descriptor = frameworks.get(args.framework)
+        if descriptor.before_import is not None:
+            descriptor.before_import()  # e.g. MXNet's CUDA 11 libraries before `import mxnet`
         Workload = load_workload(args.framework)
         workload = Workload(config, data_info, args.cache_dir)
         t0 = time.perf_counter()

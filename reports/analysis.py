@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import schema, timing
+from kernelmap import frameworks, schema, timing
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
-TRACE_SOURCES = ("kineto", "mxnet_profiler", "nsys")
+# each framework's profiler trace (its descriptor says which), then nsys
+TRACE_SOURCES = (*dict.fromkeys(d.trace_source for d in frameworks.REGISTRY.values()), "nsys")
 PHASE_ORDER = ("forward", "backward", "optimizer", "data", "other")
-FRAMEWORK_LABEL = {"pytorch": "PyTorch", "mxnet": "MXNet"}
+FRAMEWORK_LABEL = {name: d.label for name, d in frameworks.REGISTRY.items()}
 
 # Peak dense throughput (FLOP/s) by GPU name, from NVIDIA's datasheets. Tensor-core figures are
 # the dense ones: the datasheets print them "with sparsity", i.e. doubled; we halve them.
@@ -363,7 +364,7 @@ def _fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     return ev
 
 
-_SOURCE_PASS = {"kineto": "framework", "mxnet_profiler": "framework", "nsys": "nsys"}
+_SOURCE_PASS = {**{d.trace_source: "framework" for d in frameworks.REGISTRY.values()}, "nsys": "nsys"}
 
 
 def model_ops() -> frozenset[str]:

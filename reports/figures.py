@@ -17,13 +17,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from kernelmap import timing  # noqa: E402
+from kernelmap import frameworks, timing  # noqa: E402
 from kernelmap.atomic import atomic_path  # noqa: E402
 from kernelmap.schema import CANONICAL_OPS  # noqa: E402
 
 from .analysis import PHASE_ORDER, fw_label  # noqa: E402
 
-FW_COLOR = {"pytorch": "#d9480f", "mxnet": "#1864ab"}
+FW_COLOR = {name: d.color for name, d in frameworks.REGISTRY.items()}
 PHASE_COLOR = {"forward": "#4dabf7", "backward": "#f76707", "optimizer": "#37b24d", "data": "#ae3ec9",
                "other": "#adb5bd"}
 LIB_COLOR = {"cuDNN": "#5c940d", "cuBLAS": "#1971c2", "cuBLASLt": "#4dabf7", "oneDNN": "#e8590c",

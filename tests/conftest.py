@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-FRAMEWORK_MODULES = {"pytorch": "torch, torchvision", "mxnet": "mxnet"}
+from kernelmap import frameworks  # noqa: E402  (descriptors import no framework)
+
+FRAMEWORK_MODULES = {name: ", ".join(d.import_names) for name, d in frameworks.REGISTRY.items()}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,9 +44,8 @@ _IMPORTABLE: dict[str, bool] = {}  # framework -> a subprocess imported it (set 
 
 @functools.cache
 def _import_error(framework: str) -> str | None:
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import {FRAMEWORK_MODULES[framework]}"], capture_output=True, text=True
-    )
+    python = frameworks.get(framework).python() or sys.executable  # its own environment where it has one
+    proc = subprocess.run([python, "-c", f"import {FRAMEWORK_MODULES[framework]}"], capture_output=True, text=True)
     if proc.returncode == 0:
         return None
     return (proc.stderr.strip().splitlines() or ["unknown error"])[-1]

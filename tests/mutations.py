@@ -26,7 +26,16 @@ from pathlib import Path
 import pandas as pd
 
 from kernelmap import adapters, schema
-from kernelmap.adapters import cublas_log, cublaslt_log, cudnn_log, kineto, mkl_verbose, mxnet_profiler, nsys, onednn
+from kernelmap.adapters import (
+    cublas_log,
+    cublaslt_log,
+    cudnn_log,
+    kineto,
+    mkl_verbose,
+    mxnet_profiler,
+    nsys,
+    onednn,
+)
 from kernelmap.errors import ParseError, SchemaError
 
 DATA = Path(__file__).resolve().parent / "data"

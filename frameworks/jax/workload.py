@@ -224,6 +224,11 @@ class Workload(spec.WorkloadBase):
             correct += int(jnp.sum(jnp.argmax(self._logits(self.params, x), axis=1) == y))
         return correct / len(labels)
 
+    def profile(self, out_dir):
+        from .capture import profiler_trace
+
+        return profiler_trace(out_dir, self)
+
     def compiled_hlo(self) -> dict[str, str]:
         """The optimised HLO text of the jitted train step for the shapes of the last batch it
         ran, keyed by the module name the profiler writes (``hlo_module``: ``jit_<function>``).

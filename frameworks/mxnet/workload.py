@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -206,6 +209,24 @@ class Workload(spec.WorkloadBase):
 
     def synchronize(self) -> None:
         mx.nd.waitall()
+
+    @contextlib.contextmanager
+    def profile(self, out_dir):
+        out_dir = Path(out_dir)
+        raw = out_dir / "mxnet_profile.json"
+        mx.profiler.set_config(profile_all=True, aggregate_stats=False, continuous_dump=False, filename=str(raw))
+        mx.nd.waitall()
+        mx.profiler.set_state("run")
+        try:
+            yield
+            mx.nd.waitall()
+        finally:
+            mx.profiler.set_state("stop")
+        mx.profiler.dump(finished=True)
+        # One name for every framework's trace (the adapters sniff the format from the content).
+        with open(raw, "rb") as fin, gzip.open(out_dir / "trace.json.gz", "wb") as fout:
+            shutil.copyfileobj(fin, fout)
+        raw.unlink()
 
     def evaluate(self, batch_size: int = 1000) -> float:
         dataset = self.dataset("test")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,30 @@ class Workload(spec.WorkloadBase):
             "cublas": None,  # torch exposes no cuBLAS version
             "mkldnn": torch.backends.mkldnn.is_available(),
         }
+
+    @contextlib.contextmanager
+    def profile(self, out_dir):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            yield
+        prof.export_chrome_trace(str(Path(out_dir) / "trace.json.gz"))
+
+    @contextlib.contextmanager
+    def nsys_window(self):
+        """cudaProfilerStart/Stop around the timed steps, and per-op NVTX ranges from emit_nvtx."""
+        if self.device.type != "cuda":
+            yield
+            return
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        try:
+            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+                yield
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.profiler.stop()
 
     def threads(self) -> dict[str, Any]:
         return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}

@@ -11,7 +11,17 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ParseError
-from . import cublas_log, cublaslt_log, cudnn_log, kineto, mkl_verbose, mxnet_profiler, nsys, onednn, xla_trace
+from . import (
+    cublas_log,
+    cublaslt_log,
+    cudnn_log,
+    kineto,
+    mkl_verbose,
+    mxnet_profiler,
+    nsys,
+    onednn,
+    xla_trace,
+)
 from ._common import head, no_gc
 
 # order matters: the most specific sniffers first

@@ -1,0 +1,37 @@
+"""JAX as kernelmap sees it (no jax import here)."""
+
+from __future__ import annotations
+
+from ..registry import Framework, GpuVerdict, no_gpu
+
+INSTALL_FIX = ("pip install 'jax[cpu]' flax optax (CPU) or 'jax[cuda13]' flax optax (NVIDIA GPU), in an environment "
+               "with numpy >= 2; point kernelmap at it with --python jax=PATH or KERNELMAP_PYTHON_JAX")
+
+PROBE = r"""
+import json, jax, flax, optax
+devs = jax.devices()
+gpus = [d for d in devs if d.platform == "gpu"]
+d = {"version": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+     "backend": jax.default_backend(), "cuda_build": bool(gpus), "cuda_available": bool(gpus),
+     "devices": [{"index": d.id, "name": d.device_kind} for d in gpus]}
+print(json.dumps(d))
+"""
+
+
+def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None) -> GpuVerdict:
+    if probe.get("cuda_available"):
+        return GpuVerdict(True)
+    if cc is None:
+        return no_gpu(gpu_problem)
+    return GpuVerdict(False, f"jax {probe.get('version')} sees no GPU (backend {probe.get('backend')})",
+                      "install jax[cuda13] (or the CUDA build matching the driver)")
+
+
+DESCRIPTOR = Framework(
+    name="jax", label="JAX", color="#2b8a3e", import_names=("jax", "flax", "optax"), install_fix=INSTALL_FIX,
+    probe=PROBE, gpu_verdict=gpu_verdict, trace_source="xla_trace", modes=("jit",),
+    # XLA autotunes convolutions and GEMMs at compile time by running candidates through cuDNN and
+    # cuBLASLt: with autotuning on, the library logs hold hundreds of trial calls (143 MB for 8 steps).
+    # The libs pass turns it off, so its calls are the default algorithms, not necessarily the traced ones.
+    pass_env={"libs": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}},
+)

@@ -1,0 +1,58 @@
+"""What a framework is, for everything outside its folder: one ``Framework`` descriptor per
+framework, defined in ``frameworks/<name>/descriptor.py`` and registered in ``frameworks/__init__.py``.
+
+A descriptor imports no framework: the parent process (``kernelmap run``, doctor, report) reads
+it without importing torch, mxnet or jax. What needs the framework itself (its profiler capture, its
+NVTX ranges) is a method of its ``Workload``, which only a worker imports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuVerdict:
+    """Whether a framework can use this machine's GPU, from its probe and the GPU's compute capability."""
+
+    usable: bool
+    why: str | None = None  # when not usable: one line
+    fix: str | None = None  # when not usable: what would make it usable
+    cpu_regardless: bool = False  # the framework has no code for this GPU at all: the CPU even under --device gpu
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str  # the key everywhere: results, records, CLI choices
+    label: str  # for people: PyTorch, MXNet, JAX
+    color: str  # its colour in every figure
+    import_names: tuple[str, ...]  # modules that must be importable
+    install_fix: str  # one line: how to install it
+    probe: str  # Python source that prints one JSON line of facts (doctor, device decision)
+    gpu_verdict: Callable[[dict[str, Any], tuple[int, int] | None, str | None], GpuVerdict]
+    trace_source: str  # the records source of its profiler trace (the framework pass)
+    modes: tuple[str, ...]  # execution modes it is benchmarked in (history keys)
+    pass_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # extra env of a capture pass
+    before_import: Callable[[], Any] | None = None  # run in a worker before the framework is imported
+    libs_env: Callable[[str, Any], Mapping[str, str]] | None = None  # extra env of the libs pass (device, dir)
+    nsys_window: bool = False  # its Workload opens the nsys capture window (cudaProfilerStart/Stop) on the GPU
+
+    @property
+    def python_env_var(self) -> str:
+        """The environment variable naming the interpreter its workers run under (else ours)."""
+        return f"KERNELMAP_PYTHON_{self.name.upper()}"
+
+    def python(self, overrides: Mapping[str, str] | None = None) -> str | None:
+        """Its workers' interpreter: ``--python NAME=PATH``, else ``$KERNELMAP_PYTHON_<NAME>``, else None."""
+        if overrides and self.name in overrides:
+            return overrides[self.name]
+        return os.environ.get(self.python_env_var) or None
+
+
+def no_gpu(gpu_problem: str | None) -> GpuVerdict:
+    """The verdict on a machine without a usable NVIDIA GPU (shared by every framework)."""
+    why = f"no NVIDIA GPU found ({gpu_problem})" if gpu_problem else "no NVIDIA GPU found"
+    return GpuVerdict(False, why, "run on a machine with an NVIDIA GPU and driver")
