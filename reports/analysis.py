@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import frameworks, schema, timing
+from kernelmap import frameworks, rundir, schema, timing
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
@@ -67,7 +67,7 @@ class Run:
     path: Path
     manifest: dict
     results: list[dict]
-    parity: dict | None = None
+    parity: list[dict] = field(default_factory=list)
     attribution: Any = None
     records: pd.DataFrame | None = None
     problems: list[str] = field(default_factory=list)  # optional inputs that are absent
@@ -100,10 +100,12 @@ def load_run(path: str | Path) -> Run:
     for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
-    if (path / "parity.json").is_file():
-        run.parity = _read_json(path / "parity.json")
-    else:
-        run.problems.append("no parity.json (parity is recorded only when both frameworks ran)")
+    # parity-<framework>.json: each framework against the reference; parity.json: runs made before that
+    files = [path / rundir.parity_name(fw) for fw in frameworks.FRAMEWORKS] + [path / "parity.json"]
+    run.parity = [_read_json(f) for f in files if f.is_file()]
+    if not run.parity:
+        run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
+                            "framework ran)")
     if (path / "attribution.json").is_file():
         run.attribution = _read_json(path / "attribution.json")
     else:
@@ -231,22 +233,23 @@ def parity_table(runs: list[Run]) -> pd.DataFrame:
     """parity.json's headline figures: run, figure, value, tolerance, definition. Scalars only
     (per-step lists, versions and config stay in the file); per-tensor dicts become one row each."""
     rows = []
-    skip = {"tolerances", "definitions", "versions", "config", "data", "losses", "frameworks"}
+    skip = {"tolerances", "definitions", "versions", "config", "data", "losses", "frameworks", "python"}
     for run in runs:
-        p = run.parity
-        if not isinstance(p, dict):
-            continue
-        tol, defs = p.get("tolerances") or {}, p.get("definitions") or {}
-        for k, v in p.items():
-            if k in skip or isinstance(v, list):
+        for p in run.parity:
+            if not isinstance(p, dict):
                 continue
-            items = v.items() if isinstance(v, dict) else [(None, v)]
-            for sub, val in items:
-                if isinstance(val, dict | list):
+            pair = " vs ".join(fw_label(f) for f in p.get("frameworks") or [])
+            tol, defs = p.get("tolerances") or {}, p.get("definitions") or {}
+            for k, v in p.items():
+                if k in skip or isinstance(v, list):
                     continue
-                rows.append({"run": run.name, "figure": k if sub is None else f"{k} [{sub}]", "value": val,
-                             "tolerance": tol.get(k), "definition": defs.get(k)})
-    return pd.DataFrame(rows, columns=["run", "figure", "value", "tolerance", "definition"])
+                items = v.items() if isinstance(v, dict) else [(None, v)]
+                for sub, val in items:
+                    if isinstance(val, dict | list):
+                        continue
+                    rows.append({"run": run.name, "pair": pair, "figure": k if sub is None else f"{k} [{sub}]",
+                                 "value": val, "tolerance": tol.get(k), "definition": defs.get(k)})
+    return pd.DataFrame(rows, columns=["run", "pair", "figure", "value", "tolerance", "definition"])
 
 
 # (label, manifest key) as kernelmap/manifest.py writes them

@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 from kernelmap.frameworks.spec import LAYERS
 
+from kernelmap import adapters  # noqa: E402
+
 EXIT_CHECK_FAILED = 4
 PASS, FAIL, NOT_CHECKED = "pass", "FAIL", "not checked"
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -88,8 +90,12 @@ def self_checks(runs: list) -> pd.DataFrame:
             continue
         for t in timed:
             fw, bs = t.framework, t.batch_size
+            source = adapters.FORMATS.get(t.source)
             # calls per step
-            if t.ops is None or t.ops.empty:
+            if not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
+                rows.append(_row(run.name, fw, bs, "calls per step", "all model ops", None, None, NOT_CHECKED,
+                                 f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
+            elif t.ops is None or t.ops.empty:
                 rows.append(_row(run.name, fw, bs, "calls per step", "all model ops", None, None, NOT_CHECKED,
                                  f"the {t.source} trace records no framework ops in its steps"))
             else:
@@ -121,7 +127,10 @@ def self_checks(runs: list) -> pd.DataFrame:
             st, basis = _pass_step_times(run, fw, bs, t.pass_name)
             busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
             what = f"{t.level} time per step ({t.source})"
-            if st is None:
+            if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
+                rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED,
+                                 f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
+            elif st is None:
                 rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED, basis))
             elif len(st) != t.n_steps:
                 rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED,

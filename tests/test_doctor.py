@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from kernelmap import doctor, gpuinfo
+from kernelmap import doctor, frameworks, gpuinfo
 
 
 def test_doctor_json_is_valid_and_exits_0():
@@ -15,13 +15,17 @@ def test_doctor_json_is_valid_and_exits_0():
                           text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
-    assert set(report["frameworks"]) == {"pytorch", "mxnet"}
+    assert list(report["frameworks"]) == list(frameworks.FRAMEWORKS)  # every registered framework, in order
     for facts in report["frameworks"].values():
         assert facts["installed"] in (True, False)
         if not facts["installed"]:
             assert facts["fix"] and facts["error"]
     assert set(report["profilers"]) == {"nsys", "ncu"}
     assert isinstance(report["mxnet_on_this_gpu"]["ok"], bool) and report["mxnet_on_this_gpu"]["message"]
+    installed = {fw for fw, facts in report["frameworks"].items() if facts["installed"]}
+    assert set(report["gpu_use"]) == installed
+    for use in report["gpu_use"].values():
+        assert use["usable"] is bool(use["usable"]) and (use["usable"] or use["why"])
     for item in report["missing"]:
         assert item["what"] and item["fix"]
     if not report["gpu"]["gpus"]:

@@ -68,6 +68,13 @@ from ..frameworks.spec import LAYERS
 from . import canonical as C
 from ._common import finish, int64_array, load_json, ns_from_us
 
+# What the report's self-checks may ask of this source (reports/checks.py reads these):
+# an XLA op is a fused kernel or thunk of the compiled program, not one call of a framework op, so its
+# count per step is no framework-call count; on the CPU, XLA's thunks run asynchronously and a thunk's
+# span includes waiting, so op time is not busy time.
+OPS_ARE_FRAMEWORK_CALLS = False
+CPU_OP_TIME_IS_BUSY = False
+
 SOURCE = "xla_trace"
 OPTIMIZER_SCOPE = "kernelmap:optimizer"
 HLO_SUFFIXES = (".hlo.txt.gz", ".hlo.txt")
