@@ -37,7 +37,8 @@ class Framework:
     modes: tuple[str, ...]  # execution modes it is benchmarked in (history keys)
     pass_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # extra env of a capture pass
     before_import: Callable[[], Any] | None = None  # run in a worker before the framework is imported
-    libs_env: Callable[[str, Any], Mapping[str, str]] | None = None  # extra env of the libs pass (device, dir)
+    # the variable that makes its cuDNN log API calls (cuDNN 9: CUDNN_LOGLEVEL_DBG=3; cuDNN 8: CUDNN_LOGINFO_DBG=1)
+    cudnn_log_level: Mapping[str, str] = field(default_factory=lambda: {"CUDNN_LOGLEVEL_DBG": "3"})
     nsys_window: bool = False  # its Workload opens the nsys capture window (cudaProfilerStart/Stop) on the GPU
 
     @property

@@ -173,15 +173,11 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
 
 
 def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE) -> dict[str, str]:
-    """Environment that makes the math libraries log their calls into ``log_dir``; a framework's
-    descriptor adds its own (MXNet's cuDNN 8 wheel logs under the older variable)."""
-    extra = frameworks.get(framework).libs_env
-    own = dict(extra(device, log_dir)) if extra is not None else {}
+    """Environment that makes the math libraries log their calls into ``log_dir``; the framework's
+    descriptor names its cuDNN's log variable (MXNet's cuDNN 8 wheel logs under the older one)."""
     if device == "gpu":
-        # cuDNN 9 takes CUDNN_LOGLEVEL_DBG (3 = info); cuDNN 8 the older CUDNN_LOGINFO_DBG.
         return {
-            "CUDNN_LOGLEVEL_DBG": "3",
-            **own,
+            **frameworks.get(framework).cudnn_log_level,
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
             "CUBLAS_LOGINFO_DBG": "1",
             "CUBLAS_LOGDEST_DBG": str(log_dir / "cublas.log"),
@@ -191,7 +187,7 @@ def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE) 
     # oneDNN (PyTorch's and MXNet's MKL-DNN) print verbose lines on stdout: captured to onednn.log.
     # oneMKL (torch's CPU BLAS: linear's sgemm) writes its own verbose lines to blas.log.
     return {"DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "MKLDNN_VERBOSE": "1",
-            "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log"), **own}
+            "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log")}
 
 
 def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str], list[str]]:

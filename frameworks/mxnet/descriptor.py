@@ -48,13 +48,9 @@ def _preload() -> object:
     return preload()  # mxnet-cu112's CUDA 11 libraries before `import mxnet`; a no-op without them
 
 
-def _libs_env(device: str, log_dir) -> dict[str, str]:
-    # cuDNN 8 (the CUDA 11 wheel) logs under CUDNN_LOGINFO_DBG; cuDNN 9 only tolerates it as deprecated.
-    return {"CUDNN_LOGINFO_DBG": "1"} if device == "gpu" else {}
-
-
 DESCRIPTOR = Framework(
     name="mxnet", label="MXNet", color="#1864ab", import_names=("mxnet",), install_fix=INSTALL_FIX, probe=PROBE,
     gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=("imperative", "hybridized"),
-    pass_env={"framework": PROFILE_ENV}, before_import=_preload, libs_env=_libs_env,
+    pass_env={"framework": PROFILE_ENV}, before_import=_preload,
+    cudnn_log_level={"CUDNN_LOGINFO_DBG": "1"},  # cuDNN 8 of the CUDA 11 wheel; cuDNN 9 only tolerates it
 )
