@@ -20,7 +20,7 @@ SCHEMA_VERSION = 2
 # column -> pandas dtype. Nullable extension dtypes so that "unknown" is NA, never a magic value.
 COLUMNS: dict[str, str] = {
     "run": "string",  # run id (run directory name, or the file stem for loose files)
-    "framework": "string",  # pytorch | mxnet | unknown
+    "framework": "string",  # a frameworks.REGISTRY name (pytorch | mxnet | jax) or unknown
     "device": "string",  # gpu | cpu
     "batch_size": "Int64",
     "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose | mkl_verbose
