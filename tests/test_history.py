@@ -186,11 +186,13 @@ def bench_storage(tmp_path_factory) -> Path:
     """Two bench jobs, each one pytest process per framework (noxfile's own command line), CPU,
     batch size 64, synthetic data: 0001 PyTorch, 0002 MXNet, 0003 PyTorch, 0004 MXNet."""
     nf = _noxfile()
-    for fw in nf.STEP_BENCH_FRAMEWORKS:
+    job = ("pytorch", "mxnet")  # two frameworks of the noxfile's list are enough to test the pairing
+    assert set(job) <= set(nf.STEP_BENCH_FRAMEWORKS)
+    for fw in job:
         require_framework(fw)
     st = tmp_path_factory.mktemp("steps") / "st"
     for _job in range(2):
-        for fw in nf.STEP_BENCH_FRAMEWORKS:
+        for fw in job:
             argv = nf.step_benchmark_argv(fw, f"--benchmark-storage={st}", "--benchmark-max-time=0.01",
                                           "--benchmark-min-rounds=2", "--bench-data=synthetic", "-k", "cpu-64", "-q")
             assert argv[0] == "pytest"
@@ -318,13 +320,14 @@ def test_trend_has_one_series_per_key(bench_storage, tmp_path):
         assert s["run"].tolist() == ["0002", "0004"]
         assert s["value"].tolist() == [next(b["stats"]["median"] for b in _saved(bench_storage, n)["benchmarks"]
                                             if b["name"] == label) for n in ("0002", "0004")]
-    # both frameworks' colours are drawn
+    # both benchmarked frameworks' colours are drawn
     import matplotlib.colors as mcolors
     import matplotlib.image as mpimg
 
     png = F.trend_figure(h, tmp_path / "trend.png")
     img = (mpimg.imread(png)[..., :3] * 255).round().astype(int)
-    for fw, colour in F.FW_COLOR.items():
+    for fw in ("pytorch", "mxnet"):
+        colour = F.FW_COLOR[fw]
         rgb = np.array([round(c * 255) for c in mcolors.to_rgb(colour)])
         assert (np.abs(img - rgb).sum(axis=-1) <= 6).sum() > 200, fw
 
