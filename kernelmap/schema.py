@@ -7,6 +7,7 @@ key-value metadata, and a file of another version is refused.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from pathlib import Path
@@ -58,10 +59,74 @@ COLUMNS: dict[str, str] = {
     "tid": "Int64",
 }
 
-KINDS = ("op", "library_call", "kernel", "memcpy", "memset", "runtime", "step", "annotation")
-PHASES = ("forward", "backward", "optimizer", "data", "other")
-DIRECTIONS = ("fwd", "bwd_data", "bwd_weight", "bwd_bias", "bwd", "update", "none")
-LIBRARIES = ("cuDNN", "cuBLAS", "cuBLASLt", "oneDNN", "BLAS", "native")
+class Kind(enum.StrEnum):
+    OP = "op"
+    LIBRARY_CALL = "library_call"
+    KERNEL = "kernel"
+    MEMCPY = "memcpy"
+    MEMSET = "memset"
+    RUNTIME = "runtime"
+    STEP = "step"
+    ANNOTATION = "annotation"
+
+
+class Phase(enum.StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    DATA = "data"
+    OTHER = "other"
+
+
+class Direction(enum.StrEnum):
+    FWD = "fwd"
+    BWD_DATA = "bwd_data"
+    BWD_WEIGHT = "bwd_weight"
+    BWD_BIAS = "bwd_bias"
+    BWD = "bwd"
+    UPDATE = "update"
+    NONE = "none"
+
+
+class Library(enum.StrEnum):
+    CUDNN = "cuDNN"
+    CUBLAS = "cuBLAS"
+    CUBLASLT = "cuBLASLt"
+    ONEDNN = "oneDNN"
+    BLAS = "BLAS"
+    NATIVE = "native"
+
+
+KINDS = tuple(k.value for k in Kind)
+PHASES = tuple(p.value for p in Phase)
+DIRECTIONS = tuple(d.value for d in Direction)
+LIBRARIES = tuple(lib.value for lib in Library)
+BACKWARD_DIRECTIONS = (Direction.BWD_DATA, Direction.BWD_WEIGHT, Direction.BWD_BIAS, Direction.BWD)
+# "Unknown" in records is NA, always. Where a table must show it: an event with no canonical op is
+# UNATTRIBUTED; any other unknown value (layer, library, call) is UNKNOWN.
+UNATTRIBUTED = "unattributed"
+UNKNOWN = "unknown"
+
+# The one rule direction -> phase (used where no kernelmap region says the phase): forward for fwd,
+# backward for every gradient direction, optimizer for update (and for zero_grad, whatever its direction).
+_PHASE_OF_DIRECTION = {Direction.FWD.value: Phase.FORWARD.value,
+                       **{d.value: Phase.BACKWARD.value for d in BACKWARD_DIRECTIONS},
+                       Direction.UPDATE.value: Phase.OPTIMIZER.value}
+
+
+def phase_of(direction, canonical_op=None) -> str | None:
+    """The phase of one event by the direction rule; None where the rule says nothing."""
+    if canonical_op == "zero_grad":
+        return Phase.OPTIMIZER.value
+    return _PHASE_OF_DIRECTION.get(direction) if isinstance(direction, str) else None
+
+
+def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) -> pd.Series:
+    """``phase_of`` over columns (string dtype, NA where the rule says nothing)."""
+    ph = direction.map(_PHASE_OF_DIRECTION).astype("string")
+    if canonical_op is not None:
+        ph[canonical_op.eq("zero_grad").fillna(False).to_numpy(bool)] = Phase.OPTIMIZER.value
+    return ph
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",

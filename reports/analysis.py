@@ -560,7 +560,7 @@ def linked_libraries(run: Run, fw: str, bs: int | None) -> dict[tuple[str, str, 
     calls = linked_calls(run, fw, bs)
     calls = calls[calls["op_canonical"].notna()]
     out: dict[tuple[str, str, str], dict[str, list[str]]] = {}
-    for (op, layer, d), g in calls.groupby([calls["op_canonical"], calls["op_layer"].fillna("-"),
+    for (op, layer, d), g in calls.groupby([calls["op_canonical"], calls["op_layer"].fillna(schema.UNKNOWN),
                                             calls["op_dgroup"].fillna("none")]):
         out[(str(op), str(layer), str(d))] = {"libraries": sorted(set(g["library"].dropna())),
                                               "library_calls": sorted(set(g["library_call"].dropna()))}
@@ -568,7 +568,7 @@ def linked_libraries(run: Run, fw: str, bs: int | None) -> dict[tuple[str, str, 
 
 
 def _op_signature(ev: pd.DataFrame) -> list[tuple[str, str, str]]:
-    return list(zip(ev["canonical_op"].fillna("?"), ev["layer"].fillna("-"),
+    return list(zip(ev["canonical_op"].fillna(schema.UNATTRIBUTED), ev["layer"].fillna(schema.UNKNOWN),
                     ev["direction"].map(direction_group), strict=True))
 
 
@@ -579,7 +579,7 @@ def op_time(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         for t in timed_events(run):
-            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"),
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
                                  direction=t.events["direction"].fillna("none"),
                                  phase=t.events["phase"].fillna("other"))
             for (op, d, ph), g in ev.groupby(["canonical_op", "direction", "phase"]):
@@ -632,7 +632,7 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
     for t in timed:
         allrows = _fwbs(rec, t.framework, t.batch_size)
         allrows = _fill_from_links(allrows, allrows)
-        ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"),
+        ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
                              direction=t.events["direction"].fillna("none"))
         lib = _event_library(run, t)
         calls_n = op_calls(t).set_index(["canonical_op", "direction"])["calls_per_step"]
@@ -673,7 +673,7 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
         rows.append(row)
     df = pd.DataFrame(rows)
     if len(df):
-        order = {o: i for i, o in enumerate((*schema.CANONICAL_OPS, "unattributed"))}
+        order = {o: i for i, o in enumerate((*schema.CANONICAL_OPS, schema.UNATTRIBUTED))}
         dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
         df = df.assign(_o=df["canonical_op"].map(order), _d=df["direction"].map(dorder)).sort_values(
             ["_o", "_d"]).drop(columns=["_o", "_d"]).reset_index(drop=True)
@@ -779,11 +779,11 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
             c = linked_calls(run, str(fw), bs_v)
             n_log, basis = log_steps(run, str(fw), bs_v)
             linked = c["op_canonical"].notna()
-            c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna("?"),
-                         _layer=c["op_layer"].where(linked, c["layer"]).fillna("-"),
+            c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna(schema.UNATTRIBUTED),
+                         _layer=c["op_layer"].where(linked, c["layer"]).fillna(schema.UNKNOWN),
                          _dir=c["op_dgroup"].where(linked, c["dgroup"]).fillna("none"), _linked=linked)
             for (lib, call, op, layer, d, lk), g in c.groupby(
-                    [c["library"].fillna("?"), c["library_call"].fillna("?"), "_op", "_layer", "_dir", "_linked"]):
+                    [c["library"].fillna(schema.UNKNOWN), c["library_call"].fillna(schema.UNKNOWN), "_op", "_layer", "_dir", "_linked"]):
                 timed = g["dur_ns"].notna().all()
                 rows.append({"run": run.name, "framework": fw, "batch_size": bs_v, "library": lib,
                              "library_call": call, "canonical_op": op, "layer": None if layer == "-" else layer,
@@ -869,7 +869,7 @@ def kernel_counts(runs: list[Run]) -> pd.DataFrame:
         for t in timed_events(run):
             if t.level != "kernel":
                 continue
-            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna("unattributed"))
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED))
             for op, g in ev.groupby("canonical_op"):
                 rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
                              "canonical_op": op, "distinct_kernels": int(g["kernel_name"].nunique()),
@@ -951,7 +951,7 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                 continue
             src_ops = rec[(rec["source"] == t.source) & (rec["kind"] == "op")
                           & rec["run"].isin(t.events["run"].dropna().unique())]
-            for (layer, op, d), g in ev.groupby([ev["layer"].fillna("?"), "canonical_op",
+            for (layer, op, d), g in ev.groupby([ev["layer"].fillna(schema.UNKNOWN), "canonical_op",
                                                  ev["direction"].fillna("none")]):
                 flops = g["flops"].dropna()
                 if flops.empty and t.level == "kernel":

@@ -191,12 +191,10 @@ def step_number(name: str) -> int | None:
 
 
 def phase_from_direction(direction: pd.Series, canonical: pd.Series) -> pd.Series:
-    """Fallback phase by name rule where no kernelmap region covers an event."""
-    ph = pd.Series(pd.NA, index=direction.index, dtype="string")
-    ph[direction.isin(["fwd"])] = "forward"
-    ph[direction.isin(["bwd", "bwd_data", "bwd_weight", "bwd_bias"])] = "backward"
-    ph[direction.eq("update") | canonical.eq("zero_grad")] = "optimizer"
-    return ph
+    """Fallback phase by the direction rule (``schema.phase_series``) where no kernelmap region covers an event."""
+    from ..schema import phase_series
+
+    return phase_series(direction, canonical)
 
 
 # --- layers from weight shapes ---------------------------------------------------------------

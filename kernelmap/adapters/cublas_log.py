@@ -25,6 +25,7 @@ import pandas as pd
 from ..errors import ParseError
 from ..flops import gemm_call_flops
 from ..frameworks.spec import LAYERS
+from ..schema import phase_of
 from ._common import api_log_blocks, finish
 
 SOURCE = "cublas_log"
@@ -131,7 +132,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "shapes": df["shapes"].tolist(), "layer": layer,
         "canonical_op": ["linear" if isinstance(v, str) else None for v in layer],
         "direction": df["direction"].tolist(),
-        "phase": [_phase(d) for d in df["direction"]],
+        "phase": [phase_of(d) for d in df["direction"]],
         "math_mode": df["math_mode"].tolist(),
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "pid": pd.array(df["pid"].tolist(), dtype="Int64"), "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
@@ -140,10 +141,6 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)
     return out
-
-
-def _phase(direction) -> str | None:
-    return "forward" if direction == "fwd" else "backward" if isinstance(direction, str) else None
 
 
 def _math(mode: str | None, func: str) -> str | None:

@@ -22,8 +22,9 @@ import pandas as pd
 
 from ..errors import ParseError
 from ..flops import gemm_call_flops
+from ..schema import phase_of
 from ._common import finish, read_text
-from .cublas_log import _phase, gemm_direction, linear_layer
+from .cublas_log import gemm_direction, linear_layer
 
 SOURCE = "cublaslt_log"
 _LINE = re.compile(r"^\[([^\]]+)\]\[cublasLt\]\[(\d+)\]\[(\w+)\]\[(\w+)\]\s?(.*)$")
@@ -104,7 +105,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "library_call": ["cublasLtMatmul"] * n, "op_name": ["cublasLtMatmul"] * n,
         "shapes": df["shapes"].tolist(), "algo": df["algo"].tolist(), "math_mode": df["math_mode"].tolist(),
         "layer": df["layer"].tolist(), "direction": df["direction"].tolist(),
-        "phase": [_phase(d) for d in df["direction"]],
+        "phase": [phase_of(d) for d in df["direction"]],
         "canonical_op": ["linear" if isinstance(v, str) else None for v in df["layer"]],
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "tid": pd.array(df["tid"].tolist(), dtype="Int64"),

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from ..flops import conv2d_call_flops
+from ..schema import phase_of
 from . import canonical as C
 from ._common import api_log_blocks, finish
 
@@ -174,15 +175,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         pid=pd.array(df["pid"].tolist(), dtype="Int64"), tid=pd.array(df["tid"].tolist(), dtype="Int64"),
         stream=pd.array(df["stream"].tolist(), dtype="Int64"),
         flops=pd.array(df["flops"].tolist(), dtype="Int64"),
-        phase=[_phase(d) for d in df["direction"]],
+        phase=[phase_of(d) for d in df["direction"]],
     )
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)
     return out
-
-
-def _phase(direction) -> str | None:
-    return "forward" if direction == "fwd" else "backward" if isinstance(direction, str) and direction.startswith("bwd") else None
 
 
 def _dtype(dtype: str | None) -> str | None:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from ..flops import conv2d_call_flops, gemm_call_flops
+from ..schema import phase_of
 from . import canonical as C
 from ._common import finish, read_text
 
@@ -130,7 +131,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "canonical_op": canon,
         "direction": direction,
         "layer": layers,
-        "phase": [_phase(d, c) for d, c in zip(direction, canon, strict=True)],
+        "phase": [phase_of(d, c) for d, c in zip(direction, canon, strict=True)],
         "dur_ns": pd.array(df["dur_ns"].tolist(), dtype="Int64"),
         "start_ns": pd.array(df["ts"].tolist(), dtype="Int64"),
         "shapes": [json.dumps(s, separators=(",", ":")) if s else None for s in df["shapes"]],
@@ -167,10 +168,3 @@ def _layer(canon: str, shapes) -> str | None:
         return C.layer_from_inputs("aten::linear", shapes)  # weight is input 1
     return None
 
-
-def _phase(direction: str, canon: str) -> str | None:
-    if direction == "fwd":
-        return "forward"
-    if direction.startswith("bwd"):
-        return "backward"
-    return None
