@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pandas as pd
 
 from . import adapters, attribution, frameworks, schema
 from .errors import KernelmapError, ParseError
+from .rundir import RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -153,22 +153,6 @@ def _print_runs(s: dict) -> None:
 
 
 # --- run directories -------------------------------------------------------------------------
-_BS = re.compile(r"^bs(\d+)$")
-
-
-def _manifest_device(manifest: dict, fw: str) -> str | None:
-    for key in ("frameworks", "per_framework"):
-        entry = manifest.get(key, {}).get(fw) if isinstance(manifest.get(key), dict) else None
-        if isinstance(entry, dict):
-            for k in ("device_used", "used", "device"):
-                if isinstance(entry.get(k), str):
-                    return entry[k]
-            dev = entry.get("device")
-            if isinstance(dev, dict) and isinstance(dev.get("used"), str):
-                return dev["used"]
-    return None
-
-
 def _log_steps(path: Path) -> int | None:
     """Steps the library-log pass ran (warm-up included: the logs are on from process start), from
     the worker's ``libs.json``; None where it is missing or does not say."""
@@ -188,46 +172,37 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     """Normalise ``RUN_DIR/<framework>/bs<N>/*`` into ``RUN_DIR/records.parquet`` and
     ``RUN_DIR/attribution.json``; returns the summary. Files no adapter recognises (clean.json,
     step timings) are listed under ``not_records``."""
-    from .atomic import atomic_file
-
-    run_dir = Path(run_dir)
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    except FileNotFoundError:
-        manifest = {}
-    except ValueError as exc:
-        raise KernelmapError(f"{run_dir / 'manifest.json'}: not JSON ({exc})") from None
+    rd = RunDir(run_dir)
+    run_dir = rd.path
+    manifest = rd.read_manifest() if rd.manifest.is_file() else {}
     frames, per, skipped, sources = [], {}, [], []
-    for fw_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for bs_dir in sorted(p for p in fw_dir.iterdir() if p.is_dir() and _BS.match(p.name)):
-            files = []
-            for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
-                if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
-                    # The runner keeps the report for the GUI beside its SQLite export: one capture,
-                    # read once (reading both would count every kernel twice).
-                    skipped.append({"file": str(f.relative_to(run_dir)),
-                                    "reason": f"the same capture as {f.with_suffix('.sqlite').name}, which was read"})
-                    continue
-                try:
-                    adapters.detect(f)
-                    files.append(f)
-                except ParseError as exc:
-                    skipped.append({"file": str(f.relative_to(run_dir)), "reason": exc.cause})
-            if not files:
+    for fw, bs, bs_dir in rd.cases():
+        files = []
+        for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+            if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
+                # The runner keeps the report for the GUI beside its SQLite export: one capture,
+                # read once (reading both would count every kernel twice).
+                skipped.append({"file": str(f.relative_to(run_dir)),
+                                "reason": f"the same capture as {f.with_suffix('.sqlite').name}, which was read"})
                 continue
-            bs = int(_BS.match(bs_dir.name).group(1))
-            name = f"{fw_dir.name}/{bs_dir.name}"
-            df, s = normalise(files, run=name, framework=fw_dir.name, device=_manifest_device(manifest, fw_dir.name),
-                              batch_size=bs, log_steps=_log_steps(bs_dir / "libs.json"))
-            df["framework"] = fw_dir.name
-            frames.append(df)
-            per[name] = {**s["runs"][name], "files": s["files"], "framework": fw_dir.name, "batch_size": bs}
-            sources += [{"framework": fw_dir.name, "batch_size": bs, "source": src,
-                         **{k: v for k, v in b.items() if not isinstance(v, list)}}
-                        for src, b in s["runs"][name]["by_source"].items()]
+            try:
+                adapters.detect(f)
+                files.append(f)
+            except ParseError as exc:
+                skipped.append({"file": str(f.relative_to(run_dir)), "reason": exc.cause})
+        if not files:
+            continue
+        name = str(case_dir(fw, bs))
+        df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
+                          batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")))
+        df["framework"] = fw
+        frames.append(df)
+        per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}
+        sources += [{"framework": fw, "batch_size": bs, "source": src,
+                     **{k: v for k, v in b.items() if not isinstance(v, list)}}
+                    for src, b in s["runs"][name]["by_source"].items()]
     df = schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty()
     summary = {"runs": per, "by_source": sources, "not_records": skipped}
-    schema.write_parquet(df, run_dir / "records.parquet", extra_meta={"summary": summary})
-    with atomic_file(run_dir / "attribution.json") as fh:
-        json.dump(summary, fh, indent=2, default=str)
+    schema.write_parquet(df, rd.records, extra_meta={"summary": summary})
+    rd.write_json(rd.attribution, summary)
     return summary

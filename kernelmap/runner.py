@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import doctor, frameworks, gpuinfo, manifest, rundir, timing
-from .atomic import atomic_dir, atomic_file
+from .atomic import atomic_dir
 from .errors import KernelmapError, MissingToolError
 
 FRAMEWORK_CHOICES = frameworks.FRAMEWORKS
@@ -208,11 +208,6 @@ def _nsys_report(out_dir: Path) -> Path:
 
 
 # --- the run --------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any]:
-    with open(path) as fh:
-        return json.load(fh)
-
-
 class RunProgress:
     """The overall progress of a run: one plain line on stderr per worker process (pass n of N,
     elapsed, an ETA from the mean time of the workers done so far). Plain lines, so that a log
@@ -288,8 +283,9 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
              data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None,
              notes: list[str], trials: int, threads: int, python: dict[str, str]) -> dict[str, Any]:
     """All capture passes of one framework x batch size; returns its results.json entry."""
+    rd = rundir.RunDir(run_tmp)
     rel = rundir.case_dir(fw, bs)
-    out_dir = run_tmp / rel
+    out_dir = rd.case(fw, bs)
     out_dir.mkdir(parents=True)
     config = dict(train, batch_size=bs, device=decision.device)
     descriptor = frameworks.get(fw)
@@ -310,9 +306,9 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
                 tlabel = f"{fw} bs {bs} ({p} pass trial {t}/{trials}, {decision.device})"
                 progress.start(tlabel)
                 run_worker([*cmd, *extra], label=tlabel, batch_size=bs, env=env, forward_stderr=False,
-                           log_path=run_tmp / rundir.worker_log(fw, bs, p, t))
+                           log_path=rd.log(fw, bs, p, t))
                 progress.finish()
-                clean_trials.append(_read_json(out_dir / rundir.pass_result_name(p, t)))
+                clean_trials.append(rundir.read_json(rd.pass_result(fw, bs, p, t)))
             continue
         steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
         cmd += ["--steps", str(steps), "--no-evaluate"]
@@ -335,7 +331,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
                 pass_results[p] = {"skipped": why}
                 progress.finish()
                 continue
-        log_path = run_tmp / rundir.worker_log(fw, bs, p)
+        log_path = rd.log(fw, bs, p)
         progress.start(label)
         if p == "nsys":
             cmd, export = _nsys_commands(nsys, out_dir, cmd)
@@ -346,7 +342,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path, forward_stderr=False,
                        log_path=log_path)
         progress.finish()
-        pass_results[p] = _read_json(out_dir / rundir.pass_result_name(p))
+        pass_results[p] = rundir.read_json(rd.pass_result(fw, bs, p))
 
     clean = _clean_summary(clean_trials, bs)
     first = clean_trials[0]
@@ -511,8 +507,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         ran = {r["framework"] for r in results}
         parities = _parity(train, args.batch_size[0], ran, python)
         for fw, parity in parities.items():
-            with atomic_file(tmp / rundir.parity_name(fw)) as fh:
-                json.dump(parity, fh, indent=2)
+            rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
             if not parity["passed"]:
                 msg = (f"parity: {fw} differs from {frameworks.REFERENCE} beyond tolerance: "
                        f"{'; '.join(parity['failures'])}")
@@ -535,10 +530,9 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         man["notes"] = notes
         man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": p["passed"], "file": rundir.parity_name(fw)}
                          for fw, p in parities.items()} or None
-        with atomic_file(tmp / "manifest.json") as fh:
-            json.dump(man, fh, indent=2)
-        with atomic_file(tmp / "results.json") as fh:
-            json.dump(results, fh, indent=2)
+        run_dir = rundir.RunDir(tmp)
+        run_dir.write_json(run_dir.manifest, man)
+        run_dir.write_json(run_dir.results, results)
         if any(p != "clean" for p in passes):
             try:
                 _normalise(tmp)

@@ -78,40 +78,32 @@ class Run:
         return self.path.name
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise KernelmapError(f"{path}: not valid JSON ({exc})") from None
-
-
 def load_run(path: str | Path) -> Run:
-    """Read one run directory. manifest.json and results.json are required."""
-    path = Path(path)
+    """Read one run directory (``rundir.RunDir``). manifest.json and results.json are required."""
+    rd = rundir.RunDir(path)
+    path = rd.path
+    if not path.exists():
+        raise KernelmapError(f"{path}: does not exist")
     if not path.is_dir():
         raise KernelmapError(f"{path}: not a run directory")
-    for req in ("manifest.json", "results.json"):
-        if not (path / req).is_file():
-            raise KernelmapError(f"{path}: no {req}; not a complete kernelmap run directory")
-    results = _read_json(path / "results.json")
-    if not isinstance(results, list):
-        raise KernelmapError(f"{path / 'results.json'}: not a list of results (one per framework x batch size)")
-    run = Run(path, _read_json(path / "manifest.json"), results)
+    for req in (rd.manifest, rd.results):
+        if not req.is_file():
+            raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
+    run = Run(path, rd.read_manifest(), rd.read_results())
     for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
     # parity-<framework>.json: each framework against the reference; parity.json: runs made before that
-    files = [path / rundir.parity_name(fw) for fw in frameworks.FRAMEWORKS] + [path / "parity.json"]
-    run.parity = [_read_json(f) for f in files if f.is_file()]
+    run.parity = [rundir.read_json(f) for f in rd.parity_files()]
     if not run.parity:
         run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
                             "framework ran)")
-    if (path / "attribution.json").is_file():
-        run.attribution = _read_json(path / "attribution.json")
+    if rd.attribution.is_file():
+        run.attribution = rundir.read_json(rd.attribution)
     else:
         run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
-    if (path / "records.parquet").is_file():
-        run.records = schema.read_parquet(path / "records.parquet")
+    if rd.records.is_file():
+        run.records = schema.read_parquet(rd.records)
     else:
         run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
                             "sections are empty")

@@ -17,7 +17,6 @@ Checks:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +24,7 @@ import pandas as pd
 from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters  # noqa: E402
+from kernelmap.rundir import RunDir, read_json  # noqa: E402
 
 EXIT_CHECK_FAILED = 4
 PASS, FAIL, NOT_CHECKED = "pass", "FAIL", "not checked"
@@ -57,9 +57,9 @@ def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tup
 
     if not pass_name:
         return None, "no capture pass is known for this source"
-    f = run.path / fw / f"bs{bs}" / f"{pass_name}.json"
+    f = RunDir(run.path).pass_result(fw, bs, pass_name)
     if f.is_file():
-        d = json.loads(f.read_text())
+        d = read_json(f)
         st = d.get("step_times_s") if isinstance(d, dict) else None
         if isinstance(st, list) and st:
             return [float(x) for x in st], f"{f.relative_to(run.path)}: step_times_s"
