@@ -133,6 +133,14 @@ class WorkloadBase(abc.ABC):
 
         return contextlib.nullcontext()
 
+    @property
+    def mode(self) -> str:
+        """How this workload executes its step (one of its descriptor's ``modes``, e.g. eager, imperative,
+        hybridized, jit): the first mode unless the framework says otherwise."""
+        from . import get
+
+        return get(self.framework).modes[0]
+
     def threads(self) -> dict[str, Any]:
         """CPU threads the framework itself says it uses (intra-op, inter-op, ...); {} where it
         exposes none (the worker records the thread environment beside it)."""

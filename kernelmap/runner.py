@@ -364,6 +364,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     files = sorted(str(rel / f.name) for f in out_dir.iterdir() if f.is_file())
     return {
         "framework": fw,
+        "mode": first["mode"],
         "batch_size": bs,
         "device": decision.device,
         "device_requested": decision.requested,
@@ -541,7 +542,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "run_dir": str(out),
         "results": [
-            {k: r[k] for k in ("framework", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
+            {k: r[k] for k in ("framework", "mode", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
                                "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
                                "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy")}
             | {"overheads": {p: {"overhead": v.get("overhead"), "verdict": v.get("overhead_verdict"),
@@ -573,7 +574,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     rows = summary["results"]
     print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
           " e2e: with the loader")
-    head = (f"{'framework':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
+    head = (f"{'framework':<10} {'mode':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
             f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  capture overhead")
     print(head)
     for r in rows:
@@ -584,7 +585,7 @@ def _print_table(summary: dict[str, Any]) -> None:
             ci += " noisy"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
-        print(f"{r['framework']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
+        print(f"{r['framework']:<10} {r['mode']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
               f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  {over}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")

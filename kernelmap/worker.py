@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                           progress=args.progress)
         result["train_wall_s"] = time.perf_counter() - t0
         result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
-        result.update(framework=args.framework, batch_size=config.batch_size, device=config.device,
-                      versions=workload.versions(), pid=os.getpid())
+        result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
+                      device=config.device, versions=workload.versions(), pid=os.getpid())
     except KernelmapError as exc:
         print(f"kernelmap-worker: error: {exc}", file=sys.stderr)
         return 2

@@ -199,7 +199,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
             e2e = c.get("e2e_step_s")
             dev = devs.loc[fw] if fw in devs.index else None
             rows.append({
-                "run": run.name, "framework": fw,
+                "run": run.name, "framework": fw, "mode": _get(r, "mode"),
                 "device": _get(r, "device", default=None if dev is None else dev["device"]),
                 "device_requested": None if dev is None else dev["device_requested"],
                 "fallback": False if dev is None else bool(dev["fallback"]),

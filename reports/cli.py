@@ -30,7 +30,8 @@ from . import figures as F
 from . import html as H
 from .timeline import chrome_trace
 
-SUMMARY_COLS = {"run": "run", "framework_html": "framework", "device_html": "device", "batch_size": "batch",
+SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device",
+                "batch_size": "batch",
                 "steps_timed": "steps timed / trial", "trials": "trials", "step_ms_median": "step median (ms)",
                 "ci_html": "step 95% CI (ms)", "step_ms_iqr": "step IQR (ms)",
                 "images_per_s": "images/s (step)", "e2e_step_ms": "end-to-end step with loader (ms)",

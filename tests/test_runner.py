@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import require_framework
 
-from kernelmap import manifest, runner, timing
+from kernelmap import frameworks, manifest, runner, timing
 from kernelmap.errors import KernelmapError
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
@@ -171,6 +171,7 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     assert man["host"]["cpu"]
     (entry,) = json.loads((out / "results.json").read_text())
     assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
+    assert entry["mode"] == frameworks.get(framework).modes[0]  # not hybridized: the first mode
     # STEPS < timing.BLOCK_STEPS: each trial times one block of STEPS steps, so one sample per trial
     assert entry["steps"] == STEPS and entry["n_trials"] == TRIALS and len(entry["trials"]) == TRIALS
     assert len(entry["step_times_s"]) == TRIALS and all(t > 0 for t in entry["step_times_s"])

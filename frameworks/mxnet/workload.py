@@ -207,6 +207,10 @@ class Workload(spec.WorkloadBase):
             self.trainer.step(images.shape[0])
         return loss.mean()
 
+    @property
+    def mode(self) -> str:
+        return "hybridized" if self.config.hybridize else "imperative"
+
     def synchronize(self) -> None:
         mx.nd.waitall()
 
