@@ -52,27 +52,34 @@ def _mxnet_extra() -> str:
     return "mxnet"
 
 
-# JAX needs numpy >= 2, MXNet 1.9.1 numpy < 1.24: JAX's workers run from an environment of their own.
-JAX_REQUIREMENTS = ("jax[cpu]>=0.4.30", "flax", "optax", "pytest>=7", "pytest-benchmark>=4")
+FRAMEWORKS_DIR = Path(__file__).resolve().parent / "frameworks"
 
 
-def _jax_python(session: nox.Session) -> str:
-    """An environment with jax[cpu], flax, optax and kernelmap (.nox/jax-workers), made once; returns its
-    python, which kernelmap's JAX workers use (KERNELMAP_PYTHON_JAX)."""
-    env = Path(".nox") / "jax-workers"
-    python = env / "bin" / "python"
-    if not python.exists():
-        session.run(sys.executable, "-m", "venv", str(env), external=True)
-        session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77", external=True)
-    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".", *JAX_REQUIREMENTS, external=True)
-    return str(python.resolve())
+def _own_env_pythons(session: nox.Session) -> None:
+    """A framework whose dependencies clash with the others' lists its own in
+    ``frameworks/<name>/own-env.txt``: make ``.nox/<name>-workers`` from it (plus kernelmap) once, and
+    point ``KERNELMAP_PYTHON_<NAME>`` at its python, which that framework's workers then use. A variable
+    already set (a machine whose own Python has the framework) is kept."""
+    for req in sorted(FRAMEWORKS_DIR.glob("*/own-env.txt")):
+        name = req.parent.name
+        var = f"KERNELMAP_PYTHON_{name.upper()}"
+        if var in os.environ:
+            continue
+        env = Path(".nox") / f"{name}-workers"
+        python = env / "bin" / "python"
+        if not python.exists():
+            session.run(sys.executable, "-m", "venv", str(env), external=True)
+            session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
+                        external=True)
+        session.run(str(python), "-m", "pip", "install", "-q", "-e", ".", "-r", str(req), external=True)
+        session.env[var] = str(python.resolve())
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     session.install("-e", ".[pytorch,mxnet,dev]")
-    session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
+    _own_env_pythons(session)
     session.run("pytest", *session.posargs)
 
 
@@ -108,8 +115,7 @@ def bench(session: nox.Session) -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
     args = merge_options(BENCH_DEFAULTS, session.posargs)
-    if "KERNELMAP_PYTHON_JAX" not in os.environ:
-        session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
+    _own_env_pythons(session)
     session.run("kernelmap", "doctor")
     session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
     _step_benchmarks(session, "--benchmark-max-time=0.5")
@@ -123,8 +129,7 @@ def benchmarks(session: nox.Session) -> None:
     """pytest-benchmark of one training step per framework x mode x device x batch size (autosaved to
     .benchmarks/, one file per framework)."""
     session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
-    if "KERNELMAP_PYTHON_JAX" not in os.environ:
-        session.env["KERNELMAP_PYTHON_JAX"] = _jax_python(session)
+    _own_env_pythons(session)
     _step_benchmarks(session, *session.posargs)
 
 
@@ -137,8 +142,7 @@ def adapter_speed(session: nox.Session) -> None:
 
 
 # Every framework folder with a descriptor (frameworks/<name>/descriptor.py; the registry lists them).
-STEP_BENCH_FRAMEWORKS = tuple(sorted(p.parent.name for p in (Path(__file__).resolve().parent / "frameworks")
-                                     .glob("*/descriptor.py")))
+STEP_BENCH_FRAMEWORKS = tuple(sorted(p.parent.name for p in FRAMEWORKS_DIR.glob("*/descriptor.py")))
 
 
 def step_benchmark_argv(framework: str, *args: str) -> list[str]:
