@@ -98,13 +98,23 @@ _AUTOGRAD_PREFIX = "autograd::engine::evaluate_function: "
 LOSS_OPS = frozenset({"log_softmax", "nll_loss", "softmax_cross_entropy", "pick", "mean"})
 
 
+# Each framework's op-name table, by the framework whose names it holds (a framework whose trace is
+# read by its own adapter, such as JAX's xla_trace, keeps its rules there). A prefix the framework's
+# profiler puts before an op name is dropped first.
+VOCABULARIES: dict[str, dict[str, tuple[str, str]]] = {"pytorch": _PT, "mxnet": _MX}
+_NAME_PREFIX = {"pytorch": _AUTOGRAD_PREFIX}
+
+
 def lookup(name: str, framework: str) -> tuple[str, str] | None:
-    """(canonical_op, direction) for one framework op name, or None where there is no rule."""
-    if framework == "mxnet":
-        return _MX.get(name)
-    if name.startswith(_AUTOGRAD_PREFIX):
-        name = name[len(_AUTOGRAD_PREFIX):]
-    return _PT.get(name)
+    """(canonical_op, direction) for one framework op name, or None where there is no rule (also for a
+    framework without a table here)."""
+    table = VOCABULARIES.get(framework)
+    if table is None:
+        return None
+    prefix = _NAME_PREFIX.get(framework)
+    if prefix and name.startswith(prefix):
+        name = name[len(prefix):]
+    return table.get(name)
 
 
 def map_names(names: pd.Series, framework: str) -> tuple[pd.Series, pd.Series]:
