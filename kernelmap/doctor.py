@@ -21,7 +21,7 @@ from . import gpuinfo
 FIX = {
     "pytorch": "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)",
     "mxnet": "pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
-    "needs Python 3.11 and numpy < 1.24",
+    "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet",
     "nsys": "install Nsight Systems (https://developer.nvidia.com/nsight-systems) and put `nsys` on PATH",
     "ncu": "install Nsight Compute (https://developer.nvidia.com/nsight-compute) and put `ncu` on PATH",
     "torch-cuda": "install a CUDA build of torch, e.g. pip install torch --index-url "
@@ -46,29 +46,45 @@ print(json.dumps(d))
 """,
     "mxnet": r"""
 import json
-from kernelmap.frameworks.mxnet import cuda11
-pre = cuda11.preload()  # the CUDA 11 wheels of mxnet-cu112; a no-op without them
+import os
+from kernelmap.frameworks.mxnet import built, cuda11
+tree = os.environ.get(built.ENV_TREE)  # an MXNet built for this GPU (PYTHONPATH names its python/)
+pre = built.preload(tree) if tree else cuda11.preload()  # else the CUDA 11 wheels of mxnet-cu112, if any
 import mxnet as mx
 f = mx.runtime.Features()
 cuda = f.is_enabled("CUDA")
 d = {"version": mx.__version__, "cuda_build": cuda, "cudnn_build": f.is_enabled("CUDNN"),
      "onednn_build": f.is_enabled("MKLDNN"), "num_gpus": mx.context.num_gpus() if cuda else 0,
-     "cuda11_preload": pre.describe()}
+     "cuda11_preload": pre.describe(), "built_tree": tree, "module": mx.__file__}
 d["cuda_available"] = d["num_gpus"] > 0
 print(json.dumps(d))
 """,
 }
 
 
+def mxnet_env(compute_capability: str | None = None) -> dict[str, str] | None:
+    """Environment entries that make a subprocess import the MXNet built for this GPU by
+    ``kernelmap build-mxnet`` (frameworks/mxnet/built.py), or None where there is none."""
+    from kernelmap.frameworks.mxnet import built  # framework-free module
+
+    if compute_capability is None:
+        gpus = gpuinfo.query()
+        compute_capability = gpus.gpus[0].compute_capability if gpus.gpus else None
+    tree = built.tree_for_gpu(compute_capability)
+    return built.worker_env(tree) if tree is not None else None
+
+
 def probe_framework(name: str, timeout: float = 180.0) -> dict[str, Any]:
     """Import framework ``name`` in a fresh interpreter; return its facts, or why it failed.
 
     The result always has ``installed`` (bool); when False, ``error`` (the last stderr line) and
-    ``fix``.
+    ``fix``. MXNet is probed from the tree built for this GPU where there is one (``mxnet_env``).
     """
+    extra = mxnet_env() if name == "mxnet" else None
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _PROBES[name]], capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-c", _PROBES[name]], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **extra} if extra else None,
         )
     except subprocess.TimeoutExpired:
         return {"installed": False, "error": f"importing {name} took more than {timeout:.0f} s", "fix": FIX[name]}
@@ -116,8 +132,9 @@ def find_tool(name: str) -> str | None:
 
 
 def mxnet_gpu_verdict(compute_capability: str | None) -> tuple[bool, str]:
-    """Whether the MXNet GPU wheel has machine code for this GPU (see frameworks/mxnet/cuda11.py)."""
-    from kernelmap.frameworks.mxnet.cuda11 import gpu_verdict  # framework-free module
+    """Whether an MXNet here has machine code for this GPU: one built by ``kernelmap build-mxnet``
+    (read from its library's fatbins), else the cu11x wheel (frameworks/mxnet/cuda11.py)."""
+    from kernelmap.frameworks.mxnet.built import gpu_verdict  # framework-free module
 
     if compute_capability is None:
         return False, "no NVIDIA GPU found"

@@ -68,7 +68,8 @@ def decide_device(framework: str, requested: str, probe: dict[str, Any], compute
                   gpu_problem: str | None = None, verdict=None) -> Decision:
     """Where ``framework`` runs, given what its probe found and the GPU's compute capability.
 
-    ``verdict(cc_tuple) -> (ok, message)`` defaults to ``frameworks.mxnet.cuda11.gpu_verdict``.
+    ``verdict(cc_tuple) -> (ok, message)`` defaults to ``frameworks.mxnet.built.gpu_verdict`` (an MXNet
+    built for this GPU by ``kernelmap build-mxnet``, else the cu11x wheel's verdict).
     """
     if not probe.get("installed"):
         return Decision(framework, requested, None, f"{framework} is not installed ({probe.get('error')}); "
@@ -99,7 +100,7 @@ def decide_device(framework: str, requested: str, probe: dict[str, Any], compute
     if cc is None:
         return unusable(no_gpu, "run on a machine with an NVIDIA GPU and driver")
     if verdict is None:
-        from kernelmap.frameworks.mxnet.cuda11 import gpu_verdict as verdict
+        from kernelmap.frameworks.mxnet.built import gpu_verdict as verdict
     ok, message = verdict(cc)
     if not ok:
         # The wheel has no code for this GPU at all: MXNet runs on the CPU, labelled, whatever was asked.
@@ -190,12 +191,13 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
 MXNET_PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0"}
 
 
-def libs_env(device: str, log_dir: Path, framework: str = "pytorch") -> dict[str, str]:
+def libs_env(device: str, log_dir: Path, framework: str = "pytorch", cudnn9: bool = False) -> dict[str, str]:
     """Environment that makes the math libraries log their calls into ``log_dir``."""
     if device == "gpu":
-        # cuDNN 9 (PyTorch) takes CUDNN_LOGLEVEL_DBG (3 = info); cuDNN 8 (MXNet's CUDA 11 build)
-        # the older CUDNN_LOGINFO_DBG, which cuDNN 9 only tolerates as deprecated.
-        cudnn_level = {"CUDNN_LOGINFO_DBG": "1"} if framework == "mxnet" else {"CUDNN_LOGLEVEL_DBG": "3"}
+        # cuDNN 9 (PyTorch, and MXNet built by build-mxnet: ``cudnn9``) takes CUDNN_LOGLEVEL_DBG (3 = info);
+        # cuDNN 8 (MXNet's CUDA 11 wheel) the older CUDNN_LOGINFO_DBG, which cuDNN 9 only tolerates as deprecated.
+        cudnn8 = framework == "mxnet" and not cudnn9
+        cudnn_level = {"CUDNN_LOGINFO_DBG": "1"} if cudnn8 else {"CUDNN_LOGLEVEL_DBG": "3"}
         return {
             **cudnn_level,
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
@@ -244,6 +246,8 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     if progress:
         base.append("--progress")
     pass_results: dict[str, dict[str, Any]] = {}
+    # MXNet built for this GPU (kernelmap build-mxnet): its tree first on the worker's PYTHONPATH
+    mx_env = doctor.mxnet_env() if fw == "mxnet" and decision.device == "gpu" else None
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
@@ -258,9 +262,11 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             env = {**os.environ, **MXNET_PROFILE_ENV}
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
-            env = {**os.environ, **libs_env(decision.device, out_dir, fw)}
+            env = {**os.environ, **libs_env(decision.device, out_dir, fw, cudnn9=mx_env is not None)}
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
+        if mx_env is not None:
+            env = {**(env or os.environ), **mx_env}
         if p == "nsys":
             if nsys is None:
                 msg = f"{fw} bs {bs}: nsys pass skipped: nsys not found; {doctor.FIX['nsys']}"
@@ -269,7 +275,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
                 pass_results[p] = {"skipped": "nsys not found"}
                 continue
             cmd, export = _nsys_commands(nsys, out_dir, cmd)
-            run_worker(cmd, label=label, batch_size=bs)
+            run_worker(cmd, label=label, batch_size=bs, env=env)
             run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs)
         else:
             run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path)

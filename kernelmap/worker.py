@@ -119,8 +119,9 @@ def _mxnet_profiler(out_dir: Path, gpu: bool):
 @contextlib.contextmanager
 def _nvtx_ops(framework: str, gpu: bool):
     """The nsys capture window: cudaProfilerStart/Stop around the timed steps (the runner starts
-    nsys with --capture-range=cudaProfilerApi), and per-op NVTX ranges from torch's emit_nvtx
-    (MXNet's ops carry none; its regions do)."""
+    nsys with --capture-range=cudaProfilerApi), and per-op NVTX ranges from torch's emit_nvtx, or
+    from MXNet's profiler (an MXNet built with NVTX by build-mxnet opens one per operator while
+    its profiler runs; the cu11x wheel's ops carry none, its regions do)."""
     if framework == "pytorch" and gpu:
         import torch
 
@@ -132,6 +133,21 @@ def _nvtx_ops(framework: str, gpu: bool):
             torch.cuda.synchronize()
         finally:
             torch.cuda.profiler.stop()
+    elif framework == "mxnet" and gpu and os.environ.get("KERNELMAP_MXNET_TREE"):
+        import mxnet as mx
+
+        from kernelmap.frameworks.mxnet import built
+
+        mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=os.devnull)
+        mx.nd.waitall()
+        mx.profiler.set_state("run")
+        built.cuda_profiler(True)
+        try:
+            yield
+            mx.nd.waitall()
+        finally:
+            built.cuda_profiler(False)
+            mx.profiler.set_state("stop")
     else:
         yield
 

@@ -128,13 +128,11 @@ def tree_for_gpu(compute_capability: str | None, home: Path | None = None) -> Bu
 
 
 def worker_env(tree: BuiltTree, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a subprocess that imports MXNet from ``tree``: its python/ first on
-    PYTHONPATH (so its numpy < 2 wins where it has one) and ``ENV_TREE`` for ``preload``."""
-    env = dict(os.environ if base is None else base)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(tree.python_dir) + (os.pathsep + old if old else "")
-    env[ENV_TREE] = str(tree.path)
-    return env
+    """The entries to add to a subprocess's environment (``base``, default ours) so that it
+    imports MXNet from ``tree``: its python/ first on PYTHONPATH (so its numpy < 2 wins where it
+    has one) and ``ENV_TREE`` for ``preload``."""
+    old = (os.environ if base is None else base).get("PYTHONPATH")
+    return {"PYTHONPATH": str(tree.python_dir) + (os.pathsep + old if old else ""), ENV_TREE: str(tree.path)}
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -225,3 +223,13 @@ def library_versions() -> dict[str, int | None]:
             if len(parts) == 3:
                 out["cublas"] = parts[0] * 10000 + parts[1] * 100 + parts[2]
     return out
+
+
+def cuda_profiler(start: bool) -> None:
+    """cudaProfilerStart/Stop through the preloaded CUDA runtime (nsys --capture-range=cudaProfilerApi)."""
+    lib = next((lib for name, lib in _LOADED.items() if name.startswith("libcudart.so")), None)
+    if lib is None:
+        raise OSError("cudaProfilerStart: no CUDA runtime preloaded (built.preload was not called)")
+    rc = (lib.cudaProfilerStart if start else lib.cudaProfilerStop)()
+    if rc != 0:
+        raise OSError(f"cudaProfiler{'Start' if start else 'Stop'} returned CUDA error {rc}")
