@@ -552,6 +552,8 @@ def main(args: argparse.Namespace) -> int:
     arch = parse_arch(args.arch) if args.arch else detect_arch()
     if args.jobs < 1:
         raise KernelmapError(f"--jobs {args.jobs}: must be at least 1")
+    if args.source and not Path(args.source).expanduser().exists():
+        raise BuildError(Step.SOURCE, f"{args.source}: no such file or directory")
     if args.numpy_wheel and not Path(args.numpy_wheel).is_file():
         raise KernelmapError(f"{args.numpy_wheel}: --numpy-wheel: no such file")
     home = built.mxnet_home()

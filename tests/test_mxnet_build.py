@@ -1,0 +1,362 @@
+"""`kernelmap build-mxnet` steps that need no GPU, the fatbin reader, and the MXNet-on-this-GPU verdict.
+
+The fatbin fixtures in tests/data are real nvcc 13.0 output of tests/data/cuda_fatbin_fixture.cu:
+``cuda_sm90_nvcc13.so`` (``-gencode arch=compute_90,code=sm_90 -shared -cudart shared``) and
+``cuda_sm80_sm90_ptx90_nvcc13.so`` (sm_80 and sm_90 cubins plus compute_90 PTX). The patch and
+source tests use the MXNet 1.9.1 source of the probe kit (shared/mxnet-sm90/src beside the
+checkout, or /work/shared) and skip, saying so, where it is absent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kernelmap import cli, doctor, runner
+from kernelmap.errors import KernelmapError, ParseError
+from kernelmap.frameworks.mxnet import build, built, fatbin
+
+DATA = Path(__file__).parent / "data"
+SM90 = DATA / "cuda_sm90_nvcc13.so"
+MULTI = DATA / "cuda_sm80_sm90_ptx90_nvcc13.so"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kit_src() -> Path | None:
+    for cand in (ROOT.parent / "shared" / "mxnet-sm90" / "src", ROOT / "shared" / "mxnet-sm90" / "src",
+                 Path("/work/shared/mxnet-sm90/src")):
+        if (cand / "mxnet-1.9.1-slim.tar.gz").is_file():
+            return cand
+    return None
+
+
+KIT = _kit_src()
+needs_kit = pytest.mark.skipif(KIT is None, reason="MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found "
+                                                   "beside the checkout (../shared) or at /work/shared")
+
+
+# --- fatbin reader ------------------------------------------------------------------------------
+def test_fatbin_sm90_fixture():
+    s = fatbin.read_archs(SM90)
+    assert s.sm == (90,)
+    assert s.ptx == ()
+    assert s.counts == {"sm_90": 2}
+    assert s.fatbins == 2 and s.entries == 2
+    assert s.runs_on(90)
+    assert not s.runs_on(86)  # cubins never run on an older arch
+    assert not s.runs_on(100)  # nor across majors, and there is no PTX to JIT
+    assert s.describe() == "sm_90"
+
+
+def test_fatbin_multi_arch_fixture():
+    s = fatbin.read_archs(MULTI)
+    assert s.sm == (80, 90)
+    assert s.ptx == (90,)
+    assert s.counts == {"sm_80": 2, "sm_90": 2, "compute_90": 1}
+    assert s.runs_on(86)  # sm_80 cubin, same major
+    assert s.runs_on(100)  # compute_90 PTX is JIT-compiled for newer GPUs
+    assert not s.runs_on(75)
+    assert s.describe() == "sm_80, sm_90, compute_90 (PTX)"
+
+
+def test_needed_libraries_of_fixture():
+    assert fatbin.needed_libraries(SM90) == ["libcudart.so.13", "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6"]
+
+
+def test_fatbin_reader_rejects_non_elf(tmp_path):
+    f = tmp_path / "notelf.so"
+    f.write_bytes(b"hello world, not an ELF file at all" * 4)
+    with pytest.raises(ParseError, match=r"notelf\.so: not an ELF file"):
+        fatbin.read_archs(f)
+
+
+def test_fatbin_reader_rejects_missing_file(tmp_path):
+    with pytest.raises(ParseError, match=r"nope\.so"):
+        fatbin.read_archs(tmp_path / "nope.so")
+
+
+def _fatbin_section(path: Path) -> tuple[int, int]:
+    with open(path, "rb") as fh:
+        return fatbin._elf_sections(fh, str(path))[".nv_fatbin"][0]
+
+
+def test_fatbin_reader_rejects_corrupt_entry_size(tmp_path):
+    data = bytearray(SM90.read_bytes())
+    off, _size = _fatbin_section(SM90)
+    assert data[off:off + 4] == (0xBA55ED50).to_bytes(4, "little")
+    # first entry's payload size (offset 16 + 8) made larger than its fatbin
+    data[off + 16 + 8:off + 16 + 16] = (10**9).to_bytes(8, "little")
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ParseError, match=r"bad\.so: fatbin entry at offset .* past its fatbin"):
+        fatbin.read_archs(bad)
+
+
+def test_fatbin_reader_rejects_garbage_in_section(tmp_path):
+    data = bytearray(SM90.read_bytes())
+    off, _size = _fatbin_section(SM90)
+    data[off:off + 4] = b"\x01\x02\x03\x04"  # magic destroyed: neither padding nor a fatbin
+    bad = tmp_path / "garbage.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ParseError, match=r"garbage\.so: bytes at offset .* neither padding nor a fatbin"):
+        fatbin.read_archs(bad)
+
+
+def test_fatbin_reader_library_without_device_code():
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    path = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)), None)
+    if path is None:
+        pytest.skip(f"no libc.so.6 at the usual paths (find_library says {libc})")
+    s = fatbin.read_archs(path)
+    assert (s.sm, s.ptx, s.entries) == ((), (), 0)
+    assert not s.runs_on(90)
+
+
+# --- source preparation -------------------------------------------------------------------------
+def _fake_mxnet_tar(path: Path, version=(1, 9, 1), drop: str | None = None) -> Path:
+    files = {r: b"x\n" for r in build.REQUIRED if r != drop}
+    files["include/mxnet/base.h"] = (f"#define MXNET_MAJOR {version[0]}\n#define MXNET_MINOR {version[1]}\n"
+                                     f"#define MXNET_PATCH {version[2]}\n").encode()
+    with tarfile.open(path, "w:gz") as tf:
+        for rel, content in files.items():
+            info = tarfile.TarInfo(f"mxnet/{rel}")
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+        link = tarfile.TarInfo("mxnet/include/mkldnn")  # dangling link into an uncarried submodule
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../3rdparty/mkldnn/include"
+        tf.addfile(link)
+    return path
+
+
+def test_prepare_source_from_small_tarball(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz")
+    root, deps = build.prepare_source(str(tar), tmp_path / "work")
+    assert root == tmp_path / "work" / "mxnet"
+    assert build.source_version(root) == "1.9.1"
+    assert deps is None
+    assert not (root / "include" / "mkldnn").is_symlink()  # dangling link removed
+    for rel in build.REQUIRED:
+        assert (root / rel).exists()
+
+
+def test_prepare_source_wrong_version(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz", version=(1, 8, 0))
+    with pytest.raises(build.BuildError, match=r"^source: .*base\.h: MXNet 1\.8\.0, this recipe is for 1\.9\.1$"):
+        build.prepare_source(str(tar), tmp_path / "work")
+
+
+def test_prepare_source_missing_submodule(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz", drop="3rdparty/dmlc-core/CMakeLists.txt")
+    with pytest.raises(build.BuildError, match=r"dmlc-core/CMakeLists\.txt: missing from the MXNet source"):
+        build.prepare_source(str(tar), tmp_path / "work")
+
+
+def test_prepare_source_not_a_tarball(tmp_path):
+    f = tmp_path / "junk.tar.gz"
+    f.write_bytes(b"not a tar")
+    with pytest.raises(build.BuildError, match=r"junk\.tar\.gz: not a tar archive"):
+        build.prepare_source(str(f), tmp_path / "work")
+    with pytest.raises(build.BuildError, match=r"nothere: no such file or directory"):
+        build.prepare_source(str(tmp_path / "nothere"), tmp_path / "work")
+
+
+@pytest.fixture(scope="module")
+def kit_source(tmp_path_factory):
+    if KIT is None:
+        pytest.skip("MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found beside the checkout or at /work/shared")
+    work = tmp_path_factory.mktemp("kit")
+    root, deps = build.prepare_source(str(KIT), work)
+    return root, deps
+
+
+@needs_kit
+def test_prepare_source_from_kit(kit_source):
+    root, deps = kit_source
+    assert build.source_version(root) == "1.9.1"
+    assert (deps / "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0").exists()
+    assert not [p for p in root.rglob("*") if p.is_symlink() and not p.exists()]
+    build.check_operator_sources(root)  # every GPU operator source named by the recipe exists
+
+
+# --- patches on the real MXNet files --------------------------------------------------------------
+def test_patch_files_are_package_data():
+    names = [p.name for p in build.patch_files()]
+    assert names == ["0001-cxx17-cudnn9-cuda12-graphs-thrust.patch", "0002-python-numpy-py312.patch",
+                     "0003-cccl3-mshadow-cuda-namespace.patch", "0004-nvtx3-header-only.patch",
+                     "0005-gpu-operator-subset.patch"]
+
+
+@needs_kit
+@pytest.mark.parametrize("patch", build.patch_files(), ids=lambda p: p.name)
+def test_each_patch_dry_runs_on_pristine_source(kit_source, patch):
+    root, _ = kit_source
+    out = build.apply_patch(root, patch, dry_run=True)
+    assert "checking file" in out or "patching file" in out
+    assert "FAILED" not in out
+
+
+@needs_kit
+def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
+    root = tmp_path / "mxnet"
+    shutil.copytree(kit_source[0], root, symlinks=True)
+    names = build.apply_patches(root)
+    assert len(names) == 5
+    assert (root / ".kernelmap-patched").read_text().split() == names
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert "set(CMAKE_CXX_STANDARD 17)" in cmake
+    assert 'set(MXNET_CUDA_OPERATOR_SOURCES "" CACHE STRING' in cmake
+    assert 'EXISTS "${CUDAToolkit_INCLUDE_DIRS}/nvtx3/nvToolsExt.h"' in cmake
+    assert '#include "nvtx3/nvToolsExt.h"' in (root / "src/profiler/nvtx.h").read_text()
+    assert "#define MXNET_RNN_USE_CUDNN 0" in (root / "src/operator/rnn-inl.h").read_text()
+    assert "CUDA_VERSION < 12000" in (root / "src/executor/cuda_graphs.h").read_text()
+    assert "using namespace mshadow;" not in (root / "src/operator/linalg.h").read_text()
+    assert "bool = onp.bool_" in (root / "python/mxnet/numpy/utils.py").read_text()
+    assert (root / "python/mxnet/_vershim.py").is_file()
+    # applied twice: the dry run of the first patch fails, and nothing is changed
+    before = (root / "CMakeLists.txt").read_bytes()
+    with pytest.raises(build.BuildError) as err:
+        build.apply_patches(root)
+    msg = str(err.value)
+    assert msg.startswith("patch: ") and "0001-cxx17-cudnn9-cuda12-graphs-thrust.patch: does not apply to" in msg
+    assert "\n" not in msg
+    assert (root / "CMakeLists.txt").read_bytes() == before
+
+
+@needs_kit
+def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
+    root, deps = kit_source
+    openblas = build.find_openblas(deps)
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed")
+    cmd = build.cmake_command(root, tmp_path / "b", tmp_path / "cu", 90, openblas)
+    assert "-DMXNET_CUDA_ARCH=9.0" in cmd
+    assert "-DUSE_NVTX=ON" in cmd
+    subset = next(c for c in cmd if c.startswith("-DMXNET_CUDA_OPERATOR_SOURCES="))
+    assert subset.split("=", 1)[1].split(";") == list(build.GPU_OPERATOR_SOURCES)
+    assert openblas[1].name == "libopenblas.so" and openblas[2]  # the kit's OpenBLAS is shipped in the tree
+
+
+def test_parse_arch():
+    assert build.parse_arch("90") == 90
+    assert build.parse_arch("sm_90") == 90
+    assert build.parse_arch("9.0") == 90
+    assert build.parse_arch("sm_90a") == 90
+    assert build.parse_arch("12.0") == 120
+    with pytest.raises(build.BuildError, match=r"--arch 'hopper'"):
+        build.parse_arch("hopper")
+
+
+def test_cli_bad_arch_is_one_line(capsys):
+    rc = cli.main(["build-mxnet", "--arch", "hopper"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == ["kernelmap build-mxnet: error: configure: --arch 'hopper': expected e.g. 90, sm_90 or 9.0"]
+
+
+def test_cli_missing_source_is_one_line(capsys, tmp_path):
+    rc = cli.main(["build-mxnet", "--arch", "90", "--source", str(tmp_path / "nothere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"kernelmap build-mxnet: error: source: {tmp_path / 'nothere'}: no such file or directory"]
+
+
+def test_install_refuses_a_library_without_the_arch(tmp_path):
+    (tmp_path / "build").mkdir()
+    shutil.copy(SM90, tmp_path / "build" / "libmxnet.so")
+    home = tmp_path / "home"
+    tc = build.Toolchain(Path("/x/nvcc"), Path("/x"), "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(build.BuildError, match=r"^install: .*libmxnet\.so: holds code for sm_90, not sm_80$"):
+        build.install_tree(tmp_path / "src", tmp_path / "build", home, 80, tc, (Path(), Path(), []), None, {})
+    assert not home.exists() or not any(home.iterdir())  # nothing half-written in the cache
+
+
+def test_estimate_scales_with_jobs():
+    cpu1, wall1 = build.estimate(100, 10, 1)
+    cpu32, wall32 = build.estimate(100, 10, 32)
+    assert cpu1 == cpu32 == pytest.approx((100 * build.CPU_S_PER_CC + 10 * build.CPU_S_PER_CU) / 60)
+    assert wall32 < wall1
+
+
+# --- the verdict: built tree first, then the cu11x wheel, then the CPU -------------------------------
+def _tree(home: Path, lib: Path, name="1.9.1-sm90") -> Path:
+    d = home / name
+    (d / "python" / "mxnet").mkdir(parents=True)
+    shutil.copy(lib, d / built.LIB_RELPATH)
+    (d / built.INFO_FILE).write_text(json.dumps({"version": "1.9.1", "preload": []}))
+    return d
+
+
+def test_verdict_built_tree_for_sm90(tmp_path):
+    _tree(tmp_path, SM90)
+    ok, msg = built.gpu_verdict((9, 0), tmp_path)
+    assert ok
+    assert "kernelmap build-mxnet" in msg and "sm_90" in msg and str(tmp_path) in msg
+
+
+def test_verdict_no_tree_on_sm90_says_cpu(tmp_path):
+    ok, msg = built.gpu_verdict((9, 0), tmp_path)
+    assert not ok
+    assert "MXNet runs on the CPU here" in msg and "build one: kernelmap build-mxnet" in msg
+
+
+def test_verdict_tree_without_code_for_this_gpu(tmp_path):
+    _tree(tmp_path, SM90)
+    ok, msg = built.gpu_verdict((10, 0), tmp_path)  # sm_90 cubins, no PTX: not on sm_100
+    assert not ok
+    assert "no built MXNet has code for sm_100 (1.9.1-sm90: sm_90)" in msg
+
+
+def test_verdict_sm80_keeps_the_cu11_wheel_path(tmp_path):
+    ok, msg = built.gpu_verdict((8, 0), tmp_path)
+    assert ok and "cu11x wheel carries machine code" in msg
+
+
+def test_partial_trees_are_ignored(tmp_path):
+    d = _tree(tmp_path, SM90, name=".1.9.1-sm90.partial-abc")
+    assert d.exists()
+    assert built.find_trees(tmp_path) == []
+    ok, _ = built.gpu_verdict((9, 0), tmp_path)
+    assert not ok
+
+
+def test_doctor_and_runner_use_the_built_tree(tmp_path, monkeypatch):
+    tree = _tree(tmp_path, SM90)
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path))
+    ok, msg = doctor.mxnet_gpu_verdict("9.0")
+    assert ok and str(tree / built.LIB_RELPATH) in msg
+    env = doctor.mxnet_env("9.0")
+    assert env[built.ENV_TREE] == str(tree)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tree / "python")
+    probe = {"installed": True, "cuda_build": True, "num_gpus": 2, "version": "1.9.1"}
+    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    assert (d.device, d.note) == ("gpu", None)
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path / "empty"))
+    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    assert d.device == "cpu" and "MXNet runs on the CPU here" in d.note
+    assert doctor.mxnet_env("9.0") is None
+
+
+def test_libs_env_cudnn9_for_built_mxnet(tmp_path):
+    assert runner.libs_env("gpu", tmp_path, "mxnet", cudnn9=True)["CUDNN_LOGLEVEL_DBG"] == "3"
+    assert "CUDNN_LOGLEVEL_DBG" not in runner.libs_env("gpu", tmp_path, "mxnet")
+    assert runner.libs_env("gpu", tmp_path, "mxnet")["CUDNN_LOGINFO_DBG"] == "1"
+
+
+def test_preload_names_a_missing_library(tmp_path):
+    tree = _tree(tmp_path, SM90)
+    (tree / built.INFO_FILE).write_text(json.dumps({"preload": ["libdoesnotexist.so.42"], "runtime_lib_dirs": []}))
+    with pytest.raises(OSError, match=r"libdoesnotexist\.so\.42: needed by .*libmxnet\.so and found in none of"):
+        built.preload(tree)
+
+
+def test_build_error_is_a_kernelmap_error():
+    assert issubclass(build.BuildError, KernelmapError)
