@@ -17,10 +17,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from kernelmap.frameworks.mxnet import build, built, fatbin
 
 from kernelmap import cli, doctor, runner
 from kernelmap.errors import KernelmapError, ParseError
-from kernelmap.frameworks.mxnet import build, built, fatbin
 
 DATA = Path(__file__).parent / "data"
 SM90 = DATA / "cuda_sm90_nvcc13.so"
