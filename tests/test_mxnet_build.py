@@ -360,3 +360,21 @@ def test_preload_names_a_missing_library(tmp_path):
 
 def test_build_error_is_a_kernelmap_error():
     assert issubclass(build.BuildError, KernelmapError)
+
+
+def test_ensure_libcuda_makes_a_stub_without_driver(tmp_path, monkeypatch):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(build, "driver_library", lambda: None)
+    root = tmp_path / "curoot"
+    (root / "lib64").mkdir(parents=True)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path / "cuda", "13.0", [], [], Path("/x/cudnn.h"))
+    link = build.ensure_libcuda(tc, root)
+    assert link == root / "lib64" / "libcuda.so"
+    assert link.resolve() == root / "stubs" / "libcuda.so"
+    assert fatbin.soname(link) == "libcuda.so.1"  # what the linker records as DT_NEEDED
+    assert fatbin.read_archs(link).entries == 0
+
+
+def test_soname_of_fixture():
+    assert fatbin.soname(SM90) is None  # nvcc -shared sets no soname unless asked

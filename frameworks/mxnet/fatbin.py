@@ -180,6 +180,16 @@ def read_archs(path: str | Path) -> FatbinSummary:
 
 def needed_libraries(path: str | Path) -> list[str]:
     """The DT_NEEDED sonames of an ELF shared library (its ``.dynamic`` section), in order."""
+    return _dynamic_strings(path, 1)
+
+
+def soname(path: str | Path) -> str | None:
+    """The DT_SONAME of an ELF shared library, or None."""
+    names = _dynamic_strings(path, 14)
+    return names[0] if names else None
+
+
+def _dynamic_strings(path: str | Path, wanted_tag: int) -> list[str]:
     path = str(path)
     try:
         fh = open(path, "rb")  # noqa: SIM115
@@ -199,7 +209,7 @@ def needed_libraries(path: str | Path) -> list[str]:
         tag, val = struct.unpack_from("<qQ", dyn, i)
         if tag == 0:  # DT_NULL
             break
-        if tag == 1:  # DT_NEEDED
+        if tag == wanted_tag:  # DT_NEEDED 1, DT_SONAME 14
             end = strtab.find(b"\0", val)
             out.append(strtab[val:end].decode())
     return out
