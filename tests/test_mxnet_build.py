@@ -378,3 +378,30 @@ def test_ensure_libcuda_makes_a_stub_without_driver(tmp_path, monkeypatch):
 
 def test_soname_of_fixture():
     assert fatbin.soname(SM90) is None  # nvcc -shared sets no soname unless asked
+
+
+# --- on a GPU machine with a built tree (skipped elsewhere) ---------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("hybridize", [False, True], ids=["imperative", "hybridized"])
+def test_built_mxnet_trains_on_the_gpu(tmp_path, hybridize):
+    import subprocess
+    import sys
+
+    from kernelmap import gpuinfo
+
+    gpus = gpuinfo.query()
+    cc = gpus.gpus[0].compute_capability if gpus.gpus else None
+    if built.tree_for_gpu(cc) is None:
+        pytest.skip(f"no MXNet built for this GPU in {built.mxnet_home()} (kernelmap build-mxnet)")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "mxnet", "--device", "gpu", "--steps", "20",
+           "--batch-size", "64", "--data", "synthetic", "--out", str(out)] + (["--hybridize"] if hybridize else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())
+    assert entry["device"] == "gpu" and entry["device_note"] is None
+    assert entry["median_step_s"] > 0
+    versions = entry["versions"]
+    assert versions["built_tree"] == str(built.tree_for_gpu(cc).path)
+    assert versions["cuda_enabled"] and versions["cudnn_enabled"]
+    assert versions["cudnn"] >= 90000  # cuDNN 9, reported by the preloaded library itself
