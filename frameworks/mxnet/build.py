@@ -557,10 +557,16 @@ def estimate(n_cc: int, n_cu: int, jobs: int) -> tuple[float, float]:
 
 
 def count_sources(root: Path, operator_sources: tuple[str, ...] = GPU_OPERATOR_SOURCES) -> tuple[int, int]:
-    cc = sum(1 for p in (root / "src").rglob("*.cc")) + sum(1 for p in (root / "3rdparty").rglob("*.cc")
-                                                              if "/src/" in str(p) and "test" not in str(p)) // 4
-    cu = sum(1 for p in (root / "src").rglob("*.cu") if "/src/operator/" not in str(p)) + len(operator_sources)
-    return cc, cu
+    """(C++ compile units, CUDA compile units) that the configured build compiles: every .cc of src/
+    and of nnvm, dmlc-core's local I/O; the .cu files outside src/operator plus the operator subset.
+    (Checked against the generated build.ninja of the kit's source: 362 and 28 of its 390 steps.)"""
+    cc = sum(1 for _ in (root / "src").rglob("*.cc"))
+    cc += sum(1 for _ in (root / "3rdparty" / "tvm" / "nnvm" / "src").rglob("*.cc"))
+    dmlc = root / "3rdparty" / "dmlc-core" / "src"
+    cc += sum(1 for p in [*dmlc.glob("*.cc"), *dmlc.glob("io/*.cc")]
+              if not re.match(r"(azure|hdfs|s3)_", p.name))
+    cu = sum(1 for p in (root / "src").rglob("*.cu") if "operator" not in p.relative_to(root / "src").parts[:1])
+    return cc, cu + len(operator_sources)
 
 
 # --- the command --------------------------------------------------------------------------------
