@@ -407,3 +407,23 @@ def test_built_mxnet_trains_on_the_gpu(tmp_path, hybridize):
     assert versions["built_tree"] == str(built.tree_for_gpu(cc).path)
     assert versions["cuda_enabled"] and versions["cudnn_enabled"]
     assert versions["cudnn"] >= 90000  # cuDNN 9, reported by the preloaded library itself
+
+
+def test_preload_real_cuda13_libraries_by_soname(tmp_path):
+    """preload finds CUDA 13 / cuDNN 9 under pip's nvidia packages and the libraries report versions."""
+    from kernelmap.frameworks.mxnet import cuda11
+
+    roots = cuda11.nvidia_roots()
+    if not any((r / "cu13" / "lib" / "libcudart.so.13").exists() for r in roots) or \
+            not any((r / "cudnn" / "lib" / "libcudnn.so.9").exists() for r in roots):
+        pytest.skip(f"no nvidia cu13 + cudnn 9 pip packages under {roots}")
+    tree = _tree(tmp_path, SM90)
+    wanted = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libcudnn.so.9"]
+    (tree / built.INFO_FILE).write_text(json.dumps({"preload": wanted, "runtime_lib_dirs": []}))
+    got = built.preload(tree)
+    assert set(wanted) <= set(got.loaded)
+    assert any(name.startswith("libnvrtc-builtins.so.") for name in got.loaded)
+    versions = built.library_versions()
+    assert versions["cudart"] // 1000 == 13  # e.g. 13000
+    assert versions["cudnn"] // 10000 == 9  # e.g. 92400
+    assert versions["cublas"] // 10000 == 13

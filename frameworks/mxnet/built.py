@@ -169,9 +169,10 @@ def runtime_lib_dirs(tree: BuiltTree) -> list[Path]:
 def preload(tree_path: str | os.PathLike) -> Preloaded:
     """Load what the tree's libmxnet.so needs, by path and RTLD_GLOBAL, before ``import mxnet``.
 
-    The sonames come from the build info (``needed``: libmxnet.so's DT_NEEDED entries that are not
-    system libraries) plus cuDNN's and NVRTC's sub-libraries, which they dlopen by name later.
-    A soname found nowhere raises ``OSError`` naming it: a broken install must not look like a CPU one.
+    The sonames come from the build info (``preload``: libmxnet.so's DT_NEEDED entries that are not
+    system libraries). cuDNN 9 finds its sub-libraries itself (libcudnn.so.9 has RPATH $ORIGIN);
+    NVRTC's builtins library, which it dlopens by name, is loaded from beside libnvrtc. A soname
+    found nowhere raises ``OSError`` naming it: a broken install must not look like a CPU one.
     """
     tree = BuiltTree(Path(tree_path), json.loads((Path(tree_path) / INFO_FILE).read_text()))
     dirs = runtime_lib_dirs(tree)
@@ -183,6 +184,8 @@ def preload(tree_path: str | os.PathLike) -> Preloaded:
         if not hits:
             raise OSError(f"{soname}: needed by {tree.lib} and found in none of {', '.join(map(str, dirs))}")
         pending.append(hits[0])
+        if soname.startswith("libnvrtc.so"):
+            pending += sorted(p for p in hits[0].parent.glob("libnvrtc-builtins.so.*") if ".alt." not in p.name)
     # Load in rounds: a library whose own dependency is not loaded yet fails and is retried later.
     while pending:
         failed, last_error = [], None
