@@ -427,3 +427,58 @@ def test_preload_real_cuda13_libraries_by_soname(tmp_path):
     assert versions["cudart"] // 1000 == 13  # e.g. 13000
     assert versions["cudnn"] // 10000 == 9  # e.g. 92400
     assert versions["cublas"] // 10000 == 13
+
+
+def _cu13_lib_dir() -> Path | None:
+    from kernelmap.frameworks.mxnet import cuda11
+
+    return next((r / "cu13" / "lib" for r in cuda11.nvidia_roots() if (r / "cu13" / "lib" / "libcudart.so.13").exists()),
+                None)
+
+
+def test_unresolved_symbols_of_real_cuda_fixture(tmp_path):
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not installed")
+    cu13 = _cu13_lib_dir()
+    if cu13 is None:
+        pytest.skip("no nvidia cu13 pip package (libcudart.so.13)")
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [cu13], Path("/x/cudnn.h"))
+    assert build.unresolved_symbols(SM90, tmp_path, tc) == []  # __cudaRegisterFatBinary... from cudart
+
+
+def test_unresolved_symbols_names_a_missing_one(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("nm") is None:
+        pytest.skip("no C compiler or nm")
+    import subprocess
+
+    src = tmp_path / "m.c"
+    src.write_text("extern int kernelmap_missing_fn(void); extern int cuInit(unsigned);\n"
+                   "int f(void) { return kernelmap_missing_fn() + cuInit(0); }\n")
+    lib = tmp_path / "libm_test.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    # cuInit is the driver API (bound where the driver is); the other one is a real hole
+    assert build.unresolved_symbols(lib, tmp_path, tc) == ["kernelmap_missing_fn"]
+
+
+def test_unresolved_symbols_names_a_missing_library(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("nm") is None:
+        pytest.skip("no C compiler or nm")
+    import subprocess
+
+    (tmp_path / "dep.c").write_text("int dep_fn(void) { return 1; }\n")
+    (tmp_path / "use.c").write_text("extern int dep_fn(void); int g(void) { return dep_fn(); }\n")
+    dep = tmp_path / "libkernelmap_absent.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libkernelmap_absent.so.7", "-o", str(dep),
+                    str(tmp_path / "dep.c")], check=True)
+    lib = tmp_path / "libuse.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "use.c"), str(dep)], check=True)
+    assert "libkernelmap_absent.so.7" in fatbin.needed_libraries(lib)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(build.BuildError, match=r"libuse\.so: needs libkernelmap_absent\.so\.7, found in none"):
+        build.unresolved_symbols(lib, tmp_path, tc)
+    (tmp_path / "lib").mkdir()
+    shutil.copy(dep, tmp_path / "lib" / "libkernelmap_absent.so.7")  # shipped in the tree's lib/: resolved
+    assert build.unresolved_symbols(lib, tmp_path, tc) == []
