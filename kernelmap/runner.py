@@ -256,9 +256,10 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         if p != "clean":
             steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
             cmd += ["--steps", str(steps), "--no-evaluate"]
-        if p == "framework" and fw == "mxnet":
+        if p in ("framework", "nsys") and fw == "mxnet":
             # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the
-            # profiler then shows no _backward_* operator. Read at `import mxnet`, hence the env.
+            # profiler (and its NVTX ranges, nsys pass) then shows no _backward_* operator. Read at
+            # `import mxnet`, hence the env.
             env = {**os.environ, **MXNET_PROFILE_ENV}
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
