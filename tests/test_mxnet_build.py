@@ -482,3 +482,12 @@ def test_unresolved_symbols_names_a_missing_library(tmp_path):
     (tmp_path / "lib").mkdir()
     shutil.copy(dep, tmp_path / "lib" / "libkernelmap_absent.so.7")  # shipped in the tree's lib/: resolved
     assert build.unresolved_symbols(lib, tmp_path, tc) == []
+
+
+@needs_kit
+def test_prepare_source_from_a_source_directory(kit_source, tmp_path):
+    root, _ = kit_source
+    copy, deps = build.prepare_source(str(root), tmp_path / "w")
+    assert copy == tmp_path / "w" / "mxnet" and deps is None
+    assert build.source_version(copy) == "1.9.1"
+    assert (copy / "CMakeLists.txt").read_bytes() == (root / "CMakeLists.txt").read_bytes()
