@@ -491,3 +491,36 @@ def test_prepare_source_from_a_source_directory(kit_source, tmp_path):
     assert copy == tmp_path / "w" / "mxnet" and deps is None
     assert build.source_version(copy) == "1.9.1"
     assert (copy / "CMakeLists.txt").read_bytes() == (root / "CMakeLists.txt").read_bytes()
+
+
+def _ninja_project(tmp_path: Path, fail: bool) -> Path:
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "build.ninja").write_text(
+        "rule ok\n  command = touch $out\n"
+        "rule bad\n  command = echo 'x.cu(3): error: oops' && false\n"
+        "build a.o: ok\nbuild c.o: ok\n"
+        + ("build b.o: bad\nbuild mxnet: phony a.o b.o c.o\n" if fail else "build mxnet: phony a.o c.o\n"))
+    return d
+
+
+def test_run_ninja_shows_progress(tmp_path, capsys):
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja not installed")
+    d = _ninja_project(tmp_path, fail=False)
+    build.run_ninja(d, 1, d / "ninja.log")
+    err = capsys.readouterr().err
+    assert "build-mxnet: [2/2] 100%" in err
+    assert (d / "a.o").exists() and (d / "c.o").exists()
+
+
+def test_run_ninja_failure_names_the_object(tmp_path, capsys):
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja not installed")
+    d = _ninja_project(tmp_path, fail=True)
+    with pytest.raises(build.BuildError) as err:
+        build.run_ninja(d, 1, d / "ninja.log")
+    msg = str(err.value)
+    assert msg.startswith("build: ") and "b.o" in msg and f"(full log: {d / 'ninja.log'})" in msg
+    assert "\n" not in msg
+    assert "x.cu(3): error: oops" in (d / "ninja.log").read_text()
