@@ -21,10 +21,7 @@ def workload_cls(framework):
     d = decision(framework, "cpu")
     if d.device is None:
         pytest.skip(d.note)
-    from kernelmap.frameworks import get, load_workload
-
-    if get(framework).before_import is not None:
-        get(framework).before_import()  # e.g. mxnet-cu112's CUDA 11 libraries before `import mxnet`
+    from kernelmap.frameworks import load_workload  # a workload module prepares its own libraries
 
     return load_workload(framework)
 

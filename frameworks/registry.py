@@ -24,6 +24,9 @@ class GpuVerdict:
     cpu_regardless: bool = False  # the framework has no code for this GPU at all: the CPU even under --device gpu
 
 
+CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
+
+
 @dataclass(frozen=True)
 class Framework:
     name: str  # the key everywhere: results, records, CLI choices
@@ -36,10 +39,15 @@ class Framework:
     trace_source: str  # the records source of its profiler trace (the framework pass)
     modes: tuple[str, ...]  # execution modes it is benchmarked in (history keys)
     pass_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # extra env of a capture pass
-    before_import: Callable[[], Any] | None = None  # run in a worker before the framework is imported
-    # the variable that makes its cuDNN log API calls (cuDNN 9: CUDNN_LOGLEVEL_DBG=3; cuDNN 8: CUDNN_LOGINFO_DBG=1)
-    cudnn_log_level: Mapping[str, str] = field(default_factory=lambda: {"CUDNN_LOGLEVEL_DBG": "3"})
-    nsys_window: bool = False  # its Workload opens the nsys capture window (cudaProfilerStart/Stop) on the GPU
+    # the variable that makes its cuDNN log API calls, given its worker environment (cuDNN 9:
+    # CUDNN_LOGLEVEL_DBG=3; cuDNN 8: CUDNN_LOGINFO_DBG=1)
+    cudnn_log_env: Callable[[Mapping[str, str] | None], Mapping[str, str]] = lambda worker_env: CUDNN9_LOG
+    # extra environment of its doctor probe and its workers on a GPU of this compute capability ("9.0"),
+    # e.g. the tree of an MXNet built for it; None where there is none
+    worker_env: Callable[[str | None], Mapping[str, str] | None] | None = None
+    # whether its Workload opens the nsys capture window (cudaProfilerStart/Stop) on the GPU, given its
+    # worker environment
+    nsys_window: Callable[[Mapping[str, str] | None], bool] = lambda worker_env: False
 
     @property
     def python_env_var(self) -> str:

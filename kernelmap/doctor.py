@@ -30,12 +30,14 @@ def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | 
     names one); return its facts (its descriptor's probe), or why it failed.
 
     The result always has ``installed`` (bool); when False, ``error`` (the last stderr line) and
-    ``fix``.
+    ``fix``. A framework with its own environment on this GPU (an MXNet built for it) is probed there.
     """
+    own = frameworks.get(name).worker_env
+    extra = own(None) if own is not None else None
     try:
         out = subprocess.run(
             [frameworks.get(name).python(python) or sys.executable, "-c", frameworks.get(name).probe],
-            capture_output=True, text=True, timeout=timeout
+            capture_output=True, text=True, timeout=timeout, env={**os.environ, **extra} if extra else None,
         )
     except subprocess.TimeoutExpired:
         return {"installed": False, "error": f"importing {name} took more than {timeout:.0f} s", "fix": FIX[name]}
@@ -83,8 +85,9 @@ def find_tool(name: str) -> str | None:
 
 
 def mxnet_gpu_verdict(compute_capability: str | None) -> tuple[bool, str]:
-    """Whether the MXNet GPU wheel has machine code for this GPU (see frameworks/mxnet/cuda11.py)."""
-    from kernelmap.frameworks.mxnet.cuda11 import gpu_verdict  # framework-free module
+    """Whether an MXNet here has machine code for this GPU: one built by ``kernelmap build-mxnet``
+    (read from its library's fatbins), else the cu11x wheel (frameworks/mxnet/cuda11.py)."""
+    from kernelmap.frameworks.mxnet.built import gpu_verdict  # framework-free module
 
     if compute_capability is None:
         return False, "no NVIDIA GPU found"

@@ -172,12 +172,13 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
 
-def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE) -> dict[str, str]:
+def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE,
+             worker_env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment that makes the math libraries log their calls into ``log_dir``; the framework's
     descriptor names its cuDNN's log variable (MXNet's cuDNN 8 wheel logs under the older one)."""
     if device == "gpu":
         return {
-            **frameworks.get(framework).cudnn_log_level,
+            **frameworks.get(framework).cudnn_log_env(worker_env),
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
             "CUBLAS_LOGINFO_DBG": "1",
             "CUBLAS_LOGDEST_DBG": str(log_dir / "cublas.log"),
@@ -294,10 +295,12 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     threads_env = thread_env(threads)
     clean_trials: list[dict[str, Any]] = []
     pass_results: dict[str, dict[str, Any]] = {}
+    # the framework's own environment on this GPU (an MXNet built for it: its tree first on PYTHONPATH)
+    own_env = dict(descriptor.worker_env(None) or {}) if descriptor.worker_env and decision.device == "gpu" else {}
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
-        env = {**os.environ, **threads_env}
+        env = {**os.environ, **threads_env, **own_env}
         stdout_path = None
         if p == "clean":
             # K independent trials, each its own process; the first one also measures accuracy.
@@ -315,12 +318,12 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         env.update(descriptor.pass_env.get(p, {}))
         if p == "libs":
             cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
-            env.update(libs_env(decision.device, out_dir, fw))
+            env.update(libs_env(decision.device, out_dir, fw, own_env))
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         if p == "nsys":
             why = ("nsys not found" if nsys is None else
-                   None if descriptor.nsys_window or decision.device != "gpu" else
+                   None if descriptor.nsys_window(own_env) or decision.device != "gpu" else
                    f"{descriptor.label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)")
             if nsys is not None and decision.device != "gpu":
                 why = "the CPU run launches no CUDA work for nsys to record"

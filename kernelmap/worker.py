@@ -224,9 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     if steps is None and epochs is None:
         raise KernelmapError("neither steps nor epochs given")
     try:
-        descriptor = frameworks.get(args.framework)
-        if descriptor.before_import is not None:
-            descriptor.before_import()  # e.g. MXNet's CUDA 11 libraries before `import mxnet`
         Workload = load_workload(args.framework)
         workload = Workload(config, data_info, args.cache_dir)
         t0 = time.perf_counter()

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from ..registry import Framework, GpuVerdict, no_gpu
+from ..registry import CUDNN9_LOG, Framework, GpuVerdict, no_gpu
 
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
-               "needs Python 3.11 and numpy < 1.24")
+               "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet")
 
 PROBE = r"""
 import json
-from kernelmap.frameworks.mxnet import cuda11
-pre = cuda11.preload()  # the CUDA 11 wheels of mxnet-cu112; a no-op without them
+import os
+from kernelmap.frameworks.mxnet import built, cuda11
+tree = os.environ.get(built.ENV_TREE)  # an MXNet built for this GPU (PYTHONPATH names its python/)
+pre = built.preload(tree) if tree else cuda11.preload()  # else the CUDA 11 wheels of mxnet-cu112, if any
 import mxnet as mx
 f = mx.runtime.Features()
 cuda = f.is_enabled("CUDA")
 d = {"version": mx.__version__, "cuda_build": cuda, "cudnn_build": f.is_enabled("CUDNN"),
      "onednn_build": f.is_enabled("MKLDNN"), "num_gpus": mx.context.num_gpus() if cuda else 0,
-     "cuda11_preload": pre.describe()}
+     "cuda11_preload": pre.describe(), "built_tree": tree, "module": mx.__file__}
 d["cuda_available"] = d["num_gpus"] > 0
 print(json.dumps(d))
 """
@@ -27,11 +29,11 @@ PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0"}
 
 
 def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None) -> GpuVerdict:
-    from .cuda11 import gpu_verdict as wheel_verdict  # framework-free
+    from .built import gpu_verdict as code_verdict  # framework-free: a built tree, else the cu11x wheel
 
     if cc is None:
         return no_gpu(gpu_problem)
-    ok, message = wheel_verdict(cc)
+    ok, message = code_verdict(cc)
     if not ok:  # the wheel has no code for this GPU at all: the CPU, labelled, whatever was asked
         return GpuVerdict(False, f"{message} (GPU sm {cc[0]}.{cc[1]})", None, cpu_regardless=True)
     if not probe.get("cuda_build"):
@@ -42,15 +44,38 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
     return GpuVerdict(True)
 
 
-def _preload() -> object:
-    from .cuda11 import preload
+def worker_env(compute_capability: str | None) -> dict[str, str] | None:
+    """The environment that makes a probe or worker import the MXNet built for this GPU by
+    ``kernelmap build-mxnet`` (its tree first on PYTHONPATH), or None where there is none."""
+    from ... import gpuinfo
+    from . import built  # framework-free
 
-    return preload()  # mxnet-cu112's CUDA 11 libraries before `import mxnet`; a no-op without them
+    if compute_capability is None:
+        gpus = gpuinfo.query()
+        compute_capability = gpus.gpus[0].compute_capability if gpus.gpus else None
+    tree = built.tree_for_gpu(compute_capability)
+    return built.worker_env(tree) if tree is not None else None
+
+
+def cudnn_log_env(env: dict[str, str] | None) -> dict[str, str]:
+    """A built MXNet links cuDNN 9; the cu11x wheel cuDNN 8, which logs under CUDNN_LOGINFO_DBG (cuDNN 9
+    only tolerates that as deprecated)."""
+    from .built import ENV_TREE
+
+    return dict(CUDNN9_LOG) if env and env.get(ENV_TREE) else {"CUDNN_LOGINFO_DBG": "1"}
+
+
+def _has_built_tree(env: dict[str, str] | None) -> bool:
+    """Only a built MXNet's CUDA runtime is preloaded where the workload can call cudaProfilerStart."""
+    from .built import ENV_TREE
+
+    return bool(env and env.get(ENV_TREE))
 
 
 DESCRIPTOR = Framework(
     name="mxnet", label="MXNet", color="#1864ab", import_names=("mxnet",), install_fix=INSTALL_FIX, probe=PROBE,
     gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=("imperative", "hybridized"),
-    pass_env={"framework": PROFILE_ENV}, before_import=_preload,
-    cudnn_log_level={"CUDNN_LOGINFO_DBG": "1"},  # cuDNN 8 of the CUDA 11 wheel; cuDNN 9 only tolerates it
+    # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
+    pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
+    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=_has_built_tree,
 )

@@ -17,9 +17,13 @@ from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
-from . import cuda11
+from . import built, cuda11
 
-PRELOAD = cuda11.preload()  # CUDA 11 libraries of the nvidia-*-cu11 wheels, before mxnet loads
+# Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
+# environment, and has put its python/ first on PYTHONPATH) gets its CUDA/cuDNN/BLAS libraries
+# loaded; otherwise the CUDA 11 libraries of the nvidia-*-cu11 wheels (a no-op without them).
+BUILT_TREE = os.environ.get(built.ENV_TREE)
+PRELOAD = built.preload(BUILT_TREE) if BUILT_TREE else cuda11.preload()
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
@@ -123,18 +127,19 @@ class Workload(spec.WorkloadBase):
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
         features = mx.runtime.Features()
-        libs = cuda11.library_versions()
+        libs = built.library_versions() if BUILT_TREE else cuda11.library_versions()
         return {
             "framework": "mxnet",
             "version": mx.__version__,
             "cuda_enabled": features.is_enabled("CUDA"),
             "cudnn_enabled": features.is_enabled("CUDNN"),
             "mkldnn": features.is_enabled("MKLDNN"),
-            # reported by the CUDA 11 libraries preloaded from the nvidia wheels; None without them
+            # reported by the preloaded CUDA libraries (built tree or CUDA 11 wheels); None without them
             "cuda": libs["cudart"],
             "cudnn": libs["cudnn"],
             "cublas": libs["cublas"],
             "preload": PRELOAD.describe(),
+            "built_tree": BUILT_TREE,
             "compute_capability": list(self.compute_capability) if self.compute_capability else None,
         }
 
@@ -213,6 +218,28 @@ class Workload(spec.WorkloadBase):
 
     def synchronize(self) -> None:
         mx.nd.waitall()
+
+    @contextlib.contextmanager
+    def nsys_window(self):
+        """cudaProfilerStart/Stop around the timed steps on the GPU, with MXNet's profiler running: an
+        MXNet built with NVTX by build-mxnet then opens one NVTX range per operator (the cu11x wheel's
+        operators carry none; the workload's regions do)."""
+        from . import built
+
+        if self.ctx.device_type != "gpu" or not os.environ.get(built.ENV_TREE):
+            yield  # no window: the runner skips MXNet's nsys pass without a built tree (descriptor)
+            return
+
+        mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=os.devnull)
+        mx.nd.waitall()
+        mx.profiler.set_state("run")
+        built.cuda_profiler(True)
+        try:
+            yield
+            mx.nd.waitall()
+        finally:
+            built.cuda_profiler(False)
+            mx.profiler.set_state("stop")
 
     @contextlib.contextmanager
     def profile(self, out_dir):

@@ -38,5 +38,5 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
 DESCRIPTOR = Framework(
     name="pytorch", label="PyTorch", color="#d9480f", import_names=("torch", "torchvision"),
     install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto", modes=("eager",),
-    nsys_window=True,
+    nsys_window=lambda worker_env: True,
 )

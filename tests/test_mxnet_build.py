@@ -1,0 +1,527 @@
+"""`kernelmap build-mxnet` steps that need no GPU, the fatbin reader, and the MXNet-on-this-GPU verdict.
+
+The fatbin fixtures in tests/data are real nvcc 13.0 output of tests/data/cuda_fatbin_fixture.cu:
+``cuda_sm90_nvcc13.so`` (``-gencode arch=compute_90,code=sm_90 -shared -cudart shared``) and
+``cuda_sm80_sm90_ptx90_nvcc13.so`` (sm_80 and sm_90 cubins plus compute_90 PTX). The patch and
+source tests use the MXNet 1.9.1 source of the probe kit (shared/mxnet-sm90/src beside the
+checkout, or /work/shared) and skip, saying so, where it is absent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from kernelmap.frameworks.mxnet import build, built, fatbin
+
+from kernelmap import cli, doctor, frameworks, runner
+from kernelmap.errors import KernelmapError, ParseError
+
+DATA = Path(__file__).parent / "data"
+SM90 = DATA / "cuda_sm90_nvcc13.so"
+MULTI = DATA / "cuda_sm80_sm90_ptx90_nvcc13.so"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kit_src() -> Path | None:
+    for cand in (ROOT.parent / "shared" / "mxnet-sm90" / "src", ROOT / "shared" / "mxnet-sm90" / "src",
+                 Path("/work/shared/mxnet-sm90/src")):
+        if (cand / "mxnet-1.9.1-slim.tar.gz").is_file():
+            return cand
+    return None
+
+
+KIT = _kit_src()
+needs_kit = pytest.mark.skipif(KIT is None, reason="MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found "
+                                                   "beside the checkout (../shared) or at /work/shared")
+
+
+# --- fatbin reader ------------------------------------------------------------------------------
+def test_fatbin_sm90_fixture():
+    s = fatbin.read_archs(SM90)
+    assert s.sm == (90,)
+    assert s.ptx == ()
+    assert s.counts == {"sm_90": 2}
+    assert s.fatbins == 2 and s.entries == 2
+    assert s.runs_on(90)
+    assert not s.runs_on(86)  # cubins never run on an older arch
+    assert not s.runs_on(100)  # nor across majors, and there is no PTX to JIT
+    assert s.describe() == "sm_90"
+
+
+def test_fatbin_multi_arch_fixture():
+    s = fatbin.read_archs(MULTI)
+    assert s.sm == (80, 90)
+    assert s.ptx == (90,)
+    assert s.counts == {"sm_80": 2, "sm_90": 2, "compute_90": 1}
+    assert s.runs_on(86)  # sm_80 cubin, same major
+    assert s.runs_on(100)  # compute_90 PTX is JIT-compiled for newer GPUs
+    assert not s.runs_on(75)
+    assert s.describe() == "sm_80, sm_90, compute_90 (PTX)"
+
+
+def test_needed_libraries_of_fixture():
+    assert fatbin.needed_libraries(SM90) == ["libcudart.so.13", "libstdc++.so.6", "libgcc_s.so.1", "libc.so.6"]
+
+
+def test_fatbin_reader_rejects_non_elf(tmp_path):
+    f = tmp_path / "notelf.so"
+    f.write_bytes(b"hello world, not an ELF file at all" * 4)
+    with pytest.raises(ParseError, match=r"notelf\.so: not an ELF file"):
+        fatbin.read_archs(f)
+
+
+def test_fatbin_reader_rejects_missing_file(tmp_path):
+    with pytest.raises(ParseError, match=r"nope\.so"):
+        fatbin.read_archs(tmp_path / "nope.so")
+
+
+def _fatbin_section(path: Path) -> tuple[int, int]:
+    with open(path, "rb") as fh:
+        return fatbin._elf_sections(fh, str(path))[".nv_fatbin"][0]
+
+
+def test_fatbin_reader_rejects_corrupt_entry_size(tmp_path):
+    data = bytearray(SM90.read_bytes())
+    off, _size = _fatbin_section(SM90)
+    assert data[off:off + 4] == (0xBA55ED50).to_bytes(4, "little")
+    # first entry's payload size (offset 16 + 8) made larger than its fatbin
+    data[off + 16 + 8:off + 16 + 16] = (10**9).to_bytes(8, "little")
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ParseError, match=r"bad\.so: fatbin entry at offset .* past its fatbin"):
+        fatbin.read_archs(bad)
+
+
+def test_fatbin_reader_rejects_garbage_in_section(tmp_path):
+    data = bytearray(SM90.read_bytes())
+    off, _size = _fatbin_section(SM90)
+    data[off:off + 4] = b"\x01\x02\x03\x04"  # magic destroyed: neither padding nor a fatbin
+    bad = tmp_path / "garbage.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ParseError, match=r"garbage\.so: bytes at offset .* neither padding nor a fatbin"):
+        fatbin.read_archs(bad)
+
+
+def test_fatbin_reader_library_without_device_code():
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    path = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)), None)
+    if path is None:
+        pytest.skip(f"no libc.so.6 at the usual paths (find_library says {libc})")
+    s = fatbin.read_archs(path)
+    assert (s.sm, s.ptx, s.entries) == ((), (), 0)
+    assert not s.runs_on(90)
+
+
+# --- source preparation -------------------------------------------------------------------------
+def _fake_mxnet_tar(path: Path, version=(1, 9, 1), drop: str | None = None) -> Path:
+    files = {r: b"x\n" for r in build.REQUIRED if r != drop}
+    files["include/mxnet/base.h"] = (f"#define MXNET_MAJOR {version[0]}\n#define MXNET_MINOR {version[1]}\n"
+                                     f"#define MXNET_PATCH {version[2]}\n").encode()
+    with tarfile.open(path, "w:gz") as tf:
+        for rel, content in files.items():
+            info = tarfile.TarInfo(f"mxnet/{rel}")
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+        link = tarfile.TarInfo("mxnet/include/mkldnn")  # dangling link into an uncarried submodule
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../3rdparty/mkldnn/include"
+        tf.addfile(link)
+    return path
+
+
+def test_prepare_source_from_small_tarball(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz")
+    root, deps = build.prepare_source(str(tar), tmp_path / "work")
+    assert root == tmp_path / "work" / "mxnet"
+    assert build.source_version(root) == "1.9.1"
+    assert deps is None
+    assert not (root / "include" / "mkldnn").is_symlink()  # dangling link removed
+    for rel in build.REQUIRED:
+        assert (root / rel).exists()
+
+
+def test_prepare_source_wrong_version(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz", version=(1, 8, 0))
+    with pytest.raises(build.BuildError, match=r"^source: .*base\.h: MXNet 1\.8\.0, this recipe is for 1\.9\.1$"):
+        build.prepare_source(str(tar), tmp_path / "work")
+
+
+def test_prepare_source_missing_submodule(tmp_path):
+    tar = _fake_mxnet_tar(tmp_path / "mx.tar.gz", drop="3rdparty/dmlc-core/CMakeLists.txt")
+    with pytest.raises(build.BuildError, match=r"dmlc-core/CMakeLists\.txt: missing from the MXNet source"):
+        build.prepare_source(str(tar), tmp_path / "work")
+
+
+def test_prepare_source_not_a_tarball(tmp_path):
+    f = tmp_path / "junk.tar.gz"
+    f.write_bytes(b"not a tar")
+    with pytest.raises(build.BuildError, match=r"junk\.tar\.gz: not a tar archive"):
+        build.prepare_source(str(f), tmp_path / "work")
+    with pytest.raises(build.BuildError, match=r"nothere: no such file or directory"):
+        build.prepare_source(str(tmp_path / "nothere"), tmp_path / "work")
+
+
+@pytest.fixture(scope="module")
+def kit_source(tmp_path_factory):
+    if KIT is None:
+        pytest.skip("MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found beside the checkout or at /work/shared")
+    work = tmp_path_factory.mktemp("kit")
+    root, deps = build.prepare_source(str(KIT), work)
+    return root, deps
+
+
+@needs_kit
+def test_prepare_source_from_kit(kit_source):
+    root, deps = kit_source
+    assert build.source_version(root) == "1.9.1"
+    assert (deps / "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0").exists()
+    assert not [p for p in root.rglob("*") if p.is_symlink() and not p.exists()]
+    build.check_operator_sources(root)  # every GPU operator source named by the recipe exists
+    # what the estimate counts: the kit's configured build.ninja has 362 .cc and 28 .cu compile steps
+    assert build.count_sources(root) == (365, 28)
+
+
+# --- patches on the real MXNet files --------------------------------------------------------------
+def test_patch_files_are_package_data():
+    names = [p.name for p in build.patch_files()]
+    assert names == ["0001-cxx17-cudnn9-cuda12-graphs-thrust.patch", "0002-python-numpy-py312.patch",
+                     "0003-cccl3-mshadow-cuda-namespace.patch", "0004-nvtx3-header-only.patch",
+                     "0005-gpu-operator-subset.patch"]
+
+
+@needs_kit
+@pytest.mark.parametrize("patch", build.patch_files(), ids=lambda p: p.name)
+def test_each_patch_dry_runs_on_pristine_source(kit_source, patch):
+    root, _ = kit_source
+    out = build.apply_patch(root, patch, dry_run=True)
+    assert "checking file" in out or "patching file" in out
+    assert "FAILED" not in out
+
+
+@needs_kit
+def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
+    root = tmp_path / "mxnet"
+    shutil.copytree(kit_source[0], root, symlinks=True)
+    names = build.apply_patches(root)
+    assert len(names) == 5
+    assert (root / ".kernelmap-patched").read_text().split() == names
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert "set(CMAKE_CXX_STANDARD 17)" in cmake
+    assert 'set(MXNET_CUDA_OPERATOR_SOURCES "" CACHE STRING' in cmake
+    assert 'EXISTS "${CUDAToolkit_INCLUDE_DIRS}/nvtx3/nvToolsExt.h"' in cmake
+    assert '#include "nvtx3/nvToolsExt.h"' in (root / "src/profiler/nvtx.h").read_text()
+    assert "#define MXNET_RNN_USE_CUDNN 0" in (root / "src/operator/rnn-inl.h").read_text()
+    assert "CUDA_VERSION < 12000" in (root / "src/executor/cuda_graphs.h").read_text()
+    assert "using namespace mshadow;" not in (root / "src/operator/linalg.h").read_text()
+    assert "bool = onp.bool_" in (root / "python/mxnet/numpy/utils.py").read_text()
+    assert (root / "python/mxnet/_vershim.py").is_file()
+    # applied twice: the dry run of the first patch fails, and nothing is changed
+    before = (root / "CMakeLists.txt").read_bytes()
+    with pytest.raises(build.BuildError) as err:
+        build.apply_patches(root)
+    msg = str(err.value)
+    assert msg.startswith("patch: ") and "0001-cxx17-cudnn9-cuda12-graphs-thrust.patch: does not apply to" in msg
+    assert "\n" not in msg
+    assert (root / "CMakeLists.txt").read_bytes() == before
+
+
+@needs_kit
+def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
+    root, deps = kit_source
+    openblas = build.find_openblas(deps)
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed")
+    cmd = build.cmake_command(root, tmp_path / "b", tmp_path / "cu", 90, openblas)
+    assert "-DMXNET_CUDA_ARCH=9.0" in cmd
+    assert "-DUSE_NVTX=ON" in cmd
+    subset = next(c for c in cmd if c.startswith("-DMXNET_CUDA_OPERATOR_SOURCES="))
+    assert subset.split("=", 1)[1].split(";") == list(build.GPU_OPERATOR_SOURCES)
+    assert openblas[1].name == "libopenblas.so" and openblas[2]  # the kit's OpenBLAS is shipped in the tree
+
+
+def test_parse_arch():
+    assert build.parse_arch("90") == 90
+    assert build.parse_arch("sm_90") == 90
+    assert build.parse_arch("9.0") == 90
+    assert build.parse_arch("sm_90a") == 90
+    assert build.parse_arch("12.0") == 120
+    with pytest.raises(build.BuildError, match=r"--arch 'hopper'"):
+        build.parse_arch("hopper")
+
+
+def test_cli_bad_arch_is_one_line(capsys):
+    rc = cli.main(["build-mxnet", "--arch", "hopper"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == ["kernelmap build-mxnet: error: configure: --arch 'hopper': expected e.g. 90, sm_90 or 9.0"]
+
+
+def test_cli_missing_source_is_one_line(capsys, tmp_path):
+    rc = cli.main(["build-mxnet", "--arch", "90", "--source", str(tmp_path / "nothere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"kernelmap build-mxnet: error: source: {tmp_path / 'nothere'}: no such file or directory"]
+
+
+def test_install_refuses_a_library_without_the_arch(tmp_path):
+    (tmp_path / "build").mkdir()
+    shutil.copy(SM90, tmp_path / "build" / "libmxnet.so")
+    home = tmp_path / "home"
+    tc = build.Toolchain(Path("/x/nvcc"), Path("/x"), "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(build.BuildError, match=r"^install: .*libmxnet\.so: holds code for sm_90, not sm_80$"):
+        build.install_tree(tmp_path / "src", tmp_path / "build", home, 80, tc, (Path(), Path(), []), None, {})
+    assert not home.exists() or not any(home.iterdir())  # nothing half-written in the cache
+
+
+def test_estimate_scales_with_jobs():
+    cpu1, wall1 = build.estimate(100, 10, 1)
+    cpu32, wall32 = build.estimate(100, 10, 32)
+    assert cpu1 == cpu32 == pytest.approx((100 * build.CPU_S_PER_CC + 10 * build.CPU_S_PER_CU) / 60)
+    assert wall32 < wall1
+
+
+# --- the verdict: built tree first, then the cu11x wheel, then the CPU -------------------------------
+def _tree(home: Path, lib: Path, name="1.9.1-sm90") -> Path:
+    d = home / name
+    (d / "python" / "mxnet").mkdir(parents=True)
+    shutil.copy(lib, d / built.LIB_RELPATH)
+    (d / built.INFO_FILE).write_text(json.dumps({"version": "1.9.1", "preload": []}))
+    return d
+
+
+def test_verdict_built_tree_for_sm90(tmp_path):
+    _tree(tmp_path, SM90)
+    ok, msg = built.gpu_verdict((9, 0), tmp_path)
+    assert ok
+    assert "kernelmap build-mxnet" in msg and "sm_90" in msg and str(tmp_path) in msg
+
+
+def test_verdict_no_tree_on_sm90_says_cpu(tmp_path):
+    ok, msg = built.gpu_verdict((9, 0), tmp_path)
+    assert not ok
+    assert "MXNet runs on the CPU here" in msg and "build one: kernelmap build-mxnet" in msg
+
+
+def test_verdict_tree_without_code_for_this_gpu(tmp_path):
+    _tree(tmp_path, SM90)
+    ok, msg = built.gpu_verdict((10, 0), tmp_path)  # sm_90 cubins, no PTX: not on sm_100
+    assert not ok
+    assert "no built MXNet has code for sm_100 (1.9.1-sm90: sm_90)" in msg
+
+
+def test_verdict_sm80_keeps_the_cu11_wheel_path(tmp_path):
+    ok, msg = built.gpu_verdict((8, 0), tmp_path)
+    assert ok and "cu11x wheel carries machine code" in msg
+
+
+def test_partial_trees_are_ignored(tmp_path):
+    d = _tree(tmp_path, SM90, name=".1.9.1-sm90.partial-abc")
+    assert d.exists()
+    assert built.find_trees(tmp_path) == []
+    ok, _ = built.gpu_verdict((9, 0), tmp_path)
+    assert not ok
+
+
+def test_doctor_and_runner_use_the_built_tree(tmp_path, monkeypatch):
+    tree = _tree(tmp_path, SM90)
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path))
+    ok, msg = doctor.mxnet_gpu_verdict("9.0")
+    assert ok and str(tree / built.LIB_RELPATH) in msg
+    env = frameworks.get("mxnet").worker_env("9.0")
+    assert env[built.ENV_TREE] == str(tree)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tree / "python")
+    probe = {"installed": True, "cuda_build": True, "num_gpus": 2, "version": "1.9.1"}
+    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    assert (d.device, d.note) == ("gpu", None)
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path / "empty"))
+    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    assert d.device == "cpu" and "MXNet runs on the CPU here" in d.note
+    assert frameworks.get("mxnet").worker_env("9.0") is None
+
+
+def test_libs_env_cudnn9_for_built_mxnet(tmp_path):
+    tree_env = {built.ENV_TREE: str(tmp_path)}
+    assert runner.libs_env("gpu", tmp_path, "mxnet", tree_env)["CUDNN_LOGLEVEL_DBG"] == "3"
+    assert "CUDNN_LOGLEVEL_DBG" not in runner.libs_env("gpu", tmp_path, "mxnet")
+    assert runner.libs_env("gpu", tmp_path, "mxnet")["CUDNN_LOGINFO_DBG"] == "1"
+
+
+def test_preload_names_a_missing_library(tmp_path):
+    tree = _tree(tmp_path, SM90)
+    (tree / built.INFO_FILE).write_text(json.dumps({"preload": ["libdoesnotexist.so.42"], "runtime_lib_dirs": []}))
+    with pytest.raises(OSError, match=r"libdoesnotexist\.so\.42: needed by .*libmxnet\.so and found in none of"):
+        built.preload(tree)
+
+
+def test_build_error_is_a_kernelmap_error():
+    assert issubclass(build.BuildError, KernelmapError)
+
+
+def test_ensure_libcuda_makes_a_stub_without_driver(tmp_path, monkeypatch):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(build, "driver_library", lambda: None)
+    root = tmp_path / "curoot"
+    (root / "lib64").mkdir(parents=True)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path / "cuda", "13.0", [], [], Path("/x/cudnn.h"))
+    link = build.ensure_libcuda(tc, root)
+    assert link == root / "lib64" / "libcuda.so"
+    assert link.resolve() == root / "stubs" / "libcuda.so"
+    assert fatbin.soname(link) == "libcuda.so.1"  # what the linker records as DT_NEEDED
+    assert fatbin.read_archs(link).entries == 0
+
+
+def test_soname_of_fixture():
+    assert fatbin.soname(SM90) is None  # nvcc -shared sets no soname unless asked
+
+
+# --- on a GPU machine with a built tree (skipped elsewhere) ---------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("hybridize", [False, True], ids=["imperative", "hybridized"])
+def test_built_mxnet_trains_on_the_gpu(tmp_path, hybridize):
+    import subprocess
+    import sys
+
+    from kernelmap import gpuinfo
+
+    gpus = gpuinfo.query()
+    cc = gpus.gpus[0].compute_capability if gpus.gpus else None
+    if built.tree_for_gpu(cc) is None:
+        pytest.skip(f"no MXNet built for this GPU in {built.mxnet_home()} (kernelmap build-mxnet)")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "mxnet", "--device", "gpu", "--steps", "20",
+           "--batch-size", "64", "--data", "synthetic", "--out", str(out)] + (["--hybridize"] if hybridize else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())
+    assert entry["device"] == "gpu" and entry["device_note"] is None
+    assert entry["median_step_s"] > 0
+    versions = entry["versions"]
+    assert versions["built_tree"] == str(built.tree_for_gpu(cc).path)
+    assert versions["cuda_enabled"] and versions["cudnn_enabled"]
+    assert versions["cudnn"] >= 90000  # cuDNN 9, reported by the preloaded library itself
+
+
+def test_preload_real_cuda13_libraries_by_soname(tmp_path):
+    """preload finds CUDA 13 / cuDNN 9 under pip's nvidia packages and the libraries report versions."""
+    from kernelmap.frameworks.mxnet import cuda11
+
+    roots = cuda11.nvidia_roots()
+    if not any((r / "cu13" / "lib" / "libcudart.so.13").exists() for r in roots) or \
+            not any((r / "cudnn" / "lib" / "libcudnn.so.9").exists() for r in roots):
+        pytest.skip(f"no nvidia cu13 + cudnn 9 pip packages under {roots}")
+    tree = _tree(tmp_path, SM90)
+    wanted = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libcudnn.so.9"]
+    (tree / built.INFO_FILE).write_text(json.dumps({"preload": wanted, "runtime_lib_dirs": []}))
+    got = built.preload(tree)
+    assert set(wanted) <= set(got.loaded)
+    assert any(name.startswith("libnvrtc-builtins.so.") for name in got.loaded)
+    versions = built.library_versions()
+    assert versions["cudart"] // 1000 == 13  # e.g. 13000
+    assert versions["cudnn"] // 10000 == 9  # e.g. 92400
+    assert versions["cublas"] // 10000 == 13
+
+
+def _cu13_lib_dir() -> Path | None:
+    from kernelmap.frameworks.mxnet import cuda11
+
+    return next((r / "cu13" / "lib" for r in cuda11.nvidia_roots() if (r / "cu13" / "lib" / "libcudart.so.13").exists()),
+                None)
+
+
+def test_unresolved_symbols_of_real_cuda_fixture(tmp_path):
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not installed")
+    cu13 = _cu13_lib_dir()
+    if cu13 is None:
+        pytest.skip("no nvidia cu13 pip package (libcudart.so.13)")
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [cu13], Path("/x/cudnn.h"))
+    assert build.unresolved_symbols(SM90, tmp_path, tc) == []  # __cudaRegisterFatBinary... from cudart
+
+
+def test_unresolved_symbols_names_a_missing_one(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("nm") is None:
+        pytest.skip("no C compiler or nm")
+    import subprocess
+
+    src = tmp_path / "m.c"
+    src.write_text("extern int kernelmap_missing_fn(void); extern int cuInit(unsigned);\n"
+                   "int f(void) { return kernelmap_missing_fn() + cuInit(0); }\n")
+    lib = tmp_path / "libm_test.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    # cuInit is the driver API (bound where the driver is); the other one is a real hole
+    assert build.unresolved_symbols(lib, tmp_path, tc) == ["kernelmap_missing_fn"]
+
+
+def test_unresolved_symbols_names_a_missing_library(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("nm") is None:
+        pytest.skip("no C compiler or nm")
+    import subprocess
+
+    (tmp_path / "dep.c").write_text("int dep_fn(void) { return 1; }\n")
+    (tmp_path / "use.c").write_text("extern int dep_fn(void); int g(void) { return dep_fn(); }\n")
+    dep = tmp_path / "libkernelmap_absent.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libkernelmap_absent.so.7", "-o", str(dep),
+                    str(tmp_path / "dep.c")], check=True)
+    lib = tmp_path / "libuse.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "use.c"), str(dep)], check=True)
+    assert "libkernelmap_absent.so.7" in fatbin.needed_libraries(lib)
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(build.BuildError, match=r"libuse\.so: needs libkernelmap_absent\.so\.7, found in none"):
+        build.unresolved_symbols(lib, tmp_path, tc)
+    (tmp_path / "lib").mkdir()
+    shutil.copy(dep, tmp_path / "lib" / "libkernelmap_absent.so.7")  # shipped in the tree's lib/: resolved
+    assert build.unresolved_symbols(lib, tmp_path, tc) == []
+
+
+@needs_kit
+def test_prepare_source_from_a_source_directory(kit_source, tmp_path):
+    root, _ = kit_source
+    copy, deps = build.prepare_source(str(root), tmp_path / "w")
+    assert copy == tmp_path / "w" / "mxnet" and deps is None
+    assert build.source_version(copy) == "1.9.1"
+    assert (copy / "CMakeLists.txt").read_bytes() == (root / "CMakeLists.txt").read_bytes()
+
+
+def _ninja_project(tmp_path: Path, fail: bool) -> Path:
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "build.ninja").write_text(
+        "rule ok\n  command = touch $out\n"
+        "rule bad\n  command = echo 'x.cu(3): error: oops' && false\n"
+        "build a.o: ok\nbuild c.o: ok\n"
+        + ("build b.o: bad\nbuild mxnet: phony a.o b.o c.o\n" if fail else "build mxnet: phony a.o c.o\n"))
+    return d
+
+
+def test_run_ninja_shows_progress(tmp_path, capsys):
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja not installed")
+    d = _ninja_project(tmp_path, fail=False)
+    build.run_ninja(d, 1, d / "ninja.log")
+    err = capsys.readouterr().err
+    assert "build-mxnet: [2/2] 100%" in err
+    assert (d / "a.o").exists() and (d / "c.o").exists()
+
+
+def test_run_ninja_failure_names_the_object(tmp_path, capsys):
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja not installed")
+    d = _ninja_project(tmp_path, fail=True)
+    with pytest.raises(build.BuildError) as err:
+        build.run_ninja(d, 1, d / "ninja.log")
+    msg = str(err.value)
+    assert msg.startswith("build: ") and "b.o" in msg and f"(full log: {d / 'ninja.log'})" in msg
+    assert "\n" not in msg
+    assert "x.cu(3): error: oops" in (d / "ninja.log").read_text()
