@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernelmap import frameworks
+
 MIB = 1 << 20
 
 
@@ -48,24 +50,11 @@ def driver_device_bytes(pid: int) -> int | None:
     return 0
 
 
-def allocator_bytes(framework: str, gpu: bool) -> int | None:
-    if not gpu:
-        return None
-    if framework == "pytorch":
-        import torch
-
-        return int(torch.cuda.memory_reserved())
-    import mxnet as mx
-
-    free, total = mx.context.gpu_memory_info(0)
-    return int(total - free)
-
-
-def sample(framework: str, gpu: bool, label: str, t0: float) -> dict:
+def sample(workload, gpu: bool, label: str, t0: float) -> dict:
     gc.collect()  # unreachable cycles are garbage, not a leak: collect before measuring
     return {"label": label, "t_s": round(time.perf_counter() - t0, 3), "rss_bytes": rss_bytes(),
             "device_bytes": driver_device_bytes(os.getpid()) if gpu else None,
-            "allocator_bytes": allocator_bytes(framework, gpu)}
+            "allocator_bytes": workload.allocator_bytes() if gpu else None}
 
 
 def growth(samples: list[dict], key: str) -> int | None:
@@ -77,12 +66,8 @@ def soak_one(args) -> dict:
     """Runs in the framework's own process."""
     from kernelmap.frameworks import data, load_workload, spec
 
-    from kernelmap.worker import _mxnet_profiler, _torch_profiler
+    from kernelmap.worker import _to_float
 
-    if args.framework == "mxnet":
-        from kernelmap.frameworks.mxnet import cuda11
-
-        cuda11.preload()
     gpu = args.device == "gpu"
     config = spec.TrainConfig(batch_size=args.batch_size, data=args.data, device=args.device, steps=None,
                               epochs=args.epochs)
@@ -96,24 +81,23 @@ def soak_one(args) -> dict:
                                                spec.sample_order(info.n_train, config.seed, epoch)):
             loss = workload.train_step(images, labels)
         workload.synchronize()
-        s = sample(args.framework, gpu, f"epoch {epoch + 1}", t0)
-        s["loss"] = float(loss.item() if hasattr(loss, "item") else loss.asscalar())
+        s = sample(workload, gpu, f"epoch {epoch + 1}", t0)
+        s["loss"] = _to_float(loss)
         epochs.append(s)
         print(f"soak {args.framework}: epoch {epoch + 1}/{args.epochs} loss {s['loss']:.4f} "
               f"rss {s['rss_bytes'] / MIB:.1f} MiB device {((s['device_bytes'] or 0) / MIB):.1f} MiB",
               file=sys.stderr)
     captures: list[dict] = []
-    profiler = _torch_profiler if args.framework == "pytorch" else _mxnet_profiler
     order = spec.sample_order(info.n_train, config.seed, args.epochs)
     batches = list(zip(range(args.capture_steps), workload.batches("train", args.batch_size, order), strict=False))
     for c in range(args.captures):
         with tempfile.TemporaryDirectory() as tmp:
-            with profiler(Path(tmp), gpu):
+            with workload.profile(Path(tmp)):
                 for i, (images, labels) in batches:
                     with workload.region(f"kernelmap:step#{i}"):
                         workload.train_step(images, labels)
                 workload.synchronize()
-        captures.append(sample(args.framework, gpu, f"capture {c + 1}", t0))
+        captures.append(sample(workload, gpu, f"capture {c + 1}", t0))
     result = {"framework": args.framework, "device": args.device, "batch_size": args.batch_size,
               "epochs": args.epochs, "data": info.kind, "test_accuracy": float(workload.evaluate()),
               "versions": workload.versions(), "tolerance_bytes": int(args.tolerance_mib * MIB),
@@ -130,7 +114,7 @@ def soak_one(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--framework", choices=("pytorch", "mxnet", "all"), default="all")
+    p.add_argument("--framework", choices=(*frameworks.FRAMEWORKS, "all"), default="all")
     p.add_argument("--device", choices=("cpu", "gpu"), default="gpu")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
@@ -142,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.framework == "all":
         rc = 0
-        for fw in ("pytorch", "mxnet"):  # one process each: their CUDA runtimes never share one
+        for fw in frameworks.FRAMEWORKS:  # one process each (its own interpreter where it has one)
             out = str(Path(args.out).with_suffix(f".{fw}.json"))
-            cmd = [sys.executable, __file__, *[a for a in (argv or sys.argv[1:])]]
+            cmd = [frameworks.get(fw).python() or sys.executable, __file__, *[a for a in (argv or sys.argv[1:])]]
             cmd[cmd.index("all")] = fw
             cmd[cmd.index(args.out)] = out
             rc |= subprocess.run(cmd).returncode

@@ -141,6 +141,10 @@ class WorkloadBase(abc.ABC):
 
         return get(self.framework).modes[0]
 
+    def allocator_bytes(self) -> int | None:
+        """Device memory the framework's allocator holds (reserved or in use, as it reports), or None."""
+        return None
+
     def threads(self) -> dict[str, Any]:
         """CPU threads the framework itself says it uses (intra-op, inter-op, ...); {} where it
         exposes none (the worker records the thread environment beside it)."""

@@ -219,6 +219,12 @@ class Workload(spec.WorkloadBase):
     def synchronize(self) -> None:
         mx.nd.waitall()
 
+    def allocator_bytes(self) -> int | None:
+        if self.ctx.device_type != "gpu":
+            return None
+        free, total = mx.context.gpu_memory_info(self.ctx.device_id)
+        return int(total - free)
+
     @contextlib.contextmanager
     def nsys_window(self):
         """cudaProfilerStart/Stop around the timed steps on the GPU, with MXNet's profiler running: an

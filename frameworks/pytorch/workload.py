@@ -89,6 +89,9 @@ class Workload(spec.WorkloadBase):
         finally:
             torch.cuda.profiler.stop()
 
+    def allocator_bytes(self) -> int | None:
+        return int(torch.cuda.memory_reserved(self.device)) if self.device.type == "cuda" else None
+
     def threads(self) -> dict[str, Any]:
         return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
 
