@@ -72,7 +72,7 @@ def _own_env_pythons(session: nox.Session) -> None:
             session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
                         external=True)
         session.run(str(python), "-m", "pip", "install", "-q", "-e", ".", "-r", str(req), external=True)
-        session.env[var] = str(python.resolve())
+        session.env[var] = str(python.absolute())  # not resolve(): the venv's python is a symlink
 
 
 @nox.session(python=PYTHON)

@@ -62,6 +62,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def _remove_tree(path: Path, tries: int = 20, pause_s: float = 0.1) -> None:
+    """Remove a directory tree that something may still be writing into (a stopped worker's last
+    output, a log line in flight): retried while entries keep appearing."""
+    import time
+
+    for _ in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(pause_s)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
     """Build a directory under a temporary name; rename it to ``path`` when the block completes.
@@ -87,5 +99,5 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
         else:
             os.replace(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise

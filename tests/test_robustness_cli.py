@@ -135,7 +135,7 @@ def test_normalise_run_dir_with_missing_and_broken_pieces(tmp_path):
         normalise_run_dir(run)
     assert ei.value.path == str(bs / "trace.json") and ei.value.line is not None
     (run / "manifest.json").write_text('{"frameworks": ')
-    with pytest.raises(KernelmapError, match="manifest.json: not JSON"):
+    with pytest.raises(KernelmapError, match="manifest.json: not valid JSON"):
         normalise_run_dir(run)
 
 
