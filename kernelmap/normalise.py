@@ -70,10 +70,16 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
         rdf = schema.conform(rdf)
         links = attribution.link_library_calls(rdf)
         links.update(attribution.link_onednn(rdf))
-        runs[name] = {**attribution.summarise(rdf, log_steps), **links}
+        own = attribution.summarise(rdf, log_steps)
+        runs[name] = {**own, **links}
         frames.append(rdf)
-    df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
-    summary = {**attribution.summarise(df, log_steps), "runs": runs, "files": files}
+    if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
+        df = schema.validate(schema.conform(frames[0], copy=False))
+        top = own
+    else:
+        df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
+        top = attribution.summarise(df, log_steps)
+    summary = {**top, "runs": runs, "files": files}
     return df, summary
 
 

@@ -114,6 +114,21 @@ def test_kineto_small_chunks_identical(stored, rel, monkeypatch):
     assert file_digest(rel) == stored["files"][rel]
 
 
+@pytest.mark.parametrize("rel", [f for f in record_files() if adapters.detect(DATA / f) == "kineto"])
+def test_kineto_typed_path_taken_and_general_path_identical(stored, rel, monkeypatch):
+    """The typed (msgspec) path reads every real Kineto fixture, and the general (orjson dict)
+    path it falls back to gives the same records."""
+    if kineto._typed is None:
+        pytest.skip("msgspec not installed: only the general path exists")
+    taken = []
+    real = kineto._typed_columns
+    monkeypatch.setattr(kineto, "_typed_columns", lambda *a: taken.append(1) or real(*a))
+    assert file_digest(rel) == stored["files"][rel]
+    assert taken, "the typed path fell back on a real fixture"
+    monkeypatch.setattr(kineto, "_typed", None)
+    assert file_digest(rel) == stored["files"][rel]
+
+
 @pytest.mark.parametrize("name", [*GROUPS, "jax_gpu", "jax_cpu"])
 def test_normalise_identical(stored, name):
     files = GROUPS.get(name) or [f for f in record_files() if f.startswith(name + "/")]

@@ -92,7 +92,8 @@ def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[i
     yield end
 
 
-def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) -> Iterator[tuple[int, list]]:
+def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
+                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
     """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
     chunk's first event in the array, its events). The same values as a whole-document parse, with
     only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
@@ -103,9 +104,15 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) 
     complete values ends at an element boundary, so the chunks are the array's elements in order.
     Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
     orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
+
+    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
+    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
+    again), beside orjson's. Any other exception it raises reaches the caller.
     """
     if _orjson is None or _long_digit_run(data):
         raise NoFastPath
+    loads = loads or _orjson.loads
+    invalid = (_orjson.JSONDecodeError, *invalid)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
@@ -134,9 +141,9 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) 
         events = None
         for cut in cuts:
             try:
-                events = _orjson.loads(b"[" + data[pos:cut] + b"]")
+                events = loads(b"[" + data[pos:cut] + b"]")
                 break
-            except _orjson.JSONDecodeError:
+            except invalid:
                 continue
         if events is None:
             raise NoFastPath
