@@ -174,7 +174,7 @@ if _msgspec is not None:
         grid: Any = None
         block: Any = None
         bytes: Any = None
-        dims: Any = _msgspec.field(default=None, name="Input Dims")
+        dims: _msgspec.Raw = _msgspec.field(default=None, name="Input Dims")  # its JSON text, not parsed
 
     _NO_ARGS = _Args()
 
@@ -191,6 +191,12 @@ if _msgspec is not None:
     _typed = _msgspec.json.Decoder(list[_Event])
 else:  # pragma: no cover
     _typed = None
+
+
+def _orjson_loads(b: bytes):
+    from ._common import _orjson
+
+    return _orjson.loads(b)
 
 
 def _typed_loads(b: bytes) -> list:
@@ -223,9 +229,7 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
             raise _NotTyped
         return out
 
-    dims = [a.dims for a in args]
-    shapes = compact_json(dims)
-    dims = [None if s is None else seen.setdefault(("dims", s), d) for s, d in zip(shapes, dims, strict=True)]
+    shapes, dims = _raw_shapes([a.dims for a in args], seen)
     grid, block = triple([a.grid for a in args]), triple([a.block for a in args])
     return {
         "idx": [first + i for i in pos],
@@ -241,7 +245,7 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
         "block_x": block[0], "block_y": block[1], "block_z": block[2],
         "bytes": numeric([a.bytes for a in args]),
-        "shapes": [None if s is None else seen.setdefault(s, s) for s in shapes],
+        "shapes": shapes,
         "dims": dims,
     }
 
@@ -260,6 +264,40 @@ def _triple(vals: list) -> tuple[list, int | None]:
             col[j] = vals[j][i]
         out.append(numeric(col))
     return out, None
+
+
+_WS_BYTES = b" \t\r\n"
+
+
+def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
+    """``compact_json`` of each ``Input Dims`` (given as its JSON text) and the value itself, one
+    object per distinct shape string. Text of only digits, brackets and commas once its
+    whitespace is gone is already what ``compact_json`` writes for the lists it holds (JSON has no
+    leading zeros, and a minus sign could be ``-0``: those go through a parse); the rest is parsed
+    and written as the general path does."""
+    shapes, dims, by_raw = [], [], {}
+    for r in raws:
+        if r is None:
+            shapes.append(None)
+            dims.append(None)
+            continue
+        b = bytes(r)
+        hit = by_raw.get(b)
+        if hit is None:
+            t = b.translate(None, _WS_BYTES)
+            if t and not t.translate(None, b"0123456789[],"):
+                s = t.decode()
+                hit = (seen.setdefault(s, s), seen.get(("dims", s)))
+                if hit[1] is None:
+                    hit = (hit[0], seen.setdefault(("dims", s), _orjson_loads(t)))
+            else:
+                v = _orjson_loads(b)
+                s = compact_json([v])[0]
+                hit = (None, None) if s is None else (seen.setdefault(s, s), seen.setdefault(("dims", s), v))
+            by_raw[b] = hit
+        shapes.append(hit[0])
+        dims.append(hit[1])
+    return shapes, dims
 
 
 def _joined(parts: list[dict]) -> dict:
