@@ -61,6 +61,24 @@ def test_numeric_is_to_numeric(values):
     np.testing.assert_array_equal(got.to_numpy(dtype="float64"), want.to_numpy(dtype="float64"))
 
 
+_MOSTLY_PLAIN = [[*range(20), "Spans"], [None, *range(20), "3.5"], [*range(20), "12"], [*range(20), True],
+                 [2**60, *range(20), "x"], [*range(20), "1e400", None], [*range(20), {"a": 1}], [1.5] * 20 + ["-0"]]
+
+
+@pytest.mark.parametrize("values", _MOSTLY_PLAIN)
+def test_numeric_with_a_few_odd_values_is_to_numeric(values):
+    """A few non-numbers among numbers (a string pid) take a split path: the same Series."""
+    pd.testing.assert_series_equal(_common.numeric(values),
+                                   pd.to_numeric(pd.Series(values, dtype=object), errors="coerce"))
+
+
+@pytest.mark.parametrize("values", [[1, None, 2.5, None], [None, None], [], [None, 2**60], [None, "x", 3], [None, True]])
+def test_numeric_at_is_numeric(values):
+    rows = [j for j, v in enumerate(values) if v is not None]
+    pd.testing.assert_series_equal(_common.numeric_at(len(values), rows, [values[j] for j in rows]),
+                                   _common.numeric(values))
+
+
 @pytest.mark.parametrize("values", [np.array([1.4, np.nan, -2.5, 3.5]), np.array([1, 2], dtype="int64"),
                                     pd.Series([np.nan]), np.array([], dtype="float64")])
 def test_int64_array_fast_path_is_the_object_path(values):

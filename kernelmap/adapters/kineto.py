@@ -24,6 +24,7 @@ from ._common import (
     int64_array,
     ns_from_us,
     numeric,
+    numeric_at,
     parse_json,
     read_bytes,
     trace_event_chunks,
@@ -206,6 +207,12 @@ def _typed_loads(b: bytes) -> list:
         raise _NotTyped from None
 
 
+def _sparse(vals: list) -> pd.Series:
+    """``numeric(vals)`` for a column that is mostly None (an arg few kinds of event carry)."""
+    rows = [j for j, v in enumerate(vals) if v is not None]
+    return numeric_at(len(vals), rows, [vals[j] for j in rows])
+
+
 def _typed_columns(first: int, events: list, seen: dict) -> dict:
     """``_columns`` of one chunk of typed events: the same values, or ``_NotTyped``."""
     pos = [i for i, e in enumerate(events) if e.ph == "X"]
@@ -238,13 +245,13 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "start_ns": start, "dur_ns": dur,
         "pid": numeric([e.pid for e in ev]),
         "tid": numeric([e.tid for e in ev]),
-        "correlation_id": numeric([a.correlation for a in args]),
-        "ext": numeric([a.external for a in args]),
-        "seq": numeric([a.seq for a in args]),
-        "stream": numeric([a.stream for a in args]),
+        "correlation_id": _sparse([a.correlation for a in args]),
+        "ext": _sparse([a.external for a in args]),
+        "seq": _sparse([a.seq for a in args]),
+        "stream": _sparse([a.stream for a in args]),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
         "block_x": block[0], "block_y": block[1], "block_z": block[2],
-        "bytes": numeric([a.bytes for a in args]),
+        "bytes": _sparse([a.bytes for a in args]),
         "shapes": shapes,
         "dims": dims,
     }
@@ -257,13 +264,8 @@ def _triple(vals: list) -> tuple[list, int | None]:
     short = next((j for j in rows if len(vals[j]) < 3), None)
     if short is not None:
         return [], short
-    out = []
-    for i in range(3):
-        col = [None] * len(vals)
-        for j in rows:
-            col[j] = vals[j][i]
-        out.append(numeric(col))
-    return out, None
+    lists = [vals[j] for j in rows]
+    return [numeric_at(len(vals), rows, [v[i] for v in lists]) for i in range(3)], None
 
 
 _WS_BYTES = b" \t\r\n"
