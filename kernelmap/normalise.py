@@ -66,8 +66,9 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
             if batch_size is not None:
                 df["batch_size"] = batch_size
             parts.append(df)
-        rdf = pd.concat(parts, ignore_index=True) if parts else schema.empty()
-        rdf = schema.conform(rdf)
+        rdf = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else schema.empty()
+        parts = df = None  # rdf is the only copy of the records from here (peak memory)
+        rdf = schema.conform(rdf, copy=False)
         links = attribution.link_library_calls(rdf)
         links.update(attribution.link_onednn(rdf))
         own = attribution.summarise(rdf, log_steps)
