@@ -53,13 +53,23 @@ def _native(k: pd.DataFrame) -> pd.Series:
 
 
 def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["kind"].eq("library_call") & df["library"].isin(GPU_LIBS) & df["source"].isin(LOG_SOURCES)]
+    calls = df[df["kind"].eq("library_call")]  # few rows: the string tests below run on those only
+    return calls[calls["library"].isin(GPU_LIBS) & calls["source"].isin(LOG_SOURCES)]
 
 
 def _sig(frame: pd.DataFrame) -> pd.Series:
-    """The signature of each row as one string (empty frames too)."""
-    vals = ["|".join(map(str, r)) for r in frame[SIGNATURE].itertuples(index=False)]
-    return pd.Series(vals, index=frame.index, dtype=object)
+    """The signature of each row as one string (empty frames too): built once per distinct
+    signature, not once per row."""
+    if frame.empty:
+        return pd.Series([], index=frame.index, dtype=object)
+    codes = np.zeros(len(frame), dtype="int64")
+    for col in SIGNATURE:
+        c, u = pd.factorize(frame[col], use_na_sentinel=True)
+        codes = codes * (len(u) + 1) + (c + 1)
+    uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    rows = frame[SIGNATURE].iloc[first]
+    text = np.array(["|".join(map(str, r)) for r in rows.itertuples(index=False)], dtype=object)
+    return pd.Series(text[inverse], index=frame.index, dtype=object)
 
 
 def _signed(calls: pd.DataFrame) -> pd.Series:
@@ -130,8 +140,9 @@ def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
     k = df[df["kind"].eq("kernel")]
     k = k[~_native(k)]
     calls = _log_calls(df)
-    sig = _sig(k)
     signed = calls[_signed(calls)]
+    # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
+    sig = _sig(k) if len(calls) else pd.Series(None, index=k.index, dtype=object)
     call_sigs = set(_sig(signed))
     lib = (k["call_event_id"].notna() | k["library"].isin(GPU_LIBS) | k["canonical_op"].isin(["conv2d", "linear"])
            | sig.isin(call_sigs))
@@ -292,13 +303,13 @@ def _library_figures(lk: pd.DataFrame) -> dict:
     }
 
 
-def by_source(df: pd.DataFrame) -> dict:
+def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     """The kernel figures per profiler source (Kineto, nsys, MXNet profiler): each source is its
     own capture pass of other steps, so its kernels are counted once, never merged with another's.
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
     k = df[df["kind"].eq("kernel")]
-    lk = library_kernels(df)
+    lk = library_kernels(df) if lk is None else lk
     out = {}
     for src, g in k.groupby("source", sort=True):
         ops = df[df["kind"].eq("op") & df["source"].eq(src)]
@@ -329,6 +340,7 @@ def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]
     ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
+    lk = library_kernels(df)
     return {
         "events": len(df),
         **_kernel_figures(df[df["kind"].eq("kernel")]),
@@ -336,11 +348,11 @@ def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
         "nvtx_ops": int((df["kind"].eq("op") & df["source"].eq("nsys")).sum()),
         "canonical_ops": sorted(df["canonical_op"].dropna().unique().tolist()),
         "library_calls": {str(n): int(c) for n, c in gpu_calls["library_call"].value_counts().sort_index().items()},
-        **_library_figures(library_kernels(df)),
+        **_library_figures(lk),
         "onednn_primitives": {str(n): int(c) for n, c in prims["op_name"].value_counts().sort_index().items()},
         "onednn_linked": int(prims["op_event_id"].notna().sum()),
         "blas_calls": {str(n): int(c) for n, c in blas["library_call"].value_counts().sort_index().items()},
         "blas_linked": int(blas["op_event_id"].notna().sum()),
-        "by_source": by_source(df),
+        "by_source": by_source(df, lk),
         "library_links": library_links(df, log_steps),
     }

@@ -66,14 +66,21 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
             if batch_size is not None:
                 df["batch_size"] = batch_size
             parts.append(df)
-        rdf = pd.concat(parts, ignore_index=True) if parts else schema.empty()
-        rdf = schema.conform(rdf)
+        rdf = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else schema.empty()
+        parts = df = None  # rdf is the only copy of the records from here (peak memory)
+        rdf = schema.conform(rdf, copy=False)
         links = attribution.link_library_calls(rdf)
         links.update(attribution.link_onednn(rdf))
-        runs[name] = {**attribution.summarise(rdf, log_steps), **links}
+        own = attribution.summarise(rdf, log_steps)
+        runs[name] = {**own, **links}
         frames.append(rdf)
-    df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
-    summary = {**attribution.summarise(df, log_steps), "runs": runs, "files": files}
+    if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
+        df = schema.validate(schema.conform(frames[0], copy=False))
+        top = own
+    else:
+        df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
+        top = attribution.summarise(df, log_steps)
+    summary = {**top, "runs": runs, "files": files}
     return df, summary
 
 

@@ -3,7 +3,9 @@ or pandas numbers, float/int arrays or object lists to Int64."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,24 @@ def test_numeric_is_to_numeric(values):
     got = _common.numeric(values)
     want = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
     np.testing.assert_array_equal(got.to_numpy(dtype="float64"), want.to_numpy(dtype="float64"))
+
+
+_MOSTLY_PLAIN = [[*range(20), "Spans"], [None, *range(20), "3.5"], [*range(20), "12"], [*range(20), True],
+                 [2**60, *range(20), "x"], [*range(20), "1e400", None], [*range(20), {"a": 1}], [1.5] * 20 + ["-0"]]
+
+
+@pytest.mark.parametrize("values", _MOSTLY_PLAIN)
+def test_numeric_with_a_few_odd_values_is_to_numeric(values):
+    """A few non-numbers among numbers (a string pid) take a split path: the same Series."""
+    pd.testing.assert_series_equal(_common.numeric(values),
+                                   pd.to_numeric(pd.Series(values, dtype=object), errors="coerce"))
+
+
+@pytest.mark.parametrize("values", [[1, None, 2.5, None], [None, None], [], [None, 2**60], [None, "x", 3], [None, True]])
+def test_numeric_at_is_numeric(values):
+    rows = [j for j, v in enumerate(values) if v is not None]
+    pd.testing.assert_series_equal(_common.numeric_at(len(values), rows, [values[j] for j in rows]),
+                                   _common.numeric(values))
 
 
 @pytest.mark.parametrize("values", [np.array([1.4, np.nan, -2.5, 3.5]), np.array([1, 2], dtype="int64"),
@@ -140,3 +160,61 @@ def test_trace_event_chunks_yield_the_array_or_step_aside(doc, valid, chunk):
                 json.loads(data)
     elif got is not None:
         assert got == json.loads(data)["traceEvents"]
+
+
+def _kineto_doc(extra_events: list) -> dict:
+    base = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "pid": 1, "tid": 1, "ts": 1.0, "dur": 10.0,
+             "args": {"External id": 7, "Input Dims": [[64, 1, 28, 28], [32, 1, 3, 3], [32], [], []]}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2.0, "dur": 1.0,
+             "args": {"correlation": 9, "External id": 7}},
+            {"ph": "X", "cat": "kernel", "name": "k<1, 2>", "pid": 0, "tid": 7, "ts": 3.0, "dur": 2.5,
+             "args": {"correlation": 9, "stream": 7, "grid": [4, 1, 1], "block": [128, 1, 1, 5]}},
+            {"ph": "f", "id": 9, "pid": 0, "tid": 7, "ts": 3.0, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+            {"ph": "i", "s": "t", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0.0, "name": "Iteration Start"}]
+    return {"schemaVersion": 1, "traceEvents": base + extra_events}
+
+
+# (extra events, whether the typed path reads them itself rather than leaving the file to the general path)
+_KINETO_VARIANTS = [
+    ([], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": "Spans", "tid": 1, "ts": 5, "dur": 1,
+       "args": {"Input Dims": [[64, 128], [10, 128], [128, 10]]}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 5.5, "args": None}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"Input Dims": [[-1, 2], [ 2 , 3 ]], "Sequence number": 4}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"Input Dims": [[1.0, 2], "x", None, {"a": 1}]}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"Input Dims": None, "bytes": 2**60}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"Input Dims": "RAW:[[-0, 2], [2, 3]]"}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "pid": 1, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"Input Dims": "RAW:[[64, 1, 28, 28],[32,1,3,3] , [32], [], [ ]]"}}], True),
+    ([{"ph": "X", "cat": None, "name": "x", "pid": 1, "tid": 1, "ts": 7, "dur": 1, "args": {}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 7, "dur": 1, "args": []}], False),
+    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1,
+       "args": {"grid": [1.5, 2, 3], "correlation": "9"}}], True),
+]
+
+
+@pytest.mark.parametrize("extra, typed", _KINETO_VARIANTS)
+def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typed):
+    """Odd but valid events: the typed (msgspec) path gives the general path's records, or
+    leaves the file to it."""
+    from kernelmap.adapters import kineto
+
+    if kineto._typed is None:
+        pytest.skip("msgspec not installed")
+    f = tmp_path / "t.json"
+    text = json.dumps(_kineto_doc(extra), indent=1)
+    for raw in re.findall(r'"RAW:([^"]*)"', text):  # JSON text as written, not as json.dumps writes it
+        text = text.replace(f'"RAW:{raw}"', raw)
+    f.write_text(text)
+    taken = []
+    real = kineto._typed_columns
+    monkeypatch.setattr(kineto, "_typed_columns", lambda *a: taken.append(1) or real(*a))
+    fast = read(f)
+    assert bool(taken) == typed
+    monkeypatch.setattr(kineto, "_typed", None)
+    pd.testing.assert_frame_equal(read(f), fast, check_exact=True)

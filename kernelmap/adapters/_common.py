@@ -92,7 +92,8 @@ def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[i
     yield end
 
 
-def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) -> Iterator[tuple[int, list]]:
+def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
+                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
     """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
     chunk's first event in the array, its events). The same values as a whole-document parse, with
     only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
@@ -103,9 +104,15 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) 
     complete values ends at an element boundary, so the chunks are the array's elements in order.
     Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
     orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
+
+    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
+    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
+    again), beside orjson's. Any other exception it raises reaches the caller.
     """
     if _orjson is None or _long_digit_run(data):
         raise NoFastPath
+    loads = loads or _orjson.loads
+    invalid = (_orjson.JSONDecodeError, *invalid)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
@@ -134,9 +141,9 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8) 
         events = None
         for cut in cuts:
             try:
-                events = _orjson.loads(b"[" + data[pos:cut] + b"]")
+                events = loads(b"[" + data[pos:cut] + b"]")
                 break
-            except _orjson.JSONDecodeError:
+            except invalid:
                 continue
         if events is None:
             raise NoFastPath
@@ -248,11 +255,40 @@ _PLAIN = frozenset({int, float, type(None)})
 def numeric(values: list) -> pd.Series:
     """``pd.to_numeric(values, errors="coerce")`` of a list of JSON values, done in numpy where
     they are all ints, floats and None that float64 holds exactly (the usual case)."""
-    if set(map(type, values)) <= _PLAIN:
+    types = set(map(type, values))
+    if types <= _PLAIN:
         a = np.array(values, dtype="float64")
         if not len(a) or not (np.abs(a) >= 2**53).any():
             return pd.Series(a, copy=False)
+    elif _PLAIN & types:
+        # a few other values (a string pid): pandas converts those, numpy the rest. pandas converts
+        # element by element, so where those few come out float64 the whole column does too.
+        odd = [j for j, v in enumerate(values) if type(v) not in _PLAIN]
+        if len(odd) * 8 < len(values):
+            o = pd.to_numeric(pd.Series([values[j] for j in odd], dtype=object), errors="coerce")
+            rest = list(values)
+            for j in odd:
+                rest[j] = None
+            a = np.array(rest, dtype="float64")
+            if o.dtype == "float64" and not (np.abs(a) >= 2**53).any():
+                a[odd] = o.to_numpy()
+                return pd.Series(a, copy=False)
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+
+
+def numeric_at(n: int, rows: list, values: list) -> pd.Series:
+    """``numeric`` of a list of ``n`` values that are None but at ``rows`` (where they are
+    ``values``), without building or scanning the None: the same Series."""
+    if set(map(type, values)) <= _PLAIN:
+        a = np.array(values, dtype="float64")
+        if not len(a) or not (np.abs(a) >= 2**53).any():
+            out = np.full(n, np.nan)
+            out[rows] = a
+            return pd.Series(out, copy=False)
+    col = [None] * n
+    for j, v in zip(rows, values, strict=True):
+        col[j] = v
+    return numeric(col)
 
 
 def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.arrays.IntegerArray:

@@ -68,10 +68,15 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
     own = np.full(n, None, dtype=object)
     if dims is not None:
-        for i in np.flatnonzero(is_op):
+        # only ops with a weight argument can name a layer; one answer per (name, shape list)
+        known: dict = {}
+        for i in np.flatnonzero(is_op & pd.Series(names).isin(C.WEIGHT_ARG_OPS).to_numpy()):
             d = dims[i]
             if d is not None:
-                own[i] = C.layer_from_inputs(names[i], d)
+                key = (names[i], id(d))
+                if key not in known:
+                    known[key] = C.layer_from_inputs(names[i], d)
+                own[i] = known[key]
     tree_layer = _tree_layers(top, own)
     seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
     layer = np.where(has_top, tree_layer[np.maximum(top, 0)], own)

@@ -215,6 +215,7 @@ _WEIGHT_ARG = {
     "aten::cudnn_convolution": (1, False), "aten::mkldnn_convolution": (1, False),
     "aten::convolution_backward": (2, False), "aten::linear": (1, False), "aten::addmm": (2, True),
 }
+WEIGHT_ARG_OPS = tuple(_WEIGHT_ARG)  # the only op names ``layer_from_inputs`` can give a layer for
 
 
 def layer_from_inputs(name: str, dims) -> str | None:

@@ -24,6 +24,7 @@ from ._common import (
     int64_array,
     ns_from_us,
     numeric,
+    numeric_at,
     parse_json,
     read_bytes,
     trace_event_chunks,
@@ -73,6 +74,12 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
     ``trace_event_chunks``), or one for the whole array where that is not possible."""
     data = read_bytes(path)
     seen: dict = {}  # one object per distinct name, category and shape list, not one per event
+    if _typed is not None:
+        try:
+            return [_typed_columns(first, events, seen) for first, events in
+                    trace_event_chunks(data, CHUNK_BYTES, loads=_typed_loads, invalid=(_msgspec.DecodeError,))]
+        except (NoFastPath, _NotTyped):
+            seen.clear()  # the general path below decides (and finds any error)
     try:
         return [_columns(path, first, events, seen) for first, events in trace_event_chunks(data, CHUNK_BYTES)]
     except NoFastPath:
@@ -112,16 +119,9 @@ def _columns(path, first: int, events: list, seen: dict) -> dict:
 
     def triple(key):
         vals = [a.get(key) for a in args]
-        rows = [j for j, v in enumerate(vals) if isinstance(v, list) and v]
-        short = next((j for j in rows if len(vals[j]) < 3), None)
+        out, short = _triple(vals)
         if short is not None:
             raise ParseError(path, f"args.{key} has {len(vals[short])} entries, not 3", record=idx[short])
-        out = []
-        for i in range(3):
-            col = [None] * len(vals)
-            for j in rows:
-                col[j] = vals[j][i]
-            out.append(numeric(col))
         return out
 
     dims = [a.get("Input Dims") for a in args]
@@ -146,6 +146,160 @@ def _columns(path, first: int, events: list, seen: dict) -> dict:
         "shapes": [None if s is None else seen.setdefault(s, s) for s in shapes],
         "dims": dims,
     }
+
+
+# --- the typed fast path -------------------------------------------------------------------
+# msgspec decodes each chunk straight into small structs holding only the fields read here (the
+# many other args, e.g. Input Strides and Concrete Inputs, are skipped, never built). Values are
+# the same Python objects orjson would give (fields typed Any); any event the general path would
+# treat differently (not an object, a missing ts or name, a non-string name or cat, args not an
+# object or not None/empty) is not accepted here: the whole file then takes the general path.
+try:  # optional, like orjson
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - depends on the environment
+    _msgspec = None
+
+
+class _NotTyped(Exception):
+    """A chunk is JSON but not of the shape the typed path reads."""
+
+
+if _msgspec is not None:
+    from typing import Any
+
+    class _Args(_msgspec.Struct, gc=False, omit_defaults=True):
+        correlation: Any = None
+        external: Any = _msgspec.field(default=None, name="External id")
+        seq: Any = _msgspec.field(default=None, name="Sequence number")
+        stream: Any = None
+        grid: Any = None
+        block: Any = None
+        bytes: Any = None
+        dims: _msgspec.Raw = _msgspec.field(default=None, name="Input Dims")  # its JSON text, not parsed
+
+    _NO_ARGS = _Args()
+
+    class _Event(_msgspec.Struct, gc=False):
+        ph: Any = None
+        name: Any = _MISSING
+        cat: Any = None
+        ts: Any = _MISSING
+        dur: Any = 0
+        pid: Any = None
+        tid: Any = None
+        args: _Args | None = None
+
+    _typed = _msgspec.json.Decoder(list[_Event])
+else:  # pragma: no cover
+    _typed = None
+
+
+def _orjson_loads(b: bytes):
+    from ._common import _orjson
+
+    return _orjson.loads(b)
+
+
+def _typed_loads(b: bytes) -> list:
+    try:
+        return _typed.decode(b)
+    except _msgspec.ValidationError:
+        raise _NotTyped from None
+
+
+def _sparse(vals: list) -> pd.Series:
+    """``numeric(vals)`` for a column that is mostly None (an arg few kinds of event carry)."""
+    rows = [j for j, v in enumerate(vals) if v is not None]
+    return numeric_at(len(vals), rows, [vals[j] for j in rows])
+
+
+def _typed_columns(first: int, events: list, seen: dict) -> dict:
+    """``_columns`` of one chunk of typed events: the same values, or ``_NotTyped``."""
+    pos = [i for i, e in enumerate(events) if e.ph == "X"]
+    ev = [events[i] for i in pos]
+    del events
+    names = [e.name for e in ev]
+    cats = [e.cat for e in ev]
+    ts = [e.ts for e in ev]
+    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or _MISSING in ts:
+        raise _NotTyped
+    args = [e.args or _NO_ARGS for e in ev]
+    try:
+        start = ns_from_us(ts)
+        dur = ns_from_us([e.dur for e in ev])
+    except (TypeError, ValueError):
+        raise _NotTyped from None
+
+    def triple(vals):
+        out, short = _triple(vals)
+        if short is not None:
+            raise _NotTyped
+        return out
+
+    shapes, dims = _raw_shapes([a.dims for a in args], seen)
+    grid, block = triple([a.grid for a in args]), triple([a.block for a in args])
+    return {
+        "idx": [first + i for i in pos],
+        "names": [seen.setdefault(n, n) for n in names],
+        "cats": [seen.setdefault(c, c) for c in cats],
+        "start_ns": start, "dur_ns": dur,
+        "pid": numeric([e.pid for e in ev]),
+        "tid": numeric([e.tid for e in ev]),
+        "correlation_id": _sparse([a.correlation for a in args]),
+        "ext": _sparse([a.external for a in args]),
+        "seq": _sparse([a.seq for a in args]),
+        "stream": _sparse([a.stream for a in args]),
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
+        "bytes": _sparse([a.bytes for a in args]),
+        "shapes": shapes,
+        "dims": dims,
+    }
+
+
+def _triple(vals: list) -> tuple[list, int | None]:
+    """x, y, z columns of ``vals`` (grid or block: a list of 3 numbers, or None), or the row of
+    the first shorter list."""
+    rows = [j for j, v in enumerate(vals) if isinstance(v, list) and v]
+    short = next((j for j in rows if len(vals[j]) < 3), None)
+    if short is not None:
+        return [], short
+    lists = [vals[j] for j in rows]
+    return [numeric_at(len(vals), rows, [v[i] for v in lists]) for i in range(3)], None
+
+
+_WS_BYTES = b" \t\r\n"
+
+
+def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
+    """``compact_json`` of each ``Input Dims`` (given as its JSON text) and the value itself, one
+    object per distinct shape string. Text of only digits, brackets and commas once its
+    whitespace is gone is already what ``compact_json`` writes for the lists it holds (JSON has no
+    leading zeros, and a minus sign could be ``-0``: those go through a parse); the rest is parsed
+    and written as the general path does."""
+    shapes, dims, by_raw = [], [], {}
+    for r in raws:
+        if r is None:
+            shapes.append(None)
+            dims.append(None)
+            continue
+        b = bytes(r)
+        hit = by_raw.get(b)
+        if hit is None:
+            t = b.translate(None, _WS_BYTES)
+            if t and not t.translate(None, b"0123456789[],"):
+                s = t.decode()
+                hit = (seen.setdefault(s, s), seen.get(("dims", s)))
+                if hit[1] is None:
+                    hit = (hit[0], seen.setdefault(("dims", s), _orjson_loads(t)))
+            else:
+                v = _orjson_loads(b)
+                s = compact_json([v])[0]
+                hit = (None, None) if s is None else (seen.setdefault(s, s), seen.setdefault(("dims", s), v))
+            by_raw[b] = hit
+        shapes.append(hit[0])
+        dims.append(hit[1])
+    return shapes, dims
 
 
 def _joined(parts: list[dict]) -> dict:

@@ -186,7 +186,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
             f"{name}, r.globalTid AS gtid FROM {t} r", con)))
     t = "NVTX_EVENTS"
-    dims = None
+    dims = nv = None
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "eventType", "globalTid"))
@@ -208,10 +208,11 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
                 f"{name}, l.globalTid AS gtid FROM {t} l", con)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    del frames, nv  # their rows are in df now (peak memory: not both alive)
     bad = int((df["kind"].eq("kernel") & df["kernel_name"].isna()).sum()) if "kernel_name" in df else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
-    df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    df = df.sort_values("start_ns", kind="stable", ignore_index=True)
     gtid = pd.to_numeric(df.get("gtid"), errors="coerce")
     gpid = pd.to_numeric(df["gpid"], errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
     tid = (gtid % 0x1000000)
@@ -232,6 +233,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     cols["framework"] = framework
     cols["device"] = "gpu"
     out = finish(cols, path, SOURCE)
+    del df, cols, gtid, gpid, tid, pid, names  # the records hold their own copies
     if len(out):
         _trace.label(out, dims, framework if framework != "unknown" else "pytorch")
         from .kineto import kernel_library
@@ -245,9 +247,11 @@ def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
     """NVTX ranges -> op rows (emit_nvtx) or annotation/step rows, fields parsed structurally."""
     text = nv["text"].fillna("").astype(str).tolist()
     is_op = [", op_id = " in t or ", seq = " in t for t in text]
-    name = [t.split(", ", 1)[0] if o else t for t, o in zip(text, is_op, strict=True)]
+    one: dict = {}  # one str object per distinct op name and sizes text, not one per row
+    name = [one.setdefault(n, n) for n in (t.split(", ", 1)[0] if o else t for t, o in zip(text, is_op, strict=True))]
     seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
-    sizes = [m.group(1) if o and (m := _SIZES.search(t)) else None for t, o in zip(text, is_op, strict=True)]
+    sizes = [one.setdefault(m.group(1), m.group(1)) if o and (m := _SIZES.search(t)) else None
+             for t, o in zip(text, is_op, strict=True)]
     from .canonical import _WEIGHT_ARG, step_number
 
     want = {*_WEIGHT_ARG, "aten::mm"}
@@ -267,6 +271,7 @@ def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
         "kind": pd.Series(kind, index=nv.index, dtype=object), "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"],
         "op_name": pd.Series(name, index=nv.index, dtype=object),
         "seq": pd.to_numeric(pd.Series(seq, index=nv.index, dtype=object), errors="coerce"),
-        "shapes": pd.Series([None if z is None else z.replace(" ", "") for z in sizes], index=nv.index, dtype=object),
+        "shapes": pd.Series([None if z is None else one.setdefault(("compact", z), z.replace(" ", "")) for z in sizes],
+                            index=nv.index, dtype=object),
         "dims": pd.Series(dims, index=nv.index, dtype=object), "gtid": nv["gtid"],
     })
