@@ -88,8 +88,10 @@ def _read_json(path: Path) -> Any:
 def load_run(path: str | Path) -> Run:
     """Read one run directory. manifest.json and results.json are required."""
     path = Path(path)
+    if not path.exists():
+        raise KernelmapError(f"{path}: does not exist")
     if not path.is_dir():
-        raise KernelmapError(f"{path}: not a run directory")
+        raise KernelmapError(f"{path}: not a run directory (a file, not a directory)")
     for req in ("manifest.json", "results.json"):
         if not (path / req).is_file():
             raise KernelmapError(f"{path}: no {req}; not a complete kernelmap run directory")

@@ -25,6 +25,7 @@ from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 
 from . import analysis as A
+from . import answer as ANS
 from . import checks as C
 from . import figures as F
 from . import html as H
@@ -57,6 +58,8 @@ CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch siz
 
 # tables/<name>.csv: every table the page renders, under a stable name
 TABLES = {
+    "answer": "the answer: per layer x direction, frameworks side by side (library call, algorithm, kernel, "
+              "time per step, time against PyTorch's)",
     "summary": "Summary: clean-pass step time, images/s, accuracy per framework x batch size",
     "parity": "parity.json's headline figures",
     "environment": "versions and machine, one column per run",
@@ -96,6 +99,64 @@ def _fallbacks(runs: list[A.Run]) -> list[dict]:
         for _, r in d[d["fallback"]].iterrows():
             out.append({"run": run.name, "framework": A.fw_label(r["framework"]), "fw": r["framework"],
                         "device": r["device"], "device_requested": r["device_requested"], "note": r["device_note"]})
+    return out
+
+
+ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels": "kernel / implementation",
+                 "ms_per_step": "time/step (ms)"}
+
+
+def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict]) -> list[dict]:
+    """The answer table (``answer.answer_table``) as one HTML table per run x batch size."""
+    out: list[dict] = []
+    if ans.empty:
+        return out
+    ref = ANS.frameworks.REFERENCE
+    for (run, bs), g in ans.groupby(["run", "batch_size"], sort=False, dropna=False):
+        here = [fw for fw in fws if g.get(f"{fw}.ms_per_step") is not None and g[f"{fw}.ms_per_step"].notna().any()]
+        others = [fw for fw in here if fw != ref and ref in here]
+        marks = {f["fw"]: f for f in fallbacks if f["run"] == run}
+        head1 = '<th rowspan="2">layer</th><th rowspan="2">direction</th>'
+        head2 = ""
+        for fw in here:
+            warn = (f' <span class="fallback">⚠ on {_html.escape(str(marks[fw]["device"]))}</span>'
+                    if fw in marks else "")
+            head1 += f'<th colspan="{len(ANSWER_FIELDS)}">{_html.escape(A.fw_label(fw))}{warn}</th>'
+            head2 += "".join(f"<th>{h}</th>" for h in ANSWER_FIELDS.values())
+        for fw in others:
+            head1 += (f'<th rowspan="2" title="{_html.escape(A.fw_label(fw))} time per step / '
+                      f'{_html.escape(A.fw_label(ref))} time per step on this row">'
+                      f"{_html.escape(A.fw_label(fw))} time / {_html.escape(A.fw_label(ref))}</th>")
+        body = []
+        for _, row in g.iterrows():
+            cells = [f'<td class="key">{_html.escape(str(row["layer"]))}</td>',
+                     f'<td class="key">{_html.escape(str(row["direction"]))}</td>']
+            for fw in here:
+                if not isinstance(row.get(f"{fw}.library_calls"), list):
+                    cells.append(f'<td colspan="{len(ANSWER_FIELDS)}" class="empty">not in this trace</td>')
+                    continue
+                calls = row[f"{fw}.library_calls"]
+                libs = row.get(f"{fw}.libraries") or []
+                call_html = H.abbr_list(calls, 28) if calls else (
+                    f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call logged)</span>')
+                ms = row[f"{fw}.ms_per_step"]
+                cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24)}</td>",
+                          f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34)}</td>",
+                          f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
+                          f"{H.fmt(ms, 'ms_per_step')}</td>"]
+            for fw in others:
+                v = row.get(f"{fw}.vs_ref")
+                if v is None or pd.isna(v):
+                    cells.append("<td>–</td>")
+                    continue
+                far = v >= ANS.GAP or v <= 1 / ANS.GAP
+                cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        basis = sorted(set(g["compared_on"].dropna()))
+        out.append({"title": f"Run {run}, batch size {bs}",
+                    "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
+                            f"<tbody>{''.join(body)}</tbody></table>",
+                    "basis": ", ".join(basis)})
     return out
 
 
@@ -221,6 +282,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     checks = C.self_checks(runs)
     libcalls = A.library_calls(runs)
     layers = A.layer_table(runs)
+    ans, ans_fws = ANS.answer_table(layers)
+    no_capture = ANS.no_capture_runs(runs)
     parity, env = A.parity_table(runs), A.environment_table(runs)
     trace = chrome_trace(runs, all_iterations=all_iterations)
     with atomic_dir(out, replace=replace) as tmp:
@@ -271,7 +334,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
         csvs = write_tables(tmp, {
-            "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
+            "answer": ans, "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
             "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
             "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
             "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
@@ -283,6 +346,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
+            "answers": _answer_tables(ans, ans_fws, fallbacks), "no_capture": no_capture,
+            "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
             "parity_html": H.table(parity),
             "env_html": H.table(env),
             "op_tables": _op_tables(runs, fallbacks),

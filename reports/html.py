@@ -79,7 +79,7 @@ def render(context: dict[str, Any]) -> str:
     for k, v in list(ctx.items()):
         if k.endswith("_html") and isinstance(v, str):
             ctx[k] = jinja2.utils.markupsafe.Markup(v)
-    for key in ("op_tables", "figures"):
+    for key in ("op_tables", "figures", "answers"):
         for item in ctx.get(key, []):
             for k, v in list(item.items()):
                 if k.endswith("html") and isinstance(v, str):
@@ -87,3 +87,27 @@ def render(context: dict[str, Any]) -> str:
     if ctx.get("trend"):
         ctx["trend"]["table_html"] = jinja2.utils.markupsafe.Markup(ctx["trend"].get("table_html", ""))
     return template.render(**ctx)
+
+
+def abbr(text: Any, limit: int = 36) -> str:
+    """Escaped text cut to ``limit`` characters, the whole of it in a title attribute."""
+    s = str(text)
+    if len(s) <= limit:
+        return html.escape(s)
+    return f'<span class="abbr" title="{html.escape(s, quote=True)}">{html.escape(s[: limit - 1])}…</span>'
+
+
+def abbr_list(values: Any, limit: int = 36, keep: int = 2) -> str:
+    """A list cell for narrow tables: at most ``keep`` items, each cut by ``abbr``; the rest as
+    "+N more" with their names in its title."""
+    if not isinstance(values, list | tuple):
+        return fmt(values)
+    vals = [str(v) for v in values]
+    if not vals:
+        return ""
+    shown = [abbr(v, limit) for v in vals[:keep]]
+    rest = vals[keep:]
+    if rest:
+        shown.append(f'<span class="abbr" title="{html.escape(chr(10).join(rest), quote=True)}">'
+                     f"+{len(rest)} more</span>")
+    return "<br>".join(shown)
