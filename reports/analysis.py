@@ -803,8 +803,12 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
     return df
 
 
+TIME_GAP = 1.5  # times on one row this many times apart (either way) are named as a gap
+
+
 def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
-    """Plain statements of where frameworks differ for one op row."""
+    """Plain statements of where frameworks differ for one op row: library, math mode, kernels,
+    a time gap of ``TIME_GAP`` or more, and different calls per step (counted the same way)."""
     present = [fw for fw in fws if fw in cells]
     missing = [fw for fw in fws if fw not in cells]
     out = []
@@ -830,6 +834,15 @@ def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
     kern = {fw: set(cells[fw]["kernels"]) for fw in present}
     if len(set(libs.values())) == 1 and all(kern.values()) and not set.intersection(*kern.values()):
         out.append("different algorithms (no kernel in common)")
+    ms = {fw: cells[fw].get("ms_per_step") for fw in present}
+    ms = {fw: v for fw, v in ms.items() if v is not None and not pd.isna(v)}
+    if len(ms) >= 2 and min(ms.values()) > 0 and max(ms.values()) / min(ms.values()) >= TIME_GAP:
+        out.append(f"time differs {max(ms.values()) / min(ms.values()):.1f}x: "
+                   + ", ".join(f"{fw_label(fw)} {v:.3g} ms" for fw, v in ms.items()))
+    bases = {cells[fw].get("calls_basis") for fw in present}
+    calls = {fw: cells[fw].get("calls_per_step") for fw in present}
+    if len(bases) == 1 and None not in calls.values() and len({round(float(v), 2) for v in calls.values()}) > 1:
+        out.append(f"{bases.pop()} per step differ: " + ", ".join(f"{fw_label(fw)} {v:.3g}" for fw, v in calls.items()))
     return out
 
 
@@ -965,6 +978,10 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                     model = layer_flops(layer, d, int(t.batch_size))
                     flops = pd.Series([model] * t.n_steps, dtype="float64") if model else flops
                 if flops.empty:
+                    if t.level == "op" and d == "bwd":
+                        peaks[run.name]["not_shown"] = (
+                            "backward not shown: a CPU trace's backward op covers both gradients (data and "
+                            "weight) and records no FLOPs; the model gives FLOPs per gradient only")
                     continue
                 ns = float(g["dur_ns"].sum())
                 modes = _uniq(g["math_mode"])
@@ -1069,8 +1086,10 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
         ph = src[src["kind"].isin(["step", "annotation"])]
         # Kineto repeats each annotation on the GPU timeline (gpu_user_annotation, the device's
         # pid): the phase lane shows the host's, as the op lane does.
+        # (MXNet's profiler gives its step marks a process id of their own: keep them where none
+        # is on the ops' process)
         host = set(ops["pid"].dropna())
-        ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host else ph
+        ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host and ph["pid"].isin(host).any() else ph
         parts.append(ph.assign(lane="phase", derived=False))
         outer = _outermost(ops[ops["canonical_op"].notna()]).index
         parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))

@@ -20,7 +20,7 @@ from . import analysis as A
 # one answer row: which layer and direction it is, then per framework these fields
 FW_FIELDS = ("libraries", "library_calls", "algos", "kernels", "ms_per_step", "time_source")
 KEY = ("run", "batch_size", "layer", "direction")
-GAP = 1.5  # a time ratio this far from 1 (either way) is called a gap
+GAP = A.TIME_GAP  # a time ratio this far from 1 (either way) is called a gap
 LIBRARY_TIME = "library-call time"
 OP_TIME = "framework-op time"
 

@@ -40,6 +40,9 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
              "kernels": "kernel(s)", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
              "share_of_step": "share", "math_modes": "math mode"}
 
+ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
+NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
+
 
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
                 "direction": "direction", "framework": "framework", "libraries": "library",
@@ -195,19 +198,29 @@ def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
                 head1 += f'<th colspan="{len(OP_FIELDS)}">{_html.escape(A.fw_label(fw))} ({level} time){warn}</th>'
                 head2 += "".join(f"<th>{h}</th>" for h in OP_FIELDS.values())
             head1 += '<th rowspan="2">differences</th>'
-            body = []
+            thead = f"<thead><tr>{head1}</tr><tr>{head2}</tr></thead>"
+            totals = {fw: df[f"{fw}.ms_per_step"].sum() if f"{fw}.ms_per_step" in df else 0.0 for fw in fws}
+            body, folded = [], []
             for _, row in df.iterrows():
-                cells = [f"<td>{_html.escape(row['canonical_op'])}</td>", f"<td>{_html.escape(row['direction'])}</td>"]
+                cells = [f'<td class="key">{_html.escape(row["canonical_op"])}</td>',
+                         f'<td class="key">{_html.escape(row["direction"])}</td>']
                 for fw in fws:
                     for k in OP_FIELDS:
                         v = row.get(f"{fw}.{k}")
                         num = isinstance(v, float)
-                        cells.append(f'<td class="{"num" if num else ""}">{H.fmt(v, k)}</td>')
+                        text = H.abbr_list(v, 24, keep=2) if k in ABBREVIATED and isinstance(v, list) else H.fmt(v, k)
+                        cells.append(f'<td class="{"num" if num else ""}">{text}</td>')
                 diff = row["differences"]
                 cells.append(f'<td class="differs">{H.fmt(diff)}</td>' if diff else "<td></td>")
-                body.append("<tr>" + "".join(cells) + "</tr>")
-            html_ = (f'<div class="wide"><table><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
-                     f"<tbody>{''.join(body)}</tbody></table></div>")
+                shares = [row.get(f"{fw}.ms_per_step") / totals[fw] for fw in fws
+                          if totals[fw] and pd.notna(row.get(f"{fw}.ms_per_step"))]
+                small = bool(shares) and max(shares) < NEAR_ZERO
+                (folded if small else body).append("<tr>" + "".join(cells) + "</tr>")
+            html_ = f'<div class="wide"><table>{thead}<tbody>{"".join(body)}</tbody></table></div>'
+            if folded:
+                html_ += (f"<details><summary>{len(folded)} more row(s), each under {NEAR_ZERO:.0%} of every "
+                          f"framework's summed time/step in this table</summary>"
+                          f'<div class="wide"><table>{thead}<tbody>{"".join(folded)}</tbody></table></div></details>')
             out.append({"title": f"Run {run.name}, batch size {bs}", "html": html_,
                         "notes": [f"{f['framework']} ran on {f['device']}, not {f['device_requested']}"
                                   + (f": {f['note']}" if f["note"] else "") for f in marks.values()]})
@@ -301,7 +314,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             _figure(tmp, "timeline", "One iteration",
                     "One traced iteration per framework: lanes for the step and its phases, framework ops, library "
                     "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
-                    F.timeline_figure, None, tl),
+                    F.timeline_figure, None, tl, libcalls),
             _figure(tmp, "busy_share", "Busy share",
                     "Summed kernel time (GPU) or outermost op time (CPU) per step over the step's wall time. "
                     "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
@@ -317,7 +330,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
                     "direction, against the GPU's dense FP32 and TF32 peak from the datasheet table in "
                     "reports/analysis.py. " + " ".join(
-                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p),
+                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p) + " " + " ".join(
+                        f"{r}: {p['not_shown']}." for r, p in peaks.items() if "not_shown" in p),
                     F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
         ]
         trend, hist = None, None
@@ -325,12 +339,15 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             from kernelmap.history import load_history
 
             hist = load_history(storage)
+            # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure
+            hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in ("median", "mean", "min") if c in hist})
             p = F.trend_figure(hist, tmp / "trend.png")
             trend = {"storage": storage, "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
                      "why_empty": "no saved benchmark records framework, mode, device and batch size",
-                     "table_html": H.table(hist, {c: c for c in ("run", "datetime", "name", "framework", "mode",
-                                                                  "device", "batch_size", "unpaired", "median",
-                                                                  "mean", "min", "rounds")})}
+                     "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
+                                                                     "device", "batch_size", "unpaired")},
+                                                  **{f"{c}_ms": f"{c} (ms)" for c in ("median", "mean", "min")},
+                                                  "rounds": "rounds"})}
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
         csvs = write_tables(tmp, {

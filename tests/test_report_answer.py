@@ -135,3 +135,38 @@ def test_subcommand_help_still_lists_its_options():
     proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "report", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "--strict" in proc.stdout
+
+
+def _cell(ms: float, calls: float, basis: str = "framework-op calls") -> dict:
+    return {"libraries": ["oneDNN"], "math_modes": [], "kernels": ["k"], "ms_per_step": ms,
+            "calls_per_step": calls, "calls_basis": basis}
+
+
+def test_differences_name_time_gaps_and_call_count_mismatches():
+    fws = ["pytorch", "mxnet"]
+    diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(5.0, 2)}, fws)
+    assert diff == ["time differs 5.0x: PyTorch 1 ms, MXNet 5 ms"]
+    assert A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.4, 2)}, fws) == []
+    assert A.differences({"pytorch": _cell(3.0, 2), "mxnet": _cell(1.0, 2)}, fws)[0].startswith("time differs 3.0x")
+    diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.0, 4)}, fws)
+    assert diff == ["framework-op calls per step differ: PyTorch 2, MXNet 4"]
+    # counted differently (kernel launches against framework-op calls): not compared
+    assert A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.0, 4, "kernels")}, fws) == []
+
+
+def test_near_zero_op_rows_are_folded_with_a_count(out):
+    page = (out / "report.html").read_text()
+    sec = re.search(r'<section id="ops">(.*?)</section>', page, re.S).group(1)
+    run = A.load_run(RUN)
+    for bs in sorted({r["batch_size"] for r in run.results}):
+        df, fws = A.op_table(run, bs)
+        shares = pd.DataFrame({fw: df[f"{fw}.ms_per_step"] / df[f"{fw}.ms_per_step"].sum() for fw in fws})
+        small = int((shares.max(axis=1) < 0.01).sum())
+        part = sec.split(f"batch size {bs}</h3>", 1)[1].split("<h3>", 1)[0]
+        if small:
+            assert f"<summary>{small} more row(s), each under 1%" in part
+            shown = part.split("<details>")[0]
+        else:
+            assert "<details>" not in part
+            shown = part
+        assert shown.count("<tr>") - 2 == len(df) - small
