@@ -170,3 +170,37 @@ def test_near_zero_op_rows_are_folded_with_a_count(out):
             assert "<details>" not in part
             shown = part
         assert shown.count("<tr>") - 2 == len(df) - small
+
+
+def test_cpu_figures_say_what_is_not_there():
+    run = A.load_run(RUN)
+    roof, peaks = A.roofline([run])
+    if (roof["level"] == "op").any():  # a CPU trace: forward only, and the figure data says why
+        assert set(roof[roof["level"] == "op"]["direction"]) == {"fwd"}
+        assert "backward not shown" in peaks[run.name]["not_shown"]
+    tl = A.timeline_events(run)
+    for fw in set(tl["framework"]):  # every framework's step marks reach the phase lane
+        assert (tl[(tl["framework"] == fw) & (tl["lane"] == "phase")]["kind"] == "step").any(), fw
+    from kernelmap.reports.figures import _empty_lane
+
+    libcalls = A.library_calls([run])
+    sub = tl[tl["framework"] == "mxnet"]
+    bs = sub["batch_size"].iloc[0]
+    text = _empty_lane("library_call", sub, libcalls, run.name, bs, "mxnet")
+    n = libcalls[(libcalls["framework"] == "mxnet") & (libcalls["batch_size"] == bs)]["calls_per_step"].sum()
+    assert "not on this trace's clock" in text and f"{n:.0f} oneDNN" in text
+    assert "no device kernels" in _empty_lane("kernel", sub, libcalls, run.name, bs, "mxnet")
+
+
+def test_no_gpu_is_said_once(tmp_path):
+    from kernelmap import gpuinfo
+
+    if gpuinfo.query().gpus:
+        pytest.skip("a GPU is here")
+    # --trials 0 is refused after the device decisions are printed, before any work
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
+                           "--trials", "0", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "--trials" in proc.stderr
+    assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
+    assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
