@@ -204,3 +204,9 @@ def test_no_gpu_is_said_once(tmp_path):
     assert proc.returncode != 0 and "--trials" in proc.stderr
     assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
     assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
+
+
+def test_page_shows_no_local_paths(out):
+    page = (out / "report.html").read_text()
+    assert str(RUN.resolve()) not in page and str(RUN.resolve().parent) not in page
+    assert str(out.resolve().parent) not in page
