@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-
 from kernelmap.frameworks import spec
+
 from kernelmap import frameworks, schema
 
 from . import analysis as A

@@ -109,8 +109,9 @@ ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels
                  "ms_per_step": "time/step (ms)"}
 
 
-def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict]) -> list[dict]:
-    """The answer table (``answer.answer_table``) as one HTML table per run x batch size."""
+def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame) -> list[dict]:
+    """The answer table (``answer.answer_table``) as one HTML table per run x batch size, its title
+    naming the device each framework ran on (the summary's)."""
     out: list[dict] = []
     if ans.empty:
         return out
@@ -156,7 +157,10 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict]) -> 
                 cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
             body.append("<tr>" + "".join(cells) + "</tr>")
         basis = sorted(set(g["compared_on"].dropna()))
-        out.append({"title": f"Run {run}, batch size {bs}",
+        dev = summ[(summ["run"] == run) & (summ["batch_size"] == bs)] if len(summ) else summ
+        on = {f: d for f, d in zip(dev.get("framework", []), dev.get("device", []), strict=True)}
+        where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
+        out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
                     "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
                             f"<tbody>{''.join(body)}</tbody></table>",
                     "basis": ", ".join(basis)})
@@ -363,7 +367,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
-            "answers": _answer_tables(ans, ans_fws, fallbacks), "no_capture": no_capture,
+            "answers": _answer_tables(ans, ans_fws, fallbacks, summ), "no_capture": no_capture,
             "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
             "parity_html": H.table(parity),
             "env_html": H.table(env),

@@ -78,7 +78,7 @@ def test_answer_is_the_first_section_and_a_csv(out):
     assert sec.count('<td class="key">') == 2 * 8 * len(set(sizes))
     for layer in ("conv1", "conv2", "fc1", "fc2"):
         assert f'<td class="key">{layer}</td>' in sec
-    assert "MXNet time / PyTorch" in sec
+    assert "MXNet time / PyTorch" in sec and "batch size 64: PyTorch on CPU, MXNet on CPU" in sec
     csv = pd.read_csv(out / "tables" / "answer.csv")
     assert len(csv) == sec.count('<td class="key">') // 2
     assert {"pytorch.ms_per_step", "mxnet.ms_per_step", "mxnet.vs_ref"} <= set(csv.columns)
