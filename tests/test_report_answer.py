@@ -210,3 +210,14 @@ def test_page_shows_no_local_paths(out):
     page = (out / "report.html").read_text()
     assert str(RUN.resolve()) not in page and str(RUN.resolve().parent) not in page
     assert str(out.resolve().parent) not in page
+
+
+def test_compact_table_leaves_out_empty_columns_and_cuts_lists():
+    from kernelmap.reports.html import table
+
+    df = pd.DataFrame({"a": ["x", "y"], "empty": [None, None], "names": [["n" * 50, "b", "c", "d"], []]})
+    html = table(df, {"a": "A", "empty": "E", "names": "N"}, compact=True)
+    assert "<th>E</th>" not in html and "<th>A</th>" in html and "+1 more" in html
+    assert f'title="{"n" * 50}"' in html
+    full = table(df, {"a": "A", "empty": "E", "names": "N"})
+    assert "<th>E</th>" in full and "more" not in full
