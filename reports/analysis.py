@@ -108,13 +108,15 @@ def load_run(path: str | Path) -> Run:
     if not run.parity:
         run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
                             "framework ran)")
+    # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
+    captured = any(k != "clean" for r in results if isinstance(r, dict) for k in _passes(r))
     if (path / "attribution.json").is_file():
         run.attribution = _read_json(path / "attribution.json")
-    else:
+    elif captured:
         run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
     if (path / "records.parquet").is_file():
         run.records = schema.read_parquet(path / "records.parquet")
-    else:
+    elif captured:
         run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
                             "sections are empty")
     return run

@@ -368,6 +368,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
             "answers": _answer_tables(ans, ans_fws, fallbacks, summ), "no_capture": no_capture,
+            "only_clean": bool(runs) and len(no_capture) == len(runs),
             "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
             "parity_html": H.table(parity),
             "env_html": H.table(env),

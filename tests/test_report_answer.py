@@ -110,6 +110,9 @@ def test_run_without_capture_is_stated_once_at_the_top(tmp_path):
     page = (tmp_path / "rep" / "report.html").read_text()
     assert page.count("No capture passes") == 1
     assert page.index("No capture passes") < page.index('<section id="answer">')
+    # said once: no section of per-op figures, and no advice to normalise what holds nothing to normalise
+    assert '<section id="ops">' not in page and '<section id="figures">' not in page
+    assert "kernelmap normalise" not in page and '<section id="summary">' in page
 
 
 def test_report_of_a_missing_directory_says_it_does_not_exist(tmp_path):
