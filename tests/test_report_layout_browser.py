@@ -56,10 +56,20 @@ def _measure(tmp: Path, html: Path) -> dict:
     return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
 
 
-@pytest.fixture(scope="module")
-def layout(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("layout")
-    report_cli.build([str(RUN)], tmp / "report")
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def layout(request, tmp_path_factory):
+    """The CPU run fixture (PyTorch + MXNet), and the real H200 recording (long cuDNN kernel names)."""
+    tmp = tmp_path_factory.mktemp(f"layout-{request.param}")
+    run = RUN
+    if request.param == "gpu":
+        from conftest import gpu_run_dir
+
+        from kernelmap.normalise import normalise_run_dir
+
+        run = tmp / "gpu"
+        gpu_run_dir(run)
+        normalise_run_dir(run)
+    report_cli.build([str(run)], tmp / "report")
     return _measure(tmp, tmp / "report" / "report.html")
 
 
