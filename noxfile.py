@@ -17,6 +17,21 @@ nox.options.reuse_existing_virtualenvs = True
 
 # MXNet 1.9.1 (the last release) needs numpy < 1.24, which has no wheels past Python 3.11.
 PYTHON = "3.11"
+PYTHON_FIX = "pip install 'nox[uv]'"  # then nox downloads a missing interpreter with uv (--default-venv-backend uv)
+
+
+def python_missing(which=shutil.which, find_spec=importlib.util.find_spec) -> str | None:
+    """Why the sessions cannot get Python ``PYTHON``, with the one command that fixes it; None where
+    nox can find it (on PATH) or obtain it (uv, or nox's [pbs] extra, downloads it)."""
+    if which(f"python{PYTHON}") or which("uv") or find_spec("uv") or find_spec("pbs_installer"):
+        return None
+    return (f"kernelmap's nox sessions need Python {PYTHON} (MXNet 1.9.1 needs numpy < 1.24: no wheels past "
+            f"{PYTHON}); python{PYTHON} is not on PATH and nox cannot download it here. Fix: {PYTHON_FIX} "
+            f"and run `nox --default-venv-backend uv -s bench`")
+
+
+if __name__ != "_kernelmap_noxfile" and (_missing := python_missing()):
+    print(f"nox: {_missing}", file=sys.stderr)  # nox's own error ("interpreter not found") follows
 
 
 def _gpu_compute_capability() -> tuple[int, int] | None:

@@ -29,7 +29,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is one), or None."""
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv``, only the subcommand it names imports its module (its
+    options), so ``kernelmap --help`` imports none of them (pandas, matplotlib: seconds)."""
+    wanted = _command_in(argv) if argv is not None else None
     parser = argparse.ArgumentParser(
         prog="kernelmap",
         description="PyTorch and MXNet side by side: framework op -> library call -> kernel, and what it costs.",
@@ -41,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if argv is None or name == wanted:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -61,7 +70,8 @@ def _interrupted(args: argparse.Namespace, want_json: bool, signals: interrupt.I
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     want_json = bool(getattr(args, "json", False))
     signals = interrupt.install()

@@ -106,19 +106,24 @@ def collect() -> dict[str, Any]:
         "frameworks": {name: probe_framework(name) for name in frameworks.FRAMEWORKS},
         "profilers": {},
         "missing": [],
+        "notes": [],  # facts about this machine that are not faults (a CPU-only machine)
     }
     for tool in ("nsys", "ncu"):
         path = find_tool(tool)
         report["profilers"][tool] = path
-        if path is None:
+        if path is None and tool == "ncu" and not gpus.gpus:
+            report["notes"].append({"what": tool, "note": "not found; it profiles GPU kernels only, so it is not "
+                                                          f"needed on this machine ({FIX[tool]} where there is a GPU)"})
+        elif path is None:
             report["missing"].append({"what": tool, "fix": FIX[tool]})
     for name, facts in report["frameworks"].items():
         if not facts["installed"]:
             report["missing"].append({"what": name, "fix": facts["fix"], "error": facts["error"]})
     if not gpus.gpus:
-        report["missing"].append(
-            {"what": "NVIDIA GPU", "fix": "run on a machine with an NVIDIA GPU and driver", "error": gpus.problem}
-        )
+        report["notes"].append(
+            {"what": "NVIDIA GPU", "note": "none here, so every framework runs on the CPU (oneDNN/BLAS calls, no "
+                                           "kernels); the GPU figures need a machine with an NVIDIA GPU and driver",
+             "why": gpus.problem})
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
     cc_tuple = tuple(int(x) for x in cc.split(".")) if cc else None
     report["gpu_use"] = {}
@@ -151,12 +156,19 @@ def _print_text(r: dict[str, Any]) -> None:
         facts = ", ".join(f"{k}: {v}" for k, v in f.items() if k not in ("installed", "version", "devices")
                           and not isinstance(v, dict | list))
         use = r["gpu_use"].get(name)
-        gpu = "" if use is None else ("; GPU: usable" if use["usable"] else f"; GPU: no ({use['why']})")
+        # with no GPU at all the reason is said once, on the gpu line, not once per framework
+        gpu = "" if use is None else ("; GPU: usable" if use["usable"] else
+                                      "; GPU: none here" if not gpus else f"; GPU: no ({use['why']})")
         print(f"{name:<11} {f['version']}  ({facts}{gpu})")
     for tool, path in r["profilers"].items():
         print(f"{tool:<11} {path or 'not found'}")
     m = r["mxnet_on_this_gpu"]
-    print(f"mxnet gpu   {'yes' if m['ok'] else 'no'}: {m['message']}")
+    if gpus:
+        print(f"mxnet gpu   {'yes' if m['ok'] else 'no'}: {m['message']}")
+    if r["notes"]:
+        print("\non this machine:")
+        for item in r["notes"]:
+            print(f"  {item['what']}: {item['note']}")
     if r["missing"]:
         print("\nmissing:")
         for item in r["missing"]:

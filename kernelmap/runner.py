@@ -461,6 +461,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     gpus = gpuinfo.query()
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
     decisions: dict[str, Decision] = {}
+    no_gpu_said = False
     for fw in chosen:
         # Only a GPU question needs the framework imported (in a subprocess); the CPU needs it installed.
         probe = (doctor.find_framework(fw, python) if args.device == "cpu"
@@ -469,6 +470,11 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         decisions[fw] = d
         if d.device is None:
             print(f"kernelmap run: {fw} will not run: {d.note}", file=sys.stderr)
+        elif d.note and not gpus.gpus and d.device == "cpu" and args.device == "auto":
+            if not no_gpu_said:  # the same reason for every framework: said once
+                print(f"kernelmap run: no NVIDIA GPU here ({gpus.problem}): every framework runs on the CPU",
+                      file=sys.stderr)
+                no_gpu_said = True
         elif d.note:
             print(f"kernelmap run: {fw} runs on the {d.device.upper()}: {d.note}", file=sys.stderr)
     runnable = [fw for fw in chosen if decisions[fw].device is not None]

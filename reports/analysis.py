@@ -85,7 +85,7 @@ def load_run(path: str | Path) -> Run:
     if not path.exists():
         raise KernelmapError(f"{path}: does not exist")
     if not path.is_dir():
-        raise KernelmapError(f"{path}: not a run directory")
+        raise KernelmapError(f"{path}: not a run directory (a file, not a directory)")
     for req in (rd.manifest, rd.results):
         if not req.is_file():
             raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
@@ -98,13 +98,15 @@ def load_run(path: str | Path) -> Run:
     if not run.parity:
         run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
                             "framework ran)")
+    # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
+    captured = any(k != "clean" for r in run.results if isinstance(r, dict) for k in _passes(r))
     if rd.attribution.is_file():
         run.attribution = rundir.read_json(rd.attribution)
-    else:
+    elif captured:
         run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
     if rd.records.is_file():
         run.records = schema.read_parquet(rd.records)
-    else:
+    elif captured:
         run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
                             "sections are empty")
     return run
@@ -793,8 +795,12 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
     return df
 
 
+TIME_GAP = 1.5  # times on one row this many times apart (either way) are named as a gap
+
+
 def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
-    """Plain statements of where frameworks differ for one op row."""
+    """Plain statements of where frameworks differ for one op row: library, math mode, kernels,
+    a time gap of ``TIME_GAP`` or more, and different calls per step (counted the same way)."""
     present = [fw for fw in fws if fw in cells]
     missing = [fw for fw in fws if fw not in cells]
     out = []
@@ -820,6 +826,15 @@ def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
     kern = {fw: set(cells[fw]["kernels"]) for fw in present}
     if len(set(libs.values())) == 1 and all(kern.values()) and not set.intersection(*kern.values()):
         out.append("different algorithms (no kernel in common)")
+    ms = {fw: cells[fw].get("ms_per_step") for fw in present}
+    ms = {fw: v for fw, v in ms.items() if v is not None and not pd.isna(v)}
+    if len(ms) >= 2 and min(ms.values()) > 0 and max(ms.values()) / min(ms.values()) >= TIME_GAP:
+        out.append(f"time differs {max(ms.values()) / min(ms.values()):.1f}x: "
+                   + ", ".join(f"{fw_label(fw)} {v:.3g} ms" for fw, v in ms.items()))
+    bases = {cells[fw].get("calls_basis") for fw in present}
+    calls = {fw: cells[fw].get("calls_per_step") for fw in present}
+    if len(bases) == 1 and None not in calls.values() and len({round(float(v), 2) for v in calls.values()}) > 1:
+        out.append(f"{bases.pop()} per step differ: " + ", ".join(f"{fw_label(fw)} {v:.3g}" for fw, v in calls.items()))
     return out
 
 
@@ -955,6 +970,10 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                     model = layer_flops(layer, d, int(t.batch_size))
                     flops = pd.Series([model] * t.n_steps, dtype="float64") if model else flops
                 if flops.empty:
+                    if t.level == "op" and d == "bwd":
+                        peaks[run.name]["not_shown"] = (
+                            "backward not shown: a CPU trace's backward op covers both gradients (data and "
+                            "weight) and records no FLOPs; the model gives FLOPs per gradient only")
                     continue
                 ns = float(g["dur_ns"].sum())
                 modes = _uniq(g["math_mode"])
@@ -1059,8 +1078,10 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
         ph = src[src["kind"].isin(["step", "annotation"])]
         # Kineto repeats each annotation on the GPU timeline (gpu_user_annotation, the device's
         # pid): the phase lane shows the host's, as the op lane does.
+        # (MXNet's profiler gives its step marks a process id of their own: keep them where none
+        # is on the ops' process)
         host = set(ops["pid"].dropna())
-        ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host else ph
+        ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host and ph["pid"].isin(host).any() else ph
         parts.append(ph.assign(lane="phase", derived=False))
         outer = _outermost(ops[ops["canonical_op"].notna()]).index
         parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))

@@ -25,6 +25,7 @@ from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 
 from . import analysis as A
+from . import answer as ANS
 from . import checks as C
 from . import figures as F
 from . import html as H
@@ -39,6 +40,9 @@ SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "de
 OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library call(s)",
              "kernels": "kernel(s)", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
              "share_of_step": "share", "math_modes": "math mode"}
+
+ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
+NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
 
 
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
@@ -58,6 +62,8 @@ CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch siz
 
 # tables/<name>.csv: every table the page renders, under a stable name
 TABLES = {
+    "answer": "the answer: per layer x direction, frameworks side by side (library call, algorithm, kernel, "
+              "time per step, time against PyTorch's)",
     "summary": "Summary: clean-pass step time, images/s, accuracy per framework x batch size",
     "parity": "parity.json's headline figures",
     "environment": "versions and machine, one column per run",
@@ -100,6 +106,68 @@ def _fallbacks(runs: list[A.Run]) -> list[dict]:
     return out
 
 
+ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels": "kernel / implementation",
+                 "ms_per_step": "time/step (ms)"}
+
+
+def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame) -> list[dict]:
+    """The answer table (``answer.answer_table``) as one HTML table per run x batch size, its title
+    naming the device each framework ran on (the summary's)."""
+    out: list[dict] = []
+    if ans.empty:
+        return out
+    ref = ANS.frameworks.REFERENCE
+    for (run, bs), g in ans.groupby(["run", "batch_size"], sort=False, dropna=False):
+        here = [fw for fw in fws if g.get(f"{fw}.ms_per_step") is not None and g[f"{fw}.ms_per_step"].notna().any()]
+        others = [fw for fw in here if fw != ref and ref in here]
+        marks = {f["fw"]: f for f in fallbacks if f["run"] == run}
+        head1 = '<th rowspan="2">layer</th><th rowspan="2">direction</th>'
+        head2 = ""
+        for fw in here:
+            warn = (f' <span class="fallback">⚠ on {_html.escape(str(marks[fw]["device"]))}</span>'
+                    if fw in marks else "")
+            head1 += f'<th colspan="{len(ANSWER_FIELDS)}">{_html.escape(A.fw_label(fw))}{warn}</th>'
+            head2 += "".join(f"<th>{h}</th>" for h in ANSWER_FIELDS.values())
+        for fw in others:
+            head1 += (f'<th rowspan="2" title="{_html.escape(A.fw_label(fw))} time per step / '
+                      f'{_html.escape(A.fw_label(ref))} time per step on this row">'
+                      f"{_html.escape(A.fw_label(fw))} time / {_html.escape(A.fw_label(ref))}</th>")
+        body = []
+        for _, row in g.iterrows():
+            cells = [f'<td class="key">{_html.escape(str(row["layer"]))}</td>',
+                     f'<td class="key">{_html.escape(str(row["direction"]))}</td>']
+            for fw in here:
+                if not isinstance(row.get(f"{fw}.library_calls"), list):
+                    cells.append(f'<td colspan="{len(ANSWER_FIELDS)}" class="empty">not in this trace</td>')
+                    continue
+                calls = row[f"{fw}.library_calls"]
+                libs = row.get(f"{fw}.libraries") or []
+                call_html = H.abbr_list(calls, 28) if calls else (
+                    f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call logged)</span>')
+                ms = row[f"{fw}.ms_per_step"]
+                cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24)}</td>",
+                          f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34)}</td>",
+                          f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
+                          f"{H.fmt(ms, 'ms_per_step')}</td>"]
+            for fw in others:
+                v = row.get(f"{fw}.vs_ref")
+                if v is None or pd.isna(v):
+                    cells.append("<td>–</td>")
+                    continue
+                far = v >= ANS.GAP or v <= 1 / ANS.GAP
+                cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        basis = sorted(set(g["compared_on"].dropna()))
+        dev = summ[(summ["run"] == run) & (summ["batch_size"] == bs)] if len(summ) else summ
+        on = {f: d for f, d in zip(dev.get("framework", []), dev.get("device", []), strict=True)}
+        where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
+        out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
+                    "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
+                            f"<tbody>{''.join(body)}</tbody></table>",
+                    "basis": ", ".join(basis)})
+    return out
+
+
 def _summary_html(summ: pd.DataFrame) -> str:
     if summ.empty:
         return '<p class="empty">results.json lists no results.</p>'
@@ -135,19 +203,29 @@ def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
                 head1 += f'<th colspan="{len(OP_FIELDS)}">{_html.escape(A.fw_label(fw))} ({level} time){warn}</th>'
                 head2 += "".join(f"<th>{h}</th>" for h in OP_FIELDS.values())
             head1 += '<th rowspan="2">differences</th>'
-            body = []
+            thead = f"<thead><tr>{head1}</tr><tr>{head2}</tr></thead>"
+            totals = {fw: df[f"{fw}.ms_per_step"].sum() if f"{fw}.ms_per_step" in df else 0.0 for fw in fws}
+            body, folded = [], []
             for _, row in df.iterrows():
-                cells = [f"<td>{_html.escape(row['canonical_op'])}</td>", f"<td>{_html.escape(row['direction'])}</td>"]
+                cells = [f'<td class="key">{_html.escape(row["canonical_op"])}</td>',
+                         f'<td class="key">{_html.escape(row["direction"])}</td>']
                 for fw in fws:
                     for k in OP_FIELDS:
                         v = row.get(f"{fw}.{k}")
                         num = isinstance(v, float)
-                        cells.append(f'<td class="{"num" if num else ""}">{H.fmt(v, k)}</td>')
+                        text = H.abbr_list(v, 24, keep=2) if k in ABBREVIATED and isinstance(v, list) else H.fmt(v, k)
+                        cells.append(f'<td class="{"num" if num else ""}">{text}</td>')
                 diff = row["differences"]
                 cells.append(f'<td class="differs">{H.fmt(diff)}</td>' if diff else "<td></td>")
-                body.append("<tr>" + "".join(cells) + "</tr>")
-            html_ = (f'<div class="wide"><table><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
-                     f"<tbody>{''.join(body)}</tbody></table></div>")
+                shares = [row.get(f"{fw}.ms_per_step") / totals[fw] for fw in fws
+                          if totals[fw] and pd.notna(row.get(f"{fw}.ms_per_step"))]
+                small = bool(shares) and max(shares) < NEAR_ZERO
+                (folded if small else body).append("<tr>" + "".join(cells) + "</tr>")
+            html_ = f'<div class="wide"><table>{thead}<tbody>{"".join(body)}</tbody></table></div>'
+            if folded:
+                html_ += (f"<details><summary>{len(folded)} more row(s), each under {NEAR_ZERO:.0%} of every "
+                          f"framework's summed time/step in this table</summary>"
+                          f'<div class="wide"><table>{thead}<tbody>{"".join(folded)}</tbody></table></div></details>')
             out.append({"title": f"Run {run.name}, batch size {bs}", "html": html_,
                         "notes": [f"{f['framework']} ran on {f['device']}, not {f['device_requested']}"
                                   + (f": {f['note']}" if f["note"] else "") for f in marks.values()]})
@@ -222,6 +300,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     checks = C.self_checks(runs)
     libcalls = A.library_calls(runs)
     layers = A.layer_table(runs)
+    ans, ans_fws = ANS.answer_table(layers)
+    no_capture = ANS.no_capture_runs(runs)
     parity, env = A.parity_table(runs), A.environment_table(runs)
     trace = chrome_trace(runs, all_iterations=all_iterations)
     with atomic_dir(out, replace=replace) as tmp:
@@ -239,7 +319,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             _figure(tmp, "timeline", "One iteration",
                     "One traced iteration per framework: lanes for the step and its phases, framework ops, library "
                     "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
-                    F.timeline_figure, None, tl),
+                    F.timeline_figure, None, tl, libcalls),
             _figure(tmp, "busy_share", "Busy share",
                     "Summed kernel time (GPU) or outermost op time (CPU) per step over the step's wall time. "
                     "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
@@ -255,7 +335,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
                     "direction, against the GPU's dense FP32 and TF32 peak from the datasheet table in "
                     "reports/analysis.py. " + " ".join(
-                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p),
+                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p) + " " + " ".join(
+                        f"{r}: {p['not_shown']}." for r, p in peaks.items() if "not_shown" in p),
                     F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
         ]
         trend, hist = None, None
@@ -263,16 +344,19 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             from kernelmap.history import load_history
 
             hist = load_history(storage)
+            # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure
+            hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in ("median", "mean", "min") if c in hist})
             p = F.trend_figure(hist, tmp / "trend.png")
             trend = {"storage": storage, "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
                      "why_empty": "no saved benchmark records framework, mode, device and batch size",
-                     "table_html": H.table(hist, {c: c for c in ("run", "datetime", "name", "framework", "mode",
-                                                                  "device", "batch_size", "unpaired", "median",
-                                                                  "mean", "min", "rounds")})}
+                     "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
+                                                                     "device", "batch_size", "unpaired")},
+                                                  **{f"{c}_ms": f"{c} (ms)" for c in ("median", "mean", "min")},
+                                                  "rounds": "rounds"})}
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
         csvs = write_tables(tmp, {
-            "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
+            "answer": ans, "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
             "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
             "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
             "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
@@ -284,11 +368,14 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
+            "answers": _answer_tables(ans, ans_fws, fallbacks, summ), "no_capture": no_capture,
+            "only_clean": bool(runs) and len(no_capture) == len(runs),
+            "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
             "parity_html": H.table(parity),
             "env_html": H.table(env),
             "op_tables": _op_tables(runs, fallbacks),
-            "layer_html": H.table(layers, LAYER_FIELDS),
-            "libcalls_html": H.table(libcalls, LIBCALL_FIELDS),
+            "layer_html": H.table(layers, LAYER_FIELDS, compact=True),
+            "libcalls_html": H.table(libcalls, LIBCALL_FIELDS, compact=True),
             "checks_html": H.table(checks, CHECK_FIELDS, cell_class={"status": "status"}),
             "checks_failed": int((checks["status"] == C.FAIL).sum()),
             "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),

@@ -172,9 +172,26 @@ def _lane_color(op) -> str:
     return matplotlib.colors.to_hex(palette[CANONICAL_OPS.index(op) % len(palette)])
 
 
-def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
+def _empty_lane(lane: str, sub: pd.DataFrame, libcalls: pd.DataFrame | None, run, bs, fw) -> str:
+    """What an empty timeline lane means for this framework x batch size."""
+    cpu = not (sub["lane"] == "kernel").any() and sub["device"].eq("cpu").any() if "device" in sub else False
+    if lane == "kernel" and cpu:
+        return "(none: on the CPU the ops run on the host, no device kernels)"
+    if lane == "library_call" and libcalls is not None and len(libcalls):
+        lc = libcalls[(libcalls["run"] == run) & (libcalls["batch_size"] == bs) & (libcalls["framework"] == fw)]
+        if len(lc):
+            per = lc.groupby("library")["calls_per_step"].sum()
+            what = ", ".join(f"{n:.0f} {lib}" for lib, n in per.items())
+            return (f"(not on this trace's clock: {what} calls/step, logged in the libs pass and linked to these "
+                    "ops; see Library calls)")
+    return "(none in this trace)"
+
+
+def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path) -> Path | None:
     """One iteration per framework: lanes phase / op / library call / kernel, coloured by
-    canonical op, on a shared time axis (ms from the start of the shown iteration)."""
+    canonical op, on a shared time axis (ms from the start of the shown iteration). An empty lane
+    says why: library calls logged in another pass (``libcalls``: analysis.library_calls) are not on
+    this trace's clock; a CPU trace has no kernels."""
     if tl.empty:
         return None
     keys = list(dict.fromkeys(zip(tl["run"], tl["batch_size"], tl["framework"], strict=True)))[:6]
@@ -214,8 +231,8 @@ def timeline_figure(tl: pd.DataFrame, path: Path) -> Path | None:
                 ax.text(1.0, li, " derived from kernel spans", transform=ax.get_yaxis_transform(),
                         fontsize=7, va="center", color="#495057")
             if ev.empty:
-                ax.text(0.5, li, "(none in this trace)", transform=ax.get_yaxis_transform(), fontsize=7,
-                        va="center", ha="center", color="#868e96")
+                ax.text(0.5, li, _empty_lane(lane, sub, libcalls, run, bs, fw), transform=ax.get_yaxis_transform(),
+                        fontsize=7, va="center", ha="center", color="#868e96")
         ax.set_yticks(range(len(lanes)), [lane_label[x] for x in lanes])
         ax.set_ylim(len(lanes) - 0.5, -0.5)
         ax.set_xlabel("ms from the start of the shown window")
@@ -270,36 +287,49 @@ def _overhead_label(row: pd.Series) -> str:
 
 
 def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
-    """Median step time per capture pass, per framework x batch size; overhead vs clean on top."""
+    """Median step time per capture pass, per framework; one panel per run x batch size (their
+    scales differ: GPU steps are ms, CPU steps 100s of ms), linear axes from 0; the change against
+    the clean pass on top of each bar."""
     skipped = ov[ov["step_ms_median"].isna() & ov["skipped"].notna()]
     ov = ov.dropna(subset=["step_ms_median"])
     if ov.empty:
         return None
     many = ov["run"].nunique() > 1
-    keys = list(dict.fromkeys(zip(ov["run"], ov["batch_size"], ov["framework"], strict=True)))
+    panels = list(dict.fromkeys(zip(ov["run"], ov["batch_size"], strict=True)))
     passes = list(dict.fromkeys(ov["pass"]))
     cmap = plt.get_cmap("Set2").colors
     width = 0.8 / len(passes)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(keys) * max(1, len(passes) / 2)), 4.2))
-    x = np.arange(len(keys))
-    for i, p in enumerate(passes):
-        vals, labels = [], []
-        for run, bs, fw in keys:
-            m = ov[(ov["run"] == run) & (ov["batch_size"] == bs) & (ov["framework"] == fw) & (ov["pass"] == p)]
-            vals.append(m["step_ms_median"].iloc[0] if len(m) else np.nan)
-            labels.append(_overhead_label(m.iloc[0]) if len(m) and p != "clean" else "")
-        bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
-        for bar, text in zip(bars, labels, strict=True):
-            if text:
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text,
-                        ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, [f"{fw_label(fw)}\n{_title_case(run, bs, many)}" for run, bs, fw in keys])
-    ax.set_ylabel("median step time (ms, log scale)")
-    ax.set_yscale("log")  # GPU steps (ms) and CPU steps (100s of ms) share the axis
-    ax.set_title("Median step time per capture pass (label: change vs the clean pass where it lies outside\n"
+    fws_most = max(ov[(ov["run"] == r) & (ov["batch_size"] == b)]["framework"].nunique() for r, b in panels)
+    ncols = min(len(panels), 3)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False,
+                             figsize=(max(4.5, 1.3 * fws_most * max(1, len(passes) / 2)) * ncols, 3.6 * nrows + 0.6))
+    for k, (run, bs) in enumerate(panels):
+        ax = axes[k // ncols][k % ncols]
+        here = ov[(ov["run"] == run) & (ov["batch_size"] == bs)]
+        fws = list(dict.fromkeys(here["framework"]))
+        x = np.arange(len(fws))
+        for i, p in enumerate(passes):
+            vals, labels = [], []
+            for fw in fws:
+                m = here[(here["framework"] == fw) & (here["pass"] == p)]
+                vals.append(m["step_ms_median"].iloc[0] if len(m) else np.nan)
+                labels.append(_overhead_label(m.iloc[0]) if len(m) and p != "clean" else "")
+            bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
+            for bar, text in zip(bars, labels, strict=True):
+                if text:
+                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text,
+                            ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [fw_label(fw) for fw in fws])
+        ax.set_title(_title_case(run, bs, many), fontsize=10)
+        ax.set_ylabel("median step time (ms)")
+        ax.set_ylim(0, np.nanmax(here["step_ms_median"]) * 1.2)
+        ax.grid(axis="y", alpha=0.3)
+    for k in range(len(panels), nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    axes[0][0].legend(title="pass", frameon=False, fontsize=8)
+    fig.suptitle("Median step time per capture pass, ms (label: change vs the clean pass where it lies outside "
                  "the clean pass's 95% interval, else 'noise'; capture passes sync every step)", fontsize=9)
-    ax.legend(title="pass", frameon=False, fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
     if len(skipped):
         why = sorted({f"{p} pass skipped: {w}" for p, w in zip(skipped["pass"], skipped["skipped"], strict=True)})
         fig.text(0.01, -0.02, "\n".join(why), fontsize=8, va="top", color="#862e9c")
@@ -339,6 +369,8 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
                         f"{pk[kind] / 1e12:.0f} TFLOP/s (dense)", ha="right", va="bottom", fontsize=8)
         else:
             notes.append(f"{run}: {pk.get('note')}")
+        if pk.get("not_shown"):
+            notes.append(f"{run}: {pk['not_shown']}")
     ax.set_yscale("log")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(labels) - 0.4)

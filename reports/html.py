@@ -48,13 +48,22 @@ def fmt(v: Any, col: str = "") -> str:
     return html.escape(str(v))
 
 
+def _empty(v: Any) -> bool:
+    if isinstance(v, list | tuple):
+        return not v
+    return v is None or (not isinstance(v, str | dict) and pd.isna(v)) or v == ""
+
+
 def table(df: pd.DataFrame, columns: dict[str, str] | None = None, cell_class: dict[str, str] | None = None,
-          raw: set[str] | None = None) -> str:
+          raw: set[str] | None = None, compact: bool = False) -> str:
     """DataFrame -> <table>. ``columns`` maps column -> header (and picks/orders them); ``raw``
-    columns hold HTML already escaped by the caller."""
+    columns hold HTML already escaped by the caller. ``compact`` (wide tables): columns empty in
+    every row are left out, and list cells show a few cut names (``abbr_list``, full names in titles)."""
     if df is None or df.empty:
         return ""
     columns = columns or {c: c for c in df.columns}
+    if compact:
+        columns = {c: h for c, h in columns.items() if c in df.columns and not df[c].map(_empty).all()}
     raw = raw or set()
     head = "".join(f"<th>{html.escape(h)}</th>" for h in columns.values())
     body = []
@@ -64,7 +73,7 @@ def table(df: pd.DataFrame, columns: dict[str, str] | None = None, cell_class: d
             v = row.get(c)
             cls = (cell_class or {}).get(c) or ("num" if isinstance(v, int | float) and not isinstance(v, bool)
                                                  else "")
-            text = v if c in raw else fmt(v, c)
+            text = v if c in raw else abbr_list(v, 30, keep=3) if compact and isinstance(v, list | tuple) else fmt(v, c)
             cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -79,7 +88,7 @@ def render(context: dict[str, Any]) -> str:
     for k, v in list(ctx.items()):
         if k.endswith("_html") and isinstance(v, str):
             ctx[k] = jinja2.utils.markupsafe.Markup(v)
-    for key in ("op_tables", "figures"):
+    for key in ("op_tables", "figures", "answers"):
         for item in ctx.get(key, []):
             for k, v in list(item.items()):
                 if k.endswith("html") and isinstance(v, str):
@@ -87,3 +96,27 @@ def render(context: dict[str, Any]) -> str:
     if ctx.get("trend"):
         ctx["trend"]["table_html"] = jinja2.utils.markupsafe.Markup(ctx["trend"].get("table_html", ""))
     return template.render(**ctx)
+
+
+def abbr(text: Any, limit: int = 36) -> str:
+    """Escaped text cut to ``limit`` characters, the whole of it in a title attribute."""
+    s = str(text)
+    if len(s) <= limit:
+        return html.escape(s)
+    return f'<span class="abbr" title="{html.escape(s, quote=True)}">{html.escape(s[: limit - 1])}…</span>'
+
+
+def abbr_list(values: Any, limit: int = 36, keep: int = 2) -> str:
+    """A list cell for narrow tables: at most ``keep`` items, each cut by ``abbr``; the rest as
+    "+N more" with their names in its title."""
+    if not isinstance(values, list | tuple):
+        return fmt(values)
+    vals = [str(v) for v in values]
+    if not vals:
+        return ""
+    shown = [abbr(v, limit) for v in vals[:keep]]
+    rest = vals[keep:]
+    if rest:
+        shown.append(f'<span class="abbr" title="{html.escape(chr(10).join(rest), quote=True)}">'
+                     f"+{len(rest)} more</span>")
+    return "<br>".join(shown)

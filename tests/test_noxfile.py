@@ -33,3 +33,14 @@ def test_posargs_override_only_what_they_name():
     assert nf.merge_options(nf.BENCH_DEFAULTS, []) == list(nf.BENCH_DEFAULTS)
     with pytest.raises(ValueError, match="expected an option"):
         nf.merge_options(nf.BENCH_DEFAULTS, ["20"])
+
+
+def test_missing_python_names_the_command_that_fixes_it():
+    nf = _noxfile()
+    none = lambda name: None  # noqa: E731
+    msg = nf.python_missing(which=none, find_spec=none)
+    assert msg and f"Python {nf.PYTHON}" in msg and nf.PYTHON_FIX in msg
+    assert nf.python_missing(which=lambda n: "/usr/bin/x" if n == f"python{nf.PYTHON}" else None,
+                             find_spec=none) is None
+    assert nf.python_missing(which=none, find_spec=lambda n: object() if n == "uv" else None) is None
+    assert nf.python_missing(which=lambda n: "/bin/uv" if n == "uv" else None, find_spec=none) is None

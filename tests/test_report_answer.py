@@ -1,0 +1,226 @@
+"""The report leads with its answer: per layer x direction, frameworks side by side."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import report
+from kernelmap.reports import analysis as A
+from kernelmap.reports import answer as ANS
+
+from kernelmap.errors import KernelmapError
+
+RUN = Path(__file__).parent / "data" / "report_cpu_run"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    from kernelmap.reports.cli import build
+
+    return build([str(RUN)], tmp_path_factory.mktemp("answer") / "report")[0]
+
+
+@pytest.fixture(scope="module")
+def layers() -> pd.DataFrame:
+    return A.layer_table([A.load_run(RUN)])
+
+
+def test_answer_has_every_layer_and_both_frameworks_on_one_row(layers):
+    ans, fws = ANS.answer_table(layers)
+    assert fws[0] == "pytorch" and "mxnet" in fws
+    # one row per layer x direction that the layer table has, whatever framework has it
+    want = set(zip(layers["batch_size"], layers["layer"], layers["direction"], strict=True))
+    assert set(zip(ans["batch_size"], ans["layer"], ans["direction"], strict=True)) == want
+    assert len(ans) == len(want)
+    assert {"conv1", "conv2", "fc1", "fc2"} <= set(ans["layer"])
+    for _, row in ans.iterrows():
+        lt = layers[(layers["batch_size"] == row["batch_size"]) & (layers["layer"] == row["layer"])
+                    & (layers["direction"] == row["direction"])]
+        by_fw = {r["framework"]: r for _, r in lt.iterrows()}
+        both_lib = all(pd.notna(r["ms_per_step"]) for r in by_fw.values())
+        for fw, r in by_fw.items():
+            want_ms = r["ms_per_step"] if both_lib else r["op_ms_per_step"]
+            assert row[f"{fw}.ms_per_step"] == pytest.approx(want_ms)
+            assert row[f"{fw}.library_calls"] == r["library_calls"] and row[f"{fw}.kernels"] == r["kernels"]
+        assert row["compared_on"] == (ANS.LIBRARY_TIME if both_lib else ANS.OP_TIME)
+        if {"pytorch", "mxnet"} <= set(by_fw):
+            assert row["mxnet.vs_ref"] == pytest.approx(row["mxnet.ms_per_step"] / row["pytorch.ms_per_step"])
+
+
+def test_kernel_level_bwd_is_the_bias_gradient_row():
+    layers = pd.DataFrame([
+        {"run": "r", "batch_size": 64, "layer": "fc1", "canonical_op": "linear", "direction": d, "framework": fw,
+         "level": "kernel", "libraries": [], "library_calls": [], "algos": [], "kernels": [k],
+         "ms_per_step": ms, "time_source": "kernels", "op_ms_per_step": ms}
+        for d, fw, k, ms in (("bwd", "pytorch", "reduce_kernel", 0.004), ("bwd_bias", "jax", "fusion", 0.002))])
+    ans, fws = ANS.answer_table(layers)
+    assert fws == ["pytorch", "jax"] and len(ans) == 1
+    row = ans.iloc[0]
+    assert row["direction"] == "bwd_bias" and row["jax.vs_ref"] == pytest.approx(0.5)
+    assert row["compared_on"] == "kernel time"
+
+
+def test_answer_is_the_first_section_and_a_csv(out):
+    page = (out / "report.html").read_text()
+    first = re.search(r'<section id="([a-z_]+)">', page).group(1)
+    assert first == "answer"
+    sec = re.search(r'<section id="answer">(.*?)</section>', page, re.S).group(1)
+    # the CPU run: 4 layers x (fwd, bwd) per batch size, one table per batch size
+    sizes = sorted(A.load_run(RUN).results[i]["batch_size"] for i in range(len(A.load_run(RUN).results)))
+    assert sec.count("<table") == len(set(sizes))
+    assert sec.count('<td class="key">') == 2 * 8 * len(set(sizes))
+    for layer in ("conv1", "conv2", "fc1", "fc2"):
+        assert f'<td class="key">{layer}</td>' in sec
+    assert "MXNet time / PyTorch" in sec and "batch size 64: PyTorch on CPU, MXNet on CPU" in sec
+    csv = pd.read_csv(out / "tables" / "answer.csv")
+    assert len(csv) == sec.count('<td class="key">') // 2
+    assert {"pytorch.ms_per_step", "mxnet.ms_per_step", "mxnet.vs_ref"} <= set(csv.columns)
+    assert "No capture passes" not in page
+
+
+def test_long_names_are_cut_with_the_full_name_in_a_title():
+    from kernelmap.reports.html import abbr, abbr_list
+
+    name = "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x64x32"
+    cell = abbr(name, 20)
+    assert f'title="{name}"' in cell and ">sm80_xmma_fprop_imp…<" in cell
+    assert abbr("short", 20) == "short"
+    cell = abbr_list(["a", "b", "c", "d"], 20, keep=2)
+    assert cell.startswith("a<br>b<br>") and "+2 more" in cell and 'title="c\nd"' in cell
+
+
+def test_run_without_capture_is_stated_once_at_the_top(tmp_path):
+    run = tmp_path / "clean-only"
+    run.mkdir()
+    shutil.copy(RUN / "manifest.json", run / "manifest.json")
+    results = json.loads((RUN / "results.json").read_text())
+    for r in results:
+        r["passes"] = {k: v for k, v in r.get("passes", {}).items() if k == "clean"}
+    (run / "results.json").write_text(json.dumps(results))
+    assert ANS.no_capture_runs([A.load_run(run)]) == ["clean-only"]
+    assert ANS.no_capture_runs([A.load_run(RUN)]) == []
+    assert report(str(run), "-o", str(tmp_path / "rep")) == 0
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert page.count("No capture passes") == 1
+    assert page.index("No capture passes") < page.index('<section id="answer">')
+    # said once: no section of per-op figures, and no advice to normalise what holds nothing to normalise
+    assert '<section id="ops">' not in page and '<section id="figures">' not in page
+    assert "kernelmap normalise" not in page and '<section id="summary">' in page
+
+
+def test_report_of_a_missing_directory_says_it_does_not_exist(tmp_path):
+    with pytest.raises(KernelmapError, match="does not exist"):
+        A.load_run(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(KernelmapError, match="not a run directory"):
+        A.load_run(tmp_path / "file")
+
+
+def test_help_imports_no_subcommand_module():
+    code = ("import sys, contextlib, io\nimport kernelmap.cli as c\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()) as o:\n"
+            "    c.main(['--help'])\n"
+            "assert 'report' in o.getvalue(), o.getvalue()\n"
+            "bad = [m for m in ('pandas', 'matplotlib', 'numpy', 'kernelmap.reports.cli', 'kernelmap.runner')"
+            " if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_subcommand_help_still_lists_its_options():
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "report", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "--strict" in proc.stdout
+
+
+def _cell(ms: float, calls: float, basis: str = "framework-op calls") -> dict:
+    return {"libraries": ["oneDNN"], "math_modes": [], "kernels": ["k"], "ms_per_step": ms,
+            "calls_per_step": calls, "calls_basis": basis}
+
+
+def test_differences_name_time_gaps_and_call_count_mismatches():
+    fws = ["pytorch", "mxnet"]
+    diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(5.0, 2)}, fws)
+    assert diff == ["time differs 5.0x: PyTorch 1 ms, MXNet 5 ms"]
+    assert A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.4, 2)}, fws) == []
+    assert A.differences({"pytorch": _cell(3.0, 2), "mxnet": _cell(1.0, 2)}, fws)[0].startswith("time differs 3.0x")
+    diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.0, 4)}, fws)
+    assert diff == ["framework-op calls per step differ: PyTorch 2, MXNet 4"]
+    # counted differently (kernel launches against framework-op calls): not compared
+    assert A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.0, 4, "kernels")}, fws) == []
+
+
+def test_near_zero_op_rows_are_folded_with_a_count(out):
+    page = (out / "report.html").read_text()
+    sec = re.search(r'<section id="ops">(.*?)</section>', page, re.S).group(1)
+    run = A.load_run(RUN)
+    for bs in sorted({r["batch_size"] for r in run.results}):
+        df, fws = A.op_table(run, bs)
+        shares = pd.DataFrame({fw: df[f"{fw}.ms_per_step"] / df[f"{fw}.ms_per_step"].sum() for fw in fws})
+        small = int((shares.max(axis=1) < 0.01).sum())
+        part = sec.split(f"batch size {bs}</h3>", 1)[1].split("<h3>", 1)[0]
+        if small:
+            assert f"<summary>{small} more row(s), each under 1%" in part
+            shown = part.split("<details>")[0]
+        else:
+            assert "<details>" not in part
+            shown = part
+        assert shown.count("<tr>") - 2 == len(df) - small
+
+
+def test_cpu_figures_say_what_is_not_there():
+    run = A.load_run(RUN)
+    roof, peaks = A.roofline([run])
+    if (roof["level"] == "op").any():  # a CPU trace: forward only, and the figure data says why
+        assert set(roof[roof["level"] == "op"]["direction"]) == {"fwd"}
+        assert "backward not shown" in peaks[run.name]["not_shown"]
+    tl = A.timeline_events(run)
+    for fw in set(tl["framework"]):  # every framework's step marks reach the phase lane
+        assert (tl[(tl["framework"] == fw) & (tl["lane"] == "phase")]["kind"] == "step").any(), fw
+    from kernelmap.reports.figures import _empty_lane
+
+    libcalls = A.library_calls([run])
+    sub = tl[tl["framework"] == "mxnet"]
+    bs = sub["batch_size"].iloc[0]
+    text = _empty_lane("library_call", sub, libcalls, run.name, bs, "mxnet")
+    n = libcalls[(libcalls["framework"] == "mxnet") & (libcalls["batch_size"] == bs)]["calls_per_step"].sum()
+    assert "not on this trace's clock" in text and f"{n:.0f} oneDNN" in text
+    assert "no device kernels" in _empty_lane("kernel", sub, libcalls, run.name, bs, "mxnet")
+
+
+def test_no_gpu_is_said_once(tmp_path):
+    from kernelmap import gpuinfo
+
+    if gpuinfo.query().gpus:
+        pytest.skip("a GPU is here")
+    # --trials 0 is refused after the device decisions are printed, before any work
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
+                           "--trials", "0", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "--trials" in proc.stderr
+    assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
+    assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
+
+
+def test_page_shows_no_local_paths(out):
+    page = (out / "report.html").read_text()
+    assert str(RUN.resolve()) not in page and str(RUN.resolve().parent) not in page
+    assert str(out.resolve().parent) not in page
+
+
+def test_compact_table_leaves_out_empty_columns_and_cuts_lists():
+    from kernelmap.reports.html import table
+
+    df = pd.DataFrame({"a": ["x", "y"], "empty": [None, None], "names": [["n" * 50, "b", "c", "d"], []]})
+    html = table(df, {"a": "A", "empty": "E", "names": "N"}, compact=True)
+    assert "<th>E</th>" not in html and "<th>A</th>" in html and "+1 more" in html
+    assert f'title="{"n" * 50}"' in html
+    full = table(df, {"a": "A", "empty": "E", "names": "N"})
+    assert "<th>E</th>" in full and "more" not in full
