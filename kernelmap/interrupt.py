@@ -13,6 +13,7 @@ its temporary directory.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 _PYTHON_DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
@@ -23,6 +24,7 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.deferring = 0  # > 0 inside ``deferred()``: record now, raise on leaving
 
     @property
     def seen(self) -> bool:
@@ -34,7 +36,8 @@ class Interrupt:
 
     def __call__(self, signum, frame):
         self.signum = signum
-        raise KeyboardInterrupt
+        if not self.deferring:
+            raise KeyboardInterrupt
 
 
 def install() -> Interrupt:
@@ -67,4 +70,23 @@ def seen() -> bool:
 def raise_if_seen() -> None:
     """Raise KeyboardInterrupt if a signal was caught and then lost inside a C extension."""
     if seen():
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred():
+    """A block a signal must not cut in two (starting a worker: a KeyboardInterrupt raised inside
+    ``subprocess.Popen`` after the child exists, but before its handle is returned, would leave that
+    child running unseen). A signal arriving inside is recorded and raised as KeyboardInterrupt on
+    leaving the block."""
+    handler = signal.getsignal(signal.SIGINT)
+    if not isinstance(handler, Interrupt):
+        yield
+        return
+    handler.deferring += 1
+    try:
+        yield
+    finally:
+        handler.deferring -= 1
+    if handler.seen and not handler.deferring:
         raise KeyboardInterrupt

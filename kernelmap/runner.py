@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import doctor, frameworks, gpuinfo, manifest, rundir, timing
+from . import doctor, frameworks, gpuinfo, interrupt, manifest, rundir, timing
 from .atomic import atomic_dir
 from .errors import KernelmapError, MissingToolError
 
@@ -149,15 +149,18 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         # Its own process group: a terminal's Ctrl-C reaches only this process, which then stops the
         # worker (and nsys with its target) as a group. A worker that got the SIGINT itself could be
         # mid-import and print Python's startup traceback.
-        proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or log_fh or sys.stderr.fileno(),
-                                stderr=subprocess.PIPE, process_group=0)
-        tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
-        tee.start()
+        proc = None
         try:
+            with interrupt.deferred():  # a signal here is raised once ``proc`` is known, below
+                proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or log_fh or sys.stderr.fileno(),
+                                        stderr=subprocess.PIPE, process_group=0)
+                tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
+                tee.start()
             rc = proc.wait()
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
-            tee.forward = False
-            stop_group(proc)
+            if proc is not None:
+                tee.forward = False
+                stop_group(proc)
             raise
         tee.join(timeout=10)
     finally:

@@ -225,3 +225,21 @@ def test_atomic_writers_refuse_to_publish_after_a_swallowed_interrupt(tmp_path):
     finally:
         interrupt.uninstall(handler)
     assert not interrupt.seen()
+
+
+def test_a_signal_inside_a_deferred_block_is_raised_on_leaving_it():
+    """Starting a worker is not cut in two: the signal is recorded inside and raised after."""
+    from kernelmap import interrupt
+
+    handler = interrupt.install()
+    try:
+        reached_end = False
+        with pytest.raises(KeyboardInterrupt):
+            with interrupt.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler has run by now (it records, and does not raise here)
+                assert handler.seen
+                reached_end = True
+        assert reached_end and handler.deferring == 0
+    finally:
+        interrupt.uninstall(handler)
