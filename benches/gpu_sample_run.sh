@@ -17,20 +17,4 @@ for i in 1 2 3; do
     --data "$data" --out "/tmp/repeat$i" --json >"$out/repeat$i.json" 2>"$out/repeat$i.err" \
     || echo "repeat $i failed: $(tail -n 1 "$out/repeat$i.err")"
 done
-python3 - "$out" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-by_bs = {}
-for i in (1, 2, 3):
-    f = out / f"repeat{i}.json"
-    if f.is_file() and f.stat().st_size:
-        for r in json.loads(f.read_text())["results"]:
-            by_bs.setdefault(r["batch_size"], []).append(r)
-print("repeats (clean pass step median ms [95% CI]); spread = max |x - median of the runs| / median")
-for bs, rs in sorted(by_bs.items()):
-    meds = [r["median_step_s"] * 1e3 for r in rs]
-    mid = statistics.median(meds)
-    print(f"bs {bs}: " + ", ".join(f"{r['median_step_s']*1e3:.3f} [{r['ci95_low_s']*1e3:.3f}-{r['ci95_high_s']*1e3:.3f}]"
-                                   for r in rs) + f"; spread {max(abs(m - mid) for m in meds) / mid:.1%}")
-PY
+python3 benches/repeats.py "$out"/repeat*.json
