@@ -1,0 +1,132 @@
+"""Run directories as read by the report: the Run type, loading, labels, results.json helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kernelmap import frameworks, rundir, schema
+from kernelmap.errors import KernelmapError
+
+# each framework's profiler trace (its descriptor says which), then nsys
+TRACE_SOURCES = (*dict.fromkeys(d.trace_source for d in frameworks.REGISTRY.values()), "nsys")
+PHASE_ORDER = ("forward", "backward", "optimizer", "data", "other")
+FRAMEWORK_LABEL = {name: d.label for name, d in frameworks.REGISTRY.items()}
+
+# Peak dense throughput (FLOP/s) by GPU name, from NVIDIA's datasheets. Tensor-core figures are
+# the dense ones: the datasheets print them "with sparsity", i.e. doubled; we halve them.
+#  - H100 SXM5 / H200 SXM: FP32 67 TFLOPS, TF32 Tensor Core 989 TFLOPS with sparsity -> 494.5 dense
+#    (NVIDIA H100 Tensor Core GPU datasheet; NVIDIA H200 Tensor Core GPU datasheet).
+#  - H100 PCIe: FP32 51 TFLOPS, TF32 756 TFLOPS with sparsity -> 378 dense (H100 datasheet).
+#  - H200 NVL: FP32 60 TFLOPS, TF32 835 TFLOPS with sparsity -> 417.5 dense (H200 datasheet).
+#  - A100 SXM4 / PCIe: FP32 19.5 TFLOPS, TF32 156 TFLOPS dense (A100 datasheet).
+# Matching is by substring of the GPU name, most specific first.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200 NVL", {"fp32": 60e12, "tf32": 417.5e12}),
+    ("H200", {"fp32": 67e12, "tf32": 494.5e12}),
+    ("H100 PCIe", {"fp32": 51e12, "tf32": 378e12}),
+    ("H100", {"fp32": 67e12, "tf32": 494.5e12}),
+    ("A100", {"fp32": 19.5e12, "tf32": 156e12}),
+)
+
+
+def peak_flops(gpu_name: str | None) -> dict[str, float] | None:
+    """{'fp32': FLOP/s, 'tf32': FLOP/s} for a known GPU, else None (CPU and unknown GPUs)."""
+    if not gpu_name:
+        return None
+    for key, peaks in PEAK_FLOPS:
+        if key.lower() in gpu_name.lower():
+            return dict(peaks)
+    return None
+
+
+def fw_label(fw: str) -> str:
+    return FRAMEWORK_LABEL.get(str(fw), str(fw))
+
+
+# --- loading ---------------------------------------------------------------------------------
+@dataclass
+class Run:
+    path: Path
+    manifest: dict
+    results: list[dict]
+    parity: list[dict] = field(default_factory=list)
+    attribution: Any = None
+    records: pd.DataFrame | None = None
+    problems: list[str] = field(default_factory=list)  # optional inputs that are absent
+    _timed: list | None = field(default=None, repr=False, compare=False)  # timed_events, computed once
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one run directory (``rundir.RunDir``). manifest.json and results.json are required."""
+    rd = rundir.RunDir(path)
+    path = rd.path
+    if not path.exists():
+        raise KernelmapError(f"{path}: does not exist")
+    if not path.is_dir():
+        raise KernelmapError(f"{path}: not a run directory (a file, not a directory)")
+    for req in (rd.manifest, rd.results):
+        if not req.is_file():
+            raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
+    run = Run(path, rd.read_manifest(), rd.read_results())
+    for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
+        if isinstance(info, dict) and info.get("skipped"):
+            run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
+    # parity-<framework>.json: each framework against the reference; parity.json: runs made before that
+    run.parity = [rundir.read_json(f) for f in rd.parity_files()]
+    if not run.parity:
+        run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
+                            "framework ran)")
+    # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
+    captured = any(k != "clean" for r in run.results if isinstance(r, dict) for k in _passes(r))
+    if rd.attribution.is_file():
+        run.attribution = rundir.read_json(rd.attribution)
+    elif captured:
+        run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
+    if rd.records.is_file():
+        run.records = schema.read_parquet(rd.records)
+    elif captured:
+        run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
+                            "sections are empty")
+    return run
+
+
+def _get(d: Any, key: str, default: Any = None) -> Any:
+    """``d``'s value at the dotted path ``key``, or ``default`` where it is missing or None."""
+    cur: Any = d
+    for part in key.split("."):
+        if not isinstance(cur, dict) or cur.get(part) is None:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts/lists -> {'a.b.0.c': scalar}."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list) and not all(isinstance(x, int | float) for x in d):
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+def _passes(r: dict) -> dict[str, dict]:
+    passes = _get(r, "passes", default={}) or {}
+    return {k: v for k, v in passes.items() if isinstance(v, dict)}
+
+
+def _step_times_s(r: dict) -> np.ndarray | None:
+    v = _get(r, "step_times_s")
+    return np.asarray(v, dtype=float) if isinstance(v, list) and v else None

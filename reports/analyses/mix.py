@@ -1,0 +1,110 @@
+"""Library mix, kernel counts, busy share and capture overhead."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kernelmap import schema, timing
+
+from .base import Run, _get, _passes, _step_times_s
+from .linked import _op_signature, linked_libraries
+from .summary import clean_stats, summary_table
+from .timed import Timed, timed_events
+
+
+# --- library mix, kernel counts, busy share -----------------------------------------------------
+def _event_library(run: Run, t: Timed) -> pd.Series:
+    """The library of each timed event. Kernels (GPU): their own, from the linked library call.
+    Framework ops (CPU): the libraries of the library-log calls linked to ops of the same
+    signature (canonical op, layer, direction group), e.g. oneDNN for a convolution backward,
+    BLAS for PyTorch's linear; ``a/b`` where both ran; "native" (framework code) where nothing
+    was linked."""
+    lib = t.events["library"]
+    if t.level == "op":
+        by_sig = linked_libraries(run, t.framework, t.batch_size)
+        vals = ["/".join(by_sig[k]["libraries"]) if k in by_sig else pd.NA for k in _op_signature(t.events)]
+        lib = pd.Series(vals, index=t.events.index, dtype="string")
+    return lib.fillna("native")
+
+
+def library_mix(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x library: time per step (ms) and share of timed time."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            lib = _event_library(run, t)
+            total = float(t.events["dur_ns"].sum())
+            for name, g in t.events.groupby(lib):
+                ns = float(g["dur_ns"].sum())
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "library": name, "level": t.level, "ms_per_step": ns / t.n_steps / 1e6,
+                             "share": ns / total if total else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "library", "level",
+                                       "ms_per_step", "share"])
+
+
+def kernel_counts(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x canonical op: distinct kernels and launches per step."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            if t.level != "kernel":
+                continue
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED))
+            for op, g in ev.groupby("canonical_op"):
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "canonical_op": op, "distinct_kernels": int(g["kernel_name"].nunique()),
+                             "launches_per_step": len(g) / t.n_steps})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "canonical_op",
+                                       "distinct_kernels", "launches_per_step"])
+
+
+def busy_share(runs: list[Run]) -> pd.DataFrame:
+    """Sum of timed event time per step / step wall time (median step in the same trace, or,
+    when the trace has no step events, the clean pass's median step time from results.json)."""
+    summ = summary_table(runs)
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
+            step_ms, basis = (t.step_ns / 1e6, t.step_basis) if t.step_ns else (None, None)
+            if step_ms is None:
+                m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
+                         & (summ["batch_size"] == t.batch_size)]
+                if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
+                    step_ms, basis = float(m["step_ms_median"].iloc[0]), "clean-pass median step"
+            rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                         "level": t.level, "source": t.source, "busy_ms_per_step": busy_ms,
+                         "step_ms": step_ms, "step_basis": basis,
+                         "busy_share": busy_ms / step_ms if step_ms else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "level", "source",
+                                       "busy_ms_per_step", "step_ms", "step_basis", "busy_share"])
+
+
+def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
+    """Per capture pass (results.json ``passes``): median step time, its change vs the clean pass and
+    the verdict against the clean pass's 95% interval (``timing.overhead_verdict``): an overhead is
+    a figure only where the verdict is "above noise"."""
+    rows = []
+    for run in runs:
+        for r in run.results:
+            clean = clean_stats(r)
+            for name, p in _passes(r).items():
+                if name == "clean":
+                    med, over, verdict, steps = clean.get("median_step_s"), None, None, _get(r, "steps")
+                else:
+                    st = _step_times_s(p)
+                    med = float(np.median(st)) if st is not None else _get(p, "median_step_s")
+                    steps = _get(p, "steps")
+                    over = med / clean["median_step_s"] - 1 if med is not None and clean.get("median_step_s") else None
+                    verdict = None if med is None else str(timing.overhead_verdict(med, steps or 0, clean))
+                rows.append({"run": run.name, "framework": _get(r, "framework"),
+                             "batch_size": _get(r, "batch_size"), "pass": name, "steps": steps,
+                             "step_ms_median": None if med is None else med * 1e3,
+                             "overhead": over, "verdict": verdict,
+                             "skipped": None if _get(p, "skipped") is None else str(_get(p, "skipped"))})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "pass", "steps", "step_ms_median",
+                                       "overhead", "verdict", "skipped"])
+
+

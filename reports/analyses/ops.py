@@ -1,0 +1,289 @@
+"""Op time and the side-by-side, per-layer and library-call tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from kernelmap import schema
+from kernelmap.flops import layer_flops
+
+from .base import Run, fw_label
+from .linked import _fwbs, _op_signature, linked_calls, linked_libraries, log_steps
+from .mix import _event_library
+from .timed import _fill_from_links, _records, direction_group, op_calls, timed_events
+
+
+# --- op time and the side-by-side table ------------------------------------------------------
+def op_time(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x canonical op x direction x phase: time per step (ms),
+    events per step, share of the step. ``level`` says whether kernels or ops were summed."""
+    rows = []
+    for run in runs:
+        for t in timed_events(run):
+            ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
+                                 direction=t.events["direction"].fillna("none"),
+                                 phase=t.events["phase"].fillna("other"))
+            for (op, d, ph), g in ev.groupby(["canonical_op", "direction", "phase"]):
+                ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
+                             "canonical_op": op, "direction": d, "phase": ph, "level": t.level,
+                             "source": t.source, "ms_per_step": ms,
+                             "events_per_step": len(g) / t.n_steps,
+                             "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "canonical_op", "direction",
+                                       "phase", "level", "source", "ms_per_step", "events_per_step",
+                                       "share_of_step"])
+
+
+def short_kernel(name: str, limit: int = 110) -> str:
+    """A kernel's name without return type, template arguments and parameters, for tables."""
+    n = str(name).replace("<unnamed>", "{anon}")
+    n = n[5:] if n.startswith("void ") else n
+    depth, out = 0, []
+    for ch in n:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(ch)
+    n = "".join(out).strip() or n
+    return n if len(n) <= limit else n[: limit - 1] + "…"
+
+
+def _uniq(s: pd.Series, limit: int = 6) -> list[str]:
+    vals = [str(v) for v in pd.unique(s.dropna())]
+    return vals[:limit] + ([f"... {len(vals) - limit} more"] if len(vals) > limit else [])
+
+
+def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """The side-by-side table of one run at one batch size: one row per canonical op x direction,
+    columns ``<framework>.<field>``, and ``differences`` saying plainly where the frameworks part.
+
+    Returns (table, frameworks)."""
+    rec = _records(run)
+    timed = [t for t in timed_events(run) if batch_size is None or t.batch_size == batch_size]
+    if batch_size is None and timed:
+        batch_size = timed[0].batch_size
+        timed = [t for t in timed if t.batch_size == batch_size]
+    fws = [t.framework for t in timed]
+    per: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in timed:
+        allrows = _fwbs(rec, t.framework, t.batch_size)
+        allrows = _fill_from_links(allrows, allrows)
+        ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
+                             direction=t.events["direction"].fillna("none"))
+        lib = _event_library(run, t)
+        calls_n = op_calls(t).set_index(["canonical_op", "direction"])["calls_per_step"]
+        by_sig = linked_libraries(run, t.framework, t.batch_size) if t.level == "op" else {}
+        for (op, d), g in ev.groupby(["canonical_op", "direction"]):
+            key = (op, d)
+            a = allrows[(allrows["canonical_op"] == op) & (allrows["direction"].fillna("none") == d)]
+            kernels = a[a["kind"] == "kernel"]
+            ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+            if t.level == "op":
+                # what was linked to these ops (CPU library logs), not what a name suggests
+                sigs = set(_op_signature(g))
+                lib_calls = sorted({c for k in sigs if k in by_sig for c in by_sig[k]["library_calls"]})
+            else:
+                lib_calls = _uniq(a[a["kind"] == "library_call"]["library_call"]) or _uniq(a["library_call"])
+            # kernel-level rows split a backward op (bwd_data/bwd_weight): their calls are kernel launches
+            n_calls = calls_n.get((op, d)) if (op, d) in calls_n.index else None
+            per.setdefault(key, {})[t.framework] = {
+                "op_names": _uniq(g["op_name"]) or _uniq(a[a["kind"] == "op"]["op_name"]),
+                "libraries": sorted(set(lib[g.index])),
+                "library_calls": lib_calls,
+                "kernels": _uniq(kernels["kernel_name"].map(short_kernel, na_action="ignore")),
+                "n_kernels": int(kernels["kernel_name"].nunique()),
+                "calls_per_step": float(n_calls) if n_calls is not None else len(g) / t.n_steps,
+                "calls_basis": "framework-op calls" if n_calls is not None else f"{t.level}s",
+                "ms_per_step": ms,
+                "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None,
+                "math_modes": _uniq(a["math_mode"]),
+                "level": t.level,
+            }
+    rows = []
+    for (op, d), cells in per.items():
+        row: dict[str, Any] = {"canonical_op": op, "direction": d}
+        for fw in fws:
+            for k, v in (cells.get(fw) or {}).items():
+                row[f"{fw}.{k}"] = v
+        row["differences"] = differences(cells, fws)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if len(df):
+        order = {o: i for i, o in enumerate((*schema.CANONICAL_OPS, schema.UNATTRIBUTED))}
+        dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
+        df = df.assign(_o=df["canonical_op"].map(order), _d=df["direction"].map(dorder)).sort_values(
+            ["_o", "_d"]).drop(columns=["_o", "_d"]).reset_index(drop=True)
+    return df, fws
+
+
+LAYER_COLUMNS = ("run", "batch_size", "layer", "canonical_op", "direction", "framework", "level",
+                 "libraries", "library_calls", "algos", "kernels", "calls_per_step", "ms_per_step", "time_source",
+                 "op_ms_per_step", "reorders_per_step", "reorder_ms_per_step", "flops_per_step", "achieved_flops",
+                 "math_modes")
+
+
+def layer_table(runs: list[Run]) -> pd.DataFrame:
+    """Conv and linear work per layer and direction, for each framework: the library call(s), the
+    algorithm (cuDNN engine id, oneDNN implementation), the kernel(s), the time per step and the
+    FLOP/s that gives (the spec's FLOPs for the layer).
+
+    Time per step: on the GPU the kernels' (the timed source's); on the CPU the library calls'
+    own time from the library log (oneDNN primitives, BLAS calls; libs pass, per logged step),
+    with ``time_source`` naming it; ``op_ms_per_step`` is the framework ops' time in the trace's
+    pass (as in the op table), and the oneDNN layout reorders feeding the layer's primitives are
+    counted apart (``reorders_per_step``, ``reorder_ms_per_step``)."""
+    rows = []
+    for run in runs:
+        rec = _records(run)
+        for t in timed_events(run):
+            ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
+            if ev.empty:
+                continue
+            allrows = _fill_from_links(_fwbs(rec, t.framework, t.batch_size), _fwbs(rec, t.framework, t.batch_size))
+            lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
+            n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
+            for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
+                # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
+                # a kernel-level "bwd" is work no gradient call owns (the bias gradient's reduction)
+                split = d == "bwd" and t.level == "op"
+                dirs = {"bwd", "bwd_data", "bwd_weight"} if split else {d}
+                a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
+                            & allrows["direction"].fillna("none").isin(dirs)]
+                calls = a[a["kind"] == "library_call"]
+                kernels = a[a["kind"] == "kernel"]["kernel_name"]
+                onednn = calls[calls["library"] == "oneDNN"]
+                op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                reorders_ps = reorder_ms = None
+                if t.level == "op":
+                    ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
+                    if len(calls) and n_log:
+                        ms = float(calls["dur_ns"].sum()) / n_log / 1e6 if calls["dur_ns"].notna().all() else None
+                        calls_ps = len(calls) / n_log
+                        source = f"{'/'.join(sorted(set(calls['library'].dropna())))} log, {log_basis}"
+                    elif len(calls):
+                        source = f"library log: {log_basis}"
+                    ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
+                                & lcalls["op_layer"].eq(layer) & lcalls["op_dgroup"].eq(direction_group(d))]
+                    if n_log and len(calls):
+                        reorders_ps = len(ro) / n_log
+                        reorder_ms = float(ro["dur_ns"].sum()) / n_log / 1e6
+                else:
+                    ms, calls_ps = op_ms, None
+                    source = f"{t.level}s of the {t.source} trace ({t.pass_name} pass)"
+                # FLOPs of an op-level "bwd": the gradients its library calls computed
+                parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
+                flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
+                    if t.batch_size is not None else None
+                rows.append({
+                    "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
+                    "direction": d, "framework": t.framework, "level": t.level,
+                    "libraries": _uniq(pd.concat([g["library"], calls["library"]])) or ["native"],
+                    "library_calls": _uniq(pd.concat([calls["library_call"], g["library_call"]])),
+                    "algos": _uniq(calls["algo"]),
+                    # oneDNN names its implementation (its "kernel") in the verbose line
+                    "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
+                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source, "op_ms_per_step": op_ms,
+                    "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
+                    "flops_per_step": flops,
+                    "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
+                    "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
+                })
+    df = pd.DataFrame(rows, columns=list(LAYER_COLUMNS))
+    if len(df):
+        dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
+        df = df.assign(_d=df["direction"].map(dorder)).sort_values(
+            ["run", "batch_size", "layer", "_d", "framework"]).drop(columns="_d").reset_index(drop=True)
+    return df
+
+
+LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
+                        "direction", "linked", "calls_per_step", "ms_per_step", "logged_calls", "logged_steps",
+                        "basis")
+
+
+def library_calls(runs: list[Run]) -> pd.DataFrame:
+    """Every library-log call kind per framework x batch size: library, call, the framework op it
+    is linked to (canonical op, layer, direction group; a oneDNN layout reorder is counted under
+    the op of the primitive it feeds, as its own row), calls and time per logged step. Calls not
+    linked to an op are listed under their own canonical op, with ``linked`` False."""
+    rows = []
+    for run in runs:
+        rec = _records(run)
+        keys = rec[rec["kind"] == "library_call"][["framework", "batch_size"]].drop_duplicates()
+        for fw, bs in keys.itertuples(index=False):
+            bs_v = None if pd.isna(bs) else int(bs)
+            c = linked_calls(run, str(fw), bs_v)
+            n_log, basis = log_steps(run, str(fw), bs_v)
+            linked = c["op_canonical"].notna()
+            c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna(schema.UNATTRIBUTED),
+                         _layer=c["op_layer"].where(linked, c["layer"]).fillna(schema.UNKNOWN),
+                         _dir=c["op_dgroup"].where(linked, c["dgroup"]).fillna("none"), _linked=linked)
+            for (lib, call, op, layer, d, lk), g in c.groupby(
+                    [c["library"].fillna(schema.UNKNOWN), c["library_call"].fillna(schema.UNKNOWN), "_op", "_layer", "_dir", "_linked"]):
+                timed = g["dur_ns"].notna().all()
+                rows.append({"run": run.name, "framework": fw, "batch_size": bs_v, "library": lib,
+                             "library_call": call, "canonical_op": op, "layer": None if layer == "-" else layer,
+                             "direction": d, "linked": bool(lk),
+                             "calls_per_step": len(g) / n_log if n_log else None,
+                             "ms_per_step": float(g["dur_ns"].sum()) / n_log / 1e6 if n_log and timed else None,
+                             "logged_calls": len(g), "logged_steps": n_log,
+                             "basis": basis if timed else f"{basis}; the log records no durations"})
+    df = pd.DataFrame(rows, columns=list(LIBRARY_CALL_COLUMNS))
+    if len(df):
+        order = {o: i for i, o in enumerate(schema.CANONICAL_OPS)}
+        df = df.assign(_o=df["canonical_op"].map(order).fillna(99)).sort_values(
+            ["run", "batch_size", "framework", "_o", "layer", "direction", "library_call"],
+            na_position="first").drop(columns="_o").reset_index(drop=True)
+    return df
+
+
+TIME_GAP = 1.5  # times on one row this many times apart (either way) are named as a gap
+
+
+def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
+    """Plain statements of where frameworks differ for one op row: library, math mode, kernels,
+    a time gap of ``TIME_GAP`` or more, and different calls per step (counted the same way)."""
+    present = [fw for fw in fws if fw in cells]
+    missing = [fw for fw in fws if fw not in cells]
+    out = []
+    if missing and present:
+        out.append(f"only {', '.join(fw_label(f) for f in present)} has this op")
+    if len(present) < 2:
+        return out
+
+    def say(field_: str, what: str) -> None:
+        sets = {fw: tuple(sorted(cells[fw][field_])) for fw in present}
+        if len(set(sets.values())) > 1:
+            out.append(f"{what} differs: " + ", ".join(
+                f"{fw_label(fw)}: {'/'.join(v) or 'none recorded'}" for fw, v in sets.items()))
+
+    say("libraries", "library")
+    modes = {fw: tuple(sorted(cells[fw]["math_modes"])) for fw in present}
+    if len(set(modes.values())) > 1:
+        tf32 = {fw for fw, m in modes.items() if "tf32" in m}
+        lead = "TF32 differs" if tf32 and len(tf32) < len(present) else "math mode differs"
+        out.append(f"{lead}: " + ", ".join(f"{fw_label(fw)}: {'/'.join(m) or 'not recorded'}"
+                                         for fw, m in modes.items()))
+    libs = {fw: tuple(sorted(cells[fw]["libraries"])) for fw in present}
+    kern = {fw: set(cells[fw]["kernels"]) for fw in present}
+    if len(set(libs.values())) == 1 and all(kern.values()) and not set.intersection(*kern.values()):
+        out.append("different algorithms (no kernel in common)")
+    ms = {fw: cells[fw].get("ms_per_step") for fw in present}
+    ms = {fw: v for fw, v in ms.items() if v is not None and not pd.isna(v)}
+    if len(ms) >= 2 and min(ms.values()) > 0 and max(ms.values()) / min(ms.values()) >= TIME_GAP:
+        out.append(f"time differs {max(ms.values()) / min(ms.values()):.1f}x: "
+                   + ", ".join(f"{fw_label(fw)} {v:.3g} ms" for fw, v in ms.items()))
+    bases = {cells[fw].get("calls_basis") for fw in present}
+    calls = {fw: cells[fw].get("calls_per_step") for fw in present}
+    if len(bases) == 1 and None not in calls.values() and len({round(float(v), 2) for v in calls.values()}) > 1:
+        out.append(f"{bases.pop()} per step differ: " + ", ".join(f"{fw_label(fw)} {v:.3g}" for fw, v in calls.items()))
+    return out
+
+
