@@ -37,9 +37,7 @@ import numpy as np
 from . import frameworks as registry
 from .errors import KernelmapError, MissingToolError
 
-REGISTRY_NAMES = registry.FRAMEWORKS
-
-FRAMEWORKS = (REGISTRY_NAMES[0], REGISTRY_NAMES[1])  # the default pair: the reference and the next
+FRAMEWORKS = (registry.FRAMEWORKS[0], registry.FRAMEWORKS[1])  # the default pair: the reference and the next
 TOLERANCES = {"forward_logits_max_abs_diff": 1e-4, "loss_max_rel_diff": 1e-4, "weights_worst": 1e-4}
 DEFINITIONS = {
     "forward_logits_max_abs_diff": "max |a-b| over the logits of the first batch, before any step",
@@ -47,7 +45,6 @@ DEFINITIONS = {
     "weights_max_rel_diff": "per tensor: max|a-b| / max|a| after the last step, a = first framework's",
     "weights_worst": "max of weights_max_rel_diff",
 }
-WORKER_FRAMEWORKS = REGISTRY_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,8 +89,8 @@ def check_available(frameworks=FRAMEWORKS, python: dict[str, str] | None = None)
     A framework run under another interpreter is checked by its worker (exit 3 names the fix)."""
     where = interpreters(frameworks, python)
     for fw in frameworks:
-        if fw not in WORKER_FRAMEWORKS:
-            raise KernelmapError(f"parity: unknown framework {fw!r}; choose from {WORKER_FRAMEWORKS}")
+        if fw not in registry.FRAMEWORKS:
+            raise KernelmapError(f"parity: unknown framework {fw!r}; choose from {registry.FRAMEWORKS}")
         if where[fw] != sys.executable:
             continue
         for module in registry.get(fw).import_names:
@@ -331,7 +328,7 @@ def _scalar(x):
 
 def _worker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.parity")
-    p.add_argument("--worker", required=True, choices=WORKER_FRAMEWORKS)
+    p.add_argument("--worker", required=True, choices=registry.FRAMEWORKS)
     p.add_argument("--weights", required=True)
     p.add_argument("--result", required=True)
     p.add_argument("--params", required=True, help="JSON of TrainConfig fields")

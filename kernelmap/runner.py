@@ -204,6 +204,17 @@ def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[lis
     return profile, export
 
 
+def _nsys_skip_reason(nsys: str | None, device: str, has_window: bool, label: str) -> str | None:
+    """Why the nsys pass cannot record anything here, or None where it runs."""
+    if nsys is None:
+        return "nsys not found"
+    if device != "gpu":
+        return "the CPU run launches no CUDA work for nsys to record"
+    if not has_window:
+        return f"{label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)"
+    return None
+
+
 def _nsys_report(out_dir: Path) -> Path:
     for name in ("nsys.nsys-rep", "nsys.qdrep"):
         if (out_dir / name).is_file():
@@ -325,11 +336,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         if p == "nsys":
-            why = ("nsys not found" if nsys is None else
-                   None if descriptor.nsys_window(own_env) or decision.device != "gpu" else
-                   f"{descriptor.label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)")
-            if nsys is not None and decision.device != "gpu":
-                why = "the CPU run launches no CUDA work for nsys to record"
+            why = _nsys_skip_reason(nsys, decision.device, descriptor.nsys_window(own_env), descriptor.label)
             if why is not None:
                 msg = f"{fw} bs {bs}: nsys pass skipped: {why}" + (f"; {doctor.FIX['nsys']}" if nsys is None else "")
                 print(f"kernelmap run: {msg}", file=sys.stderr)
