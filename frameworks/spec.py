@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,32 @@ PIXEL_MEAN = 0.1307
 PIXEL_STD = 0.3081
 
 
+# --- the GPU math mode -----------------------------------------------------------------------
+class Math(enum.Enum):
+    """The arithmetic every framework is held to on the GPU, so that their convs and matmuls compare
+    like with like. The frameworks' defaults differ (PyTorch: TF32 convs, fp32 matmuls; MXNet 1.9 on
+    CUDA >= 11: TF32 cuBLAS GEMMs and cuDNN's default math; XLA: TF32 unless asked for "highest").
+
+    ``FP32``: no TF32 anywhere: ``NVIDIA_TF32_OVERRIDE=0`` in every GPU worker's environment (cuBLAS,
+    cuBLASLt and cuDNN honour it whatever the framework asks) and each framework's own switch off.
+    ``TF32``: TF32 allowed in every framework's convs and matmuls (each framework's switch on).
+    The library logs' ``math_mode`` column shows what each call really ran."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+
+    @property
+    def tf32(self) -> bool:
+        return self is Math.TF32
+
+    def env(self) -> dict[str, str]:
+        """The worker environment this mode needs (set before any framework loads its libraries)."""
+        return {"NVIDIA_TF32_OVERRIDE": "0"} if self is Math.FP32 else {}
+
+
+MATH_DEFAULT = Math.FP32
+
+
 # --- the training recipe ---------------------------------------------------------------------
 @dataclass
 class TrainConfig:
@@ -66,6 +93,7 @@ class TrainConfig:
     data_dir: str | None = None
     hybridize: bool = False  # Gluon only
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
+    math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

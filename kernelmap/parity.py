@@ -1,6 +1,7 @@
-"""``kernelmap parity``: do both frameworks compute the same model? (CPU, fp32)
+"""``kernelmap parity``: do both frameworks compute the same model? (fp32, on the CPU or the GPU)
 
-Each framework runs in its own subprocess, the two concurrently (``python -m kernelmap.parity --worker ...``, never
+Each framework runs in its own subprocess (on the CPU the two concurrently, on the GPU one after the
+other, with TF32 off in every library: ``spec.Math.FP32``) (``python -m kernelmap.parity --worker ...``, never
 both in one process); both load the same initial weight file and train on the same batches in
 the same order. Each writes an ``.npz``: logits of the first batch before any step, the loss of
 each SGD step, the weights after the last step. The parent imports no framework and compares:
@@ -60,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     parser.add_argument("--hybridize", action="store_true", help="hybridize the Gluon model")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="where both frameworks run (gpu: fp32 with TF32 off in every library)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                         help="the two frameworks compared, reference first (default pytorch,mxnet)")
@@ -130,32 +133,51 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
     return figures
 
 
+def worker_env(framework: str, device: str) -> dict[str, str]:
+    """A parity worker's environment. CPU: no GPU visible (JAX_PLATFORMS: jax's CPU backend, even where
+    a CUDA plugin is installed). GPU: fp32 with TF32 off in every library (``spec.Math.FP32``), and the
+    framework's own GPU environment (an MXNet built for this GPU: its tree)."""
+    from .frameworks import spec
+
+    if device == "cpu":
+        return dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    desc = registry.get(framework)
+    own = (desc.worker_env(None) or {}) if desc.worker_env else {}
+    return {**os.environ, **spec.Math.FP32.env(), **own}
+
+
 def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,
                  frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> dict[str, dict]:
-    """Start one worker per framework (concurrently), wait for all, read their ``.npz`` files."""
-    # CPU only: fp32 without TF32 or GPU libraries (JAX_PLATFORMS: jax's CPU backend, even where a
-    # CUDA plugin is installed)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    """Start one worker per framework (concurrently on the CPU, one after the other on the GPU),
+    wait for all, read their ``.npz`` files."""
     where = interpreters(frameworks, python)
     procs: dict[str, subprocess.Popen] = {}
+    stderr: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+
+    def finish(fw: str) -> None:
+        try:
+            stderr[fw] = procs[fw].communicate(timeout=max(deadline - time.monotonic(), 0.1))[1]
+        except subprocess.TimeoutExpired:
+            raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
+
     try:
         for fw in frameworks:
             cmd = [where[fw], "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
             cmd += ["--result", str(workdir / f"{fw}.npz"), "--params", json.dumps(params)]
             procs[fw] = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(fw, params["device"])
             )
-        deadline = time.monotonic() + timeout
+            if params["device"] == "gpu":  # one GPU: no two frameworks contending for it
+                finish(fw)
         errors, missing = {}, {}
         for fw, proc in procs.items():
-            try:
-                _, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
+            if fw not in stderr:
+                finish(fw)
             if proc.returncode == MissingToolError.exit_code:
-                missing[fw] = stderr.strip().splitlines()[-1]
+                missing[fw] = stderr[fw].strip().splitlines()[-1]
             elif proc.returncode != 0:
-                tail = "\n".join(stderr.strip().splitlines()[-15:])
+                tail = "\n".join(stderr[fw].strip().splitlines()[-15:])
                 errors[fw] = f"the {fw} worker failed (exit {proc.returncode}):\n{tail}"
         if missing:
             raise MissingToolError("parity: " + "; ".join(missing.values()))
@@ -184,6 +206,7 @@ def compute_parity(
     momentum: float = 0.9,
     seed: int = 0,
     hybridize: bool = False,
+    device: str = "cpu",
     timeout: float = 600.0,
     cache_dir: str | None = None,
     workdir: str | os.PathLike | None = None,
@@ -209,14 +232,15 @@ def compute_parity(
         data=data,
         data_dir=data_dir,
         hybridize=hybridize,
-        device="cpu",
+        device=device,
+        math=spec.Math.FP32.value,
     )
     info = data_mod.resolve_data(config)
     if not info.synthetic:
         data_mod.prepare_dir(info, cache_dir)  # once, before two workers race for it
     params = {
         k: config.to_dict()[k]
-        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "hybridize")
+        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "hybridize", "device", "math")
     }
     params["cache_dir"] = cache_dir
     started = time.perf_counter()
@@ -232,8 +256,9 @@ def compute_parity(
     return {
         "frameworks": list(frameworks),
         "python": interpreters(frameworks, python),
-        "device": "cpu",
+        "device": device,
         "dtype": "float32",
+        "math": "fp32 (TF32 off: NVIDIA_TF32_OVERRIDE=0 and each framework's switch)" if device == "gpu" else "fp32",
         "steps": steps,
         **figures,
         "tolerances": TOLERANCES,
@@ -248,7 +273,7 @@ def compute_parity(
 
 def format_text(result: dict[str, Any]) -> str:
     lines = [
-        f"parity {' vs '.join(result['frameworks'])} on {result['device']} {result['dtype']}, "
+        f"parity {' vs '.join(result['frameworks'])} on {result['device']} {result['math']}, "
         f"{result['steps']} SGD steps, data {result['data']['kind']} ({result['data']['path'] or 'generated'})",
         f"  forward logits max |a-b|     {result['forward_logits_max_abs_diff']:.3e}  (<= {TOLERANCES['forward_logits_max_abs_diff']:g})",
         f"  loss max |a-b|/|a| per step  {result['loss_max_rel_diff']:.3e}  (<= {TOLERANCES['loss_max_rel_diff']:g})",
@@ -273,6 +298,7 @@ def main(args: argparse.Namespace) -> int:
         lr=args.lr,
         momentum=args.momentum,
         seed=args.seed,
+        device=args.device,
         hybridize=args.hybridize,
         timeout=args.timeout,
         frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
@@ -293,7 +319,7 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     from .frameworks import load_workload, spec
 
     cache_dir = params.pop("cache_dir", None)
-    config = spec.TrainConfig(device="cpu", **params)
+    config = spec.TrainConfig(**params)
     try:
         cls = load_workload(framework)
     except ImportError as exc:

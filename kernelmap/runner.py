@@ -31,6 +31,7 @@ from typing import Any
 from . import doctor, frameworks, gpuinfo, interrupt, manifest, rundir, timing
 from .atomic import atomic_dir
 from .errors import KernelmapError, MissingToolError
+from .frameworks.spec import MATH_DEFAULT, Math
 
 FRAMEWORK_CHOICES = frameworks.FRAMEWORKS
 PROFILES = {
@@ -311,6 +312,8 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     pass_results: dict[str, dict[str, Any]] = {}
     # the framework's own environment on this GPU (an MXNet built for it: its tree first on PYTHONPATH)
     own_env = dict(descriptor.worker_env(None) or {}) if descriptor.worker_env and decision.device == "gpu" else {}
+    if decision.device == "gpu":  # the math mode's environment, before the framework loads its libraries
+        own_env.update(Math(train["math"]).env())
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
@@ -418,10 +421,11 @@ def _resolve_data(train: dict[str, Any]):
 PARITY_STEPS = 20
 
 
-def _parity(train: dict[str, Any], batch_size: int, ran: set[str],
+def _parity(train: dict[str, Any], batch_size: int, ran: dict[str, str],
             python: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """``kernelmap parity`` figures of every framework that ran against the reference (CPU, fp32, each
-    framework in its own subprocess): {framework: figures}; {} where the reference did not run."""
+    """``kernelmap parity`` figures of every framework that ran against the reference (fp32, each
+    framework in its own subprocess), on the GPU where both ran there (TF32 off), else on the CPU:
+    {framework: figures}; {} where the reference did not run. ``ran``: framework -> its device."""
     from .parity import compute_parity
 
     if frameworks.REFERENCE not in ran:
@@ -429,7 +433,8 @@ def _parity(train: dict[str, Any], batch_size: int, ran: set[str],
     steps = PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
     return {fw: compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
                                lr=train["lr"], momentum=train["momentum"], seed=train["seed"],
-                               hybridize=train["hybridize"], frameworks=(frameworks.REFERENCE, fw), python=python)
+                               hybridize=train["hybridize"], frameworks=(frameworks.REFERENCE, fw), python=python,
+                               device="gpu" if ran[fw] == ran[frameworks.REFERENCE] == "gpu" else "cpu")
             for fw in frameworks.FRAMEWORKS if fw in ran and fw != frameworks.REFERENCE}
 
 
@@ -460,6 +465,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "data": args.data,
         "data_dir": args.data_dir,
         "hybridize": args.hybridize,
+        "math": args.math,
     }
     if train["steps"] is not None and train["steps"] < 1:
         raise KernelmapError("--steps must be at least 1")
@@ -524,7 +530,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                         (tmp / fw).rmdir()
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
-        ran = {r["framework"] for r in results}
+        ran = {r["framework"]: r["device"] for r in results}
         parities = _parity(train, args.batch_size[0], ran, python)
         for fw, parity in parities.items():
             rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
@@ -625,6 +631,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="run directory (default runs/<UTC timestamp>)")
     parser.add_argument("--profile", choices=tuple(PROFILES), default="none", help="capture passes after the clean one")
     parser.add_argument("--hybridize", action="store_true", help="Gluon: hybridize the network")
+    parser.add_argument("--math", choices=[m.value for m in Math], default=MATH_DEFAULT.value,
+                        help="GPU convs and matmuls of every framework: fp32 (TF32 off everywhere, the default: "
+                             "like with like) or tf32 (TF32 allowed everywhere)")
     parser.add_argument("--replace", action="store_true", help="replace an existing --out")
     parser.add_argument("--trials", type=int, default=timing.DEFAULT_TRIALS,
                         help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")

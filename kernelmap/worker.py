@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         result["train_wall_s"] = time.perf_counter() - t0
         result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
-                      device=config.device, versions=workload.versions(), pid=os.getpid())
+                      device=config.device, versions=workload.versions(), pid=os.getpid(),
+                      math=config.math if config.device == "gpu" else "fp32",
+                      tf32_override=os.environ.get("NVIDIA_TF32_OVERRIDE"))
     except KernelmapError as exc:
         print(f"kernelmap-worker: error: {exc}", file=sys.stderr)
         return 2

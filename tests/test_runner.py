@@ -230,7 +230,14 @@ def test_run_all_gpu_all_passes(tmp_path):
     bs_dir = out / "pytorch" / "bs64"
     assert (bs_dir / "trace.json.gz").is_file() and (bs_dir / "cudnn.log").is_file()
     assert (bs_dir / "cublas.log").is_file() or (bs_dir / "cublaslt.log").is_file()
-    assert (out / "parity.json").is_file() == (len({r["framework"] for r in results}) == 2)
+    assert {r["math"] for r in results if r["device"] == "gpu"} == {"fp32"}
+    assert {r["tf32_override"] for r in results if r["device"] == "gpu"} == {"0"}
+    ran = {r["framework"]: r["device"] for r in results}
+    for fw, device in ran.items():
+        if fw == "pytorch":
+            continue
+        par = json.loads((out / f"parity-{fw}.json").read_text())  # every framework against the reference
+        assert par["device"] == ("gpu" if device == ran["pytorch"] == "gpu" else "cpu")
 
 
 def test_parent_imports_no_framework():

@@ -17,9 +17,9 @@ Recipe: ``optax.sgd(lr, momentum)`` is ``trace(decay=momentum)`` then ``scale(-l
 (t starts at 0, so the first step's t is g), p -= lr*t: torch.optim.SGD's update (dampening 0, no
 Nesterov). Loss: ``log_softmax`` then the mean negative log-likelihood of the labels.
 
-Precision: ``jax_default_matmul_precision`` is set to ``highest`` when a Workload is built, so
-convolutions and dots compute in fp32 (no TF32 on the GPU, no bf16 passes on the CPU); the
-setting is recorded in ``versions()``.
+Precision: ``jax_default_matmul_precision`` is set when a Workload is built from ``config.math``
+(``spec.Math``): ``highest`` for fp32 (no TF32 on the GPU, no bf16 passes on the CPU, whatever the
+mode), ``tensorfloat32`` for tf32 on the GPU; the setting is recorded in ``versions()``.
 
 Regions: ``region()`` is a ``jax.profiler.TraceAnnotation`` (the host span ``kernelmap:step#N``).
 The forward, backward and optimizer phases run inside one compiled XLA program: they are not host
@@ -51,7 +51,9 @@ from kernelmap.errors import KernelmapError
 from .. import spec
 from ..data import IMAGE_MAGIC, LABEL_MAGIC, SPLIT_FILES, synthetic_arrays
 
-MATMUL_PRECISION = "highest"
+# per spec.Math: fp32 computes convs and dots in fp32 ("highest": no TF32 on the GPU, no bf16 passes on
+# the CPU); tf32 lets XLA use TF32 on the GPU (its own default). The CPU always gets fp32.
+MATMUL_PRECISION = {spec.Math.FP32: "highest", spec.Math.TF32: "tensorfloat32"}
 OPTIMIZER_SCOPE = "kernelmap:optimizer"
 _FC1_CHW = (64, 7, 7)  # the spec's fc1 input: conv2's channels x pooled height x width
 
@@ -136,7 +138,8 @@ class Workload(spec.WorkloadBase):
 
     def __init__(self, config: spec.TrainConfig, data_info=None, cache_dir=None):
         super().__init__(config, data_info, cache_dir)
-        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+        math = spec.Math(config.math) if config.device == "gpu" else spec.Math.FP32
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[math])
         platform = "gpu" if config.device == "gpu" else "cpu"
         try:
             devices = jax.devices(platform)

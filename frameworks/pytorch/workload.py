@@ -46,6 +46,9 @@ class Workload(spec.WorkloadBase):
             if not torch.cuda.is_available():
                 raise KernelmapError("device gpu asked for, but torch.cuda.is_available() is False")
             self.device = torch.device("cuda", 0)
+            tf32 = spec.Math(config.math).tf32  # PyTorch's defaults: TF32 convs, fp32 matmuls
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
         else:
             self.device = torch.device("cpu")
         self.model = Net().to(self.device)
@@ -61,6 +64,7 @@ class Workload(spec.WorkloadBase):
             "torchvision": torchvision.__version__,
             "cuda": torch.version.cuda,
             "cudnn": cudnn,
+            "allow_tf32": {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32},
             "cublas": None,  # torch exposes no cuBLAS version
             "mkldnn": torch.backends.mkldnn.is_available(),
         }

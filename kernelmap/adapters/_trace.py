@@ -96,8 +96,14 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     # phase and iteration by time containment of the start (any thread), then name rules
     rmask = region_ph != None  # noqa: E711
     smask = step_no != None  # noqa: E711
+    asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
     phase = C.containing(start, start[rmask], end[rmask], region_ph[rmask])
-    iteration = C.containing(start, start[smask], end[smask], step_no[smask])
+    step_end = C.until_next(start[smask], end[smask]) if asynchronous else end[smask]
+    iteration = C.containing(start, start[smask], step_end, step_no[smask])
+    if dims is None and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
+        pos = C.layers_by_position(is_op, out_canon, out_dir, iteration, start)
+        need = has_top & (layer == None)  # noqa: E711
+        layer[need] = pos[top[need]]
 
     # device rows inherit from their runtime launch (same correlation id)
     dev = np.isin(kind, DEVICE_KINDS)
@@ -127,7 +133,8 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     df["iteration"] = pd.array(iteration, dtype="Int64")
     ph = pd.Series(pd.array(phase, dtype="string"), index=df.index)
     fallback = C.phase_from_direction(df["direction"], df["canonical_op"])
-    df["phase"] = ph.fillna(fallback)
+    # asynchronous ops: the phase is the op name's, the region's only where the name says none
+    df["phase"] = fallback.fillna(ph) if asynchronous else ph.fillna(fallback)
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df

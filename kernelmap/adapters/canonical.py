@@ -207,6 +207,47 @@ def phase_from_direction(direction: pd.Series, canonical: pd.Series) -> pd.Serie
     return phase_series(direction, canonical)
 
 
+# --- frameworks whose operators run asynchronously -------------------------------------------
+# MXNet runs operators on its engine threads, after the host thread that issued them has left the
+# region (kernelmap:forward|backward|optimizer, kernelmap:step#N) around the issuing call; the loop
+# waits for each step before issuing the next. So for these frameworks an op's phase is its name's
+# (MXNet's names say fwd/bwd/update), a region's only where the name says none, and a step reaches
+# to the next step's start. Whatever source records their ops (MXNet's profiler, nsys' NVTX).
+ASYNC_FRAMEWORKS = frozenset({"mxnet"})
+
+
+def until_next(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Each span's end moved to the next span's start (the last one: to the end of time)."""
+    if len(starts) == 0:
+        return ends
+    order = np.argsort(starts, kind="stable")
+    out = np.empty_like(ends)
+    nxt = np.append(starts[order][1:], np.iinfo("int64").max)
+    out[order] = np.maximum(nxt, ends[order])
+    return out
+
+
+def layers_by_position(is_op: np.ndarray, canonical: np.ndarray, direction: np.ndarray,
+                       iteration: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For traces without shapes (MXNet's): a conv2d/linear op's layer is its position among the
+    ops of its kind and direction within the iteration, in time order (forward in model order,
+    backward in reverse); None where that count differs from frameworks/spec.LAYERS."""
+    out = np.full(len(is_op), None, dtype=object)
+    frame = pd.DataFrame({"canon": canonical, "dir": direction, "it": iteration, "start": start})
+    for kind_name in ("conv2d", "linear"):
+        names_fwd = [layer.name for layer in LAYERS if layer.kind == kind_name]
+        for d, order in (("fwd", names_fwd), ("bwd", names_fwd[::-1])):
+            sel = frame[is_op & (frame["canon"] == kind_name).to_numpy() & (frame["dir"] == d).to_numpy()]
+            if sel.empty:
+                continue
+            sel = sel.sort_values("start", kind="stable")
+            key = pd.to_numeric(sel["it"], errors="coerce").fillna(-(10**9))
+            pos = sel.groupby(key).cumcount()
+            ok = (sel.groupby(key)["canon"].transform("size") == len(order)).to_numpy()
+            out[sel.index[ok]] = [order[p] for p in pos[ok].tolist()]
+    return out
+
+
 # --- layers from weight shapes ---------------------------------------------------------------
 _WEIGHTS = {tuple(layer.weight_shape): layer.name for layer in LAYERS}
 # (op name -> position of the weight among the inputs, transposed?)

@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ParseError
-from ..frameworks.spec import LAYERS
 from . import canonical as C
 from ._common import finish, load_json
 
@@ -140,17 +139,6 @@ def _int64_or_na(s: pd.Series) -> pd.array:
     return pd.array(vals, dtype="Int64")
 
 
-def _until_next(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Each span's end moved to the next span's start (the last one: to the end of time)."""
-    if len(starts) == 0:
-        return ends
-    order = np.argsort(starts, kind="stable")
-    out = np.empty_like(ends)
-    nxt = np.append(starts[order][1:], np.iinfo("int64").max)
-    out[order] = np.maximum(nxt, ends[order])
-    return out
-
-
 def _label(df: pd.DataFrame) -> None:
     kind = df["kind"].to_numpy(dtype=object)
     names = df["op_name"].fillna("").to_numpy(dtype=object)
@@ -165,28 +153,19 @@ def _label(df: pd.DataFrame) -> None:
     rph = np.array([C.region_phase(n) for n in names], dtype=object)
     stp = np.array([C.step_number(n) for n in names], dtype=object)
     r, s = rph != None, stp != None  # noqa: E711
-    # MXNet runs operators asynchronously on its engine threads: an op of step N runs after the
-    # host has left step N's region (the regions time the issuing Python thread), but before step
-    # N+1 is issued, since the loop waits for each step. So a step reaches to the next one's start,
-    # and so does each phase region; an op's phase is its name's (MXNet's names say fwd/bwd/update)
-    # and the region's only where the name says none.
-    iteration = C.containing(start, start[s], _until_next(start[s], end[s]), stp[s])
-    phase = C.containing(start, start[r], _until_next(start[r], end[r]), rph[r])
+    # operators run asynchronously (canonical.ASYNC_FRAMEWORKS): a step and each phase region reach to
+    # the next one's start; an op's phase is its name's, the region's only where the name says none.
+    iteration = C.containing(start, start[s], C.until_next(start[s], end[s]), stp[s])
+    phase = C.containing(start, start[r], C.until_next(start[r], end[r]), rph[r])
     own = C.containing(start, start[r], end[r], rph[r])
     by_name = C.phase_from_direction(df["direction"], df["canonical_op"])
     region = pd.Series(pd.array(np.where(is_op.to_numpy(), phase, own), dtype="string"), index=df.index)
     df["phase"] = by_name.where(is_op).fillna(region).where(is_op | region.notna())
     df["iteration"] = pd.array(iteration, dtype="Int64")
     df.loc[is_op & df["canonical_op"].isin(list(C.LOSS_OPS)), "layer"] = "loss"
-    for kind_name, canon_name in (("conv2d", "conv2d"), ("linear", "linear")):
-        names_fwd = [layer.name for layer in LAYERS if layer.kind == kind_name]
-        for d, order in (("fwd", names_fwd), ("bwd", names_fwd[::-1])):
-            sel = df[is_op & df["canonical_op"].eq(canon_name) & df["direction"].eq(d)]
-            if sel.empty:
-                continue
-            key = sel["iteration"].fillna(-(10**9))
-            pos = sel.groupby(key).cumcount()
-            size = sel.groupby(key)["kind"].transform("size")
-            ok = size == len(order)
-            df.loc[sel.index[ok.to_numpy()], "layer"] = [order[p] for p in pos[ok].tolist()]
+    pos = C.layers_by_position(is_op.to_numpy(), df["canonical_op"].to_numpy(dtype=object, na_value=None),
+                               df["direction"].to_numpy(dtype=object, na_value=None),
+                               df["iteration"].to_numpy(dtype=object, na_value=None), start)
+    has = pos != None  # noqa: E711
+    df.loc[has, "layer"] = pos[has]
     del kind

@@ -198,7 +198,8 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
         ids = nv.pop("text_id")
         if ids.notna().any():  # the text itself where the row has one, else its StringIds value
             nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
-        frames.append(_nvtx(nv))
+        framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
+        frames.append(_nvtx(nv, framework))
     for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
         if t in tables:
             have = _columns(con, t)
@@ -243,10 +244,39 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     return out
 
 
-def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
-    """NVTX ranges -> op rows (emit_nvtx) or annotation/step rows, fields parsed structurally."""
+def nvtx_framework(texts) -> str | None:
+    """The framework whose profiler wrote these NVTX range texts: PyTorch's ``emit_nvtx`` ranges
+    carry ``, seq = ``/``, op_id = `` fields; MXNet's (a build with NVTX, profiler running) are its
+    operator names (frameworks' vocabularies in ``canonical``). None where neither is seen."""
+    from .canonical import VOCABULARIES
+
+    mx = VOCABULARIES["mxnet"]
+    texts = [str(t) for t in texts]
+    if any(", seq = " in t or ", op_id = " in t for t in texts):
+        return "pytorch"
+    if any(t in mx for t in texts):
+        return "mxnet"
+    return None
+
+
+# MXNet's C API calls (profile_api) are NVTX ranges too, named MX*: never an operator's
+_MX_API = re.compile(r"^MX[A-Z]")
+
+
+def _nvtx_is_op(text: list[str], framework: str | None) -> list[bool]:
+    """Which ranges are framework ops. PyTorch (emit_nvtx): the ranges with op fields. MXNet: every
+    range but the workload's (``kernelmap:*``, steps) and the C API's — an MXNet built with NVTX
+    opens one range per operator it executes, named as its profiler names it."""
+    if framework == "mxnet":
+        return [not (t.startswith("kernelmap:") or _MX_API.match(t)) and bool(t) for t in text]
+    return [", op_id = " in t or ", seq = " in t for t in text]
+
+
+def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
+    """NVTX ranges -> op rows (emit_nvtx, MXNet operators) or annotation/step rows, fields parsed
+    structurally."""
     text = nv["text"].fillna("").astype(str).tolist()
-    is_op = [", op_id = " in t or ", seq = " in t for t in text]
+    is_op = _nvtx_is_op(text, framework)
     one: dict = {}  # one str object per distinct op name and sizes text, not one per row
     name = [one.setdefault(n, n) for n in (t.split(", ", 1)[0] if o else t for t, o in zip(text, is_op, strict=True))]
     seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
