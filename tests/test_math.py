@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from kernelmap.frameworks import spec
 
 from kernelmap import parity
 from kernelmap.adapters import nsys
-from kernelmap.frameworks import spec
 
 
 def test_fp32_turns_tf32_off_in_every_library_through_the_environment():
