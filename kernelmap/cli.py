@@ -20,7 +20,7 @@ from .errors import KernelmapError, ParseError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kernelmap.runner", "train/benchmark one or both frameworks into a run directory"),
-    "parity": ("kernelmap.parity", "check that both frameworks compute the same model (CPU, fp32)"),
+    "parity": ("kernelmap.parity", "check that both frameworks compute the same model (fp32, CPU or GPU)"),
     "doctor": ("kernelmap.doctor", "say what is installed and usable here"),
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
     "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),

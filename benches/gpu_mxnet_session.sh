@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# MXNet on the GPU machine in one 30-minute hold, as a chain of device calls (each <= 10 min):
+#   benches/gpu_mxnet_session.sh build KIT OUT BUDGET_S  # build-mxnet detached; waits up to BUDGET_S
+#   benches/gpu_mxnet_session.sh wait  KIT OUT BUDGET_S  # the same build, still running: wait again
+#   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
+#   benches/gpu_mxnet_session.sh times DATA OUT          # clean-pass step times, bs 64/256/1024, both modes
+# KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl. The build runs in its own session (setsid), so
+# that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
+# MXNet's slowest CUDA objects take longer than one call. The tree: /tmp/mxhome/1.9.1-sm90.
+# Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
+set -uo pipefail
+phase=$1; src=$(realpath "$2"); out=$(realpath -m "$3"); arg4=${4:-}
+export KERNELMAP_MXNET_HOME=/tmp/mxhome PYTHONUNBUFFERED=1
+mkdir -p "$out"
+python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
+cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
+tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
+case $phase in
+build|wait)
+  if [ -z "$(tree)" ] && ! pgrep -f "kernelmap.cli build-mxnet" >/dev/null; then
+    [ "$phase" = wait ] && echo "no build running (the machine is a fresh one?): starting it again"
+    setsid nohup python3 -m kernelmap.cli build-mxnet --source "$src/src" --work /tmp/mxw --jobs "$(nproc)" \
+      --numpy-wheel "$src"/whl/numpy-1.26*.whl >/tmp/mxbuild.log 2>&1 < /dev/null &
+    echo "started build-mxnet (pid $!) on $(nproc) cores at $(date +%T)"
+  fi
+  t0=$(date +%s)
+  while [ -z "$(tree)" ] && pgrep -f "kernelmap.cli build-mxnet" >/dev/null \
+        && [ $(( $(date +%s) - t0 )) -lt "$arg4" ]; do sleep 10; done
+  grep -v "^\[" /tmp/mxbuild.log | tail -n 6
+  echo "ninja: $(grep -E '^\[[0-9]+/' /tmp/mxw/build/ninja.log 2>/dev/null | tail -n 1 | cut -c1-120)"
+  echo "running: $(pgrep -af 'nvcc|cicc|ptxas' | grep -o 'src/[^ ]*\.cu' | sort -u | tr '\n' ' ')"
+  [ -n "$(tree)" ] && cat "$(tree)/kernelmap-mxnet.json" && du -sh "$(tree)"
+  cp /tmp/mxbuild.log "$out/" 2>/dev/null
+  awk 'NR>1 {printf "%.1f %s\n", ($2-$1)/1000, $4}' /tmp/mxw/build/.ninja_log 2>/dev/null | sort -rn | head -n 40 > "$out/slowest.txt"
+  ;;
+run)
+  [ -n "$arg4" ] && source "$arg4"
+  [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME"; exit 4; }
+  python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
+  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 \
+    --data "$src" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
+  echo "run all exit $?: $(tail -n 3 "$out/runall.err" | tr '\n' ' ')"
+  python3 -m kernelmap.cli report /tmp/runall 2>&1 | tail -n 25
+  (cd /tmp/runall && tar cJf "$out/runall.tar.xz" --exclude='*.nsys-rep' --exclude='trace.json.gz' \
+     --exclude='*.log' . 2>/dev/null; ls -l "$out")
+  python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,mxnet --data "$src" --json \
+    >"$out/parity-mxnet-gpu.json" 2>"$out/parity.err"; echo "parity pytorch,mxnet gpu exit $?"
+  python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax --data "$src" --json \
+    >"$out/parity-jax-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,jax gpu exit $?"
+  ;;
+times)
+  for mode in imperative hybridized; do
+    flag=$([ $mode = hybridized ] && echo --hybridize)
+    fws=$([ $mode = hybridized ] && echo mxnet || echo all)
+    python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps 100 --batch-size 64 256 1024 $flag \
+      --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
+    echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
+  done
+  ;;
+*) echo "unknown phase $phase"; exit 2;;
+esac
