@@ -15,7 +15,9 @@ Nothing here imports a framework.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +35,26 @@ BOOTSTRAP_SEED = 20261122
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 STEP_METHOD = (f"training step only, batches already on the device; one sample = a block of up to "
-               f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps")
+               f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps; Python's "
+               f"garbage collector off during the timed steps (collected before them)")
 E2E_METHOD = (f"end to end with the loader: wall time of the timed steps including fetching their batches "
               f"onto the device ({WINDOW_STEPS} at a time) / steps")
-CAPTURE_METHOD = "capture pass: device synchronised after every step (its trace needs step boundaries)"
+CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace needs step boundaries); "
+                  "garbage collector off during the timed steps")
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Python's cyclic garbage collector collected, then off, for a timed section (as ``timeit``
+    does): a collection inside a block of launch-bound steps is host jitter, not the step's cost."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class OverheadVerdict(enum.StrEnum):

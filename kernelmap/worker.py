@@ -160,7 +160,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
         prefetched = None if clean else fetch(n_timed)
         i = warmup
         e2e_start = time.perf_counter()
-        with capture:
+        with capture, timing.no_gc():
             for window in windows:
                 fetched = fetch(window) if clean else prefetched[i - warmup : i - warmup + window]
                 k = 0

@@ -54,3 +54,21 @@ def test_overhead_verdict():
     assert timing.overhead_verdict(0.90, 20, clean) is OverheadVerdict.BELOW
     assert timing.overhead_verdict(1.50, timing.MIN_CAPTURE_STEPS - 1, clean) is OverheadVerdict.TOO_FEW_STEPS
     assert str(OverheadVerdict.WITHIN) == "within noise"
+
+
+def test_no_gc_turns_the_collector_off_inside_and_restores_it():
+    import gc
+
+    from kernelmap import timing
+
+    assert gc.isenabled()
+    with timing.no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with timing.no_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()
