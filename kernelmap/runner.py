@@ -385,6 +385,8 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         "device": decision.device,
         "device_requested": decision.requested,
         "device_note": decision.note,
+        # what the GPU's convs and matmuls were allowed (spec.Math), and the environment that held them to it
+        "math": first["math"], "tf32_override": first["tf32_override"],
         "steps": first["steps"],
         "warmup_steps": first["warmup_steps"],
         # every trial's samples, trial after trial (``trials`` says which are whose)

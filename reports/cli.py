@@ -31,7 +31,7 @@ from . import figures as F
 from . import html as H
 from .timeline import chrome_trace
 
-SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device",
+SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device", "math": "math",
                 "batch_size": "batch",
                 "steps_timed": "steps timed / trial", "trials": "trials", "step_ms_median": "step median (ms)",
                 "ci_html": "step 95% CI (ms)", "step_ms_iqr": "step IQR (ms)",

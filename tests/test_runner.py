@@ -172,6 +172,7 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     (entry,) = json.loads((out / "results.json").read_text())
     assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
     assert entry["mode"] == frameworks.get(framework).modes[0]  # not hybridized: the first mode
+    assert entry["math"] == "fp32" and entry["tf32_override"] is None  # the CPU: no TF32, no override set
     # STEPS < timing.BLOCK_STEPS: each trial times one block of STEPS steps, so one sample per trial
     assert entry["steps"] == STEPS and entry["n_trials"] == TRIALS and len(entry["trials"]) == TRIALS
     assert len(entry["step_times_s"]) == TRIALS and all(t > 0 for t in entry["step_times_s"])

@@ -71,7 +71,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
             e2e = c.get("e2e_step_s")
             dev = devs.loc[fw] if fw in devs.index else None
             rows.append({
-                "run": run.name, "framework": fw, "mode": _get(r, "mode"),
+                "run": run.name, "framework": fw, "mode": _get(r, "mode"), "math": _get(r, "math"),
                 "device": _get(r, "device", default=None if dev is None else dev["device"]),
                 "device_requested": None if dev is None else dev["device_requested"],
                 "fallback": False if dev is None else bool(dev["fallback"]),
