@@ -11,7 +11,7 @@
 set -uo pipefail
 phase=$1; src=$(realpath "$2"); out=$(realpath -m "$3"); arg4=${4:-}
 export KERNELMAP_MXNET_HOME=/tmp/mxhome PYTHONUNBUFFERED=1
-mkdir -p "$out"
+mkdir -p "$out"; repo=$(pwd)
 python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
 cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
 tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
@@ -40,9 +40,15 @@ run)
   python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 \
     --data "$src" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
   echo "run all exit $?: $(tail -n 3 "$out/runall.err" | tr '\n' ' ')"
-  python3 -m kernelmap.cli report /tmp/runall 2>&1 | tail -n 25
-  (cd /tmp/runall && tar cJf "$out/runall.tar.xz" --exclude='*.nsys-rep' --exclude='trace.json.gz' \
-     --exclude='*.log' . 2>/dev/null; ls -l "$out")
+  python3 -m kernelmap.cli report /tmp/runall --out /tmp/report 2>&1 | tail -n 25
+  # back: the run's small files; MXNet's raw captures at bs 64 (nsys trimmed as the fixtures are); the report
+  (cd /tmp/runall && tar cJf "$out/runall.tar.xz" manifest.json results.json parity-*.json records.parquet \
+     attribution.json logs */bs*/*.json 2>/dev/null)
+  python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import record_gpu_fixtures as r; \
+from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite'), Path('/tmp/mx-nsys.sqlite.gz'))" \
+    "$repo/tests/data" && (cd /tmp/runall/mxnet/bs64 && gzip -k -9 -f cudnn.log cublas*.log 2>/dev/null; \
+    tar cJf "$out/mxnet-bs64-raw.tar.xz" trace.json.gz *.log.gz -C /tmp mx-nsys.sqlite.gz)
+  (cd /tmp/report && tar cJf "$out/report.tar.xz" .); ls -l "$out"
   python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,mxnet --data "$src" --json \
     >"$out/parity-mxnet-gpu.json" 2>"$out/parity.err"; echo "parity pytorch,mxnet gpu exit $?"
   python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax --data "$src" --json \
