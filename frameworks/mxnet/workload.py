@@ -107,7 +107,12 @@ class Workload(spec.WorkloadBase):
             self.ctx = mx.gpu(0)
             self.compute_capability = _compute_capability(self.ctx)
             if self.compute_capability is not None:
-                ok, message = cuda11.gpu_verdict(self.compute_capability)
+                # the MXNet loaded here: a tree built for this GPU (judged by its library's archs), else the
+                # cu11x wheel (sm <= 86)
+                if BUILT_TREE:
+                    ok, message = built.gpu_verdict(self.compute_capability, Path(BUILT_TREE).parent)
+                else:
+                    ok, message = cuda11.gpu_verdict(self.compute_capability)
                 if not ok:
                     raise MissingToolError(f"mxnet on the GPU: {message}")
         else:
