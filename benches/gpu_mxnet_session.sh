@@ -3,7 +3,7 @@
 #   benches/gpu_mxnet_session.sh build KIT OUT BUDGET_S  # build-mxnet detached; waits up to BUDGET_S
 #   benches/gpu_mxnet_session.sh wait  KIT OUT BUDGET_S  # the same build, still running: wait again
 #   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
-#   benches/gpu_mxnet_session.sh times DATA OUT          # clean-pass step times, bs 64/256/1024, both modes
+#   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
 # KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl. The build runs in its own session (setsid), so
 # that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
 # MXNet's slowest CUDA objects take longer than one call. The tree: /tmp/mxhome/1.9.1-sm90.
@@ -54,14 +54,14 @@ from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite')
   python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax --data "$src" --json \
     >"$out/parity-jax-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,jax gpu exit $?"
   ;;
-times)
-  for mode in imperative hybridized; do
-    flag=$([ $mode = hybridized ] && echo --hybridize)
-    fws=$([ $mode = hybridized ] && echo mxnet || echo all)
-    python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps 100 --batch-size 64 256 1024 $flag \
-      --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
-    echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
-  done
+times)  # arg4: imperative (every framework) or hybridized (MXNet): one device call each
+  mode=${arg4:-imperative}
+  flag=$([ "$mode" = hybridized ] && echo --hybridize)
+  fws=$([ "$mode" = hybridized ] && echo mxnet || echo all)
+  python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps 100 --batch-size 64 256 1024 $flag \
+    --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
+  echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
+  cp -r "/tmp/times-$mode/logs" "$out/logs-$mode" 2>/dev/null
   ;;
 *) echo "unknown phase $phase"; exit 2;;
 esac
