@@ -61,7 +61,7 @@ times)  # arg4: imperative (every framework) or hybridized (MXNet): one device c
   python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps 100 --batch-size 64 256 1024 $flag \
     --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
   echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
-  cp -r "/tmp/times-$mode/logs" "$out/logs-$mode" 2>/dev/null
+  (cd "/tmp/times-$mode" && tar cJf "$out/times-$mode.tar.xz" manifest.json results.json parity-*.json logs 2>/dev/null)
   ;;
 *) echo "unknown phase $phase"; exit 2;;
 esac
