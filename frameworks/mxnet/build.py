@@ -74,11 +74,10 @@ GPU_OPERATOR_SOURCES = (
 CPU_S_PER_CC = 12.0
 CPU_S_PER_CU = 105.0
 LINK_S = 60.0
-# The slowest CUDA objects compile on one core each for longer than the rest of the build: on the
-# H200 x2 machine (32 jobs) 388 of 390 steps were done within two calls (8.8 + 8.3 min, each call's
-# in-flight objects restarted) and one CUDA object was still compiling after 8.3 min of its own. The
-# CUDA objects are therefore built first (run_ninja); the estimate adds the slowest one as a serial tail.
-SERIAL_TAIL_S = 540.0
+# The heaviest CUDA objects (broadcast/elementwise tensor kernels) finish last, one core each: on the
+# H200 x2 machine (32 jobs) 371 of 390 steps were done at 4.6 min and the last 19 still compiling at
+# 6.5 min. Modelled as a serial tail after the parallel part.
+SERIAL_TAIL_S = 240.0
 # Disk: the extracted source (~0.2 GB), the build tree (objects ~2 GB for the kit's slim set), the
 # installed tree (library ~0.2-0.4 GB); measured figures replace these when known (README).
 DISK_GB = 4.0
@@ -412,41 +411,20 @@ def cmake_command(src: Path, build: Path, curoot: Path, arch: int, openblas: tup
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 
-def cuda_targets(build: Path) -> list[str]:
-    """The CUDA objects of the configured build (``ninja -t targets all``)."""
-    ninja = shutil.which("ninja")
-    if ninja is None:
-        raise MissingToolError("build: ninja not found (pip install ninja)")
-    out = subprocess.run([ninja, "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise BuildError(Step.BUILD, f"{build}: ninja -t targets failed: {out.stderr.strip()[:200]}")
-    return sorted({ln.split(":", 1)[0] for ln in out.stdout.splitlines() if ln.split(":", 1)[0].endswith(".cu.o")})
-
-
 def run_ninja(build: Path, jobs: int, log: Path) -> None:
-    """ninja -j JOBS in two stages: the CUDA objects first, then the rest (target ``mxnet``); progress
-    lines on stderr (every 5% of each stage), everything in ``log``.
+    """ninja -j JOBS mxnet; progress lines on stderr (every 5%), everything in ``log``.
 
-    The CUDA objects go first because they are the slowest: on the H200 x2 machine the slowest one
-    compiles for more than 8 minutes on its core, so it must start at once, not behind 350 C++ files
-    (ninja 1.11 starts jobs in the manifest's order). Ctrl-C / SIGINT (``timeout -s INT``) stops ninja
-    cleanly and the next run resumes, but the objects being compiled start again from nothing: a call
-    shorter than the slowest object never finishes it (benches/gpu_mxnet_session.sh runs the build
-    detached instead).
+    Ctrl-C / SIGINT (``timeout -s INT``) stops ninja cleanly; the build directory stays and the
+    next run resumes it.
     """
     ninja = shutil.which("ninja")
     if ninja is None:
         raise MissingToolError("build: ninja not found (pip install ninja)")
-    for stage, targets in (("CUDA objects", cuda_targets(build)), ("the rest", ["mxnet"])):
-        _ninja_stage(ninja, build, jobs, log, stage, targets)
-
-
-def _ninja_stage(ninja: str, build: Path, jobs: int, log: Path, stage: str, targets: list[str]) -> None:
     t0 = time.monotonic()
     last_pct = -5
     failed: list[str] = []
     with open(log, "a") as fh:
-        proc = subprocess.Popen([ninja, "-C", str(build), "-j", str(jobs), *targets], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([ninja, "-C", str(build), "-j", str(jobs), "mxnet"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace")
         try:
             assert proc.stdout is not None
@@ -459,7 +437,7 @@ def _ninja_stage(ninja: str, build: Path, jobs: int, log: Path, stage: str, targ
                     if pct >= last_pct + 5 or done == total:
                         last_pct = pct
                         el = time.monotonic() - t0
-                        print(f"build-mxnet: {stage} [{done}/{total}] {pct}% {el / 60:.1f} min "
+                        print(f"build-mxnet: [{done}/{total}] {pct}% {el / 60:.1f} min "
                               f"{m.group(3).split(' ')[-1][-70:]}", file=sys.stderr, flush=True)
                 elif line.startswith("FAILED:"):
                     failed.append(line.strip())
@@ -613,9 +591,7 @@ def _run_checked(step: Step, cmd: list[str], cwd: Path, log: Path | None = None)
 def estimate(n_cc: int, n_cu: int, jobs: int) -> tuple[float, float]:
     """(CPU-minutes, wall minutes with ``jobs`` parallel jobs) of the compile, from the cost model."""
     cpu_s = n_cc * CPU_S_PER_CC + n_cu * CPU_S_PER_CU
-    jobs = max(1, jobs)
-    # stage 1, the CUDA objects: no shorter than the slowest of them; stage 2 the C++ ones; the link
-    wall_s = max(SERIAL_TAIL_S, n_cu * CPU_S_PER_CU / jobs) + n_cc * CPU_S_PER_CC / jobs + LINK_S
+    wall_s = cpu_s / max(1, jobs) + SERIAL_TAIL_S + LINK_S  # the slowest objects and the link are serial
     return cpu_s / 60, wall_s / 60
 
 
