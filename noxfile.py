@@ -205,7 +205,8 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
 def _frameworks_env(session: nox.Session) -> Path:
     """Make (once) and update the shared environment ``FRAMEWORKS_ENV`` with this machine's extras
     (`_frameworks_extras`; PyTorch's CPU build where there is no NVIDIA GPU, `torch_cpu_args`), put it
-    first on the session's PATH and return its bin directory. Its Python is the session's own."""
+    first on the session's PATH and return its bin directory. Its Python is the session's own; to start
+    it afresh, remove the folder (nox -N renews only the session's own environment)."""
     python = FRAMEWORKS_ENV / "bin" / "python"
     if not python.exists():
         session.run("python", "-m", "venv", str(FRAMEWORKS_ENV))
@@ -213,8 +214,8 @@ def _frameworks_env(session: nox.Session) -> Path:
                     external=True)
     torch_args, why = torch_cpu_args(str(python))
     session.log(f"torch: {why}")
-    session.run(str(python), "-m", "pip", "install", "-q", *torch_args, "-e", f".[{_frameworks_extras()}]",
-                external=True)
+    session.run_install(str(python), "-m", "pip", "install", "-q", *torch_args, "-e",
+                        f".[{_frameworks_extras()}]", external=True)  # skipped by nox --no-install
     bin_dir = FRAMEWORKS_ENV.absolute() / "bin"
     session.env["VIRTUAL_ENV"] = str(bin_dir.parent)
     session.env["PATH"] = os.pathsep.join([str(bin_dir), session.env.get("PATH") or os.environ.get("PATH", "")])
