@@ -199,7 +199,7 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
         break  # the newest CPU torch has no CPU torchvision here; older ones would not either
     where = "PyTorch's CPU index" if index else f"pip's indexes here ({TORCH_CPU_INDEX} is not reachable)"
     return [], (f"no NVIDIA GPU, but {where} offer no CPU build of torch with a torchvision built for it: "
-                "installing the default (CUDA) build, about 6 GB")
+                "the default (CUDA) build, about 6 GB with its nvidia-* wheels")
 
 
 def _frameworks_env(session: nox.Session) -> Path:
