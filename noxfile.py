@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement  # nox's own dependency
+from packaging.version import InvalidVersion, Version
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -107,11 +109,10 @@ def _frameworks_extras() -> str:
     return f"pytorch,{_mxnet_extra()},dev"
 
 
-def _pytorch_specs() -> dict[str, str]:
-    """The pytorch extra's requirements from pyproject.toml, by name: {"torch": "torch>=...", ...}."""
+def _pytorch_specs() -> dict[str, Requirement]:
+    """The pytorch extra's requirements from pyproject.toml, by name (torch, torchvision)."""
     project = tomllib.loads((Path(__file__).resolve().parent / "pyproject.toml").read_text())["project"]
-    return {req.split(">")[0].split("<")[0].split("=")[0].strip(): req
-            for req in project["optional-dependencies"]["pytorch"]}
+    return {(r := Requirement(req)).name: r for req in project["optional-dependencies"]["pytorch"]}
 
 
 def _reachable(url: str, timeout: float = 5.0) -> bool:
@@ -125,8 +126,6 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
 
 def newest_cpu_builds(versions: list[str]) -> list[str]:
     """The CPU-only builds (local label ``+cpu``) among ``versions``, newest first."""
-    from packaging.version import InvalidVersion, Version
-
     out = []
     for v in versions:
         try:
@@ -184,19 +183,16 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
         return [], f"CPU build of torch already installed (torch {have['torch']}, torchvision {have['torchvision']})"
     index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX) else []
     specs = _pytorch_specs()
-    from packaging.specifiers import SpecifierSet
-
-    allowed = SpecifierSet(specs["torch"].removeprefix("torch"))
     for version in newest_cpu_builds(_torch_versions(python, index)):
-        if version not in allowed:
+        if not specs["torch"].specifier.contains(version):
             continue
+        # pip's own choice of torchvision beside that torch (a dry run, a few seconds)
         report = _pip_json(python, "install", "--dry-run", "--quiet", "--ignore-installed", "--report", "-",
-                           *index, f"torch=={version}", specs["torchvision"])
+                           *index, f"torch=={version}", str(specs["torchvision"]))
         chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in (report or {}).get("install", [])}
         if chosen.get("torchvision", "").endswith("+cpu"):
             return ([*index, f"torch=={version}", f"torchvision=={chosen['torchvision']}"],
                     f"no NVIDIA GPU: the CPU build, torch {version} + torchvision {chosen['torchvision']}")
-        break  # the newest CPU torch has no CPU torchvision here; older ones would not either
     where = "PyTorch's CPU index" if index else f"pip's indexes here ({TORCH_CPU_INDEX} is not reachable)"
     return [], (f"no NVIDIA GPU, but {where} offer no CPU build of torch with a torchvision built for it: "
                 "the default (CUDA) build, about 6 GB with its nvidia-* wheels")

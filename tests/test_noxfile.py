@@ -87,6 +87,10 @@ def test_torch_cpu_build_only_without_a_gpu_and_only_as_a_pair(monkeypatch):
     _machine(monkeypatch, nf, versions=["2.14.1", "2.13.0+cpu"], resolved={"2.13.0+cpu": "0.28.0"})
     args, why = nf.torch_cpu_args("py")
     assert args == [] and "not reachable" in why and "default (CUDA) build" in why
+    # The newest CPU torch without a CPU torchvision here, an older one with: the older pair.
+    _machine(monkeypatch, nf, versions=["2.14.1+cpu", "2.13.0+cpu"],
+             resolved={"2.14.1+cpu": "0.29.1", "2.13.0+cpu": "0.28.0+cpu"})
+    assert nf.torch_cpu_args("py")[0] == ["torch==2.13.0+cpu", "torchvision==0.28.0+cpu"]
     # A reused environment that already holds the CPU pair asks nothing more.
     calls = _machine(monkeypatch, nf, installed={"torch": "2.14.1+cpu", "torchvision": "0.29.1+cpu"})
     assert nf.torch_cpu_args("py")[0] == [] and calls == []
