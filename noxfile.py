@@ -226,6 +226,11 @@ def tests(session: nox.Session) -> None:
     session.run(str(env / "pytest"), *session.posargs, external=True)
 
 
+# On Ctrl-C nox gives its command 0.3 s, then SIGTERM and 0.2 s, then SIGKILL: too short for `kernelmap
+# run` to stop its worker processes (SIGTERM, then SIGKILL after 15 s) and remove its partial run
+# directory, which a killed `kernelmap run` leaves behind with a worker still running.
+STOP_TIMEOUTS = {"interrupt_timeout": 20.0, "terminate_timeout": 20.0}
+
 BENCH_DEFAULTS = ("--steps", "100", "--profile", "all", "--batch-size", "64", "256")
 
 
@@ -262,7 +267,7 @@ def bench(session: nox.Session) -> None:
     kernelmap = str(env / "kernelmap")
     session.run(kernelmap, "doctor", external=True)
     session.run(kernelmap, "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args,
-                external=True)
+                external=True, **STOP_TIMEOUTS)
     _step_benchmarks(session, env, "--benchmark-max-time=0.5")
     session.run(kernelmap, "report", run_dir, "-o", os.path.join(run_dir, "report"),
                 "--storage", ".benchmarks", external=True)
