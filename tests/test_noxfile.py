@@ -94,3 +94,15 @@ def test_torch_cpu_build_only_without_a_gpu_and_only_as_a_pair(monkeypatch):
     # A reused environment that already holds the CPU pair asks nothing more.
     calls = _machine(monkeypatch, nf, installed={"torch": "2.14.1+cpu", "torchvision": "0.29.1+cpu"})
     assert nf.torch_cpu_args("py")[0] == [] and calls == []
+
+
+def test_nox_waits_for_kernelmap_run_to_stop_its_workers():
+    """nox's own 0.3 s + 0.2 s before SIGKILL left a worker running and the .partial directory."""
+    import inspect
+
+    from kernelmap import runner
+
+    nf = _noxfile()
+    grace = inspect.signature(runner.stop_group).parameters["grace_s"].default
+    assert min(nf.STOP_TIMEOUTS.values()) > grace
+    assert "**STOP_TIMEOUTS" in inspect.getsource(nf.bench)
