@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tomllib
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement  # nox's own dependency
+from packaging.version import InvalidVersion, Version
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -90,13 +95,141 @@ def _own_env_pythons(session: nox.Session) -> None:
         session.env[var] = str(python.absolute())  # not resolve(): the venv's python is a symlink
 
 
+# One environment for every session that runs the frameworks (tests, bench, benchmarks, gpu,
+# reference_loop): they install the same packages, so they share .nox/frameworks instead of holding a
+# copy each. nox still makes each session's own (small) environment; that one supplies the Python.
+FRAMEWORKS_ENV = Path(".nox") / "frameworks"
+# PyPI's Linux torch is the CUDA build (with about 5 GB of nvidia-* wheels and triton); PyTorch's own
+# index serves CPU-only builds of torch and torchvision (local version label +cpu).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _frameworks_extras() -> str:
+    """The extras every framework session installs: the same on one machine, so one environment."""
+    return f"pytorch,{_mxnet_extra()},dev"
+
+
+def _pytorch_specs() -> dict[str, Requirement]:
+    """The pytorch extra's requirements from pyproject.toml, by name (torch, torchvision)."""
+    project = tomllib.loads((Path(__file__).resolve().parent / "pyproject.toml").read_text())["project"]
+    return {(r := Requirement(req)).name: r for req in project["optional-dependencies"]["pytorch"]}
+
+
+def _reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether ``url`` answers within ``timeout`` seconds (an unreachable extra index makes pip retry)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def newest_cpu_builds(versions: list[str]) -> list[str]:
+    """The CPU-only builds (local label ``+cpu``) among ``versions``, newest first."""
+    out = []
+    for v in versions:
+        try:
+            if Version(v).local == "cpu":
+                out.append(Version(v))
+        except InvalidVersion:
+            continue
+    return [str(v) for v in sorted(out, reverse=True)]
+
+
+def _pip_json(python: str, *args: str) -> dict | None:
+    """pip's JSON answer (``--report -`` of a dry run), or None where pip fails."""
+    proc = subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return None
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return None
+
+
+def _torch_versions(python: str, index: list[str]) -> list[str]:
+    """Every torch version pip can see here (its indexes, find-links, ``index``)."""
+    proc = subprocess.run([python, "-m", "pip", "index", "versions", "torch", *index],
+                          capture_output=True, text=True, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("Available versions:"):
+            return [v.strip() for v in line.partition(":")[2].split(",") if v.strip()]
+    return []
+
+
+def _installed(python: str, *names: str) -> dict[str, str]:
+    """The installed versions of ``names`` in the environment of ``python`` (absent ones left out)."""
+    code = ("import importlib.metadata as m, json, sys\n"
+            "out = {}\n"
+            "for n in sys.argv[1:]:\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([python, "-c", code, *names], capture_output=True, text=True, timeout=120)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+def torch_cpu_args(python: str) -> tuple[list[str], str]:
+    """pip arguments that install PyTorch's CPU build on a machine without an NVIDIA GPU, and why.
+
+    A CPU build is used only as a pair: torch ``X+cpu`` and a torchvision built for it (PyPI's
+    torchvision links the CUDA libraries of PyPI's torch and does not import beside a CPU torch). Where
+    PyTorch's CPU index is reachable it is added; otherwise only what pip's own indexes and find-links
+    offer counts. Where no pair resolves, [] (the default build) and the reason."""
+    if _gpu_compute_capability() is not None:
+        return [], "an NVIDIA GPU is present: the default (CUDA) build of torch"
+    have = _installed(python, "torch", "torchvision")
+    if all(have.get(n, "").endswith("+cpu") for n in ("torch", "torchvision")):
+        return [], f"CPU build of torch already installed (torch {have['torch']}, torchvision {have['torchvision']})"
+    index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX) else []
+    specs = _pytorch_specs()
+    for version in newest_cpu_builds(_torch_versions(python, index)):
+        if not specs["torch"].specifier.contains(version):
+            continue
+        # pip's own choice of torchvision beside that torch (a dry run, a few seconds)
+        report = _pip_json(python, "install", "--dry-run", "--quiet", "--ignore-installed", "--report", "-",
+                           *index, f"torch=={version}", str(specs["torchvision"]))
+        chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in (report or {}).get("install", [])}
+        if chosen.get("torchvision", "").endswith("+cpu"):
+            return ([*index, f"torch=={version}", f"torchvision=={chosen['torchvision']}"],
+                    f"no NVIDIA GPU: the CPU build, torch {version} + torchvision {chosen['torchvision']}")
+    where = "PyTorch's CPU index" if index else f"pip's indexes here ({TORCH_CPU_INDEX} is not reachable)"
+    return [], (f"no NVIDIA GPU, but {where} offer no CPU build of torch with a torchvision built for it: "
+                "the default (CUDA) build, about 6 GB with its nvidia-* wheels")
+
+
+def _frameworks_env(session: nox.Session) -> Path:
+    """Make (once) and update the shared environment ``FRAMEWORKS_ENV`` with this machine's extras
+    (`_frameworks_extras`; PyTorch's CPU build where there is no NVIDIA GPU, `torch_cpu_args`), put it
+    first on the session's PATH and return its bin directory. Its Python is the session's own; to start
+    it afresh, remove the folder (nox -N renews only the session's own environment)."""
+    python = FRAMEWORKS_ENV / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(FRAMEWORKS_ENV))
+        session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
+                    external=True)
+    torch_args, why = torch_cpu_args(str(python))
+    session.log(f"torch: {why}")
+    session.run_install(str(python), "-m", "pip", "install", "-q", *torch_args, "-e",
+                        f".[{_frameworks_extras()}]", external=True)  # skipped by nox --no-install
+    bin_dir = FRAMEWORKS_ENV.absolute() / "bin"
+    session.env["VIRTUAL_ENV"] = str(bin_dir.parent)
+    session.env["PATH"] = os.pathsep.join([str(bin_dir), session.env.get("PATH") or os.environ.get("PATH", "")])
+    return bin_dir
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
-    session.install("-e", ".[pytorch,mxnet,dev]")
+    env = _frameworks_env(session)
     _own_env_pythons(session)
-    session.run("pytest", *session.posargs)
+    session.run(str(env / "pytest"), *session.posargs, external=True)
 
+
+# On Ctrl-C nox gives its command 0.3 s, then SIGTERM and 0.2 s, then SIGKILL: too short for `kernelmap
+# run` to stop its worker processes (SIGTERM, then SIGKILL after 15 s) and remove its partial run
+# directory, which a killed `kernelmap run` leaves behind with a worker still running.
+STOP_TIMEOUTS = {"interrupt_timeout": 20.0, "terminate_timeout": 20.0}
 
 BENCH_DEFAULTS = ("--steps", "100", "--profile", "all", "--batch-size", "64", "256")
 
@@ -125,17 +258,19 @@ def merge_options(defaults: tuple[str, ...] | list[str], given: list[str]) -> li
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """The main job: both frameworks on the best device, all capture passes, step benchmarks, the report."""
-    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    """The main job: every framework on the best device, all capture passes, step benchmarks, the report."""
+    env = _frameworks_env(session)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
     args = merge_options(BENCH_DEFAULTS, session.posargs)
     _own_env_pythons(session)
-    session.run("kernelmap", "doctor")
-    session.run("kernelmap", "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args)
-    _step_benchmarks(session, "--benchmark-max-time=0.5")
-    session.run("kernelmap", "report", run_dir, "-o", os.path.join(run_dir, "report"),
-                "--storage", ".benchmarks")
+    kernelmap = str(env / "kernelmap")
+    session.run(kernelmap, "doctor", external=True)
+    session.run(kernelmap, "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args,
+                external=True, **STOP_TIMEOUTS)
+    _step_benchmarks(session, env, "--benchmark-max-time=0.5")
+    session.run(kernelmap, "report", run_dir, "-o", os.path.join(run_dir, "report"),
+                "--storage", ".benchmarks", external=True)
     session.log(f"report: {os.path.join(run_dir, 'report', 'report.html')}")
 
 
@@ -143,9 +278,9 @@ def bench(session: nox.Session) -> None:
 def benchmarks(session: nox.Session) -> None:
     """pytest-benchmark of one training step per framework x mode x device x batch size (autosaved to
     .benchmarks/, one file per framework)."""
-    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
+    env = _frameworks_env(session)
     _own_env_pythons(session)
-    _step_benchmarks(session, *session.posargs)
+    _step_benchmarks(session, env, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -168,17 +303,14 @@ def step_benchmark_argv(framework: str, *args: str) -> list[str]:
             "-p", "no:cacheprovider", *args]
 
 
-def _step_benchmarks(session: nox.Session, *args: str) -> None:
+def _step_benchmarks(session: nox.Session, env: Path, *args: str) -> None:
     """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
     for framework in STEP_BENCH_FRAMEWORKS:
         # One pytest process per framework: their CUDA runtimes must never share a process. A framework
         # with an environment of its own (KERNELMAP_PYTHON_<NAME>) is benchmarked by that interpreter.
         python = session.env.get(f"KERNELMAP_PYTHON_{framework.upper()}") or os.environ.get(
             f"KERNELMAP_PYTHON_{framework.upper()}")
-        if python:
-            session.run(python, "-m", *step_benchmark_argv(framework, *args), external=True)
-        else:
-            session.run(*step_benchmark_argv(framework, *args))
+        session.run(python or str(env / "python"), "-m", *step_benchmark_argv(framework, *args), external=True)
 
 
 @nox.session(python=PYTHON)
@@ -194,7 +326,7 @@ def reference_loop(session: nox.Session) -> None:
     """GPU: the bare step loop beside the clean pass, three repeated runs and their spread."""
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
-    session.install("-e", ".[pytorch,dev]")
+    _frameworks_env(session)
     session.run("bash", "benches/gpu_timing_check.sh", *session.posargs, external=True)
 
 
@@ -210,5 +342,5 @@ def gpu(session: nox.Session) -> None:
     """GPU-only tests; skipped where there is no GPU."""
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
-    session.install("-e", f".[pytorch,{_mxnet_extra()},dev]")
-    session.run("pytest", "-m", "gpu", *session.posargs)
+    env = _frameworks_env(session)
+    session.run(str(env / "pytest"), "-m", "gpu", *session.posargs, external=True)

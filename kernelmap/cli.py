@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     want_json = bool(getattr(args, "json", False))
     signals = interrupt.install()
     try:
-        return int(importlib.import_module(args._module).main(args) or 0)
+        rc = int(importlib.import_module(args._module).main(args) or 0)
+        sys.stdout.flush()  # a buffered stdout (a pipe) meets a reader that left here, not at exit
+        return rc
     except KernelmapError as exc:
         if signals.seen:
             return _interrupted(args, want_json, signals)

@@ -21,6 +21,18 @@ from conftest import require_framework
 DATA = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_at_a_terminal():
+    """These tests stand for Ctrl-C at a terminal. A test process started with SIGINT ignored (in the
+    background of a non-interactive shell, under nohup) would pass that on, and kernelmap rightly keeps
+    an ignored SIGINT ignored; so each test runs with Python's default handler, which its
+    subprocesses start from too."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _children(pid: int) -> list[int]:
     """All descendants of ``pid`` (from /proc), so that orphans can be looked for afterwards."""
     out, todo = [], [pid]

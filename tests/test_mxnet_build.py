@@ -447,6 +447,16 @@ def test_unresolved_symbols_of_real_cuda_fixture(tmp_path):
     assert build.unresolved_symbols(SM90, tmp_path, tc) == []  # __cudaRegisterFatBinary... from cudart
 
 
+@pytest.mark.skipif(not any(Path(d, "ldconfig").exists() for d in ("/sbin", "/usr/sbin")),
+                    reason="no ldconfig in /sbin or /usr/sbin")
+def test_loader_cache_found_off_a_users_path(monkeypatch):
+    """A non-root user's PATH on Debian has no /sbin, where ldconfig lives."""
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    assert "libc.so.6" in build.loader_cache()
+    monkeypatch.setattr(build.shutil, "which", lambda *a, **k: None)
+    assert build.loader_cache() == "" and build.driver_library() is None
+
+
 def test_unresolved_symbols_names_a_missing_one(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None or shutil.which("nm") is None:

@@ -219,7 +219,9 @@ def test_normalise_run_directory_misuse(tmp_path, capsys, extra, why):
 
 def test_broken_pipe_exits_quietly(tmp_path):
     """``kernelmap normalise RUN_DIR | head``: the reader is gone before anything is printed (its
-    end of the pipe closed at once); exit 141, no BrokenPipeError traceback."""
+    end of the pipe closed at once); exit 141, no BrokenPipeError traceback, also where the output is
+    smaller than stdout's buffer (it meets the closed pipe only when flushed)."""
+    import os
     import subprocess
     import sys
 
@@ -227,8 +229,9 @@ def test_broken_pipe_exits_quietly(tmp_path):
 
     run = tmp_path / "run"
     gpu_run_dir(run)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as for most users
     proc = subprocess.Popen([sys.executable, "-m", "kernelmap.cli", "normalise", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err

@@ -44,3 +44,65 @@ def test_missing_python_names_the_command_that_fixes_it():
                              find_spec=none) is None
     assert nf.python_missing(which=none, find_spec=lambda n: object() if n == "uv" else None) is None
     assert nf.python_missing(which=lambda n: "/bin/uv" if n == "uv" else None, find_spec=none) is None
+
+
+def test_cpu_builds_newest_first():
+    nf = _noxfile()
+    assert nf.newest_cpu_builds(["2.14.1", "2.13.0+cpu", "2.14.1+cpu", "2.12.0+cu121", "not-a-version"]) == [
+        "2.14.1+cpu", "2.13.0+cpu"]
+    assert nf.newest_cpu_builds(["2.14.1", "2.15.0"]) == []
+
+
+def _machine(monkeypatch, nf, *, gpu=None, installed=None, reachable=False, versions=(), resolved=None):
+    """Stand-ins for what torch_cpu_args asks the machine: GPU, installed versions, index, pip."""
+    calls = []
+    monkeypatch.setattr(nf, "_gpu_compute_capability", lambda: gpu)
+    monkeypatch.setattr(nf, "_installed", lambda python, *names: dict(installed or {}))
+    monkeypatch.setattr(nf, "_reachable", lambda url, timeout=5.0: reachable)
+    monkeypatch.setattr(nf, "_torch_versions", lambda python, index: list(versions))
+
+    def pip_json(python, *args):
+        calls.append(args)
+        torch = next(a for a in args if a.startswith("torch=="))
+        vision = (resolved or {}).get(torch.removeprefix("torch=="))
+        return {"install": [{"metadata": {"name": "torch", "version": torch.removeprefix("torch==")}}]
+                + ([{"metadata": {"name": "torchvision", "version": vision}}] if vision else [])}
+
+    monkeypatch.setattr(nf, "_pip_json", pip_json)
+    return calls
+
+
+def test_torch_cpu_build_only_without_a_gpu_and_only_as_a_pair(monkeypatch):
+    nf = _noxfile()
+    _machine(monkeypatch, nf, gpu=(9, 0), versions=["2.14.1+cpu"], resolved={"2.14.1+cpu": "0.29.1+cpu"})
+    args, why = nf.torch_cpu_args("py")
+    assert args == [] and "GPU is present" in why
+    # Online: PyTorch's CPU index is added and both packages pinned to CPU builds.
+    calls = _machine(monkeypatch, nf, reachable=True, versions=["2.15.0+cpu", "2.14.1+cpu", "2.14.1"],
+                     resolved={"2.14.1+cpu": "0.29.1+cpu"})
+    args, why = nf.torch_cpu_args("py")
+    assert args == ["--extra-index-url", nf.TORCH_CPU_INDEX, "torch==2.14.1+cpu", "torchvision==0.29.1+cpu"]
+    assert "CPU build" in why and len(calls) == 1  # 2.15.0+cpu is outside pyproject's range
+    # Offline with a CPU torch but only PyPI's (CUDA-linked) torchvision: the default build, said so.
+    _machine(monkeypatch, nf, versions=["2.14.1", "2.13.0+cpu"], resolved={"2.13.0+cpu": "0.28.0"})
+    args, why = nf.torch_cpu_args("py")
+    assert args == [] and "not reachable" in why and "default (CUDA) build" in why
+    # The newest CPU torch without a CPU torchvision here, an older one with: the older pair.
+    _machine(monkeypatch, nf, versions=["2.14.1+cpu", "2.13.0+cpu"],
+             resolved={"2.14.1+cpu": "0.29.1", "2.13.0+cpu": "0.28.0+cpu"})
+    assert nf.torch_cpu_args("py")[0] == ["torch==2.13.0+cpu", "torchvision==0.28.0+cpu"]
+    # A reused environment that already holds the CPU pair asks nothing more.
+    calls = _machine(monkeypatch, nf, installed={"torch": "2.14.1+cpu", "torchvision": "0.29.1+cpu"})
+    assert nf.torch_cpu_args("py")[0] == [] and calls == []
+
+
+def test_nox_waits_for_kernelmap_run_to_stop_its_workers():
+    """nox's own 0.3 s + 0.2 s before SIGKILL left a worker running and the .partial directory."""
+    import inspect
+
+    from kernelmap import runner
+
+    nf = _noxfile()
+    grace = inspect.signature(runner.stop_group).parameters["grace_s"].default
+    assert min(nf.STOP_TIMEOUTS.values()) > grace
+    assert "**STOP_TIMEOUTS" in inspect.getsource(nf.bench)

@@ -336,13 +336,21 @@ def make_cuda_root(tc: Toolchain, dest: Path) -> Path:
     return dest
 
 
+def loader_cache() -> str:
+    """``ldconfig -p``: the dynamic loader's cache, or "" where ldconfig cannot be run. Debian keeps
+    ldconfig in /sbin, which is not on a non-root user's PATH."""
+    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/usr/sbin:/sbin")
+    if ldconfig is None:
+        return ""
+    try:
+        return subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+
+
 def driver_library() -> Path | None:
     """The CUDA driver's libcuda.so.1 known to the dynamic loader, or None (a machine without GPU)."""
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    except OSError:
-        return None
-    m = re.search(r"libcuda\.so\.1 .*=> (\S+)", out)
+    m = re.search(r"libcuda\.so\.1 .*=> (\S+)", loader_cache())
     return Path(m.group(1)) if m else None
 
 
@@ -564,7 +572,7 @@ def unresolved_symbols(lib: Path, tree: Path, tc: Toolchain) -> list[str]:
     """Symbols ``lib`` needs that none of its DT_NEEDED libraries defines (found in the tree's lib/,
     the toolchain's library dirs, or the system's loader cache), except the driver API (``cu*``,
     bound to libcuda.so.1 where the driver is)."""
-    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    cache = loader_cache()
     system = dict(re.findall(r"^\s*(\S+) \(libc6,x86-64[^)]*\) => (\S+)", cache, flags=re.M))
     defined: set[str] = set()
     for soname in fatbin.needed_libraries(lib):
