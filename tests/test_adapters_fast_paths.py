@@ -100,6 +100,7 @@ def _whole(monkeypatch, path):
 
     with monkeypatch.context() as m:
         m.setattr(kineto, "trace_event_chunks", unavailable)
+        m.setattr(kineto, "_scan", None)
         return kineto.read(path)
 
 
@@ -117,6 +118,7 @@ def test_kineto_in_chunks_is_the_whole_parse(monkeypatch, name, chunk):
     assert [e for _, evs in chunks for e in evs] == whole
     assert [first for first, _ in chunks] == list(np.cumsum([0] + [len(evs) for _, evs in chunks[:-1]]))
     monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(kineto, "_scan", None)  # the chunked typed path, not the native scanner
     pd.testing.assert_frame_equal(kineto.read(DATA / name), _whole(monkeypatch, DATA / name), check_exact=True)
 
 
@@ -195,6 +197,14 @@ _KINETO_VARIANTS = [
     ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 7, "dur": 1, "args": []}], False),
     ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1,
        "args": {"grid": [1.5, 2, 3], "correlation": "9"}}], True),
+    # names and ids the native scanner decodes or leaves to the Python paths
+    ([{"ph": "X", "cat": "cpu_op", "name": "a\"b\\c/\u00e9\U0001f600\t", "pid": 1, "tid": 7, "ts": 1234567890123.4567,
+       "dur": 1e-3, "args": {"Sequence number": -0, "stream": 1.0e2}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 9.999999999999999e14,
+       "dur": 0.1, "args": {"grid": [], "block": "x", "bytes": None}}], True),
+    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": True, "dur": 1}], True),
+    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1, "args": {"stream": True}}], True),
+    ([{"ph": "i", "cat": 3, "name": 4, "args": {"grid": [1], "stream": [], "Input Dims": {}}}], True),
 ]
 
 
@@ -211,10 +221,13 @@ def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typ
     for raw in re.findall(r'"RAW:([^"]*)"', text):  # JSON text as written, not as json.dumps writes it
         text = text.replace(f'"RAW:{raw}"', raw)
     f.write_text(text)
+    native = read(f)  # the native scanner where it is built (it takes these files or leaves them)
+    monkeypatch.setattr(kineto, "_scan", None)
     taken = []
     real = kineto._typed_columns
     monkeypatch.setattr(kineto, "_typed_columns", lambda *a: taken.append(1) or real(*a))
     fast = read(f)
     assert bool(taken) == typed
+    pd.testing.assert_frame_equal(native, fast, check_exact=True)
     monkeypatch.setattr(kineto, "_typed", None)
     pd.testing.assert_frame_equal(read(f), fast, check_exact=True)

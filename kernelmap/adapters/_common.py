@@ -92,27 +92,13 @@ def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[i
     yield end
 
 
-def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
-                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
-    """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
-    chunk's first event in the array, its events). The same values as a whole-document parse, with
-    only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
-
-    How it stays exact: the array's extent is accepted only if the document with the array emptied
-    parses to an object whose ``traceEvents`` is ``[]``. Each chunk is cut after a ``},`` and
-    accepted only if ``[chunk]`` parses; a chunk that starts at an element and parses as a list of
-    complete values ends at an element boundary, so the chunks are the array's elements in order.
-    Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
-    orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
-
-    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
-    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
-    again), beside orjson's. Any other exception it raises reaches the caller.
-    """
-    if _orjson is None or _long_digit_run(data):
+def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tuple[int, int]:
+    """Where the ``traceEvents`` array's elements lie in ``data`` (after its ``[``, at its ``]``),
+    vouched for as ``trace_event_chunks`` says; ``NoFastPath`` where orjson is missing, an integer
+    could overflow it (``digits=False``: the caller reads no such integer), or the extent is not
+    certain."""
+    if _orjson is None or (digits and _long_digit_run(data)):
         raise NoFastPath
-    loads = loads or _orjson.loads
-    invalid = (_orjson.JSONDecodeError, *invalid)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
@@ -133,6 +119,29 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, 
         break
     if end is None:
         raise NoFastPath
+    return start, end
+
+
+def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
+                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
+    """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
+    chunk's first event in the array, its events). The same values as a whole-document parse, with
+    only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
+
+    How it stays exact: the array's extent is accepted only if the document with the array emptied
+    parses to an object whose ``traceEvents`` is ``[]``. Each chunk is cut after a ``},`` and
+    accepted only if ``[chunk]`` parses; a chunk that starts at an element and parses as a list of
+    complete values ends at an element boundary, so the chunks are the array's elements in order.
+    Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
+    orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
+
+    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
+    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
+    again), beside orjson's. Any other exception it raises reaches the caller.
+    """
+    loads = loads or (_orjson.loads if _orjson is not None else None)
+    invalid = (_orjson.JSONDecodeError, *invalid) if _orjson is not None else invalid
+    start, end = trace_events_extent(data, tries)
     pos, first = start, 0
     if _WS.fullmatch(data, start, end):
         return

@@ -28,6 +28,7 @@ from ._common import (
     parse_json,
     read_bytes,
     trace_event_chunks,
+    trace_events_extent,
 )
 
 SOURCE = "kineto"
@@ -71,8 +72,13 @@ def _trace_events(doc, path) -> list:
 
 def _chunks(path: str | os.PathLike) -> list[dict]:
     """Columns of the complete events, one dict per chunk of the ``traceEvents`` array (see
-    ``trace_event_chunks``), or one for the whole array where that is not possible."""
+    ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
+    scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
+    by the general path (which also finds any error)."""
     data = read_bytes(path)
+    scanned = _scanned(data)
+    if scanned is not None:
+        return [scanned]
     seen: dict = {}  # one object per distinct name, category and shape list, not one per event
     if _typed is not None:
         try:
@@ -302,6 +308,75 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
     return shapes, dims
 
 
+# --- the native path -----------------------------------------------------------------------
+# _kineto_scan.c reads the traceEvents array in one pass straight into columns (names, categories
+# and shape texts interned: one object per distinct value), for exactly the files the typed path
+# reads itself (see the C file's head); it returns None for any other, which then takes the paths
+# above. Optional: built by setup.py where a C compiler is found.
+try:
+    from . import _kineto_scan as _scan
+except ImportError:  # pragma: no cover - depends on the build
+    _scan = None
+
+_F64 = ("ts", "dur", "pid", "tid", "correlation", "ext", "seq", "stream", "bytes",
+        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+
+
+def _scanned(data: bytes) -> dict | None:
+    """``_typed_columns`` of the whole array by the native scanner, or None where it is not built
+    or does not vouch for the file."""
+    if _scan is None:
+        return None
+    try:
+        # the scanner reads no integer beyond 18 digits (it returns None) and stdlib json, which
+        # the other paths take for longer ones, reads every other value as orjson does
+        start, end = trace_events_extent(data, digits=False)
+    except NoFastPath:
+        return None
+    got = _scan.scan(data, start, end)
+    if got is None or got[0] == 0:
+        return None
+    _, raw, names_u, cats_u, dims_u, odd = got
+    col = {k: np.frombuffer(raw[k], dtype="float64") for k in _F64}
+    for k in ("pid", "tid"):
+        rows = [r for c, r, _ in odd if c == k]
+        if rows:  # string ids: NaN (what ``numeric`` makes of them) unless one reads as a number
+            vals = pd.to_numeric(pd.Series([v for c, _, v in odd if c == k], dtype=object), errors="coerce")
+            if vals.notna().any():
+                return None
+    try:
+        start_ns, dur_ns = ns_from_us(col["ts"]), ns_from_us(col["dur"])
+    except ValueError:
+        return None
+    seen: dict = {}
+    shapes_u, dims_obj = _raw_shapes(dims_u, seen)
+    codes = np.frombuffer(raw["dims"], dtype="int32")
+    shapes = np.array([*shapes_u, None], dtype=object)[codes]  # code -1: no Input Dims
+    dims = np.array([*dims_obj, None], dtype=object)[codes]
+    f = {k: pd.Series(col[k], copy=False) for k in _F64[2:]}
+    return {
+        "idx": np.frombuffer(raw["idx"], dtype="int64"),
+        "name_codes": np.frombuffer(raw["name"], dtype="int32"), "names_u": names_u,
+        "cat_codes": np.frombuffer(raw["cat"], dtype="int32"), "cats_u": cats_u,
+        "start_ns": start_ns, "dur_ns": dur_ns,
+        "pid": f["pid"], "tid": f["tid"], "correlation_id": f["correlation"], "ext": f["ext"], "seq": f["seq"],
+        "stream": f["stream"], "bytes": f["bytes"],
+        **{k: f[k] for k in _F64[9:]},
+        "shapes": shapes, "dims": dims,
+    }
+
+
+def _coded(c: dict) -> dict:
+    """Names and categories of a column dict as codes into their distinct values."""
+    if "name_codes" in c:
+        return c
+    for key, what in (("names", "name"), ("cats", "cat")):
+        index: dict = {}
+        codes = np.fromiter((index.setdefault(v, len(index)) for v in c.pop(key)), dtype="int32")
+        c[f"{what}_codes"], c[f"{key}_u"] = codes, list(index)
+    return c
+
+
 def _joined(parts: list[dict]) -> dict:
     if len(parts) == 1:
         return parts[0]
@@ -318,16 +393,17 @@ def _joined(parts: list[dict]) -> dict:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    c = _joined(_chunks(path))
-    idx, names, cats, dims, ext = c.pop("idx"), c.pop("names"), c.pop("cats"), c.pop("dims"), c.pop("ext")
-    kind_of = {k: _KIND.get(k, "annotation") for k in set(cats)}
-    kind = np.array([kind_of[k] for k in cats], dtype=object)
+    c = _coded(_joined(_chunks(path)))
+    idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
+    name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
+    cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
+    kind_u = np.array([_KIND.get(k, "annotation") for k in cats_u] or [None], dtype=object)
+    kind = kind_u[cat_codes]
     is_dev = np.isin(kind, _trace.DEVICE_KINDS)
-    ann = np.flatnonzero(kind == "annotation")
-    is_step = {n: n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in {names[i] for i in ann}}
-    kind[[i for i in ann if is_step[names[i]]]] = "step"
-    names_a = np.array(names, dtype=object)
-    del names, cats
+    step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
+    kind[(kind == "annotation") & step_u[name_codes]] = "step"
+    names_a = np.array(names_u or [None], dtype=object)[name_codes]
+    del name_codes, cat_codes
     cols = {
         "kind": kind,
         "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),

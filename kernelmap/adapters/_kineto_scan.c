@@ -1,0 +1,620 @@
+/* The elements of a Kineto trace's traceEvents array, scanned into columns in one pass (issue 11).
+
+   scan(data, start, end) reads data[start:end], the text between the array's brackets, and
+   returns the columns of its complete events (ph "X") or None where it cannot vouch that they are
+   exactly what kernelmap's typed msgspec path (kineto._typed_columns) gives: any JSON it does not
+   take as valid, an element that is not an object, args that is neither an object nor null, a
+   complete event without a string name or a number ts, a cat that is not a string or null, a
+   number it does not read exactly (an integer beyond 2**53 in a numeric field, beyond int64 in
+   ts/dur, a non-finite value), a bool or other non-number where a number is read, a grid/block
+   list shorter than 3, a key written with escapes, a repeated key, invalid UTF-8, a lone
+   surrogate. The caller then takes the Python path, which decides (and finds any error).
+
+   Result: (n, cols, names, cats, dims, odd) where cols maps a column name to the bytes of its
+   array (int64 idx; int32 name, cat, dims codes; float64 the rest, NaN for missing/null), names
+   the distinct names (str), cats the distinct categories (cats[0] is None), dims the distinct
+   raw "Input Dims" texts (bytes), odd a list of (column, row, str) for string pid/tid values. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { char *p; size_t n, cap; } Buf;
+
+static int buf_put(Buf *b, const void *v, size_t sz) {
+    if (b->n + sz > b->cap) {
+        size_t c = b->cap ? b->cap * 2 : (1 << 16);
+        while (c < b->n + sz) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) return -1;
+        b->p = q; b->cap = c;
+    }
+    memcpy(b->p + b->n, v, sz);
+    b->n += sz;
+    return 0;
+}
+
+/* --- interning of byte spans: open addressing, id per distinct span ------------------------- */
+typedef struct { const char *s; Py_ssize_t n; int32_t id; } Slot;
+typedef struct { Slot *t; size_t cap, used; PyObject *vals; } Intern;
+
+static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+static int intern_init(Intern *in) {
+    in->cap = 1024; in->used = 0;
+    in->t = calloc(in->cap, sizeof(Slot));
+    in->vals = PyList_New(0);
+    return (in->t && in->vals) ? 0 : -1;
+}
+
+static void intern_free(Intern *in) { free(in->t); Py_XDECREF(in->vals); }
+
+static int intern_grow(Intern *in) {
+    size_t cap = in->cap * 2;
+    Slot *t = calloc(cap, sizeof(Slot));
+    if (!t) return -1;
+    for (size_t i = 0; i < in->cap; i++) {
+        if (!in->t[i].s) continue;
+        size_t j = hash_bytes(in->t[i].s, in->t[i].n) & (cap - 1);
+        while (t[j].s) j = (j + 1) & (cap - 1);
+        t[j] = in->t[i];
+    }
+    free(in->t); in->t = t; in->cap = cap;
+    return 0;
+}
+
+/* id of the span; *fresh = 1 where it is new (the caller appends its value to in->vals) */
+static int32_t intern_find(Intern *in, const char *s, Py_ssize_t n, int *fresh) {
+    size_t j = hash_bytes(s, n) & (in->cap - 1);
+    while (in->t[j].s) {
+        if (in->t[j].n == n && memcmp(in->t[j].s, s, n) == 0) { *fresh = 0; return in->t[j].id; }
+        j = (j + 1) & (in->cap - 1);
+    }
+    if ((in->used + 1) * 2 > in->cap) {
+        if (intern_grow(in) < 0) return -1;
+        return intern_find(in, s, n, fresh);
+    }
+    in->t[j].s = s; in->t[j].n = n; in->t[j].id = (int32_t)PyList_GET_SIZE(in->vals);
+    in->used++;
+    *fresh = 1;
+    return in->t[j].id;
+}
+
+/* --- the scanner ----------------------------------------------------------------------------- */
+typedef struct { const char *p, *end; int bad; } S;
+
+#define WS(c) ((c) == ' ' || (c) == '\t' || (c) == '\n' || (c) == '\r')
+static inline void skip_ws(S *s) { while (s->p < s->end && WS(*s->p)) s->p++; }
+
+/* a string at s->p (at its quote): span of its content in *a, *n; *esc = has escapes. Validates
+   UTF-8 and escapes. */
+static int scan_string(S *s, const char **a, Py_ssize_t *n, int *esc) {
+    const unsigned char *p = (const unsigned char *)s->p + 1, *e = (const unsigned char *)s->end;
+    *esc = 0;
+    while (p < e) {
+        unsigned char c = *p;
+        if (c == '"') {
+            *a = s->p + 1; *n = (const char *)p - (s->p + 1);
+            s->p = (const char *)p + 1;
+            return 0;
+        }
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            *esc = 1;
+            if (p + 1 >= e) return -1;
+            c = p[1];
+            if (c == 'u') {
+                if (p + 6 > e) return -1;
+                for (int k = 2; k < 6; k++) if (!isxdigit(p[k])) return -1;
+                p += 6;
+            } else if (strchr("\"\\/bfnrt", c) && c) {
+                p += 2;
+            } else return -1;
+            continue;
+        }
+        if (c < 0x80) { p++; continue; }
+        int len = (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        if (!len || p + len > e) return -1;
+        for (int k = 1; k < len; k++) if ((p[k] & 0xC0) != 0x80) return -1;
+        if (c == 0xE0 && p[1] < 0xA0) return -1;  /* overlong */
+        if (c == 0xED && p[1] > 0x9F) return -1;  /* surrogate */
+        if (c == 0xF0 && p[1] < 0x90) return -1;
+        if (c == 0xF4 && p[1] > 0x8F) return -1;
+        p += len;
+    }
+    return -1;
+}
+
+static int hexval(char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }
+
+/* the str of a string's content (escapes decoded); NULL (no exception set) where we bail */
+static PyObject *decode_string(const char *a, Py_ssize_t n, int esc) {
+    if (!esc) {
+        PyObject *r = PyUnicode_DecodeUTF8(a, n, NULL);
+        if (!r) PyErr_Clear();
+        return r;
+    }
+    char *out = malloc(n + 1), *o = out;
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n;) {
+        if (a[i] != '\\') { *o++ = a[i++]; continue; }
+        char c = a[i + 1];
+        i += 2;
+        switch (c) {
+            case '"': *o++ = '"'; break;
+            case '\\': *o++ = '\\'; break;
+            case '/': *o++ = '/'; break;
+            case 'b': *o++ = '\b'; break;
+            case 'f': *o++ = '\f'; break;
+            case 'n': *o++ = '\n'; break;
+            case 'r': *o++ = '\r'; break;
+            case 't': *o++ = '\t'; break;
+            case 'u': {
+                uint32_t u = 0;
+                for (int k = 0; k < 4; k++) u = u * 16 + hexval(a[i + k]);
+                i += 4;
+                if (u >= 0xD800 && u <= 0xDBFF) {  /* a high surrogate: its low half must follow */
+                    if (i + 6 > n || a[i] != '\\' || a[i + 1] != 'u') { free(out); return NULL; }
+                    uint32_t l = 0;
+                    for (int k = 0; k < 4; k++) l = l * 16 + hexval(a[i + 2 + k]);
+                    if (l < 0xDC00 || l > 0xDFFF) { free(out); return NULL; }
+                    i += 6;
+                    u = 0x10000 + ((u - 0xD800) << 10) + (l - 0xDC00);
+                } else if (u >= 0xDC00 && u <= 0xDFFF) { free(out); return NULL; }
+                if (u < 0x80) *o++ = (char)u;
+                else if (u < 0x800) { *o++ = 0xC0 | (u >> 6); *o++ = 0x80 | (u & 0x3F); }
+                else if (u < 0x10000) { *o++ = 0xE0 | (u >> 12); *o++ = 0x80 | ((u >> 6) & 0x3F); *o++ = 0x80 | (u & 0x3F); }
+                else { *o++ = 0xF0 | (u >> 18); *o++ = 0x80 | ((u >> 12) & 0x3F); *o++ = 0x80 | ((u >> 6) & 0x3F); *o++ = 0x80 | (u & 0x3F); }
+                break;
+            }
+            default: free(out); return NULL;
+        }
+    }
+    PyObject *r = PyUnicode_DecodeUTF8(out, o - out, NULL);
+    free(out);
+    if (!r) PyErr_Clear();
+    return r;
+}
+
+/* kinds of value a field holds */
+enum { V_NONE = 0, V_NUM, V_STR, V_OTHER };
+
+/* a JSON number at s->p: *d its double; *isint; *big = an integer beyond int64 or a literal we do
+   not read. Grammar checked as JSON's. */
+static int scan_number(S *s, double *d, int *isint, int *big) {
+    const char *p = s->p, *e = s->end, *b = p;
+    *isint = 1; *big = 0;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else return -1;
+    if (p < e && *p == '.') {
+        *isint = 0; p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        *isint = 0; p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    Py_ssize_t n = p - b;
+    s->p = p;
+    if (*isint) {
+        const char *q = b;
+        int neg = 0;
+        if (*q == '-') { neg = 1; q++; }
+        if (p - q > 18) { *big = 1; *d = 0; return 0; }  /* may not fit int64: not read here */
+        int64_t v = 0;
+        for (; q < p; q++) v = v * 10 + (*q - '0');
+        *d = (double)(neg ? -v : v);
+        return 0;
+    }
+    {   /* Clinger's fast path: an integer mantissa below 2**53 and a power of ten up to 22 are
+           exact doubles, so one multiplication or division rounds correctly, as strtod does */
+        static const double P10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+        const char *q = b;
+        int neg = 0, digits = 0, exp10 = 0, ok = 1;
+        uint64_t m = 0;
+        if (*q == '-') { neg = 1; q++; }
+        for (; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); if (digits > 15) ok = 0; }
+        if (q < p && *q == '.') {
+            for (q++; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); exp10--; if (digits > 15) ok = 0; }
+        }
+        if (ok && q < p && (*q == 'e' || *q == 'E')) {
+            int eneg = 0, ev = 0;
+            q++;
+            if (*q == '+' || *q == '-') { eneg = *q == '-'; q++; }
+            for (; q < p; q++) { ev = ev * 10 + (*q - '0'); if (ev > 400) { ok = 0; break; } }
+            exp10 += eneg ? -ev : ev;
+        }
+        if (ok && exp10 >= -22 && exp10 <= 22) {
+            double v = (double)m;
+            v = exp10 < 0 ? v / P10[-exp10] : v * P10[exp10];
+            *d = neg ? -v : v;
+            return 0;
+        }
+    }
+    char tmp[64];
+    if (n >= (Py_ssize_t)sizeof tmp) { *big = 1; *d = 0; return 0; }
+    memcpy(tmp, b, n); tmp[n] = 0;
+    *d = strtod(tmp, NULL);
+    if (!isfinite(*d)) *big = 1;
+    return 0;
+}
+
+static int skip_value(S *s, int depth);
+
+static int skip_container(S *s, int depth, char close) {
+    if (depth > 200) return -1;
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == close) { s->p++; return 0; }
+    for (;;) {
+        if (close == '}') {
+            const char *a; Py_ssize_t n; int esc;
+            if (s->p >= s->end || *s->p != '"' || scan_string(s, &a, &n, &esc)) return -1;
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != ':') return -1;
+            s->p++;
+            skip_ws(s);
+        }
+        if (skip_value(s, depth + 1)) return -1;
+        skip_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ',') { s->p++; skip_ws(s); continue; }
+        if (*s->p == close) { s->p++; return 0; }
+        return -1;
+    }
+}
+
+static int lit(S *s, const char *w, int n) {
+    if (s->end - s->p < n || memcmp(s->p, w, n)) return -1;
+    s->p += n;
+    return 0;
+}
+
+static int skip_value(S *s, int depth) {
+    if (s->p >= s->end) return -1;
+    char c = *s->p;
+    if (c == '{') return skip_container(s, depth, '}');
+    if (c == '[') return skip_container(s, depth, ']');
+    if (c == '"') { const char *a; Py_ssize_t n; int esc; return scan_string(s, &a, &n, &esc); }
+    if (c == 't') return lit(s, "true", 4);
+    if (c == 'f') return lit(s, "false", 5);
+    if (c == 'n') return lit(s, "null", 4);
+    double d; int isint, big;
+    return scan_number(s, &d, &isint, &big);
+}
+
+/* a value read as a number: V_NONE for null, V_NUM for a number (in *d); -1 to bail */
+static int num_value(S *s, double *d, int limit53) {
+    if (s->p < s->end && *s->p == 'n') { *d = NAN; return lit(s, "null", 4) ? -1 : V_NONE; }
+    if (s->p >= s->end || !(*s->p == '-' || (*s->p >= '0' && *s->p <= '9'))) return -1;
+    int isint, big;
+    if (scan_number(s, d, &isint, &big) || big) return -1;
+    if (limit53 && fabs(*d) >= 9007199254740992.0) return -1;
+    return V_NUM;
+}
+
+/* grid/block: a list of >= 3 numbers/null (x, y, z), or anything else, which reads as missing */
+static int triple_value(S *s, double xyz[3], int depth) {
+    xyz[0] = xyz[1] = xyz[2] = NAN;
+    if (s->p >= s->end || *s->p != '[') return skip_value(s, depth);
+    const char *open = s->p;
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == ']') { s->p++; return 0; }  /* [] reads as missing */
+    s->p = open;
+    s->p++;
+    for (int k = 0;; k++) {
+        skip_ws(s);
+        if (k < 3) {
+            if (num_value(s, &xyz[k], 1) < 0) return -1;
+        } else if (skip_value(s, depth + 1)) return -1;
+        skip_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ',') { s->p++; continue; }
+        if (*s->p == ']') { s->p++; return k >= 2 ? 0 : -1; }
+        return -1;
+    }
+}
+
+#define NCOL 19
+static const char *COLS[NCOL] = {"idx", "name", "cat", "ts", "dur", "pid", "tid", "correlation", "ext", "seq",
+                                 "stream", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+                                 "block_z", "dims"};
+enum { C_IDX, C_NAME, C_CAT, C_TS, C_DUR, C_PID, C_TID, C_CORR, C_EXT, C_SEQ, C_STREAM, C_BYTES,
+       C_GX, C_GY, C_GZ, C_BX, C_BY, C_BZ, C_DIMS };
+
+typedef struct {
+    Buf col[NCOL];
+    Intern names, cats, dims;
+    PyObject *odd;
+} Out;
+
+#define KEY_IS(a, n, lit) ((n) == (Py_ssize_t)(sizeof(lit) - 1) && memcmp((a), (lit), sizeof(lit) - 1) == 0)
+
+static int event_field(const char *k, Py_ssize_t n) {
+    switch (n) {
+        case 2: return KEY_IS(k, n, "ph") ? 0 : KEY_IS(k, n, "ts") ? 3 : -1;
+        case 3: return KEY_IS(k, n, "cat") ? 2 : KEY_IS(k, n, "dur") ? 4 : KEY_IS(k, n, "pid") ? 5
+                       : KEY_IS(k, n, "tid") ? 6 : -1;
+        case 4: return KEY_IS(k, n, "name") ? 1 : KEY_IS(k, n, "args") ? 7 : -1;
+        default: return -1;
+    }
+}
+
+static int arg_field(const char *k, Py_ssize_t n) {
+    switch (n) {
+        case 11: return KEY_IS(k, n, "correlation") ? 0 : KEY_IS(k, n, "External id") ? 1 : -1;
+        case 15: return KEY_IS(k, n, "Sequence number") ? 2 : -1;
+        case 6: return KEY_IS(k, n, "stream") ? 3 : -1;
+        case 5: return KEY_IS(k, n, "bytes") ? 4 : KEY_IS(k, n, "block") ? 6 : -1;
+        case 4: return KEY_IS(k, n, "grid") ? 5 : -1;
+        case 10: return KEY_IS(k, n, "Input Dims") ? 7 : -1;
+        default: return -1;
+    }
+}
+
+/* pid/tid: a number or null, or a string (NaN, listed in odd for the caller) */
+static int id_value(S *s, double *d, Out *o, int col, int64_t row, int *is_str) {
+    *is_str = 0;
+    if (s->p < s->end && *s->p == '"') {
+        const char *a; Py_ssize_t n; int esc;
+        if (scan_string(s, &a, &n, &esc)) return -1;
+        PyObject *str = decode_string(a, n, esc);
+        if (!str) return -1;
+        PyObject *t = Py_BuildValue("(sLN)", COLS[col], (long long)row, str);
+        if (!t || PyList_Append(o->odd, t)) { Py_XDECREF(t); return -1; }
+        Py_DECREF(t);
+        *d = NAN; *is_str = 1;
+        return 0;
+    }
+    return num_value(s, d, 1) < 0 ? -1 : 0;
+}
+
+/* a member's key (no escapes: such a key is not read here) and its colon: the field number that
+   field() gives it, or -2 to bail; a repeated field bails too (bits of *seen) */
+static int member(S *s, int (*field)(const char *, Py_ssize_t), unsigned *seen) {
+    const char *k; Py_ssize_t kn; int kesc;
+    if (s->p >= s->end || *s->p != '"' || scan_string(s, &k, &kn, &kesc) || kesc) return -2;
+    skip_ws(s);
+    if (s->p >= s->end || *s->p != ':') return -2;
+    s->p++;
+    skip_ws(s);
+    if (s->p >= s->end) return -2;
+    int f = field(k, kn);
+    if (f >= 0) {
+        if (*seen & (1u << f)) return -2;
+        *seen |= 1u << f;
+    }
+    return f;
+}
+
+/* after a member: 1 at a comma (another follows), 0 at the closing brace, -1 to bail */
+static int next_member(S *s) {
+    skip_ws(s);
+    if (s->p >= s->end) return -1;
+    if (*s->p == ',') { s->p++; skip_ws(s); return 1; }
+    if (*s->p == '}') { s->p++; return 0; }
+    return -1;
+}
+
+/* one element (an event object); appends its columns where it is complete */
+static int event(S *s, Out *o, int64_t idx) {
+    if (s->p >= s->end || *s->p != '{') return -1;
+    s->p++;
+    skip_ws(s);
+    int is_x = 0, have_name = 0, name_str = 0, have_ts = 0, cat_kind = V_NONE;
+    const char *name_a = NULL, *cat_a = NULL, *pid_p = NULL, *tid_p = NULL;
+    Py_ssize_t name_n = 0, cat_n = 0;
+    int name_esc = 0, cat_esc = 0;
+    double ts = NAN, dur = 0.0, pid = NAN, tid = NAN;
+    double a_num[5] = {NAN, NAN, NAN, NAN, NAN};  /* correlation, ext, seq, stream, bytes */
+    double grid[3] = {NAN, NAN, NAN}, block[3] = {NAN, NAN, NAN};
+    const char *dims_a = NULL;
+    Py_ssize_t dims_n = 0;
+    unsigned seen = 0;
+    if (s->p < s->end && *s->p == '}') { s->p++; return 0; }
+    for (;;) {
+        int f = member(s, event_field, &seen);
+        if (f == -2) return -1;
+        const char *v = s->p;
+        switch (f) {
+            case 0: {
+                if (*v == '"') {
+                    const char *a; Py_ssize_t n; int esc;
+                    if (scan_string(s, &a, &n, &esc) || esc) return -1;  /* an escaped ph: not read here */
+                    is_x = (n == 1 && a[0] == 'X');
+                } else if (skip_value(s, 1)) return -1;
+                break;
+            }
+            case 1:
+                have_name = 1;
+                if (*v == '"') {
+                    name_str = 1;
+                    if (scan_string(s, &name_a, &name_n, &name_esc)) return -1;
+                } else if (skip_value(s, 1)) return -1;
+                break;
+            case 2:
+                if (*v == '"') {
+                    cat_kind = V_STR;
+                    if (scan_string(s, &cat_a, &cat_n, &cat_esc)) return -1;
+                } else if (*v == 'n') {
+                    if (lit(s, "null", 4)) return -1;
+                } else {
+                    cat_kind = V_OTHER;
+                    if (skip_value(s, 1)) return -1;
+                }
+                break;
+            case 3: case 4: {
+                /* checked for complete events only: any value parses here */
+                double d; int isint, big;
+                if (*v == '-' || (*v >= '0' && *v <= '9')) {
+                    if (scan_number(s, &d, &isint, &big)) return -1;
+                    if (big) d = NAN;  /* not read here: NaN sends a complete event back */
+                } else {
+                    if (skip_value(s, 1)) return -1;
+                    d = NAN;
+                }
+                if (f == 3) { ts = d; have_ts = 1; } else dur = d;
+                break;
+            }
+            case 5: pid_p = v; if (skip_value(s, 1)) return -1; break;
+            case 6: tid_p = v; if (skip_value(s, 1)) return -1; break;
+            case 7: {
+                if (*v == 'n') { if (lit(s, "null", 4)) return -1; break; }
+                if (*v != '{') return -1;
+                s->p++;
+                skip_ws(s);
+                if (s->p < s->end && *s->p == '}') { s->p++; break; }
+                unsigned aseen = 0;
+                for (;;) {
+                    int g = member(s, arg_field, &aseen);
+                    if (g == -2) return -1;
+                    if (g >= 0 && g <= 4) {
+                        /* read for every event (the typed path converts them for complete ones only:
+                           a value we cannot read bails only where the event is complete) */
+                        const char *at = s->p;
+                        if (num_value(s, &a_num[g], 1) < 0) {
+                            s->p = at;
+                            if (skip_value(s, 2)) return -1;
+                            a_num[g] = NAN;
+                            seen |= 1u << (16 + g);  /* unreadable: bail if complete */
+                        }
+                    } else if (g == 5 || g == 6) {
+                        const char *at = s->p;
+                        if (triple_value(s, g == 5 ? grid : block, 2)) {
+                            s->p = at;
+                            if (skip_value(s, 2)) return -1;
+                            seen |= 1u << (16 + g);
+                        }
+                    } else if (g == 7) {
+                        const char *at = s->p;
+                        if (skip_value(s, 2)) return -1;
+                        dims_a = at; dims_n = s->p - at;
+                    } else if (skip_value(s, 2)) return -1;
+                    int more = next_member(s);
+                    if (more < 0) return -1;
+                    if (!more) break;
+                }
+                break;
+            }
+            default:
+                if (skip_value(s, 1)) return -1;
+        }
+        int more = next_member(s);
+        if (more < 0) return -1;
+        if (!more) break;
+    }
+    if (!is_x) return 0;
+    if (!have_name || !name_str || !have_ts || cat_kind == V_OTHER) return -1;
+    if (!isfinite(ts) || !isfinite(dur)) return -1;
+    if (seen >> 16) return -1;  /* an arg value not read here */
+    int64_t row = (int64_t)(o->col[C_IDX].n / 8);
+    int is_str;
+    if (pid_p) { S t = {pid_p, s->end, 0}; if (id_value(&t, &pid, o, C_PID, row, &is_str)) return -1; }
+    if (tid_p) { S t = {tid_p, s->end, 0}; if (id_value(&t, &tid, o, C_TID, row, &is_str)) return -1; }
+    int fresh;
+    int32_t nid = intern_find(&o->names, name_a, name_n, &fresh);
+    if (nid < 0) return -1;
+    if (fresh) {
+        PyObject *str = decode_string(name_a, name_n, name_esc);
+        if (!str || PyList_Append(o->names.vals, str)) { Py_XDECREF(str); return -1; }
+        Py_DECREF(str);
+    }
+    int32_t cid = 0;
+    if (cat_kind == V_STR) {
+        cid = intern_find(&o->cats, cat_a, cat_n, &fresh);
+        if (cid < 0) return -1;
+        if (fresh) {
+            PyObject *str = decode_string(cat_a, cat_n, cat_esc);
+            if (!str || PyList_Append(o->cats.vals, str)) { Py_XDECREF(str); return -1; }
+            Py_DECREF(str);
+        }
+    }
+    int32_t did = -1;
+    if (dims_a) {
+        did = intern_find(&o->dims, dims_a, dims_n, &fresh);
+        if (did < 0) return -1;
+        if (fresh) {
+            PyObject *b = PyBytes_FromStringAndSize(dims_a, dims_n);
+            if (!b || PyList_Append(o->dims.vals, b)) { Py_XDECREF(b); return -1; }
+            Py_DECREF(b);
+        }
+    }
+    double vals[NCOL];
+    vals[C_TS] = ts; vals[C_DUR] = dur; vals[C_PID] = pid; vals[C_TID] = tid;
+    for (int g = 0; g < 5; g++) vals[C_CORR + g] = a_num[g];
+    for (int g = 0; g < 3; g++) { vals[C_GX + g] = grid[g]; vals[C_BX + g] = block[g]; }
+    if (buf_put(&o->col[C_IDX], &idx, 8) || buf_put(&o->col[C_NAME], &nid, 4) || buf_put(&o->col[C_CAT], &cid, 4)
+        || buf_put(&o->col[C_DIMS], &did, 4)) return -1;
+    for (int c = C_TS; c <= C_BZ; c++) if (buf_put(&o->col[c], &vals[c], 8)) return -1;
+    return 0;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end)) return NULL;
+    if (start < 0 || end > view.len || start > end) { PyBuffer_Release(&view); Py_RETURN_NONE; }
+    Out o;
+    memset(&o, 0, sizeof o);
+    PyObject *result = NULL;
+    o.odd = PyList_New(0);
+    if (!o.odd || intern_init(&o.names) || intern_init(&o.cats) || intern_init(&o.dims)) goto done;
+    if (PyList_Append(o.cats.vals, Py_None)) goto done;  /* id 0: no category */
+    S s = {(const char *)view.buf + start, (const char *)view.buf + end, 0};
+    skip_ws(&s);
+    int64_t idx = 0;
+    int ok = 1;
+    if (s.p < s.end) {
+        for (;; idx++) {
+            if (event(&s, &o, idx)) { ok = 0; break; }
+            skip_ws(&s);
+            if (s.p >= s.end) { idx++; break; }
+            if (*s.p != ',') { ok = 0; break; }
+            s.p++;
+            skip_ws(&s);
+            if (s.p >= s.end) { ok = 0; break; }  /* a trailing comma */
+        }
+    }
+    if (PyErr_Occurred()) goto done;
+    if (!ok) { result = Py_None; Py_INCREF(result); goto done; }
+    PyObject *cols = PyDict_New();
+    if (!cols) goto done;
+    for (int c = 0; c < NCOL; c++) {
+        PyObject *b = PyBytes_FromStringAndSize(o.col[c].p ? o.col[c].p : "", o.col[c].n);
+        if (!b || PyDict_SetItemString(cols, COLS[c], b)) { Py_XDECREF(b); Py_DECREF(cols); goto done; }
+        Py_DECREF(b);
+        free(o.col[c].p); o.col[c].p = NULL;
+    }
+    result = Py_BuildValue("(LNOOOO)", (long long)idx, cols, o.names.vals, o.cats.vals, o.dims.vals, o.odd);
+done:
+    for (int c = 0; c < NCOL; c++) free(o.col[c].p);
+    intern_free(&o.names); intern_free(&o.cats); intern_free(&o.dims);
+    Py_XDECREF(o.odd);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Columns of the complete events of a traceEvents array's text, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kineto_scan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kineto_scan(void) { return PyModule_Create(&module); }
