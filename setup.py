@@ -1,8 +1,8 @@
-"""The optional native helper of the Kineto reader (kernelmap/adapters/_kineto_scan.c). Everything
-else is in pyproject.toml. Where no C compiler is found the build goes on without it and the
-reader takes its Python path (the same records, slower)."""
+"""The optional native helpers of the adapters (kernelmap/adapters/_native.c: the Kineto scanner and
+op nesting). Everything else is in pyproject.toml. Where no C compiler is found the build goes on
+without them and the adapters take their Python paths (the same records, slower)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kernelmap.adapters._kineto_scan", ["kernelmap/adapters/_kineto_scan.c"],
+setup(ext_modules=[Extension("kernelmap.adapters._native", ["kernelmap/adapters/_native.c"],
                              optional=True, extra_compile_args=["-O3"])])

@@ -231,3 +231,22 @@ def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typ
     pd.testing.assert_frame_equal(native, fast, check_exact=True)
     monkeypatch.setattr(kineto, "_typed", None)
     pd.testing.assert_frame_equal(read(f), fast, check_exact=True)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_native_nest_is_the_python_nest(monkeypatch, seed):
+    """The native stack pass of ``canonical.nest`` gives the Python loop's parents (ties in start and
+    length, zero-length spans, several threads, unsorted input)."""
+    from kernelmap.adapters import canonical
+
+    if canonical._native is None:
+        pytest.skip("the native helpers are not built here")
+    rng = np.random.default_rng(seed)
+    n = 3000
+    tid = rng.integers(0, 4, n)
+    start = rng.integers(0, 500, n)
+    end = start + rng.integers(0, 60, n)
+    native = canonical.nest(tid, start, end)
+    monkeypatch.setattr(canonical, "_native", None)
+    np.testing.assert_array_equal(native, canonical.nest(tid, start, end))
+    assert (native >= 0).any()

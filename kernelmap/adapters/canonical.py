@@ -13,6 +13,11 @@ import pandas as pd
 
 from ..frameworks.spec import LAYERS
 
+try:  # optional (setup.py builds it where a C compiler is found): nest's loop, the same parents
+    from . import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
 
 def tree_depth(parent: np.ndarray) -> np.ndarray:
     """Depth of each node of a forest given as parent indices (-1 for a root): roots are 0."""
@@ -135,6 +140,9 @@ def nest(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     if n == 0:
         return parent
     order = np.lexsort((-(end - start), start, tid))
+    if _native is not None:
+        return np.frombuffer(_native.nest(*(np.ascontiguousarray(a, dtype="int64") for a in (tid, start, end, order))),
+                             dtype="int64").copy()
     tid_s, start_s, end_s = tid[order].tolist(), start[order].tolist(), end[order].tolist()
     order_l = order.tolist()
     stack: list[int] = []  # positions in sorted order

@@ -309,12 +309,12 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
 
 
 # --- the native path -----------------------------------------------------------------------
-# _kineto_scan.c reads the traceEvents array in one pass straight into columns (names, categories
+# _native.c's scan() reads the traceEvents array in one pass straight into columns (names, categories
 # and shape texts interned: one object per distinct value), for exactly the files the typed path
 # reads itself (see the C file's head); it returns None for any other, which then takes the paths
 # above. Optional: built by setup.py where a C compiler is found.
 try:
-    from . import _kineto_scan as _scan
+    from . import _native as _scan
 except ImportError:  # pragma: no cover - depends on the build
     _scan = None
 

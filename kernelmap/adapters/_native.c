@@ -1,4 +1,6 @@
-/* The elements of a Kineto trace's traceEvents array, scanned into columns in one pass (issue 11).
+/* Native helpers of the adapters (optional: setup.py builds them where a C compiler is found; each
+   has a Python twin that gives the same result). nest(): canonical.nest's stack pass.
+   scan(): the elements of a Kineto trace's traceEvents array, scanned into columns in one pass.
 
    scan(data, start, end) reads data[start:end], the text between the array's brackets, and
    returns the columns of its complete events (ph "X") or None where it cannot vouch that they are
@@ -610,11 +612,43 @@ done:
     return result;
 }
 
+/* nest(tid, start, end, order) -> parent: canonical.nest's pass over spans sorted by (thread, start,
+   longest first); all int64 arrays (order: the sorted positions), parent written as int64 bytes */
+static PyObject *nest(PyObject *self, PyObject *args) {
+    Py_buffer b[4];
+    if (!PyArg_ParseTuple(args, "y*y*y*y*", &b[0], &b[1], &b[2], &b[3])) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = b[3].len / 8;
+    int64_t *stack = NULL;
+    for (int i = 0; i < 3; i++) if (b[i].len != b[3].len) { PyErr_SetString(PyExc_ValueError, "lengths differ"); goto out; }
+    res = PyBytes_FromStringAndSize(NULL, n * 8);
+    stack = malloc((n ? n : 1) * sizeof(int64_t));
+    if (!res || !stack) { Py_CLEAR(res); PyErr_NoMemory(); goto out; }
+    const int64_t *tid = b[0].buf, *start = b[1].buf, *end = b[2].buf, *order = b[3].buf;
+    int64_t *parent = (int64_t *)PyBytes_AS_STRING(res);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) parent[i] = -1;
+    Py_ssize_t top = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t i = order[k];
+        if (k == 0 || tid[i] != tid[order[k - 1]]) top = 0;
+        while (top && end[order[stack[top - 1]]] <= start[i]) top--;
+        if (top) parent[i] = order[stack[top - 1]];
+        stack[top++] = k;
+    }
+    Py_END_ALLOW_THREADS
+out:
+    free(stack);
+    for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"nest", nest, METH_VARARGS, "canonical.nest's stack pass over sorted spans."},
     {"scan", scan, METH_VARARGS, "Columns of the complete events of a traceEvents array's text, or None."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kineto_scan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kineto_scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
