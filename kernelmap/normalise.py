@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     if Path(args.output).exists() and not args.replace:
         raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
     df, summary = normalise(args.files, run=args.run, framework=args.framework)
-    schema.write_parquet(df, args.output, extra_meta={"summary": summary})
+    schema.write_parquet(df, args.output, extra_meta={"summary": summary}, validated=True)  # normalise's last step
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

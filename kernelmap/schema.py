@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import SchemaError
@@ -162,34 +163,59 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
     for col, dtype in COLUMNS.items():
         if str(df[col].dtype) != dtype:
             raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
+    distinct = {}
     for col, allowed in _ENUMS.items():
-        bad = set(df[col].dropna().unique()) - set(allowed)
+        # the distinct values of the column's own object array (one hash pass; no NA-dropped copy)
+        distinct[col] = pd.unique(np.asarray(df[col].array, dtype=object))
+        bad = {v for v in distinct[col] if not pd.isna(v)} - set(allowed)
         if bad:
             raise SchemaError(f"{where}: column {col!r} has values outside the vocabulary: {sorted(bad)[:5]}")
-    if df["kind"].isna().any():
+    if any(pd.isna(v) for v in distinct["kind"]):
         raise SchemaError(f"{where}: {int(df['kind'].isna().sum())} rows have no kind")
-    neg = df["dur_ns"].dropna() < 0
+    dur = df["dur_ns"].array
+    neg = (dur._data < 0) & ~dur._mask  # Int64: values and NA mask
     if neg.any():
         raise SchemaError(f"{where}: {int(neg.sum())} rows have a negative duration")
     return df
 
 
-def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
-    """Validate and write atomically, with ``schema_version`` in the Parquet metadata."""
+def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None,
+                  validated: bool = False) -> None:
+    """Validate and write atomically, with ``schema_version`` in the Parquet metadata.
+    ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .atomic import atomic_path
 
-    validate(df, str(path))
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
+    if not validated:
+        validate(df, str(path))
+    # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
+    # converted a row group at a time, so that only one group's Arrow copy is alive beside df
+    arrow_schema = pa.Table.from_pandas(df.iloc[:0], preserve_index=False).schema
+    meta = dict(arrow_schema.metadata or {})
     meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
     if extra_meta:
         meta[b"kernelmap.meta"] = json.dumps(extra_meta).encode()
-    table = table.replace_schema_metadata(meta)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    arrow_schema = arrow_schema.with_metadata(meta)
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema) as writer:
+        for lo in range(0, max(len(df), 1), ROW_GROUP):
+            part = df.iloc[lo:lo + ROW_GROUP]
+            writer.write_table(pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type) for c in df.columns],
+                                                    schema=arrow_schema), row_group_size=ROW_GROUP)
+
+
+ROW_GROUP = 1 << 18  # rows per Parquet row group
+
+
+def _arrow(col: pd.Series, type_):
+    """One column as Arrow: strings from their object array (NA -> null), which is pyarrow's own
+    conversion without the copy a ``string`` array makes of itself first; other columns by pyarrow."""
+    import pyarrow as pa
+
+    if isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python":
+        return pa.array(np.asarray(col.array), type=type_, from_pandas=True)
+    return pa.array(col.array, type=type_)
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

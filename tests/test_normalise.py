@@ -233,3 +233,22 @@ def test_broken_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err
     assert "Traceback" not in err and (run / "records.parquet").is_file()
+
+
+@pytest.mark.parametrize(("change", "word"), [
+    ({"kind": "bogus"}, "outside the vocabulary"),
+    ({"phase": "bogus"}, "outside the vocabulary"),
+    ({"kind": None}, "have no kind"),
+    ({"dur_ns": -1}, "negative duration"),
+])
+def test_validate_refuses(change, word):
+    """``schema.validate``'s checks of vocabularies, kinds and durations (on a row of a real table)."""
+    from kernelmap.errors import SchemaError
+
+    df, _ = normalise([DATA / "gpu_kineto.json.gz"])
+    ok = schema.validate(df.copy())
+    assert ok is not None
+    (col, value), = change.items()
+    df.loc[3, col] = value
+    with pytest.raises(SchemaError, match=word):
+        schema.validate(df)
