@@ -124,10 +124,13 @@ def phase_of(direction, canonical_op=None) -> str | None:
 
 def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) -> pd.Series:
     """``phase_of`` over columns (string dtype, NA where the rule says nothing)."""
-    ph = direction.map(_PHASE_OF_DIRECTION).astype("string")
+    from . import strings
+
+    codes, uniq = strings.factorize(direction)
+    ph = np.array([_PHASE_OF_DIRECTION.get(d) for d in uniq] + [None], dtype=object)[codes]
     if canonical_op is not None:
-        ph[canonical_op.eq("zero_grad").fillna(False).to_numpy(bool)] = Phase.OPTIMIZER.value
-    return ph
+        ph[strings.eq(canonical_op, "zero_grad")] = Phase.OPTIMIZER.value
+    return pd.Series(pd.array(ph, dtype="string"), index=direction.index)
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
