@@ -250,3 +250,29 @@ def test_native_nest_is_the_python_nest(monkeypatch, seed):
     monkeypatch.setattr(canonical, "_native", None)
     np.testing.assert_array_equal(native, canonical.nest(tid, start, end))
     assert (native >= 0).any()
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "cpu_torch_kineto.json.gz"])
+def test_native_scan_in_two_threads_is_one_thread(name):
+    """The native scanner's two-thread read (forced on a small file) gives the one-thread columns,
+    also where the second thread's start is not an element boundary (a "},\\n" inside an event)."""
+    from kernelmap.adapters import kineto
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    data = _common.read_bytes(DATA / name)
+    start, end = _common.trace_events_extent(data, digits=False)
+    one = kineto._scan.scan(data, start, end, 1)
+    assert one is not None and one[0] > 100
+    two = kineto._scan.scan(data, start, end, 2, 0)
+    assert two == one
+    # the only "},\n" is inside an event's args, past the middle: the second thread's start is no
+    # element boundary, the first thread does not meet it and reads the whole array itself
+    ev = '{"ph": "X", "cat": "kernel", "name": "k%d", "ts": %d, "dur": 1, "pid": 1, "tid": 1}'
+    inner = '{"ph": "X", "cat": "cpu_op", "name": "n", "ts": 5, "args": {"a": {"b": 1},\n"c": 2}}'
+    events = [ev % (i, i) for i in range(200)]
+    doc = ('{"traceEvents": [' + ", ".join(events[:120] + [inner] + events[120:]) + "]}").encode()
+    s2, e2 = _common.trace_events_extent(doc, digits=False)
+    one = kineto._scan.scan(doc, s2, e2, 1)
+    assert one is not None and one[0] == 201
+    assert kineto._scan.scan(doc, s2, e2, 2, 0) == one

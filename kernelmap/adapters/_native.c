@@ -1,6 +1,8 @@
 /* Native helpers of the adapters (optional: setup.py builds them where a C compiler is found; each
    has a Python twin that gives the same result). nest(): canonical.nest's stack pass.
-   scan(): the elements of a Kineto trace's traceEvents array, scanned into columns in one pass.
+   scan(): the elements of a Kineto trace's traceEvents array, scanned into columns in one pass
+   (by two threads where the text is large: the second from an element boundary near the middle,
+   which the first thread's own pass must meet exactly, else one thread reads it all).
 
    scan(data, start, end) reads data[start:end], the text between the array's brackets, and
    returns the columns of its complete events (ph "X") or None where it cannot vouch that they are
@@ -18,6 +20,7 @@
    raw "Input Dims" texts (bytes), odd a list of (column, row, str) for string pid/tid values. */
 
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
 #include <Python.h>
 #include <ctype.h>
 #include <math.h>
@@ -42,7 +45,8 @@ static int buf_put(Buf *b, const void *v, size_t sz) {
 
 /* --- interning of byte spans: open addressing, id per distinct span ------------------------- */
 typedef struct { const char *s; Py_ssize_t n; int32_t id; } Slot;
-typedef struct { Slot *t; size_t cap, used; PyObject *vals; } Intern;
+typedef struct { const char *s; Py_ssize_t n; int esc; } Span;
+typedef struct { Slot *t; size_t cap, used; Buf spans; } Intern;  /* spans: a Span per id */
 
 static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
     uint64_t h = 1469598103934665603ULL;
@@ -51,13 +55,15 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
 }
 
 static int intern_init(Intern *in) {
-    in->cap = 1024; in->used = 0;
+    memset(in, 0, sizeof *in);
+    in->cap = 1024;
     in->t = calloc(in->cap, sizeof(Slot));
-    in->vals = PyList_New(0);
-    return (in->t && in->vals) ? 0 : -1;
+    return in->t ? 0 : -1;
 }
 
-static void intern_free(Intern *in) { free(in->t); Py_XDECREF(in->vals); }
+static void intern_free(Intern *in) { free(in->t); free(in->spans.p); }
+
+static Py_ssize_t intern_size(const Intern *in) { return (Py_ssize_t)(in->spans.n / sizeof(Span)); }
 
 static int intern_grow(Intern *in) {
     size_t cap = in->cap * 2;
@@ -73,21 +79,23 @@ static int intern_grow(Intern *in) {
     return 0;
 }
 
-/* id of the span; *fresh = 1 where it is new (the caller appends its value to in->vals) */
-static int32_t intern_find(Intern *in, const char *s, Py_ssize_t n, int *fresh) {
+/* id of the span (ids in order of first sight), -1 where memory runs out */
+static int32_t intern_find(Intern *in, const char *s, Py_ssize_t n, int esc) {
     size_t j = hash_bytes(s, n) & (in->cap - 1);
     while (in->t[j].s) {
-        if (in->t[j].n == n && memcmp(in->t[j].s, s, n) == 0) { *fresh = 0; return in->t[j].id; }
+        if (in->t[j].n == n && memcmp(in->t[j].s, s, n) == 0) return in->t[j].id;
         j = (j + 1) & (in->cap - 1);
     }
     if ((in->used + 1) * 2 > in->cap) {
         if (intern_grow(in) < 0) return -1;
-        return intern_find(in, s, n, fresh);
+        return intern_find(in, s, n, esc);
     }
-    in->t[j].s = s; in->t[j].n = n; in->t[j].id = (int32_t)PyList_GET_SIZE(in->vals);
+    Span sp = {s, n, esc};
+    int32_t id = (int32_t)intern_size(in);
+    if (buf_put(&in->spans, &sp, sizeof sp)) return -1;
+    in->t[j].s = s; in->t[j].n = n; in->t[j].id = id;
     in->used++;
-    *fresh = 1;
-    return in->t[j].id;
+    return id;
 }
 
 /* --- the scanner ----------------------------------------------------------------------------- */
@@ -102,6 +110,17 @@ static int scan_string(S *s, const char **a, Py_ssize_t *n, int *esc) {
     const unsigned char *p = (const unsigned char *)s->p + 1, *e = (const unsigned char *)s->end;
     *esc = 0;
     while (p < e) {
+        /* eight plain bytes at a time: none a quote, backslash, control or non-ASCII byte */
+        while (e - p >= 8) {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+            uint64_t q = x ^ (ones * '"'), b = x ^ (ones * '\\');
+            uint64_t special = ((q - ones) & ~q) | ((b - ones) & ~b) | (x - ones * 0x20) | x;
+            if (special & highs) break;
+            p += 8;
+        }
+        if (p >= e) break;
         unsigned char c = *p;
         if (c == '"') {
             *a = s->p + 1; *n = (const char *)p - (s->p + 1);
@@ -340,10 +359,16 @@ static const char *COLS[NCOL] = {"idx", "name", "cat", "ts", "dur", "pid", "tid"
 enum { C_IDX, C_NAME, C_CAT, C_TS, C_DUR, C_PID, C_TID, C_CORR, C_EXT, C_SEQ, C_STREAM, C_BYTES,
        C_GX, C_GY, C_GZ, C_BX, C_BY, C_BZ, C_DIMS };
 
+typedef struct { int col; int64_t row; Span v; } Odd;  /* a string pid/tid */
+
+/* what one scanner thread finds: columns, distinct names/categories/dims, string ids; elements
+   read (n) and, where it was asked to stop at a position, whether it met it there (met) */
 typedef struct {
     Buf col[NCOL];
     Intern names, cats, dims;
-    PyObject *odd;
+    Buf odd;
+    int64_t n;
+    int ok, met;
 } Out;
 
 #define KEY_IS(a, n, lit) ((n) == (Py_ssize_t)(sizeof(lit) - 1) && memcmp((a), (lit), sizeof(lit) - 1) == 0)
@@ -374,13 +399,8 @@ static int arg_field(const char *k, Py_ssize_t n) {
 static int id_value(S *s, double *d, Out *o, int col, int64_t row, int *is_str) {
     *is_str = 0;
     if (s->p < s->end && *s->p == '"') {
-        const char *a; Py_ssize_t n; int esc;
-        if (scan_string(s, &a, &n, &esc)) return -1;
-        PyObject *str = decode_string(a, n, esc);
-        if (!str) return -1;
-        PyObject *t = Py_BuildValue("(sLN)", COLS[col], (long long)row, str);
-        if (!t || PyList_Append(o->odd, t)) { Py_XDECREF(t); return -1; }
-        Py_DECREF(t);
+        Odd r = {col, row, {NULL, 0, 0}};
+        if (scan_string(s, &r.v.s, &r.v.n, &r.v.esc) || buf_put(&o->odd, &r, sizeof r)) return -1;
         *d = NAN; *is_str = 1;
         return 0;
     }
@@ -529,33 +549,18 @@ static int event(S *s, Out *o, int64_t idx) {
     int is_str;
     if (pid_p) { S t = {pid_p, s->end, 0}; if (id_value(&t, &pid, o, C_PID, row, &is_str)) return -1; }
     if (tid_p) { S t = {tid_p, s->end, 0}; if (id_value(&t, &tid, o, C_TID, row, &is_str)) return -1; }
-    int fresh;
-    int32_t nid = intern_find(&o->names, name_a, name_n, &fresh);
+    int32_t nid = intern_find(&o->names, name_a, name_n, name_esc);
     if (nid < 0) return -1;
-    if (fresh) {
-        PyObject *str = decode_string(name_a, name_n, name_esc);
-        if (!str || PyList_Append(o->names.vals, str)) { Py_XDECREF(str); return -1; }
-        Py_DECREF(str);
-    }
-    int32_t cid = 0;
+    int32_t cid = 0;  /* 0: no category; else 1 + the category's id */
     if (cat_kind == V_STR) {
-        cid = intern_find(&o->cats, cat_a, cat_n, &fresh);
+        cid = intern_find(&o->cats, cat_a, cat_n, cat_esc);
         if (cid < 0) return -1;
-        if (fresh) {
-            PyObject *str = decode_string(cat_a, cat_n, cat_esc);
-            if (!str || PyList_Append(o->cats.vals, str)) { Py_XDECREF(str); return -1; }
-            Py_DECREF(str);
-        }
+        cid++;
     }
     int32_t did = -1;
     if (dims_a) {
-        did = intern_find(&o->dims, dims_a, dims_n, &fresh);
+        did = intern_find(&o->dims, dims_a, dims_n, 0);
         if (did < 0) return -1;
-        if (fresh) {
-            PyObject *b = PyBytes_FromStringAndSize(dims_a, dims_n);
-            if (!b || PyList_Append(o->dims.vals, b)) { Py_XDECREF(b); return -1; }
-            Py_DECREF(b);
-        }
     }
     double vals[NCOL];
     vals[C_TS] = ts; vals[C_DUR] = dur; vals[C_PID] = pid; vals[C_TID] = tid;
@@ -567,47 +572,181 @@ static int event(S *s, Out *o, int64_t idx) {
     return 0;
 }
 
+/* elements of [from, end): all of them (stop == NULL), or up to the element boundary at *stop,
+   which the scan must meet exactly (o->met) */
+static void scan_range(const char *from, const char *end, const char *stop, Out *o, int64_t first) {
+    S s = {from, end, 0};
+    o->ok = 1; o->met = 0; o->n = 0;
+    skip_ws(&s);
+    if (s.p >= s.end) return;
+    for (;;) {
+        if (event(&s, o, first + o->n)) { o->ok = 0; return; }
+        o->n++;
+        skip_ws(&s);
+        if (s.p >= s.end) return;
+        if (*s.p != ',') { o->ok = 0; return; }
+        s.p++;
+        skip_ws(&s);
+        if (s.p >= s.end) { o->ok = 0; return; }  /* a trailing comma */
+        if (stop && s.p >= stop) { o->met = s.p == stop; return; }
+    }
+}
+
+static int out_init(Out *o) {
+    memset(o, 0, sizeof *o);
+    return (intern_init(&o->names) || intern_init(&o->cats) || intern_init(&o->dims)) ? -1 : 0;
+}
+
+static void out_free(Out *o) {
+    for (int c = 0; c < NCOL; c++) free(o->col[c].p);
+    intern_free(&o->names); intern_free(&o->cats); intern_free(&o->dims);
+    free(o->odd.p);
+}
+
+/* b's rows appended to a's (b read the elements after a's): b's codes re-interned in a's tables */
+static int out_join(Out *a, Out *b) {
+    Intern *ta[3] = {&a->names, &a->cats, &a->dims}, *tb[3] = {&b->names, &b->cats, &b->dims};
+    int cols[3] = {C_NAME, C_CAT, C_DIMS};
+    int64_t rows_a = (int64_t)(a->col[C_IDX].n / 8);
+    for (int t = 0; t < 3; t++) {
+        Py_ssize_t m = intern_size(tb[t]);
+        int32_t *map = malloc((m ? m : 1) * sizeof(int32_t));
+        if (!map) return -1;
+        const Span *sp = (const Span *)tb[t]->spans.p;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            map[i] = intern_find(ta[t], sp[i].s, sp[i].n, sp[i].esc);
+            if (map[i] < 0) { free(map); return -1; }
+        }
+        int32_t *code = (int32_t *)b->col[cols[t]].p;
+        Py_ssize_t rows = (Py_ssize_t)(b->col[cols[t]].n / 4);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            if (t == 1) { if (code[r] > 0) code[r] = map[code[r] - 1] + 1; }  /* cats: 0 is none */
+            else if (code[r] >= 0) code[r] = map[code[r]];
+        }
+        free(map);
+    }
+    int64_t *idx = (int64_t *)b->col[C_IDX].p;
+    for (size_t r = 0; r < b->col[C_IDX].n / 8; r++) idx[r] += a->n;
+    Odd *odd = (Odd *)b->odd.p;
+    for (size_t r = 0; r < b->odd.n / sizeof(Odd); r++) odd[r].row += rows_a;
+    for (int c = 0; c < NCOL; c++) if (buf_put(&a->col[c], b->col[c].p ? b->col[c].p : "", b->col[c].n)) return -1;
+    if (buf_put(&a->odd, b->odd.p ? b->odd.p : "", b->odd.n)) return -1;
+    a->n += b->n;
+    return 0;
+}
+
+#ifndef _WIN32
+#include <pthread.h>
+typedef struct { const char *from, *end; Out *o; } Job;
+static void *run_job(void *arg) {
+    Job *j = arg;
+    scan_range(j->from, j->end, NULL, j->o, 0);
+    return NULL;
+}
+#endif
+
+/* the str of each span, as a list (None where one does not decode: the caller bails) */
+static PyObject *decoded(const Intern *in, int with_none) {
+    PyObject *list = PyList_New(0);
+    if (!list || (with_none && PyList_Append(list, Py_None))) { Py_XDECREF(list); return NULL; }
+    const Span *sp = (const Span *)in->spans.p;
+    for (Py_ssize_t i = 0; i < intern_size(in); i++) {
+        PyObject *v = decode_string(sp[i].s, sp[i].n, sp[i].esc);
+        if (!v) { Py_DECREF(list); Py_RETURN_NONE; }
+        int err = PyList_Append(list, v);
+        Py_DECREF(v);
+        if (err) { Py_DECREF(list); return NULL; }
+    }
+    return list;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end)) return NULL;
+    int threads = 2;
+    Py_ssize_t min_bytes = 8 << 20;  /* below this, one thread */
+    if (!PyArg_ParseTuple(args, "y*nn|in", &view, &start, &end, &threads, &min_bytes)) return NULL;
     if (start < 0 || end > view.len || start > end) { PyBuffer_Release(&view); Py_RETURN_NONE; }
-    Out o;
-    memset(&o, 0, sizeof o);
-    PyObject *result = NULL;
-    o.odd = PyList_New(0);
-    if (!o.odd || intern_init(&o.names) || intern_init(&o.cats) || intern_init(&o.dims)) goto done;
-    if (PyList_Append(o.cats.vals, Py_None)) goto done;  /* id 0: no category */
-    S s = {(const char *)view.buf + start, (const char *)view.buf + end, 0};
-    skip_ws(&s);
-    int64_t idx = 0;
-    int ok = 1;
-    if (s.p < s.end) {
-        for (;; idx++) {
-            if (event(&s, &o, idx)) { ok = 0; break; }
-            skip_ws(&s);
-            if (s.p >= s.end) { idx++; break; }
-            if (*s.p != ',') { ok = 0; break; }
-            s.p++;
-            skip_ws(&s);
-            if (s.p >= s.end) { ok = 0; break; }  /* a trailing comma */
+    const char *base = (const char *)view.buf;
+    Out a, b;
+    PyObject *result = NULL, *names = NULL, *cats = NULL, *dims = NULL, *odd = NULL, *cols = NULL;
+    int have_b = 0, fail = 0;
+    if (out_init(&a) || out_init(&b)) { PyErr_NoMemory(); goto done; }
+    /* a second thread reads from an element boundary near the middle, if the first thread's
+       own pass meets it there (a "}," then newline: never inside a string) */
+    const char *split = NULL;
+#ifndef _WIN32
+    if (threads > 1 && end - start >= min_bytes && end - start >= 8) {
+        const char *mid = base + start + (end - start) / 2;
+        const char *q = memmem(mid, base + end - mid, "},\n", 3);
+        if (q) {
+            split = q + 2;
+            while (split < base + end && WS(*split)) split++;
+            if (split >= base + end) split = NULL;
         }
     }
-    if (PyErr_Occurred()) goto done;
-    if (!ok) { result = Py_None; Py_INCREF(result); goto done; }
-    PyObject *cols = PyDict_New();
-    if (!cols) goto done;
-    for (int c = 0; c < NCOL; c++) {
-        PyObject *b = PyBytes_FromStringAndSize(o.col[c].p ? o.col[c].p : "", o.col[c].n);
-        if (!b || PyDict_SetItemString(cols, COLS[c], b)) { Py_XDECREF(b); Py_DECREF(cols); goto done; }
-        Py_DECREF(b);
-        free(o.col[c].p); o.col[c].p = NULL;
+#endif
+    Py_BEGIN_ALLOW_THREADS
+#ifndef _WIN32
+    pthread_t th;
+    Job job = {split, base + end, &b};
+    if (split && pthread_create(&th, NULL, run_job, &job) == 0) have_b = 1;
+#endif
+    scan_range(base + start, base + end, have_b ? split : NULL, &a, 0);
+#ifndef _WIN32
+    if (have_b) pthread_join(th, NULL);
+#endif
+    if (have_b && a.ok && !a.met) {  /* the split was not a boundary: the first thread reads on */
+        out_free(&b);
+        out_init(&b);
+        have_b = 0;
+        fail = -1;
     }
-    result = Py_BuildValue("(LNOOOO)", (long long)idx, cols, o.names.vals, o.cats.vals, o.dims.vals, o.odd);
+    Py_END_ALLOW_THREADS
+    if (fail) {  /* read the rest after where the first thread stopped, in this thread */
+        /* simplest exact answer: read the whole range again in one thread */
+        out_free(&a);
+        if (out_init(&a)) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        scan_range(base + start, base + end, NULL, &a, 0);
+        Py_END_ALLOW_THREADS
+    }
+    if (!a.ok || (have_b && !b.ok)) { result = Py_None; Py_INCREF(result); goto done; }
+    if (have_b && out_join(&a, &b)) { PyErr_NoMemory(); goto done; }
+    names = decoded(&a.names, 0);
+    cats = decoded(&a.cats, 1);
+    if (!names || !cats) goto done;
+    if (names == Py_None || cats == Py_None) { result = Py_None; Py_INCREF(result); goto done; }
+    dims = PyList_New(0);
+    odd = PyList_New(0);
+    cols = PyDict_New();
+    if (!dims || !odd || !cols) goto done;
+    const Span *dsp = (const Span *)a.dims.spans.p;
+    for (Py_ssize_t i = 0; i < intern_size(&a.dims); i++) {
+        PyObject *v = PyBytes_FromStringAndSize(dsp[i].s, dsp[i].n);
+        if (!v || PyList_Append(dims, v)) { Py_XDECREF(v); goto done; }
+        Py_DECREF(v);
+    }
+    const Odd *od = (const Odd *)a.odd.p;
+    for (size_t i = 0; i < a.odd.n / sizeof(Odd); i++) {
+        PyObject *v = decode_string(od[i].v.s, od[i].v.n, od[i].v.esc);
+        if (!v) { result = Py_None; Py_INCREF(result); goto done; }
+        PyObject *t = Py_BuildValue("(sLN)", COLS[od[i].col], (long long)od[i].row, v);
+        if (!t || PyList_Append(odd, t)) { Py_XDECREF(t); goto done; }
+        Py_DECREF(t);
+    }
+    for (int c = 0; c < NCOL; c++) {
+        PyObject *v = PyBytes_FromStringAndSize(a.col[c].p ? a.col[c].p : "", a.col[c].n);
+        if (!v || PyDict_SetItemString(cols, COLS[c], v)) { Py_XDECREF(v); goto done; }
+        Py_DECREF(v);
+        free(a.col[c].p);
+        a.col[c].p = NULL;
+    }
+    result = Py_BuildValue("(LOOOOO)", (long long)a.n, cols, names, cats, dims, odd);
 done:
-    for (int c = 0; c < NCOL; c++) free(o.col[c].p);
-    intern_free(&o.names); intern_free(&o.cats); intern_free(&o.dims);
-    Py_XDECREF(o.odd);
+    Py_XDECREF(names); Py_XDECREF(cats); Py_XDECREF(dims); Py_XDECREF(odd); Py_XDECREF(cols);
+    out_free(&a);
+    out_free(&b);
     PyBuffer_Release(&view);
     return result;
 }
