@@ -18,6 +18,14 @@ def objects(col) -> np.ndarray:
     return np.asarray(arr, dtype=object)
 
 
+def object_array(values: list) -> np.ndarray:
+    """A 1-D object array of ``values`` as they are (lists stay elements, never become a dimension)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
 def factorize(col) -> tuple[np.ndarray, np.ndarray]:
     """(codes, distinct values) of a column of strings: codes -1 for NA, the values in order of
     first appearance (``pd.factorize``'s answer)."""

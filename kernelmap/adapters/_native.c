@@ -1,5 +1,6 @@
 /* Native helpers of the adapters (optional: setup.py builds them where a C compiler is found; each
-   has a Python twin that gives the same result). nest(): canonical.nest's stack pass.
+   has a Python twin that gives the same result). nest(): canonical.nest's stack pass. query():
+   an SQLite query's result as columns (nsys).
    scan(): the elements of a Kineto trace's traceEvents array, scanned into columns in one pass
    (by two threads where the text is large: the second from an element boundary near the middle,
    which the first thread's own pass must meet exactly, else one thread reads it all).
@@ -751,6 +752,161 @@ done:
     return result;
 }
 
+
+/* --- query(): an SQLite query read into columns (the nsys adapter) ------------------------------
+   The sqlite library Python's own sqlite3 module uses, opened at run time (no header or link
+   dependency). query(path, sql) -> (rows, [(name, values)] per result column), values a bytearray
+   of int64 (a column of integers), None (only NULLs), or (int32 codes bytearray, [str]) for text
+   (code -1: NULL), the distinct texts once each; or None where a column holds anything else
+   (floats, blobs, integers mixed with NULLs or text), where the query has no rows, where a text
+   is not UTF-8, or where the library cannot be loaded: the caller then asks pandas. */
+#ifndef _WIN32
+#include <dlfcn.h>
+typedef struct sqlite3 sqlite3;
+typedef struct sqlite3_stmt sqlite3_stmt;
+static struct {
+    int loaded;
+    int (*open_v2)(const char *, sqlite3 **, int, const char *);
+    int (*prepare_v2)(sqlite3 *, const char *, int, sqlite3_stmt **, const char **);
+    int (*step)(sqlite3_stmt *);
+    int (*column_count)(sqlite3_stmt *);
+    const char *(*column_name)(sqlite3_stmt *, int);
+    int (*column_type)(sqlite3_stmt *, int);
+    long long (*column_int64)(sqlite3_stmt *, int);
+    const unsigned char *(*column_text)(sqlite3_stmt *, int);
+    int (*column_bytes)(sqlite3_stmt *, int);
+    int (*finalize)(sqlite3_stmt *);
+    int (*close_v2)(sqlite3 *);
+} SQ;
+
+static int sq_load(void) {
+    if (SQ.loaded) return SQ.loaded > 0 ? 0 : -1;
+    SQ.loaded = -1;
+    const char *libs[] = {"libsqlite3.so.0", "libsqlite3.so", "libsqlite3.dylib", NULL};
+    void *h = NULL;
+    for (int i = 0; libs[i] && !h; i++) h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) return -1;
+#define SQ_SYM(f, name) if (!(*(void **)&SQ.f = dlsym(h, name))) return -1;
+    SQ_SYM(open_v2, "sqlite3_open_v2") SQ_SYM(prepare_v2, "sqlite3_prepare_v2") SQ_SYM(step, "sqlite3_step")
+    SQ_SYM(column_count, "sqlite3_column_count") SQ_SYM(column_name, "sqlite3_column_name")
+    SQ_SYM(column_type, "sqlite3_column_type") SQ_SYM(column_int64, "sqlite3_column_int64")
+    SQ_SYM(column_text, "sqlite3_column_text") SQ_SYM(column_bytes, "sqlite3_column_bytes")
+    SQ_SYM(finalize, "sqlite3_finalize") SQ_SYM(close_v2, "sqlite3_close_v2")
+#undef SQ_SYM
+    SQ.loaded = 1;
+    return 0;
+}
+
+enum { Q_UNSEEN = 0, Q_INT, Q_NULL, Q_TEXT };
+typedef struct { int kind; Buf vals; Intern texts; Buf arena_ptrs; int nulls; } QCol;
+
+static PyObject *query(PyObject *self, PyObject *args) {
+    const char *path, *sql;
+    if (!PyArg_ParseTuple(args, "ss", &path, &sql)) return NULL;
+    if (sq_load()) Py_RETURN_NONE;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    QCol *cols = NULL;
+    int ncol = 0, bail = 0, rc = 0;
+    int64_t rows = 0;
+    PyObject *result = NULL;
+    if (SQ.open_v2(path, &db, 0x00000001 /* SQLITE_OPEN_READONLY */, NULL) != 0 ||
+        SQ.prepare_v2(db, sql, -1, &st, NULL) != 0) { bail = 1; goto done; }
+    ncol = SQ.column_count(st);
+    cols = calloc(ncol ? ncol : 1, sizeof(QCol));
+    if (!cols) { bail = 1; goto done; }
+    for (int c = 0; c < ncol; c++) if (intern_init(&cols[c].texts)) { bail = 1; goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    while ((rc = SQ.step(st)) == 100 /* SQLITE_ROW */ && !bail) {
+        for (int c = 0; c < ncol && !bail; c++) {
+            QCol *q = &cols[c];
+            int t = SQ.column_type(st, c);
+            if (t == 1) {  /* SQLITE_INTEGER */
+                if (q->kind != Q_UNSEEN && q->kind != Q_INT) { bail = 1; break; }
+                q->kind = Q_INT;
+                int64_t v = SQ.column_int64(st, c);
+                if (buf_put(&q->vals, &v, 8)) bail = 1;
+            } else if (t == 5) {  /* SQLITE_NULL: a text column's code -1, or a column of NULLs */
+                if (q->kind == Q_INT) { bail = 1; break; }
+                if (q->kind == Q_UNSEEN) q->kind = Q_NULL;
+                q->nulls++;
+                int32_t code = -1;
+                if (buf_put(&q->vals, &code, 4)) bail = 1;
+            } else if (t == 3) {  /* SQLITE_TEXT */
+                if (q->kind == Q_INT) { bail = 1; break; }
+                q->kind = Q_TEXT;
+                const char *txt = (const char *)SQ.column_text(st, c);
+                int n = SQ.column_bytes(st, c);
+                if (!txt && n) { bail = 1; break; }
+                /* the text lives until the next step: a copy of each distinct one, interned */
+                int32_t code = -1;
+                size_t j = hash_bytes(txt ? txt : "", n) & (q->texts.cap - 1);
+                Intern *in = &q->texts;
+                while (in->t[j].s) {
+                    if (in->t[j].n == n && memcmp(in->t[j].s, txt, n) == 0) { code = in->t[j].id; break; }
+                    j = (j + 1) & (in->cap - 1);
+                }
+                if (code < 0) {
+                    char *copy = malloc(n ? n : 1);
+                    if (!copy || buf_put(&q->arena_ptrs, &copy, sizeof copy)) { free(copy); bail = 1; break; }
+                    if (n) memcpy(copy, txt, n);
+                    code = intern_find(in, copy, n, 0);
+                    if (code < 0) { bail = 1; break; }
+                }
+                if (buf_put(&q->vals, &code, 4)) bail = 1;
+            } else bail = 1;  /* floats, blobs: pandas decides */
+        }
+        rows++;
+    }
+    Py_END_ALLOW_THREADS
+    if (bail || rc != 101 /* SQLITE_DONE */ || rows == 0) { bail = 1; goto done; }
+    result = PyList_New(0);
+    if (!result) goto done;
+    for (int c = 0; c < ncol; c++) {
+        QCol *q = &cols[c];
+        PyObject *vals = NULL;
+        if (q->kind == Q_INT) vals = PyByteArray_FromStringAndSize(q->vals.p, q->vals.n);
+        else if (q->kind == Q_NULL) { vals = Py_None; Py_INCREF(vals); }
+        else {
+            PyObject *codes = PyByteArray_FromStringAndSize(q->vals.p, q->vals.n), *texts = PyList_New(0);
+            const Span *sp = (const Span *)q->texts.spans.p;
+            for (Py_ssize_t i = 0; codes && texts && i < intern_size(&q->texts); i++) {
+                PyObject *v = PyUnicode_DecodeUTF8(sp[i].s, sp[i].n, NULL);
+                if (!v) { PyErr_Clear(); bail = 1; break; }
+                int err = PyList_Append(texts, v);
+                Py_DECREF(v);
+                if (err) { Py_CLEAR(texts); break; }
+            }
+            if (codes && texts && !bail) vals = Py_BuildValue("(OO)", codes, texts);
+            Py_XDECREF(codes); Py_XDECREF(texts);
+        }
+        PyObject *name = vals ? PyUnicode_FromString(SQ.column_name(st, c)) : NULL;
+        PyObject *item = name ? Py_BuildValue("(NN)", name, vals) : NULL;
+        if (!item || PyList_Append(result, item)) {
+            Py_XDECREF(item);
+            if (!item && !name) Py_XDECREF(vals);
+            Py_CLEAR(result);
+            if (!PyErr_Occurred()) bail = 1;
+            break;
+        }
+        Py_DECREF(item);
+    }
+done:
+    if (cols) {
+        for (int c = 0; c < ncol; c++) {
+            char **ptr = (char **)cols[c].arena_ptrs.p;
+            for (size_t i = 0; i < cols[c].arena_ptrs.n / sizeof(char *); i++) free(ptr[i]);
+            free(cols[c].arena_ptrs.p); free(cols[c].vals.p); intern_free(&cols[c].texts);
+        }
+        free(cols);
+    }
+    if (st) SQ.finalize(st);
+    if (db) SQ.close_v2(db);
+    if (bail && !PyErr_Occurred()) { Py_XDECREF(result); Py_RETURN_NONE; }
+    return result ? Py_BuildValue("(LN)", (long long)rows, result) : NULL;
+}
+#endif
+
 /* nest(tid, start, end, order) -> parent: canonical.nest's pass over spans sorted by (thread, start,
    longest first); all int64 arrays (order: the sorted positions), parent written as int64 bytes */
 static PyObject *nest(PyObject *self, PyObject *args) {
@@ -784,6 +940,9 @@ out:
 
 static PyMethodDef methods[] = {
     {"nest", nest, METH_VARARGS, "canonical.nest's stack pass over sorted spans."},
+#ifndef _WIN32
+    {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},
+#endif
     {"scan", scan, METH_VARARGS, "Columns of the complete events of a traceEvents array's text, or None."},
     {NULL, NULL, 0, NULL},
 };

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ParseError
+from ..strings import object_array
 from . import _trace
 from ._common import (
     NoFastPath,
@@ -351,8 +352,8 @@ def _scanned(data: bytes) -> dict | None:
     seen: dict = {}
     shapes_u, dims_obj = _raw_shapes(dims_u, seen)
     codes = np.frombuffer(raw["dims"], dtype="int32")
-    shapes = np.array([*shapes_u, None], dtype=object)[codes]  # code -1: no Input Dims
-    dims = np.array([*dims_obj, None], dtype=object)[codes]
+    shapes = object_array([*shapes_u, None])[codes]  # code -1: no Input Dims
+    dims = object_array([*dims_obj, None])[codes]
     f = {k: pd.Series(col[k], copy=False) for k in _F64[2:]}
     return {
         "idx": np.frombuffer(raw["idx"], dtype="int64"),
