@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import strings
 from ..errors import ParseError
 from . import _trace
 from ._common import GZIP_MAGIC, finish, int64_array
@@ -218,9 +219,12 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
             frames.append(_resolve(con, sql(
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
                 f"{name}, l.globalTid AS gtid FROM {t} l")))
+    for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
+        if "gtid" in f:
+            f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     del frames, nv  # their rows are in df now (peak memory: not both alive)
-    bad = int((df["kind"].eq("kernel") & df["kernel_name"].isna()).sum()) if "kernel_name" in df else 0
+    bad = int((strings.eq(df["kind"], "kernel") & strings.isna(df["kernel_name"])).sum()) if "kernel_name" in df else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
     df = df.sort_values("start_ns", kind="stable", ignore_index=True)
@@ -276,7 +280,6 @@ def _query(con, db: Path | None, q: str) -> pd.DataFrame:
 def _nvtx(nv: pd.DataFrame) -> pd.DataFrame:
     """NVTX ranges -> op rows (emit_nvtx) or annotation/step rows, fields parsed structurally (once
     per distinct text: ranges repeat their texts step after step)."""
-    from .. import strings
     from .canonical import _WEIGHT_ARG, step_number
 
     codes, uniq = strings.factorize(nv["text"])
