@@ -211,13 +211,22 @@ ROW_GROUP = 1 << 18  # rows per Parquet row group
 
 
 def _arrow(col: pd.Series, type_):
-    """One column as Arrow: strings from their object array (NA -> null), which is pyarrow's own
-    conversion without the copy a ``string`` array makes of itself first; other columns by pyarrow."""
+    """One column as Arrow. Strings: each distinct value converted once and the rows taken from
+    those (``strings.factorize``: the rows share a few objects), else pyarrow's own conversion of
+    the object array (NA -> null), without the copy a ``string`` array first makes of itself.
+    Other columns by pyarrow."""
     import pyarrow as pa
 
-    if isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python":
+    from . import strings
+
+    if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
+        return pa.array(col.array, type=type_)
+    coded = strings.factorize(col, most=len(col) // 4)
+    if coded is None:
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True)
-    return pa.array(col.array, type=type_)
+    codes, uniques = coded
+    rows = pa.array(codes.astype("int32"), mask=codes < 0)
+    return pa.DictionaryArray.from_arrays(rows, pa.array(uniques, type=type_)).dictionary_decode()
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

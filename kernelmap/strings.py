@@ -26,14 +26,21 @@ def object_array(values: list) -> np.ndarray:
     return out
 
 
-def factorize(col) -> tuple[np.ndarray, np.ndarray]:
+def factorize(col, most: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(codes, distinct values) of a column of strings: codes -1 for NA, the values in order of
-    first appearance (``pd.factorize``'s answer)."""
+    first appearance (``pd.factorize``'s answer). ``most``: None where the column holds more
+    distinct objects than that (the caller then has a better way than by object)."""
     values = np.ascontiguousarray(objects(col))
     if len(values) == 0:
         return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
     address = np.frombuffer(memoryview(values).cast("B"), dtype=np.int64)
+    if most is not None:  # a look at a few thousand rows first
+        step = max(1, len(values) // 4096)
+        if len(pd.unique(address[::step])) * step > most:
+            return None
     obj_codes, distinct = pd.factorize(address)
+    if most is not None and len(distinct) > most:
+        return None
     first = np.empty(len(distinct), dtype=np.int64)
     first[obj_codes[::-1]] = np.arange(len(values) - 1, -1, -1)  # the first row of each object
     codes, uniques = pd.factorize(values[first])
