@@ -24,7 +24,7 @@ from .rundir import RunDir, case_dir
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="traces and logs, any mix (.gz read transparently); or one `kernelmap run` directory")
+                   help="traces and logs, any mix (.gz and .xz read transparently); or one `kernelmap run` directory")
     p.add_argument("-o", "--output", help="Parquet file to write (default: records.parquet; for a run "
                                           "directory, RUN_DIR/records.parquet and RUN_DIR/attribution.json)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -276,3 +276,26 @@ def test_native_scan_in_two_threads_is_one_thread(name):
     one = kineto._scan.scan(doc, s2, e2, 1)
     assert one is not None and one[0] == 201
     assert kineto._scan.scan(doc, s2, e2, 2, 0) == one
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "gpu_nsys.sqlite.gz", "cpu_torch_onednn.log.gz"])
+def test_xz_is_read_like_gzip(tmp_path, name):
+    """An xz-compressed trace or log is recognised and read as its gzip twin is (same records but
+    the file name); a corrupt one is a ParseError."""
+    import gzip
+    import lzma
+
+    from kernelmap import adapters
+    from kernelmap.errors import ParseError
+
+    raw = gzip.decompress((DATA / name).read_bytes())
+    xz = tmp_path / name.replace(".gz", ".xz")
+    xz.write_bytes(lzma.compress(raw))
+    assert adapters.detect(xz) == adapters.detect(DATA / name)
+    a, b = adapters.read(xz), adapters.read(DATA / name)
+    assert set(a["source_file"]) == {xz.name}
+    pd.testing.assert_frame_equal(a.drop(columns="source_file"), b.drop(columns="source_file"), check_exact=True)
+    bad = tmp_path / ("bad_" + xz.name)
+    bad.write_bytes(lzma.compress(raw)[:200])
+    with pytest.raises(ParseError):
+        adapters.read(bad, adapters.detect(DATA / name))

@@ -1,10 +1,11 @@
-"""Helpers shared by the adapters: transparent gzip, a frame builder, and the ParseError wrap."""
+"""Helpers shared by the adapters: transparent gzip and xz, a frame builder, and the ParseError wrap."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import gzip
+import lzma
 import os
 import re
 import zlib
@@ -18,10 +19,11 @@ from .. import schema
 from ..errors import ParseError, SchemaError
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The file's bytes, gunzipped when the content (not the name) is gzip."""
+    """The file's bytes, decompressed when the content (not the name) is gzip or xz."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -32,7 +34,29 @@ def read_bytes(path: str | os.PathLike) -> bytes:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise ParseError(path, f"corrupt gzip data: {exc}") from None
+    elif data[:6] == XZ_MAGIC:
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as exc:
+            raise ParseError(path, f"corrupt xz data: {exc}") from None
     return data
+
+
+def decompressed_copy(path: Path, head: bytes, dst: Path) -> bool:
+    """Write the gzip or xz content of ``path`` (its first bytes: ``head``) to ``dst``; False where
+    it is neither. ParseError for corrupt data."""
+    import shutil
+
+    opener, what, errors = ((gzip.open, "gzip", (OSError, EOFError, zlib.error)) if head[:2] == GZIP_MAGIC else
+                            (lzma.open, "xz", (lzma.LZMAError, EOFError)) if head[:6] == XZ_MAGIC else (None, "", ()))
+    if opener is None:
+        return False
+    try:
+        with opener(path, "rb") as fi, open(dst, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+    except errors as exc:
+        raise ParseError(path, f"corrupt {what} data: {exc}") from None
+    return True
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -223,15 +247,21 @@ def no_gc():
 
 
 def head(path: str | os.PathLike, n: int = 4096) -> bytes:
-    """The first ``n`` bytes of the (gunzipped) content, for sniffing."""
+    """The first ``n`` bytes of the (gunzipped or xz-decompressed) content, for sniffing."""
     with open(path, "rb") as fh:
-        start = fh.read(2)
+        start = fh.read(6)
         fh.seek(0)
-        if start == GZIP_MAGIC:
+        if start[:2] == GZIP_MAGIC:
             try:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return gz.read(n)
             except (OSError, EOFError, zlib.error):
+                return b""
+        if start == XZ_MAGIC:
+            try:
+                with lzma.LZMAFile(fh) as xz:
+                    return xz.read(n)
+            except (lzma.LZMAError, EOFError):
                 return b""
         return fh.read(n)
 

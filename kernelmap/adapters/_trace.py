@@ -19,7 +19,6 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None)."""
     n = len(df)
-    kind = S.objects(df["kind"])  # read only
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"])
     names = np.array([*name_u, ""], dtype=object)[name_codes]  # NA -> ""

@@ -25,7 +25,6 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ import pandas as pd
 from .. import strings
 from ..errors import ParseError
 from . import _trace
-from ._common import GZIP_MAGIC, finish, int64_array
+from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, int64_array
 
 try:  # optional (setup.py builds it where a C compiler is found): SQLite columns read natively
     from . import _native
@@ -69,16 +68,10 @@ def read(path: str | os.PathLike, framework: str | None = None) -> pd.DataFrame:
         head = fh.read(16)
     if head.startswith(SQLITE_MAGIC):
         return _read_sqlite(path, path, framework)
-    if head[:2] == GZIP_MAGIC:
-        import gzip
-
+    if head[:2] == GZIP_MAGIC or head[:6] == XZ_MAGIC:
         with tempfile.TemporaryDirectory() as tmp:
-            plain = Path(tmp) / (path.name.removesuffix(".gz") or "trace.sqlite")
-            try:
-                with gzip.open(path, "rb") as fi, open(plain, "wb") as fo:
-                    shutil.copyfileobj(fi, fo)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise ParseError(path, f"corrupt gzip data: {exc}") from None
+            plain = Path(tmp) / (path.name.removesuffix(".gz").removesuffix(".xz") or "trace.sqlite")
+            decompressed_copy(path, head, plain)
             return read(plain, framework).assign(source_file=path.name).pipe(_restring)
     return _read_rep(path, framework)
 
