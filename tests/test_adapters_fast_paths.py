@@ -299,3 +299,29 @@ def test_xz_is_read_like_gzip(tmp_path, name):
     bad.write_bytes(lzma.compress(raw)[:200])
     with pytest.raises(ParseError):
         adapters.read(bad, adapters.detect(DATA / name))
+
+
+def test_uncompressed_kineto_is_scanned_mapped(tmp_path, monkeypatch):
+    """An uncompressed Kineto file is scanned through a memory map (not read into memory), with
+    the records of its gzip twin; a broken one is not scanned twice and is the whole parse's error."""
+    import gzip
+
+    from kernelmap.adapters import kineto
+    from kernelmap.errors import ParseError
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    plain = tmp_path / "gpu_kineto.json"
+    plain.write_bytes(gzip.decompress((DATA / "gpu_kineto.json.gz").read_bytes()))
+    scans = []
+    real = kineto._scanned
+    monkeypatch.setattr(kineto, "_scanned", lambda data: scans.append(type(data).__name__) or real(data))
+    pd.testing.assert_frame_equal(read(plain).drop(columns="source_file"),
+                                  read(DATA / "gpu_kineto.json.gz").drop(columns="source_file"), check_exact=True)
+    assert scans == ["mmap", "bytes"]  # the mapped file, then the gzip file's content
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(plain.read_bytes()[:-50])
+    scans.clear()
+    with pytest.raises(ParseError):
+        read(broken)
+    assert scans == ["mmap"]

@@ -278,6 +278,29 @@ static int scan_number(S *s, double *d, int *isint, int *big) {
 
 static int skip_value(S *s, int depth);
 
+/* a JSON number's grammar only (a value not read) */
+static int skip_number(S *s) {
+    const char *p = s->p, *e = s->end;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else return -1;
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    s->p = p;
+    return 0;
+}
+
 static int skip_container(S *s, int depth, char close) {
     if (depth > 200) return -1;
     s->p++;
@@ -316,8 +339,7 @@ static int skip_value(S *s, int depth) {
     if (c == 't') return lit(s, "true", 4);
     if (c == 'f') return lit(s, "false", 5);
     if (c == 'n') return lit(s, "null", 4);
-    double d; int isint, big;
-    return scan_number(s, &d, &isint, &big);
+    return skip_number(s);
 }
 
 /* a value read as a number: V_NONE for null, V_NUM for a number (in *d); -1 to bail */

@@ -19,6 +19,8 @@ from ..errors import ParseError
 from ..strings import object_array
 from . import _trace
 from ._common import (
+    GZIP_MAGIC,
+    XZ_MAGIC,
     NoFastPath,
     compact_json,
     finish,
@@ -76,8 +78,11 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
     ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
     scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
     by the general path (which also finds any error)."""
+    scanned, tried = _scanned_file(path)
+    if scanned is not None:
+        return [scanned]
     data = read_bytes(path)
-    scanned = _scanned(data)
+    scanned = None if tried else _scanned(data)  # a compressed file's content
     if scanned is not None:
         return [scanned]
     seen: dict = {}  # one object per distinct name, category and shape list, not one per event
@@ -321,6 +326,25 @@ except ImportError:  # pragma: no cover - depends on the build
 
 _F64 = ("ts", "dur", "pid", "tid", "correlation", "ext", "seq", "stream", "bytes",
         "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+
+
+def _scanned_file(path) -> tuple[dict | None, bool]:
+    """``_scanned`` of an uncompressed file, mapped rather than read into memory (no copy of it),
+    and whether it was tried (not for a compressed file, or one that cannot be mapped)."""
+    import mmap
+
+    if _scan is None:
+        return None, True
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == GZIP_MAGIC or os.fstat(fh.fileno()).st_size == 0:
+                return None, False
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[:6] == XZ_MAGIC:
+                    return None, False
+                return _scanned(data), True
+    except (OSError, ValueError):
+        return None, False  # read_bytes says why, if the file cannot be read
 
 
 def _scanned(data: bytes) -> dict | None:
