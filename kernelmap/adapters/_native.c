@@ -209,29 +209,38 @@ static PyObject *decode_string(const char *a, Py_ssize_t n, int esc) {
 /* kinds of value a field holds */
 enum { V_NONE = 0, V_NUM, V_STR, V_OTHER };
 
-/* a JSON number at s->p: *d its double; *isint; *big = an integer beyond int64 or a literal we do
-   not read. Grammar checked as JSON's. */
-static int scan_number(S *s, double *d, int *isint, int *big) {
-    const char *p = s->p, *e = s->end, *b = p;
-    *isint = 1; *big = 0;
+/* a JSON number's grammar only (a value not read) */
+static int skip_number(S *s) {
+    const char *p = s->p, *e = s->end;
     if (p < e && *p == '-') p++;
     if (p >= e) return -1;
     if (*p == '0') p++;
     else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
     else return -1;
     if (p < e && *p == '.') {
-        *isint = 0; p++;
+        p++;
         if (p >= e || *p < '0' || *p > '9') return -1;
         while (p < e && *p >= '0' && *p <= '9') p++;
     }
     if (p < e && (*p == 'e' || *p == 'E')) {
-        *isint = 0; p++;
+        p++;
         if (p < e && (*p == '+' || *p == '-')) p++;
         if (p >= e || *p < '0' || *p > '9') return -1;
         while (p < e && *p >= '0' && *p <= '9') p++;
     }
-    Py_ssize_t n = p - b;
     s->p = p;
+    return 0;
+}
+
+/* a JSON number at s->p: *d its double; *isint; *big = an integer beyond int64 or a literal we do
+   not read. Grammar checked as JSON's. */
+static int scan_number(S *s, double *d, int *isint, int *big) {
+    const char *b = s->p;
+    if (skip_number(s)) return -1;
+    const char *p = s->p;
+    *isint = 1; *big = 0;
+    for (const char *q = b; q < p; q++) if (*q == '.' || *q == 'e' || *q == 'E') { *isint = 0; break; }
+    Py_ssize_t n = p - b;
     if (*isint) {
         const char *q = b;
         int neg = 0;
@@ -278,28 +287,6 @@ static int scan_number(S *s, double *d, int *isint, int *big) {
 
 static int skip_value(S *s, int depth);
 
-/* a JSON number's grammar only (a value not read) */
-static int skip_number(S *s) {
-    const char *p = s->p, *e = s->end;
-    if (p < e && *p == '-') p++;
-    if (p >= e) return -1;
-    if (*p == '0') p++;
-    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
-    else return -1;
-    if (p < e && *p == '.') {
-        p++;
-        if (p >= e || *p < '0' || *p > '9') return -1;
-        while (p < e && *p >= '0' && *p <= '9') p++;
-    }
-    if (p < e && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < e && (*p == '+' || *p == '-')) p++;
-        if (p >= e || *p < '0' || *p > '9') return -1;
-        while (p < e && *p >= '0' && *p <= '9') p++;
-    }
-    s->p = p;
-    return 0;
-}
 
 static int skip_container(S *s, int depth, char close) {
     if (depth > 200) return -1;
