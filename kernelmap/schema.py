@@ -193,21 +193,57 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     if not validated:
         validate(df, str(path))
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
-    # converted a row group at a time, so that only one group's Arrow copy is alive beside df
+    # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
+    # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
     arrow_schema = pa.Table.from_pandas(df.iloc[:0], preserve_index=False).schema
     meta = dict(arrow_schema.metadata or {})
     meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
     if extra_meta:
         meta[b"kernelmap.meta"] = json.dumps(extra_meta).encode()
     arrow_schema = arrow_schema.with_metadata(meta)
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema) as writer:
+
+    def groups():
         for lo in range(0, max(len(df), 1), ROW_GROUP):
             part = df.iloc[lo:lo + ROW_GROUP]
-            writer.write_table(pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type) for c in df.columns],
-                                                    schema=arrow_schema), row_group_size=ROW_GROUP)
+            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type) for c in df.columns],
+                                       schema=arrow_schema)
+
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema) as writer:
+        _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
 
 
 ROW_GROUP = 1 << 18  # rows per Parquet row group
+
+
+def _pipelined(items, consume) -> None:
+    """``consume(item)`` of each item in order, in a second thread, while this one makes the next
+    item (one waits at most); the first exception of either thread is raised here."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=1)
+    failed: list = []
+
+    def run():
+        while (item := q.get()) is not None:
+            if not failed:
+                try:
+                    consume(item)
+                except BaseException as exc:  # handed to the producing thread
+                    failed.append(exc)
+
+    worker = threading.Thread(target=run, name="kernelmap-parquet", daemon=True)
+    worker.start()
+    try:
+        for item in items:
+            if failed:
+                break
+            q.put(item)
+    finally:
+        q.put(None)
+        worker.join()
+    if failed:
+        raise failed[0]
 
 
 def _arrow(col: pd.Series, type_):
