@@ -138,12 +138,16 @@ def link_library_calls(df: pd.DataFrame) -> dict:
     return info
 
 
+_LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "op_event_id", "source", "iteration",
+                        "dur_ns"]
+
+
 def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
     """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
     signature a log call has."""
-    k = df[_kind(df, "kernel")]
+    k = df.loc[_kind(df, "kernel"), _LIBRARY_KERNEL_COLS]  # the columns read here and by the figures
     k = k[~_native(k)]
     calls = _log_calls(df)
     signed = calls[_signed(calls)]
@@ -317,14 +321,15 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
     is_kernel = _kind(df, "kernel")
-    k = df[is_kernel]
+    k = df.loc[is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"]]  # what is read here
     lk = library_kernels(df) if lk is None else lk
     out = {}
     is_op = _kind(df, "op")
     source_codes, sources = S.factorize(df["source"])
+    iteration = df["iteration"]
     for src, g in k.groupby("source", sort=True):
-        ops = df[is_op & (source_codes == list(sources).index(src))]
-        op_steps = sorted(int(i) for i in ops["iteration"].dropna().unique())
+        # the steps of this source's ops (their iteration column only, not a copy of their rows)
+        op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == list(sources).index(src))].dropna().unique())
         w = g[g["iteration"].isin(op_steps)]
         fw = _kernel_figures(w)
         out[str(src)] = {
