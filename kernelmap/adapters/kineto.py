@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from .. import strings
 from ..errors import ParseError
 from ..strings import object_array
 from . import _trace
@@ -479,21 +480,29 @@ def kernel_library(df: pd.DataFrame) -> None:
     ``at::native`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
-    k = df["kind"].eq("kernel")
-    # by name: once per unique kernel name
-    codes, uniq = pd.factorize(df["kernel_name"].to_numpy(dtype=object, na_value=None))
-    by_name = np.array([None] * len(uniq) + [None], dtype=object)
-    for i, n in enumerate(uniq):
-        by_name[i] = "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else \
-            "native" if "at::native" in n else None
-    named = pd.Series(by_name[codes], index=df.index)
-    lib = df["library"].copy()
-    lib[(k & named.notna()).to_numpy(dtype=bool, na_value=False)] = named
-    op_name = df["op_name"]
+    k = strings.eq(df["kind"], "kernel")
+    # by name: once per distinct kernel name
+    codes, uniq = strings.factorize(df["kernel_name"])
+    by_name = strings.object_array(
+        ["cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else "native" if "at::native" in n else None
+         for n in uniq] + [None])[codes]
+    lib = df["library"].to_numpy(dtype=object, na_value=None)
+    named = k & (by_name != None)  # noqa: E711
+    lib[named] = by_name[named]
     ids = df["op_event_id"]
     if ids.notna().any():
-        by_id = pd.Series(op_name.to_numpy(), index=df["event_id"].to_numpy())
-        launcher = by_id.reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype=object)
-        from_cudnn_op = k.to_numpy() & np.isin(launcher, _CUDNN_OPS) & ~lib.eq("native").fillna(False).to_numpy()
-        lib[from_cudnn_op & lib.isna().to_numpy()] = "cuDNN"
-    df["library"] = lib.astype("string")
+        # the launching op's name: the op_name of the row whose event_id is op_event_id
+        op_codes, op_names = strings.factorize(df["op_name"])
+        cudnn_op = np.array([n in _CUDNN_OPS for n in op_names] + [False], dtype=bool)
+        event_id = df["event_id"].to_numpy(dtype="int64")
+        launcher = np.zeros(len(df), dtype=bool)
+        have = ids.notna().to_numpy()
+        if np.array_equal(event_id, np.arange(len(df))):  # event_id = row (an adapter's own frame)
+            launcher[have] = cudnn_op[op_codes[ids.to_numpy(dtype="int64", na_value=0)[have]]]
+        else:
+            row = pd.Series(np.arange(len(df)), index=event_id).reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype="float64")
+            found = ~np.isnan(row)
+            launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
+        from_cudnn_op = k & launcher & (lib != "native")
+        lib[from_cudnn_op & (lib == None)] = "cuDNN"  # noqa: E711
+    df["library"] = pd.array(lib, dtype="string")
