@@ -150,7 +150,7 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
         return
     names = S.objects(df["op_name"])  # read only
     layers = S.objects(df["layer"])
-    direc = df["direction"].to_numpy(dtype=object, na_value=None)
+    changed: dict = {}
     for i in sel:
         op = inner_op[i]
         d = dims[op]
@@ -160,10 +160,19 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
         out_f, in_f = w[layers[i]]
         (p, q), (_, r) = d[0], d[1]
         if (q, r) == (out_f, in_f):
-            direc[i] = "bwd_data"
+            changed[i] = "bwd_data"
         elif (p, r) == (out_f, in_f):
-            direc[i] = "bwd_weight"
-    df["direction"] = pd.array(direc, dtype="string")
+            changed[i] = "bwd_weight"
+    _set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
+
+
+def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
+    """``col`` with ``values`` at positions ``rows``, as a new array (the column's own is not
+    written to: a frame may share it)."""
+    if len(rows):
+        new = df[col].array.copy()
+        new[rows] = values
+        df[col] = new
 
 
 def refine_direction(df: pd.DataFrame) -> None:
@@ -179,32 +188,38 @@ def refine_direction(df: pd.DataFrame) -> None:
     if not k.any():
         return
     kname = df["kernel_name"]
-    dirs = df["direction"].to_numpy(dtype=object, na_value=None)
-    dirs[k & S.matches(kname, lambda u: "dgrad" in u.lower())] = "bwd_data"
-    dirs[k & S.matches(kname, lambda u: "wgrad" in u.lower())] = "bwd_weight"
-    df["direction"] = pd.array(dirs, dtype="string")
-    sel = np.flatnonzero(k & df["op_event_id"].notna().to_numpy() & ~S.eq(df["library"], "native")
-                         & ~S.contains(kname, "at::native"))
-    if not len(sel):
-        return
+    kidx = np.flatnonzero(k)  # these rows' direction is "bwd"; dirs: theirs from here on
+    dirs = np.full(len(kidx), "bwd", dtype=object)
+    dirs[S.matches(kname, lambda u: "dgrad" in u.lower())[kidx]] = "bwd_data"
+    dirs[S.matches(kname, lambda u: "wgrad" in u.lower())[kidx]] = "bwd_weight"
+    pos = np.flatnonzero((df["op_event_id"].notna().to_numpy() & ~S.eq(df["library"], "native")
+                          & ~S.contains(kname, "at::native"))[kidx])
+    if len(pos):
+        _fill_unnamed(df, kidx, pos, dirs)
+    _set_rows(df, "direction", kidx, dirs)
+
+
+def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray) -> None:
+    """``refine_direction``'s unnamed kernels (rows ``kidx[pos]``; ``dirs``: the directions of the
+    rows ``kidx``, filled in place)."""
+    sel = kidx[pos]
     # per launching op, in launch order: the nearest named kernel before and after each unnamed one
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)[sel]
     op = df["op_event_id"].to_numpy(dtype="int64", na_value=0)[sel]
     order = np.lexsort((np.arange(len(sel)), start, op))
     rows, op = sel[order], op[order]
-    d = pd.Series(dirs[rows])
+    at = pos[order]  # the rows' places in dirs
+    d = pd.Series(dirs[at])
     named = pd.Series(np.where(d != "bwd", d.to_numpy(dtype=object), None), dtype=object)
     prev = named.groupby(op, sort=False).ffill().to_numpy(dtype=object)
     nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
     unnamed = (d == "bwd").to_numpy()
     has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
-    names = df["kernel_name"].to_numpy(dtype=object, na_value="")[rows]
-    tonchw = np.array(["tonchw" in n.lower() for n in names], dtype=bool) if len(names) else np.zeros(0, bool)
+    names = S.objects(df["kernel_name"])[rows]
+    tonchw = np.array([isinstance(n, str) and "tonchw" in n.lower() for n in names], dtype=bool)
     val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
     fill = unnamed & (has_prev | has_nxt)
-    if fill.any():
-        dirs[rows[fill]] = val[fill]
-        df["direction"] = pd.array(dirs, dtype="string")
+    dirs[at[fill]] = val[fill]
 
 
 def _kinds(kind: pd.Series):
