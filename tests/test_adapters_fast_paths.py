@@ -325,3 +325,52 @@ def test_uncompressed_kineto_is_scanned_mapped(tmp_path, monkeypatch):
     with pytest.raises(ParseError):
         read(broken)
     assert scans == ["mmap"]
+
+
+def _link_by_external_id_before(df, ext):
+    """kineto._link_by_external_id as it was before issue 11 (whole-column object round trips)."""
+    from kernelmap.adapters import _trace
+
+    need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
+    if not need.any():
+        return
+    ops = df["kind"].eq("op").to_numpy() & ~np.isnan(ext)
+    table = pd.Series(np.flatnonzero(ops), index=ext[ops])
+    table = table[~table.index.duplicated(keep="first")]
+    hit = table.reindex(ext[need]).to_numpy(dtype="float64")
+    rows = np.flatnonzero(need)[~np.isnan(hit)]
+    src = hit[~np.isnan(hit)].astype("int64")
+    for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
+        vals = df[col].to_numpy(dtype=object, na_value=None)
+        keep = df.loc[rows, col].isna().to_numpy()
+        vals[rows[keep]] = vals[src[keep]]
+        df[col] = pd.array(vals, dtype=df[col].dtype)
+    df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
+    _trace.refine_direction(df)
+
+
+def test_kineto_external_id_link_is_as_before(tmp_path, monkeypatch):
+    """Launches and kernels outside their op's time range are linked to the op with their External
+    id, with the same records as before the speed work (its code kept above as the reference)."""
+    from kernelmap.adapters import kineto
+
+    doc = _kineto_doc([
+        {"ph": "X", "cat": "cpu_op", "name": "aten::cudnn_convolution_backward", "pid": 1, "tid": 1, "ts": 40.0,
+         "dur": 5.0, "args": {"External id": 11, "Sequence number": 2}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 46.0, "dur": 1.0,
+         "args": {"correlation": 21, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_xmma_dgrad_implicit_gemm", "pid": 0, "tid": 7, "ts": 48.0,
+         "dur": 2.0, "args": {"correlation": 21, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "convertTensor_kernel", "pid": 0, "tid": 7, "ts": 51.0, "dur": 1.0,
+         "args": {"correlation": 22, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "k_without_op", "pid": 0, "tid": 7, "ts": 52.0, "dur": 1.0,
+         "args": {"correlation": 23, "External id": 99}},
+    ])
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(doc))
+    now = read(f)
+    monkeypatch.setattr(kineto, "_link_by_external_id", _link_by_external_id_before)
+    before = read(f)
+    pd.testing.assert_frame_equal(now, before, check_exact=True)
+    linked = now[now["kernel_name"].eq("sm90_xmma_dgrad_implicit_gemm").fillna(False)]
+    assert linked["op_event_id"].notna().all() and (linked["canonical_op"] == "conv2d").all()

@@ -452,20 +452,18 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
 def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
     """Runtime/device rows that time containment left without an op: the cpu_op with their
     ``External id`` (Kineto gives launches and kernels the External id of the launching op)."""
-    need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
+    need = df["op_event_id"].isna().to_numpy() & strings.isin(df["kind"], ["runtime", *_trace.DEVICE_KINDS]) & ~np.isnan(ext)
     if not need.any():
         return
-    ops = df["kind"].eq("op").to_numpy() & ~np.isnan(ext)
+    ops = strings.eq(df["kind"], "op") & ~np.isnan(ext)
     table = pd.Series(np.flatnonzero(ops), index=ext[ops])
     table = table[~table.index.duplicated(keep="first")]
     hit = table.reindex(ext[need]).to_numpy(dtype="float64")
     rows = np.flatnonzero(need)[~np.isnan(hit)]
     src = hit[~np.isnan(hit)].astype("int64")
     for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
-        vals = df[col].to_numpy(dtype=object, na_value=None)
-        keep = df.loc[rows, col].isna().to_numpy()
-        vals[rows[keep]] = vals[src[keep]]
-        df[col] = pd.array(vals, dtype=df[col].dtype)
+        keep = df[col].isna().to_numpy()[rows]  # only what containment left unknown
+        _trace._set_rows(df, col, rows[keep], df[col].array[src[keep]])
     df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
     _trace.refine_direction(df)
 
