@@ -328,18 +328,14 @@ def test_uncompressed_kineto_is_scanned_mapped(tmp_path, monkeypatch):
 
 
 def _link_by_external_id_before(df, ext):
-    """kineto._link_by_external_id as it was before issue 11 (whole-column object round trips)."""
-    from kernelmap.adapters import _trace
+    """kineto._link_by_external_id as it was before issue 11 (whole-column object round trips; the
+    op lookup is the one it had, now a function of its own)."""
+    from kernelmap.adapters import _trace, kineto
 
     need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
     if not need.any():
         return
-    ops = df["kind"].eq("op").to_numpy() & ~np.isnan(ext)
-    table = pd.Series(np.flatnonzero(ops), index=ext[ops])
-    table = table[~table.index.duplicated(keep="first")]
-    hit = table.reindex(ext[need]).to_numpy(dtype="float64")
-    rows = np.flatnonzero(need)[~np.isnan(hit)]
-    src = hit[~np.isnan(hit)].astype("int64")
+    rows, src = kineto._external_id_ops(df["kind"].eq("op").to_numpy(), ext, need)
     for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
         vals = df[col].to_numpy(dtype=object, na_value=None)
         keep = df.loc[rows, col].isna().to_numpy()

@@ -455,17 +455,21 @@ def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
     need = df["op_event_id"].isna().to_numpy() & strings.isin(df["kind"], ["runtime", *_trace.DEVICE_KINDS]) & ~np.isnan(ext)
     if not need.any():
         return
-    ops = strings.eq(df["kind"], "op") & ~np.isnan(ext)
-    table = pd.Series(np.flatnonzero(ops), index=ext[ops])
-    table = table[~table.index.duplicated(keep="first")]
-    hit = table.reindex(ext[need]).to_numpy(dtype="float64")
-    rows = np.flatnonzero(need)[~np.isnan(hit)]
-    src = hit[~np.isnan(hit)].astype("int64")
+    rows, src = _external_id_ops(strings.eq(df["kind"], "op"), ext, need)
     for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
         keep = df[col].isna().to_numpy()[rows]  # only what containment left unknown
         _trace._set_rows(df, col, rows[keep], df[col].array[src[keep]])
     df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
     _trace.refine_direction(df)
+
+
+def _external_id_ops(is_op: np.ndarray, ext: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``need`` whose External id an op has, and that op's row (the first such op)."""
+    ops = is_op & ~np.isnan(ext)
+    table = pd.Series(np.flatnonzero(ops), index=ext[ops])
+    table = table[~table.index.duplicated(keep="first")]
+    hit = table.reindex(ext[need]).to_numpy(dtype="float64")
+    return np.flatnonzero(need)[~np.isnan(hit)], hit[~np.isnan(hit)].astype("int64")
 
 
 _CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
