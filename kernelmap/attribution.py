@@ -54,8 +54,16 @@ def _native(k: pd.DataFrame) -> np.ndarray:
 
 
 def _kind(df: pd.DataFrame, kind: str) -> np.ndarray:
-    """Rows of this kind (a bool array)."""
+    """Rows of this kind (a bool array); by the codes ``summarise`` keeps of its frame's kinds
+    (``_KIND_CODES``: summarise only reads its frame), else by ``strings.eq``."""
+    arr = df["kind"].array
+    for kinds, codes, uniq in _KIND_CODES:
+        if kinds is arr:
+            return codes == (list(uniq).index(kind) if kind in uniq else -2)
     return S.eq(df["kind"], kind)
+
+
+_KIND_CODES: list = []  # (kind array, codes, distinct kinds) of the frame summarise reads
 
 
 def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
@@ -351,6 +359,14 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
 def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
+    _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"])))  # kinds coded once, not per test
+    try:
+        return _summarise(df, log_steps)
+    finally:
+        _KIND_CODES.pop()
+
+
+def _summarise(df: pd.DataFrame, log_steps: int | None) -> dict:
     calls = df[_kind(df, "library_call")]
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
