@@ -149,8 +149,16 @@ def empty() -> pd.DataFrame:
 def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     """Add missing columns as NA, order them, and cast to the schema's dtypes. ``copy=False``: a
     column that has its dtype already is taken as it is (for a frame the caller drops)."""
-    cols = {col: df[col].astype(dtype, copy=copy).array if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype).array
-            for col, dtype in COLUMNS.items()}
+    from .strings import string_array
+
+    def column(col, dtype):
+        if col not in df:
+            return pd.Series(pd.NA, index=df.index, dtype=dtype).array
+        if dtype == "string" and df[col].dtype == object:  # once per distinct value where rows share them
+            return string_array(df[col])
+        return df[col].astype(dtype, copy=copy).array
+
+    cols = {col: column(col, dtype) for col, dtype in COLUMNS.items()}
     extra = set(df.columns) - set(COLUMNS)
     if extra:
         raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")

@@ -88,3 +88,23 @@ def matches(col, test) -> np.ndarray:
 def contains(col, sub: str) -> np.ndarray:
     """``col.str.contains(sub, regex=False, na=False)`` as a bool array."""
     return matches(col, lambda u: sub in u)
+
+
+def string_array(values) -> pd.arrays.StringArray:
+    """``pd.array(values, dtype="string")``: each distinct value converted once (pandas' own
+    conversion of those), the rows taken from them; pandas' conversion of every row where the rows
+    do not share objects."""
+    coded = factorize(values, most=len(values) // 4)
+    if coded is None:
+        return pd.array(np.asarray(values, dtype=object), dtype="string")
+    codes, uniques = coded
+    converted = np.asarray(pd.array(uniques, dtype="string"), dtype=object)
+    rows = np.append(converted, pd.NA)[codes]  # code -1 (NA): the last
+    try:  # str and pd.NA only, as pandas made them: no second check of every row
+        return pd.arrays.StringArray._simple_new(rows, _string_dtype())
+    except (AttributeError, TypeError):  # pragma: no cover - another pandas
+        return pd.arrays.StringArray(rows)
+
+
+def _string_dtype() -> pd.StringDtype:
+    return pd.array([], dtype="string").dtype
