@@ -210,13 +210,16 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
         meta[b"kernelmap.meta"] = json.dumps(extra_meta).encode()
     arrow_schema = arrow_schema.with_metadata(meta)
 
+    # the system allocator, not pyarrow's default pool, which keeps what the row groups freed
+    pool = pa.system_memory_pool()
+
     def groups():
         for lo in range(0, max(len(df), 1), ROW_GROUP):
             part = df.iloc[lo:lo + ROW_GROUP]
-            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type) for c in df.columns],
+            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool) for c in df.columns],
                                        schema=arrow_schema)
 
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema) as writer:
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool) as writer:
         _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
 
 
@@ -225,11 +228,13 @@ ROW_GROUP = 1 << 18  # rows per Parquet row group
 
 def _pipelined(items, consume) -> None:
     """``consume(item)`` of each item in order, in a second thread, while this one makes the next
-    item (one waits at most); the first exception of either thread is raised here."""
+    item: two items alive at most (the one consumed, the one made); the first exception of either
+    thread is raised here."""
     import queue
     import threading
 
-    q: queue.Queue = queue.Queue(maxsize=1)
+    q: queue.Queue = queue.Queue()
+    room = threading.Semaphore(2)  # items made and not yet consumed
     failed: list = []
 
     def run():
@@ -239,14 +244,20 @@ def _pipelined(items, consume) -> None:
                     consume(item)
                 except BaseException as exc:  # handed to the producing thread
                     failed.append(exc)
+            del item
+            room.release()
 
     worker = threading.Thread(target=run, name="kernelmap-parquet", daemon=True)
     worker.start()
     try:
-        for item in items:
-            if failed:
+        it = iter(items)
+        while not failed:
+            room.acquire()
+            item = next(it, None)
+            if item is None:
                 break
             q.put(item)
+            del item
     finally:
         q.put(None)
         worker.join()
@@ -254,23 +265,24 @@ def _pipelined(items, consume) -> None:
         raise failed[0]
 
 
-def _arrow(col: pd.Series, type_):
+def _arrow(col: pd.Series, type_, pool=None):
     """One column as Arrow. Strings: each distinct value converted once and the rows taken from
     those (``strings.factorize``: the rows share a few objects), else pyarrow's own conversion of
     the object array (NA -> null), without the copy a ``string`` array first makes of itself.
     Other columns by pyarrow."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from . import strings
 
     if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
-        return pa.array(col.array, type=type_)
+        return pa.array(col.array, type=type_, memory_pool=pool)
     coded = strings.factorize(col, most=len(col) // 4)
     if coded is None:
-        return pa.array(np.asarray(col.array), type=type_, from_pandas=True)
+        return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
     codes, uniques = coded
-    rows = pa.array(codes.astype("int32"), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(rows, pa.array(uniques, type=type_)).dictionary_decode()
+    rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
+    return pc.take(pa.array(uniques, type=type_, memory_pool=pool), rows, memory_pool=pool)  # null row: null
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
