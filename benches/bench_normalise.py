@@ -4,12 +4,19 @@ attribute, validate, write Parquet) on the ~1M-event Kineto and nsys traces that
 ``Trace.parse_traces`` on the same Kineto file in the same session (where ``hta`` is installed).
 
 Every measurement is a fresh subprocess: its own wall time (interpreter start and imports
-excluded: measured from just before ``cli.main``) and peak RSS (VmHWM and ru_maxrss of that
+excluded: measured from just before ``cli.main``, with the modules ``normalise`` imports already
+imported, as HTA's are before its parse is timed) and peak RSS (VmHWM and ru_maxrss of that
 process), against the input file size. Medians of ``--rounds`` (default 3) with min-max spread:
 
-    python benches/bench_normalise.py [--rounds 3] [--dir DIR] [--json OUT.json]
+    python benches/bench_normalise.py [--rounds 3] [--dir DIR] [--json OUT.json] [--input PATH ...]
 
-``--dir`` keeps the scaled traces between invocations (built when missing).
+``--dir`` keeps the scaled traces between invocations (built when missing). ``--input PATH``
+(repeatable) adds a real trace: any Kineto ``.json``/``.json.gz``/``.json.xz`` or nsys
+``.sqlite``/``.sqlite.gz``/``.sqlite.xz``, read by ``kernelmap normalise`` as it is (compressed
+files too) and, for Kineto, by HTA from a decompressed copy. Its events are the trace's own:
+Kineto ``traceEvents`` but metadata (``ph: M``), as for the scaled trace; for nsys, the rows of the
+tables the adapter reads (kernels, runtime calls, memcpy/memset, NVTX ranges, cuDNN/cuBLAS
+events). Peak RSS is given against the file as given and against its decompressed size.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import re, resource, sys, time
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 from kernelmap.cli import main
+import kernelmap.normalise, pyarrow.parquet  # imports excluded, as for HTA's parse (its imports come first too)
 base = hwm()
 t = time.perf_counter()
 rc = main(["normalise", sys.argv[1], "-o", sys.argv[2], "--replace", "--json"])
@@ -50,6 +58,42 @@ def normalise_once(path: Path, out: Path) -> dict:
     return {"seconds": float(dt), "records": summary["events"], "input_bytes": size,
             "peak_rss_bytes": int(peak), "ru_maxrss_bytes": int(maxrss), "rss_before_bytes": int(base),
             "peak_rss_ratio": int(peak) / size, "parquet_bytes": out.stat().st_size}
+
+
+def input_events(path: Path, d: Path) -> dict:
+    """A real input: its format, events, decompressed size, and a decompressed copy for HTA (Kineto:
+    the only file of its own directory)."""
+    from kernelmap import adapters
+    from kernelmap.adapters import _common
+
+    fmt = adapters.detect(path)
+    if fmt == "kineto":
+        data = _common.read_bytes(path)
+        plain = d / f"hta_{path.name.split('.')[0]}" / "trace.json"
+        plain.parent.mkdir(parents=True, exist_ok=True)
+        plain.write_bytes(data)
+        doc = _common.parse_json(data, path)
+        events = sum(1 for e in doc["traceEvents"] if not (isinstance(e, dict) and e.get("ph") == "M"))
+        return {"format": fmt, "events": events, "plain_bytes": len(data), "hta_path": str(plain)}
+    if fmt != "nsys":
+        raise SystemExit(f"{path}: a {fmt} file; --input takes Kineto and nsys traces")
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "t.sqlite"
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+        if not _common.decompressed_copy(path, magic, db):
+            db = path
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        have = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        counts = {"CUPTI_ACTIVITY_KIND_KERNEL": "", "CUPTI_ACTIVITY_KIND_RUNTIME": "", "CUPTI_ACTIVITY_KIND_MEMCPY": "",
+                  "CUPTI_ACTIVITY_KIND_MEMSET": "", "CUDNN_EVENTS": "", "CUBLAS_EVENTS": "",
+                  "NVTX_EVENTS": ' WHERE eventType IN (59, 60) AND "end" IS NOT NULL'}
+        events = sum(con.execute(f"select count(*) from {t}{w}").fetchone()[0] for t, w in counts.items() if t in have)
+        con.close()
+        return {"format": fmt, "events": events, "plain_bytes": db.stat().st_size, "hta_path": None}
 
 
 def hta_once(path: Path) -> dict:
@@ -88,7 +132,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the scaled traces are kept (default: a temporary directory)")
     ap.add_argument("--json", help="write the figures here")
-    ap.add_argument("--only", choices=["kineto", "nsys", "hta"], action="append")
+    ap.add_argument("--only", choices=["kineto", "nsys", "hta"], action="append",
+                    help="only these of the scaled traces (and HTA on the scaled Kineto one)")
+    ap.add_argument("--input", action="append", default=[], metavar="PATH",
+                    help="a real Kineto or nsys trace to measure too (repeatable; .gz/.xz as they are)")
+    ap.add_argument("--no-scaled", action="store_true", help="only the --input traces")
     a = ap.parse_args(argv)
     import tempfile
 
@@ -97,37 +145,59 @@ def main(argv=None) -> int:
         tmp = tempfile.TemporaryDirectory()
         a.dir = tmp.name
     d = Path(a.dir)
-    traces = build(d)
+    traces = {} if a.no_scaled else build(d)
+    inputs = {}
+    for i, p in enumerate(map(Path, a.input)):
+        info = input_events(p, d)
+        inputs[f"input{i + 1}:{p.name}"] = {"path": str(p), **info}
     try:
         import hta  # noqa: F401
         have_hta = True
     except ImportError:
         have_hta = False
-    want = a.only or ["kineto", "hta", "nsys"]
+    want = [] if a.no_scaled else (a.only or ["kineto", "hta", "nsys"])
+    jobs = {what: (Path(traces["kineto" if what == "hta" else what][0]), what == "hta") for what in want
+            if what != "hta" or have_hta}
+    events = {what: traces["kineto" if what == "hta" else what][1] for what in jobs}
+    for name, info in inputs.items():
+        jobs[name] = (Path(info["path"]), False)
+        events[name] = info["events"]
+        if info["hta_path"] and have_hta:
+            jobs[f"{name}:hta"] = (Path(info["hta_path"]), True)
+            events[f"{name}:hta"] = info["events"]
     runs: dict[str, list] = {}
     for r in range(a.rounds):  # interleaved, so that load on the machine falls on all readers alike
-        for what in want:
-            if what == "hta" and not have_hta:
-                continue
-            path = Path(traces["kineto" if what == "hta" else what][0])
-            res = hta_once(path) if what == "hta" else normalise_once(path, d / f"{what}.parquet")
+        for what, (path, is_hta) in jobs.items():
+            res = hta_once(path) if is_hta else normalise_once(path, d / f"{what.replace(':', '_')}.parquet")
+            info = inputs.get(what)
+            if info:  # against the decompressed size too
+                res["peak_rss_ratio_plain"] = res["peak_rss_bytes"] / info["plain_bytes"]
             runs.setdefault(what, []).append(res)
             print(f"round {r + 1} {what}: {res['seconds']:.2f} s, peak RSS {res['peak_rss_ratio']:.2f}x file",
                   file=sys.stderr)
     out = {"machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "python": sys.version.split()[0]},
            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     for what, rs in runs.items():
-        out[what] = _stats(rs, traces["kineto" if what == "hta" else what][1])
-    if "kineto" in out and "hta" in out:
-        out["kineto_vs_hta"] = out["kineto"]["events_per_s_median"] / out["hta"]["events_per_s_median"]
+        out[what] = _stats(rs, events[what])
+        if what in inputs:
+            out[what].update(inputs[what], peak_rss_ratio_plain_median=statistics.median(
+                r["peak_rss_ratio_plain"] for r in rs))
+    vs = {k: (k, "hta") for k in ["kineto"]} | {k: (k, f"{k}:hta") for k in inputs}
+    for k, (mine, theirs) in vs.items():
+        if mine in out and theirs in out:
+            out[f"{k}_vs_hta"] = out[mine]["events_per_s_median"] / out[theirs]["events_per_s_median"]
     for what in runs:
         s = out[what]
-        print(f"{what:7s} {s['events']:>9,} events  {s['events_per_s_median'] / 1e3:7.0f}k events/s "
+        plain = (f" = {s['peak_rss_ratio_plain_median']:.2f}x its decompressed {s['plain_bytes'] / 1e6:.0f} MB"
+                 if "plain_bytes" in s and s["plain_bytes"] != s["input_bytes"] else "")
+        print(f"{what:7s} {s['events']:>9,} events  {s['seconds_median']:.2f} s ({min(s['seconds']):.2f}-"
+              f"{max(s['seconds']):.2f})  {s['events_per_s_median'] / 1e3:7.0f}k events/s "
               f"({s['events_per_s_min'] / 1e3:.0f}k-{s['events_per_s_max'] / 1e3:.0f}k)  "
               f"peak RSS {s['peak_rss_ratio_median']:.2f}x file ({s['peak_rss_ratio_min']:.2f}-"
-              f"{s['peak_rss_ratio_max']:.2f})  {s['input_bytes'] / 1e6:.0f} MB")
-    if "kineto_vs_hta" in out:
-        print(f"kernelmap normalise / HTA parse (Kineto): {out['kineto_vs_hta']:.1f}x")
+              f"{s['peak_rss_ratio_max']:.2f})  {s['input_bytes'] / 1e6:.0f} MB{plain}")
+    for k in vs:
+        if f"{k}_vs_hta" in out:
+            print(f"kernelmap normalise / HTA parse ({k}): {out[f'{k}_vs_hta']:.1f}x")
     print(f"load average at the end: {out['machine']['loadavg_end']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

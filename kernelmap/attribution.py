@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import strings as S
+
 GPU_LIBS = ("cuDNN", "cuBLAS", "cuBLASLt")
 TOP_N = 10
 
@@ -47,13 +49,25 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
 
-def _native(k: pd.DataFrame) -> pd.Series:
-    return k["library"].eq("native").fillna(False) | k["kernel_name"].str.contains("at::native", regex=False,
-                                                                                    na=False)
+def _native(k: pd.DataFrame) -> np.ndarray:
+    return S.eq(k["library"], "native") | S.contains(k["kernel_name"], "at::native")
+
+
+def _kind(df: pd.DataFrame, kind: str) -> np.ndarray:
+    """Rows of this kind (a bool array); by the codes ``summarise`` keeps of its frame's kinds
+    (``_KIND_CODES``: summarise only reads its frame), else by ``strings.eq``."""
+    arr = df["kind"].array
+    for kinds, codes, uniq in _KIND_CODES:
+        if kinds is arr:
+            return codes == (list(uniq).index(kind) if kind in uniq else -2)
+    return S.eq(df["kind"], kind)
+
+
+_KIND_CODES: list = []  # (kind array, codes, distinct kinds) of the frame summarise reads
 
 
 def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
-    calls = df[df["kind"].eq("library_call")]  # few rows: the string tests below run on those only
+    calls = df[_kind(df, "library_call")]  # few rows: the string tests below run on those only
     return calls[calls["library"].isin(GPU_LIBS) & calls["source"].isin(LOG_SOURCES)]
 
 
@@ -121,7 +135,7 @@ def link_library_calls(df: pd.DataFrame) -> dict:
             {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
              "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
                        "inside another library's call)"} for (a, b, c, d), n in g.items()]
-    k = df[df["kind"].eq("kernel") & df[SIGNATURE].notna().all(axis=1)]
+    k = df[_kind(df, "kernel") & np.logical_and.reduce([S.notna(df[c]) for c in SIGNATURE])]
     k = k[~_native(k)]
     if k.empty or targets.empty:
         return info
@@ -132,52 +146,58 @@ def link_library_calls(df: pd.DataFrame) -> dict:
     return info
 
 
+_LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "op_event_id", "source", "iteration",
+                        "dur_ns"]
+
+
 def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
     """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
     signature a log call has."""
-    k = df[df["kind"].eq("kernel")]
+    k = df.loc[_kind(df, "kernel"), _LIBRARY_KERNEL_COLS]  # the columns read here and by the figures
     k = k[~_native(k)]
     calls = _log_calls(df)
     signed = calls[_signed(calls)]
     # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
     sig = _sig(k) if len(calls) else pd.Series(None, index=k.index, dtype=object)
     call_sigs = set(_sig(signed))
-    lib = (k["call_event_id"].notna() | k["library"].isin(GPU_LIBS) | k["canonical_op"].isin(["conv2d", "linear"])
-           | sig.isin(call_sigs))
+    lib = (k["call_event_id"].notna().to_numpy() | S.isin(k["library"], GPU_LIBS)
+           | S.isin(k["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
     k = k[lib]
     sig = sig[lib]
-    reason = pd.Series(pd.NA, index=k.index, dtype="string")
-    un = k["call_event_id"].isna()
     _, ambiguous = _targets(calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
     amb = set(_sig(ambiguous))
-    rules = [
-        (k["canonical_op"].isna() | k["canonical_op"].eq("other") | k["op_event_id"].isna(),
+    canon = k["canonical_op"]
+    rules = [  # the first rule that holds gives an unlinked kernel its reason
+        (S.isna(canon) | S.eq(canon, "other") | k["op_event_id"].isna().to_numpy(),
          "not launched inside a framework op of its trace (outside the op ranges)"),
-        (pd.Series(calls.empty, index=k.index), "no GPU library log in this run"),
-        (k["layer"].isna(), "no layer for its op"),
-        (k["direction"].eq("bwd") & k["canonical_op"].eq("conv2d"),
+        (np.full(len(k), calls.empty), "no GPU library log in this run"),
+        (S.isna(k["layer"]), "no layer for its op"),
+        (S.eq(k["direction"], "bwd") & S.eq(canon, "conv2d"),
          "convolution backward kernel not split into bwd_data/bwd_weight"),
-        (sig.isin(amb), "the log's calls of its signature differ in library/API/algo/math mode"),
-        (pd.Series(True, index=k.index), "no library-log call with its signature (canonical op, layer, direction)"),
+        (sig.isin(amb).to_numpy(), "the log's calls of its signature differ in library/API/algo/math mode"),
+        (np.ones(len(k), dtype=bool), "no library-log call with its signature (canonical op, layer, direction)"),
     ]
+    reason = np.full(len(k), None, dtype=object)
+    open_ = k["call_event_id"].isna().to_numpy()
     for cond, text in rules:
-        hit = un & reason.isna() & cond.fillna(False).astype(bool)
+        hit = open_ & cond
         reason[hit] = text
-    return k.assign(reason=reason)
+        open_ &= ~hit
+    return k.assign(reason=pd.array(reason, dtype="string"))
 
 
 def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
     """Per run, source and linked call: the call (library, API, algo, math mode), how many times
     the log has it (and per logged step, when ``log_steps`` is known), and the kernels linked to
     it in that source (count, time, per traced step, launching ops per step)."""
-    k = df[df["kind"].eq("kernel") & df["call_event_id"].notna()]
+    k = df[_kind(df, "kernel") & df["call_event_id"].notna().to_numpy()]
     if k.empty:
         return []
     calls = _log_calls(df)
     n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
-    by_id = df[df["kind"].eq("library_call")].set_index("event_id")
+    by_id = df[_kind(df, "library_call")].set_index("event_id")
     out = []
     for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
         c = by_id.loc[cid]
@@ -213,10 +233,10 @@ def link_onednn(df: pd.DataFrame) -> dict:
     """CPU library-log calls (oneDNN primitives, BLAS calls) -> the framework op of the run's
     profiler trace (op_event_id), per library: per key (canonical op, layer, direction group)
     the n-th call is the n-th entry-op occurrence, aligned from the end."""
-    prims = df[df["kind"].eq("library_call") & df["library"].isin(CPU_LIBS)]
-    ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
+    prims = df[_kind(df, "library_call") & S.isin(df["library"], CPU_LIBS)]
     if prims.empty:
         return {}
+    ops = df[_kind(df, "op") & S.isin(df["source"], ["kineto", "mxnet_profiler"])]
     if ops.empty:
         return {"onednn_linked_share": 0.0, "onednn_link_reason": "no profiler trace of this run to link to"}
     name = ops["op_name"]
@@ -267,7 +287,7 @@ def _link_reorders(df: pd.DataFrame, prims: pd.Index) -> None:
 
 def _kernel_figures(k: pd.DataFrame) -> dict:
     t = int(k["dur_ns"].sum()) if len(k) else 0
-    attributed = k["canonical_op"].notna() & ~k["canonical_op"].eq("other")
+    attributed = S.notna(k["canonical_op"]) & ~S.eq(k["canonical_op"], "other")
     t_attr = int(k.loc[attributed, "dur_ns"].sum())
     un = k[~attributed]
     top = (un.groupby("kernel_name")["dur_ns"].agg(["size", "sum"]).sort_values("sum", ascending=False)
@@ -308,12 +328,16 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     own capture pass of other steps, so its kernels are counted once, never merged with another's.
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
-    k = df[df["kind"].eq("kernel")]
+    is_kernel = _kind(df, "kernel")
+    k = df.loc[is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"]]  # what is read here
     lk = library_kernels(df) if lk is None else lk
     out = {}
+    is_op = _kind(df, "op")
+    source_codes, sources = S.factorize(df["source"])
+    iteration = df["iteration"]
     for src, g in k.groupby("source", sort=True):
-        ops = df[df["kind"].eq("op") & df["source"].eq(src)]
-        op_steps = sorted(int(i) for i in ops["iteration"].dropna().unique())
+        # the steps of this source's ops (their iteration column only, not a copy of their rows)
+        op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == list(sources).index(src))].dropna().unique())
         w = g[g["iteration"].isin(op_steps)]
         fw = _kernel_figures(w)
         out[str(src)] = {
@@ -335,18 +359,26 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
 def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
-    calls = df[df["kind"].eq("library_call")]
+    _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"])))  # kinds coded once, not per test
+    try:
+        return _summarise(df, log_steps)
+    finally:
+        _KIND_CODES.pop()
+
+
+def _summarise(df: pd.DataFrame, log_steps: int | None) -> dict:
+    calls = df[_kind(df, "library_call")]
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]
-    ops = df[df["kind"].eq("op") & df["source"].isin(["kineto", "mxnet_profiler"])]
+    is_op = _kind(df, "op")
     lk = library_kernels(df)
     return {
         "events": len(df),
-        **_kernel_figures(df[df["kind"].eq("kernel")]),
-        "ops": len(ops),
-        "nvtx_ops": int((df["kind"].eq("op") & df["source"].eq("nsys")).sum()),
-        "canonical_ops": sorted(df["canonical_op"].dropna().unique().tolist()),
+        **_kernel_figures(df[_kind(df, "kernel")]),
+        "ops": int((is_op & S.isin(df["source"], ["kineto", "mxnet_profiler"])).sum()),
+        "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
+        "canonical_ops": sorted(S.distinct(df["canonical_op"])),
         "library_calls": {str(n): int(c) for n, c in gpu_calls["library_call"].value_counts().sort_index().items()},
         **_library_figures(lk),
         "onednn_primitives": {str(n): int(c) for n, c in prims["op_name"].value_counts().sort_index().items()},

@@ -24,7 +24,7 @@ from .rundir import RunDir, case_dir
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="traces and logs, any mix (.gz read transparently); or one `kernelmap run` directory")
+                   help="traces and logs, any mix (.gz and .xz read transparently); or one `kernelmap run` directory")
     p.add_argument("-o", "--output", help="Parquet file to write (default: records.parquet; for a run "
                                           "directory, RUN_DIR/records.parquet and RUN_DIR/attribution.json)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     if Path(args.output).exists() and not args.replace:
         raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
     df, summary = normalise(args.files, run=args.run, framework=args.framework)
-    schema.write_parquet(df, args.output, extra_meta={"summary": summary})
+    schema.write_parquet(df, args.output, extra_meta={"summary": summary}, validated=True)  # normalise's last step
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import SchemaError
@@ -123,10 +124,13 @@ def phase_of(direction, canonical_op=None) -> str | None:
 
 def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) -> pd.Series:
     """``phase_of`` over columns (string dtype, NA where the rule says nothing)."""
-    ph = direction.map(_PHASE_OF_DIRECTION).astype("string")
+    from . import strings
+
+    codes, uniq = strings.factorize(direction)
+    ph = np.array([_PHASE_OF_DIRECTION.get(d) for d in uniq] + [None], dtype=object)[codes]
     if canonical_op is not None:
-        ph[canonical_op.eq("zero_grad").fillna(False).to_numpy(bool)] = Phase.OPTIMIZER.value
-    return ph
+        ph[strings.eq(canonical_op, "zero_grad")] = Phase.OPTIMIZER.value
+    return pd.Series(pd.array(ph, dtype="string"), index=direction.index)
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
@@ -145,8 +149,16 @@ def empty() -> pd.DataFrame:
 def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     """Add missing columns as NA, order them, and cast to the schema's dtypes. ``copy=False``: a
     column that has its dtype already is taken as it is (for a frame the caller drops)."""
-    cols = {col: df[col].astype(dtype, copy=copy).array if col in df else pd.Series(pd.NA, index=df.index, dtype=dtype).array
-            for col, dtype in COLUMNS.items()}
+    from .strings import string_array
+
+    def column(col, dtype):
+        if col not in df:
+            return pd.Series(pd.NA, index=df.index, dtype=dtype).array
+        if dtype == "string" and df[col].dtype == object:  # once per distinct value where rows share them
+            return string_array(df[col])
+        return df[col].astype(dtype, copy=copy).array
+
+    cols = {col: column(col, dtype) for col, dtype in COLUMNS.items()}
     extra = set(df.columns) - set(COLUMNS)
     if extra:
         raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")
@@ -162,34 +174,115 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
     for col, dtype in COLUMNS.items():
         if str(df[col].dtype) != dtype:
             raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
+    from . import strings
+
     for col, allowed in _ENUMS.items():
-        bad = set(df[col].dropna().unique()) - set(allowed)
+        bad = set(strings.distinct(df[col])) - set(allowed)
         if bad:
             raise SchemaError(f"{where}: column {col!r} has values outside the vocabulary: {sorted(bad)[:5]}")
-    if df["kind"].isna().any():
+    if strings.isna(df["kind"]).any():
         raise SchemaError(f"{where}: {int(df['kind'].isna().sum())} rows have no kind")
-    neg = df["dur_ns"].dropna() < 0
+    dur = df["dur_ns"].array
+    neg = (dur._data < 0) & ~dur._mask  # Int64: values and NA mask
     if neg.any():
         raise SchemaError(f"{where}: {int(neg.sum())} rows have a negative duration")
     return df
 
 
-def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
-    """Validate and write atomically, with ``schema_version`` in the Parquet metadata."""
+def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None,
+                  validated: bool = False) -> None:
+    """Validate and write atomically, with ``schema_version`` in the Parquet metadata.
+    ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .atomic import atomic_path
 
-    validate(df, str(path))
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
+    if not validated:
+        validate(df, str(path))
+    # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
+    # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
+    # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
+    arrow_schema = pa.Table.from_pandas(df.iloc[:0], preserve_index=False).schema
+    meta = dict(arrow_schema.metadata or {})
     meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
     if extra_meta:
         meta[b"kernelmap.meta"] = json.dumps(extra_meta).encode()
-    table = table.replace_schema_metadata(meta)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    arrow_schema = arrow_schema.with_metadata(meta)
+
+    # the system allocator, not pyarrow's default pool, which keeps what the row groups freed
+    pool = pa.system_memory_pool()
+
+    def groups():
+        for lo in range(0, max(len(df), 1), ROW_GROUP):
+            part = df.iloc[lo:lo + ROW_GROUP]
+            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool) for c in df.columns],
+                                       schema=arrow_schema)
+
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool) as writer:
+        _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
+
+
+ROW_GROUP = 1 << 18  # rows per Parquet row group
+
+
+def _pipelined(items, consume) -> None:
+    """``consume(item)`` of each item in order, in a second thread, while this one makes the next
+    item: two items alive at most (the one consumed, the one made); the first exception of either
+    thread is raised here."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+    room = threading.Semaphore(2)  # items made and not yet consumed
+    failed: list = []
+
+    def run():
+        while (item := q.get()) is not None:
+            if not failed:
+                try:
+                    consume(item)
+                except BaseException as exc:  # handed to the producing thread
+                    failed.append(exc)
+            del item
+            room.release()
+
+    worker = threading.Thread(target=run, name="kernelmap-parquet", daemon=True)
+    worker.start()
+    try:
+        it = iter(items)
+        while not failed:
+            room.acquire()
+            item = next(it, None)
+            if item is None:
+                break
+            q.put(item)
+            del item
+    finally:
+        q.put(None)
+        worker.join()
+    if failed:
+        raise failed[0]
+
+
+def _arrow(col: pd.Series, type_, pool=None):
+    """One column as Arrow. Strings: each distinct value converted once and the rows taken from
+    those (``strings.factorize``: the rows share a few objects), else pyarrow's own conversion of
+    the object array (NA -> null), without the copy a ``string`` array first makes of itself.
+    Other columns by pyarrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from . import strings
+
+    if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
+        return pa.array(col.array, type=type_, memory_pool=pool)
+    coded = strings.factorize(col, most=len(col) // 4)
+    if coded is None:
+        return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
+    codes, uniques = coded
+    rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
+    return pc.take(pa.array(uniques, type=type_, memory_pool=pool), rows, memory_pool=pool)  # null row: null
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

@@ -100,6 +100,7 @@ def _whole(monkeypatch, path):
 
     with monkeypatch.context() as m:
         m.setattr(kineto, "trace_event_chunks", unavailable)
+        m.setattr(kineto, "_scan", None)
         return kineto.read(path)
 
 
@@ -117,6 +118,7 @@ def test_kineto_in_chunks_is_the_whole_parse(monkeypatch, name, chunk):
     assert [e for _, evs in chunks for e in evs] == whole
     assert [first for first, _ in chunks] == list(np.cumsum([0] + [len(evs) for _, evs in chunks[:-1]]))
     monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(kineto, "_scan", None)  # the chunked typed path, not the native scanner
     pd.testing.assert_frame_equal(kineto.read(DATA / name), _whole(monkeypatch, DATA / name), check_exact=True)
 
 
@@ -195,6 +197,14 @@ _KINETO_VARIANTS = [
     ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 7, "dur": 1, "args": []}], False),
     ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1,
        "args": {"grid": [1.5, 2, 3], "correlation": "9"}}], True),
+    # names and ids the native scanner decodes or leaves to the Python paths
+    ([{"ph": "X", "cat": "cpu_op", "name": "a\"b\\c/\u00e9\U0001f600\t", "pid": 1, "tid": 7, "ts": 1234567890123.4567,
+       "dur": 1e-3, "args": {"Sequence number": -0, "stream": 1.0e2}}], True),
+    ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 9.999999999999999e14,
+       "dur": 0.1, "args": {"grid": [], "block": "x", "bytes": None}}], True),
+    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": True, "dur": 1}], True),
+    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1, "args": {"stream": True}}], True),
+    ([{"ph": "i", "cat": 3, "name": 4, "args": {"grid": [1], "stream": [], "Input Dims": {}}}], True),
 ]
 
 
@@ -211,10 +221,152 @@ def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typ
     for raw in re.findall(r'"RAW:([^"]*)"', text):  # JSON text as written, not as json.dumps writes it
         text = text.replace(f'"RAW:{raw}"', raw)
     f.write_text(text)
+    native = read(f)  # the native scanner where it is built (it takes these files or leaves them)
+    monkeypatch.setattr(kineto, "_scan", None)
     taken = []
     real = kineto._typed_columns
     monkeypatch.setattr(kineto, "_typed_columns", lambda *a: taken.append(1) or real(*a))
     fast = read(f)
     assert bool(taken) == typed
+    pd.testing.assert_frame_equal(native, fast, check_exact=True)
     monkeypatch.setattr(kineto, "_typed", None)
     pd.testing.assert_frame_equal(read(f), fast, check_exact=True)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_native_nest_is_the_python_nest(monkeypatch, seed):
+    """The native stack pass of ``canonical.nest`` gives the Python loop's parents (ties in start and
+    length, zero-length spans, several threads, unsorted input)."""
+    from kernelmap.adapters import canonical
+
+    if canonical._native is None:
+        pytest.skip("the native helpers are not built here")
+    rng = np.random.default_rng(seed)
+    n = 3000
+    tid = rng.integers(0, 4, n)
+    start = rng.integers(0, 500, n)
+    end = start + rng.integers(0, 60, n)
+    native = canonical.nest(tid, start, end)
+    monkeypatch.setattr(canonical, "_native", None)
+    np.testing.assert_array_equal(native, canonical.nest(tid, start, end))
+    assert (native >= 0).any()
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "cpu_torch_kineto.json.gz"])
+def test_native_scan_in_two_threads_is_one_thread(name):
+    """The native scanner's two-thread read (forced on a small file) gives the one-thread columns,
+    also where the second thread's start is not an element boundary (a "},\\n" inside an event)."""
+    from kernelmap.adapters import kineto
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    data = _common.read_bytes(DATA / name)
+    start, end = _common.trace_events_extent(data, digits=False)
+    one = kineto._scan.scan(data, start, end, 1)
+    assert one is not None and one[0] > 100
+    two = kineto._scan.scan(data, start, end, 2, 0)
+    assert two == one
+    # the only "},\n" is inside an event's args, past the middle: the second thread's start is no
+    # element boundary, the first thread does not meet it and reads the whole array itself
+    ev = '{"ph": "X", "cat": "kernel", "name": "k%d", "ts": %d, "dur": 1, "pid": 1, "tid": 1}'
+    inner = '{"ph": "X", "cat": "cpu_op", "name": "n", "ts": 5, "args": {"a": {"b": 1},\n"c": 2}}'
+    events = [ev % (i, i) for i in range(200)]
+    doc = ('{"traceEvents": [' + ", ".join(events[:120] + [inner] + events[120:]) + "]}").encode()
+    s2, e2 = _common.trace_events_extent(doc, digits=False)
+    one = kineto._scan.scan(doc, s2, e2, 1)
+    assert one is not None and one[0] == 201
+    assert kineto._scan.scan(doc, s2, e2, 2, 0) == one
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "gpu_nsys.sqlite.gz", "cpu_torch_onednn.log.gz"])
+def test_xz_is_read_like_gzip(tmp_path, name):
+    """An xz-compressed trace or log is recognised and read as its gzip twin is (same records but
+    the file name); a corrupt one is a ParseError."""
+    import gzip
+    import lzma
+
+    from kernelmap import adapters
+    from kernelmap.errors import ParseError
+
+    raw = gzip.decompress((DATA / name).read_bytes())
+    xz = tmp_path / name.replace(".gz", ".xz")
+    xz.write_bytes(lzma.compress(raw))
+    assert adapters.detect(xz) == adapters.detect(DATA / name)
+    a, b = adapters.read(xz), adapters.read(DATA / name)
+    assert set(a["source_file"]) == {xz.name}
+    pd.testing.assert_frame_equal(a.drop(columns="source_file"), b.drop(columns="source_file"), check_exact=True)
+    bad = tmp_path / ("bad_" + xz.name)
+    bad.write_bytes(lzma.compress(raw)[:200])
+    with pytest.raises(ParseError):
+        adapters.read(bad, adapters.detect(DATA / name))
+
+
+def test_uncompressed_kineto_is_scanned_mapped(tmp_path, monkeypatch):
+    """An uncompressed Kineto file is scanned through a memory map (not read into memory), with
+    the records of its gzip twin; a broken one is not scanned twice and is the whole parse's error."""
+    import gzip
+
+    from kernelmap.adapters import kineto
+    from kernelmap.errors import ParseError
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    plain = tmp_path / "gpu_kineto.json"
+    plain.write_bytes(gzip.decompress((DATA / "gpu_kineto.json.gz").read_bytes()))
+    scans = []
+    real = kineto._scanned
+    monkeypatch.setattr(kineto, "_scanned", lambda data: scans.append(type(data).__name__) or real(data))
+    pd.testing.assert_frame_equal(read(plain).drop(columns="source_file"),
+                                  read(DATA / "gpu_kineto.json.gz").drop(columns="source_file"), check_exact=True)
+    assert scans == ["mmap", "bytes"]  # the mapped file, then the gzip file's content
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(plain.read_bytes()[:-50])
+    scans.clear()
+    with pytest.raises(ParseError):
+        read(broken)
+    assert scans == ["mmap"]
+
+
+def _link_by_external_id_before(df, ext):
+    """kineto._link_by_external_id as it was before issue 11 (whole-column object round trips; the
+    op lookup is the one it had, now a function of its own)."""
+    from kernelmap.adapters import _trace, kineto
+
+    need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
+    if not need.any():
+        return
+    rows, src = kineto._external_id_ops(df["kind"].eq("op").to_numpy(), ext, need)
+    for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
+        vals = df[col].to_numpy(dtype=object, na_value=None)
+        keep = df.loc[rows, col].isna().to_numpy()
+        vals[rows[keep]] = vals[src[keep]]
+        df[col] = pd.array(vals, dtype=df[col].dtype)
+    df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
+    _trace.refine_direction(df)
+
+
+def test_kineto_external_id_link_is_as_before(tmp_path, monkeypatch):
+    """Launches and kernels outside their op's time range are linked to the op with their External
+    id, with the same records as before the speed work (its code kept above as the reference)."""
+    from kernelmap.adapters import kineto
+
+    doc = _kineto_doc([
+        {"ph": "X", "cat": "cpu_op", "name": "aten::cudnn_convolution_backward", "pid": 1, "tid": 1, "ts": 40.0,
+         "dur": 5.0, "args": {"External id": 11, "Sequence number": 2}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 46.0, "dur": 1.0,
+         "args": {"correlation": 21, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_xmma_dgrad_implicit_gemm", "pid": 0, "tid": 7, "ts": 48.0,
+         "dur": 2.0, "args": {"correlation": 21, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "convertTensor_kernel", "pid": 0, "tid": 7, "ts": 51.0, "dur": 1.0,
+         "args": {"correlation": 22, "External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "k_without_op", "pid": 0, "tid": 7, "ts": 52.0, "dur": 1.0,
+         "args": {"correlation": 23, "External id": 99}},
+    ])
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(doc))
+    now = read(f)
+    monkeypatch.setattr(kineto, "_link_by_external_id", _link_by_external_id_before)
+    before = read(f)
+    pd.testing.assert_frame_equal(now, before, check_exact=True)
+    linked = now[now["kernel_name"].eq("sm90_xmma_dgrad_implicit_gemm").fillna(False)]
+    assert linked["op_event_id"].notna().all() and (linked["canonical_op"] == "conv2d").all()

@@ -114,3 +114,29 @@ def test_nsys_rep_needs_nsys(tmp_path, monkeypatch):
 def test_gzipped_export_reads_the_same(db, df):
     again = nsys.read(GZ)
     assert len(again) == len(df) and again["source_file"].iloc[0] == GZ.name
+
+
+@pytest.mark.parametrize(("select", "native"), [
+    ("SELECT 'k' AS kind, a, b - a AS d, NULL AS gtid FROM t", True),
+    ("SELECT a, txt FROM t", True),  # text with NULLs: object str/None
+    ("SELECT a, n FROM t", False),  # integers and NULLs: pandas makes float64
+    ("SELECT a, r FROM t", False),  # floats
+    ("SELECT a, mixed FROM t", False),  # integers and text
+    ("SELECT a FROM t WHERE a < 0", False),  # no rows
+])
+def test_native_query_is_pandas(tmp_path, select, native):
+    """The native SQLite reader gives ``pd.read_sql_query``'s frame, or steps aside."""
+    import pandas as pd
+
+    if nsys._native is None:
+        pytest.skip("the native helpers are not built here")
+    db = tmp_path / "t.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE t (a INTEGER, b INTEGER, n INTEGER, r REAL, txt TEXT, mixed)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)",
+                    [(i, 2 * i + 2**60, None if i % 3 else i, i / 3, None if i % 4 == 1 else f"t{i % 5}é",
+                      i if i % 2 else "x") for i in range(50)])
+    con.commit()
+    assert (nsys._native.query(str(db), select) is not None) == native
+    pd.testing.assert_frame_equal(nsys._query(con, db, select), pd.read_sql_query(select, con), check_exact=True)
+    con.close()

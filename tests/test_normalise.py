@@ -236,3 +236,56 @@ def test_broken_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err
     assert "Traceback" not in err and (run / "records.parquet").is_file()
+
+
+@pytest.mark.parametrize(("change", "word"), [
+    ({"kind": "bogus"}, "outside the vocabulary"),
+    ({"phase": "bogus"}, "outside the vocabulary"),
+    ({"kind": None}, "have no kind"),
+    ({"dur_ns": -1}, "negative duration"),
+])
+def test_validate_refuses(change, word):
+    """``schema.validate``'s checks of vocabularies, kinds and durations (on a row of a real table)."""
+    from kernelmap.errors import SchemaError
+
+    df, _ = normalise([DATA / "gpu_kineto.json.gz"])
+    ok = schema.validate(df.copy())
+    assert ok is not None
+    (col, value), = change.items()
+    df.loc[3, col] = value
+    with pytest.raises(SchemaError, match=word):
+        schema.validate(df)
+
+
+def test_parquet_pipeline_order_and_errors():
+    """``schema._pipelined``: every item consumed in order in the second thread; an error of
+    either side reaches the caller and stops the production."""
+    got = []
+    schema._pipelined(iter(range(50)), got.append)
+    assert got == list(range(50))
+
+    def bad_consumer(item):
+        if item == 3:
+            raise OSError("disk full")
+        got.append(item)
+
+    made = []
+
+    def producer():
+        for i in range(100):
+            made.append(i)
+            yield i
+
+    got.clear()
+    with pytest.raises(OSError, match="disk full"):
+        schema._pipelined(producer(), bad_consumer)
+    assert got == [0, 1, 2] and len(made) < 100
+
+    def bad_producer():
+        yield 1
+        raise ValueError("bad row group")
+
+    got.clear()
+    with pytest.raises(ValueError, match="bad row group"):
+        schema._pipelined(bad_producer(), got.append)
+    assert got == [1]

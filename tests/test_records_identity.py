@@ -111,6 +111,7 @@ def test_file_records_identical(stored, rel):
 def test_kineto_small_chunks_identical(stored, rel, monkeypatch):
     """Cut into chunks of 4 KiB (hundreds of chunks), a trace gives the same records."""
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(kineto, "_scan", None)  # the chunked path, not the native scanner
     assert file_digest(rel) == stored["files"][rel]
 
 
@@ -120,6 +121,7 @@ def test_kineto_typed_path_taken_and_general_path_identical(stored, rel, monkeyp
     path it falls back to gives the same records."""
     if kineto._typed is None:
         pytest.skip("msgspec not installed: only the general path exists")
+    monkeypatch.setattr(kineto, "_scan", None)  # the typed path, not the native scanner
     taken = []
     real = kineto._typed_columns
     monkeypatch.setattr(kineto, "_typed_columns", lambda *a: taken.append(1) or real(*a))
@@ -127,6 +129,19 @@ def test_kineto_typed_path_taken_and_general_path_identical(stored, rel, monkeyp
     assert taken, "the typed path fell back on a real fixture"
     monkeypatch.setattr(kineto, "_typed", None)
     assert file_digest(rel) == stored["files"][rel]
+
+
+@pytest.mark.parametrize("rel", [f for f in record_files() if adapters.detect(DATA / f) == "kineto"])
+def test_kineto_native_path_taken(stored, rel, monkeypatch):
+    """The native scanner (where it is built) reads every real Kineto fixture itself, with the
+    same records."""
+    if kineto._scan is None:
+        pytest.skip("the native scanner is not built here")
+    taken = []
+    real = kineto._scanned
+    monkeypatch.setattr(kineto, "_scanned", lambda *a: (lambda r: taken.append(r is not None) or r)(real(*a)))
+    assert file_digest(rel) == stored["files"][rel]
+    assert taken == [True], "the native scanner left a real fixture to the Python paths"
 
 
 @pytest.mark.parametrize("name", [*GROUPS, "jax_gpu", "jax_cpu"])

@@ -1,5 +1,5 @@
 """Adapters: pure functions file -> records DataFrame (docs/SCHEMA.md). The format is sniffed from
-the content (gzip is looked through), never from the name — except ``.nsys-rep``, nsys' own
+the content (gzip and xz are looked through), never from the name — except ``.nsys-rep``, nsys' own
 binary report, which is recognised by its suffix as a last resort and converted with nsys.
 """
 

@@ -1,10 +1,11 @@
-"""Helpers shared by the adapters: transparent gzip, a frame builder, and the ParseError wrap."""
+"""Helpers shared by the adapters: transparent gzip and xz, a frame builder, and the ParseError wrap."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import gzip
+import lzma
 import os
 import re
 import zlib
@@ -18,10 +19,11 @@ from .. import schema
 from ..errors import ParseError, SchemaError
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The file's bytes, gunzipped when the content (not the name) is gzip."""
+    """The file's bytes, decompressed when the content (not the name) is gzip or xz."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -32,7 +34,29 @@ def read_bytes(path: str | os.PathLike) -> bytes:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise ParseError(path, f"corrupt gzip data: {exc}") from None
+    elif data[:6] == XZ_MAGIC:
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as exc:
+            raise ParseError(path, f"corrupt xz data: {exc}") from None
     return data
+
+
+def decompressed_copy(path: Path, head: bytes, dst: Path) -> bool:
+    """Write the gzip or xz content of ``path`` (its first bytes: ``head``) to ``dst``; False where
+    it is neither. ParseError for corrupt data."""
+    import shutil
+
+    opener, what, errors = ((gzip.open, "gzip", (OSError, EOFError, zlib.error)) if head[:2] == GZIP_MAGIC else
+                            (lzma.open, "xz", (lzma.LZMAError, EOFError)) if head[:6] == XZ_MAGIC else (None, "", ()))
+    if opener is None:
+        return False
+    try:
+        with opener(path, "rb") as fi, open(dst, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+    except errors as exc:
+        raise ParseError(path, f"corrupt {what} data: {exc}") from None
+    return True
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -92,27 +116,13 @@ def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[i
     yield end
 
 
-def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
-                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
-    """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
-    chunk's first event in the array, its events). The same values as a whole-document parse, with
-    only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
-
-    How it stays exact: the array's extent is accepted only if the document with the array emptied
-    parses to an object whose ``traceEvents`` is ``[]``. Each chunk is cut after a ``},`` and
-    accepted only if ``[chunk]`` parses; a chunk that starts at an element and parses as a list of
-    complete values ends at an element boundary, so the chunks are the array's elements in order.
-    Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
-    orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
-
-    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
-    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
-    again), beside orjson's. Any other exception it raises reaches the caller.
-    """
-    if _orjson is None or _long_digit_run(data):
+def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tuple[int, int]:
+    """Where the ``traceEvents`` array's elements lie in ``data`` (after its ``[``, at its ``]``),
+    vouched for as ``trace_event_chunks`` says; ``NoFastPath`` where orjson is missing, an integer
+    could overflow it (``digits=False``: the caller reads no such integer), or the extent is not
+    certain."""
+    if _orjson is None or (digits and _long_digit_run(data)):
         raise NoFastPath
-    loads = loads or _orjson.loads
-    invalid = (_orjson.JSONDecodeError, *invalid)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
@@ -133,6 +143,29 @@ def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, 
         break
     if end is None:
         raise NoFastPath
+    return start, end
+
+
+def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,
+                       invalid: tuple = ()) -> Iterator[tuple[int, list]]:
+    """The ``traceEvents`` array of a Chrome trace, parsed a few MB at a time: yields (index of the
+    chunk's first event in the array, its events). The same values as a whole-document parse, with
+    only one chunk's objects alive at a time (a whole parse of a Kineto trace holds ~8x the file).
+
+    How it stays exact: the array's extent is accepted only if the document with the array emptied
+    parses to an object whose ``traceEvents`` is ``[]``. Each chunk is cut after a ``},`` and
+    accepted only if ``[chunk]`` parses; a chunk that starts at an element and parses as a list of
+    complete values ends at an element boundary, so the chunks are the array's elements in order.
+    Raises ``NoFastPath`` (the caller parses the whole document, which also finds any error) where
+    orjson is missing, an integer could overflow it, or no cut parses (``_cuts``).
+
+    ``loads`` parses each chunk (``[...]`` bytes) in place of ``orjson.loads`` (e.g. a typed
+    msgspec decoder); ``invalid``: the exceptions by which it says "not JSON" (a cut to try
+    again), beside orjson's. Any other exception it raises reaches the caller.
+    """
+    loads = loads or (_orjson.loads if _orjson is not None else None)
+    invalid = (_orjson.JSONDecodeError, *invalid) if _orjson is not None else invalid
+    start, end = trace_events_extent(data, tries)
     pos, first = start, 0
     if _WS.fullmatch(data, start, end):
         return
@@ -214,15 +247,21 @@ def no_gc():
 
 
 def head(path: str | os.PathLike, n: int = 4096) -> bytes:
-    """The first ``n`` bytes of the (gunzipped) content, for sniffing."""
+    """The first ``n`` bytes of the (gunzipped or xz-decompressed) content, for sniffing."""
     with open(path, "rb") as fh:
-        start = fh.read(2)
+        start = fh.read(6)
         fh.seek(0)
-        if start == GZIP_MAGIC:
+        if start[:2] == GZIP_MAGIC:
             try:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return gz.read(n)
             except (OSError, EOFError, zlib.error):
+                return b""
+        if start == XZ_MAGIC:
+            try:
+                with lzma.LZMAFile(fh) as xz:
+                    return xz.read(n)
+            except (lzma.LZMAError, EOFError):
                 return b""
         return fh.read(n)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .. import strings as S
 from . import canonical as C
 
 HOST_KINDS = ("op", "annotation", "runtime", "step")
@@ -18,13 +19,14 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None)."""
     n = len(df)
-    kind = df["kind"].to_numpy(dtype=object)
-    names = df["op_name"].fillna("").to_numpy(dtype=object)
+    is_kind = _kinds(df["kind"])
+    name_codes, name_u = S.factorize(df["op_name"])
+    names = np.array([*name_u, ""], dtype=object)[name_codes]  # NA -> ""
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
-    ann = np.isin(kind, ("annotation", "step"))
+    ann = is_kind("annotation", "step")
     uniq = pd.unique(names[ann])
     ph_map = {u: C.region_phase(u) for u in uniq}
     st_map = {u: C.step_number(u) for u in uniq}
@@ -33,7 +35,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     region_ph[ann] = [ph_map[u] for u in names[ann]]
     step_no[ann] = [st_map[u] for u in names[ann]]
     is_region = (region_ph != None) | (step_no != None)  # noqa: E711
-    host = np.isin(kind, HOST_KINDS) & ~is_region
+    host = is_kind(*HOST_KINDS) & ~is_region
     hidx = np.flatnonzero(host)
     tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
 
@@ -42,22 +44,20 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     parent = np.full(n, -1, dtype="int64")
     parent[hidx] = np.where(par_local >= 0, hidx[np.maximum(par_local, 0)], -1)
 
-    canon, direc = C.map_names(df["op_name"], framework)
-    canon = canon.where(pd.Series(np.isin(kind, ("op", "annotation")), index=df.index))
-    mapped = canon.notna().to_numpy()
+    canon_a, direc_a = C.map_name_codes(name_codes, name_u, framework)
+    canon_a[~is_kind("op", "annotation")] = None
+    mapped = canon_a != None  # noqa: E711
     # resolve over host rows only, in local indices
     top_local = C.outermost_mapped(par_local, mapped[hidx])
     top = np.full(n, -1, dtype="int64")
     top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
 
-    canon_a = canon.to_numpy(dtype=object, na_value=None)
-    direc_a = direc.to_numpy(dtype=object, na_value=None)
     has_top = top >= 0
     out_canon = np.full(n, None, dtype=object)
     out_dir = np.full(n, None, dtype=object)
     out_canon[has_top] = canon_a[top[has_top]]
     out_dir[has_top] = direc_a[top[has_top]]
-    is_op = kind == "op"
+    is_op = is_kind("op")
     out_canon[is_op & ~has_top] = "other"
     out_dir[is_op & ~has_top] = "none"
 
@@ -70,7 +70,8 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     if dims is not None:
         # only ops with a weight argument can name a layer; one answer per (name, shape list)
         known: dict = {}
-        for i in np.flatnonzero(is_op & pd.Series(names).isin(C.WEIGHT_ARG_OPS).to_numpy()):
+        weight_ops = [c for c, u in enumerate(name_u) if u in C.WEIGHT_ARG_OPS]
+        for i in np.flatnonzero(is_op & np.isin(name_codes, weight_ops)):
             d = dims[i]
             if d is not None:
                 key = (names[i], id(d))
@@ -91,7 +92,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         top_seq = np.where(has_top, first.reindex(top).fillna(-1).to_numpy(dtype="int64"), -1)
         need = (layer == None) & (top_seq >= 0)  # noqa: E711
         layer[need] = [seq_layer.get(s) for s in top_seq[need].tolist()]
-    layer[np.isin(out_canon, list(C.LOSS_OPS))] = "loss"
+    layer[S.isin(out_canon, C.LOSS_OPS)] = "loss"
 
     # phase and iteration by time containment of the start (any thread), then name rules
     rmask = region_ph != None  # noqa: E711
@@ -106,9 +107,9 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         layer[need] = pos[top[need]]
 
     # device rows inherit from their runtime launch (same correlation id)
-    dev = np.isin(kind, DEVICE_KINDS)
+    dev = is_kind(*DEVICE_KINDS)
     corr = df["correlation_id"].to_numpy(dtype="int64", na_value=-1)
-    rt = np.flatnonzero((kind == "runtime") & (corr >= 0))
+    rt = np.flatnonzero(is_kind("runtime") & (corr >= 0))
     launch = pd.Series(rt, index=corr[rt])
     launch = launch[~launch.index.duplicated(keep="first")]
     didx = np.flatnonzero(dev & (corr >= 0))
@@ -124,17 +125,17 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     del nolaunch
 
     op_ids = df["event_id"].to_numpy(dtype="int64")
-    df["op_event_id"] = pd.array(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
-                                 dtype="Int64")
-    df.loc[inner_op < 0, "op_event_id"] = pd.NA
+    df["op_event_id"] = pd.arrays.IntegerArray(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
+                                               inner_op < 0)
     df["canonical_op"] = pd.array(out_canon, dtype="string")
     df["direction"] = pd.array(out_dir, dtype="string")
     df["layer"] = pd.array(layer, dtype="string")
     df["iteration"] = pd.array(iteration, dtype="Int64")
-    ph = pd.Series(pd.array(phase, dtype="string"), index=df.index)
-    fallback = C.phase_from_direction(df["direction"], df["canonical_op"])
-    # asynchronous ops: the phase is the op name's, the region's only where the name says none
-    df["phase"] = fallback.fillna(ph) if asynchronous else ph.fillna(fallback)
+    # the region's phase, else the direction rule's; asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
+    fallback = C.phase_from_direction(df["direction"], df["canonical_op"]).to_numpy(dtype=object, na_value=None)
+    take = (fallback != None) if asynchronous else (phase == None)  # noqa: E711
+    phase[take] = fallback[take]
+    df["phase"] = pd.array(phase, dtype="string")
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df
@@ -149,12 +150,13 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
 
     w = {x.name: x.weight_shape for x in LAYERS if x.kind == "linear"}
     # NA (an unattributed kernel) is not "linear": fill before leaving pandas' three-valued logic
-    sel = np.flatnonzero(df["kind"].isin(DEVICE_KINDS).to_numpy()
-                         & df["canonical_op"].eq("linear").fillna(False).to_numpy(dtype=bool)
-                         & df["direction"].eq("bwd").fillna(False).to_numpy(dtype=bool) & (inner_op >= 0))
-    names = df["op_name"].to_numpy(dtype=object)
-    layers = df["layer"].to_numpy(dtype=object, na_value=None)
-    direc = df["direction"].to_numpy(dtype=object, na_value=None)
+    sel = np.flatnonzero(S.isin(df["kind"], DEVICE_KINDS) & S.eq(df["canonical_op"], "linear")
+                         & S.eq(df["direction"], "bwd") & (inner_op >= 0))
+    if not len(sel):
+        return
+    names = S.objects(df["op_name"])  # read only
+    layers = S.objects(df["layer"])
+    changed: dict = {}
     for i in sel:
         op = inner_op[i]
         d = dims[op]
@@ -164,10 +166,19 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
         out_f, in_f = w[layers[i]]
         (p, q), (_, r) = d[0], d[1]
         if (q, r) == (out_f, in_f):
-            direc[i] = "bwd_data"
+            changed[i] = "bwd_data"
         elif (p, r) == (out_f, in_f):
-            direc[i] = "bwd_weight"
-    df["direction"] = pd.array(direc, dtype="string")
+            changed[i] = "bwd_weight"
+    _set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
+
+
+def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
+    """``col`` with ``values`` at positions ``rows``, as a new array (the column's own is not
+    written to: a frame may share it)."""
+    if len(rows):
+        new = df[col].array.copy()
+        new[rows] = values
+        df[col] = new
 
 
 def refine_direction(df: pd.DataFrame) -> None:
@@ -179,35 +190,53 @@ def refine_direction(df: pd.DataFrame) -> None:
     first or after the last named kernel, the nearest one's; between a dgrad and a wgrad kernel,
     the following call's, except a conversion back to NCHW (``ToNchw``), which ends the preceding
     call. Native (``at::native``) kernels are not a library's and stay ``bwd``."""
-    k = df["kind"].eq("kernel") & df["canonical_op"].eq("conv2d") & df["direction"].eq("bwd")
+    k = S.eq(df["kind"], "kernel") & S.eq(df["canonical_op"], "conv2d") & S.eq(df["direction"], "bwd")
     if not k.any():
         return
-    low = df.loc[k, "kernel_name"].str.lower()
-    df.loc[low[low.str.contains("dgrad", na=False)].index, "direction"] = "bwd_data"
-    df.loc[low[low.str.contains("wgrad", na=False)].index, "direction"] = "bwd_weight"
-    sel = np.flatnonzero((k & df["op_event_id"].notna() & ~df["library"].eq("native").fillna(False)
-                          & ~df["kernel_name"].str.contains("at::native", regex=False, na=False)).to_numpy(dtype=bool, na_value=False))
-    if not len(sel):
-        return
+    kname = df["kernel_name"]
+    kidx = np.flatnonzero(k)  # these rows' direction is "bwd"; dirs: theirs from here on
+    dirs = np.full(len(kidx), "bwd", dtype=object)
+    dirs[S.matches(kname, lambda u: "dgrad" in u.lower())[kidx]] = "bwd_data"
+    dirs[S.matches(kname, lambda u: "wgrad" in u.lower())[kidx]] = "bwd_weight"
+    pos = np.flatnonzero((df["op_event_id"].notna().to_numpy() & ~S.eq(df["library"], "native")
+                          & ~S.contains(kname, "at::native"))[kidx])
+    if len(pos):
+        _fill_unnamed(df, kidx, pos, dirs)
+    _set_rows(df, "direction", kidx, dirs)
+
+
+def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray) -> None:
+    """``refine_direction``'s unnamed kernels (rows ``kidx[pos]``; ``dirs``: the directions of the
+    rows ``kidx``, filled in place)."""
+    sel = kidx[pos]
     # per launching op, in launch order: the nearest named kernel before and after each unnamed one
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)[sel]
     op = df["op_event_id"].to_numpy(dtype="int64", na_value=0)[sel]
     order = np.lexsort((np.arange(len(sel)), start, op))
     rows, op = sel[order], op[order]
-    d = pd.Series(df["direction"].to_numpy(dtype=object, na_value=None)[rows])
+    at = pos[order]  # the rows' places in dirs
+    d = pd.Series(dirs[at])
     named = pd.Series(np.where(d != "bwd", d.to_numpy(dtype=object), None), dtype=object)
     prev = named.groupby(op, sort=False).ffill().to_numpy(dtype=object)
     nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
     unnamed = (d == "bwd").to_numpy()
     has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
-    names = df["kernel_name"].to_numpy(dtype=object, na_value="")[rows]
-    tonchw = np.array(["tonchw" in n.lower() for n in names], dtype=bool) if len(names) else np.zeros(0, bool)
+    names = S.objects(df["kernel_name"])[rows]
+    tonchw = np.array([isinstance(n, str) and "tonchw" in n.lower() for n in names], dtype=bool)
     val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
     fill = unnamed & (has_prev | has_nxt)
-    if fill.any():
-        dirs = df["direction"].to_numpy(dtype=object, na_value=None)
-        dirs[rows[fill]] = val[fill]
-        df["direction"] = pd.array(dirs, dtype="string")
+    dirs[at[fill]] = val[fill]
+
+
+def _kinds(kind: pd.Series):
+    """A test of the rows' kind, ``is_kind("op", "runtime")`` -> bool array, by codes of the column's
+    distinct values (factorized once)."""
+    codes, uniq = S.factorize(kind)
+
+    def is_kind(*kinds: str) -> np.ndarray:
+        return np.isin(codes, [c for c, u in enumerate(uniq) if u in kinds])
+
+    return is_kind
 
 
 def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np.ndarray) -> None:

@@ -11,7 +11,13 @@ import re
 import numpy as np
 import pandas as pd
 
+from .. import strings as S
 from ..frameworks.spec import LAYERS
+
+try:  # optional (setup.py builds it where a C compiler is found): nest's loop, the same parents
+    from . import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 
 def tree_depth(parent: np.ndarray) -> np.ndarray:
@@ -119,11 +125,18 @@ def lookup(name: str, framework: str) -> tuple[str, str] | None:
 
 def map_names(names: pd.Series, framework: str) -> tuple[pd.Series, pd.Series]:
     """Vectorised ``lookup``: (canonical_op, direction) series with NA where unmapped."""
-    uniq = pd.unique(names.dropna())
-    table = {n: lookup(n, framework) for n in uniq}
-    canon = names.map({n: v[0] for n, v in table.items() if v}).astype("string")
-    direc = names.map({n: v[1] for n, v in table.items() if v}).astype("string")
-    return canon, direc
+    canon, direc = map_name_codes(*S.factorize(names), framework)
+    return (pd.Series(pd.array(canon, dtype="string"), index=names.index),
+            pd.Series(pd.array(direc, dtype="string"), index=names.index))
+
+
+def map_name_codes(codes: np.ndarray, uniq, framework: str) -> tuple[np.ndarray, np.ndarray]:
+    """``map_names`` of names given as codes into their distinct values (code -1: NA): object
+    arrays, None where unmapped; one lookup per distinct name."""
+    table = [lookup(n, framework) for n in uniq]
+    canon = np.array([v[0] if v else None for v in table] + [None], dtype=object)
+    direc = np.array([v[1] if v else None for v in table] + [None], dtype=object)
+    return canon[codes], direc[codes]
 
 
 def nest(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -135,6 +148,9 @@ def nest(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     if n == 0:
         return parent
     order = np.lexsort((-(end - start), start, tid))
+    if _native is not None:
+        return np.frombuffer(_native.nest(*(np.ascontiguousarray(a, dtype="int64") for a in (tid, start, end, order))),
+                             dtype="int64").copy()
     tid_s, start_s, end_s = tid[order].tolist(), start[order].tolist(), end[order].tolist()
     order_l = order.tolist()
     stack: list[int] = []  # positions in sorted order

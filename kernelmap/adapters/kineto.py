@@ -15,9 +15,13 @@ import os
 import numpy as np
 import pandas as pd
 
+from .. import strings
 from ..errors import ParseError
+from ..strings import object_array
 from . import _trace
 from ._common import (
+    GZIP_MAGIC,
+    XZ_MAGIC,
     NoFastPath,
     compact_json,
     finish,
@@ -28,6 +32,7 @@ from ._common import (
     parse_json,
     read_bytes,
     trace_event_chunks,
+    trace_events_extent,
 )
 
 SOURCE = "kineto"
@@ -71,8 +76,16 @@ def _trace_events(doc, path) -> list:
 
 def _chunks(path: str | os.PathLike) -> list[dict]:
     """Columns of the complete events, one dict per chunk of the ``traceEvents`` array (see
-    ``trace_event_chunks``), or one for the whole array where that is not possible."""
+    ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
+    scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
+    by the general path (which also finds any error)."""
+    scanned, tried = _scanned_file(path)
+    if scanned is not None:
+        return [scanned]
     data = read_bytes(path)
+    scanned = None if tried else _scanned(data)  # a compressed file's content
+    if scanned is not None:
+        return [scanned]
     seen: dict = {}  # one object per distinct name, category and shape list, not one per event
     if _typed is not None:
         try:
@@ -302,6 +315,94 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
     return shapes, dims
 
 
+# --- the native path -----------------------------------------------------------------------
+# _native.c's scan() reads the traceEvents array in one pass straight into columns (names, categories
+# and shape texts interned: one object per distinct value), for exactly the files the typed path
+# reads itself (see the C file's head); it returns None for any other, which then takes the paths
+# above. Optional: built by setup.py where a C compiler is found.
+try:
+    from . import _native as _scan
+except ImportError:  # pragma: no cover - depends on the build
+    _scan = None
+
+_F64 = ("ts", "dur", "pid", "tid", "correlation", "ext", "seq", "stream", "bytes",
+        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+
+
+def _scanned_file(path) -> tuple[dict | None, bool]:
+    """``_scanned`` of an uncompressed file, mapped rather than read into memory (no copy of it),
+    and whether it was tried (not for a compressed file, or one that cannot be mapped)."""
+    import mmap
+
+    if _scan is None:
+        return None, True
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == GZIP_MAGIC or os.fstat(fh.fileno()).st_size == 0:
+                return None, False
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[:6] == XZ_MAGIC:
+                    return None, False
+                return _scanned(data), True
+    except (OSError, ValueError):
+        return None, False  # read_bytes says why, if the file cannot be read
+
+
+def _scanned(data: bytes) -> dict | None:
+    """``_typed_columns`` of the whole array by the native scanner, or None where it is not built
+    or does not vouch for the file."""
+    if _scan is None:
+        return None
+    try:
+        # the scanner reads no integer beyond 18 digits (it returns None) and stdlib json, which
+        # the other paths take for longer ones, reads every other value as orjson does
+        start, end = trace_events_extent(data, digits=False)
+    except NoFastPath:
+        return None
+    got = _scan.scan(data, start, end)
+    if got is None or got[0] == 0:
+        return None
+    _, raw, names_u, cats_u, dims_u, odd = got
+    col = {k: np.frombuffer(raw[k], dtype="float64") for k in _F64}
+    for k in ("pid", "tid"):
+        rows = [r for c, r, _ in odd if c == k]
+        if rows:  # string ids: NaN (what ``numeric`` makes of them) unless one reads as a number
+            vals = pd.to_numeric(pd.Series([v for c, _, v in odd if c == k], dtype=object), errors="coerce")
+            if vals.notna().any():
+                return None
+    try:
+        start_ns, dur_ns = ns_from_us(col["ts"]), ns_from_us(col["dur"])
+    except ValueError:
+        return None
+    seen: dict = {}
+    shapes_u, dims_obj = _raw_shapes(dims_u, seen)
+    codes = np.frombuffer(raw["dims"], dtype="int32")
+    shapes = object_array([*shapes_u, None])[codes]  # code -1: no Input Dims
+    dims = object_array([*dims_obj, None])[codes]
+    f = {k: pd.Series(col[k], copy=False) for k in _F64[2:]}
+    return {
+        "idx": np.frombuffer(raw["idx"], dtype="int64"),
+        "name_codes": np.frombuffer(raw["name"], dtype="int32"), "names_u": names_u,
+        "cat_codes": np.frombuffer(raw["cat"], dtype="int32"), "cats_u": cats_u,
+        "start_ns": start_ns, "dur_ns": dur_ns,
+        "pid": f["pid"], "tid": f["tid"], "correlation_id": f["correlation"], "ext": f["ext"], "seq": f["seq"],
+        "stream": f["stream"], "bytes": f["bytes"],
+        **{k: f[k] for k in _F64[9:]},
+        "shapes": shapes, "dims": dims,
+    }
+
+
+def _coded(c: dict) -> dict:
+    """Names and categories of a column dict as codes into their distinct values."""
+    if "name_codes" in c:
+        return c
+    for key, what in (("names", "name"), ("cats", "cat")):
+        index: dict = {}
+        codes = np.fromiter((index.setdefault(v, len(index)) for v in c.pop(key)), dtype="int32")
+        c[f"{what}_codes"], c[f"{key}_u"] = codes, list(index)
+    return c
+
+
 def _joined(parts: list[dict]) -> dict:
     if len(parts) == 1:
         return parts[0]
@@ -318,16 +419,17 @@ def _joined(parts: list[dict]) -> dict:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    c = _joined(_chunks(path))
-    idx, names, cats, dims, ext = c.pop("idx"), c.pop("names"), c.pop("cats"), c.pop("dims"), c.pop("ext")
-    kind_of = {k: _KIND.get(k, "annotation") for k in set(cats)}
-    kind = np.array([kind_of[k] for k in cats], dtype=object)
+    c = _coded(_joined(_chunks(path)))
+    idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
+    name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
+    cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
+    kind_u = np.array([_KIND.get(k, "annotation") for k in cats_u] or [None], dtype=object)
+    kind = kind_u[cat_codes]
     is_dev = np.isin(kind, _trace.DEVICE_KINDS)
-    ann = np.flatnonzero(kind == "annotation")
-    is_step = {n: n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in {names[i] for i in ann}}
-    kind[[i for i in ann if is_step[names[i]]]] = "step"
-    names_a = np.array(names, dtype=object)
-    del names, cats
+    step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
+    kind[(kind == "annotation") & step_u[name_codes]] = "step"
+    names_a = np.array(names_u or [None], dtype=object)[name_codes]
+    del name_codes, cat_codes
     cols = {
         "kind": kind,
         "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),
@@ -350,22 +452,24 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
 def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
     """Runtime/device rows that time containment left without an op: the cpu_op with their
     ``External id`` (Kineto gives launches and kernels the External id of the launching op)."""
-    need = df["op_event_id"].isna().to_numpy() & df["kind"].isin(["runtime", *_trace.DEVICE_KINDS]).to_numpy() & ~np.isnan(ext)
+    need = df["op_event_id"].isna().to_numpy() & strings.isin(df["kind"], ["runtime", *_trace.DEVICE_KINDS]) & ~np.isnan(ext)
     if not need.any():
         return
-    ops = df["kind"].eq("op").to_numpy() & ~np.isnan(ext)
+    rows, src = _external_id_ops(strings.eq(df["kind"], "op"), ext, need)
+    for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
+        keep = df[col].isna().to_numpy()[rows]  # only what containment left unknown
+        _trace._set_rows(df, col, rows[keep], df[col].array[src[keep]])
+    df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
+    _trace.refine_direction(df)
+
+
+def _external_id_ops(is_op: np.ndarray, ext: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``need`` whose External id an op has, and that op's row (the first such op)."""
+    ops = is_op & ~np.isnan(ext)
     table = pd.Series(np.flatnonzero(ops), index=ext[ops])
     table = table[~table.index.duplicated(keep="first")]
     hit = table.reindex(ext[need]).to_numpy(dtype="float64")
-    rows = np.flatnonzero(need)[~np.isnan(hit)]
-    src = hit[~np.isnan(hit)].astype("int64")
-    for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
-        vals = df[col].to_numpy(dtype=object, na_value=None)
-        keep = df.loc[rows, col].isna().to_numpy()
-        vals[rows[keep]] = vals[src[keep]]
-        df[col] = pd.array(vals, dtype=df[col].dtype)
-    df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
-    _trace.refine_direction(df)
+    return np.flatnonzero(need)[~np.isnan(hit)], hit[~np.isnan(hit)].astype("int64")
 
 
 _CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
@@ -378,21 +482,29 @@ def kernel_library(df: pd.DataFrame) -> None:
     ``at::native`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
-    k = df["kind"].eq("kernel")
-    # by name: once per unique kernel name
-    codes, uniq = pd.factorize(df["kernel_name"].to_numpy(dtype=object, na_value=None))
-    by_name = np.array([None] * len(uniq) + [None], dtype=object)
-    for i, n in enumerate(uniq):
-        by_name[i] = "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else \
-            "native" if "at::native" in n else None
-    named = pd.Series(by_name[codes], index=df.index)
-    lib = df["library"].copy()
-    lib[(k & named.notna()).to_numpy(dtype=bool, na_value=False)] = named
-    op_name = df["op_name"]
+    k = strings.eq(df["kind"], "kernel")
+    # by name: once per distinct kernel name
+    codes, uniq = strings.factorize(df["kernel_name"])
+    by_name = strings.object_array(
+        ["cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else "native" if "at::native" in n else None
+         for n in uniq] + [None])[codes]
+    lib = df["library"].to_numpy(dtype=object, na_value=None)
+    named = k & (by_name != None)  # noqa: E711
+    lib[named] = by_name[named]
     ids = df["op_event_id"]
     if ids.notna().any():
-        by_id = pd.Series(op_name.to_numpy(), index=df["event_id"].to_numpy())
-        launcher = by_id.reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype=object)
-        from_cudnn_op = k.to_numpy() & np.isin(launcher, _CUDNN_OPS) & ~lib.eq("native").fillna(False).to_numpy()
-        lib[from_cudnn_op & lib.isna().to_numpy()] = "cuDNN"
-    df["library"] = lib.astype("string")
+        # the launching op's name: the op_name of the row whose event_id is op_event_id
+        op_codes, op_names = strings.factorize(df["op_name"])
+        cudnn_op = np.array([n in _CUDNN_OPS for n in op_names] + [False], dtype=bool)
+        event_id = df["event_id"].to_numpy(dtype="int64")
+        launcher = np.zeros(len(df), dtype=bool)
+        have = ids.notna().to_numpy()
+        if np.array_equal(event_id, np.arange(len(df))):  # event_id = row (an adapter's own frame)
+            launcher[have] = cudnn_op[op_codes[ids.to_numpy(dtype="int64", na_value=0)[have]]]
+        else:
+            row = pd.Series(np.arange(len(df)), index=event_id).reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype="float64")
+            found = ~np.isnan(row)
+            launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
+        from_cudnn_op = k & launcher & (lib != "native")
+        lib[from_cudnn_op & (lib == None)] = "cuDNN"  # noqa: E711
+    df["library"] = pd.array(lib, dtype="string")

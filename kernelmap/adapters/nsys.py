@@ -25,15 +25,22 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .. import strings
 from ..errors import ParseError
 from . import _trace
-from ._common import GZIP_MAGIC, finish, int64_array
+from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, int64_array
+
+try:  # optional (setup.py builds it where a C compiler is found): SQLite columns read natively
+    from . import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+if _native is not None and not hasattr(_native, "query"):  # pragma: no cover - not built on Windows
+    _native = None
 
 SOURCE = "nsys"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -61,16 +68,10 @@ def read(path: str | os.PathLike, framework: str | None = None) -> pd.DataFrame:
         head = fh.read(16)
     if head.startswith(SQLITE_MAGIC):
         return _read_sqlite(path, path, framework)
-    if head[:2] == GZIP_MAGIC:
-        import gzip
-
+    if head[:2] == GZIP_MAGIC or head[:6] == XZ_MAGIC:
         with tempfile.TemporaryDirectory() as tmp:
-            plain = Path(tmp) / (path.name.removesuffix(".gz") or "trace.sqlite")
-            try:
-                with gzip.open(path, "rb") as fi, open(plain, "wb") as fo:
-                    shutil.copyfileobj(fi, fo)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise ParseError(path, f"corrupt gzip data: {exc}") from None
+            plain = Path(tmp) / (path.name.removesuffix(".gz").removesuffix(".xz") or "trace.sqlite")
+            decompressed_copy(path, head, plain)
             return read(plain, framework).assign(source_file=path.name).pipe(_restring)
     return _read_rep(path, framework)
 
@@ -101,7 +102,7 @@ def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
     except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise ParseError(path, f"not a readable SQLite database: {exc}") from None
     try:
-        return _read_tables(con, tables, path, framework)
+        return _read_tables(con, tables, path, framework, db)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:  # pandas wraps sqlite3's
         raise ParseError(path, f"SQLite error: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -149,8 +150,12 @@ def _resolve(con, frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd.DataFrame:
+def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: Path | None = None) -> pd.DataFrame:
     frames = []
+
+    def sql(q: str) -> pd.DataFrame:
+        return _query(con, db, q)
+
     if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables and "NVTX_EVENTS" not in tables \
             and "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         raise ParseError(path, "no CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_RUNTIME or NVTX_EVENTS "
@@ -166,25 +171,25 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
         grid = ", ".join(f'k."{c}" AS {c.lower()[:-1]}_{c[-1].lower()}' if c in have else f"NULL AS {c.lower()[:-1]}_{c[-1].lower()}"
                          for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
         gpid = 'k."globalPid"' if "globalPid" in have else "NULL"
-        frames.append(_resolve(con, pd.read_sql_query(
+        frames.append(_resolve(con, sql(
             f'SELECT \'kernel\' AS kind, k.start AS start_ns, k."end" - k.start AS dur_ns, k.correlationId AS correlation_id, '
-            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k', con)))
+            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k')))
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "correlationId", "bytes"))
             stream = "streamId" if "streamId" in have else "NULL"
-            frames.append(pd.read_sql_query(
+            frames.append(sql(
                 f"SELECT '{kind}' AS kind, start AS start_ns, \"end\" - start AS dur_ns, correlationId AS correlation_id, "
-                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}", con))
+                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}"))
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "correlationId", "nameId", "globalTid"))
         name = _named(con, path, t, "nameId", "r", tables, "op_name")
-        frames.append(_resolve(con, pd.read_sql_query(
+        frames.append(_resolve(con, sql(
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
-            f"{name}, r.globalTid AS gtid FROM {t} r", con)))
+            f"{name}, r.globalTid AS gtid FROM {t} r")))
     t = "NVTX_EVENTS"
     dims = nv = None
     if t in tables:
@@ -192,9 +197,9 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
         _need(path, t, have, ("start", "end", "eventType", "globalTid"))
         text = 'n."text"' if "text" in have else "NULL"
         text_id = "n.textId" if "textId" in have and "StringIds" in tables else "NULL"
-        nv = pd.read_sql_query(
+        nv = sql(
             f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, {text_id} AS text_id, "
-            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL", con)
+            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL")
         ids = nv.pop("text_id")
         if ids.notna().any():  # the text itself where the row has one, else its StringIds value
             nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
@@ -205,12 +210,15 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "nameId", "globalTid"))
             name = _named(con, path, t, "nameId", "l", tables, "library_call")
-            frames.append(_resolve(con, pd.read_sql_query(
+            frames.append(_resolve(con, sql(
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
-                f"{name}, l.globalTid AS gtid FROM {t} l", con)))
+                f"{name}, l.globalTid AS gtid FROM {t} l")))
+    for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
+        if "gtid" in f:
+            f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     del frames, nv  # their rows are in df now (peak memory: not both alive)
-    bad = int((df["kind"].eq("kernel") & df["kernel_name"].isna()).sum()) if "kernel_name" in df else 0
+    bad = int((strings.eq(df["kind"], "kernel") & strings.isna(df["kernel_name"])).sum()) if "kernel_name" in df else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
     df = df.sort_values("start_ns", kind="stable", ignore_index=True)
@@ -244,6 +252,25 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None) -> pd
     return out
 
 
+def _query(con, db: Path | None, q: str) -> pd.DataFrame:
+    """``pd.read_sql_query(q, con)``: the same frame, read by the native helper where it can
+    (integer, text and NULL columns as pandas gives them: int64, object str/None), else by pandas."""
+    got = _native.query(str(db), q) if _native is not None and db is not None else None
+    if got is None:
+        return pd.read_sql_query(q, con)
+    rows, got = got
+    cols = {}
+    for name, vals in got:
+        if vals is None:  # only NULLs
+            cols[name] = np.full(rows, None, dtype=object)
+        elif isinstance(vals, tuple):
+            codes, texts = vals
+            cols[name] = np.array([*texts, None], dtype=object)[np.frombuffer(codes, dtype="int32")]
+        else:
+            cols[name] = np.frombuffer(vals, dtype="int64")
+    return pd.DataFrame(cols, copy=False)
+
+
 def nvtx_framework(texts) -> str | None:
     """The framework whose profiler wrote these NVTX range texts: PyTorch's ``emit_nvtx`` ranges
     carry ``, seq = ``/``, op_id = `` fields; MXNet's (a build with NVTX, profiler running) are its
@@ -274,16 +301,17 @@ def _nvtx_is_op(text: list[str], framework: str | None) -> list[bool]:
 
 def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
     """NVTX ranges -> op rows (emit_nvtx, MXNet operators) or annotation/step rows, fields parsed
-    structurally."""
-    text = nv["text"].fillna("").astype(str).tolist()
+    structurally (once per distinct text: ranges repeat their texts step after step)."""
+    from .canonical import _WEIGHT_ARG, step_number
+
+    codes, uniq = strings.factorize(nv["text"])
+    text = [*(str(t) for t in uniq), ""]  # code -1 (NA): ""
     is_op = _nvtx_is_op(text, framework)
-    one: dict = {}  # one str object per distinct op name and sizes text, not one per row
+    one: dict = {}  # one str object per distinct op name and sizes text
     name = [one.setdefault(n, n) for n in (t.split(", ", 1)[0] if o else t for t, o in zip(text, is_op, strict=True))]
     seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
     sizes = [one.setdefault(m.group(1), m.group(1)) if o and (m := _SIZES.search(t)) else None
              for t, o in zip(text, is_op, strict=True)]
-    from .canonical import _WEIGHT_ARG, step_number
-
     want = {*_WEIGHT_ARG, "aten::mm"}
     dims = [None] * len(text)
     parsed: dict = {}  # per unique sizes text (rows share the list: it is only read)
@@ -297,11 +325,13 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
             dims[i] = parsed[z]
     is_step = {n: step_number(n) is not None for n in set(name)}
     kind = ["op" if o else "step" if is_step[n] else "annotation" for n, o in zip(name, is_op, strict=True)]
+    shapes = [None if z is None else one.setdefault(("compact", z), z.replace(" ", "")) for z in sizes]
+
+    def rows(values: list) -> pd.Series:  # per distinct text -> per row
+        return pd.Series(strings.object_array(values)[codes], index=nv.index, dtype=object)
+
     return pd.DataFrame({
-        "kind": pd.Series(kind, index=nv.index, dtype=object), "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"],
-        "op_name": pd.Series(name, index=nv.index, dtype=object),
-        "seq": pd.to_numeric(pd.Series(seq, index=nv.index, dtype=object), errors="coerce"),
-        "shapes": pd.Series([None if z is None else one.setdefault(("compact", z), z.replace(" ", "")) for z in sizes],
-                            index=nv.index, dtype=object),
-        "dims": pd.Series(dims, index=nv.index, dtype=object), "gtid": nv["gtid"],
+        "kind": rows(kind), "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"], "op_name": rows(name),
+        "seq": pd.to_numeric(rows(seq), errors="coerce"), "shapes": rows(shapes), "dims": rows(dims),
+        "gtid": nv["gtid"],
     })
