@@ -15,9 +15,7 @@ Nothing here imports a framework.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,20 +39,6 @@ E2E_METHOD = (f"end to end with the loader: wall time of the timed steps includi
               f"onto the device ({WINDOW_STEPS} at a time) / steps")
 CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace needs step boundaries); "
                   "garbage collector off during the timed steps")
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Python's cyclic garbage collector collected, then off, for a timed section (as ``timeit``
-    does): a collection inside a block of launch-bound steps is host jitter, not the step's cost."""
-    gc.collect()
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class OverheadVerdict(enum.StrEnum):

@@ -26,6 +26,7 @@ import numpy as np
 from kernelmap import frameworks, rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
+from kernelmap.gcpause import no_gc
 
 PASSES = ("clean", "framework", "libs", "nsys")
 EXIT_OOM = 75
@@ -160,7 +161,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
         prefetched = None if clean else fetch(n_timed)
         i = warmup
         e2e_start = time.perf_counter()
-        with capture, timing.no_gc():
+        with capture, no_gc(collect=True):
             for window in windows:
                 fetched = fetch(window) if clean else prefetched[i - warmup : i - warmup + window]
                 k = 0

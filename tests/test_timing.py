@@ -59,15 +59,15 @@ def test_overhead_verdict():
 def test_no_gc_turns_the_collector_off_inside_and_restores_it():
     import gc
 
-    from kernelmap import timing
+    from kernelmap.gcpause import no_gc
 
     assert gc.isenabled()
-    with timing.no_gc():
+    with no_gc(collect=True):
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with timing.no_gc():
+        with no_gc():
             assert not gc.isenabled()
         assert not gc.isenabled()  # a caller's own choice is kept
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ParseError
+from ..gcpause import no_gc
 from . import (
     cublas_log,
     cublaslt_log,
@@ -22,7 +23,7 @@ from . import (
     onednn,
     xla_trace,
 )
-from ._common import head, no_gc
+from ._common import head
 
 # order matters: the most specific sniffers first
 FORMATS = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import lzma
 import os
@@ -231,19 +229,6 @@ def _long_digit_run(data: bytes, chunk: int = 1 << 24) -> bool:
         if t.find(z20) >= 0 or t.find(neg19) >= 0:
             return True
     return False
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Cyclic GC paused: building millions of containers (JSON events, column lists) otherwise
-    triggers full collections over them again and again; adapters make no reference cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def head(path: str | os.PathLike, n: int = 4096) -> bytes:
