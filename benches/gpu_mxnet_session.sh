@@ -4,7 +4,8 @@
 #   benches/gpu_mxnet_session.sh wait  KIT OUT BUDGET_S  # the same build, still running: wait again
 #   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
 #   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
-# KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl. The build runs in its own session (setsid), so
+# KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl; or mxtree.tar.xz.NN, parts of a tree built
+# elsewhere (`kernelmap build-mxnet --arch 90` needs no GPU), unpacked instead of building. The build runs in its own session (setsid), so
 # that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
 # MXNet's slowest CUDA objects take longer than one call. The tree: /tmp/mxhome/1.9.1-sm90.
 # Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
@@ -17,6 +18,10 @@ cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
 tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
 case $phase in
 build|wait)
+  if [ -z "$(tree)" ] && ls "$src"/mxtree.tar.xz.* >/dev/null 2>&1; then  # a tree built elsewhere, carried
+    mkdir -p "$KERNELMAP_MXNET_HOME" && cat "$src"/mxtree.tar.xz.* | xz -d | tar -x -C "$KERNELMAP_MXNET_HOME"
+    echo "unpacked the carried tree: $(tree)"
+  fi
   if [ -z "$(tree)" ] && ! pgrep -f "kernelmap.cli build-mxnet" >/dev/null; then
     [ "$phase" = wait ] && echo "no build running (the machine is a fresh one?): starting it again"
     setsid nohup python3 -m kernelmap.cli build-mxnet --source "$src/src" --work /tmp/mxw --jobs "$(nproc)" \
