@@ -77,7 +77,8 @@ LINK_S = 60.0
 # The slowest objects finish last, one core each. On the H200 x2 machine (32 jobs) 388 of 390 steps
 # were done within two calls (8.8 + 8.3 min; ninja restarts the objects in flight when a call stops
 # it) and one object was still compiling after 8.3 min of its own; which one, the log does not say.
-# It is not a CUDA object of the subset: on a 2-core VM all 28 compiled in 1.1-5.8 min each.
+# On a loaded 2-core VM (2 jobs) no object took more than 5.8 min (nn/pooling.cu); with 32 jobs on
+# that machine each job ran slower.
 # Modelled as a serial tail after the parallel part.
 SERIAL_TAIL_S = 540.0
 # Disk: the extracted source (~0.2 GB), the build tree (objects ~2 GB for the kit's slim set), the
