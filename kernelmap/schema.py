@@ -130,7 +130,7 @@ def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) ->
     ph = np.array([_PHASE_OF_DIRECTION.get(d) for d in uniq] + [None], dtype=object)[codes]
     if canonical_op is not None:
         ph[strings.eq(canonical_op, "zero_grad")] = Phase.OPTIMIZER.value
-    return pd.Series(pd.array(ph, dtype="string"), index=direction.index)
+    return pd.Series(strings.string_array(ph), index=direction.index)
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
@@ -213,11 +213,14 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the system allocator, not pyarrow's default pool, which keeps what the row groups freed
     pool = pa.system_memory_pool()
 
+    # string columns whose rows share a few objects: each distinct value converted once, for all groups
+    coded = {c: _coded_strings(df[c], arrow_schema.field(c).type, pool) for c in df.columns}
+
     def groups():
         for lo in range(0, max(len(df), 1), ROW_GROUP):
             part = df.iloc[lo:lo + ROW_GROUP]
-            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool) for c in df.columns],
-                                       schema=arrow_schema)
+            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool, coded[c], lo)
+                                        for c in df.columns], schema=arrow_schema)
 
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool) as writer:
         _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
@@ -265,24 +268,38 @@ def _pipelined(items, consume) -> None:
         raise failed[0]
 
 
-def _arrow(col: pd.Series, type_, pool=None):
-    """One column as Arrow. Strings: each distinct value converted once and the rows taken from
-    those (``strings.factorize``: the rows share a few objects), else pyarrow's own conversion of
-    the object array (NA -> null), without the copy a ``string`` array first makes of itself.
-    Other columns by pyarrow."""
+def _coded_strings(col: pd.Series, type_, pool=None):
+    """(codes, the distinct values as Arrow) of a string column whose rows share a few objects
+    (``strings.factorize``), else None."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from . import strings
 
     if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
-        return pa.array(col.array, type=type_, memory_pool=pool)
+        return None
     coded = strings.factorize(col, most=len(col) // 4)
+    if coded is None:
+        return None
+    codes, uniques = coded
+    return codes, pa.array(uniques, type=type_, memory_pool=pool)
+
+
+def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0):
+    """One column (rows ``lo``.. of the whole column) as Arrow. Strings: where ``coded`` (the whole
+    column's ``_coded_strings``), the rows taken from the distinct values, else pyarrow's own
+    conversion of the object array (NA -> null), without the copy a ``string`` array first makes of
+    itself. Other columns by pyarrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
+        return pa.array(col.array, type=type_, memory_pool=pool)
     if coded is None:
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
     codes, uniques = coded
+    codes = codes[lo:lo + len(col)]
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
-    return pc.take(pa.array(uniques, type=type_, memory_pool=pool), rows, memory_pool=pool)  # null row: null
+    return pc.take(uniques, rows, memory_pool=pool)  # null row: null
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

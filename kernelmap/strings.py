@@ -29,22 +29,101 @@ def object_array(values: list) -> np.ndarray:
 def factorize(col, most: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(codes, distinct values) of a column of strings: codes -1 for NA, the values in order of
     first appearance (``pd.factorize``'s answer). ``most``: None where the column holds more
-    distinct objects than that (the caller then has a better way than by object)."""
+    distinct objects than that (the caller then has a better way than by object). An unchanged
+    array asked again is answered from the objects' codes kept from the first time (``_Answers``)."""
     values = np.ascontiguousarray(objects(col))
     if len(values) == 0:
         return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
     address = np.frombuffer(memoryview(values).cast("B"), dtype=np.int64)
+    known = _CACHE.get(values, address)
+    if known is not None:
+        return None if most is not None and known[2] > most else known[:2]
     if most is not None:  # a look at a few thousand rows first
         step = max(1, len(values) // 4096)
         if len(pd.unique(address[::step])) * step > most:
             return None
-    obj_codes, distinct = pd.factorize(address)
+    obj_codes, distinct, first = _object_codes(address)
     if most is not None and len(distinct) > most:
         return None
+    objs = values[first]
+    code_of_obj, uniques = pd.factorize(objs)
+    _CACHE.put(values, obj_codes, distinct, objs, code_of_obj, uniques)
+    return code_of_obj[obj_codes], uniques
+
+
+def _object_codes(address: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pd.factorize(address)`` and the first row of each distinct address: by the native helper
+    where it is built (one pass), else by pandas."""
+    native = _native()
+    if native is not None:
+        codes, distinct, first = native.objcodes(address)
+        return tuple(np.frombuffer(x, dtype=np.int64) for x in (codes, distinct, first))
+    obj_codes, distinct = pd.factorize(address)
     first = np.empty(len(distinct), dtype=np.int64)
-    first[obj_codes[::-1]] = np.arange(len(values) - 1, -1, -1)  # the first row of each object
-    codes, uniques = pd.factorize(values[first])
-    return codes[obj_codes], uniques
+    first[obj_codes[::-1]] = np.arange(len(address) - 1, -1, -1)
+    return obj_codes, distinct, first
+
+
+def _native():
+    global _NATIVE
+    if _NATIVE is False:
+        try:
+            from .adapters import _native as mod
+        except ImportError:  # pragma: no cover - depends on the build
+            mod = None
+        _NATIVE = mod
+    return _NATIVE
+
+
+_NATIVE = False  # not looked for yet
+
+
+class _Answers:
+    """The last few ``factorize`` answers, by array. An answer is given again only for the same
+    array object, still alive, whose rows hold the same objects as when it was answered: the row
+    addresses are checked against the distinct objects' addresses, which the entry keeps alive (so
+    no other object can have taken one of those addresses meanwhile). A row written since, to any
+    other object, fails the check; an entry dies with its array."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        # id(array) -> (weakref, each row's object code (smallest int), the objects' addresses, the objects,
+        # each object's value code, the distinct values)
+        self.entries: dict[int, tuple] = {}
+
+    def get(self, values: np.ndarray, address: np.ndarray):
+        e = self.entries.get(id(values))
+        if e is None or e[0]() is not values:
+            return None
+        _, obj_codes, distinct, _, code_of_obj, uniques = e
+        if len(obj_codes) != len(address) or not np.array_equal(distinct[obj_codes], address):
+            del self.entries[id(values)]
+            return None
+        self.entries[id(values)] = self.entries.pop(id(values))  # most recent last
+        return code_of_obj[obj_codes], uniques, len(distinct)
+
+    def put(self, values: np.ndarray, obj_codes, distinct, objs, code_of_obj, uniques) -> None:
+        import weakref
+
+        if len(values) < 4096:  # small arrays are factorised as fast as checked
+            return
+        key = id(values)
+        try:
+            ref = weakref.ref(values, lambda _r, key=key: self._drop(key, _r))
+        except TypeError:  # pragma: no cover - an array type without weak references
+            return
+        small = obj_codes.astype(np.min_scalar_type(len(objs)))  # 1 byte a row for up to 256 objects
+        self.entries[key] = (ref, small, distinct, objs, code_of_obj, uniques)
+        while len(self.entries) > self.size:
+            del self.entries[next(iter(self.entries))]
+
+    def _drop(self, key: int, ref) -> None:
+        e = self.entries.get(key)
+        if e is not None and e[0] is ref:
+            del self.entries[key]
+
+
+_CACHE = _Answers()
 
 
 def isin(col, wanted) -> np.ndarray:
@@ -99,11 +178,17 @@ def string_array(values) -> pd.arrays.StringArray:
         return pd.array(np.asarray(values, dtype=object), dtype="string")
     codes, uniques = coded
     converted = np.asarray(pd.array(uniques, dtype="string"), dtype=object)
-    rows = np.append(converted, pd.NA)[codes]  # code -1 (NA): the last
+    objs = np.append(converted, pd.NA)
+    obj_codes = np.where(codes < 0, len(converted), codes)  # code -1 (NA): the last
+    rows = objs[obj_codes]
     try:  # str and pd.NA only, as pandas made them: no second check of every row
-        return pd.arrays.StringArray._simple_new(rows, _string_dtype())
+        out = pd.arrays.StringArray._simple_new(rows, _string_dtype())
     except (AttributeError, TypeError):  # pragma: no cover - another pandas
         return pd.arrays.StringArray(rows)
+    # its factorisation is known: the rows hold these objects (a later factorize of it is answered)
+    _CACHE.put(rows, obj_codes, np.array([id(o) for o in objs], dtype=np.int64), objs,
+               np.append(np.arange(len(converted)), -1), converted)
+    return out
 
 
 def _string_dtype() -> pd.StringDtype:

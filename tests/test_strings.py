@@ -44,3 +44,71 @@ def test_strings_are_pandas(name):
 def test_object_array_keeps_lists_as_elements():
     a = S.object_array([[1, 2], [3, 4]])
     assert a.shape == (2,) and a[0] == [1, 2]
+
+
+def _pandas(col):
+    return pd.factorize(np.asarray(col, dtype=object))
+
+
+def _same(got, want):
+    np.testing.assert_array_equal(got[0], want[0])
+    assert list(got[1]) == list(want[1])
+
+
+def test_factorize_answers_again_only_for_the_unchanged_array(monkeypatch):
+    pool = np.array(["conv", "relu", None, "pool"], dtype=object)
+    arr = pd.array(pool[np.arange(20_000) % 4], dtype="string")
+    _same(S.factorize(arr), _pandas(arr))
+    calls = []
+    real = pd.factorize
+    monkeypatch.setattr(pd, "factorize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _same(S.factorize(arr), _pandas(arr))  # unchanged: answered from the kept codes
+    assert len(calls) == 1  # only _pandas' own call
+    arr[7] = "".join(["li", "near"])  # a new object and a new value, written in place
+    calls.clear()
+    _same(S.factorize(arr), _pandas(arr))
+    assert len(calls) > 1  # the check saw the change and factorised again
+    arr[9] = "".join(["co", "nv"])  # an equal value in another object
+    _same(S.factorize(arr), _pandas(arr))
+    arr[11] = None
+    _same(S.factorize(arr), _pandas(arr))
+
+
+def test_factorize_answers_die_with_their_array():
+    arr = pd.array(np.array(["a", "b"] * 5000, dtype=object), dtype="string")
+    S.factorize(arr)
+    key = id(np.asarray(arr, dtype=object))
+    assert key in S._CACHE.entries
+    del arr
+    import gc
+
+    gc.collect()
+    assert key not in S._CACHE.entries
+
+
+def test_string_array_result_factorises_as_pandas():
+    pool = np.array(["x", None, "y", "x"], dtype=object)
+    arr = S.string_array(pool[np.arange(10_000) % 4])
+    _same(S.factorize(arr), _pandas(arr))
+    arr[3] = "z"
+    _same(S.factorize(arr), _pandas(arr))
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(0, dtype="int64"), np.array([7], dtype="int64"),
+    np.repeat(np.random.default_rng(2).integers(0, 5, 3000) * 16 + 4096, 3),  # runs, few values
+    np.random.default_rng(3).integers(-2**62, 2**62, 50_000),  # all distinct: the table grows
+])
+def test_object_codes_native_and_pandas_agree(values, monkeypatch):
+    values = np.ascontiguousarray(values, dtype="int64")
+    want_codes, want_distinct = pd.factorize(values)
+    built = S._native()
+    answers = []
+    for native in ([built] if built is not None else []) + [None]:
+        monkeypatch.setattr(S, "_NATIVE", native)
+        codes, distinct, first = S._object_codes(values)
+        np.testing.assert_array_equal(codes, want_codes)
+        np.testing.assert_array_equal(distinct, want_distinct)
+        np.testing.assert_array_equal(first, np.unique(want_codes, return_index=True)[1])  # first rows
+        answers.append(native)
+    assert len(answers) == (2 if built is not None else 1)

@@ -947,7 +947,62 @@ out:
     return res;
 }
 
+/* objcodes(values) -> (codes, distinct, first): pd.factorize of an int64 array (codes in order of
+   first appearance, the distinct values in that order) and the first row of each distinct value;
+   all three as int64 bytes. strings.factorize gives it the addresses of an object array's rows. */
+static PyObject *objcodes(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    Py_ssize_t n = b.len / 8;
+    const int64_t *a = b.buf;
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, n * 8), *res = NULL;
+    size_t cap = 1024, ucap = 256, nu = 0;  /* table slots (a power of two), distinct values' room */
+    int shift = 64 - 10;
+    int64_t *slot = malloc(cap * sizeof(int64_t)), *uniq = malloc(ucap * 8), *first = malloc(ucap * 8);
+    int failed = 0;
+    if (!codes || !slot || !uniq || !first) { PyErr_NoMemory(); goto out; }
+    int64_t *c = (int64_t *)PyBytes_AS_STRING(codes);
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t j = 0; j < cap; j++) slot[j] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v = a[i];
+        if (i && v == a[i - 1]) { c[i] = c[i - 1]; continue; }  /* runs of one value */
+        size_t h = (size_t)(((uint64_t)v * 0x9E3779B97F4A7C15ULL) >> shift);
+        while (slot[h] >= 0 && uniq[slot[h]] != v) h = (h + 1) & (cap - 1);
+        if (slot[h] >= 0) { c[i] = slot[h]; continue; }
+        if (nu == ucap) {
+            ucap *= 2;
+            int64_t *u2 = realloc(uniq, ucap * 8), *f2 = u2 ? realloc(first, ucap * 8) : NULL;
+            if (u2) uniq = u2;
+            if (f2) first = f2;
+            if (!u2 || !f2) { failed = 1; break; }
+        }
+        uniq[nu] = v; first[nu] = i; c[i] = (int64_t)nu; slot[h] = (int64_t)nu; nu++;
+        if (nu * 2 > cap) {  /* keep the table at most half full: rebuild it twice as large */
+            int64_t *s2 = malloc(cap * 2 * sizeof(int64_t));
+            if (!s2) { failed = 1; break; }
+            free(slot); slot = s2; cap *= 2; shift--;
+            for (size_t j = 0; j < cap; j++) slot[j] = -1;
+            for (size_t u = 0; u < nu; u++) {
+                size_t g = (size_t)(((uint64_t)uniq[u] * 0x9E3779B97F4A7C15ULL) >> shift);
+                while (slot[g] >= 0) g = (g + 1) & (cap - 1);
+                slot[g] = (int64_t)u;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) { PyErr_NoMemory(); goto out; }
+    res = Py_BuildValue("(Oy#y#)", codes, (const char *)uniq, (Py_ssize_t)(nu * 8), (const char *)first,
+                        (Py_ssize_t)(nu * 8));
+out:
+    Py_XDECREF(codes);
+    free(slot); free(uniq); free(first);
+    PyBuffer_Release(&b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"objcodes", objcodes, METH_VARARGS, "pd.factorize of an int64 array, and each value's first row."},
     {"nest", nest, METH_VARARGS, "canonical.nest's stack pass over sorted spans."},
 #ifndef _WIN32
     {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},

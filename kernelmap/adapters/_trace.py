@@ -21,20 +21,23 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"])
-    names = np.array([*name_u, ""], dtype=object)[name_codes]  # NA -> ""
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
+    # (one answer per distinct name; the last entry answers for NA, code -1)
     ann = is_kind("annotation", "step")
-    uniq = pd.unique(names[ann])
-    ph_map = {u: C.region_phase(u) for u in uniq}
-    st_map = {u: C.step_number(u) for u in uniq}
-    region_ph = np.full(n, None, dtype=object)
-    step_no = np.full(n, None, dtype=object)
-    region_ph[ann] = [ph_map[u] for u in names[ann]]
-    step_no[ann] = [st_map[u] for u in names[ann]]
-    is_region = (region_ph != None) | (step_no != None)  # noqa: E711
+    ph_u = np.full(len(name_u) + 1, None, dtype=object)
+    st_u = np.full(len(name_u) + 1, None, dtype=object)
+    for c in np.unique(name_codes[ann]):
+        if c >= 0:
+            ph_u[c], st_u[c] = C.region_phase(name_u[c]), C.step_number(name_u[c])
+    region_ph, step_no = ph_u[name_codes], st_u[name_codes]
+    region_ph[~ann] = None
+    step_no[~ann] = None
+    rmask = region_ph != None  # noqa: E711
+    smask = step_no != None  # noqa: E711
+    is_region = rmask | smask
     host = is_kind(*HOST_KINDS) & ~is_region
     hidx = np.flatnonzero(host)
     tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
@@ -74,9 +77,9 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         for i in np.flatnonzero(is_op & np.isin(name_codes, weight_ops)):
             d = dims[i]
             if d is not None:
-                key = (names[i], id(d))
+                key = (name_codes[i], id(d))
                 if key not in known:
-                    known[key] = C.layer_from_inputs(names[i], d)
+                    known[key] = C.layer_from_inputs(name_u[name_codes[i]], d)
                 own[i] = known[key]
     tree_layer = _tree_layers(top, own)
     seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
@@ -91,18 +94,19 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
                  .sort_values("start", kind="stable").groupby("top")["seq"].first())
         top_seq = np.where(has_top, first.reindex(top).fillna(-1).to_numpy(dtype="int64"), -1)
         need = (layer == None) & (top_seq >= 0)  # noqa: E711
-        layer[need] = [seq_layer.get(s) for s in top_seq[need].tolist()]
+        wanted, at = np.unique(top_seq[need], return_inverse=True)  # one lookup per distinct seq
+        layer[need] = S.object_array([seq_layer.get(s) for s in wanted.tolist()])[at]
     layer[S.isin(out_canon, C.LOSS_OPS)] = "loss"
 
     # phase and iteration by time containment of the start (any thread), then name rules
-    rmask = region_ph != None  # noqa: E711
-    smask = step_no != None  # noqa: E711
     asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
     phase = C.containing(start, start[rmask], end[rmask], region_ph[rmask])
     step_end = C.until_next(start[smask], end[smask]) if asynchronous else end[smask]
-    iteration = C.containing(start, start[smask], step_end, step_no[smask])
+    step_at = C.region_index(start, start[smask], step_end)
+    it_na = step_at < 0  # iteration: step number (int64) where it_na is False
+    it_val = np.append(np.array(step_no[smask].tolist(), dtype="int64"), 0)[step_at]
     if dims is None and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
-        pos = C.layers_by_position(is_op, out_canon, out_dir, iteration, start)
+        pos = C.layers_by_position(is_op, out_canon, out_dir, np.where(it_na, np.nan, it_val), start)
         need = has_top & (layer == None)  # noqa: E711
         layer[need] = pos[top[need]]
 
@@ -117,25 +121,22 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     ok = ~np.isnan(src)
     d_ok, s_ok = didx[ok], src[ok].astype("int64")
     inner_op[d_ok] = inner_op[s_ok]
-    for arr in (out_canon, out_dir, layer, phase, iteration):
+    for arr in (out_canon, out_dir, layer, phase, it_val, it_na):
         arr[d_ok] = arr[s_ok]
-    # device rows without a launch: regions by their own (device) time
-    nolaunch = np.flatnonzero(dev)[~np.isin(np.flatnonzero(dev), d_ok)]
-    # (their phase stays from the containment above, which used their own start)
-    del nolaunch
+    # device rows without a launch keep the regions of their own (device) time, found above
 
     op_ids = df["event_id"].to_numpy(dtype="int64")
     df["op_event_id"] = pd.arrays.IntegerArray(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
                                                inner_op < 0)
-    df["canonical_op"] = pd.array(out_canon, dtype="string")
-    df["direction"] = pd.array(out_dir, dtype="string")
-    df["layer"] = pd.array(layer, dtype="string")
-    df["iteration"] = pd.array(iteration, dtype="Int64")
+    df["canonical_op"] = S.string_array(out_canon)
+    df["direction"] = S.string_array(out_dir)
+    df["layer"] = S.string_array(layer)
+    df["iteration"] = pd.arrays.IntegerArray(np.where(it_na, 0, it_val), it_na)
     # the region's phase, else the direction rule's; asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
     fallback = C.phase_from_direction(df["direction"], df["canonical_op"]).to_numpy(dtype=object, na_value=None)
     take = (fallback != None) if asynchronous else (phase == None)  # noqa: E711
     phase[take] = fallback[take]
-    df["phase"] = pd.array(phase, dtype="string")
+    df["phase"] = S.string_array(phase)
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df

@@ -186,20 +186,28 @@ def outermost_mapped(parent: np.ndarray, mapped: np.ndarray) -> np.ndarray:
     return out
 
 
+def region_index(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray) -> np.ndarray:
+    """For each time in ``starts``, the position (into ``r_start``) of the region [r_start, r_end)
+    containing it (the latest-starting one when regions nest or overlap; of regions starting
+    together, the last given); -1 where none does."""
+    out = np.full(len(starts), -1, dtype="int64")
+    if len(r_start) == 0 or len(starts) == 0:
+        return out
+    order = np.argsort(r_start, kind="stable")
+    rs, re_ = r_start[order], r_end[order]
+    pos = np.searchsorted(rs, starts, side="right") - 1
+    ok = pos >= 0
+    ok[ok] = starts[ok] < re_[pos[ok]]
+    out[ok] = order[pos[ok]]
+    return out
+
+
 def containing(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_value: np.ndarray,
                fill=None) -> np.ndarray:
     """For each time in ``starts``, the value of the region [r_start, r_end) containing it (the
     latest-starting one when regions nest or overlap); ``fill`` where none does."""
-    out = np.full(len(starts), fill, dtype=object)
-    if len(r_start) == 0 or len(starts) == 0:
-        return out
-    order = np.argsort(r_start, kind="stable")
-    rs, re_, rv = r_start[order], r_end[order], np.asarray(r_value, dtype=object)[order]
-    pos = np.searchsorted(rs, starts, side="right") - 1
-    ok = pos >= 0
-    ok[ok] = starts[ok] < re_[pos[ok]]
-    out[ok] = rv[pos[ok]]
-    return out
+    idx = region_index(starts, r_start, r_end)
+    return np.append(np.asarray(r_value, dtype=object), np.array([fill], dtype=object))[idx]  # -1: fill
 
 
 _REGION = re.compile(r"^kernelmap:(forward|backward|optimizer)$")
