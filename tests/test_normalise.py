@@ -289,3 +289,26 @@ def test_parquet_pipeline_order_and_errors():
     with pytest.raises(ValueError, match="bad row group"):
         schema._pipelined(bad_producer(), got.append)
     assert got == [1]
+
+
+def test_parquet_layout_strings_dictionary_numbers_statistics(tmp_path, monkeypatch):
+    """String columns are written as dictionary pages without min/max statistics, the others with
+    statistics and without dictionary pages; several row groups; the records read back unchanged."""
+    monkeypatch.setattr(schema, "ROW_GROUP", 500)
+    df, _ = normalise([KINETO_GPU])
+    assert len(df) > 1000  # more than two row groups
+    out = tmp_path / "r.parquet"
+    schema.write_parquet(df, out)
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(out).metadata
+    assert meta.num_row_groups == -(-len(df) // 500)
+    for g in range(meta.num_row_groups):
+        for i in range(meta.num_columns):
+            col = meta.row_group(g).column(i)
+            is_string = schema.COLUMNS[col.path_in_schema] == "string"
+            assert ("RLE_DICTIONARY" in col.encodings or "PLAIN_DICTIONARY" in col.encodings) == is_string, col.path_in_schema
+            assert (col.statistics is None) == is_string, col.path_in_schema
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(schema.read_parquet(out), df)
