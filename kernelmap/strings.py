@@ -177,18 +177,36 @@ def string_array(values) -> pd.arrays.StringArray:
     if coded is None:
         return pd.array(np.asarray(values, dtype=object), dtype="string")
     codes, uniques = coded
+    out, objs, obj_codes = _taken(codes, uniques)
+    if objs is not None:
+        # its factorisation is known (factorize's uniques are in order of first appearance): the
+        # rows hold these objects, so a later factorize of it is answered from them
+        _CACHE.put(objects(out), obj_codes, np.array([id(o) for o in objs], dtype=np.int64), objs,
+                   np.append(np.arange(len(objs) - 1), -1), objs[:-1])
+    return out
+
+
+def from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
+    """The ``string`` array whose row i is ``uniques[codes[i]]`` (NA where the code is -1):
+    ``pd.array(np.asarray(uniques, dtype=object)[codes], dtype="string")`` with each value
+    converted once where ``uniques`` are distinct strings."""
+    return _taken(np.asarray(codes), uniques)[0]
+
+
+def _taken(codes: np.ndarray, uniques):
+    """(``from_codes``' array, the objects its rows hold by code with pd.NA last, the rows' codes
+    into those), or (the array, None, None) where ``uniques`` are not distinct strings."""
+    uniques = object_array(list(uniques))
     converted = np.asarray(pd.array(uniques, dtype="string"), dtype=object)
+    if len(pd.unique(uniques)) != len(uniques) or pd.isna(converted).any():
+        return pd.array(np.append(uniques, None)[codes], dtype="string"), None, None
     objs = np.append(converted, pd.NA)
     obj_codes = np.where(codes < 0, len(converted), codes)  # code -1 (NA): the last
     rows = objs[obj_codes]
     try:  # str and pd.NA only, as pandas made them: no second check of every row
-        out = pd.arrays.StringArray._simple_new(rows, _string_dtype())
+        return pd.arrays.StringArray._simple_new(rows, _string_dtype()), objs, obj_codes
     except (AttributeError, TypeError):  # pragma: no cover - another pandas
-        return pd.arrays.StringArray(rows)
-    # its factorisation is known: the rows hold these objects (a later factorize of it is answered)
-    _CACHE.put(rows, obj_codes, np.array([id(o) for o in objs], dtype=np.int64), objs,
-               np.append(np.arange(len(converted)), -1), converted)
-    return out
+        return pd.arrays.StringArray(rows), None, None
 
 
 def _string_dtype() -> pd.StringDtype:

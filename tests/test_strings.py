@@ -112,3 +112,13 @@ def test_object_codes_native_and_pandas_agree(values, monkeypatch):
         np.testing.assert_array_equal(first, np.unique(want_codes, return_index=True)[1])  # first rows
         answers.append(native)
     assert len(answers) == (2 if built is not None else 1)
+
+
+@pytest.mark.parametrize("uniques", [["a", "bb", "c"], ["a", "a", "c"], ["a", None, "c"], []])
+def test_from_codes_is_pandas(uniques):
+    rng = np.random.default_rng(4)
+    codes = rng.integers(-1, len(uniques), 6000) if uniques else np.full(10, -1)
+    got = S.from_codes(codes, uniques)
+    want = pd.array(np.append(np.array(uniques, dtype=object), None)[codes], dtype="string")
+    pd.testing.assert_extension_array_equal(got, want)
+    _same(S.factorize(got), _pandas(got))

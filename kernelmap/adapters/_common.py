@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import schema
+from .. import schema, strings
 from ..errors import ParseError, SchemaError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -254,9 +254,11 @@ def head(path: str | os.PathLike, n: int = 4096) -> bytes:
 def finish(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
     """Build a schema-conforming frame from column arrays; event_id = row order within the file."""
     n = next((len(v) for v in cols.values() if not isinstance(v, str | int | float | type(None))), 0)
+    one = np.zeros(n, dtype=np.int64)
+    # one value for every row: a string column of that one object (each row converted otherwise)
+    cols = {k: strings.from_codes(one, [v]) if isinstance(v, str) else v for k, v in
+            {**cols, "source": source, "source_file": str(Path(path).name)}.items()}
     df = pd.DataFrame(cols, index=pd.RangeIndex(n), copy=False)  # a builder's own arrays: no copies
-    df["source"] = source
-    df["source_file"] = str(Path(path).name)
     df["event_id"] = np.arange(n, dtype="int64")
     try:
         return schema.validate(schema.conform(df, copy=False), str(path))

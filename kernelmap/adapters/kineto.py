@@ -428,16 +428,15 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     is_dev = np.isin(kind, _trace.DEVICE_KINDS)
     step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
     kind[(kind == "annotation") & step_u[name_codes]] = "step"
-    names_a = np.array(names_u or [None], dtype=object)[name_codes]
-    del name_codes, cat_codes
     cols = {
         "kind": kind,
-        "op_name": pd.array(np.where(is_dev, None, names_a), dtype="string"),
-        "kernel_name": pd.array(np.where(is_dev, names_a, None), dtype="string"),
+        "op_name": strings.from_codes(np.where(is_dev, -1, name_codes), names_u),
+        "kernel_name": strings.from_codes(np.where(is_dev, name_codes, -1), names_u),
         **c,
         "framework": "pytorch",
         "device": "gpu" if is_dev.any() else "cpu",
     }
+    del name_codes, cat_codes
     for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
