@@ -122,15 +122,22 @@ def phase_of(direction, canonical_op=None) -> str | None:
     return _PHASE_OF_DIRECTION.get(direction) if isinstance(direction, str) else None
 
 
-def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) -> pd.Series:
-    """``phase_of`` over columns (string dtype, NA where the rule says nothing)."""
+def phase_values(direction, canonical_op=None) -> np.ndarray:
+    """``phase_of`` over columns or object arrays: an object array, None where the rule says nothing."""
     from . import strings
 
     codes, uniq = strings.factorize(direction)
     ph = np.array([_PHASE_OF_DIRECTION.get(d) for d in uniq] + [None], dtype=object)[codes]
     if canonical_op is not None:
         ph[strings.eq(canonical_op, "zero_grad")] = Phase.OPTIMIZER.value
-    return pd.Series(strings.string_array(ph), index=direction.index)
+    return ph
+
+
+def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) -> pd.Series:
+    """``phase_of`` over columns (string dtype, NA where the rule says nothing)."""
+    from . import strings
+
+    return pd.Series(strings.string_array(phase_values(direction, canonical_op)), index=direction.index)
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",

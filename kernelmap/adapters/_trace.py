@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from .. import strings as S
+from ..schema import phase_values
 from . import canonical as C
 
 HOST_KINDS = ("op", "annotation", "runtime", "step")
@@ -133,7 +134,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     df["layer"] = S.string_array(layer)
     df["iteration"] = pd.arrays.IntegerArray(np.where(it_na, 0, it_val), it_na)
     # the region's phase, else the direction rule's; asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
-    fallback = C.phase_from_direction(df["direction"], df["canonical_op"]).to_numpy(dtype=object, na_value=None)
+    fallback = phase_values(out_dir, out_canon)
     take = (fallback != None) if asynchronous else (phase == None)  # noqa: E711
     phase[take] = fallback[take]
     df["phase"] = S.string_array(phase)
@@ -155,22 +156,35 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
                          & S.eq(df["direction"], "bwd") & (inner_op >= 0))
     if not len(sel):
         return
-    names = S.objects(df["op_name"])  # read only
-    layers = S.objects(df["layer"])
+    ops = inner_op[sel]
+    is_mm = S.eq(df["op_name"], "aten::mm")[ops]
+    sel, ops = sel[is_mm], ops[is_mm]
+    layers = S.objects(df["layer"])[sel]  # read only
     changed: dict = {}
-    for i in sel:
-        op = inner_op[i]
+    known: dict = {}  # (layer, shape list object) -> the half, or None: one answer per distinct pair
+    for i, op, layer in zip(sel.tolist(), ops.tolist(), layers.tolist(), strict=True):
         d = dims[op]
-        if names[op] != "aten::mm" or layers[i] not in w or not isinstance(d, list) or len(d) < 2 \
-                or not all(isinstance(x, list) and len(x) == 2 for x in d[:2]):
-            continue
-        out_f, in_f = w[layers[i]]
-        (p, q), (_, r) = d[0], d[1]
-        if (q, r) == (out_f, in_f):
-            changed[i] = "bwd_data"
-        elif (p, r) == (out_f, in_f):
-            changed[i] = "bwd_weight"
+        key = (layer, id(d))
+        if key not in known:
+            known[key] = _linear_half(w.get(layer) if isinstance(layer, str) else None, d)
+        if known[key] is not None:
+            changed[i] = known[key]
     _set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
+
+
+def _linear_half(weight, d) -> str | None:
+    """The half of a linear layer's backward (``weight``: its (out, in) shape) that an
+    ``aten::mm`` with input shapes ``d`` computes, or None."""
+    if weight is None or not isinstance(d, list) or len(d) < 2 \
+            or not all(isinstance(x, list) and len(x) == 2 for x in d[:2]):
+        return None
+    out_f, in_f = weight
+    (p, q), (_, r) = d[0], d[1]
+    if (q, r) == (out_f, in_f):
+        return "bwd_data"
+    if (p, r) == (out_f, in_f):
+        return "bwd_weight"
+    return None
 
 
 def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
