@@ -97,7 +97,7 @@ class _Answers:
             return None
         _, obj_codes, distinct, _, code_of_obj, uniques = e
         if len(obj_codes) != len(address) or not np.array_equal(distinct[obj_codes], address):
-            del self.entries[id(values)]
+            self.entries.pop(id(values), None)
             return None
         self.entries[id(values)] = self.entries.pop(id(values))  # most recent last
         return code_of_obj[obj_codes], uniques, len(distinct)
@@ -114,13 +114,13 @@ class _Answers:
             return
         small = obj_codes.astype(np.min_scalar_type(len(objs)))  # 1 byte a row for up to 256 objects
         self.entries[key] = (ref, small, distinct, objs, code_of_obj, uniques)
-        while len(self.entries) > self.size:
-            del self.entries[next(iter(self.entries))]
+        while len(self.entries) > self.size:  # the oldest out (pop: a dying array may have taken it already)
+            self.entries.pop(next(iter(self.entries)), None)
 
     def _drop(self, key: int, ref) -> None:
         e = self.entries.get(key)
         if e is not None and e[0] is ref:
-            del self.entries[key]
+            self.entries.pop(key, None)
 
 
 _CACHE = _Answers()
