@@ -202,11 +202,13 @@ def test_no_gpu_is_said_once(tmp_path):
         pytest.skip("a GPU is here")
     # --trials 0 is refused after the device decisions are printed, before any work
     proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
-                           "--trials", "0", "--out", str(tmp_path / "run")],
+                           "--profile", "all", "--trials", "0", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "--trials" in proc.stderr
     assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
     assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
+    assert proc.stderr.count("nsys pass skipped") == 1, proc.stderr  # not once per framework x batch size
+    assert "nsys not found" not in proc.stderr  # on the CPU nsys would record nothing: no install advice
 
 
 def test_page_shows_no_local_paths(out):
