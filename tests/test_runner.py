@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import require_framework
 
-from kernelmap import frameworks, manifest, runner, timing
+from kernelmap import frameworks, manifest, rundir, runner, timing
 from kernelmap.errors import KernelmapError
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
@@ -236,11 +236,24 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
 
 
 def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
+    """Every pass on the CPU. The console holds kernelmap's own lines only: what the workers and their
+    libraries print (Kineto's `USDT: ... profiler_start`, `gpuGetDeviceCount failed with code 35` from a
+    CUDA build without a GPU, third-party warnings) goes to RUN_DIR/logs/."""
     require_framework("pytorch")
     out = tmp_path / "run"
     proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
-                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "libs", "--json")
+                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "all", "--json")
     entry = _check_run(out, "pytorch", proc)
+    console = proc.stderr.splitlines()
+    assert console and all(line.startswith("kernelmap run: ") for line in console), proc.stderr[-3000:]
+    assert sum("nsys pass skipped" in line for line in console) == 1 and "skipped" in entry["passes"]["nsys"]
+    captures = [p for p in runner.PROFILES["all"] if p not in ("clean", "nsys")]  # nsys: none on the CPU
+    n = TRIALS + len(captures)
+    workers = [line for line in console if line.startswith("kernelmap run: [")]
+    assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}]")
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    assert logs == sorted(rundir.worker_log("pytorch", 64, p, t).name for p, t in
+                          [*(("clean", t) for t in range(1, TRIALS + 1)), *((p, None) for p in captures)])
     libs = entry["passes"]["libs"]
     assert libs["steps"] == STEPS and libs["overhead"] == pytest.approx(libs["median_step_s"] / entry["median_step_s"] - 1)
     assert libs["overhead_verdict"] == "too few steps"  # 3 < timing.MIN_CAPTURE_STEPS
