@@ -180,7 +180,9 @@ def test_cpu_figures_say_what_is_not_there():
     roof, peaks = A.roofline([run])
     if (roof["level"] == "op").any():  # a CPU trace: forward only, and the figure data says why
         assert set(roof[roof["level"] == "op"]["direction"]) == {"fwd"}
-        assert "backward not shown" in peaks[run.name]["not_shown"]
+        named = peaks[run.name]["not_shown"].partition(":")[0]  # the frameworks it holds for, by name
+        assert named.startswith("backward not shown for ")
+        assert all(A.fw_label(fw) in named for fw in set(roof[roof["level"] == "op"]["framework"])), named
     tl = A.timeline_events(run)
     for fw in set(tl["framework"]):  # every framework's step marks reach the phase lane
         assert (tl[(tl["framework"] == fw) & (tl["lane"] == "phase")]["kind"] == "step").any(), fw
