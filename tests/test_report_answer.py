@@ -219,6 +219,32 @@ def test_page_shows_no_local_paths(out):
     assert str(out.resolve().parent) not in page
 
 
+def _report_texts(report_dir: Path) -> dict[str, str]:
+    """Every text file of a report (page, tables, timeline), images' data URIs left out (base64 holds '/')."""
+    return {str(p.relative_to(report_dir)): re.sub(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+", "", p.read_text())
+            for p in sorted(report_dir.rglob("*")) if p.suffix in (".html", ".csv", ".json")}
+
+
+def test_no_report_file_shows_the_paths_the_run_recorded(out):
+    """The manifest records where the run was written and where its data came from (paths on the machine
+    that ran it); the page, the CSV tables and the timeline name the run by its name only."""
+    man = json.loads((RUN / "manifest.json").read_text())
+    local = {man["config"]["out"], man["data"]["path"], str(RUN.resolve()), str(out.resolve())}
+    assert all(p.startswith("/") for p in local)  # absolute paths, each of them
+    leaks = {name: p for name, text in _report_texts(out).items() for p in local if p in text}
+    assert not leaks, leaks
+
+
+def test_sample_report_shows_no_local_paths():
+    """docs/sample-report once showed /tmp/sample/...: no absolute path of the machines that made it."""
+    sample = Path(__file__).resolve().parents[1] / "docs" / "sample-report"
+    texts = _report_texts(sample)
+    assert "report.html" in texts and any(n.startswith("tables") for n in texts)
+    local = re.compile(r"(?<![\w.:/])/(?:tmp|work|root|home|Users|opt|mnt|scratch|var|usr)/[\w.+-]+")
+    leaks = {name: local.findall(text) for name, text in texts.items() if local.search(text)}
+    assert not leaks, leaks
+
+
 def test_compact_table_leaves_out_empty_columns_and_cuts_lists():
     from kernelmap.reports.html import table
 
