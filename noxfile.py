@@ -75,6 +75,11 @@ def _mxnet_extra() -> str:
 FRAMEWORKS_DIR = Path(__file__).resolve().parent / "frameworks"
 
 
+def own_env(name: str) -> Path:
+    """The environment of framework ``name`` whose dependencies clash with the others' (its own-env.txt)."""
+    return Path(".nox") / f"{name}-workers"
+
+
 def _own_env_pythons(session: nox.Session) -> None:
     """A framework whose dependencies clash with the others' lists its own in
     ``frameworks/<name>/own-env.txt``: make ``.nox/<name>-workers`` from it (plus kernelmap) once, and
@@ -85,7 +90,7 @@ def _own_env_pythons(session: nox.Session) -> None:
         var = f"KERNELMAP_PYTHON_{name.upper()}"
         if var in os.environ:
             continue
-        env = Path(".nox") / f"{name}-workers"
+        env = own_env(name)
         python = env / "bin" / "python"
         if not python.exists():
             session.run(sys.executable, "-m", "venv", str(env), external=True)

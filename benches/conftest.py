@@ -13,7 +13,7 @@ import functools
 
 import pytest
 
-from kernelmap import doctor, gpuinfo, runner
+from kernelmap import doctor, frameworks, gpuinfo, runner
 from kernelmap.history import FRAMEWORK_MODES, Mode
 
 BATCH_SIZES = (64, 256, 1024)
@@ -42,6 +42,8 @@ def pytest_collect_file(file_path, parent):
 
 def pytest_configure(config):
     bench_modes(config)  # a --mode the framework lacks is a usage error before collection
+    for line in frameworks.deprecation_filters():  # the framework's own deprecations: not on the console
+        config.addinivalue_line("filterwarnings", line)
 
 
 def bench_modes(config) -> tuple[Mode, ...]:

@@ -10,6 +10,7 @@ imports the one asked for, on demand.
 from __future__ import annotations
 
 import importlib
+import re
 
 from .jax.descriptor import DESCRIPTOR as _JAX
 from .mxnet.descriptor import DESCRIPTOR as _MXNET
@@ -28,6 +29,14 @@ def get(name: str) -> Framework:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown framework {name!r}; choose from {', '.join(FRAMEWORKS)}") from None
+
+
+def deprecation_filters() -> tuple[str, ...]:
+    """pytest ``filterwarnings`` lines hiding the DeprecationWarnings that a framework's own modules
+    raise (MXNet 1.9.1 warns 11 times at import about numpy aliases and distutils): not ours to act on,
+    and noise on a benchmark's console. A deprecation our code triggers is attributed to our module and
+    still shows."""
+    return tuple(f"ignore::DeprecationWarning:{re.escape(m)}(\\.|$)" for d in REGISTRY.values() for m in d.import_names)
 
 
 def load_workload(name: str):

@@ -111,9 +111,11 @@ def collect() -> dict[str, Any]:
     for tool in ("nsys", "ncu"):
         path = find_tool(tool)
         report["profilers"][tool] = path
-        if path is None and tool == "ncu" and not gpus.gpus:
-            report["notes"].append({"what": tool, "note": "not found; it profiles GPU kernels only, so it is not "
-                                                          f"needed on this machine ({FIX[tool]} where there is a GPU)"})
+        # kernelmap runs both on CUDA work only (the nsys pass is skipped on the CPU): without a GPU
+        # their absence is a fact about the machine, not something to fix
+        if path is None and not gpus.gpus:
+            report["notes"].append({"what": tool, "note": "not found; kernelmap uses it on GPU work only, so it is "
+                                                          f"not needed on this machine ({FIX[tool]} where there is a GPU)"})
         elif path is None:
             report["missing"].append({"what": tool, "fix": FIX[tool]})
     for name, facts in report["frameworks"].items():

@@ -206,14 +206,49 @@ def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[lis
 
 
 def _nsys_skip_reason(nsys: str | None, device: str, has_window: bool, label: str) -> str | None:
-    """Why the nsys pass cannot record anything here, or None where it runs."""
-    if nsys is None:
-        return "nsys not found"
+    """Why the nsys pass cannot record anything here, or None where it runs. On the CPU that is the
+    reason whether or not nsys is installed (installing it would not change it)."""
     if device != "gpu":
         return "the CPU run launches no CUDA work for nsys to record"
+    if nsys is None:
+        return f"nsys not found; {doctor.FIX['nsys']}"
     if not has_window:
         return f"{label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)"
     return None
+
+
+def worker_own_env(framework: str, device: str, math: str) -> dict[str, str]:
+    """The environment a framework's workers add on the GPU: its own (an MXNet built for this GPU: its
+    tree first on PYTHONPATH) and the math mode's, set before the framework loads its libraries. None on
+    the CPU."""
+    if device != "gpu":
+        return {}
+    descriptor = frameworks.get(framework)
+    return {**((descriptor.worker_env(None) or {}) if descriptor.worker_env else {}), **Math(math).env()}
+
+
+def nsys_skips(decisions: dict[str, Decision], nsys: str | None, math: str) -> dict[str, str]:
+    """Why the nsys pass of each framework that runs records nothing here ({framework: reason}; a
+    framework whose nsys pass runs is left out)."""
+    out = {}
+    for fw, d in decisions.items():
+        if d.device is None:
+            continue
+        descriptor = frameworks.get(fw)
+        why = _nsys_skip_reason(nsys, d.device, descriptor.nsys_window(worker_own_env(fw, d.device, math)),
+                                descriptor.label)
+        if why is not None:
+            out[fw] = why
+    return out
+
+
+def said_once(skips: dict[str, str], what: str) -> list[str]:
+    """One line per distinct reason of ``skips`` ({framework: reason}), naming the frameworks it
+    holds for: a reason every framework shares (no GPU) is said once, not per framework x batch size."""
+    by_reason: dict[str, list[str]] = {}
+    for fw, why in skips.items():
+        by_reason.setdefault(why, []).append(fw)
+    return [f"{what} ({', '.join(fws)}): {why}" for why, fws in by_reason.items()]
 
 
 def _nsys_report(out_dir: Path) -> Path:
@@ -253,6 +288,15 @@ class RunProgress:
 
     def finish(self) -> None:
         self.done += 1
+
+
+def planned_workers(runnable: list[str], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
+                    nsys_skipped: dict[str, str]) -> int:
+    """How many worker processes the run starts (the progress line's N): per framework x batch size, the
+    clean pass's trials and each capture pass, less an nsys pass that is skipped (``nsys_skips``)."""
+    per_fw = {fw: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and fw in nsys_skipped))
+              for fw in runnable}
+    return n_batch_sizes * sum(per_fw.values())
 
 
 def physical_cores() -> int:
@@ -296,9 +340,10 @@ def _clean_summary(trials: list[dict[str, Any]], batch_size: int) -> dict[str, A
 
 
 def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], train: dict[str, Any],
-             data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None,
+             data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None, nsys_skip: str | None,
              notes: list[str], trials: int, threads: int, python: dict[str, str]) -> dict[str, Any]:
-    """All capture passes of one framework x batch size; returns its results.json entry."""
+    """All capture passes of one framework x batch size; returns its results.json entry. ``nsys_skip``:
+    why its nsys pass records nothing here (``nsys_skips``), said by the caller."""
     rd = rundir.RunDir(run_tmp)
     rel = rundir.case_dir(fw, bs)
     out_dir = rd.case(fw, bs)
@@ -310,10 +355,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     threads_env = thread_env(threads)
     clean_trials: list[dict[str, Any]] = []
     pass_results: dict[str, dict[str, Any]] = {}
-    # the framework's own environment on this GPU (an MXNet built for it: its tree first on PYTHONPATH)
-    own_env = dict(descriptor.worker_env(None) or {}) if descriptor.worker_env and decision.device == "gpu" else {}
-    if decision.device == "gpu":  # the math mode's environment, before the framework loads its libraries
-        own_env.update(Math(train["math"]).env())
+    own_env = worker_own_env(fw, decision.device, train["math"])
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
@@ -338,15 +380,10 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
             env.update(libs_env(decision.device, out_dir, fw, own_env))
             if decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
-        if p == "nsys":
-            why = _nsys_skip_reason(nsys, decision.device, descriptor.nsys_window(own_env), descriptor.label)
-            if why is not None:
-                msg = f"{fw} bs {bs}: nsys pass skipped: {why}" + (f"; {doctor.FIX['nsys']}" if nsys is None else "")
-                print(f"kernelmap run: {msg}", file=sys.stderr)
-                notes.append(msg)
-                pass_results[p] = {"skipped": why}
-                progress.finish()
-                continue
+        if p == "nsys" and nsys_skip is not None:  # printed once for the run; a note per case
+            notes.append(f"{fw} bs {bs}: nsys pass skipped: {nsys_skip}")
+            pass_results[p] = {"skipped": nsys_skip}
+            continue
         log_path = rd.log(fw, bs, p)
         progress.start(label)
         if p == "nsys":
@@ -499,6 +536,10 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     if not runnable:
         notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
         raise MissingToolError(f"nothing can run ({', '.join(chosen)}): " + "; ".join(notes_))
+    nsys = doctor.find_tool("nsys") if "nsys" in passes else None
+    skips = nsys_skips(decisions, nsys, train["math"]) if "nsys" in passes else {}
+    for line in said_once(skips, "nsys pass skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
 
     if args.trials < 1:
         raise KernelmapError("--trials must be at least 1")
@@ -507,9 +548,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError("--threads must be at least 1")
     data_info = _resolve_data(train)
     data_json = json.dumps(data_info.to_dict())
-    nsys = doctor.find_tool("nsys") if "nsys" in passes else None
-    per_case = args.trials + sum(1 for p in passes if p != "clean")
-    progress = RunProgress(per_case * len(runnable) * len(args.batch_size))
+    progress = RunProgress(planned_workers(runnable, len(args.batch_size), args.trials, passes, skips))
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
@@ -519,7 +558,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             for bs in args.batch_size:
                 try:
                     results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys,
-                                            notes, args.trials, threads, python))
+                                            skips.get(fw), notes, args.trials, threads, python))
                 except KernelmapError as exc:  # OOM at this batch size, a broken install: the rest still runs
                     msg = f"{exc}; {fw} bs {bs} left out of the run"
                     if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):

@@ -341,13 +341,17 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
         ]
         trend, hist = None, None
         if storage:
-            from kernelmap.history import load_history
+            from kernelmap.history import TIME_STATS, load_history
 
             hist = load_history(storage)
-            # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure
-            hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in ("median", "mean", "min") if c in hist})
             p = F.trend_figure(hist, tmp / "trend.png")
-            trend = {"storage": storage, "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
+            # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure, in
+            # columns named by their unit (no unitless seconds beside them)
+            hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in TIME_STATS}).drop(
+                columns=list(TIME_STATS))
+            # the storage by its folder's name, as runs are: no path of this machine on the page
+            trend = {"storage": Path(storage).name or str(storage),
+                     "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
                      "why_empty": "no saved benchmark records framework, mode, device and batch size",
                      "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
                                                                      "device", "batch_size", "unpaired")},

@@ -6,6 +6,7 @@ is empty (the HTML then says there was nothing to draw). Nothing here reads a ru
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -376,7 +377,7 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylabel("achieved TFLOP/s (FLOPs from shapes / summed time)")
     ax.set_title("Achieved throughput of conv and linear work vs device peak"
-                 + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
+                 + "".join(f"\n{line}" for line in textwrap.wrap("; ".join(notes), 130)), fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(frameon=False, fontsize=8, loc="lower left")
     fig.tight_layout()

@@ -75,3 +75,25 @@ def test_noxfile_picks_the_mxnet_extra_by_the_same_verdict(monkeypatch):
     monkeypatch.setattr(noxfile, "_gpu_compute_capability", lambda: None)
     assert noxfile._mxnet_extra() == "mxnet"
     assert noxfile._mxnet_gpu_verdict((8, 9))[0] and not noxfile._mxnet_gpu_verdict((9, 0))[0]
+
+
+def _doctor_text(monkeypatch, capsys, gpus: tuple[gpuinfo.Gpu, ...]) -> tuple[dict, str]:
+    """The doctor's report and text on a machine with ``gpus``, neither nsys nor ncu installed and every
+    framework installed (a probe without GPU facts)."""
+    monkeypatch.setattr(doctor.gpuinfo, "query", lambda: gpuinfo.GpuReport(
+        gpus, "nvidia-smi" if gpus else None, None if gpus else "nvidia-smi not on PATH", None))
+    monkeypatch.setattr(doctor, "find_tool", lambda name: None)
+    monkeypatch.setattr(doctor, "probe_framework", lambda name, **kw: {"installed": True, "version": "1.0"})
+    report = doctor.collect()
+    doctor._print_text(report)
+    return report, capsys.readouterr().out
+
+
+def test_without_a_gpu_absent_gpu_profilers_are_not_missing(monkeypatch, capsys):
+    """On a CPU machine `missing: nsys` read like a failure, though kernelmap runs nsys on GPU work only."""
+    report, text = _doctor_text(monkeypatch, capsys, ())
+    assert report["missing"] == [] and "missing:" not in text, text
+    assert {n["what"] for n in report["notes"]} == {"nsys", "ncu", "NVIDIA GPU"}
+    gpu = gpuinfo.Gpu(0, "NVIDIA H100", "9.0", "570.86.15", 81559, "nvidia-smi")
+    report, text = _doctor_text(monkeypatch, capsys, (gpu,))  # with a GPU they are: each with its fix
+    assert {"nsys", "ncu"} <= {m["what"] for m in report["missing"]} and "missing:" in text

@@ -106,3 +106,16 @@ def test_nox_waits_for_kernelmap_run_to_stop_its_workers():
     grace = inspect.signature(runner.stop_group).parameters["grace_s"].default
     assert min(nf.STOP_TIMEOUTS.values()) > grace
     assert "**STOP_TIMEOUTS" in inspect.getsource(nf.bench)
+
+
+def test_readme_says_where_nox_installs_kernelmap():
+    """`kernelmap` is not on PATH after the quick start: the README names the environment the noxfile
+    installs it into, and each framework environment of its own that `kernelmap run` then needs."""
+    nf = _noxfile()
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())  # lines joined
+    env_bin = (nf.FRAMEWORKS_ENV / "bin").as_posix()
+    assert f"`{env_bin}/kernelmap`" in readme and f"`. {env_bin}/activate`" in readme
+    own = sorted(p.parent.name for p in nf.FRAMEWORKS_DIR.glob("*/own-env.txt"))
+    assert own  # JAX's clashes with MXNet's numpy pin
+    for name in own:
+        assert f"`--python {name}={(nf.own_env(name) / 'bin' / 'python').as_posix()}`" in readme, name

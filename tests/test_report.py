@@ -256,6 +256,20 @@ def test_trend_from_benchmark_storage(tmp_path):
     assert "0001" in hist and "0002" in hist
     img = mpimg.imread(d / "trend.png")[..., :3]
     assert img.var() > 0
+    # times in ms, in columns named by their unit: no seconds without a unit beside them
+    import pandas as pd
+    from test_report_answer import _report_texts
+
+    from kernelmap.history import TIME_STATS, load_history
+
+    saved = load_history(st)
+    table = pd.read_csv(d / "tables" / "trend.csv")
+    assert not set(TIME_STATS) & set(table.columns)
+    for stat in TIME_STATS:
+        assert table[f"{stat}_ms"].tolist() == pytest.approx((saved[stat] * 1e3).tolist(), rel=1e-9), stat
+    assert "median (ms)" in hist
+    leaks = [name for name, text in _report_texts(d).items() if str(tmp_path) in text]  # the storage by name
+    assert not leaks and f"<code>{st.name}</code>" in hist, leaks
 
 
 def test_layer_table_on_real_gpu_records(tmp_path):

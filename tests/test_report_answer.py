@@ -180,7 +180,9 @@ def test_cpu_figures_say_what_is_not_there():
     roof, peaks = A.roofline([run])
     if (roof["level"] == "op").any():  # a CPU trace: forward only, and the figure data says why
         assert set(roof[roof["level"] == "op"]["direction"]) == {"fwd"}
-        assert "backward not shown" in peaks[run.name]["not_shown"]
+        named = peaks[run.name]["not_shown"].partition(":")[0]  # the frameworks it holds for, by name
+        assert named.startswith("backward not shown for ")
+        assert all(A.fw_label(fw) in named for fw in set(roof[roof["level"] == "op"]["framework"])), named
     tl = A.timeline_events(run)
     for fw in set(tl["framework"]):  # every framework's step marks reach the phase lane
         assert (tl[(tl["framework"] == fw) & (tl["lane"] == "phase")]["kind"] == "step").any(), fw
@@ -202,17 +204,45 @@ def test_no_gpu_is_said_once(tmp_path):
         pytest.skip("a GPU is here")
     # --trials 0 is refused after the device decisions are printed, before any work
     proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
-                           "--trials", "0", "--out", str(tmp_path / "run")],
+                           "--profile", "all", "--trials", "0", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "--trials" in proc.stderr
     assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
     assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
+    assert proc.stderr.count("nsys pass skipped") == 1, proc.stderr  # not once per framework x batch size
+    assert "nsys not found" not in proc.stderr  # on the CPU nsys would record nothing: no install advice
 
 
 def test_page_shows_no_local_paths(out):
     page = (out / "report.html").read_text()
     assert str(RUN.resolve()) not in page and str(RUN.resolve().parent) not in page
     assert str(out.resolve().parent) not in page
+
+
+def _report_texts(report_dir: Path) -> dict[str, str]:
+    """Every text file of a report (page, tables, timeline), images' data URIs left out (base64 holds '/')."""
+    return {str(p.relative_to(report_dir)): re.sub(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+", "", p.read_text())
+            for p in sorted(report_dir.rglob("*")) if p.suffix in (".html", ".csv", ".json")}
+
+
+def test_no_report_file_shows_the_paths_the_run_recorded(out):
+    """The manifest records where the run was written and where its data came from (paths on the machine
+    that ran it); the page, the CSV tables and the timeline name the run by its name only."""
+    man = json.loads((RUN / "manifest.json").read_text())
+    local = {man["config"]["out"], man["data"]["path"], str(RUN.resolve()), str(out.resolve())}
+    assert all(p.startswith("/") for p in local)  # absolute paths, each of them
+    leaks = {name: p for name, text in _report_texts(out).items() for p in local if p in text}
+    assert not leaks, leaks
+
+
+def test_sample_report_shows_no_local_paths():
+    """docs/sample-report once showed /tmp/sample/...: no absolute path of the machines that made it."""
+    sample = Path(__file__).resolve().parents[1] / "docs" / "sample-report"
+    texts = _report_texts(sample)
+    assert "report.html" in texts and any(n.startswith("tables") for n in texts)
+    local = re.compile(r"(?<![\w.:/])/(?:tmp|work|root|home|Users|opt|mnt|scratch|var|usr)/[\w.+-]+")
+    leaks = {name: local.findall(text) for name, text in texts.items() if local.search(text)}
+    assert not leaks, leaks
 
 
 def test_compact_table_leaves_out_empty_columns_and_cuts_lists():

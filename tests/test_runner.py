@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import require_framework
 
-from kernelmap import frameworks, manifest, runner, timing
+from kernelmap import frameworks, manifest, rundir, runner, timing
 from kernelmap.errors import KernelmapError
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
@@ -134,6 +134,47 @@ def test_nsys_command_path(tmp_path):
     assert calls[1][:3] == ["export", "--type", "sqlite"]
 
 
+def test_nsys_skip_is_said_once_per_reason():
+    """On a machine without a GPU the nsys pass was skipped with the same line, and nsys's install
+    advice, once per framework x batch size: now one line per reason, naming the frameworks."""
+    cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU found; running on the CPU") for fw in frameworks.FRAMEWORKS}
+    skips = runner.nsys_skips(cpu, None, "fp32")
+    assert set(skips) == set(frameworks.FRAMEWORKS)
+    (line,) = runner.said_once(skips, "nsys pass skipped")
+    assert line.startswith(f"nsys pass skipped ({', '.join(frameworks.FRAMEWORKS)}): ")
+    assert "no CUDA work" in line and "not found" not in line  # installing nsys would not help on the CPU
+    gpu = {fw: runner.Decision(fw, "auto", "gpu", None) for fw in frameworks.FRAMEWORKS}
+    (line,) = runner.said_once(runner.nsys_skips(gpu, None, "fp32"), "nsys pass skipped")
+    assert "nsys not found" in line and "nsight-systems" in line  # on a GPU machine: the fix, once
+    with_nsys = runner.nsys_skips(gpu, "/opt/nsys", "fp32")  # only a framework that opens no capture window
+    assert set(with_nsys) == {fw for fw in frameworks.FRAMEWORKS
+                              if not frameworks.get(fw).nsys_window(runner.worker_own_env(fw, "gpu", "fp32"))}
+    skipped = {**cpu, "jax": runner.Decision("jax", "gpu", None, "--device gpu: ...", explicit=True)}
+    assert "jax" not in runner.nsys_skips(skipped, None, "fp32")  # a framework that does not run has no pass
+
+
+def test_progress_is_one_plain_line_per_worker_that_starts():
+    """The overall progress: a line per worker, n of N, elapsed and (from the second) an ETA, with no
+    carriage return (a log without a terminal reads it); N leaves out the nsys passes skipped here."""
+    import io
+
+    cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU") for fw in frameworks.FRAMEWORKS}
+    passes, trials, n_bs = runner.PROFILES["all"], 3, 2
+    n = runner.planned_workers(list(cpu), n_bs, trials, passes, runner.nsys_skips(cpu, None, "fp32"))
+    captures_that_run = [p for p in passes if p not in ("clean", "nsys")]
+    assert n == n_bs * len(cpu) * (trials + len(captures_that_run))
+    assert runner.planned_workers(list(cpu), n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
+    stream = io.StringIO()
+    progress = runner.RunProgress(n, stream=stream)
+    for k in range(n):
+        progress.start(f"worker {k}")
+        progress.finish()
+    lines = stream.getvalue().split("\n")[:-1]
+    assert "\r" not in stream.getvalue() and len(lines) == n
+    assert f"[1/{n}] worker 0 (elapsed " in lines[0] and "ETA" not in lines[0]
+    assert all(f"[{k + 1}/{n}] worker {k} (elapsed " in line and "ETA ~" in line for k, line in enumerate(lines) if k)
+
+
 # --- the CLI ---------------------------------------------------------------------------------------
 def _run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", *argv], capture_output=True, text=True,
@@ -195,11 +236,24 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
 
 
 def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
+    """Every pass on the CPU. The console holds kernelmap's own lines only: what the workers and their
+    libraries print (Kineto's `USDT: ... profiler_start`, `gpuGetDeviceCount failed with code 35` from a
+    CUDA build without a GPU, third-party warnings) goes to RUN_DIR/logs/."""
     require_framework("pytorch")
     out = tmp_path / "run"
     proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
-                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "libs", "--json")
+                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "all", "--json")
     entry = _check_run(out, "pytorch", proc)
+    console = proc.stderr.splitlines()
+    assert console and all(line.startswith("kernelmap run: ") for line in console), proc.stderr[-3000:]
+    assert sum("nsys pass skipped" in line for line in console) == 1 and "skipped" in entry["passes"]["nsys"]
+    captures = [p for p in runner.PROFILES["all"] if p not in ("clean", "nsys")]  # nsys: none on the CPU
+    n = TRIALS + len(captures)
+    workers = [line for line in console if line.startswith("kernelmap run: [")]
+    assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}]")
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    assert logs == sorted(rundir.worker_log("pytorch", 64, p, t).name for p, t in
+                          [*(("clean", t) for t in range(1, TRIALS + 1)), *((p, None) for p in captures)])
     libs = entry["passes"]["libs"]
     assert libs["steps"] == STEPS and libs["overhead"] == pytest.approx(libs["median_step_s"] / entry["median_step_s"] - 1)
     assert libs["overhead_verdict"] == "too few steps"  # 3 < timing.MIN_CAPTURE_STEPS

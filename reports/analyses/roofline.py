@@ -9,7 +9,7 @@ import pandas as pd
 from kernelmap import schema
 from kernelmap.flops import layer_flops
 
-from .base import Run, _get, peak_flops
+from .base import Run, _get, fw_label, peak_flops
 from .ops import _uniq
 from .timed import _records, timed_events
 
@@ -25,9 +25,11 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
 
     One row per framework x batch size x layer x canonical op x direction: FLOPs per step (from
     the op's ``flops``) over the kernel time per step of that op. Returns (table, peaks) where
-    peaks maps run -> {'gpu', 'fp32', 'tf32'} or a 'note' why no peak is known."""
+    peaks maps run -> {'gpu', 'fp32', 'tf32'} or a 'note' why no peak is known, and 'not_shown':
+    the frameworks whose backward is left out, and why."""
     rows, peaks = [], {}
     for run in runs:
+        no_bwd: list[str] = []  # frameworks whose backward this run's traces cannot place
         name = gpu_name(run)
         pk = peak_flops(name)
         peaks[run.name] = {"gpu": name, **(pk or {})} if pk else {
@@ -51,10 +53,8 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                     model = layer_flops(layer, d, int(t.batch_size))
                     flops = pd.Series([model] * t.n_steps, dtype="float64") if model else flops
                 if flops.empty:
-                    if t.level == "op" and d == "bwd":
-                        peaks[run.name]["not_shown"] = (
-                            "backward not shown: a CPU trace's backward op covers both gradients (data and "
-                            "weight) and records no FLOPs; the model gives FLOPs per gradient only")
+                    if t.level == "op" and d == "bwd" and t.framework not in no_bwd:
+                        no_bwd.append(t.framework)
                     continue
                 ns = float(g["dur_ns"].sum())
                 modes = _uniq(g["math_mode"])
@@ -65,6 +65,10 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                              "ms_per_step": ns / t.n_steps / 1e6,
                              "achieved_flops": float(flops.sum()) / (ns / 1e9) if ns else None,
                              "math_mode": "/".join(modes) if modes else None})
+        if no_bwd:  # named: a framework whose trace splits the gradients (XLA's) shows its backward
+            peaks[run.name]["not_shown"] = (
+                f"backward not shown for {', '.join(fw_label(fw) for fw in no_bwd)}: a CPU trace's backward op "
+                "covers both gradients (data and weight) and records no FLOPs; the model gives FLOPs per gradient only")
     return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "layer", "canonical_op",
                                        "direction", "level", "device", "flops_per_step", "ms_per_step",
                                        "achieved_flops", "math_mode"]), peaks
