@@ -101,12 +101,14 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
 
     # phase and iteration by time containment of the start (any thread), then name rules
     asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
-    phase = C.containing(start, start[rmask], end[rmask], region_ph[rmask])
+    # (for those, a phase region and a step reach to the next one's start, as in mxnet_profiler)
+    region_end = C.until_next(start[rmask], end[rmask]) if asynchronous else end[rmask]
+    phase = C.containing(start, start[rmask], region_end, region_ph[rmask])
     step_end = C.until_next(start[smask], end[smask]) if asynchronous else end[smask]
     step_at = C.region_index(start, start[smask], step_end)
     it_na = step_at < 0  # iteration: step number (int64) where it_na is False
     it_val = np.append(np.array(step_no[smask].tolist(), dtype="int64"), 0)[step_at]
-    if dims is None and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
+    if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
         pos = C.layers_by_position(is_op, out_canon, out_dir, np.where(it_na, np.nan, it_val), start)
         need = has_top & (layer == None)  # noqa: E711
         layer[need] = pos[top[need]]
@@ -141,6 +143,13 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df
+
+
+def _has_shapes(dims) -> bool:
+    """Whether a trace's per-row input shapes (a list of shapes per row) hold any: an adapter gives
+    None where its trace has none, or rows without a list (None, or NaN where its tables were
+    joined)."""
+    return dims is not None and any(isinstance(d, list) for d in dims)
 
 
 def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) -> None:
