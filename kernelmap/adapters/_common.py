@@ -323,8 +323,10 @@ def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.
     if isinstance(values, pd.Series | np.ndarray) and values.dtype == "float64":
         f = np.asarray(values)
         nan = np.isnan(f)
-        if (np.abs(f[~nan]) < 2**63).all():
-            return pd.arrays.IntegerArray(np.where(nan, 0, np.round(f)).astype("int64"), nan)
+        r = np.rint(f)  # round half to even, as np.round
+        r[nan] = 0
+        if not len(r) or (r.min() > -2.0**63 and r.max() < 2.0**63):
+            return pd.arrays.IntegerArray(r.astype("int64"), nan)
     if isinstance(values, pd.Series | np.ndarray) and values.dtype == "int64":
         return pd.arrays.IntegerArray(np.asarray(values, dtype="int64").copy(), np.zeros(len(values), dtype=bool))
     num = pd.to_numeric(pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values,

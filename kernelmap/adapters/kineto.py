@@ -506,4 +506,4 @@ def kernel_library(df: pd.DataFrame) -> None:
             launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
         from_cudnn_op = k & launcher & (lib != "native")
         lib[from_cudnn_op & (lib == None)] = "cuDNN"  # noqa: E711
-    df["library"] = pd.array(lib, dtype="string")
+    df["library"] = strings.string_array(lib)
