@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from kernelmap.frameworks.mxnet import build, built, fatbin
+from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 from kernelmap import cli, doctor, frameworks, runner
 from kernelmap.errors import KernelmapError, ParseError
@@ -322,6 +322,36 @@ def test_verdict_sm80_keeps_the_cu11_wheel_path(tmp_path):
     assert ok and "cu11x wheel carries machine code" in msg
 
 
+def test_loaded_tree_is_judged_by_its_own_library(tmp_path):
+    """The worker judges the tree it loaded (ENV_TREE), not the trees beside it in its home: a tree for
+    sm_90 only, loaded on sm_100 beside one with compute_90 PTX, or on sm_80 where the cu11x wheel
+    would do, cannot run there, and the message names the tree and the GPU's sm."""
+    loaded = _tree(tmp_path, SM90)
+    _tree(tmp_path, MULTI, name="1.9.1-sm80")  # sm_80 + sm_90 cubins, compute_90 PTX: runs on sm_100
+    assert built.gpu_verdict((10, 0), tmp_path)[0] and built.gpu_verdict((8, 0), tmp_path)[0]
+    for cc, sm in (((10, 0), 100), ((8, 0), 80)):
+        ok, msg = built.loaded_verdict(cc, str(loaded))
+        assert not ok
+        assert f"the loaded MXNet tree {loaded} has no code for this GPU (sm_{sm})" in msg
+        assert f"{loaded / built.LIB_RELPATH} holds code for sm_90" in msg and f"--arch {sm}" in msg
+    ok, msg = built.loaded_verdict((9, 0), str(loaded))
+    assert ok and str(loaded / built.LIB_RELPATH) in msg
+    assert built.loaded_verdict((10, 0), str(tmp_path / "1.9.1-sm80"))[0]  # PTX for compute_90
+    (loaded / built.LIB_RELPATH).unlink()
+    ok, msg = built.loaded_verdict((9, 0), str(loaded))
+    assert not ok and f"{loaded / built.LIB_RELPATH} does not exist" in msg
+    # no built tree loaded: the cu11x wheel's verdict
+    assert built.loaded_verdict((8, 0), None) == cuda11.gpu_verdict((8, 0))
+    assert built.loaded_verdict((9, 0), None) == cuda11.gpu_verdict((9, 0))
+
+
+def test_mxnet_worker_judges_the_tree_it_loaded():
+    """workload.py imports mxnet (not here): its GPU check is loaded_verdict of the tree it loaded."""
+    source = (ROOT / "frameworks" / "mxnet" / "workload.py").read_text()
+    assert "built.loaded_verdict(self.compute_capability, BUILT_TREE)" in source
+    assert "gpu_verdict(" not in source
+
+
 def test_partial_trees_are_ignored(tmp_path):
     d = _tree(tmp_path, SM90, name=".1.9.1-sm90.partial-abc")
     assert d.exists()
@@ -412,8 +442,6 @@ def test_built_mxnet_trains_on_the_gpu(tmp_path, hybridize):
 
 def test_preload_real_cuda13_libraries_by_soname(tmp_path):
     """preload finds CUDA 13 / cuDNN 9 under pip's nvidia packages and the libraries report versions."""
-    from kernelmap.frameworks.mxnet import cuda11
-
     roots = cuda11.nvidia_roots()
     if not any((r / "cu13" / "lib" / "libcudart.so.13").exists() for r in roots) or \
             not any((r / "cudnn" / "lib" / "libcudnn.so.9").exists() for r in roots):
@@ -431,8 +459,6 @@ def test_preload_real_cuda13_libraries_by_soname(tmp_path):
 
 
 def _cu13_lib_dir() -> Path | None:
-    from kernelmap.frameworks.mxnet import cuda11
-
     return next((r / "cu13" / "lib" for r in cuda11.nvidia_roots() if (r / "cu13" / "lib" / "libcudart.so.13").exists()),
                 None)
 
