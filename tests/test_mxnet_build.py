@@ -20,7 +20,7 @@ import pytest
 from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 from kernelmap import cli, doctor, frameworks, runner
-from kernelmap.errors import KernelmapError, ParseError
+from kernelmap.errors import KernelmapError, MissingToolError, ParseError
 
 DATA = Path(__file__).parent / "data"
 SM90 = DATA / "cuda_sm90_nvcc13.so"
@@ -479,8 +479,27 @@ def test_loader_cache_found_off_a_users_path(monkeypatch):
     """A non-root user's PATH on Debian has no /sbin, where ldconfig lives."""
     monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
     assert "libc.so.6" in build.loader_cache()
+
+
+def test_missing_ldconfig_is_named_not_a_missing_libc(monkeypatch, tmp_path):
+    """Without ldconfig every system library looked missing ("needs libc.so.6, found in none of its
+    library dirs"): the error names ldconfig and where it was looked for."""
+    monkeypatch.setenv("PATH", "/nowhere/bin")
     monkeypatch.setattr(build.shutil, "which", lambda *a, **k: None)
-    assert build.loader_cache() == "" and build.driver_library() is None
+    where = r"ldconfig not found \(looked on PATH='/nowhere/bin' and in /usr/sbin:/sbin\)"
+    for call in (build.loader_cache, build.driver_library):
+        with pytest.raises(MissingToolError, match=where):
+            call()
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(MissingToolError, match=where) as err:
+        build.unresolved_symbols(SM90, tmp_path, tc)
+    assert err.value.exit_code != 0 and "found in none" not in str(err.value)
+    fake = tmp_path / "ldconfig"  # one that fails
+    fake.write_text("#!/bin/sh\necho 'ldconfig: cannot read /etc/ld.so.cache' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(build.shutil, "which", lambda *a, **k: str(fake))
+    with pytest.raises(MissingToolError, match=r"ldconfig -p exited 1: ldconfig: cannot read /etc/ld.so.cache"):
+        build.loader_cache()
 
 
 def test_unresolved_symbols_names_a_missing_one(tmp_path):
