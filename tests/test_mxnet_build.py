@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -500,6 +501,47 @@ def test_missing_ldconfig_is_named_not_a_missing_libc(monkeypatch, tmp_path):
     monkeypatch.setattr(build.shutil, "which", lambda *a, **k: str(fake))
     with pytest.raises(MissingToolError, match=r"ldconfig -p exited 1: ldconfig: cannot read /etc/ld.so.cache"):
         build.loader_cache()
+
+
+def _gpu_session_build(tmp_path: Path, kit: Path, home: Path) -> subprocess.CompletedProcess:
+    """benches/gpu_mxnet_session.sh build, with a python3 that does nothing (no install, no build)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "KERNELMAP_MXNET_HOME": str(home)}
+    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_mxnet_session.sh"), "build", str(kit),
+                           str(tmp_path / "out"), "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_stops_on_a_carried_tree_that_does_not_unpack(tmp_path):
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    kit.mkdir()
+    (kit / "mxtree.tar.xz.00").write_bytes(b"not xz at all")
+    proc = _gpu_session_build(tmp_path, kit, home)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert f"cannot unpack the carried MXNet tree from {kit}/mxtree.tar.xz.00" in proc.stderr
+    assert "unpacked the carried tree" not in proc.stdout and "started build-mxnet" not in proc.stdout
+    assert list(home.iterdir()) == []  # nothing half-unpacked left to pass for a tree
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
+    tree = _tree(tmp_path / "built", SM90)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+        tar.add(tree, arcname=tree.name)
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    kit.mkdir()
+    half = len(data.getvalue()) // 2
+    (kit / "mxtree.tar.xz.00").write_bytes(data.getvalue()[:half])
+    (kit / "mxtree.tar.xz.01").write_bytes(data.getvalue()[half:])
+    proc = _gpu_session_build(tmp_path, kit, home)
+    assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
+    assert [p.name for p in home.iterdir()] == [tree.name]
+    assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
 
 
 def test_unresolved_symbols_names_a_missing_one(tmp_path):
