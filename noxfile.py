@@ -129,16 +129,17 @@ def _reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+def is_cpu_build(version: str) -> bool:
+    """Whether ``version`` is a CPU-only build of PyTorch's (local label ``+cpu``)."""
+    try:
+        return Version(version).local == "cpu"
+    except InvalidVersion:
+        return False
+
+
 def newest_cpu_builds(versions: list[str]) -> list[str]:
     """The CPU-only builds (local label ``+cpu``) among ``versions``, newest first."""
-    out = []
-    for v in versions:
-        try:
-            if Version(v).local == "cpu":
-                out.append(Version(v))
-        except InvalidVersion:
-            continue
-    return [str(v) for v in sorted(out, reverse=True)]
+    return [str(v) for v in sorted((Version(v) for v in versions if is_cpu_build(v)), reverse=True)]
 
 
 def _pip_json(python: str, *args: str) -> dict | None:
@@ -180,11 +181,21 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
     A CPU build is used only as a pair: torch ``X+cpu`` and a torchvision built for it (PyPI's
     torchvision links the CUDA libraries of PyPI's torch and does not import beside a CPU torch). Where
     PyTorch's CPU index is reachable it is added; otherwise only what pip's own indexes and find-links
-    offer counts. Where no pair resolves, [] (the default build) and the reason."""
-    if _gpu_compute_capability() is not None:
-        return [], "an NVIDIA GPU is present: the default (CUDA) build of torch"
+    offer counts. Where no pair resolves, [] (the default build) and the reason.
+
+    With a GPU, a CPU build already in the environment (made without a GPU, or copied) is replaced by
+    the default (CUDA) build of the same versions: pip counts ``torch==X`` as met by ``X+cpu``, so
+    each ``+cpu`` package is asked for as ``==X,!=X+cpu``, which only another build of X meets."""
     have = _installed(python, "torch", "torchvision")
-    if all(have.get(n, "").endswith("+cpu") for n in ("torch", "torchvision")):
+    if _gpu_compute_capability() is not None:
+        cpu = {n: v for n, v in have.items() if is_cpu_build(v)}
+        if not cpu:
+            return [], "an NVIDIA GPU is present: the default (CUDA) build of torch"
+        return ([f"{n}=={Version(v).public},!={v}" for n, v in cpu.items()],
+                f"an NVIDIA GPU is present, but the environment holds PyTorch's CPU build "
+                f"({', '.join(f'{n} {v}' for n, v in cpu.items())}), which pip counts as installed and "
+                f"which runs on the CPU only: replaced by the default (CUDA) build of the same versions")
+    if all(is_cpu_build(have.get(n, "")) for n in ("torch", "torchvision")):
         return [], f"CPU build of torch already installed (torch {have['torch']}, torchvision {have['torchvision']})"
     index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX) else []
     specs = _pytorch_specs()
@@ -195,7 +206,7 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
         report = _pip_json(python, "install", "--dry-run", "--quiet", "--ignore-installed", "--report", "-",
                            *index, f"torch=={version}", str(specs["torchvision"]))
         chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in (report or {}).get("install", [])}
-        if chosen.get("torchvision", "").endswith("+cpu"):
+        if is_cpu_build(chosen.get("torchvision", "")):
             return ([*index, f"torch=={version}", f"torchvision=={chosen['torchvision']}"],
                     f"no NVIDIA GPU: the CPU build, torch {version} + torchvision {chosen['torchvision']}")
     where = "PyTorch's CPU index" if index else f"pip's indexes here ({TORCH_CPU_INDEX} is not reachable)"
@@ -205,7 +216,8 @@ def torch_cpu_args(python: str) -> tuple[list[str], str]:
 
 def _frameworks_env(session: nox.Session) -> Path:
     """Make (once) and update the shared environment ``FRAMEWORKS_ENV`` with this machine's extras
-    (`_frameworks_extras`; PyTorch's CPU build where there is no NVIDIA GPU, `torch_cpu_args`), put it
+    (`_frameworks_extras`; PyTorch's CPU build where there is no NVIDIA GPU, its CUDA build in place of
+    a CPU one where there is, `torch_cpu_args`), put it
     first on the session's PATH and return its bin directory. Its Python is the session's own; to start
     it afresh, remove the folder (nox -N renews only the session's own environment)."""
     python = FRAMEWORKS_ENV / "bin" / "python"

@@ -7,11 +7,12 @@
 # KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl; or mxtree.tar.xz.NN, parts of a tree built
 # elsewhere (`kernelmap build-mxnet --arch 90` needs no GPU), unpacked instead of building. The build runs in its own session (setsid), so
 # that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
-# MXNet's slowest CUDA objects take longer than one call. The tree: /tmp/mxhome/1.9.1-sm90.
+# MXNet's slowest CUDA objects take longer than one call. The tree: $KERNELMAP_MXNET_HOME/1.9.1-sm90
+# (default /tmp/mxhome). A carried tree that does not unpack stops the script (exit 5), naming its parts.
 # Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
 set -uo pipefail
 phase=$1; src=$(realpath "$2"); out=$(realpath -m "$3"); arg4=${4:-}
-export KERNELMAP_MXNET_HOME=/tmp/mxhome PYTHONUNBUFFERED=1
+export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 mkdir -p "$out"; repo=$(pwd)
 python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
 cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
@@ -19,7 +20,15 @@ tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
 case $phase in
 build|wait)
   if [ -z "$(tree)" ] && ls "$src"/mxtree.tar.xz.* >/dev/null 2>&1; then  # a tree built elsewhere, carried
-    mkdir -p "$KERNELMAP_MXNET_HOME" && cat "$src"/mxtree.tar.xz.* | xz -d | tar -x -C "$KERNELMAP_MXNET_HOME"
+    # unpacked beside the home under a hidden name (no tree to kernelmap), moved in only when whole
+    unpack="$KERNELMAP_MXNET_HOME/.unpack-$$"
+    if ! { rm -rf "$unpack" && mkdir -p "$unpack" && cat "$src"/mxtree.tar.xz.* | xz -d | tar -x -C "$unpack" \
+           && mv "$unpack"/* "$KERNELMAP_MXNET_HOME"/ && rmdir "$unpack"; }; then
+      rm -rf "$unpack"
+      echo "cannot unpack the carried MXNet tree from $(echo "$src"/mxtree.tar.xz.*) (cat | xz -d | tar -x" \
+           "into $KERNELMAP_MXNET_HOME failed, see above)" >&2
+      exit 5
+    fi
     echo "unpacked the carried tree: $(tree)"
   fi
   if [ -z "$(tree)" ] && ! pgrep -f "kernelmap.cli build-mxnet" >/dev/null; then

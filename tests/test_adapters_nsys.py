@@ -5,13 +5,14 @@ does not read dropped, see tests/data/record_gpu_fixtures.py and gpu_fixtures.js
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from kernelmap.adapters import detect, nsys
+from kernelmap.adapters import canonical, detect, nsys
 from kernelmap.errors import ParseError
 
 DATA = Path(__file__).parent / "data"
@@ -161,3 +162,18 @@ def test_queries_on_two_threads_are_pandas_in_order(tmp_path):
     for q, frame in zip(queries, got, strict=True):
         pd.testing.assert_frame_equal(frame, pd.read_sql_query(q, con), check_exact=True)
     con.close()
+
+
+def test_schema_describes_the_nsys_adapter_as_it_is():
+    """docs/SCHEMA.md's nsys entry once said only "emit_nvtx ranges -> op": it names the rules the adapter
+    follows for MXNet's NVTX ranges, and every module.name it cites exists."""
+    schema = (Path(__file__).resolve().parents[1] / "docs" / "SCHEMA.md").read_text()
+    entry = schema.split("* **nsys**:", 1)[1].split("\n* **", 1)[0]
+    cited = set(re.findall(r"`(\w+)\.(\w+)`", entry))
+    assert {("nsys", "nvtx_framework"), ("canonical", "ASYNC_FRAMEWORKS"), ("canonical", "until_next"),
+            ("canonical", "layers_by_position")} <= cited
+    modules = {"nsys": nsys, "canonical": canonical}
+    assert all(hasattr(modules[m], name) for m, name in cited), cited
+    assert "`MX*`" in entry and "not ops" in entry and "`kernelmap:*`" in entry
+    assert nsys._nvtx_is_op(["MXNDArrayWaitAll", "Convolution", "kernelmap:forward"], "mxnet") == [False, True, False]
+    assert (Path(nsys.__file__).parent / "_trace.py").is_file() and "`adapters/_trace.py`" in entry

@@ -13,14 +13,15 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
-from kernelmap.frameworks.mxnet import build, built, fatbin
+from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 from kernelmap import cli, doctor, frameworks, runner
-from kernelmap.errors import KernelmapError, ParseError
+from kernelmap.errors import KernelmapError, MissingToolError, ParseError
 
 DATA = Path(__file__).parent / "data"
 SM90 = DATA / "cuda_sm90_nvcc13.so"
@@ -322,6 +323,36 @@ def test_verdict_sm80_keeps_the_cu11_wheel_path(tmp_path):
     assert ok and "cu11x wheel carries machine code" in msg
 
 
+def test_loaded_tree_is_judged_by_its_own_library(tmp_path):
+    """The worker judges the tree it loaded (ENV_TREE), not the trees beside it in its home: a tree for
+    sm_90 only, loaded on sm_100 beside one with compute_90 PTX, or on sm_80 where the cu11x wheel
+    would do, cannot run there, and the message names the tree and the GPU's sm."""
+    loaded = _tree(tmp_path, SM90)
+    _tree(tmp_path, MULTI, name="1.9.1-sm80")  # sm_80 + sm_90 cubins, compute_90 PTX: runs on sm_100
+    assert built.gpu_verdict((10, 0), tmp_path)[0] and built.gpu_verdict((8, 0), tmp_path)[0]
+    for cc, sm in (((10, 0), 100), ((8, 0), 80)):
+        ok, msg = built.loaded_verdict(cc, str(loaded))
+        assert not ok
+        assert f"the loaded MXNet tree {loaded} has no code for this GPU (sm_{sm})" in msg
+        assert f"{loaded / built.LIB_RELPATH} holds code for sm_90" in msg and f"--arch {sm}" in msg
+    ok, msg = built.loaded_verdict((9, 0), str(loaded))
+    assert ok and str(loaded / built.LIB_RELPATH) in msg
+    assert built.loaded_verdict((10, 0), str(tmp_path / "1.9.1-sm80"))[0]  # PTX for compute_90
+    (loaded / built.LIB_RELPATH).unlink()
+    ok, msg = built.loaded_verdict((9, 0), str(loaded))
+    assert not ok and f"{loaded / built.LIB_RELPATH} does not exist" in msg
+    # no built tree loaded: the cu11x wheel's verdict
+    assert built.loaded_verdict((8, 0), None) == cuda11.gpu_verdict((8, 0))
+    assert built.loaded_verdict((9, 0), None) == cuda11.gpu_verdict((9, 0))
+
+
+def test_mxnet_worker_judges_the_tree_it_loaded():
+    """workload.py imports mxnet (not here): its GPU check is loaded_verdict of the tree it loaded."""
+    source = (ROOT / "frameworks" / "mxnet" / "workload.py").read_text()
+    assert "built.loaded_verdict(self.compute_capability, BUILT_TREE)" in source
+    assert "gpu_verdict(" not in source
+
+
 def test_partial_trees_are_ignored(tmp_path):
     d = _tree(tmp_path, SM90, name=".1.9.1-sm90.partial-abc")
     assert d.exists()
@@ -412,8 +443,6 @@ def test_built_mxnet_trains_on_the_gpu(tmp_path, hybridize):
 
 def test_preload_real_cuda13_libraries_by_soname(tmp_path):
     """preload finds CUDA 13 / cuDNN 9 under pip's nvidia packages and the libraries report versions."""
-    from kernelmap.frameworks.mxnet import cuda11
-
     roots = cuda11.nvidia_roots()
     if not any((r / "cu13" / "lib" / "libcudart.so.13").exists() for r in roots) or \
             not any((r / "cudnn" / "lib" / "libcudnn.so.9").exists() for r in roots):
@@ -431,8 +460,6 @@ def test_preload_real_cuda13_libraries_by_soname(tmp_path):
 
 
 def _cu13_lib_dir() -> Path | None:
-    from kernelmap.frameworks.mxnet import cuda11
-
     return next((r / "cu13" / "lib" for r in cuda11.nvidia_roots() if (r / "cu13" / "lib" / "libcudart.so.13").exists()),
                 None)
 
@@ -453,8 +480,68 @@ def test_loader_cache_found_off_a_users_path(monkeypatch):
     """A non-root user's PATH on Debian has no /sbin, where ldconfig lives."""
     monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
     assert "libc.so.6" in build.loader_cache()
+
+
+def test_missing_ldconfig_is_named_not_a_missing_libc(monkeypatch, tmp_path):
+    """Without ldconfig every system library looked missing ("needs libc.so.6, found in none of its
+    library dirs"): the error names ldconfig and where it was looked for."""
+    monkeypatch.setenv("PATH", "/nowhere/bin")
     monkeypatch.setattr(build.shutil, "which", lambda *a, **k: None)
-    assert build.loader_cache() == "" and build.driver_library() is None
+    where = r"ldconfig not found \(looked on PATH='/nowhere/bin' and in /usr/sbin:/sbin\)"
+    for call in (build.loader_cache, build.driver_library):
+        with pytest.raises(MissingToolError, match=where):
+            call()
+    tc = build.Toolchain(Path("/x/nvcc"), tmp_path, "13.0", [], [], Path("/x/cudnn.h"))
+    with pytest.raises(MissingToolError, match=where) as err:
+        build.unresolved_symbols(SM90, tmp_path, tc)
+    assert err.value.exit_code != 0 and "found in none" not in str(err.value)
+    fake = tmp_path / "ldconfig"  # one that fails
+    fake.write_text("#!/bin/sh\necho 'ldconfig: cannot read /etc/ld.so.cache' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(build.shutil, "which", lambda *a, **k: str(fake))
+    with pytest.raises(MissingToolError, match=r"ldconfig -p exited 1: ldconfig: cannot read /etc/ld.so.cache"):
+        build.loader_cache()
+
+
+def _gpu_session_build(tmp_path: Path, kit: Path, home: Path) -> subprocess.CompletedProcess:
+    """benches/gpu_mxnet_session.sh build, with a python3 that does nothing (no install, no build)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "KERNELMAP_MXNET_HOME": str(home)}
+    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_mxnet_session.sh"), "build", str(kit),
+                           str(tmp_path / "out"), "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_stops_on_a_carried_tree_that_does_not_unpack(tmp_path):
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    kit.mkdir()
+    (kit / "mxtree.tar.xz.00").write_bytes(b"not xz at all")
+    proc = _gpu_session_build(tmp_path, kit, home)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert f"cannot unpack the carried MXNet tree from {kit}/mxtree.tar.xz.00" in proc.stderr
+    assert "unpacked the carried tree" not in proc.stdout and "started build-mxnet" not in proc.stdout
+    assert list(home.iterdir()) == []  # nothing half-unpacked left to pass for a tree
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
+    tree = _tree(tmp_path / "built", SM90)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+        tar.add(tree, arcname=tree.name)
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    kit.mkdir()
+    half = len(data.getvalue()) // 2
+    (kit / "mxtree.tar.xz.00").write_bytes(data.getvalue()[:half])
+    (kit / "mxtree.tar.xz.01").write_bytes(data.getvalue()[half:])
+    proc = _gpu_session_build(tmp_path, kit, home)
+    assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
+    assert [p.name for p in home.iterdir()] == [tree.name]
+    assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
 
 
 def test_unresolved_symbols_names_a_missing_one(tmp_path):

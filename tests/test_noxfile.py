@@ -96,6 +96,26 @@ def test_torch_cpu_build_only_without_a_gpu_and_only_as_a_pair(monkeypatch):
     assert nf.torch_cpu_args("py")[0] == [] and calls == []
 
 
+def test_gpu_machine_replaces_a_cpu_torch_already_installed(monkeypatch):
+    """.nox/frameworks made without a GPU (or copied) holds torch +cpu; on a GPU machine pip would count
+    `torch>=2.11` as met and PyTorch would run on the CPU: the CPU builds are excluded by version."""
+    from packaging.requirements import Requirement
+
+    nf = _noxfile()
+    calls = _machine(monkeypatch, nf, gpu=(9, 0), installed={"torch": "2.14.1+cpu", "torchvision": "0.29.1+cpu"})
+    args, why = nf.torch_cpu_args("py")
+    assert args == ["torch==2.14.1,!=2.14.1+cpu", "torchvision==0.29.1,!=0.29.1+cpu"] and calls == []
+    assert "GPU is present" in why and "torch 2.14.1+cpu" in why and "CUDA" in why
+    for arg, cpu, cuda in zip(args, ("2.14.1+cpu", "0.29.1+cpu"), ("2.14.1", "0.29.1"), strict=True):
+        spec = Requirement(arg).specifier  # as pip reads it (PEP 440: == ignores local labels, != does not)
+        assert not spec.contains(cpu) and spec.contains(cuda) and spec.contains(cuda + "+cu128")
+    # Only the package that is a CPU build is asked for again; a CUDA pair is left as it is.
+    _machine(monkeypatch, nf, gpu=(9, 0), installed={"torch": "2.14.1+cpu", "torchvision": "0.29.1"})
+    assert nf.torch_cpu_args("py")[0] == ["torch==2.14.1,!=2.14.1+cpu"]
+    _machine(monkeypatch, nf, gpu=(9, 0), installed={"torch": "2.14.1", "torchvision": "0.29.1"})
+    assert nf.torch_cpu_args("py") == ([], "an NVIDIA GPU is present: the default (CUDA) build of torch")
+
+
 def test_nox_waits_for_kernelmap_run_to_stop_its_workers():
     """nox's own 0.3 s + 0.2 s before SIGKILL left a worker running and the .partial directory."""
     import inspect

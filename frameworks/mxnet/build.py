@@ -337,16 +337,25 @@ def make_cuda_root(tc: Toolchain, dest: Path) -> Path:
     return dest
 
 
+LDCONFIG_DIRS = "/usr/sbin:/sbin"  # Debian keeps ldconfig in /sbin, which is not on a non-root user's PATH
+
+
 def loader_cache() -> str:
-    """``ldconfig -p``: the dynamic loader's cache, or "" where ldconfig cannot be run. Debian keeps
-    ldconfig in /sbin, which is not on a non-root user's PATH."""
-    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/usr/sbin:/sbin")
+    """``ldconfig -p``: the dynamic loader's cache (the system libraries libmxnet.so needs, the CUDA
+    driver's). ``MissingToolError`` where ldconfig is not found (on PATH, then in ``LDCONFIG_DIRS``) or
+    fails: without the cache every system library would look missing."""
+    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path=LDCONFIG_DIRS)
     if ldconfig is None:
-        return ""
+        raise MissingToolError(f"ldconfig not found (looked on PATH={os.environ.get('PATH', '')!r} and in "
+                               f"{LDCONFIG_DIRS}): it lists the system libraries libmxnet.so needs and the "
+                               "CUDA driver; install glibc's (Debian: libc-bin)")
     try:
-        return subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
-    except OSError:
-        return ""
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True)
+    except OSError as exc:
+        raise MissingToolError(f"{ldconfig} -p: cannot run it: {exc.strerror or exc}") from None
+    if out.returncode != 0:
+        raise MissingToolError(f"{ldconfig} -p exited {out.returncode}: {out.stderr.strip()[:200]}")
+    return out.stdout
 
 
 def driver_library() -> Path | None:

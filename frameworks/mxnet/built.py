@@ -119,6 +119,23 @@ def gpu_verdict(compute_capability: tuple[int, int], home: Path | None = None) -
     return False, f"{message}; {why} (build one: kernelmap build-mxnet)"
 
 
+def loaded_verdict(compute_capability: tuple[int, int], tree_path: str | os.PathLike | None) -> tuple[bool, str]:
+    """Whether the MXNet loaded in this process can run kernels on this GPU: the built tree at
+    ``tree_path`` (``ENV_TREE``) judged by its own library's archs, never by the other trees in its
+    home; without a tree, the mxnet-cu11x wheel's verdict."""
+    major, minor = (int(v) for v in compute_capability)
+    if not tree_path:
+        return cuda11.gpu_verdict((major, minor))
+    sm = major * 10 + minor
+    tree = BuiltTree(Path(tree_path))
+    summary = fatbin.read_archs(tree.lib) if tree.lib.is_file() else None
+    if summary is not None and summary.runs_on(sm):
+        return True, f"sm_{sm}: MXNet built by kernelmap build-mxnet: {tree.lib} holds code for {summary.describe()}"
+    has = f"holds code for {summary.describe()}" if summary is not None else "does not exist"
+    return False, (f"the loaded MXNet tree {tree.path} has no code for this GPU (sm_{sm}): {tree.lib} {has} "
+                   f"(build one for it: kernelmap build-mxnet --arch {sm})")
+
+
 def tree_for_gpu(compute_capability: str | None, home: Path | None = None) -> BuiltTree | None:
     """The built tree to use on a GPU of compute capability ``"9.0"``, or None."""
     if not compute_capability:

@@ -107,12 +107,9 @@ class Workload(spec.WorkloadBase):
             self.ctx = mx.gpu(0)
             self.compute_capability = _compute_capability(self.ctx)
             if self.compute_capability is not None:
-                # the MXNet loaded here: a tree built for this GPU (judged by its library's archs), else the
+                # the MXNet loaded here: the built tree (judged by its own library's archs), else the
                 # cu11x wheel (sm <= 86)
-                if BUILT_TREE:
-                    ok, message = built.gpu_verdict(self.compute_capability, Path(BUILT_TREE).parent)
-                else:
-                    ok, message = cuda11.gpu_verdict(self.compute_capability)
+                ok, message = built.loaded_verdict(self.compute_capability, BUILT_TREE)
                 if not ok:
                     raise MissingToolError(f"mxnet on the GPU: {message}")
         else:

@@ -10,7 +10,9 @@ needs; a missing required table/column raises ParseError naming it. Everything i
 * ``CUPTI_ACTIVITY_KIND_MEMCPY`` / ``_MEMSET`` -> memcpy / memset rows
 * ``NVTX_EVENTS`` ranges (push/pop 59, start/end 60) -> ``op`` rows for ``emit_nvtx`` ranges
   (``aten::conv2d, seq = 12, op_id = 34, sizes = [[...]], ...``: name, seq and sizes parsed from
-  the fields), ``step``/``annotation`` rows for other ranges (``kernelmap:*``, user ranges)
+  the fields) and for MXNet's operator ranges (the framework told from the texts, ``nvtx_framework``;
+  its C API ranges ``MX*`` are not ops), ``step``/``annotation`` rows for other ranges (``kernelmap:*``,
+  user ranges)
 * ``CUDNN_EVENTS`` / ``CUBLAS_EVENTS`` (nsys ``--trace=cudnn,cublas``) -> library_call rows
 
 ``tid``/``pid`` are decoded from nsys' ``globalTid`` (pid = bits 24..47, tid = low 24 bits).
