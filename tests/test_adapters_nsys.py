@@ -143,27 +143,6 @@ def test_native_query_is_pandas(tmp_path, select, native):
     con.close()
 
 
-def test_queries_on_two_threads_are_pandas_in_order(tmp_path):
-    """``nsys._queries``: every query's frame, in the order asked, whether the native reader (two
-    threads) or pandas (where the native reader steps aside) reads it."""
-    import pandas as pd
-
-    if nsys._native is None:
-        pytest.skip("the native helpers are not built here")
-    db = tmp_path / "t.sqlite"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE t (a INTEGER, n INTEGER, txt TEXT)")
-    con.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, None if i % 3 else i, f"t{i % 7}") for i in range(5000)])
-    con.commit()
-    queries = [f"SELECT a, txt FROM t WHERE a % 4 = {k}" for k in range(4)] + ["SELECT a, n FROM t"]  # last: pandas
-    assert nsys._native.query(str(db), queries[-1]) is None
-    got = list(nsys._queries(con, db, queries))
-    assert len(got) == len(queries)
-    for q, frame in zip(queries, got, strict=True):
-        pd.testing.assert_frame_equal(frame, pd.read_sql_query(q, con), check_exact=True)
-    con.close()
-
-
 def test_schema_describes_the_nsys_adapter_as_it_is():
     """docs/SCHEMA.md's nsys entry once said only "emit_nvtx ranges -> op": it names the rules the adapter
     follows for MXNet's NVTX ranges, and every module.name it cites exists."""

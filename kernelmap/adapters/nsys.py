@@ -153,10 +153,10 @@ def _resolve(con, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: Path | None = None) -> pd.DataFrame:
-    jobs: list[tuple[str, object]] = []  # (query, what makes its rows a frame of records), in frame order
+    frames = []
 
-    def resolved(frame: pd.DataFrame) -> pd.DataFrame:
-        return _resolve(con, frame)
+    def sql(q: str) -> pd.DataFrame:
+        return _query(con, db, q)
 
     if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables and "NVTX_EVENTS" not in tables \
             and "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
@@ -173,61 +173,53 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         grid = ", ".join(f'k."{c}" AS {c.lower()[:-1]}_{c[-1].lower()}' if c in have else f"NULL AS {c.lower()[:-1]}_{c[-1].lower()}"
                          for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
         gpid = 'k."globalPid"' if "globalPid" in have else "NULL"
-        jobs.append((
+        frames.append(_resolve(con, sql(
             f'SELECT \'kernel\' AS kind, k.start AS start_ns, k."end" - k.start AS dur_ns, k.correlationId AS correlation_id, '
-            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k', resolved))
+            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k')))
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "correlationId", "bytes"))
             stream = "streamId" if "streamId" in have else "NULL"
-            jobs.append((
+            frames.append(sql(
                 f"SELECT '{kind}' AS kind, start AS start_ns, \"end\" - start AS dur_ns, correlationId AS correlation_id, "
-                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}", None))
+                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}"))
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "correlationId", "nameId", "globalTid"))
         name = _named(con, path, t, "nameId", "r", tables, "op_name")
-        jobs.append((
+        frames.append(_resolve(con, sql(
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
-            f"{name}, r.globalTid AS gtid FROM {t} r", resolved))
+            f"{name}, r.globalTid AS gtid FROM {t} r")))
     t = "NVTX_EVENTS"
-    dims = None
+    dims = nv = None
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "eventType", "globalTid"))
         text = 'n."text"' if "text" in have else "NULL"
         text_id = "n.textId" if "textId" in have and "StringIds" in tables else "NULL"
-
-        def nvtx(nv: pd.DataFrame) -> pd.DataFrame:
-            nonlocal framework
-            ids = nv.pop("text_id")
-            if ids.notna().any():  # the text itself where the row has one, else its StringIds value
-                nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
-            framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
-            return _nvtx(nv, framework)
-
-        jobs.append((
+        nv = sql(
             f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, {text_id} AS text_id, "
-            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL", nvtx))
+            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL")
+        ids = nv.pop("text_id")
+        if ids.notna().any():  # the text itself where the row has one, else its StringIds value
+            nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
+        framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
+        frames.append(_nvtx(nv, framework))
     for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
         if t in tables:
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "nameId", "globalTid"))
             name = _named(con, path, t, "nameId", "l", tables, "library_call")
-            jobs.append((
+            frames.append(_resolve(con, sql(
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
-                f"{name}, l.globalTid AS gtid FROM {t} l", resolved))
-    frames = []
-    for (_, post), frame in zip(jobs, _queries(con, db, [q for q, _ in jobs]), strict=True):
-        frames.append(post(frame) if post else frame)
-        del frame
+                f"{name}, l.globalTid AS gtid FROM {t} l")))
     for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
         if "gtid" in f:
             f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    del frames  # their rows are in df now (peak memory: not both alive)
+    del frames, nv  # their rows are in df now (peak memory: not both alive)
     bad = int((strings.eq(df["kind"], "kernel") & strings.isna(df["kernel_name"])).sum()) if "kernel_name" in df else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
@@ -262,32 +254,12 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     return out
 
 
-def _queries(con, db: Path | None, queries: list[str]):
-    """``_query`` of each query, in order: by the native helper on two threads where it is built
-    (it opens its own connection per query and runs without the GIL), else one at a time."""
-    if _native is None or db is None or len(queries) < 2:
-        for q in queries:
-            yield _query(con, db, q)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kernelmap-sqlite") as pool:
-        pending = [pool.submit(_native.query, str(db), q) for q in queries]
-        for q, fut in zip(queries, pending, strict=True):
-            got = fut.result()
-            yield pd.read_sql_query(q, con) if got is None else _frame(got)
-            del got
-
-
 def _query(con, db: Path | None, q: str) -> pd.DataFrame:
     """``pd.read_sql_query(q, con)``: the same frame, read by the native helper where it can
     (integer, text and NULL columns as pandas gives them: int64, object str/None), else by pandas."""
     got = _native.query(str(db), q) if _native is not None and db is not None else None
-    return pd.read_sql_query(q, con) if got is None else _frame(got)
-
-
-def _frame(got) -> pd.DataFrame:
-    """The frame of the native helper's columns (``query``'s answer)."""
+    if got is None:
+        return pd.read_sql_query(q, con)
     rows, got = got
     cols = {}
     for name, vals in got:
