@@ -143,7 +143,7 @@ def worker_env(framework: str, device: str) -> dict[str, str]:
         return dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     desc = registry.get(framework)
     own = (desc.worker_env(None) or {}) if desc.worker_env else {}
-    return {**os.environ, **spec.Math.FP32.env(), **own}
+    return spec.Math.FP32.apply({**os.environ, **own})
 
 
 def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
                       device=config.device, versions=workload.versions(), pid=os.getpid(),
                       math=config.math if config.device == "gpu" else "fp32",
-                      tf32_override=os.environ.get("NVIDIA_TF32_OVERRIDE"))
+                      tf32_override=os.environ.get(spec.TF32_OVERRIDE))
     except KernelmapError as exc:
         print(f"kernelmap-worker: error: {exc}", file=sys.stderr)
         return 2
