@@ -582,7 +582,14 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
         ran = {r["framework"]: r["device"] for r in results}
-        parities = _parity(train, args.batch_size[0], ran, python)
+        parity_failed: str | None = None
+        try:
+            parities = _parity(train, args.batch_size[0], ran, python)
+        except KernelmapError as exc:  # MissingToolError included: the finished run is kept, the failure said
+            parities, parity_failed = {}, str(exc)
+            msg = f"parity failed: {parity_failed}; the run is kept without parity figures"
+            print(f"kernelmap run: {msg}", file=sys.stderr)
+            notes.append(msg)
         for fw, parity in parities.items():
             rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
             if not parity["passed"]:
@@ -607,6 +614,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         man["notes"] = notes
         man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": p["passed"], "file": rundir.parity_name(fw)}
                          for fw, p in parities.items()} or None
+        man["parity_failed"] = parity_failed
         run_dir = rundir.RunDir(tmp)
         run_dir.write_json(run_dir.manifest, man)
         run_dir.write_json(run_dir.results, results)
@@ -629,6 +637,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
         "notes": notes,
         "parity_passed": {fw: p["passed"] for fw, p in parities.items()} or None,
+        "parity_failed": parity_failed,
     }
     if normalise_error is not None:
         raise KernelmapError(f"{out}: the run is complete but normalising its captures failed: {normalise_error}; "

@@ -342,3 +342,40 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
     note = f"{framework} bs 60000 (clean pass trial 1/3, cpu): out of memory at batch size 60000; try a smaller --batch-size"
     assert any(n.startswith(note) for n in summary["notes"]), summary["notes"]
     assert [r["batch_size"] for r in json.loads((out / "results.json").read_text())] == [32]
+
+
+def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
+    """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
+    worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
+    from kernelmap import cli
+    from kernelmap import parity as parity_mod
+    from kernelmap.errors import MissingToolError
+    from reports.analyses.base import load_run
+
+    def fake_run_one(fw, decision, bs, *rest):
+        return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
+                "device_note": decision.note, "median_step_s": 0.01, "ci95_low_s": None, "ci95_high_s": None,
+                "ci95_half_width_rel": None, "noisy": None, "n_trials": 1, "iqr_step_s": 0.0, "images_per_s": 6400.0,
+                "e2e_step_s": None, "e2e_images_per_s": None, "test_accuracy": None, "passes": {"clean": {}},
+                "versions": {"framework": fw}}
+
+    why = "parity: the second worker cannot start; fix: install it"
+
+    def failing_parity(**kw):
+        raise MissingToolError(why)
+
+    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+    monkeypatch.setattr(parity_mod, "compute_parity", failing_parity)
+    out = tmp_path / "run"
+    args = cli.build_parser(["run"]).parse_args(
+        ["run", "--framework", "all", "--device", "cpu", "--steps", "3", "--trials", "1", "--profile", "none",
+         "--data", "synthetic", "--out", str(out), "--json"])
+    summary = runner.execute(args)
+    assert summary["parity_failed"] == why and summary["parity_passed"] is None
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["parity_failed"] == why and man["parity"] is None
+    assert [n for n in man["notes"] if why in n] and why in capsys.readouterr().err
+    assert (out / "results.json").is_file()
+    problems = load_run(out).problems
+    assert [p for p in problems if p.startswith("parity failed") and why in p], problems
