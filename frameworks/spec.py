@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,15 +54,21 @@ PIXEL_STD = 0.3081
 
 
 # --- the GPU math mode -----------------------------------------------------------------------
+TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"  # "0": cuBLAS, cuBLASLt and cuDNN never use TF32
+
+
 class Math(enum.Enum):
     """The arithmetic every framework is held to on the GPU, so that their convs and matmuls compare
     like with like. The frameworks' defaults differ (PyTorch: TF32 convs, fp32 matmuls; MXNet 1.9 on
     CUDA >= 11: TF32 cuBLAS GEMMs and cuDNN's default math; XLA: TF32 unless asked for "highest").
 
     ``FP32``: no TF32 anywhere: ``NVIDIA_TF32_OVERRIDE=0`` in every GPU worker's environment (cuBLAS,
-    cuBLASLt and cuDNN honour it whatever the framework asks) and each framework's own switch off.
-    ``TF32``: TF32 allowed in every framework's convs and matmuls (each framework's switch on).
-    The library logs' ``math_mode`` column shows what each call really ran."""
+    cuBLASLt and cuDNN honour it whatever the framework asks), and the switch of each framework that has
+    one off (PyTorch's ``allow_tf32`` flags, XLA's ``highest`` precision; MXNet has none: the variable
+    alone holds it). ``TF32``: TF32 allowed in every framework's convs and matmuls (PyTorch's and XLA's
+    switches on, MXNet's defaults) and no ``NVIDIA_TF32_OVERRIDE`` in the worker's environment, even one
+    inherited from the user's shell (``apply``). The library logs' ``math_mode`` column shows what each
+    call really ran; each result records the variable its worker saw (``tf32_override``)."""
 
     FP32 = "fp32"
     TF32 = "tf32"
@@ -71,9 +77,14 @@ class Math(enum.Enum):
     def tf32(self) -> bool:
         return self is Math.TF32
 
-    def env(self) -> dict[str, str]:
-        """The worker environment this mode needs (set before any framework loads its libraries)."""
-        return {"NVIDIA_TF32_OVERRIDE": "0"} if self is Math.FP32 else {}
+    def apply(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` as a GPU worker of this mode must get it (before any framework loads its libraries):
+        fp32 sets ``NVIDIA_TF32_OVERRIDE=0``; tf32 drops the variable, which would hold every library to
+        fp32 under a tf32 label."""
+        out = {k: v for k, v in env.items() if k != TF32_OVERRIDE}
+        if self is Math.FP32:
+            out[TF32_OVERRIDE] = "0"
+        return out
 
 
 MATH_DEFAULT = Math.FP32

@@ -143,21 +143,21 @@ def worker_env(framework: str, device: str) -> dict[str, str]:
         return dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     desc = registry.get(framework)
     own = (desc.worker_env(None) or {}) if desc.worker_env else {}
-    return {**os.environ, **spec.Math.FP32.env(), **own}
+    return spec.Math.FP32.apply({**os.environ, **own})
 
 
 def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,
                  frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> dict[str, dict]:
     """Start one worker per framework (concurrently on the CPU, one after the other on the GPU),
-    wait for all, read their ``.npz`` files."""
+    wait for all, read their ``.npz`` files. Each worker has ``timeout`` seconds from its own start."""
     where = interpreters(frameworks, python)
     procs: dict[str, subprocess.Popen] = {}
     stderr: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
+    deadline: dict[str, float] = {}
 
     def finish(fw: str) -> None:
         try:
-            stderr[fw] = procs[fw].communicate(timeout=max(deadline - time.monotonic(), 0.1))[1]
+            stderr[fw] = procs[fw].communicate(timeout=max(deadline[fw] - time.monotonic(), 0.1))[1]
         except subprocess.TimeoutExpired:
             raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
 
@@ -165,6 +165,7 @@ def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: 
         for fw in frameworks:
             cmd = [where[fw], "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
             cmd += ["--result", str(workdir / f"{fw}.npz"), "--params", json.dumps(params)]
+            deadline[fw] = time.monotonic() + timeout
             procs[fw] = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(fw, params["device"])
             )

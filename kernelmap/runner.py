@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -217,17 +218,26 @@ def _nsys_skip_reason(nsys: str | None, device: str, has_window: bool, label: st
     return None
 
 
-def worker_own_env(framework: str, device: str, math: str) -> dict[str, str]:
+def worker_own_env(framework: str, device: str) -> dict[str, str]:
     """The environment a framework's workers add on the GPU: its own (an MXNet built for this GPU: its
-    tree first on PYTHONPATH) and the math mode's, set before the framework loads its libraries. None on
-    the CPU."""
+    tree first on PYTHONPATH), set before the framework loads its libraries. None on the CPU."""
     if device != "gpu":
         return {}
     descriptor = frameworks.get(framework)
-    return {**((descriptor.worker_env(None) or {}) if descriptor.worker_env else {}), **Math(math).env()}
+    return dict((descriptor.worker_env(None) or {}) if descriptor.worker_env else {})
 
 
-def nsys_skips(decisions: dict[str, Decision], nsys: str | None, math: str) -> dict[str, str]:
+def worker_environ(device: str, math: str, *layers: Mapping[str, str]) -> dict[str, str]:
+    """A worker's whole environment: this process's, then ``layers`` in order; on the GPU the math
+    mode's rule last (``spec.Math.apply``: fp32 sets NVIDIA_TF32_OVERRIDE=0, tf32 removes one inherited
+    from here). The CPU has no TF32: its environment keeps what it inherits."""
+    env = dict(os.environ)
+    for layer in layers:
+        env.update(layer)
+    return Math(math).apply(env) if device == "gpu" else env
+
+
+def nsys_skips(decisions: dict[str, Decision], nsys: str | None) -> dict[str, str]:
     """Why the nsys pass of each framework that runs records nothing here ({framework: reason}; a
     framework whose nsys pass runs is left out)."""
     out = {}
@@ -235,7 +245,7 @@ def nsys_skips(decisions: dict[str, Decision], nsys: str | None, math: str) -> d
         if d.device is None:
             continue
         descriptor = frameworks.get(fw)
-        why = _nsys_skip_reason(nsys, d.device, descriptor.nsys_window(worker_own_env(fw, d.device, math)),
+        why = _nsys_skip_reason(nsys, d.device, descriptor.nsys_window(worker_own_env(fw, d.device)),
                                 descriptor.label)
         if why is not None:
             out[fw] = why
@@ -355,11 +365,11 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
     threads_env = thread_env(threads)
     clean_trials: list[dict[str, Any]] = []
     pass_results: dict[str, dict[str, Any]] = {}
-    own_env = worker_own_env(fw, decision.device, train["math"])
+    own_env = worker_own_env(fw, decision.device)
     for p in passes:
         label = f"{fw} bs {bs} ({p} pass, {decision.device})"
         cmd = [*base, "--pass", p]
-        env = {**os.environ, **threads_env, **own_env}
+        env = worker_environ(decision.device, train["math"], threads_env, own_env)
         stdout_path = None
         if p == "clean":
             # K independent trials, each its own process; the first one also measures accuracy.
@@ -537,7 +547,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
         raise MissingToolError(f"nothing can run ({', '.join(chosen)}): " + "; ".join(notes_))
     nsys = doctor.find_tool("nsys") if "nsys" in passes else None
-    skips = nsys_skips(decisions, nsys, train["math"]) if "nsys" in passes else {}
+    skips = nsys_skips(decisions, nsys) if "nsys" in passes else {}
     for line in said_once(skips, "nsys pass skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
 
@@ -572,7 +582,14 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
         ran = {r["framework"]: r["device"] for r in results}
-        parities = _parity(train, args.batch_size[0], ran, python)
+        parity_failed: str | None = None
+        try:
+            parities = _parity(train, args.batch_size[0], ran, python)
+        except KernelmapError as exc:  # MissingToolError included: the finished run is kept, the failure said
+            parities, parity_failed = {}, str(exc)
+            msg = f"parity failed: {parity_failed}; the run is kept without parity figures"
+            print(f"kernelmap run: {msg}", file=sys.stderr)
+            notes.append(msg)
         for fw, parity in parities.items():
             rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
             if not parity["passed"]:
@@ -597,6 +614,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         man["notes"] = notes
         man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": p["passed"], "file": rundir.parity_name(fw)}
                          for fw, p in parities.items()} or None
+        man["parity_failed"] = parity_failed
         run_dir = rundir.RunDir(tmp)
         run_dir.write_json(run_dir.manifest, man)
         run_dir.write_json(run_dir.results, results)
@@ -619,6 +637,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
         "notes": notes,
         "parity_passed": {fw: p["passed"] for fw, p in parities.items()} or None,
+        "parity_failed": parity_failed,
     }
     if normalise_error is not None:
         raise KernelmapError(f"{out}: the run is complete but normalising its captures failed: {normalise_error}; "

@@ -1,14 +1,15 @@
 """How kernelmap times a training step, and what its figures mean (one rule per fact).
 
-The clean pass fetches its batches onto the device in windows (the loader is timed on its own),
-then runs the steps of a window back to back and synchronises the device only every
-``BLOCK_STEPS`` steps: a *sample* is the wall time of one block divided by its steps, so no
-per-step synchronisation adds launch gaps. ``kernelmap run`` repeats the clean pass in ``trials``
-separate processes; the step figure is the median of all samples, with a 95% confidence interval
-from a two-level bootstrap (trials, then samples within a trial), so that a trial-to-trial shift
-widens the interval as it should. Capture passes synchronise after every step (their traces need
-step boundaries), and their overhead is called an overhead only where their median lies outside
-the clean pass's interval.
+The clean pass fetches its batches onto the device in windows of ``WINDOW_STEPS`` (the loader is
+timed on its own), then runs the steps of a window back to back and synchronises the device only
+every ``BLOCK_STEPS`` steps. Python's garbage collector is off within a window and collects in full
+between windows, outside every clock (``GC_RULE``), so whole epochs never run without it. A
+*sample* is the wall time of one block divided by its steps, so no per-step synchronisation adds
+launch gaps. ``kernelmap run`` repeats the clean pass in ``trials`` separate processes; the step
+figure is the median of all samples, with a 95% confidence interval from a two-level bootstrap
+(trials, then samples within a trial), so that a trial-to-trial shift widens the interval as it
+should. Capture passes synchronise after every step (their traces need step boundaries), and their
+overhead is called an overhead only where their median lies outside the clean pass's interval.
 
 Nothing here imports a framework.
 """
@@ -32,13 +33,15 @@ BOOTSTRAP_SEED = 20261122
 # CPU thread settings the runner sets equally for every framework's worker (which records them).
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
+GC_RULE = (f"Python's garbage collector off within each window of up to {WINDOW_STEPS} timed steps, "
+           f"the fetching of its batches included, and run in full before each window, outside the timing")
 STEP_METHOD = (f"training step only, batches already on the device; one sample = a block of up to "
-               f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps; Python's "
-               f"garbage collector off during the timed steps (collected before them)")
-E2E_METHOD = (f"end to end with the loader: wall time of the timed steps including fetching their batches "
-              f"onto the device ({WINDOW_STEPS} at a time) / steps")
+               f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps; {GC_RULE}")
+E2E_METHOD = (f"end to end with the loader: wall time of the timed windows, each fetching its batches onto "
+              f"the device ({WINDOW_STEPS} at a time) then running its steps, / steps; {GC_RULE}")
 CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace needs step boundaries); "
-                  "garbage collector off during the timed steps")
+                  "all its batches fetched before the capture; garbage collector off during the timed "
+                  "steps (collected before them)")
 
 
 class OverheadVerdict(enum.StrEnum):

@@ -14,10 +14,24 @@ from kernelmap import parity
 from kernelmap.adapters import nsys
 
 
-def test_fp32_turns_tf32_off_in_every_library_through_the_environment():
-    assert spec.Math.FP32.env() == {"NVIDIA_TF32_OVERRIDE": "0"}
-    assert spec.Math.TF32.env() == {}
+@pytest.mark.parametrize("inherited", [None, "0", "1"])
+def test_fp32_turns_tf32_off_in_every_library_and_tf32_drops_an_inherited_override(inherited):
+    base = {"PATH": "/bin"} if inherited is None else {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": inherited}
+    assert spec.Math.FP32.apply(base) == {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": "0"}
+    assert spec.Math.TF32.apply(base) == {"PATH": "/bin"}  # a shell's "0" would run fp32 under a tf32 label
     assert spec.MATH_DEFAULT is spec.Math.FP32 and spec.TrainConfig().math == "fp32"
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "mxnet", "jax"])
+def test_run_worker_environment_under_an_inherited_override(framework, monkeypatch):
+    from kernelmap import runner
+
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    own = runner.worker_own_env(framework, "gpu")
+    assert "NVIDIA_TF32_OVERRIDE" not in runner.worker_environ("gpu", "tf32", {"OMP_NUM_THREADS": "2"}, own)
+    fp32 = runner.worker_environ("gpu", "fp32", {"OMP_NUM_THREADS": "2"}, own)
+    assert fp32["NVIDIA_TF32_OVERRIDE"] == "0" and fp32["OMP_NUM_THREADS"] == "2"
+    assert runner.worker_environ("cpu", "tf32")["NVIDIA_TF32_OVERRIDE"] == "0"  # the CPU: left as inherited
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "mxnet", "jax"])

@@ -123,3 +123,33 @@ def test_worker_reports_broken_framework_with_fix(tmp_path):
     assert proc.returncode == MissingToolError.exit_code
     assert "simulated broken mxnet" in proc.stderr and "pip install 'kernelmap[mxnet]'" in proc.stderr
     assert not (tmp_path / "r.npz").exists()
+
+
+FAKE_WORKER = """#!{python}
+import json, sys, time
+import numpy as np
+time.sleep({sleep_s})
+result = sys.argv[sys.argv.index("--result") + 1]
+np.savez(result, meta=np.array(json.dumps({{"framework": "fake"}})))
+"""
+
+
+def test_gpu_workers_each_get_the_whole_timeout(tmp_path):
+    """On the GPU the workers run one after the other: each has --timeout seconds from its own start,
+    so two workers that each need most of it both finish."""
+    import sys
+
+    timeout_s, sleep_s = 4.0, 2.5  # one worker fits; the second would not fit in what a shared deadline leaves
+    fws = parity.FRAMEWORKS
+    python = {}
+    for fw in fws:
+        script = tmp_path / f"fake-{fw}"
+        script.write_text(FAKE_WORKER.format(python=sys.executable, sleep_s=sleep_s))
+        script.chmod(0o755)
+        python[fw] = str(script)
+    results = parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, fws, python)
+    assert {fw: r["meta"] for fw, r in results.items()} == {fw: {"framework": "fake"} for fw in fws}
+    slow = tmp_path / f"fake-{fws[1]}"
+    slow.write_text(FAKE_WORKER.format(python=sys.executable, sleep_s=timeout_s + 5))
+    with pytest.raises(KernelmapError, match=rf"the {fws[1]} worker took more than {timeout_s:g} s"):
+        parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, fws, python)

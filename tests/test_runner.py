@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import require_framework
+from kernelmap.frameworks import spec
 
 from kernelmap import frameworks, manifest, rundir, runner, timing
 from kernelmap.errors import KernelmapError
@@ -138,19 +139,19 @@ def test_nsys_skip_is_said_once_per_reason():
     """On a machine without a GPU the nsys pass was skipped with the same line, and nsys's install
     advice, once per framework x batch size: now one line per reason, naming the frameworks."""
     cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU found; running on the CPU") for fw in frameworks.FRAMEWORKS}
-    skips = runner.nsys_skips(cpu, None, "fp32")
+    skips = runner.nsys_skips(cpu, None)
     assert set(skips) == set(frameworks.FRAMEWORKS)
     (line,) = runner.said_once(skips, "nsys pass skipped")
     assert line.startswith(f"nsys pass skipped ({', '.join(frameworks.FRAMEWORKS)}): ")
     assert "no CUDA work" in line and "not found" not in line  # installing nsys would not help on the CPU
     gpu = {fw: runner.Decision(fw, "auto", "gpu", None) for fw in frameworks.FRAMEWORKS}
-    (line,) = runner.said_once(runner.nsys_skips(gpu, None, "fp32"), "nsys pass skipped")
+    (line,) = runner.said_once(runner.nsys_skips(gpu, None), "nsys pass skipped")
     assert "nsys not found" in line and "nsight-systems" in line  # on a GPU machine: the fix, once
-    with_nsys = runner.nsys_skips(gpu, "/opt/nsys", "fp32")  # only a framework that opens no capture window
+    with_nsys = runner.nsys_skips(gpu, "/opt/nsys")  # only a framework that opens no capture window
     assert set(with_nsys) == {fw for fw in frameworks.FRAMEWORKS
-                              if not frameworks.get(fw).nsys_window(runner.worker_own_env(fw, "gpu", "fp32"))}
+                              if not frameworks.get(fw).nsys_window(runner.worker_own_env(fw, "gpu"))}
     skipped = {**cpu, "jax": runner.Decision("jax", "gpu", None, "--device gpu: ...", explicit=True)}
-    assert "jax" not in runner.nsys_skips(skipped, None, "fp32")  # a framework that does not run has no pass
+    assert "jax" not in runner.nsys_skips(skipped, None)  # a framework that does not run has no pass
 
 
 def test_progress_is_one_plain_line_per_worker_that_starts():
@@ -160,7 +161,7 @@ def test_progress_is_one_plain_line_per_worker_that_starts():
 
     cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU") for fw in frameworks.FRAMEWORKS}
     passes, trials, n_bs = runner.PROFILES["all"], 3, 2
-    n = runner.planned_workers(list(cpu), n_bs, trials, passes, runner.nsys_skips(cpu, None, "fp32"))
+    n = runner.planned_workers(list(cpu), n_bs, trials, passes, runner.nsys_skips(cpu, None))
     captures_that_run = [p for p in passes if p not in ("clean", "nsys")]
     assert n == n_bs * len(cpu) * (trials + len(captures_that_run))
     assert runner.planned_workers(list(cpu), n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
@@ -213,7 +214,8 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     (entry,) = json.loads((out / "results.json").read_text())
     assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
     assert entry["mode"] == frameworks.get(framework).modes[0]  # not hybridized: the first mode
-    assert entry["math"] == "fp32" and entry["tf32_override"] is None  # the CPU: no TF32, no override set
+    # the CPU: no TF32; its worker keeps (and records) whatever NVIDIA_TF32_OVERRIDE it inherits
+    assert entry["math"] == "fp32" and entry["tf32_override"] == os.environ.get(spec.TF32_OVERRIDE)
     # STEPS < timing.BLOCK_STEPS: each trial times one block of STEPS steps, so one sample per trial
     assert entry["steps"] == STEPS and entry["n_trials"] == TRIALS and len(entry["trials"]) == TRIALS
     assert len(entry["step_times_s"]) == TRIALS and all(t > 0 for t in entry["step_times_s"])
@@ -340,3 +342,40 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
     note = f"{framework} bs 60000 (clean pass trial 1/3, cpu): out of memory at batch size 60000; try a smaller --batch-size"
     assert any(n.startswith(note) for n in summary["notes"]), summary["notes"]
     assert [r["batch_size"] for r in json.loads((out / "results.json").read_text())] == [32]
+
+
+def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
+    """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
+    worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
+    from kernelmap import cli
+    from kernelmap import parity as parity_mod
+    from kernelmap.errors import MissingToolError
+    from reports.analyses.base import load_run
+
+    def fake_run_one(fw, decision, bs, *rest):
+        return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
+                "device_note": decision.note, "median_step_s": 0.01, "ci95_low_s": None, "ci95_high_s": None,
+                "ci95_half_width_rel": None, "noisy": None, "n_trials": 1, "iqr_step_s": 0.0, "images_per_s": 6400.0,
+                "e2e_step_s": None, "e2e_images_per_s": None, "test_accuracy": None, "passes": {"clean": {}},
+                "versions": {"framework": fw}}
+
+    why = "parity: the second worker cannot start; fix: install it"
+
+    def failing_parity(**kw):
+        raise MissingToolError(why)
+
+    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+    monkeypatch.setattr(parity_mod, "compute_parity", failing_parity)
+    out = tmp_path / "run"
+    args = cli.build_parser(["run"]).parse_args(
+        ["run", "--framework", "all", "--device", "cpu", "--steps", "3", "--trials", "1", "--profile", "none",
+         "--data", "synthetic", "--out", str(out), "--json"])
+    summary = runner.execute(args)
+    assert summary["parity_failed"] == why and summary["parity_passed"] is None
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["parity_failed"] == why and man["parity"] is None
+    assert [n for n in man["notes"] if why in n] and why in capsys.readouterr().err
+    assert (out / "results.json").is_file()
+    problems = load_run(out).problems
+    assert [p for p in problems if p.startswith("parity failed") and why in p], problems

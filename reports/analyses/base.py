@@ -82,7 +82,10 @@ def load_run(path: str | Path) -> Run:
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
     # parity-<framework>.json: each framework against the reference; parity.json: runs made before that
     run.parity = [rundir.read_json(f) for f in rd.parity_files()]
-    if not run.parity:
+    failed = _get(run.manifest, "parity_failed")
+    if failed:
+        run.problems.append(f"parity failed, no parity figures: {failed}")
+    elif not run.parity:
         run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
                             "framework ran)")
     # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
