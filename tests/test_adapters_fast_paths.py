@@ -276,6 +276,43 @@ def test_native_scan_in_two_threads_is_one_thread(name):
     one = kineto._scan.scan(doc, s2, e2, 1)
     assert one is not None and one[0] == 201
     assert kineto._scan.scan(doc, s2, e2, 2, 0) == one
+    # compact JSON ("},{" between elements): the first "}," + "{" past the middle is inside a long
+    # name; the first thread does not meet it and reads the array itself
+    ev = '{"ph":"X","cat":"kernel","name":"k%d","ts":%d,"dur":1,"pid":1,"tid":1}'
+    inner = '{"ph":"X","cat":"cpu_op","name":"' + "p" * 4000 + '},{q","ts":5}'
+    events = [ev % (i, i) for i in range(200)]
+    doc = ('{"traceEvents":[' + ",".join(events[:100] + [inner] + events[100:]) + "]}").encode()
+    s3, e3 = _common.trace_events_extent(doc, digits=False)
+    mid = s3 + (e3 - s3) // 2
+    assert doc.index(b"},{", mid) > doc.index(b'"pppp')  # the first candidate is the one in the name
+    one = kineto._scan.scan(doc, s3, e3, 1)
+    assert one is not None and one[0] == 201
+    assert kineto._scan.scan(doc, s3, e3, 2, 0) == one
+    compact = ('{"traceEvents":[' + ",".join(events) + "]}").encode()  # a boundary is met: two threads
+    s4, e4 = _common.trace_events_extent(compact, digits=False)
+    assert kineto._scan.scan(compact, s4, e4, 2, 0) == kineto._scan.scan(compact, s4, e4, 1)
+
+
+def test_native_scan_reads_numbers_as_python_does():
+    """Decimals of up to 19 significant digits (Kineto's ts: 13 digits of microseconds and 3 of
+    nanoseconds) read by the scanner's fast path or strtod are Python's floats, bit for bit."""
+    from kernelmap.adapters import kineto
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    rng = np.random.default_rng(5)
+    texts = [f"{int(a)}.{int(b):0{k}d}" for a, b, k in zip(rng.integers(0, 10**13, 3000), rng.integers(0, 10**6, 3000),
+                                                          rng.integers(1, 7, 3000), strict=True)]
+    texts += ["9007199254740993.0", "9007199254740992.5", "1e22", "1.5e-7", "-0.0", "123456789012345678.9",
+              "0.1", "1763912345678.123", "4503599627370497.5"]
+    doc = ('{"traceEvents":[' + ",".join('{"ph":"X","name":"n","ts":%s,"dur":%s}' % (t, t) for t in texts)
+           + "]}").encode()
+    s, e = _common.trace_events_extent(doc, digits=False)
+    got = kineto._scan.scan(doc, s, e, 1)
+    assert got is not None and got[0] == len(texts)
+    ts = np.frombuffer(got[1]["ts"], dtype="float64")
+    want = np.array([float(t) for t in texts])
+    assert ts.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "gpu_nsys.sqlite.gz", "cpu_torch_onednn.log.gz"])

@@ -28,6 +28,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 typedef struct { char *p; size_t n, cap; } Buf;
 
@@ -111,6 +114,19 @@ static int scan_string(S *s, const char **a, Py_ssize_t *n, int *esc) {
     const unsigned char *p = (const unsigned char *)s->p + 1, *e = (const unsigned char *)s->end;
     *esc = 0;
     while (p < e) {
+#ifdef __SSE2__
+        /* sixteen plain bytes at a time: none a quote, backslash, control or non-ASCII byte (as
+           signed bytes, control and non-ASCII bytes are the ones below 0x20) */
+        while (e - p >= 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)p);
+            __m128i sp = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
+                                                   _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))),
+                                      _mm_cmplt_epi8(x, _mm_set1_epi8(0x20)));
+            int m = _mm_movemask_epi8(sp);
+            if (m) { p += __builtin_ctz((unsigned)m); break; }
+            p += 16;
+        }
+#endif
         /* eight plain bytes at a time: none a quote, backslash, control or non-ASCII byte */
         while (e - p >= 8) {
             uint64_t x;
@@ -251,7 +267,7 @@ static int scan_number(S *s, double *d, int *isint, int *big) {
         *d = (double)(neg ? -v : v);
         return 0;
     }
-    {   /* Clinger's fast path: an integer mantissa below 2**53 and a power of ten up to 22 are
+    {   /* Clinger's fast path: an integer mantissa up to 2**53 and a power of ten up to 22 are
            exact doubles, so one multiplication or division rounds correctly, as strtod does */
         static const double P10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                      1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -259,10 +275,11 @@ static int scan_number(S *s, double *d, int *isint, int *big) {
         int neg = 0, digits = 0, exp10 = 0, ok = 1;
         uint64_t m = 0;
         if (*q == '-') { neg = 1; q++; }
-        for (; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); if (digits > 15) ok = 0; }
+        for (; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); if (digits > 19) ok = 0; }
         if (q < p && *q == '.') {
-            for (q++; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); exp10--; if (digits > 15) ok = 0; }
+            for (q++; q < p && *q >= '0' && *q <= '9'; q++) { if (m || *q != '0') digits++; m = m * 10 + (*q - '0'); exp10--; if (digits > 19) ok = 0; }
         }
+        if (m > (1ULL << 53)) ok = 0;  /* (up to 19 digits m has not overflowed) */
         if (ok && q < p && (*q == 'e' || *q == 'E')) {
             int eneg = 0, ev = 0;
             q++;
@@ -683,16 +700,16 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int have_b = 0, fail = 0;
     if (out_init(&a) || out_init(&b)) { PyErr_NoMemory(); goto done; }
     /* a second thread reads from an element boundary near the middle, if the first thread's
-       own pass meets it there (a "}," then newline: never inside a string) */
+       own pass meets it there (a "}," then "{" after any whitespace; one inside a string is not
+       met, and then the first thread reads it all) */
     const char *split = NULL;
 #ifndef _WIN32
     if (threads > 1 && end - start >= min_bytes && end - start >= 8) {
-        const char *mid = base + start + (end - start) / 2;
-        const char *q = memmem(mid, base + end - mid, "},\n", 3);
-        if (q) {
-            split = q + 2;
-            while (split < base + end && WS(*split)) split++;
-            if (split >= base + end) split = NULL;
+        const char *mid = base + start + (end - start) / 2, *stop = base + end;
+        for (const char *q = memmem(mid, stop - mid, "},", 2); q && !split; q = memmem(q + 1, stop - q - 1, "},", 2)) {
+            const char *r = q + 2;
+            while (r < stop && WS(*r)) r++;
+            if (r < stop && *r == '{') split = r;  /* the first thread's pass must still meet it */
         }
     }
 #endif
