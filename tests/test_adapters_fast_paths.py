@@ -305,7 +305,7 @@ def test_native_scan_reads_numbers_as_python_does():
                                                           rng.integers(1, 7, 3000), strict=True)]
     texts += ["9007199254740993.0", "9007199254740992.5", "1e22", "1.5e-7", "-0.0", "123456789012345678.9",
               "0.1", "1763912345678.123", "4503599627370497.5"]
-    doc = ('{"traceEvents":[' + ",".join('{"ph":"X","name":"n","ts":%s,"dur":%s}' % (t, t) for t in texts)
+    doc = ('{"traceEvents":[' + ",".join(f'{{"ph":"X","name":"n","ts":{t},"dur":{t}}}' for t in texts)
            + "]}").encode()
     s, e = _common.trace_events_extent(doc, digits=False)
     got = kineto._scan.scan(doc, s, e, 1)
