@@ -47,9 +47,15 @@ print(rc, dt, base, hwm(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 
 """
 
 
-def normalise_once(path: Path, out: Path) -> dict:
-    """``kernelmap normalise path -o out`` in a fresh process: seconds, peak RSS, records."""
-    p = subprocess.run([sys.executable, "-c", _CLI, str(path), str(out)], capture_output=True, text=True)
+def normalise_once(path: Path, out: Path, tree: Path | None = None) -> dict:
+    """``kernelmap normalise path -o out`` in a fresh process: seconds, peak RSS, records. ``tree``:
+    another checkout whose kernelmap is run (first on PYTHONPATH; its native helper built in place)."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    # run from the output's folder: ``python -c`` puts the working directory first on sys.path, and a
+    # checkout's own kernelmap there would shadow ``tree``'s
+    p = subprocess.run([sys.executable, "-c", _CLI, str(Path(path).resolve()), str(Path(out).resolve())],
+                       capture_output=True, text=True, env=env, cwd=Path(out).resolve().parent)
     if p.returncode:
         raise RuntimeError(f"kernelmap normalise {path} failed:\n{p.stderr[-3000:]}")
     rc, dt, base, peak, maxrss = p.stderr.split()[-5:]
@@ -137,6 +143,9 @@ def main(argv=None) -> int:
     ap.add_argument("--input", action="append", default=[], metavar="PATH",
                     help="a real Kineto or nsys trace to measure too (repeatable; .gz/.xz as they are)")
     ap.add_argument("--no-scaled", action="store_true", help="only the --input traces")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="another checkout of kernelmap (e.g. `git worktree add DIR COMMIT`, then `python setup.py "
+                         "build_ext --inplace` there) timed on the same traces in the same interleaved rounds")
     a = ap.parse_args(argv)
     import tempfile
 
@@ -165,11 +174,21 @@ def main(argv=None) -> int:
         if info["hta_path"] and have_hta:
             jobs[f"{name}:hta"] = (Path(info["hta_path"]), True)
             events[f"{name}:hta"] = info["events"]
+    trees: dict[str, Path | None] = {what: None for what in jobs}
+    if a.baseline:
+        base = Path(a.baseline).resolve()
+        if not (base / "kernelmap" / "cli.py").is_file():
+            raise SystemExit(f"--baseline {a.baseline}: not a kernelmap checkout (no kernelmap/cli.py)")
+        for what, (path, is_hta) in list(jobs.items()):
+            if not is_hta:
+                jobs[f"{what}@baseline"], events[f"{what}@baseline"] = (path, False), events[what]
+                trees[f"{what}@baseline"] = base
     runs: dict[str, list] = {}
     for r in range(a.rounds):  # interleaved, so that load on the machine falls on all readers alike
         for what, (path, is_hta) in jobs.items():
-            res = hta_once(path) if is_hta else normalise_once(path, d / f"{what.replace(':', '_')}.parquet")
-            info = inputs.get(what)
+            res = hta_once(path) if is_hta else normalise_once(path, d / f"{what.replace(':', '_').replace('@', '_')}.parquet",
+                                                                 trees[what])
+            info = inputs.get(what.split("@")[0])
             if info:  # against the decompressed size too
                 res["peak_rss_ratio_plain"] = res["peak_rss_bytes"] / info["plain_bytes"]
             runs.setdefault(what, []).append(res)
@@ -179,8 +198,8 @@ def main(argv=None) -> int:
            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     for what, rs in runs.items():
         out[what] = _stats(rs, events[what])
-        if what in inputs:
-            out[what].update(inputs[what], peak_rss_ratio_plain_median=statistics.median(
+        if what.split("@")[0] in inputs:
+            out[what].update(inputs[what.split("@")[0]], peak_rss_ratio_plain_median=statistics.median(
                 r["peak_rss_ratio_plain"] for r in rs))
     vs = {k: (k, "hta") for k in ["kineto"]} | {k: (k, f"{k}:hta") for k in inputs}
     for k, (mine, theirs) in vs.items():
