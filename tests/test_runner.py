@@ -350,7 +350,7 @@ def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatc
     from kernelmap import cli
     from kernelmap import parity as parity_mod
     from kernelmap.errors import MissingToolError
-    from reports.analyses.base import load_run
+    from kernelmap.reports.analyses.base import load_run
 
     def fake_run_one(fw, decision, bs, *rest):
         return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
