@@ -207,3 +207,17 @@ def report(*argv: str) -> int:
     parser = argparse.ArgumentParser()
     report_cli.add_arguments(parser)
     return report_cli.main(parser.parse_args(argv))
+
+
+@functools.cache
+def noxfile_module():
+    """The checkout's noxfile as a module, loaded once per test session: nox warns (and will refuse)
+    when a noxfile's sessions are registered twice."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "noxfile.py"
+    spec = importlib.util.spec_from_file_location("_kernelmap_noxfile", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -5,7 +5,6 @@ runs them (pairing like with like)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -176,10 +175,9 @@ def test_params_and_extra_info_disagree(tmp_path):
 
 # --- the real step benchmarks, run as `nox -s bench` runs them ----------------------------------
 def _noxfile():
-    spec = importlib.util.spec_from_file_location("_kernelmap_noxfile", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from conftest import noxfile_module
+
+    return noxfile_module()
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("nox")
 
+from conftest import noxfile_module  # noqa: E402
+
 
 def _noxfile():
-    path = Path(__file__).resolve().parents[1] / "noxfile.py"
-    spec = importlib.util.spec_from_file_location("_kernelmap_noxfile", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return noxfile_module()
 
 
 def test_posargs_override_only_what_they_name():

@@ -347,10 +347,11 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
 def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
     """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
     worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
+    from kernelmap.reports.analyses.base import load_run
+
     from kernelmap import cli
     from kernelmap import parity as parity_mod
     from kernelmap.errors import MissingToolError
-    from kernelmap.reports.analyses.base import load_run
 
     def fake_run_one(fw, decision, bs, *rest):
         return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
