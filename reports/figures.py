@@ -188,6 +188,24 @@ def _empty_lane(lane: str, sub: pd.DataFrame, libcalls: pd.DataFrame | None, run
     return "(none in this trace)"
 
 
+def _step_note(sub: pd.DataFrame, fw: str) -> str | None:
+    """Why an asynchronous framework's ops outlast its step mark (canonical.ASYNC_FRAMEWORKS: the
+    mark is the host issuing the step; the ops run after it on the framework's engine threads), or
+    None where they do not."""
+    from kernelmap.adapters.canonical import ASYNC_FRAMEWORKS
+
+    steps = sub[(sub["lane"] == "phase") & (sub["kind"] == "step")]
+    ops = sub[sub["lane"] == "op"]
+    if fw not in ASYNC_FRAMEWORKS or steps.empty or ops.empty:
+        return None
+    mark_end = float((steps["rel_ns"] + steps["dur_ns"]).max())
+    ops_end = float((ops["rel_ns"] + ops["dur_ns"]).max())
+    if ops_end <= mark_end:
+        return None
+    return (f"the step mark ({mark_end / 1e6:.1f} ms) is the host issuing the step; {fw_label(fw)} runs its ops "
+            f"after it on its engine threads (to {ops_end / 1e6:.1f} ms)")
+
+
 def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path) -> Path | None:
     """One iteration per framework: lanes phase / op / library call / kernel, coloured by
     canonical op, on a shared time axis (ms from the start of the shown iteration). An empty lane
@@ -234,6 +252,10 @@ def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path)
             if ev.empty:
                 ax.text(0.5, li, _empty_lane(lane, sub, libcalls, run, bs, fw), transform=ax.get_yaxis_transform(),
                         fontsize=7, va="center", ha="center", color="#868e96")
+        note = _step_note(sub, fw)
+        if note:
+            ax.text(1.0, 0, f" {note}", transform=ax.get_yaxis_transform(), fontsize=7, va="center", ha="right",
+                    color="#495057", zorder=6)
         ax.set_yticks(range(len(lanes)), [lane_label[x] for x in lanes])
         ax.set_ylim(len(lanes) - 0.5, -0.5)
         ax.set_xlabel("ms from the start of the shown window")

@@ -195,6 +195,17 @@ def test_cpu_figures_say_what_is_not_there():
     n = libcalls[(libcalls["framework"] == "mxnet") & (libcalls["batch_size"] == bs)]["calls_per_step"].sum()
     assert "not on this trace's clock" in text and f"{n:.0f} oneDNN" in text
     assert "no device kernels" in _empty_lane("kernel", sub, libcalls, run.name, bs, "mxnet")
+    # MXNet's ops run on its engine threads after the host's step mark: the figure says so, and only there
+    from kernelmap.reports.figures import _step_note
+
+    one = sub[sub["batch_size"] == bs]
+    ops_end = (one.loc[one["lane"] == "op", "rel_ns"] + one.loc[one["lane"] == "op", "dur_ns"]).max()
+    mark_end = (one.loc[one["kind"] == "step", "rel_ns"] + one.loc[one["kind"] == "step", "dur_ns"]).max()
+    assert ops_end > mark_end  # what the real run shows
+    note = _step_note(one, "mxnet")
+    assert note and "after it on its engine threads" in note and f"{mark_end / 1e6:.1f} ms" in note
+    torch_sub = tl[(tl["framework"] == "pytorch") & (tl["batch_size"] == bs)]
+    assert _step_note(torch_sub, "pytorch") is None
 
 
 def test_no_gpu_is_said_once(tmp_path):
