@@ -49,6 +49,10 @@ class Framework:
     # worker environment
     nsys_window: Callable[[Mapping[str, str] | None], bool] = lambda worker_env: False
 
+    def own_env(self) -> dict[str, str]:
+        """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""
+        return dict((self.worker_env(None) or {}) if self.worker_env else {})
+
     @property
     def python_env_var(self) -> str:
         """The environment variable naming the interpreter its workers run under (else ours)."""

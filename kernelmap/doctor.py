@@ -32,8 +32,7 @@ def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | 
     The result always has ``installed`` (bool); when False, ``error`` (the last stderr line) and
     ``fix``. A framework with its own environment on this GPU (an MXNet built for it) is probed there.
     """
-    own = frameworks.get(name).worker_env
-    extra = own(None) if own is not None else None
+    extra = frameworks.get(name).own_env()
     try:
         out = subprocess.run(
             [frameworks.get(name).python(python) or sys.executable, "-c", frameworks.get(name).probe],

@@ -141,9 +141,7 @@ def worker_env(framework: str, device: str) -> dict[str, str]:
 
     if device == "cpu":
         return dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
-    desc = registry.get(framework)
-    own = (desc.worker_env(None) or {}) if desc.worker_env else {}
-    return spec.Math.FP32.apply({**os.environ, **own})
+    return spec.Math.FP32.apply({**os.environ, **registry.get(framework).own_env()})
 
 
 def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,

@@ -220,11 +220,10 @@ def _nsys_skip_reason(nsys: str | None, device: str, has_window: bool, label: st
 
 def worker_own_env(framework: str, device: str) -> dict[str, str]:
     """The environment a framework's workers add on the GPU: its own (an MXNet built for this GPU: its
-    tree first on PYTHONPATH), set before the framework loads its libraries. None on the CPU."""
+    tree first on PYTHONPATH), set before the framework loads its libraries; {} on the CPU."""
     if device != "gpu":
         return {}
-    descriptor = frameworks.get(framework)
-    return dict((descriptor.worker_env(None) or {}) if descriptor.worker_env else {})
+    return frameworks.get(framework).own_env()
 
 
 def worker_environ(device: str, math: str, *layers: Mapping[str, str]) -> dict[str, str]:
