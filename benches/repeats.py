@@ -34,10 +34,41 @@ def format_agreement(table: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
+def load(paths: list[str]) -> tuple[list[dict], list[str]]:
+    """(the summaries that hold results, one line per path that holds none, naming it and why)."""
+    summaries, problems = [], []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            problems.append(f"{path}: no such file")
+            continue
+        text = path.read_text()
+        if not text.strip():
+            problems.append(f"{path}: empty (the run printed no summary: it failed or was stopped)")
+            continue
+        try:
+            s = json.loads(text)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{path}: not JSON ({exc.msg} at line {exc.lineno})")
+            continue
+        if isinstance(s, dict) and s.get("error"):
+            problems.append(f"{path}: the run failed: {s['error']}")
+            continue
+        if not isinstance(s, dict) or not s.get("results"):
+            problems.append(f"{path}: no results in the summary")
+            continue
+        summaries.append(s)
+    return summaries, problems
+
+
 def main(paths: list[str]) -> int:
-    summaries = [json.loads(Path(p).read_text()) for p in paths if Path(p).is_file() and Path(p).stat().st_size]
-    print(format_agreement(agreement(summaries)))
-    return 0
+    """Prints the agreement of the runs that hold results; exit 1 where any path holds none (named on stderr)."""
+    summaries, problems = load(paths)
+    if summaries:
+        print(format_agreement(agreement(summaries)))
+    for line in problems:
+        print(f"repeats: {line}", file=sys.stderr)
+    return 1 if problems or not summaries else 0
 
 
 if __name__ == "__main__":
