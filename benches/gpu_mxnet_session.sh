@@ -4,6 +4,9 @@
 #   benches/gpu_mxnet_session.sh wait  KIT OUT BUDGET_S  # the same build, still running: wait again
 #   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
 #   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
+#   benches/gpu_mxnet_session.sh stage KIT                # copy carried tree parts to /tmp/mxparts (a tree too big for one call's carry)
+#   benches/gpu_mxnet_session.sh session KIT OUT NSYS_ENV # one call: unpack, smoke test, run, report, parity, times
+# TRIALS (default 3; session: 1) is the clean pass's --trials; STEPS_TIMES (default 100) the times phase's --steps.
 # KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl; or mxtree.tar.xz.NN, parts of a tree built
 # elsewhere (`kernelmap build-mxnet --arch 90` needs no GPU), unpacked instead of building. The build runs in its own session (setsid), so
 # that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
@@ -17,20 +20,90 @@ mkdir -p "$out"; repo=$(pwd)
 python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
 cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
 tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
-case $phase in
-build|wait)
-  if [ -z "$(tree)" ] && ls "$src"/mxtree.tar.xz.* >/dev/null 2>&1; then  # a tree built elsewhere, carried
-    # unpacked beside the home under a hidden name (no tree to kernelmap), moved in only when whole
-    unpack="$KERNELMAP_MXNET_HOME/.unpack-$$"
-    if ! { rm -rf "$unpack" && mkdir -p "$unpack" && cat "$src"/mxtree.tar.xz.* | xz -d | tar -x -C "$unpack" \
-           && mv "$unpack"/* "$KERNELMAP_MXNET_HOME"/ && rmdir "$unpack"; }; then
-      rm -rf "$unpack"
-      echo "cannot unpack the carried MXNet tree from $(echo "$src"/mxtree.tar.xz.*) (cat | xz -d | tar -x" \
-           "into $KERNELMAP_MXNET_HOME failed, see above)" >&2
-      exit 5
-    fi
-    echo "unpacked the carried tree: $(tree)"
+MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}  # parts staged by earlier calls on this machine
+parts() {  # this call's parts, and staged ones of other numbers, in part order
+  { for f in "$src"/mxtree.tar.xz.*; do [ -e "$f" ] && echo "$(basename "$f") $f"; done
+    for f in "$MXPARTS"/mxtree.tar.xz.*; do [ -e "$f" ] && [ ! -e "$src/$(basename "$f")" ] && echo "$(basename "$f") $f"; done
+  } | sort | cut -d' ' -f2-
+}
+unpack_carried() {  # a tree built elsewhere, carried in parts (this call's and those staged by earlier calls)
+  [ -z "$(tree)" ] && [ -n "$(parts)" ] || return 0
+  # unpacked beside the home under a hidden name (no tree to kernelmap), moved in only when whole
+  local unpack="$KERNELMAP_MXNET_HOME/.unpack-$$"
+  local files; mapfile -t files < <(parts)
+  if ! { rm -rf "$unpack" && mkdir -p "$unpack" && cat "${files[@]}" | xz -d | tar -x -C "$unpack" \
+         && mv "$unpack"/* "$KERNELMAP_MXNET_HOME"/ && rmdir "$unpack"; }; then
+    rm -rf "$unpack"
+    echo "cannot unpack the carried MXNet tree from ${files[*]} (cat | xz -d | tar -x" \
+         "into $KERNELMAP_MXNET_HOME failed, see above)" >&2
+    exit 5
   fi
+  echo "unpacked the carried tree: $(tree)"
+}
+smoke() {  # the built MXNet on this GPU: one convolution forward and backward, against PyTorch's
+  python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
+  local t; t=$(tree)
+  PYTHONPATH="$t/python" KERNELMAP_MXNET_TREE="$t" timeout 120 python3 - "$t" <<'PY' 2>&1 | tail -n 15
+import sys, time
+from kernelmap.frameworks.mxnet import built
+pre = built.preload(sys.argv[1]); print("preload:", pre.describe())
+t0 = time.time(); import mxnet as mx; import numpy as np
+print("mxnet", mx.__version__, mx.__file__, "numpy", np.__version__, "import %.1f s" % (time.time() - t0))
+print("features:", [f.name for f in mx.runtime.Features().values() if f.enabled and f.name in ("CUDA", "CUDNN", "NVTX", "BLAS_OPEN")])
+x = mx.nd.array(np.random.RandomState(0).rand(2, 1, 28, 28).astype("float32"), ctx=mx.gpu(0))
+w = mx.nd.array(np.random.RandomState(1).rand(4, 1, 5, 5).astype("float32"), ctx=mx.gpu(0))
+x.attach_grad(); w.attach_grad()
+with mx.autograd.record():
+    y = mx.nd.Convolution(x, w, kernel=(5, 5), num_filter=4, no_bias=True)
+y.backward(); mx.nd.waitall()
+import torch
+tx = torch.tensor(x.asnumpy(), requires_grad=True); tw = torch.tensor(w.asnumpy(), requires_grad=True)
+ty = torch.nn.functional.conv2d(tx, tw); ty.backward(torch.ones_like(ty))
+print("conv on", y.context, "max |mx - torch|: y %.2e dx %.2e dw %.2e" % (
+    abs(y.asnumpy() - ty.detach().numpy()).max(), abs(x.grad.asnumpy() - tx.grad.numpy()).max(),
+    abs(w.grad.asnumpy() - tw.grad.numpy()).max()))
+PY
+  local rc=${PIPESTATUS[0]}
+  echo "smoke exit $rc"
+  return "$rc"
+}
+do_run() {  # every framework, every pass at bs 64; the report; GPU parity
+  [ -n "$arg4" ] && [ "$phase" = run ] && source "$arg4"
+  [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME"; exit 4; }
+  python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
+  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 \
+    --trials "${TRIALS:-3}" --data "$src" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
+  echo "run all exit $?: $(tail -n 3 "$out/runall.err" | tr '\n' ' ')"
+  python3 -m kernelmap.cli report /tmp/runall --out /tmp/report 2>&1 | tail -n 25
+  # back: the run's small files and the report; MXNet's raw captures at bs 64 (nsys trimmed as the fixtures are)
+  (cd /tmp/runall && tar cJf "$out/runall.tar.xz" manifest.json results.json parity-*.json records.parquet \
+     attribution.json logs */bs*/*.json -C /tmp report 2>/dev/null)
+  python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import record_gpu_fixtures as r; \
+from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite'), Path('/tmp/mx-nsys.sqlite.gz'))" \
+    "$repo/tests/data" && (cd /tmp/runall/mxnet/bs64 && gzip -k -9 -f cudnn.log cublas*.log 2>/dev/null; \
+    tar cJf "$out/mxnet-bs64-raw.tar.xz" trace.json.gz *.log.gz -C /tmp mx-nsys.sqlite.gz)
+  ls -l "$out"
+  timeout 300 python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,mxnet --data "$src" --json \
+    >"$out/parity-mxnet-gpu.json" 2>"$out/parity.err"; echo "parity pytorch,mxnet gpu exit $?"
+  [ "$phase" = run ] && { timeout 300 python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax \
+    --data "$src" --json >"$out/parity-jax-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,jax gpu exit $?"; }
+  return 0
+}
+do_times() {  # $1: imperative (every framework) or hybridized (MXNet)
+  local mode=$1 flag fws
+  flag=$([ "$mode" = hybridized ] && echo --hybridize)
+  fws=$([ "$mode" = hybridized ] && echo mxnet || echo all)
+  python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps "${STEPS_TIMES:-100}" --batch-size 64 256 1024 \
+    $flag --trials "${TRIALS:-3}" --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
+  echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
+  (cd "/tmp/times-$mode" && tar cJf "$out/times-$mode.tar.xz" manifest.json results.json logs 2>/dev/null)
+}
+case $phase in
+stage)
+  mkdir -p "$MXPARTS" && cp "$src"/mxtree.tar.xz.* "$MXPARTS"/ && ls -l "$MXPARTS"
+  ;;
+build|wait)
+  unpack_carried
   if [ -z "$(tree)" ] && ! pgrep -f "kernelmap.cli build-mxnet" >/dev/null; then
     [ "$phase" = wait ] && echo "no build running (the machine is a fresh one?): starting it again"
     setsid nohup python3 -m kernelmap.cli build-mxnet --source "$src/src" --work /tmp/mxw --jobs "$(nproc)" \
@@ -48,34 +121,25 @@ build|wait)
   awk 'NR>1 {printf "%.1f %s\n", ($2-$1)/1000, $4}' /tmp/mxw/build/.ninja_log 2>/dev/null | sort -rn | head -n 40 > "$out/slowest.txt"
   ;;
 run)
-  [ -n "$arg4" ] && source "$arg4"
-  [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME"; exit 4; }
-  python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
-  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 \
-    --data "$src" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
-  echo "run all exit $?: $(tail -n 3 "$out/runall.err" | tr '\n' ' ')"
-  python3 -m kernelmap.cli report /tmp/runall --out /tmp/report 2>&1 | tail -n 25
-  # back: the run's small files; MXNet's raw captures at bs 64 (nsys trimmed as the fixtures are); the report
-  (cd /tmp/runall && tar cJf "$out/runall.tar.xz" manifest.json results.json parity-*.json records.parquet \
-     attribution.json logs */bs*/*.json 2>/dev/null)
-  python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import record_gpu_fixtures as r; \
-from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite'), Path('/tmp/mx-nsys.sqlite.gz'))" \
-    "$repo/tests/data" && (cd /tmp/runall/mxnet/bs64 && gzip -k -9 -f cudnn.log cublas*.log 2>/dev/null; \
-    tar cJf "$out/mxnet-bs64-raw.tar.xz" trace.json.gz *.log.gz -C /tmp mx-nsys.sqlite.gz)
-  (cd /tmp/report && tar cJf "$out/report.tar.xz" .); ls -l "$out"
-  python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,mxnet --data "$src" --json \
-    >"$out/parity-mxnet-gpu.json" 2>"$out/parity.err"; echo "parity pytorch,mxnet gpu exit $?"
-  python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax --data "$src" --json \
-    >"$out/parity-jax-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,jax gpu exit $?"
+  do_run
   ;;
 times)  # arg4: imperative (every framework) or hybridized (MXNet): one device call each
-  mode=${arg4:-imperative}
-  flag=$([ "$mode" = hybridized ] && echo --hybridize)
-  fws=$([ "$mode" = hybridized ] && echo mxnet || echo all)
-  python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps 100 --batch-size 64 256 1024 $flag \
-    --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
-  echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
-  (cd "/tmp/times-$mode" && tar cJf "$out/times-$mode.tar.xz" manifest.json results.json parity-*.json logs 2>/dev/null)
+  do_times "${arg4:-imperative}"
+  ;;
+session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar.xz (packed again after each
+  # step, so a call stopped at its limit still returns what was done) and mxnet-bs64-raw.tar.xz
+  export TRIALS=${TRIALS:-1} STEPS_TIMES=${STEPS_TIMES:-100}
+  final=$out; out=/tmp/session-out; rm -rf "$out"; mkdir -p "$out"
+  pack() { tar cJf "$final/session.tar.xz" --exclude=mxnet-bs64-raw.tar.xz -C "$out" . ; \
+           [ -f "$out/mxnet-bs64-raw.tar.xz" ] && cp "$out/mxnet-bs64-raw.tar.xz" "$final/"; return 0; }
+  unpack_carried
+  [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME and none carried"; exit 4; }
+  cat "$(tree)/kernelmap-mxnet.json"; echo
+  [ -n "$arg4" ] && source "$arg4"
+  smoke 2>&1 | tee "$out/smoke.log"; [ "${PIPESTATUS[0]}" = 0 ] || { pack; exit 6; }
+  do_run; pack
+  do_times hybridized; pack
+  do_times imperative; pack
   ;;
 *) echo "unknown phase $phase"; exit 2;;
 esac

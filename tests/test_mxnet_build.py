@@ -503,14 +503,15 @@ def test_missing_ldconfig_is_named_not_a_missing_libc(monkeypatch, tmp_path):
         build.loader_cache()
 
 
-def _gpu_session_build(tmp_path: Path, kit: Path, home: Path) -> subprocess.CompletedProcess:
+def _gpu_session_build(tmp_path: Path, kit: Path, home: Path, phase: str = "build") -> subprocess.CompletedProcess:
     """benches/gpu_mxnet_session.sh build, with a python3 that does nothing (no install, no build)."""
     fake = tmp_path / "bin"
-    fake.mkdir()
+    fake.mkdir(exist_ok=True)
     (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
     (fake / "python3").chmod(0o755)
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "KERNELMAP_MXNET_HOME": str(home)}
-    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_mxnet_session.sh"), "build", str(kit),
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "KERNELMAP_MXNET_HOME": str(home),
+           "KERNELMAP_MXPARTS": str(tmp_path / "staged")}
+    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_mxnet_session.sh"), phase, str(kit),
                            str(tmp_path / "out"), "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -541,6 +542,27 @@ def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
     proc = _gpu_session_build(tmp_path, kit, home)
     assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
     assert [p.name for p in home.iterdir()] == [tree.name]
+    assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_joins_parts_staged_by_an_earlier_call(tmp_path):
+    """A tree too big for one call's carry: call 1 stages part 00, call 2 carries part 01 and unpacks both."""
+    tree = _tree(tmp_path / "built", SM90)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+        tar.add(tree, arcname=tree.name)
+    kit1, kit2, home = tmp_path / "kit1", tmp_path / "kit2", tmp_path / "home"
+    kit1.mkdir()
+    kit2.mkdir()
+    half = len(data.getvalue()) // 2
+    (kit1 / "mxtree.tar.xz.00").write_bytes(data.getvalue()[:half])
+    (kit2 / "mxtree.tar.xz.01").write_bytes(data.getvalue()[half:])
+    staged = _gpu_session_build(tmp_path, kit1, home, phase="stage")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    assert not home.exists() or list(home.iterdir()) == []  # staging unpacks nothing
+    proc = _gpu_session_build(tmp_path, kit2, home)
+    assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
     assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
 
 
