@@ -528,17 +528,23 @@ def test_gpu_session_stops_on_a_carried_tree_that_does_not_unpack(tmp_path):
     assert list(home.iterdir()) == []  # nothing half-unpacked left to pass for a tree
 
 
-@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
-def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
+def _tree_in_two_parts(tmp_path: Path) -> tuple[Path, bytes, bytes]:
+    """A built tree (sm_90 library) as an xz tarball cut in two, as a carry brings it."""
     tree = _tree(tmp_path / "built", SM90)
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w:xz") as tar:
         tar.add(tree, arcname=tree.name)
+    half = len(data.getvalue()) // 2
+    return tree, data.getvalue()[:half], data.getvalue()[half:]
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
+    tree, part0, part1 = _tree_in_two_parts(tmp_path)
     kit, home = tmp_path / "kit", tmp_path / "home"
     kit.mkdir()
-    half = len(data.getvalue()) // 2
-    (kit / "mxtree.tar.xz.00").write_bytes(data.getvalue()[:half])
-    (kit / "mxtree.tar.xz.01").write_bytes(data.getvalue()[half:])
+    (kit / "mxtree.tar.xz.00").write_bytes(part0)
+    (kit / "mxtree.tar.xz.01").write_bytes(part1)
     proc = _gpu_session_build(tmp_path, kit, home)
     assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
     assert [p.name for p in home.iterdir()] == [tree.name]
@@ -548,16 +554,12 @@ def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
 @pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
 def test_gpu_session_joins_parts_staged_by_an_earlier_call(tmp_path):
     """A tree too big for one call's carry: call 1 stages part 00, call 2 carries part 01 and unpacks both."""
-    tree = _tree(tmp_path / "built", SM90)
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:xz") as tar:
-        tar.add(tree, arcname=tree.name)
+    tree, part0, part1 = _tree_in_two_parts(tmp_path)
     kit1, kit2, home = tmp_path / "kit1", tmp_path / "kit2", tmp_path / "home"
     kit1.mkdir()
     kit2.mkdir()
-    half = len(data.getvalue()) // 2
-    (kit1 / "mxtree.tar.xz.00").write_bytes(data.getvalue()[:half])
-    (kit2 / "mxtree.tar.xz.01").write_bytes(data.getvalue()[half:])
+    (kit1 / "mxtree.tar.xz.00").write_bytes(part0)
+    (kit2 / "mxtree.tar.xz.01").write_bytes(part1)
     staged = _gpu_session_build(tmp_path, kit1, home, phase="stage")
     assert staged.returncode == 0, staged.stdout + staged.stderr
     assert not home.exists() or list(home.iterdir()) == []  # staging unpacks nothing
