@@ -123,6 +123,11 @@ def step_stats(trials: list[list[float]]) -> StepStats:
                      trial_medians_s=tuple(float(np.median(t)) for t in trials))
 
 
+def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two confidence intervals share a point: their medians' difference is then within noise."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 def overhead_verdict(capture_median_s: float, capture_steps: int, clean: dict[str, Any]) -> OverheadVerdict:
     """Judge a capture pass's median against the clean pass's interval (``StepStats.to_dict()``)."""
     if capture_steps < MIN_CAPTURE_STEPS:
