@@ -186,8 +186,9 @@ def test_prepare_source_from_kit(kit_source):
     assert (deps / "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0").exists()
     assert not [p for p in root.rglob("*") if p.is_symlink() and not p.exists()]
     build.check_operator_sources(root)  # every GPU operator source named by the recipe exists
-    # what the estimate counts: the kit's configured build.ninja has 362 .cc and 28 .cu compile steps
-    assert build.count_sources(root) == (365, 28)
+    # what the estimate counts: the kit's configured build.ninja (patch 0006, EXCLUDED_SOURCE_DIRS)
+    # has 272 .cc and 28 .cu compile steps for libmxnet (362 .cc without the exclusions)
+    assert build.count_sources(root) == (277, 28)
 
 
 # --- patches on the real MXNet files --------------------------------------------------------------
@@ -195,7 +196,7 @@ def test_patch_files_are_package_data():
     names = [p.name for p in build.patch_files()]
     assert names == ["0001-cxx17-cudnn9-cuda12-graphs-thrust.patch", "0002-python-numpy-py312.patch",
                      "0003-cccl3-mshadow-cuda-namespace.patch", "0004-nvtx3-header-only.patch",
-                     "0005-gpu-operator-subset.patch"]
+                     "0005-gpu-operator-subset.patch", "0006-cpu-source-subset.patch"]
 
 
 @needs_kit
@@ -212,11 +213,12 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     root = tmp_path / "mxnet"
     shutil.copytree(kit_source[0], root, symlinks=True)
     names = build.apply_patches(root)
-    assert len(names) == 5
+    assert len(names) == 6
     assert (root / ".kernelmap-patched").read_text().split() == names
     cmake = (root / "CMakeLists.txt").read_text()
     assert "set(CMAKE_CXX_STANDARD 17)" in cmake
     assert 'set(MXNET_CUDA_OPERATOR_SOURCES "" CACHE STRING' in cmake
+    assert 'list(FILTER SOURCE EXCLUDE REGEX "/src/${excluded_dir}/")' in cmake
     assert 'EXISTS "${CUDAToolkit_INCLUDE_DIRS}/nvtx3/nvToolsExt.h"' in cmake
     assert '#include "nvtx3/nvToolsExt.h"' in (root / "src/profiler/nvtx.h").read_text()
     assert "#define MXNET_RNN_USE_CUDNN 0" in (root / "src/operator/rnn-inl.h").read_text()
@@ -245,6 +247,7 @@ def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
     assert "-DUSE_NVTX=ON" in cmd
     subset = next(c for c in cmd if c.startswith("-DMXNET_CUDA_OPERATOR_SOURCES="))
     assert subset.split("=", 1)[1].split(";") == list(build.GPU_OPERATOR_SOURCES)
+    assert "-DMXNET_EXCLUDE_SOURCE_DIRS=operator/numpy;operator/quantization;api/operator/numpy" in cmd
     assert openblas[1].name == "libopenblas.so" and openblas[2]  # the kit's OpenBLAS is shipped in the tree
 
 
