@@ -6,7 +6,8 @@
 #   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
 #   benches/gpu_mxnet_session.sh stage KIT                # copy carried tree parts to /tmp/mxparts (a tree too big for one call's carry)
 #   benches/gpu_mxnet_session.sh session KIT OUT NSYS_ENV # one call: unpack, smoke test, run, report, parity, times
-# TRIALS (default 3; session: 1) is the clean pass's --trials; STEPS_TIMES (default 100) the times phase's --steps.
+# TRIALS (default 3; session: 1) is the clean pass's --trials; STEPS_TIMES (default 100) the times phase's --steps;
+# TIMES_FRAMEWORK (default all; session: mxnet) the imperative times' --framework.
 # KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl; or mxtree.tar.xz.NN, parts of a tree built
 # elsewhere (`kernelmap build-mxnet --arch 90` needs no GPU), unpacked instead of building. The build runs in its own session (setsid), so
 # that it outlives the call that started it: `timeout -s INT` restarts ninja's in-flight objects, and
@@ -92,7 +93,7 @@ from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite')
 do_times() {  # $1: imperative (every framework) or hybridized (MXNet)
   local mode=$1 flag fws
   flag=$([ "$mode" = hybridized ] && echo --hybridize)
-  fws=$([ "$mode" = hybridized ] && echo mxnet || echo all)
+  fws=$([ "$mode" = hybridized ] && echo mxnet || echo "${TIMES_FRAMEWORK:-all}")
   python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps "${STEPS_TIMES:-100}" --batch-size 64 256 1024 \
     $flag --trials "${TRIALS:-3}" --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
   echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
@@ -128,7 +129,7 @@ times)  # arg4: imperative (every framework) or hybridized (MXNet): one device c
   ;;
 session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar.xz (packed again after each
   # step, so a call stopped at its limit still returns what was done) and mxnet-bs64-raw.tar.xz
-  export TRIALS=${TRIALS:-1} STEPS_TIMES=${STEPS_TIMES:-100}
+  export TRIALS=${TRIALS:-1} STEPS_TIMES=${STEPS_TIMES:-100} TIMES_FRAMEWORK=${TIMES_FRAMEWORK:-mxnet}
   final=$out; out=/tmp/session-out; rm -rf "$out"; mkdir -p "$out"
   pack() { tar cJf "$final/session.tar.xz" --exclude=mxnet-bs64-raw.tar.xz -C "$out" . ; \
            [ -f "$out/mxnet-bs64-raw.tar.xz" ] && cp "$out/mxnet-bs64-raw.tar.xz" "$final/"; return 0; }
