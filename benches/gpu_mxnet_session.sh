@@ -141,6 +141,9 @@ session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar
   do_run; pack
   do_times hybridized; pack
   do_times imperative; pack
+  # issue 11's second input: a real model's Kineto trace (gzip; at most 16 MiB comes back)
+  timeout 120 python3 "$repo/benches/record_resnet50_trace.py" kineto "$final/resnet50-kineto.json.gz" --steps 40 \
+    2>&1 | tail -n 2
   ;;
 *) echo "unknown phase $phase"; exit 2;;
 esac
