@@ -249,6 +249,9 @@ def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
     assert subset.split("=", 1)[1].split(";") == list(build.GPU_OPERATOR_SOURCES)
     assert "-DMXNET_EXCLUDE_SOURCE_DIRS=operator/numpy;operator/quantization;api/operator/numpy" in cmd
     assert openblas[1].name == "libopenblas.so" and openblas[2]  # the kit's OpenBLAS is shipped in the tree
+    # MXNet links -llapack by name: the linker looks beside OpenBLAS, and the tree ships that LAPACK
+    assert f"-DCMAKE_SHARED_LINKER_FLAGS=-L{openblas[1].parent}" in cmd
+    assert "liblapack.so.3" in {p.name for p in openblas[2]}
 
 
 def test_parse_arch():

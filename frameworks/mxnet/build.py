@@ -406,7 +406,9 @@ def find_openblas(deps: Path | None) -> tuple[Path, Path, list[Path]]:
                 if lib.exists():
                     ship = []
                     if deps and r == deps / "usr":  # not on the target system: ship them in the tree
+                        # OpenBLAS, the LAPACK beside it (MXNet links -llapack) and gfortran
                         ship = [p for p in lib.parent.glob("libopenblas*.so*")] + \
+                               [p for p in lib.parent.glob("liblapack.so*")] + \
                                list((r / "lib/x86_64-linux-gnu").glob("libgfortran.so*"))
                     return inc, lib, ship
     raise MissingToolError("configure: OpenBLAS not found (cblas.h + libopenblas.so); apt-get install "
@@ -427,6 +429,9 @@ def cmake_command(src: Path, build: Path, curoot: Path, arch: int, openblas: tup
         f"-DCUDNN_INCLUDE={curoot / 'include'}", f"-DCUDNN_LIBRARY={curoot / 'lib64' / 'libcudnn.so'}",
         "-DUSE_MKLDNN=OFF", "-DUSE_OPENCV=OFF", "-DUSE_LAPACK=ON", "-DUSE_BLAS=Open",
         f"-DOpenBLAS_INCLUDE_DIR={inc}", f"-DOpenBLAS_LIB={lib}",
+        # MXNet links USE_LAPACK's `-llapack` by name: look beside OpenBLAS (Debian's openblas-pthread/
+        # holds liblapack.so, the LAPACK OpenBLAS provides), which is on no default linker path
+        f"-DCMAKE_SHARED_LINKER_FLAGS=-L{lib.parent}",
         "-DUSE_NCCL=OFF", "-DUSE_INTGEMM=OFF", "-DUSE_OPENMP=ON", "-DUSE_CPP_PACKAGE=OFF",
         "-DBUILD_CPP_EXAMPLES=OFF", f"-DUSE_NVTX={'ON' if nvtx else 'OFF'}", "-DUSE_DIST_KVSTORE=OFF",
         "-DUSE_TVM_OP=OFF", "-DUSE_JEMALLOC=OFF", "-DUSE_GPERFTOOLS=OFF", "-DUSE_F16C=ON", "-DUSE_CCACHE=OFF",
