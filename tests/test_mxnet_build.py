@@ -186,9 +186,9 @@ def test_prepare_source_from_kit(kit_source):
     assert (deps / "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0").exists()
     assert not [p for p in root.rglob("*") if p.is_symlink() and not p.exists()]
     build.check_operator_sources(root)  # every GPU operator source named by the recipe exists
-    # what the estimate counts: the kit's configured build.ninja (patch 0006, EXCLUDED_SOURCE_DIRS)
-    # has 272 .cc and 28 .cu compile steps for libmxnet (362 .cc without the exclusions)
-    assert build.count_sources(root) == (277, 28)
+    # what the estimate counts: the kit's configured build.ninja (patch 0006: EXCLUDED_SOURCE_DIRS and
+    # EXCLUDED_SOURCES) has 238 .cc and 28 .cu compile steps for libmxnet (362 .cc without them)
+    assert build.count_sources(root) == (243, 28)
 
 
 # --- patches on the real MXNet files --------------------------------------------------------------
@@ -219,6 +219,10 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     assert "set(CMAKE_CXX_STANDARD 17)" in cmake
     assert 'set(MXNET_CUDA_OPERATOR_SOURCES "" CACHE STRING' in cmake
     assert 'list(FILTER SOURCE EXCLUDE REGEX "/src/${excluded_dir}/")' in cmake
+    assert 'list(REMOVE_ITEM SOURCE "${CMAKE_CURRENT_SOURCE_DIR}/src/${excluded_file}")' in cmake
+    assert "DMLC_REGISTER_PARAMETER(NumpyBinaryScalarParam);" in (root / "cmake/kernelmap_np_params.cc").read_text()
+    assert "template void ElemwiseBinaryOp::DnsCsrDnsOp<mshadow_op::plus>(" in \
+        (root / "src/operator/tensor/elemwise_binary_op_basic.cu").read_text()
     assert 'EXISTS "${CUDAToolkit_INCLUDE_DIRS}/nvtx3/nvToolsExt.h"' in cmake
     assert '#include "nvtx3/nvToolsExt.h"' in (root / "src/profiler/nvtx.h").read_text()
     assert "#define MXNET_RNN_USE_CUDNN 0" in (root / "src/operator/rnn-inl.h").read_text()
@@ -248,6 +252,9 @@ def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
     subset = next(c for c in cmd if c.startswith("-DMXNET_CUDA_OPERATOR_SOURCES="))
     assert subset.split("=", 1)[1].split(";") == list(build.GPU_OPERATOR_SOURCES)
     assert "-DMXNET_EXCLUDE_SOURCE_DIRS=operator/numpy;operator/quantization;api/operator/numpy" in cmd
+    excluded = next(c for c in cmd if c.startswith("-DMXNET_EXCLUDE_SOURCES=")).split("=", 1)[1].split(";")
+    assert len(excluded) == 35 and "operator/convolution_v1.cc" in excluded
+    assert all((root / "src" / f).is_file() for f in excluded)  # each names a real file of the source
     assert openblas[1].name == "libopenblas.so" and openblas[2]  # the kit's OpenBLAS is shipped in the tree
     # MXNet links -llapack by name: the linker looks beside OpenBLAS, and the tree ships that LAPACK
     assert f"-DCMAKE_SHARED_LINKER_FLAGS=-L{openblas[1].parent}" in cmd
