@@ -659,3 +659,26 @@ def test_run_ninja_failure_names_the_object(tmp_path, capsys):
     assert msg.startswith("build: ") and "b.o" in msg and f"(full log: {d / 'ninja.log'})" in msg
     assert "\n" not in msg
     assert "x.cu(3): error: oops" in (d / "ninja.log").read_text()
+
+
+def test_preload_loads_the_driver_first_or_says_it_is_missing(tmp_path, monkeypatch):
+    """A tree built without a driver has no DT_NEEDED on libcuda.so.1 (the empty stub is dropped by
+    --as-needed; seen on the first tree built on the 2-core VM): preload loads the driver globally."""
+    tree = _tree(tmp_path, SM90)
+    info = json.loads((tree / built.INFO_FILE).read_text())
+    info["preload"] = []
+    (tree / built.INFO_FILE).write_text(json.dumps(info))
+    opened = []
+
+    def no_driver(name, mode=0):
+        opened.append((name, mode))
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(built, "_LOADED", {})
+    monkeypatch.setattr(built.ctypes, "CDLL", no_driver)
+    result = built.preload(tree)
+    assert opened == [("libcuda.so.1", built.ctypes.RTLD_GLOBAL)]
+    assert result.driver_missing and result.describe().endswith("; no CUDA driver (libcuda.so.1) found")
+    monkeypatch.setattr(built.ctypes, "CDLL", lambda name, mode=0: opened.append((name, mode)) or object())
+    result = built.preload(tree)
+    assert not result.driver_missing and result.loaded == {"libcuda.so.1": "libcuda.so.1"}

@@ -156,17 +156,22 @@ def worker_env(tree: BuiltTree, base: dict[str, str] | None = None) -> dict[str,
 _LOADED: dict[str, ctypes.CDLL] = {}
 
 
+DRIVER = "libcuda.so.1"
+
+
 @dataclass
 class Preloaded:
     tree: str
     loaded: dict[str, str] = field(default_factory=dict)  # soname -> file
+    driver_missing: bool = False  # no CUDA driver (libcuda.so.1) could be loaded
 
     @property
     def active(self) -> bool:
         return bool(self.loaded)
 
     def describe(self) -> str:
-        return f"MXNet built tree {self.tree}; preloaded {len(self.loaded)} libraries (CUDA, cuDNN, BLAS)"
+        return (f"MXNet built tree {self.tree}; preloaded {len(self.loaded)} libraries (CUDA, cuDNN, BLAS)"
+                + ("; no CUDA driver (libcuda.so.1) found" if self.driver_missing else ""))
 
 
 def runtime_lib_dirs(tree: BuiltTree) -> list[Path]:
@@ -195,6 +200,18 @@ def preload(tree_path: str | os.PathLike) -> Preloaded:
     dirs = runtime_lib_dirs(tree)
     wanted = list(tree.info.get("preload", []))
     result = Preloaded(str(tree.path))
+    # libmxnet.so calls the driver API (cuLaunchKernel... for its run-time compiled fused kernels). A
+    # tree built on a machine without a driver links an empty libcuda stub, which the linker drops
+    # (--as-needed), so no DT_NEEDED names libcuda.so.1 and those symbols bind only to a driver that is
+    # already loaded: load it first, globally, from the loader's search path. Where there is none (a
+    # machine without a GPU) the import of mxnet then names the first such symbol.
+    if DRIVER not in _LOADED:
+        try:
+            _LOADED[DRIVER] = ctypes.CDLL(DRIVER, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            result.driver_missing = True
+    if DRIVER in _LOADED:
+        result.loaded[DRIVER] = DRIVER
     pending = []
     for soname in wanted:
         hits = [d / soname for d in dirs if (d / soname).exists()]
