@@ -5,7 +5,7 @@
 #   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
 #   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
 #   benches/gpu_mxnet_session.sh stage KIT                # copy carried tree parts to /tmp/mxparts (a tree too big for one call's carry)
-#   benches/gpu_mxnet_session.sh session KIT OUT NSYS_ENV # one call: unpack, smoke test, run, report, parity, times
+#   benches/gpu_mxnet_session.sh session KIT OUT NSYS_ENV # one call: unpack, smoke test, run (with its parity), times, report
 # TRIALS (default 3; session: 1) is the clean pass's --trials; STEPS_TIMES (default 100) the times phase's --steps;
 # TIMES_FRAMEWORK (default all; session: mxnet) the imperative times' --framework.
 # KIT: src/ (the kit's tarballs), whl/numpy-1.26*.whl; or mxtree.tar.xz.NN, parts of a tree built
@@ -16,6 +16,7 @@
 # Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
 set -uo pipefail
 phase=$1; src=$(realpath "$2"); out=$(realpath -m "$3"); arg4=${4:-}
+data=$src  # run, times: DATA is the second argument; session: $DATA, default synthetic
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 mkdir -p "$out"; repo=$(pwd)
 python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
@@ -68,34 +69,37 @@ PY
   echo "smoke exit $rc"
   return "$rc"
 }
-do_run() {  # every framework, every pass at bs 64; the report; GPU parity
-  [ -n "$arg4" ] && [ "$phase" = run ] && source "$arg4"
+do_run() {  # every framework, every pass at bs 64 (the run checks GPU parity itself)
   [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME"; exit 4; }
   python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
   python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 \
-    --trials "${TRIALS:-3}" --data "$src" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
+    --trials "${TRIALS:-3}" --data "$data" --out /tmp/runall --json >"$out/runall.json" 2>"$out/runall.err"
   echo "run all exit $?: $(tail -n 3 "$out/runall.err" | tr '\n' ' ')"
-  python3 -m kernelmap.cli report /tmp/runall --out /tmp/report 2>&1 | tail -n 25
-  # back: the run's small files and the report; MXNet's raw captures at bs 64 (nsys trimmed as the fixtures are)
+  # back: the run's small files; MXNet's raw captures at bs 64 (nsys trimmed as the fixtures are)
   (cd /tmp/runall && tar cJf "$out/runall.tar.xz" manifest.json results.json parity-*.json records.parquet \
-     attribution.json logs */bs*/*.json -C /tmp report 2>/dev/null)
+     attribution.json logs */bs*/*.json 2>/dev/null)
   python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import record_gpu_fixtures as r; \
 from pathlib import Path; r.trim_nsys(Path('/tmp/runall/mxnet/bs64/nsys.sqlite'), Path('/tmp/mx-nsys.sqlite.gz'))" \
     "$repo/tests/data" && (cd /tmp/runall/mxnet/bs64 && gzip -k -9 -f cudnn.log cublas*.log 2>/dev/null; \
     tar cJf "$out/mxnet-bs64-raw.tar.xz" trace.json.gz *.log.gz -C /tmp mx-nsys.sqlite.gz)
   ls -l "$out"
-  timeout 300 python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,mxnet --data "$src" --json \
-    >"$out/parity-mxnet-gpu.json" 2>"$out/parity.err"; echo "parity pytorch,mxnet gpu exit $?"
-  [ "$phase" = run ] && { timeout 300 python3 -m kernelmap.cli parity --device gpu --frameworks pytorch,jax \
-    --data "$src" --json >"$out/parity-jax-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,jax gpu exit $?"; }
-  return 0
+}
+do_report() {
+  python3 -m kernelmap.cli report /tmp/runall --out /tmp/report 2>&1 | tail -n 25
+  (cd /tmp/report && tar cJf "$out/report.tar.xz" .)
+}
+do_parity() {  # explicit GPU parity, each pair on its own
+  for fw in mxnet jax; do
+    timeout 300 python3 -m kernelmap.cli parity --device gpu --frameworks "pytorch,$fw" --data "$data" --json \
+      >"$out/parity-$fw-gpu.json" 2>>"$out/parity.err"; echo "parity pytorch,$fw gpu exit $?"
+  done
 }
 do_times() {  # $1: imperative (every framework) or hybridized (MXNet)
   local mode=$1 flag fws
   flag=$([ "$mode" = hybridized ] && echo --hybridize)
   fws=$([ "$mode" = hybridized ] && echo mxnet || echo "${TIMES_FRAMEWORK:-all}")
   python3 -m kernelmap.cli run --framework "$fws" --device gpu --steps "${STEPS_TIMES:-100}" --batch-size 64 256 1024 \
-    $flag --trials "${TRIALS:-3}" --data "$src" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
+    $flag --trials "${TRIALS:-3}" --data "$data" --out "/tmp/times-$mode" --json >"$out/times-$mode.json" 2>"$out/times-$mode.err"
   echo "times $mode exit $?: $(tail -n 2 "$out/times-$mode.err" | tr '\n' ' ')"
   (cd "/tmp/times-$mode" && tar cJf "$out/times-$mode.tar.xz" manifest.json results.json logs 2>/dev/null)
 }
@@ -122,7 +126,8 @@ build|wait)
   awk 'NR>1 {printf "%.1f %s\n", ($2-$1)/1000, $4}' /tmp/mxw/build/.ninja_log 2>/dev/null | sort -rn | head -n 40 > "$out/slowest.txt"
   ;;
 run)
-  do_run
+  [ -n "$arg4" ] && source "$arg4"
+  do_run; do_report; do_parity
   ;;
 times)  # arg4: imperative (every framework) or hybridized (MXNet): one device call each
   do_times "${arg4:-imperative}"
@@ -130,9 +135,10 @@ times)  # arg4: imperative (every framework) or hybridized (MXNet): one device c
 session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar.xz (packed again after each
   # step, so a call stopped at its limit still returns what was done) and mxnet-bs64-raw.tar.xz
   export TRIALS=${TRIALS:-1} STEPS_TIMES=${STEPS_TIMES:-100} TIMES_FRAMEWORK=${TIMES_FRAMEWORK:-mxnet}
+  data=${DATA:-synthetic}
   final=$out; out=/tmp/session-out; rm -rf "$out"; mkdir -p "$out"
-  pack() { tar cJf "$final/session.tar.xz" --exclude=mxnet-bs64-raw.tar.xz -C "$out" . ; \
-           [ -f "$out/mxnet-bs64-raw.tar.xz" ] && cp "$out/mxnet-bs64-raw.tar.xz" "$final/"; return 0; }
+  pack() { tar cJf "$final/session.tar.xz" --exclude=mxnet-bs64-raw.tar.xz --exclude=report.tar.xz -C "$out" . ; \
+           for f in mxnet-bs64-raw.tar.xz report.tar.xz; do [ -f "$out/$f" ] && cp "$out/$f" "$final/"; done; return 0; }
   unpack_carried
   [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME and none carried"; exit 4; }
   cat "$(tree)/kernelmap-mxnet.json"; echo
@@ -141,6 +147,7 @@ session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar
   do_run; pack
   do_times hybridized; pack
   do_times imperative; pack
+  do_report; pack
   # issue 11's second input: a real model's Kineto trace (gzip; at most 16 MiB comes back)
   timeout 120 python3 "$repo/benches/record_resnet50_trace.py" kineto "$final/resnet50-kineto.json.gz" --steps 40 \
     2>&1 | tail -n 2
