@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -682,3 +683,15 @@ def test_preload_loads_the_driver_first_or_says_it_is_missing(tmp_path, monkeypa
     monkeypatch.setattr(built.ctypes, "CDLL", lambda name, mode=0: opened.append((name, mode)) or object())
     result = built.preload(tree)
     assert not result.driver_missing and result.loaded == {"libcuda.so.1": "libcuda.so.1"}
+
+
+def test_scipy_stub_turns_the_host_scipy_into_an_import_error(tmp_path, monkeypatch):
+    """The tree's numpy 1.x under a host scipy built for numpy 2.x: MXNet's `try: import scipy.sparse
+    except ImportError` must see an ImportError (on the H100 it saw AttributeError: np.long)."""
+    (tmp_path / "scipy").mkdir()
+    (tmp_path / "scipy" / "__init__.py").write_text(build.SCIPY_STUB)
+    proc = subprocess.run([sys.executable, "-c", "try:\n import scipy.sparse as spsp\nexcept ImportError as e:\n"
+                           " print('ImportError:', e)"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ImportError: scipy is hidden from this MXNet tree (kernelmap build-mxnet)")

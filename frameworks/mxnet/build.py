@@ -541,6 +541,12 @@ def install_tree(src: Path, build: Path, home: Path, arch: int, tc: Toolchain,
         if numpy_wheel:  # given: bundled (also when building here for a machine with numpy 2.x)
             with zipfile.ZipFile(numpy_wheel) as zf:
                 zf.extractall(tmp / "python")
+            # The host's scipy is built for its numpy 2.x and fails under this numpy 1.x with an
+            # AttributeError (np.long), which MXNet's `try: import scipy... except ImportError` does not
+            # catch (seen on the H100: mxnet/ndarray/sparse.py). A stub package first on the path makes
+            # the import an ImportError, so MXNet runs without scipy, as it does where none is installed.
+            (tmp / "python" / "scipy").mkdir()
+            (tmp / "python" / "scipy" / "__init__.py").write_text(SCIPY_STUB)
         needed = fatbin.needed_libraries(tmp / built.LIB_RELPATH)
         system = re.compile(r"^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|libgomp|ld-linux.*)\.so")
         preload = [n for n in needed if not system.match(n) and n != "libcuda.so.1"]
@@ -586,6 +592,10 @@ def install_tree(src: Path, build: Path, home: Path, arch: int, tc: Toolchain,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+SCIPY_STUB = ('raise ImportError("scipy is hidden from this MXNet tree (kernelmap build-mxnet): the host\'s scipy "\n'
+              '                  "is built for numpy 2.x and this tree runs numpy 1.x")\n')
 
 
 def _dynamic_symbols(path: Path, defined: bool) -> set[str]:
