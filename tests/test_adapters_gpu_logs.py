@@ -128,3 +128,21 @@ def test_detect_by_content_not_name(tmp_path, path, fmt):
     renamed = tmp_path / "whatever.txt"
     renamed.write_bytes(path.read_bytes())
     assert detect(renamed) == fmt
+
+
+def test_cudnn_stream_ids_as_the_legacy_api_logs_them():
+    """MXNet calls cuDNN 9's legacy API, whose log ends the stream id with ';' (the first MXNet run on
+    the H100 stopped on 'StreamId=0xd917110;'). Each form gives the stream the id names."""
+    from kernelmap.adapters import cudnn_log
+
+    def stream(text):
+        body = [f"i! Process=1; Thread=2; GPU=0; Handle=0x55; StreamId={text}"]
+        return cudnn_log._trailer("x.log", body, 0)["stream"]
+
+    assert stream("0xd917110;") == 0xD917110
+    assert stream("0xd917110.") == 0xD917110
+    assert stream("0x7f3a2c0bd6a0 (defaultStream)") == 0x7F3A2C0BD6A0
+    assert stream("0x0 (defaultStream).") == 0
+    assert stream("0x0") == 0
+    assert stream("(nil)") == 0
+    assert stream("unknown") is None

@@ -37,6 +37,7 @@ _HEAD = re.compile(r"^I! CuDNN \(v(\d+)(?: \d+)?\) function (\w+)\(\) called:\s*
 _ATTR = re.compile(r"^i!(\s+)([^:]+?):\s*(.*)$")
 _VAL = re.compile(r"val=([^;]*);?")
 _TIME = re.compile(r"^i! Time: (\S+)")
+_HEX = re.compile(r"0x([0-9a-fA-F]+)")
 _PROC = re.compile(r"^i! Process=(\d+); Thread=(\d+); GPU=([^;]*); Handle=([^;]*); StreamId=(.*?)\.?\s*$")
 
 LEGACY = {
@@ -210,7 +211,8 @@ def _trailer(path, body: list[str], h: int) -> dict:
         if m:
             row["pid"], row["tid"] = int(m.group(1)), int(m.group(2))
             row["gpu"] = m.group(3)
-            s = m.group(5)
-            row["stream"] = 0 if s.startswith("(nil)") or s.startswith("0x0 ") or s == "0x0" else (
-                int(s.split()[0], 16) if s.startswith("0x") else None)
+            # "0x7f..", "(nil)", "0x0 (defaultStream)"; MXNet's calls of the legacy API: "0xd917110;"
+            s = m.group(5).strip()
+            hexa = _HEX.match(s)
+            row["stream"] = 0 if s.startswith("(nil)") else (int(hexa.group(1), 16) if hexa else None)
     return row
