@@ -145,9 +145,12 @@ session)  # everything in one call; TRIALS defaults to 1 here. Back: session.tar
   [ -n "$arg4" ] && source "$arg4"
   smoke 2>&1 | tee "$out/smoke.log"; [ "${PIPESTATUS[0]}" = 0 ] || { pack; exit 6; }
   do_run; pack
-  do_times hybridized; pack
-  do_times imperative; pack
+  if [ -z "${ONLY_RUN:-}" ]; then  # ONLY_RUN=1: the run and its report, nothing else
+    do_times hybridized; pack
+    do_times imperative; pack
+  fi
   do_report; pack
+  [ -n "${ONLY_RUN:-}" ] && exit 0
   # issue 11's second input: a real model's Kineto trace (gzip; at most 16 MiB comes back)
   timeout 120 python3 "$repo/benches/record_resnet50_trace.py" kineto "$final/resnet50-kineto.json.gz" --steps 40 \
     2>&1 | tail -n 2
