@@ -203,8 +203,14 @@ def _taken(codes: np.ndarray, uniques):
     objs = np.append(converted, pd.NA)
     obj_codes = np.where(codes < 0, len(converted), codes)  # code -1 (NA): the last
     rows = objs[obj_codes]
+    dtype = _string_dtype()
+    if getattr(dtype, "storage", None) != "python":
+        # "string" is Arrow-backed in this pandas (e.g. mode.string_storage): a python StringArray
+        # labelled with that dtype breaks pd.concat (seen on the H100: 'StringArray' object has no
+        # attribute '_pa_array'), so pandas builds the array of the default storage itself
+        return pd.array(rows, dtype=dtype), None, None  # its rows are pandas' objects, not these
     try:  # str and pd.NA only, as pandas made them: no second check of every row
-        return pd.arrays.StringArray._simple_new(rows, _string_dtype()), objs, obj_codes
+        return pd.arrays.StringArray._simple_new(rows, dtype), objs, obj_codes
     except (AttributeError, TypeError):  # pragma: no cover - another pandas
         return pd.arrays.StringArray(rows), None, None
 

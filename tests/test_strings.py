@@ -122,3 +122,19 @@ def test_from_codes_is_pandas(uniques):
     want = pd.array(np.append(np.array(uniques, dtype=object), None)[codes], dtype="string")
     pd.testing.assert_extension_array_equal(got, want)
     _same(S.factorize(got), _pandas(got))
+
+
+def test_string_arrays_under_arrow_string_storage_concatenate():
+    """Where pandas' "string" is Arrow-backed (mode.string_storage; the H100's pandas), the arrays
+    built here carry that storage: a python StringArray labelled Arrow broke pd.concat in normalise."""
+    rows = ["conv", "relu", "conv", "conv", "pool", "conv", "relu", "conv", None, "conv", "conv", "conv"] * 10
+    with pd.option_context("mode.string_storage", "pyarrow"):
+        arr = S.string_array(pd.Series(rows, dtype=object))
+        assert arr.dtype == pd.array([], dtype="string").dtype and arr.dtype.storage == "pyarrow"
+        other = pd.DataFrame({"x": pd.array(["fc"], dtype="string")})
+        both = pd.concat([pd.DataFrame({"x": arr}), other], ignore_index=True)
+        assert both["x"].tolist() == [*[r if r is not None else pd.NA for r in rows], "fc"]
+        coded = S.from_codes(np.array([0, 1, -1, 0]), ["a", "b"])
+        assert coded.dtype.storage == "pyarrow" and coded.tolist() == ["a", "b", pd.NA, "a"]
+    python = S.string_array(pd.Series(rows, dtype=object))  # the default storage here: unchanged
+    assert python.tolist() == arr.tolist()
