@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -622,6 +623,10 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                 _normalise(tmp)
             except KernelmapError as exc:  # keep the captures; report the failure after the rename
                 normalise_error = exc
+            except Exception as exc:  # noqa: BLE001 - a parser defect must not cost the captures either
+                # (on the H100 a ValueError in the cuDNN log adapter discarded a whole GPU run's captures)
+                traceback.print_exc(file=sys.stderr)
+                normalise_error = KernelmapError(f"{type(exc).__name__}: {exc} (a kernelmap defect: traceback above)")
     summary = {
         "run_dir": str(out),
         "results": [

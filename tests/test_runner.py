@@ -6,6 +6,7 @@ so this pytest process never imports a framework.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -344,15 +345,8 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
     assert [r["batch_size"] for r in json.loads((out / "results.json").read_text())] == [32]
 
 
-def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
-    """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
-    worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
-    from kernelmap.reports.analyses.base import load_run
-
-    from kernelmap import cli
-    from kernelmap import parity as parity_mod
-    from kernelmap.errors import MissingToolError
-
+def _workers_that_finish(monkeypatch):
+    """Every framework installed, and each worker's clean pass finished (no subprocess)."""
     def fake_run_one(fw, decision, bs, *rest):
         return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
                 "device_note": decision.note, "median_step_s": 0.01, "ci95_low_s": None, "ci95_high_s": None,
@@ -360,18 +354,35 @@ def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatc
                 "e2e_step_s": None, "e2e_images_per_s": None, "test_accuracy": None, "passes": {"clean": {}},
                 "versions": {"framework": fw}}
 
+    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+
+
+def _quick_run_args(out: Path, framework: str, profile: str) -> argparse.Namespace:
+    from kernelmap import cli
+
+    return cli.build_parser(["run"]).parse_args(
+        ["run", "--framework", framework, "--device", "cpu", "--steps", "3", "--trials", "1", "--profile", profile,
+         "--data", "synthetic", "--out", str(out), "--json"])
+
+
+def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
+    """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
+    worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
+    from kernelmap.reports.analyses.base import load_run
+
+    from kernelmap import parity as parity_mod
+    from kernelmap.errors import MissingToolError
+
     why = "parity: the second worker cannot start; fix: install it"
 
     def failing_parity(**kw):
         raise MissingToolError(why)
 
-    monkeypatch.setattr(runner, "_run_one", fake_run_one)
-    monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+    _workers_that_finish(monkeypatch)
     monkeypatch.setattr(parity_mod, "compute_parity", failing_parity)
     out = tmp_path / "run"
-    args = cli.build_parser(["run"]).parse_args(
-        ["run", "--framework", "all", "--device", "cpu", "--steps", "3", "--trials", "1", "--profile", "none",
-         "--data", "synthetic", "--out", str(out), "--json"])
+    args = _quick_run_args(out, "all", "none")
     summary = runner.execute(args)
     assert summary["parity_failed"] == why and summary["parity_passed"] is None
     man = json.loads((out / "manifest.json").read_text())
@@ -380,3 +391,27 @@ def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatc
     assert (out / "results.json").is_file()
     problems = load_run(out).problems
     assert [p for p in problems if p.startswith("parity failed") and why in p], problems
+
+
+def test_a_normalise_defect_keeps_the_captures_and_says_what_failed(tmp_path, monkeypatch, capsys):
+    """A parser defect (not a KernelmapError) in normalise after every worker finished: the run directory
+    and its captures are kept under --out, the error names the exception and how to redo the step."""
+
+    def defect(run_tmp):
+        (Path(run_tmp) / "pytorch" / "bs64").mkdir(parents=True, exist_ok=True)
+        (Path(run_tmp) / "pytorch" / "bs64" / "cudnn.log").write_text("a capture\n")
+        raise ValueError("invalid literal for int() with base 16: '0xd917110;'")
+
+    _workers_that_finish(monkeypatch)
+    monkeypatch.setattr(runner, "_normalise", defect)
+    out = tmp_path / "run"
+    args = _quick_run_args(out, "pytorch", "libs")
+    with pytest.raises(KernelmapError) as err:
+        runner.execute(args)
+    msg = str(err.value)
+    assert msg.startswith(f"{out}: the run is complete but normalising its captures failed: ValueError: invalid "
+                          "literal for int() with base 16: '0xd917110;' (a kernelmap defect: traceback above)")
+    assert f"rerun `kernelmap normalise {out}`" in msg
+    assert "Traceback" in capsys.readouterr().err
+    assert (out / "pytorch" / "bs64" / "cudnn.log").read_text() == "a capture\n"
+    assert (out / "manifest.json").is_file() and (out / "results.json").is_file()
