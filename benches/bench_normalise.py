@@ -18,9 +18,11 @@ Kineto ``traceEvents`` but metadata (``ph: M``), as for the scaled trace; for ns
 tables the adapter reads (kernels, runtime calls, memcpy/memset, NVTX ranges, cuDNN/cuBLAS
 events). Peak RSS is given against the file as given and against its decompressed size.
 
-The real model's trace: ``benches/data/resnet50-kineto-h100.json.gz`` (6 MB; 93 MB of JSON),
-torchvision ResNet-50, 40 training steps at bs 32 on an H100 (2026-11-23), recorded by
-``python benches/record_resnet50_trace.py kineto OUT.json.gz --steps 40``.
+The real model's trace: ``benches/data/resnet50-kineto-h100-25steps.json.xz`` (2.6 MB; 52 MB of JSON,
+193,193 events): torchvision ResNet-50 at bs 32 on an H100 (2026-11-23), recorded by
+``python benches/record_resnet50_trace.py kineto OUT.json.gz --steps 40`` and cut, to stay under the
+repository's 3 MB per file, after the host end of its 25th ProfilerStep (metadata events kept; events
+starting later dropped, so the last step's GPU tail is partly cut).
 """
 
 from __future__ import annotations
