@@ -8,6 +8,7 @@ NVTX ranges) is a method of its ``Workload``, which only a worker imports.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,24 @@ class GpuVerdict:
     why: str | None = None  # when not usable: one line
     fix: str | None = None  # when not usable: what would make it usable
     cpu_regardless: bool = False  # the framework has no code for this GPU at all: the CPU even under --device gpu
+
+
+class NsysWindow(enum.Enum):
+    """How a framework's worker bounds its nsys capture to the timed steps."""
+
+    # cudaProfilerStart/Stop around the timed steps: nsys runs with --capture-range=cudaProfilerApi
+    # and records only the window
+    PROFILER_API = "cudaProfilerApi"
+    # a ``kernelmap:capture`` NVTX range (adapters.canonical.CAPTURE_RANGE) around the timed steps: nsys
+    # records the whole process and the nsys adapter keeps what starts inside the range. For MXNet built
+    # for sm_90, whose nsys agent dies when a capture starts at cudaProfilerStart mid-run
+    NVTX_RANGE = "nvtx-range"
+
+    def nsys_flags(self) -> list[str]:
+        """The ``nsys profile`` options that follow from it."""
+        if self is NsysWindow.PROFILER_API:
+            return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+        return []
 
 
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
@@ -45,9 +64,9 @@ class Framework:
     # extra environment of its doctor probe and its workers on a GPU of this compute capability ("9.0"),
     # e.g. the tree of an MXNet built for it; None where there is none
     worker_env: Callable[[str | None], Mapping[str, str] | None] | None = None
-    # whether its Workload opens the nsys capture window (cudaProfilerStart/Stop) on the GPU, given its
-    # worker environment
-    nsys_window: Callable[[Mapping[str, str] | None], bool] = lambda worker_env: False
+    # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
+    # opens no window (its nsys pass is skipped)
+    nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

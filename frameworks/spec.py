@@ -165,9 +165,10 @@ class WorkloadBase(abc.ABC):
         exit it writes ``out_dir/trace.json.gz`` (and any companion file its adapter reads)."""
 
     def nsys_window(self):
-        """Context manager: the nsys capture window around the timed steps (the runner starts nsys with
-        ``--capture-range=cudaProfilerApi``: cudaProfilerStart/Stop) and any per-op NVTX ranges. The
-        default opens no window: such a framework's nsys capture holds nothing, and its records say so."""
+        """Context manager: the nsys capture window around the timed steps, of the kind its descriptor's
+        ``nsys_window`` names (``registry.NsysWindow``: cudaProfilerStart/Stop, or a ``kernelmap:capture``
+        NVTX range), and any per-op NVTX ranges. The default opens no window: the runner skips such a
+        framework's nsys pass and says so."""
         import contextlib
 
         return contextlib.nullcontext()

@@ -184,7 +184,7 @@ def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
     for cond, text in rules:
         hit = open_ & cond
         reason[hit] = text
-        open_ &= ~hit
+        open_ = open_ & ~hit  # to_numpy() may be read-only (pandas 3 copy-on-write)
     return k.assign(reason=pd.array(reason, dtype="string"))
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from . import doctor, frameworks, gpuinfo, interrupt, manifest, rundir, timing
 from .atomic import atomic_dir
 from .errors import KernelmapError, MissingToolError
+from .frameworks.registry import NsysWindow
 from .frameworks.spec import MATH_DEFAULT, Math
 
 FRAMEWORK_CHOICES = frameworks.FRAMEWORKS
@@ -197,25 +198,26 @@ def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE,
             "MKL_VERBOSE": "1", "MKL_VERBOSE_OUTPUT_FILE": str(log_dir / "blas.log")}
 
 
-def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str], list[str]]:
-    # Record only the timed steps: the worker brackets them with cudaProfilerStart/Stop, so warm-up
-    # kernels (which no op range covers) never enter the capture.
-    profile = [nsys, "profile", "--trace=cuda,nvtx", "--capture-range=cudaProfilerApi",
-               "--capture-range-end=stop", "-o", str(out_dir / "nsys"), "--force-overwrite", "true",
-               *worker_cmd]
+def _nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str],
+                   window: NsysWindow) -> tuple[list[str], list[str]]:
+    # Only the timed steps: the worker brackets them with cudaProfilerStart/Stop (nsys records only
+    # those) or a kernelmap:capture NVTX range (the adapter cuts the capture to it), so warm-up kernels
+    # (which no op range covers) never enter the records.
+    profile = [nsys, "profile", "--trace=cuda,nvtx", *window.nsys_flags(),
+               "-o", str(out_dir / "nsys"), "--force-overwrite", "true", *worker_cmd]
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out_dir / "nsys.sqlite")]
     return profile, export
 
 
-def _nsys_skip_reason(nsys: str | None, device: str, has_window: bool, label: str) -> str | None:
+def _nsys_skip_reason(nsys: str | None, device: str, window: NsysWindow | None, label: str) -> str | None:
     """Why the nsys pass cannot record anything here, or None where it runs. On the CPU that is the
     reason whether or not nsys is installed (installing it would not change it)."""
     if device != "gpu":
         return "the CPU run launches no CUDA work for nsys to record"
     if nsys is None:
         return f"nsys not found; {doctor.FIX['nsys']}"
-    if not has_window:
-        return f"{label}'s workload opens no nsys capture window (cudaProfilerStart/Stop)"
+    if window is None:
+        return f"{label}'s workload opens no nsys capture window (cudaProfilerStart/Stop or an NVTX range)"
     return None
 
 
@@ -397,7 +399,7 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         log_path = rd.log(fw, bs, p)
         progress.start(label)
         if p == "nsys":
-            cmd, export = _nsys_commands(nsys, out_dir, cmd)
+            cmd, export = _nsys_commands(nsys, out_dir, cmd, descriptor.nsys_window(own_env))
             run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
             run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs,
                        forward_stderr=False, log_path=log_path)

@@ -101,3 +101,34 @@ def test_kernels_take_their_operator_layer_phase_and_step(df):
         assert launched[col].tolist() == ops[col].tolist(), col
     conv = launched[launched["canonical_op"].isin(["conv2d", "linear"])]
     assert conv["layer"].notna().all()
+
+
+def test_a_capture_range_cuts_the_whole_process_capture_to_it(tmp_path):
+    """registry.NsysWindow.NVTX_RANGE: nsys recorded the whole process (step 0 stands for warm-up and
+    autotuning), and the worker's ``kernelmap:capture`` range bounds the timed steps (step 1 here).
+    Only rows that start inside the range are kept, and the range is no row of its own."""
+    path = tmp_path / "mxnet.sqlite"
+    _db(path)
+    con = sqlite3.connect(path)
+    lo, hi = PERIOD - 5, PERIOD + 10 * max(b for _, _, b in OPS) + 5  # step 1's regions and operators
+    con.execute("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, 'kernelmap:capture', ?, NULL)", (lo, hi, HOST))
+    con.commit()
+    con.close()
+    df = nsys.read(path)
+    assert df["start_ns"].between(lo, hi).all()
+    assert not df["op_name"].eq("kernelmap:capture").any()
+    assert (df["kind"].eq("kernel").sum(), df["kind"].eq("op").sum()) == (len(OPS), len(OPS) - 1)
+    assert set(df.loc[df["kind"].eq("op"), "iteration"]) == {1}
+
+
+def test_two_capture_ranges_are_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "mxnet.sqlite"
+    _db(path)
+    con = sqlite3.connect(path)
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, 'kernelmap:capture', ?, NULL)",
+                    [(0, 10, HOST), (PERIOD, PERIOD + 10, HOST)])
+    con.commit()
+    con.close()
+    with pytest.raises(nsys.ParseError, match="2 NVTX ranges named 'kernelmap:capture'") as exc:
+        nsys.read(path)
+    assert str(path) in str(exc.value)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import require_framework
 from kernelmap.frameworks import spec
+from kernelmap.frameworks.registry import NsysWindow
 
 from kernelmap import frameworks, manifest, rundir, runner, timing
 from kernelmap.errors import KernelmapError
@@ -127,13 +128,29 @@ def test_nsys_command_path(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     worker = [sys.executable, "-c", f"open({str(out / 'nsys.json')!r}, 'w').write('{{}}')"]
-    profile, export = runner._nsys_commands(str(nsys), out, worker)
+    profile, export = runner._nsys_commands(str(nsys), out, worker, NsysWindow.PROFILER_API)
     runner.run_worker(profile, label="pytorch bs 64 (nsys pass, gpu)", batch_size=64, forward_stderr=False)
     runner.run_worker([*export, str(runner._nsys_report(out))], label="export", batch_size=64)
     assert (out / "nsys.json").is_file() and (out / "nsys.sqlite").read_text().endswith("nsys.nsys-rep")
     calls = [json.loads(line) for line in (tmp_path / "bin" / "calls.jsonl").read_text().splitlines()]
     assert calls[0][:2] == ["profile", "--trace=cuda,nvtx"] and calls[0][-len(worker):] == worker
+    assert "--capture-range=cudaProfilerApi" in calls[0]
     assert calls[1][:3] == ["export", "--type", "sqlite"]
+
+
+def test_nsys_window_kind_sets_the_capture_flags(tmp_path):
+    """cudaProfilerStart/Stop: nsys records only the window; an NVTX range (MXNet built for sm_90, whose
+    nsys agent died when a capture started mid-run): nsys records the whole process, no capture range."""
+    worker = ["python", "-m", "kernelmap.worker"]
+    api, _ = runner._nsys_commands("nsys", tmp_path, worker, NsysWindow.PROFILER_API)
+    nvtx, _ = runner._nsys_commands("nsys", tmp_path, worker, NsysWindow.NVTX_RANGE)
+    assert api[api.index("--capture-range=cudaProfilerApi") + 1] == "--capture-range-end=stop"
+    assert not any(a.startswith("--capture-range") for a in nvtx)
+    assert nvtx[-len(worker):] == worker and api[-len(worker):] == worker
+    mx = frameworks.get("mxnet")
+    assert mx.nsys_window({}) is None  # the cu11x wheel or the CPU: no window, the pass is skipped
+    assert mx.nsys_window({"KERNELMAP_MXNET_TREE": "/tmp/mxhome/1.9.1-sm90"}) is NsysWindow.NVTX_RANGE
+    assert frameworks.get("pytorch").nsys_window(None) is NsysWindow.PROFILER_API
 
 
 def test_nsys_skip_is_said_once_per_reason():

@@ -261,12 +261,3 @@ def library_versions() -> dict[str, int | None]:
                 out["cublas"] = parts[0] * 10000 + parts[1] * 100 + parts[2]
     return out
 
-
-def cuda_profiler(start: bool) -> None:
-    """cudaProfilerStart/Stop through the preloaded CUDA runtime (nsys --capture-range=cudaProfilerApi)."""
-    lib = next((lib for name, lib in _LOADED.items() if name.startswith("libcudart.so")), None)
-    if lib is None:
-        raise OSError("cudaProfilerStart: no CUDA runtime preloaded (built.preload was not called)")
-    rc = (lib.cudaProfilerStart if start else lib.cudaProfilerStop)()
-    if rc != 0:
-        raise OSError(f"cudaProfiler{'Start' if start else 'Stop'} returned CUDA error {rc}")

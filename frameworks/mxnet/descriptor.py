@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..registry import CUDNN9_LOG, Framework, GpuVerdict, no_gpu
+from ..registry import CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
 
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
                "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet")
@@ -65,11 +65,14 @@ def cudnn_log_env(env: dict[str, str] | None) -> dict[str, str]:
     return dict(CUDNN9_LOG) if env and env.get(ENV_TREE) else {"CUDNN_LOGINFO_DBG": "1"}
 
 
-def _has_built_tree(env: dict[str, str] | None) -> bool:
-    """Only a built MXNet's CUDA runtime is preloaded where the workload can call cudaProfilerStart."""
+def nsys_window(env: dict[str, str] | None) -> NsysWindow | None:
+    """Only an MXNet built by build-mxnet (with NVTX) opens a window: its ``kernelmap:capture`` range.
+    Not cudaProfilerStart: on the H100 nsys' agent died ("Connection to Agent lost") whenever a capture
+    started there mid-run (--trace cuda, nvtx or both, cuDNN autotune on or off), and recorded the whole
+    process without fault."""
     from .built import ENV_TREE
 
-    return bool(env and env.get(ENV_TREE))
+    return NsysWindow.NVTX_RANGE if env and env.get(ENV_TREE) else None
 
 
 DESCRIPTOR = Framework(
@@ -77,5 +80,5 @@ DESCRIPTOR = Framework(
     gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=("imperative", "hybridized"),
     # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
     pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
-    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=_has_built_tree,
+    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,
 )

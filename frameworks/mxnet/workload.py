@@ -229,9 +229,12 @@ class Workload(spec.WorkloadBase):
 
     @contextlib.contextmanager
     def nsys_window(self):
-        """cudaProfilerStart/Stop around the timed steps on the GPU, with MXNet's profiler running: an
-        MXNet built with NVTX by build-mxnet then opens one NVTX range per operator (the cu11x wheel's
-        operators carry none; the workload's regions do)."""
+        """The ``kernelmap:capture`` NVTX range around the timed steps on the GPU (registry.NsysWindow.
+        NVTX_RANGE: nsys records the whole process, the adapter keeps what starts inside it), with
+        MXNet's profiler running: an MXNet built with NVTX by build-mxnet then opens one NVTX range per
+        operator. The range closes after the last kernel has finished (waitall inside it)."""
+        from kernelmap.adapters.canonical import CAPTURE_RANGE
+
         from . import built
 
         if self.ctx.device_type != "gpu" or not os.environ.get(built.ENV_TREE):
@@ -241,12 +244,11 @@ class Workload(spec.WorkloadBase):
         mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=os.devnull)
         mx.nd.waitall()
         mx.profiler.set_state("run")
-        built.cuda_profiler(True)
         try:
-            yield
-            mx.nd.waitall()
+            with self.region(CAPTURE_RANGE):
+                yield
+                mx.nd.waitall()
         finally:
-            built.cuda_profiler(False)
             mx.profiler.set_state("stop")
 
     @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..registry import Framework, GpuVerdict, no_gpu
+from ..registry import Framework, GpuVerdict, NsysWindow, no_gpu
 
 INSTALL_FIX = "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)"
 CUDA_FIX = ("install a CUDA build of torch, e.g. pip install torch --index-url "
@@ -38,5 +38,5 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
 DESCRIPTOR = Framework(
     name="pytorch", label="PyTorch", color="#d9480f", import_names=("torch", "torchvision"),
     install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto", modes=("eager",),
-    nsys_window=lambda worker_env: True,
+    nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
 )

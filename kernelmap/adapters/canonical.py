@@ -211,6 +211,9 @@ def containing(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_val
 
 
 _REGION = re.compile(r"^kernelmap:(forward|backward|optimizer)$")
+# The workload's region around a whole nsys capture where nsys records the whole process
+# (registry.NsysWindow.NVTX_RANGE): the nsys adapter keeps only what starts inside it.
+CAPTURE_RANGE = "kernelmap:capture"
 _STEP = re.compile(r"^(?:kernelmap:step#|ProfilerStep#)(-?\d+)$")
 
 

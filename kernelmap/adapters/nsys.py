@@ -12,7 +12,9 @@ needs; a missing required table/column raises ParseError naming it. Everything i
   (``aten::conv2d, seq = 12, op_id = 34, sizes = [[...]], ...``: name, seq and sizes parsed from
   the fields) and for MXNet's operator ranges (the framework told from the texts, ``nvtx_framework``;
   its C API ranges ``MX*`` are not ops), ``step``/``annotation`` rows for other ranges (``kernelmap:*``,
-  user ranges)
+  user ranges). Where the capture holds a ``kernelmap:capture`` range (a worker whose nsys records the
+  whole process: ``registry.NsysWindow.NVTX_RANGE``), only rows that start inside it are kept, and the
+  range itself is dropped: warm-up, autotuning and set-up never enter the records.
 * ``CUDNN_EVENTS`` / ``CUBLAS_EVENTS`` (nsys ``--trace=cudnn,cublas``) -> library_call rows
 
 ``tid``/``pid`` are decoded from nsys' ``globalTid`` (pid = bits 24..47, tid = low 24 bits).
@@ -36,6 +38,7 @@ from .. import strings
 from ..errors import ParseError
 from . import _trace
 from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, int64_array
+from .canonical import CAPTURE_RANGE
 
 try:  # optional (setup.py builds it where a C compiler is found): SQLite columns read natively
     from . import _native
@@ -193,7 +196,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
             f"{name}, r.globalTid AS gtid FROM {t} r")))
     t = "NVTX_EVENTS"
-    dims = nv = None
+    dims = nv = window = None
     if t in tables:
         have = _columns(con, t)
         _need(path, t, have, ("start", "end", "eventType", "globalTid"))
@@ -205,6 +208,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         ids = nv.pop("text_id")
         if ids.notna().any():  # the text itself where the row has one, else its StringIds value
             nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
+        window, nv = _capture_window(nv, path)
         framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
         frames.append(_nvtx(nv, framework))
     for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
@@ -223,6 +227,9 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     bad = int((strings.eq(df["kind"], "kernel") & strings.isna(df["kernel_name"])).sum()) if "kernel_name" in df else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
+    if window is not None:  # what starts inside the kernelmap:capture range
+        start = pd.to_numeric(df["start_ns"])
+        df = df[((start >= window[0]) & (start <= window[1])).to_numpy()]
     df = df.sort_values("start_ns", kind="stable", ignore_index=True)
     gtid = pd.to_numeric(df.get("gtid"), errors="coerce")
     gpid = pd.to_numeric(df["gpid"], errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
@@ -252,6 +259,20 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         out["library"] = out["library"].astype("string")
         kernel_library(out)
     return out
+
+
+def _capture_window(nv: pd.DataFrame, path: Path) -> tuple[tuple[int, int] | None, pd.DataFrame]:
+    """The ``kernelmap:capture`` range's [start, end] in ns, or None where the capture has none, and
+    the NVTX rows without it. More than one such range is an error: which would bound the capture?"""
+    cap = (nv["text"] == CAPTURE_RANGE).to_numpy()
+    n = int(cap.sum())
+    if n == 0:
+        return None, nv
+    if n > 1:
+        raise ParseError(path, f"{n} NVTX ranges named {CAPTURE_RANGE!r}: a capture has one window")
+    row = nv[cap].iloc[0]
+    start = int(row["start_ns"])
+    return (start, start + int(row["dur_ns"])), nv[~cap].reset_index(drop=True)
 
 
 def _query(con, db: Path | None, q: str) -> pd.DataFrame:
