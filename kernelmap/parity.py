@@ -23,6 +23,7 @@ interpreter used is recorded in the figures (``python``).
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -88,16 +89,19 @@ def parse_python(items: list[str]) -> dict[str, str]:
 
 
 def check_available(frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> None:
-    """Raise ``MissingToolError`` naming the fix for a framework that is not installed (no import).
-    A framework run under another interpreter is checked by its worker (exit 3 names the fix)."""
+    """Raise ``MissingToolError`` naming the fix for a framework that is not installed (no import):
+    found neither on this interpreter's path nor on its own environment's PYTHONPATH (an MXNet built
+    for this GPU by build-mxnet). A framework run under another interpreter is checked by its worker
+    (exit 3 names the fix)."""
     where = interpreters(frameworks, python)
     for fw in frameworks:
         if fw not in registry.FRAMEWORKS:
             raise KernelmapError(f"parity: unknown framework {fw!r}; choose from {registry.FRAMEWORKS}")
         if where[fw] != sys.executable:
             continue
+        own_path = [p for p in registry.get(fw).own_env().get("PYTHONPATH", "").split(os.pathsep) if p]
         for module in registry.get(fw).import_names:
-            if importlib.util.find_spec(module) is None:
+            if importlib.util.find_spec(module) is None and importlib.machinery.PathFinder.find_spec(module, own_path) is None:
                 raise MissingToolError(f"{fw}: python module {module!r} is not installed; "
                                        f"{registry.get(fw).install_fix}")
 

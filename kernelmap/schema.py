@@ -163,7 +163,8 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
             return pd.Series(pd.NA, index=df.index, dtype=dtype).array
         if dtype == "string" and df[col].dtype == object:  # once per distinct value where rows share them
             return string_array(df[col])
-        return df[col].astype(dtype, copy=copy).array
+        # pandas 3 copies lazily (copy-on-write) and deprecates astype's copy keyword
+        return (df[col].astype(dtype) if _PANDAS_COW else df[col].astype(dtype, copy=copy)).array
 
     cols = {col: column(col, dtype) for col, dtype in COLUMNS.items()}
     extra = set(df.columns) - set(COLUMNS)
@@ -232,13 +233,15 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # dictionary pages for the string columns (few distinct values: names, kinds) and min/max
     # statistics for the others; string statistics (min/max of long kernel names) and dictionary
     # attempts on timestamps cost a third of the write and nothing reads them
-    strs = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
-    nums = [f.name for f in arrow_schema if not pa.types.is_string(f.type)]
+    # (pandas 3's "string" columns are Arrow large_string: text all the same)
+    strs = [f.name for f in arrow_schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    nums = [f.name for f in arrow_schema if f.name not in strs]
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool, use_dictionary=strs,
                                                     write_statistics=nums) as writer:
         _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
 
 
+_PANDAS_COW = int(pd.__version__.split(".")[0]) >= 3  # copy-on-write always on
 ROW_GROUP = 1 << 18  # rows per Parquet row group
 
 

@@ -83,7 +83,7 @@ def test_layers_by_position_within_each_step(df):
 
 def test_phase_by_name_else_the_region_before(df):
     ops = df[df["kind"].eq("op")].set_index("op_name")
-    phase = ops.groupby(level=0)["phase"].agg(lambda p: set(p))
+    phase = {name: set(p) for name, p in ops.groupby(level=0)["phase"]}  # (pandas 3's agg makes sets lists)
     assert phase["Convolution"] == {"forward"}  # its name, though the host was in no region any more
     assert phase["_backward_Convolution"] == {"backward"}
     assert phase["sgd_mom_update"] == {"optimizer"}

@@ -197,7 +197,8 @@ def test_patch_files_are_package_data():
     names = [p.name for p in build.patch_files()]
     assert names == ["0001-cxx17-cudnn9-cuda12-graphs-thrust.patch", "0002-python-numpy-py312.patch",
                      "0003-cccl3-mshadow-cuda-namespace.patch", "0004-nvtx3-header-only.patch",
-                     "0005-gpu-operator-subset.patch", "0006-cpu-source-subset.patch"]
+                     "0005-gpu-operator-subset.patch", "0006-cpu-source-subset.patch",
+                     "0007-profiler-nvtx-ranges-end.patch"]
 
 
 @needs_kit
@@ -214,7 +215,7 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     root = tmp_path / "mxnet"
     shutil.copytree(kit_source[0], root, symlinks=True)
     names = build.apply_patches(root)
-    assert len(names) == 6
+    assert len(names) == 7
     assert (root / ".kernelmap-patched").read_text().split() == names
     cmake = (root / "CMakeLists.txt").read_text()
     assert "set(CMAKE_CXX_STANDARD 17)" in cmake
@@ -234,6 +235,10 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     assert "using namespace mshadow;" not in (root / "src/operator/linalg.h").read_text()
     assert "bool = onp.bool_" in (root / "python/mxnet/numpy/utils.py").read_text()
     assert (root / "python/mxnet/_vershim.py").is_file()
+    # patch 0007: an event's and a frame's stop() end their NVTX range; an operator keeps one range
+    profiler_h = (root / "src/profiler/profiler.h").read_text()
+    assert profiler_h.count("NVTX_ONLY_CODE(if (nvtx_duration_) nvtx_duration_->stop());") == 1
+    assert "NVTX_ONLY_CODE(nvtx_duration_.reset());" in profiler_h
     # applied twice: the dry run of the first patch fails, and nothing is changed
     before = (root / "CMakeLists.txt").read_bytes()
     with pytest.raises(build.BuildError) as err:
@@ -698,3 +703,20 @@ def test_scipy_stub_turns_the_host_scipy_into_an_import_error(tmp_path, monkeypa
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ImportError: scipy is hidden from this MXNet tree (kernelmap build-mxnet)")
+
+
+@needs_kit
+def test_resume_applies_only_the_patches_added_since(kit_source, tmp_path):
+    """A source prepared before a patch joined the project: the resumed build applies the new one
+    alone and the stamp lists all of them; a stamp naming a patch the project lost is an error."""
+    root = tmp_path / "mxnet"
+    shutil.copytree(kit_source[0], root, symlinks=True)
+    every = build.patch_files()
+    build.apply_patches(root, every[:-1])
+    assert build.new_patches(root) == every[-1:]
+    assert build.apply_patches(root, build.new_patches(root)) == [every[-1].name]
+    assert build.applied_patches(root) == [p.name for p in every]
+    assert build.new_patches(root) == []
+    (root / build.PATCHED_STAMP).write_text("0000-gone.patch\n" + (root / build.PATCHED_STAMP).read_text())
+    with pytest.raises(build.BuildError, match="0000-gone.patch, which the project no longer has"):
+        build.new_patches(root)

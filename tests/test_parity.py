@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from conftest import require_framework
-from kernelmap.frameworks import spec
+from kernelmap.frameworks import registry, spec
 
 from kernelmap import parity
 from kernelmap.errors import KernelmapError, MissingToolError
@@ -58,6 +58,20 @@ def test_missing_framework_names_fix(monkeypatch):
     monkeypatch.setattr(parity.importlib.util, "find_spec", lambda m: None if m == "mxnet" else real(m))
     with pytest.raises(MissingToolError, match=r"pip install 'kernelmap\[mxnet\]'"):
         parity.compute_parity(data="synthetic")
+
+
+def test_a_framework_found_only_on_its_own_pythonpath_is_available(monkeypatch, tmp_path):
+    """On the H100 the run's parity said "python module 'mxnet' is not installed": the MXNet built by
+    build-mxnet is on its workers' PYTHONPATH (the descriptor's own environment), not on kernelmap's."""
+    (tmp_path / "python" / "mxnet").mkdir(parents=True)
+    (tmp_path / "python" / "mxnet" / "__init__.py").write_text("")
+    real = parity.importlib.util.find_spec
+    monkeypatch.setattr(parity.importlib.util, "find_spec", lambda m: None if m == "mxnet" else real(m))
+    with pytest.raises(MissingToolError, match=r"'mxnet' is not installed"):
+        parity.check_available(("mxnet",))
+    own = {"PYTHONPATH": str(tmp_path / "python"), "KERNELMAP_MXNET_TREE": str(tmp_path)}
+    monkeypatch.setattr(registry.Framework, "own_env", lambda self: dict(own) if self.name == "mxnet" else {})
+    parity.check_available(("mxnet",))  # found on its own PYTHONPATH: no error
 
 
 def test_bad_arguments():

@@ -234,15 +234,39 @@ def apply_patch(root: Path, patch: Path, dry_run: bool = False) -> str:
     return out.stdout
 
 
+PATCHED_STAMP = ".kernelmap-patched"  # in the source root: the names of the patches applied, in order
+
+
+def applied_patches(root: Path) -> list[str] | None:
+    """The patches a prepared source holds (its stamp), or None where it was never patched."""
+    stamp = root / PATCHED_STAMP
+    return stamp.read_text().split() if stamp.is_file() else None
+
+
 def apply_patches(root: Path, patches: list[Path] | None = None) -> list[str]:
-    """Check every patch with a dry run, then apply them all; returns the names applied."""
+    """Check every patch with a dry run, then apply them all; returns the names applied. The stamp
+    lists them after those the source already held (a patch added to the project since it was
+    prepared is applied on its own: ``new_patches``)."""
     patches = patch_files() if patches is None else patches
     for p in patches:  # all checked before any is applied: nothing half-patched
         apply_patch(root, p, dry_run=True)
     for p in patches:
         apply_patch(root, p)
-    (root / ".kernelmap-patched").write_text("\n".join(p.name for p in patches) + "\n")
+    names = [*(applied_patches(root) or []), *(p.name for p in patches)]
+    (root / PATCHED_STAMP).write_text("\n".join(names) + "\n")
     return [p.name for p in patches]
+
+
+def new_patches(root: Path) -> list[Path]:
+    """The project's patches that a prepared source does not hold yet, in order. A patch the stamp
+    names that the project no longer has is an error: the source cannot be un-patched here."""
+    done = applied_patches(root) or []
+    have = {p.name: p for p in patch_files()}
+    gone = [n for n in done if n not in have]
+    if gone:
+        raise BuildError(Step.PATCH, f"{root / PATCHED_STAMP}: the source holds {', '.join(gone)}, which the project "
+                                     "no longer has; build from a fresh --work directory")
+    return [p for name, p in have.items() if name not in done]
 
 
 def check_operator_sources(root: Path, sources: tuple[str, ...] = GPU_OPERATOR_SOURCES) -> None:
@@ -557,7 +581,7 @@ def install_tree(src: Path, build: Path, home: Path, arch: int, tc: Toolchain,
             "runtime_lib_dirs": [str(d) for d in tc.lib_dirs],
             "preload": list(dict.fromkeys(gfortran + preload)),
             "needed": needed, "numpy": Path(numpy_wheel).name if numpy_wheel else "host",
-            "patches": (src / ".kernelmap-patched").read_text().split(),
+            "patches": applied_patches(src),
             "gpu_operator_sources": list(GPU_OPERATOR_SOURCES),
             "excluded_source_dirs": list(EXCLUDED_SOURCE_DIRS), "excluded_sources": list(EXCLUDED_SOURCES),
             "library_bytes": (tmp / built.LIB_RELPATH).stat().st_size,
@@ -703,13 +727,17 @@ def main(args: argparse.Namespace) -> int:
     free_gb = shutil.disk_usage(work).free / 1e9
     src = work / "mxnet"
     stamp = work / "build" / "build.ninja"
-    if not (src / ".kernelmap-patched").is_file():
+    if applied_patches(src) is None:
         _say(f"step 1/5 source: {args.source or MXNET_GIT + ' @ ' + MXNET_VERSION}")
         src, deps = prepare_source(args.source, work)
         _say("step 2/5 patches: " + ", ".join(p.name for p in patch_files()))
         apply_patches(src)
     else:
         _say(f"steps 1-2/5: source already prepared and patched in {src} (resuming)")
+        added = new_patches(src)
+        if added:  # ninja then rebuilds what they touch
+            _say("step 2/5 patches added since: " + ", ".join(p.name for p in added))
+            apply_patches(src, added)
         deps = work / "deps" if (work / "deps").is_dir() else None
     check_operator_sources(src)
     n_cc, n_cu = count_sources(src)
