@@ -50,7 +50,12 @@ _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
 
 def _native(k: pd.DataFrame) -> np.ndarray:
-    return S.eq(k["library"], "native") | S.contains(k["kernel_name"], "at::native")
+    from .adapters.kineto import NATIVE_KERNEL_MARKS
+
+    out = S.eq(k["library"], "native")
+    for mark in NATIVE_KERNEL_MARKS:
+        out = out | S.contains(k["kernel_name"], mark)
+    return out
 
 
 def _kind(df: pd.DataFrame, kind: str) -> np.ndarray:
@@ -90,14 +95,40 @@ def _signed(calls: pd.DataFrame) -> pd.Series:
     return calls[SIGNATURE].notna().all(axis=1)
 
 
-def _targets(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _targets(calls: pd.DataFrame, steady_calls: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per signature: the call kernels link to (one row per signature whose calls agree on
-    library, API, algo and math mode: the last of them), and the signatures whose calls do not."""
+    library, API, algo and math mode: the last of them), and the signatures whose calls do not.
+    ``steady_calls``: only a signature's last that many calls must agree (the log's timed steps;
+    its first calls may be warm-up's, such as MXNet's cuDNN autotuning, which calls each algorithm
+    it tries once); None: all of them.
+
+    A backward op whose kernels are not split into data and weight gradients (MXNet's
+    ``_backward_FullyConnected`` launches both GEMMs) has direction ``bwd``: its signature is the union
+    of the op's ``bwd_data`` and ``bwd_weight`` calls, which link only where they agree (both
+    ``cublasSgemmEx``, one math mode), and never where the log itself has ``bwd`` calls."""
     signed = calls[_signed(calls)].sort_values(["start_ns", "event_id"], kind="stable")
+    split = signed[S.isin(signed["direction"], list(_SPLIT_BWD))]
+    if len(split):
+        union = split.assign(direction=pd.array(["bwd"] * len(split), dtype="string"))
+        have = set(signed.loc[S.eq(signed["direction"], "bwd"), ["canonical_op", "layer"]].itertuples(index=False))
+        union = union[[k not in have for k in union[["canonical_op", "layer"]].itertuples(index=False)]]
+        t, a = _agreeing(signed, steady_calls)
+        ut, ua = (x.assign(derived=True) for x in _agreeing(union, steady_calls))
+        return (pd.concat([t.assign(derived=False), ut], ignore_index=True),
+                pd.concat([a.assign(derived=False), ua], ignore_index=True))
+    return tuple(x.assign(derived=False) for x in _agreeing(signed, steady_calls))
+
+
+_SPLIT_BWD = ("bwd_data", "bwd_weight")  # the directions a backward op's kernels can be split into
+
+
+def _agreeing(signed: pd.DataFrame, steady_calls: int | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``_targets`` of calls already signed and in time order."""
     if signed.empty:
         empty = pd.DataFrame(columns=[*SIGNATURE, "call_event_id", *_CALL_COLS, "log_calls"])
         return empty, empty
-    variants = signed.groupby(SIGNATURE, dropna=False)[_CALL_COLS].apply(
+    judged = signed if steady_calls is None else signed.groupby(SIGNATURE, dropna=False).tail(steady_calls)
+    variants = judged.groupby(SIGNATURE, dropna=False)[_CALL_COLS].apply(
         lambda g: len(g.astype(str).drop_duplicates()))
     last = signed.groupby(SIGNATURE, dropna=False).tail(1).set_index(SIGNATURE)
     n = signed.groupby(SIGNATURE, dropna=False).size()
@@ -108,7 +139,7 @@ def _targets(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return t[t["variants"].eq(1)].drop(columns="variants"), t[t["variants"].gt(1)].drop(columns="variants")
 
 
-def link_library_calls(df: pd.DataFrame) -> dict:
+def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dict:
     """Link library kernels to the GPU library-log calls of the same run, by signature.
 
     The logs come from their own capture pass (another process, other steps), so a kernel is not
@@ -117,16 +148,20 @@ def link_library_calls(df: pd.DataFrame) -> dict:
     that signature is launched inside. A signature's calls must agree on library, API function,
     algo/engine and math mode (else the signature is ambiguous and nothing links to it); the
     kernel gets the last of them as ``call_event_id`` and the call's library, API function, algo
-    and math mode. Sets those columns in place; returns what could not be used."""
+    and math mode. ``steady_calls``: only the last that many calls of a signature must agree (the
+    timed steps of the log's pass: ``_targets``). Sets those columns in place; returns what could not
+    be used."""
     calls = _log_calls(df)
     info: dict = {"library_call_signatures": 0, "library_calls_without_signature": [],
                   "ambiguous_signatures": []}
     if calls.empty:
         return info
-    targets, ambiguous = _targets(calls)
-    info["library_call_signatures"] = len(targets) + len(ambiguous)
+    targets, ambiguous = _targets(calls, steady_calls)
+    # the log's own signatures (not the bwd unions derived from them for unsplit backward kernels)
+    real = ~ambiguous["derived"].astype(bool)
+    info["library_call_signatures"] = int((~targets["derived"].astype(bool)).sum() + real.sum())
     info["ambiguous_signatures"] = [dict(zip(SIGNATURE, map(str, r), strict=True))
-                                    for r in ambiguous[SIGNATURE].itertuples(index=False)]
+                                    for r in ambiguous.loc[real, SIGNATURE].itertuples(index=False)]
     uns = calls[~_signed(calls)]
     if len(uns):
         g = uns.assign(shapes=uns["shapes"].fillna(""), algo=uns["algo"].fillna("")).groupby(
@@ -150,7 +185,7 @@ _LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "
                         "dur_ns"]
 
 
-def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
+def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.DataFrame:
     """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
@@ -166,7 +201,7 @@ def library_kernels(df: pd.DataFrame) -> pd.DataFrame:
            | S.isin(k["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
     k = k[lib]
     sig = sig[lib]
-    _, ambiguous = _targets(calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
+    _, ambiguous = _targets(calls, steady_calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
     amb = set(_sig(ambiguous))
     canon = k["canonical_op"]
     rules = [  # the first rule that holds gives an unlinked kernel its reason
@@ -356,23 +391,23 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     return out
 
 
-def summarise(df: pd.DataFrame, log_steps: int | None = None) -> dict:
+def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
     _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"])))  # kinds coded once, not per test
     try:
-        return _summarise(df, log_steps)
+        return _summarise(df, log_steps, steady_calls)
     finally:
         _KIND_CODES.pop()
 
 
-def _summarise(df: pd.DataFrame, log_steps: int | None) -> dict:
+def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None) -> dict:
     calls = df[_kind(df, "library_call")]
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]
     is_op = _kind(df, "op")
-    lk = library_kernels(df)
+    lk = library_kernels(df, steady_calls)
     return {
         "events": len(df),
         **_kernel_figures(df[_kind(df, "kernel")]),

@@ -40,9 +40,12 @@ def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
 
 
 def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
-              batch_size: int | None = None, log_steps: int | None = None) -> tuple[pd.DataFrame, dict]:
+              batch_size: int | None = None, log_steps: int | None = None,
+              steady_calls: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes.
-    ``log_steps``: the training steps the library logs cover (for calls per step), where known."""
+    ``log_steps``: the training steps the library logs cover (for calls per step), where known;
+    ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
+    many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
@@ -69,9 +72,9 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
         rdf = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else schema.empty()
         parts = df = None  # rdf is the only copy of the records from here (peak memory)
         rdf = schema.conform(rdf, copy=False)
-        links = attribution.link_library_calls(rdf)
+        links = attribution.link_library_calls(rdf, steady_calls)
         links.update(attribution.link_onednn(rdf))
-        own = attribution.summarise(rdf, log_steps)
+        own = attribution.summarise(rdf, log_steps, steady_calls)
         runs[name] = {**own, **links}
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
@@ -79,7 +82,7 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
         top = own
     else:
         df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
-        top = attribution.summarise(df, log_steps)
+        top = attribution.summarise(df, log_steps, steady_calls)
     summary = {**top, "runs": runs, "files": files}
     return df, summary
 
@@ -160,9 +163,10 @@ def _print_runs(s: dict) -> None:
 
 
 # --- run directories -------------------------------------------------------------------------
-def _log_steps(path: Path) -> int | None:
-    """Steps the library-log pass ran (warm-up included: the logs are on from process start), from
-    the worker's ``libs.json``; None where it is missing or does not say."""
+def _log_steps(path: Path, warmup: bool = True) -> int | None:
+    """Steps the library-log pass ran (warm-up included: the logs are on from process start; without
+    it where ``warmup`` is False), from the worker's ``libs.json``; None where it is missing or does
+    not say."""
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
@@ -172,7 +176,9 @@ def _log_steps(path: Path) -> int | None:
     if not isinstance(d, dict):
         return None
     w, n = d.get("warmup_steps"), d.get("steps")
-    return w + n if isinstance(w, int) and isinstance(n, int) else None
+    if not (isinstance(w, int) and isinstance(n, int)):
+        return None
+    return w + n if warmup else n
 
 
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
@@ -201,7 +207,8 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
             continue
         name = str(case_dir(fw, bs))
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
-                          batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")))
+                          batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")),
+                          steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False))
         df["framework"] = fw
         frames.append(df)
         per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}

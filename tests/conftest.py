@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import shutil
 import json
 import os
 import struct
@@ -36,6 +37,23 @@ def _kernelmap_cache(tmp_path_factory):
         os.environ.pop("KERNELMAP_CACHE", None)
     else:
         os.environ["KERNELMAP_CACHE"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_built_mxnet_without_gpu(tmp_path_factory):
+    """Without a GPU, an MXNet tree that `kernelmap build-mxnet` installed on this machine (it needs
+    no GPU to build) must not change what the CPU tests see: KERNELMAP_MXNET_HOME points at an
+    empty dir. On a GPU machine the tree is what its GPU tests run."""
+    if shutil.which("nvidia-smi") is not None:
+        yield None
+        return
+    old = os.environ.get("KERNELMAP_MXNET_HOME")
+    os.environ["KERNELMAP_MXNET_HOME"] = str(tmp_path_factory.mktemp("mxnet-home"))
+    yield Path(os.environ["KERNELMAP_MXNET_HOME"])
+    if old is None:
+        os.environ.pop("KERNELMAP_MXNET_HOME", None)
+    else:
+        os.environ["KERNELMAP_MXNET_HOME"] = old
 
 
 # --- framework subprocesses ----------------------------------------------------------------

@@ -476,16 +476,21 @@ _CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
               "aten::cudnn_convolution_transpose")
 
 
+# a framework's own kernels, by a namespace in their name: PyTorch's ATen, MXNet's operators
+NATIVE_KERNEL_MARKS = ("at::native", "mxnet::op::")
+
+
 def kernel_library(df: pd.DataFrame) -> None:
     """Library of a kernel where it is known: by name (``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
-    ``at::native`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
+    ``NATIVE_KERNEL_MARKS`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
     k = strings.eq(df["kind"], "kernel")
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
     by_name = strings.object_array(
-        ["cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n else "native" if "at::native" in n else None
+        ["cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
+         else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None
          for n in uniq] + [None])[codes]
     lib = df["library"].to_numpy(dtype=object, na_value=None)
     named = k & (by_name != None)  # noqa: E711

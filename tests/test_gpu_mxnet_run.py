@@ -1,0 +1,93 @@
+"""MXNet built for sm_90 (kernelmap build-mxnet) on the H100: the MXNet case of a real
+`kernelmap run --framework all --device gpu --profile all --steps 50 --batch-size 64` (nsys capture
+trimmed by tests/data/record_gpu_fixtures.trim_nsys; cuDNN/cuBLAS/cuBLASLt logs and the MXNet profiler
+trace as written). nsys recorded the whole worker (registry.NsysWindow.NVTX_RANGE); only what starts
+inside the worker's ``kernelmap:capture`` range is read. Totals are checked against the SQLite itself."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kernelmap import schema
+from kernelmap.normalise import normalise_run_dir
+
+RUN = Path(__file__).parent / "data" / "gpu_mxnet_run"
+CASE = "mxnet/bs64"
+
+
+@pytest.fixture(scope="module")
+def normalised(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run") / "run"
+    shutil.copytree(RUN, run)
+    summary = normalise_run_dir(run)
+    return schema.read_parquet(run / "records.parquet"), summary["runs"][CASE]
+
+
+def _sqlite_window_kernels(tmp_path) -> tuple[int, int, int]:
+    db = tmp_path / "nsys.sqlite"
+    with gzip.open(RUN / CASE / "nsys.sqlite.gz") as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    con = sqlite3.connect(db)
+    (lo, hi), = con.execute("SELECT n.start, n.\"end\" FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+                            "WHERE coalesce(n.text, s.value) = 'kernelmap:capture'").fetchall()
+    n, t = con.execute("SELECT count(*), sum(\"end\" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start BETWEEN ? AND ?",
+                       (lo, hi)).fetchone()
+    (total,), = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
+    con.close()
+    return n, t, total
+
+
+def test_only_the_capture_window_is_read_and_every_kernel_is_attributed(normalised, tmp_path):
+    df, run = normalised
+    n, t, total = _sqlite_window_kernels(tmp_path)
+    assert (n, t) == (1020, 7_049_477) and total == 1388  # warm-up and autotuning kernels lie outside
+    k = df[df["kind"].eq("kernel") & df["source"].eq("nsys")]
+    assert (len(k), int(k["dur_ns"].sum())) == (n, t)
+    assert run["by_source"]["nsys"]["attributed_kernel_time_share"] == 1.0
+    assert sorted(k["iteration"].unique()) == list(range(5, 25))  # the 20 timed steps
+
+
+def test_operators_per_step_match_the_model(normalised):
+    """Patch 0007: one NVTX range per operator, each ended (1.9.1 left a second one open to the end)."""
+    df, _ = normalised
+    ops = df[df["kind"].eq("op") & df["source"].eq("nsys")]
+    per_step = ops.groupby(["canonical_op", "direction"]).size() / 20
+    for (op, d), want in {("conv2d", "fwd"): 2, ("relu", "fwd"): 3, ("max_pool2d", "fwd"): 2, ("linear", "fwd"): 2,
+                          ("relu", "bwd"): 3, ("max_pool2d", "bwd"): 2}.items():
+        assert per_step[(op, d)] == want, (op, d)
+    assert (ops["dur_ns"] < 10**8).all()  # no range runs to the end of the capture
+
+
+def test_cudnn_and_cublas_calls_link_to_mxnet_kernels(normalised):
+    """The libs pass's first step autotunes (each algorithm tried once): only the timed steps' calls
+    must agree. Linear backward (one op, both GEMMs) links to the union of its bwd_data/bwd_weight
+    calls; MXNet's own kernels (mxnet::op::) are native, not cuBLAS's."""
+    df, run = normalised
+    assert run["library_kernels"] == 580 and run["library_kernels_linked"] == 380
+    assert round(run["library_kernel_time_linked_share"], 4) == 0.8527
+    # conv1 has no data gradient in the timed steps: its bwd_data calls are autotuning's alone
+    assert run["ambiguous_signatures"] == [{"canonical_op": "conv2d", "layer": "conv1", "direction": "bwd_data"}]
+    k = df[df["kind"].eq("kernel") & df["call_event_id"].notna()]
+    calls = k.groupby(["canonical_op", "layer", "direction"])["library_call"].agg(lambda c: sorted(set(c)))
+    assert calls[("conv2d", "conv1", "fwd")] == ["cudnnConvolutionForward"]
+    assert calls[("conv2d", "conv2", "bwd_data")] == ["cudnnConvolutionBackwardData"]
+    assert calls[("conv2d", "conv1", "bwd_weight")] == ["cudnnConvolutionBackwardFilter"]
+    assert calls[("linear", "fc1", "bwd")] == ["cublasSgemmEx"]
+    native = df[df["kind"].eq("kernel") & df["kernel_name"].str.contains("mxnet::op::", regex=False).fillna(False)]
+    assert len(native) and native["library"].eq("native").all() and native["call_event_id"].isna().all()
+    # what stays unlinked says why: pooling and activation calls carry no layer in the cuDNN log
+    reasons = {u["reason"] for u in run["library_unlinked_top"]}
+    assert reasons == {"no layer for its op"}
+
+
+def test_library_links_are_per_step(normalised):
+    _, run = normalised
+    conv = [x for x in run["library_links"] if x["library_call"] == "cudnnConvolutionForward"]
+    assert {x["layer"] for x in conv} == {"conv1", "conv2"}
+    assert all(x["launching_ops_per_step"] == 1.0 and x["traced_steps"] == 20 for x in conv)
+    assert all(x["log_calls_per_step"] == 1.0 for x in conv)  # 21 logged steps, one call each
