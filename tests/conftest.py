@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import gzip
-import shutil
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -30,13 +30,18 @@ FRAMEWORK_MODULES = {name: ", ".join(d.import_names) for name, d in frameworks.R
 def _kernelmap_cache(tmp_path_factory):
     """Keep data layouts out of ~/.cache: KERNELMAP_CACHE points at a session tmp dir
     (inherited by subprocesses)."""
-    old = os.environ.get("KERNELMAP_CACHE")
-    os.environ["KERNELMAP_CACHE"] = str(tmp_path_factory.mktemp("kernelmap-cache"))
-    yield Path(os.environ["KERNELMAP_CACHE"])
+    yield from _env_dir("KERNELMAP_CACHE", tmp_path_factory.mktemp("kernelmap-cache"))
+
+
+def _env_dir(name: str, path: Path):
+    """Set ``name`` to ``path`` (inherited by subprocesses) for the session, then restore it."""
+    old = os.environ.get(name)
+    os.environ[name] = str(path)
+    yield path
     if old is None:
-        os.environ.pop("KERNELMAP_CACHE", None)
+        os.environ.pop(name, None)
     else:
-        os.environ["KERNELMAP_CACHE"] = old
+        os.environ[name] = old
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,13 +52,7 @@ def _no_built_mxnet_without_gpu(tmp_path_factory):
     if shutil.which("nvidia-smi") is not None:
         yield None
         return
-    old = os.environ.get("KERNELMAP_MXNET_HOME")
-    os.environ["KERNELMAP_MXNET_HOME"] = str(tmp_path_factory.mktemp("mxnet-home"))
-    yield Path(os.environ["KERNELMAP_MXNET_HOME"])
-    if old is None:
-        os.environ.pop("KERNELMAP_MXNET_HOME", None)
-    else:
-        os.environ["KERNELMAP_MXNET_HOME"] = old
+    yield from _env_dir("KERNELMAP_MXNET_HOME", tmp_path_factory.mktemp("mxnet-home"))
 
 
 # --- framework subprocesses ----------------------------------------------------------------
