@@ -25,7 +25,11 @@ print(json.dumps(d))
 
 # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the profiler then
 # shows no _backward_* operator. Read at `import mxnet`, hence the environment.
-PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0"}
+# Bulk execution off: the engine then runs (and its profiler and NVTX ranges name) each operator on
+# its own. MXNET_EXEC_BULK_EXEC_TRAIN=0 turns it off for imperative backward; a hybridized block's
+# CachedOp sets the engine's bulk size from MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN (default 15) whatever
+# that says: on the H100 its forward and backward ran as 2 "ImperativeBulk" ranges a step.
+PROFILE_ENV = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": "0"}
 
 
 def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None) -> GpuVerdict:
