@@ -5,6 +5,7 @@
 #   benches/gpu_mxnet_session.sh run   DATA OUT NSYS_ENV # every framework, every pass (+ timings, parity)
 #   benches/gpu_mxnet_session.sh times DATA OUT MODE     # clean-pass step times, bs 64/256/1024 (imperative|hybridized)
 #   benches/gpu_mxnet_session.sh stage KIT                # copy carried tree parts to /tmp/mxparts (a tree too big for one call's carry)
+#   benches/gpu_mxnet_session.sh unpack KIT               # only unpack the carried tree (benches/gpu_sample_run.sh)
 #   benches/gpu_mxnet_session.sh session KIT OUT NSYS_ENV # one call: unpack, smoke test, run (with its parity), times, report
 # TRIALS (default 3; session: 1) is the clean pass's --trials; STEPS_TIMES (default 100) the times phase's --steps;
 # TIMES_FRAMEWORK (default all; session: mxnet) the imperative times' --framework.
@@ -104,6 +105,9 @@ do_times() {  # $1: imperative (every framework) or hybridized (MXNet)
   (cd "/tmp/times-$mode" && tar cJf "$out/times-$mode.tar.xz" manifest.json results.json logs 2>/dev/null)
 }
 case $phase in
+unpack)
+  unpack_carried; [ -n "$(tree)" ] || { echo "no MXNet tree in $KERNELMAP_MXNET_HOME and none carried"; exit 4; }
+  ;;
 stage)
   mkdir -p "$MXPARTS" && cp "$src"/mxtree.tar.xz.* "$MXPARTS"/ && ls -l "$MXPARTS"
   ;;

@@ -1,20 +1,46 @@
 #!/usr/bin/env bash
-# The GPU run behind docs/sample-report and the closing notes' repeat figures, in one device call:
-#   1. every framework that runs here, all capture passes, batch 64 and 1024 -> OUT/sample.tgz (small files)
-#   2. three repeated clean-pass runs of PyTorch at batch 64/256/1024     -> OUT/repeatN.json
-# usage: benches/gpu_sample_run.sh DATA OUT [NSYS_ENV]
+# The GPU run behind docs/sample-report and the closing notes' repeat figures, in device calls:
+#   benches/gpu_sample_run.sh sample  DATA OUT [NSYS_ENV] [MXKIT]
+#       every framework that runs here (MXNet from the tree carried in MXKIT's parts, unpacked by
+#       benches/gpu_mxnet_session.sh), all capture passes, batch 64 and 1024, 3 clean trials, and its
+#       report -> OUT/sample.tar.xz (the run's small files), OUT/report.tar.xz
+#   benches/gpu_sample_run.sh repeats DATA OUT
+#       three repeated clean-pass runs of PyTorch at batch 64/256/1024 -> OUT/repeatN.json, their
+#       agreement (benches/repeats.py), and the host's own spread (benches/gpu_host_noise.py)
+# DATA: synthetic, a directory of IDX files, or auto (Debian's Fashion-MNIST where installed, else synthetic).
+# Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
 set -uo pipefail
-data=$1; out=$2; nsys_env=${3:-}
-[ -n "$nsys_env" ] && source "$nsys_env"
+phase=$1; data=$2; out=$(realpath -m "$3"); nsys_env=${4:-}; kit=${5:-}
+repo=$(pwd)
+if [ "$data" = auto ]; then
+  data=synthetic; [ -d /usr/share/datasets/fashion-mnist ] && data=/usr/share/datasets/fashion-mnist
+fi
 mkdir -p "$out"
-python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 100 --batch-size 64 1024 \
-  --data "$data" --out /tmp/sample --json >"$out/sample.json" 2>"$out/sample.err"
-echo "sample run exit $?: $(tail -n 2 "$out/sample.err" | tr '\n' ' ')"
-(cd /tmp/sample 2>/dev/null && tar czf "$out/sample.tgz" manifest.json results.json parity-*.json records.parquet \
-  attribution.json logs */bs*/*.json 2>/dev/null)
-for i in 1 2 3; do
-  python3 -m kernelmap.cli run --framework pytorch --device gpu --steps 100 --batch-size 64 256 1024 \
-    --data "$data" --out "/tmp/repeat$i" --json >"$out/repeat$i.json" 2>"$out/repeat$i.err" \
-    || echo "repeat $i failed: $(tail -n 1 "$out/repeat$i.err")"
-done
-python3 benches/repeats.py "$out"/repeat*.json
+export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
+case $phase in
+sample)
+  [ -n "$kit" ] && bash "$repo/benches/gpu_mxnet_session.sh" unpack "$kit" "$out"
+  [ -n "$nsys_env" ] && source "$nsys_env"
+  cd /tmp || exit 3
+  python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
+  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 100 --batch-size 64 1024 \
+    --trials 3 --data "$data" --out /tmp/sample --json >"$out/sample.json" 2>"$out/sample.err"
+  echo "sample run ($data) exit $?: $(tail -n 2 "$out/sample.err" | tr '\n' ' ')"
+  (cd /tmp/sample 2>/dev/null && tar cJf "$out/sample.tar.xz" manifest.json results.json parity-*.json \
+    records.parquet attribution.json logs */bs*/*.json 2>/dev/null)
+  python3 -m kernelmap.cli report /tmp/sample --out /tmp/sample-report 2>&1 | tail -n 30
+  (cd /tmp/sample-report && tar cJf "$out/report.tar.xz" .)
+  ;;
+repeats)
+  cd /tmp || exit 3
+  for i in 1 2 3; do
+    python3 -m kernelmap.cli run --framework pytorch --device gpu --steps 100 --batch-size 64 256 1024 \
+      --data "$data" --out "/tmp/repeat$i" --json >"$out/repeat$i.json" 2>"$out/repeat$i.err" \
+      || echo "repeat $i failed: $(tail -n 1 "$out/repeat$i.err")"
+  done
+  python3 "$repo/benches/repeats.py" "$out"/repeat*.json
+  python3 "$repo/benches/gpu_host_noise.py" --batch-size 64 256 --repeats 3 --cpus all 2-3
+  ;;
+*) echo "unknown phase $phase (sample | repeats)"; exit 2;;
+esac
