@@ -24,13 +24,17 @@ sample)
   [ -n "$nsys_env" ] && source "$nsys_env"
   cd /tmp || exit 3
   python3 -m kernelmap.cli doctor 2>&1 | tail -n 12
-  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 100 --batch-size 64 1024 \
+  python3 -m kernelmap.cli run --framework all --device gpu --profile all --steps 50 --batch-size 64 1024 \
     --trials 3 --data "$data" --out /tmp/sample --json >"$out/sample.json" 2>"$out/sample.err"
   echo "sample run ($data) exit $?: $(tail -n 2 "$out/sample.err" | tr '\n' ' ')"
   (cd /tmp/sample 2>/dev/null && tar cJf "$out/sample.tar.xz" manifest.json results.json parity-*.json \
     records.parquet attribution.json logs */bs*/*.json 2>/dev/null)
   python3 -m kernelmap.cli report /tmp/sample --out /tmp/sample-report 2>&1 | tail -n 30
   (cd /tmp/sample-report && tar cJf "$out/report.tar.xz" .)
+  # PyTorch's and MXNet's raw captures (to normalise again elsewhere), in parts of 15 MB, at most 5
+  (cd /tmp/sample && tar cf - --exclude='*.nsys-rep' pytorch mxnet 2>/dev/null | xz -6 -T0 \
+    | split -b 15M -d - "$out/raw.tar.xz." && ls -l "$out"/raw.tar.xz.* | awk '{s+=$5} END {print "raw captures:", NR, "parts,", s, "bytes"}')
+  ls "$out"/raw.tar.xz.* | tail -n +6 | xargs -r rm -v
   ;;
 repeats)
   cd /tmp || exit 3
