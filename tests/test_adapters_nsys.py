@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from kernelmap.frameworks import registry
 
 from kernelmap.adapters import canonical, detect, nsys
 from kernelmap.errors import ParseError
@@ -151,7 +152,9 @@ def test_schema_describes_the_nsys_adapter_as_it_is():
     cited = set(re.findall(r"`(\w+)\.(\w+)`", entry))
     assert {("nsys", "nvtx_framework"), ("canonical", "ASYNC_FRAMEWORKS"), ("canonical", "until_next"),
             ("canonical", "layers_by_position")} <= cited
-    modules = {"nsys": nsys, "canonical": canonical}
+    assert ("registry", "NsysWindow") in cited and "`kernelmap:capture`" in entry
+    assert canonical.CAPTURE_RANGE == "kernelmap:capture"
+    modules = {"nsys": nsys, "canonical": canonical, "registry": registry}
     assert all(hasattr(modules[m], name) for m, name in cited), cited
     assert "`MX*`" in entry and "not ops" in entry and "`kernelmap:*`" in entry
     assert nsys._nvtx_is_op(["MXNDArrayWaitAll", "Convolution", "kernelmap:forward"], "mxnet") == [False, True, False]
