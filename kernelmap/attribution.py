@@ -46,6 +46,11 @@ def _match(calls: pd.DataFrame, occ: pd.DataFrame, keys: list[str]) -> list[tupl
 
 LOG_SOURCES = ("cudnn_log", "cublas_log", "cublaslt_log")
 SIGNATURE = ["canonical_op", "layer", "direction"]
+# The model's weightless ops (frameworks/spec.py) that a GPU library runs (MXNet's cuDNN activation,
+# pooling and softmax calls): neither their calls nor their kernels have a layer, so their signature
+# is (op, ANY_LAYER, direction): one per op and direction, over all of the op's layers.
+LAYERLESS_OPS = ("relu", "max_pool2d", "log_softmax")
+ANY_LAYER = "*"
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
 
@@ -72,8 +77,20 @@ _KIND_CODES: list = []  # (kind array, codes, distinct kinds) of the frame summa
 
 
 def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
+    """The GPU library-log calls, their layer keyed (``_keyed``)."""
     calls = df[_kind(df, "library_call")]  # few rows: the string tests below run on those only
-    return calls[calls["library"].isin(GPU_LIBS) & calls["source"].isin(LOG_SOURCES)]
+    return _keyed(calls[calls["library"].isin(GPU_LIBS) & calls["source"].isin(LOG_SOURCES)])
+
+
+def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with ``layer`` = ANY_LAYER where it is NA and the op is one of LAYERLESS_OPS (a
+    copy where any row changes)."""
+    fill = S.isna(frame["layer"]) & S.isin(frame["canonical_op"], list(LAYERLESS_OPS))
+    if not fill.any():
+        return frame
+    layer = frame["layer"].astype("string").copy()
+    layer[fill] = ANY_LAYER
+    return frame.assign(layer=layer)
 
 
 def _sig(frame: pd.DataFrame) -> pd.Series:
@@ -170,7 +187,8 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
             {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
              "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
                        "inside another library's call)"} for (a, b, c, d), n in g.items()]
-    k = df[_kind(df, "kernel") & np.logical_and.reduce([S.notna(df[c]) for c in SIGNATURE])]
+    k = _keyed(df.loc[_kind(df, "kernel"), ["library", "kernel_name", *SIGNATURE]])
+    k = k[np.logical_and.reduce([S.notna(k[c]) for c in SIGNATURE])]
     k = k[~_native(k)]
     if k.empty or targets.empty:
         return info
@@ -195,12 +213,14 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     calls = _log_calls(df)
     signed = calls[_signed(calls)]
     # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
-    sig = _sig(k) if len(calls) else pd.Series(None, index=k.index, dtype=object)
+    keyed = _keyed(k)  # k keeps its own layer (NA for a weightless op)
+    sig = _sig(keyed) if len(calls) else pd.Series(None, index=k.index, dtype=object)
     call_sigs = set(_sig(signed))
     lib = (k["call_event_id"].notna().to_numpy() | S.isin(k["library"], GPU_LIBS)
            | S.isin(k["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
     k = k[lib]
     sig = sig[lib]
+    keyed = keyed[lib]
     _, ambiguous = _targets(calls, steady_calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
     amb = set(_sig(ambiguous))
     canon = k["canonical_op"]
@@ -208,7 +228,7 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
         (S.isna(canon) | S.eq(canon, "other") | k["op_event_id"].isna().to_numpy(),
          "not launched inside a framework op of its trace (outside the op ranges)"),
         (np.full(len(k), calls.empty), "no GPU library log in this run"),
-        (S.isna(k["layer"]), "no layer for its op"),
+        (S.isna(keyed["layer"]), "no layer for its op"),
         (S.eq(k["direction"], "bwd") & S.eq(canon, "conv2d"),
          "convolution backward kernel not split into bwd_data/bwd_weight"),
         (sig.isin(amb).to_numpy(), "the log's calls of its signature differ in library/API/algo/math mode"),
@@ -238,11 +258,12 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
         c = by_id.loc[cid]
         c = c.iloc[0] if isinstance(c, pd.DataFrame) else c
         steps = max(int(g["iteration"].nunique()), 1)
-        key = (run, *(c[x] for x in SIGNATURE))
-        logged = int(n_calls.get(key, 0))
+        layer = None if pd.isna(c["layer"]) else c["layer"]
+        key_layer = ANY_LAYER if layer is None and c["canonical_op"] in LAYERLESS_OPS else layer
+        logged = int(n_calls.get((run, c["canonical_op"], key_layer, c["direction"]), 0))
         out.append({
             "run": run, "source": src, "library": c["library"], "library_call": c["library_call"],
-            "canonical_op": c["canonical_op"], "layer": c["layer"], "direction": c["direction"],
+            "canonical_op": c["canonical_op"], "layer": layer, "direction": c["direction"],
             "algo": None if pd.isna(c["algo"]) else c["algo"],
             "math_mode": None if pd.isna(c["math_mode"]) else c["math_mode"],
             "call_event_id": int(cid), "log_calls": logged,

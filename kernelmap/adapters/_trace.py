@@ -213,7 +213,9 @@ def refine_direction(df: pd.DataFrame) -> None:
     kernels around them, in launch order: between two kernels of one half, that half; before the
     first or after the last named kernel, the nearest one's; between a dgrad and a wgrad kernel,
     the following call's, except a conversion back to NCHW (``ToNchw``), which ends the preceding
-    call. Native (``at::native``) kernels are not a library's and stay ``bwd``."""
+    call. A bias-gradient kernel (``BIAS_GRAD_MARKS``: cuDNN's ``calc_bias_diff`` of
+    ``cudnnConvolutionBackwardBias``) is ``bwd_bias``; it is no anchor for the unnamed ones.
+    Native (``at::native``) kernels are not a library's and stay ``bwd``."""
     k = S.eq(df["kind"], "kernel") & S.eq(df["canonical_op"], "conv2d") & S.eq(df["direction"], "bwd")
     if not k.any():
         return
@@ -226,7 +228,13 @@ def refine_direction(df: pd.DataFrame) -> None:
                           & ~S.contains(kname, "at::native"))[kidx])
     if len(pos):
         _fill_unnamed(df, kidx, pos, dirs)
+    lib = ~S.eq(df["library"], "native") & ~S.contains(kname, "at::native")
+    bias = np.logical_or.reduce([S.contains(kname, m) for m in BIAS_GRAD_MARKS]) & lib
+    dirs[bias[kidx]] = "bwd_bias"
     _set_rows(df, "direction", kidx, dirs)
+
+
+BIAS_GRAD_MARKS = ("calc_bias_diff",)  # kernel names of a convolution's bias gradient (cuDNN legacy API)
 
 
 def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray) -> None:

@@ -277,6 +277,16 @@ def layers_by_position(is_op: np.ndarray, canonical: np.ndarray, direction: np.n
 
 # --- layers from weight shapes ---------------------------------------------------------------
 _WEIGHTS = {tuple(layer.weight_shape): layer.name for layer in LAYERS}
+# a convolution's bias gradient (cuDNN's BackwardBias: a [1, C, 1, 1] tensor) -> its layer
+_CONV_BIASES = {layer.bias_shape: layer.name for layer in LAYERS if layer.kind == "conv2d"}
+assert len(_CONV_BIASES) == sum(layer.kind == "conv2d" for layer in LAYERS), "conv biases must tell layers apart"
+
+
+def conv_layer_from_bias(dims) -> str | None:
+    """The spec conv layer whose bias a cuDNN bias tensor ``[1, C, 1, 1]`` is, or None."""
+    if not isinstance(dims, list) or len(dims) != 4 or dims[0] != 1 or dims[2:] != [1, 1]:
+        return None
+    return _CONV_BIASES.get((dims[1],))
 # (op name -> position of the weight among the inputs, transposed?)
 _WEIGHT_ARG = {
     "aten::conv2d": (1, False), "aten::convolution": (1, False), "aten::_convolution": (1, False),
