@@ -110,3 +110,21 @@ def test_library_links_are_per_step(normalised):
     assert {x["layer"] for x in conv} == {"conv1", "conv2"}
     assert all(x["launching_ops_per_step"] == 1.0 and x["traced_steps"] == 20 for x in conv)
     assert all(x["log_calls_per_step"] == 1.0 for x in conv)  # 21 logged steps, one call each
+
+
+def test_layer_table_algorithm_is_the_linked_calls_not_autotunings(normalised, tmp_path):
+    """MXNet's cuDNN autotune tries each backward-filter algorithm once per process, so conv1's log
+    holds five algorithms; the timed steps' kernels (wgrad_alg0_engine) link to ALGO_0 calls only, and
+    the per-layer table (the report's answer) names that one."""
+    from kernelmap.reports import analysis as A
+
+    df, _ = normalised
+    logged = df[df["kind"].eq("library_call") & df["layer"].eq("conv1") & df["direction"].eq("bwd_weight")]
+    assert logged["algo"].nunique() == 5
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    normalise_run_dir(run)
+    lt = A.layer_table([A.load_run(run)]).set_index(["layer", "direction"])
+    assert lt.loc[("conv1", "bwd_weight"), "algos"] == ["CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0"]
+    assert lt.loc[("conv1", "bwd_weight"), "kernels"] == ["wgrad_alg0_engine"]
+    assert lt.loc[("conv1", "bwd_bias"), "library_calls"] == ["cudnnConvolutionBackwardBias"]

@@ -158,6 +158,10 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                             & allrows["direction"].fillna("none").isin(dirs)]
                 calls = a[a["kind"] == "library_call"]
                 kernels = a[a["kind"] == "kernel"]["kernel_name"]
+                # on the GPU the algorithm is the one of the calls the kernels link to: a log also
+                # holds a framework's autotuning calls (MXNet tries every algorithm once per process)
+                algo_calls = calls if t.level == "op" else calls[calls["event_id"].isin(
+                    set(a.loc[a["kind"] == "kernel", "call_event_id"].dropna()))]
                 onednn = calls[calls["library"] == "oneDNN"]
                 op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
                 reorders_ps = reorder_ms = None
@@ -186,7 +190,7 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "direction": d, "framework": t.framework, "level": t.level,
                     "libraries": _uniq(pd.concat([g["library"], calls["library"]])) or ["native"],
                     "library_calls": _uniq(pd.concat([calls["library_call"], g["library_call"]])),
-                    "algos": _uniq(calls["algo"]),
+                    "algos": _uniq(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
                     "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source, "op_ms_per_step": op_ms,
