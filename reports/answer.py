@@ -25,12 +25,6 @@ LIBRARY_TIME = "library-call time"
 OP_TIME = "framework-op time"
 
 
-def _direction(d: str, level: str) -> str:
-    # a kernel-level "bwd" of a conv/linear layer is work no gradient call owns: the bias gradient's
-    # reduction (analysis.layer_table); JAX's XLA trace names the same work bwd_bias
-    return "bwd_bias" if d == "bwd" and level == "kernel" else d
-
-
 def no_capture_runs(runs: list[A.Run]) -> list[str]:
     """Names of the runs whose results record no capture pass (only the clean pass ran:
     ``--profile none``), so nothing per layer can be said of them."""
@@ -53,8 +47,7 @@ def answer_table(layers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     column order, the reference first)."""
     if layers is None or layers.empty:
         return pd.DataFrame(columns=list(KEY)), []
-    df = layers.assign(direction=[_direction(d, lv) for d, lv in zip(layers["direction"], layers["level"],
-                                                                         strict=True)])
+    df = layers  # a kernel-level "bwd" is a backward not split into its halves (adapters._trace.refine_direction)
     present = set(df["framework"])
     fws = [f for f in frameworks.FRAMEWORKS if f in present] + sorted(present - set(frameworks.FRAMEWORKS))
     ref = frameworks.REFERENCE

@@ -274,8 +274,8 @@ def test_trend_from_benchmark_storage(tmp_path):
 
 def test_layer_table_on_real_gpu_records(tmp_path):
     """On the H200 recording: every conv/linear gradient is its own row with its cuDNN or cuBLAS
-    call, engine and kernels; layer rows sum to the op table; FLOPs are the spec's; a kernel-level
-    ``bwd`` (the bias gradient's reduction) is not given the gradients' calls or FLOPs."""
+    call, engine and kernels; layer rows sum to the op table; FLOPs are the spec's; the bias gradient's reduction
+    (``bwd_bias``) is not given the gradients' calls or FLOPs."""
     from kernelmap.flops import layer_flops
     from kernelmap.normalise import normalise_run_dir
 
@@ -299,5 +299,6 @@ def test_layer_table_on_real_gpu_records(tmp_path):
                                               ["cublasLtMatmul"] if d == "fwd" else ["cublasSgemm_v2"])
     conv = lt[(lt["canonical_op"] == "conv2d") & lt["direction"].isin(["fwd", "bwd_data", "bwd_weight"])]
     assert all(len(a) == 1 and a[0].startswith("eng") for a in conv["algos"])  # the cuDNN engine chosen
-    bias = lt[lt["direction"] == "bwd"]
+    assert not lt["direction"].eq("bwd").any()  # every backward kernel split
+    bias = lt[lt["direction"] == "bwd_bias"]
     assert len(bias) == 4 and bias["flops_per_step"].isna().all() and all(c == [] for c in bias["library_calls"])

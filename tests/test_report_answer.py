@@ -54,17 +54,22 @@ def test_answer_has_every_layer_and_both_frameworks_on_one_row(layers):
             assert row["mxnet.vs_ref"] == pytest.approx(row["mxnet.ms_per_step"] / row["pytorch.ms_per_step"])
 
 
-def test_kernel_level_bwd_is_the_bias_gradient_row():
+def test_bias_rows_pair_and_an_unsplit_backward_keeps_its_own_row():
+    """Bias gradients (PyTorch's reduction, XLA's reduce fusion) share the bwd_bias row; a
+    kernel-level ``bwd`` (MXNet's FullyConnected backward, not split) is a row of its own, compared
+    with nothing: before, every kernel-level bwd was shown as the bias row."""
     layers = pd.DataFrame([
         {"run": "r", "batch_size": 64, "layer": "fc1", "canonical_op": "linear", "direction": d, "framework": fw,
          "level": "kernel", "libraries": [], "library_calls": [], "algos": [], "kernels": [k],
          "ms_per_step": ms, "time_source": "kernels", "op_ms_per_step": ms}
-        for d, fw, k, ms in (("bwd", "pytorch", "reduce_kernel", 0.004), ("bwd_bias", "jax", "fusion", 0.002))])
+        for d, fw, k, ms in (("bwd_bias", "pytorch", "reduce_kernel", 0.004), ("bwd_bias", "jax", "fusion", 0.002),
+                             ("bwd", "mxnet", "sgemm", 0.02))])
     ans, fws = ANS.answer_table(layers)
-    assert fws == ["pytorch", "jax"] and len(ans) == 1
-    row = ans.iloc[0]
-    assert row["direction"] == "bwd_bias" and row["jax.vs_ref"] == pytest.approx(0.5)
-    assert row["compared_on"] == "kernel time"
+    assert fws == ["pytorch", "mxnet", "jax"] and len(ans) == 2
+    rows = ans.set_index("direction")
+    assert rows.loc["bwd_bias", "jax.vs_ref"] == pytest.approx(0.5) and pd.isna(rows.loc["bwd_bias", "mxnet.ms_per_step"])
+    assert rows.loc["bwd", "mxnet.ms_per_step"] == 0.02 and pd.isna(rows.loc["bwd", "mxnet.vs_ref"])
+    assert rows.loc["bwd_bias", "compared_on"] == "kernel time"
 
 
 def test_answer_is_the_first_section_and_a_csv(out):

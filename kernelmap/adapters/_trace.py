@@ -208,33 +208,41 @@ def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
 def refine_direction(df: pd.DataFrame) -> None:
     """Convolution backward kernels: the kernel name says its half (``dgrad`` -> bwd_data,
     ``wgrad`` -> bwd_weight; cuDNN's ``wgrad_alg0_engine``, ``winogradWgradData4x4``,
-    ``sm90_xmma_dgrad_implicit_gemm_...`` ...). The unnamed kernels of the same launching op
-    (layout transforms, the gemm of a non-fused Winograd wgrad) take the half of the named
-    kernels around them, in launch order: between two kernels of one half, that half; before the
-    first or after the last named kernel, the nearest one's; between a dgrad and a wgrad kernel,
-    the following call's, except a conversion back to NCHW (``ToNchw``), which ends the preceding
-    call. A bias-gradient kernel (``BIAS_GRAD_MARKS``: cuDNN's ``calc_bias_diff`` of
-    ``cudnnConvolutionBackwardBias``) is ``bwd_bias``; it is no anchor for the unnamed ones.
-    Native (``at::native``) kernels are not a library's and stay ``bwd``."""
-    k = S.eq(df["kind"], "kernel") & S.eq(df["canonical_op"], "conv2d") & S.eq(df["direction"], "bwd")
+    ``sm90_xmma_dgrad_implicit_gemm_...`` ...). The unnamed kernels of the same launching op take
+    the half of the named kernels around them, in launch order: between two kernels of one half,
+    that half. A layout or scaling kernel (``LAYOUT_MARKS``) elsewhere goes with its neighbour:
+    before the first or after the last named kernel, the nearest one's; between a dgrad and a wgrad
+    kernel, the following call's, except a conversion back to NCHW (``ToNchw``), which ends the
+    preceding call. Any other unnamed kernel outside a bracket of one half (an FFT or a gemm ahead
+    of the first named kernel: a call of either half) stays ``bwd``: not split, rather than guessed.
+
+    Bias gradients, of a convolution or a linear layer's backward op: cuDNN's ``calc_bias_diff``
+    (``cudnnConvolutionBackwardBias``), MXNet's ``AddBiasGrad`` kernels and a native reduction
+    (``BIAS_GRAD_MARKS``) are ``bwd_bias``; they are no anchor for the unnamed ones."""
+    k = (S.eq(df["kind"], "kernel") & S.isin(df["canonical_op"], ["conv2d", "linear"]) & S.eq(df["direction"], "bwd"))
     if not k.any():
         return
     kname = df["kernel_name"]
     kidx = np.flatnonzero(k)  # these rows' direction is "bwd"; dirs: theirs from here on
     dirs = np.full(len(kidx), "bwd", dtype=object)
-    dirs[S.matches(kname, lambda u: "dgrad" in u.lower())[kidx]] = "bwd_data"
-    dirs[S.matches(kname, lambda u: "wgrad" in u.lower())[kidx]] = "bwd_weight"
-    pos = np.flatnonzero((df["op_event_id"].notna().to_numpy() & ~S.eq(df["library"], "native")
-                          & ~S.contains(kname, "at::native"))[kidx])
+    conv = S.eq(df["canonical_op"], "conv2d")[kidx]
+    dirs[conv & S.matches(kname, lambda u: "dgrad" in u.lower())[kidx]] = "bwd_data"
+    dirs[conv & S.matches(kname, lambda u: "wgrad" in u.lower())[kidx]] = "bwd_weight"
+    lib = ~S.eq(df["library"], "native") & ~S.contains(kname, "at::native")
+    pos = np.flatnonzero((df["op_event_id"].notna().to_numpy() & lib)[kidx] & conv)
     if len(pos):
         _fill_unnamed(df, kidx, pos, dirs)
-    lib = ~S.eq(df["library"], "native") & ~S.contains(kname, "at::native")
-    bias = np.logical_or.reduce([S.contains(kname, m) for m in BIAS_GRAD_MARKS]) & lib
-    dirs[bias[kidx]] = "bwd_bias"
+    bias = np.logical_or.reduce([S.contains(kname, m) for m in BIAS_GRAD_MARKS])
+    dirs[(bias & df["layer"].notna().to_numpy())[kidx]] = "bwd_bias"
     _set_rows(df, "direction", kidx, dirs)
 
 
-BIAS_GRAD_MARKS = ("calc_bias_diff",)  # kernel names of a convolution's bias gradient (cuDNN legacy API)
+# kernel names of a bias gradient within a conv2d/linear backward op: cuDNN legacy API's
+# cudnnConvolutionBackwardBias, MXNet FullyConnected's, PyTorch's (at::native::reduce_kernel: the
+# only reduction in ConvolutionBackward0 and in linear's backward)
+BIAS_GRAD_MARKS = ("calc_bias_diff", "AddBiasGradKernel", "at::native::reduce_kernel")
+# unnamed kernels that belong to the named kernel next to them: layout conversions and scaling
+LAYOUT_MARKS = ("tonhwc", "tonchw", "converttensor", "scalepackedtensor")
 
 
 def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray) -> None:
@@ -253,10 +261,12 @@ def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.
     nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
     unnamed = (d == "bwd").to_numpy()
     has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
-    names = S.objects(df["kernel_name"])[rows]
-    tonchw = np.array([isinstance(n, str) and "tonchw" in n.lower() for n in names], dtype=bool)
+    names = [n.lower() if isinstance(n, str) else "" for n in S.objects(df["kernel_name"])[rows]]
+    tonchw = np.array(["tonchw" in n for n in names], dtype=bool)
+    layout = np.array([any(m in n for m in LAYOUT_MARKS) for n in names], dtype=bool)
     val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
-    fill = unnamed & (has_prev | has_nxt)
+    bracketed = has_prev & has_nxt & (prev == nxt)
+    fill = unnamed & (has_prev | has_nxt) & (bracketed | layout)
     dirs[at[fill]] = val[fill]
 
 

@@ -151,7 +151,7 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
             n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
             for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
                 # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
-                # a kernel-level "bwd" is work no gradient call owns (the bias gradient's reduction)
+                # a kernel-level "bwd": kernels of the backward op not split into their halves
                 split = d == "bwd" and t.level == "op"
                 dirs = {"bwd", "bwd_data", "bwd_weight"} if split else {d}
                 a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
