@@ -3,7 +3,7 @@
 #   benches/gpu_sample_run.sh sample  DATA OUT [NSYS_ENV] [MXKIT]
 #       every framework that runs here (MXNet from the tree carried in MXKIT's parts, unpacked by
 #       benches/gpu_mxnet_session.sh), all capture passes, batch 64 and 1024, 3 clean trials, and its
-#       report -> OUT/sample.tar.xz (the run's small files), OUT/report.tar.xz, OUT/raw.tar.xz.NN (MXNet's)
+#       report -> OUT/sample.tar.xz (the run's small files), OUT/report.tar.xz, OUT/raw.tar.xz.NN (raw captures)
 #       (about 12 min on an H100: detached, so two chained calls; see the phase)
 #   benches/gpu_sample_run.sh repeats DATA OUT
 #       three repeated clean-pass runs of PyTorch at batch 64/256/1024 -> OUT/repeatN.json, their
@@ -55,8 +55,10 @@ sample-job)  # the sample run itself (in the background; see sample)
     records.parquet attribution.json logs */bs*/*.json 2>/dev/null)
   python3 -m kernelmap.cli report /tmp/sample --out /tmp/sample-report 2>&1 | tail -n 30
   (cd /tmp/sample-report && tar cJf "$out/report.tar.xz" .)
-  # MXNet's raw captures (to normalise again elsewhere), in parts of 15 MB, at most 4
-  (cd /tmp/sample && tar cf - --exclude='*.nsys-rep' mxnet 2>/dev/null | xz -3 -T0 \
+  # the raw captures, to normalise again elsewhere (kernelmap normalise RUN_DIR): every MXNet capture
+  # (its kernels come from nsys), the other frameworks' but their nsys files; parts of 15 MB
+  (cd /tmp/sample && tar cf - --exclude='*.nsys-rep' mxnet \
+      $(find pytorch jax -type f ! -name '*.nsys-rep' ! -name '*.sqlite*' 2>/dev/null) 2>/dev/null | xz -3 -T0 \
     | split -b 15M -d - "$out/raw.tar.xz." && ls -l "$out"/raw.tar.xz.* | awk '{s+=$5} END {print "raw captures:", NR, "parts,", s, "bytes"}')
   ls "$out"/raw.tar.xz.* | tail -n +5 | xargs -r rm -v
   touch "$out/DONE"
