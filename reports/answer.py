@@ -66,6 +66,10 @@ def answer_table(layers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                         f"{fw}.time_source": r["time_source"] if lib_time else
                         f"framework ops of the trace ({r['framework']})"})
         ref_ms = row.get(f"{ref}.ms_per_step")
+        # a kernel-level bwd row is each framework's unsplit remainder (PyTorch's FFT data gradient,
+        # MXNet's both halves): different work per framework, so no ratio
+        if key[KEY.index("direction")] == schema.Direction.BWD and any(r["level"] == "kernel" for r in by_fw.values()):
+            ref_ms = None
         for fw in fws:
             if fw == ref:
                 continue
