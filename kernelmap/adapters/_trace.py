@@ -261,9 +261,9 @@ def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.
     nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
     unnamed = (d == "bwd").to_numpy()
     has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
-    names = [n.lower() if isinstance(n, str) else "" for n in S.objects(df["kernel_name"])[rows]]
-    tonchw = np.array(["tonchw" in n for n in names], dtype=bool)
-    layout = np.array([any(m in n for m in LAYOUT_MARKS) for n in names], dtype=bool)
+    kname = df["kernel_name"]  # each test asked once per distinct name
+    tonchw = S.matches(kname, lambda u: "tonchw" in u.lower())[rows]
+    layout = S.matches(kname, lambda u: any(m in u.lower() for m in LAYOUT_MARKS))[rows]
     val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
     bracketed = has_prev & has_nxt & (prev == nxt)
     fill = unnamed & (has_prev | has_nxt) & (bracketed | layout)
