@@ -88,7 +88,7 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     fill = S.isna(frame["layer"]) & S.isin(frame["canonical_op"], list(LAYERLESS_OPS))
     if not fill.any():
         return frame
-    layer = frame["layer"].astype("string").copy()
+    layer = frame["layer"].astype("string")  # a copy
     layer[fill] = ANY_LAYER
     return frame.assign(layer=layer)
 
@@ -252,14 +252,15 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
         return []
     calls = _log_calls(df)
     n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
-    by_id = df[_kind(df, "library_call")].set_index("event_id")
+    all_calls = df[_kind(df, "library_call")]
+    by_id = all_calls.assign(key_layer=_keyed(all_calls)["layer"]).set_index("event_id")
     out = []
     for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
         c = by_id.loc[cid]
         c = c.iloc[0] if isinstance(c, pd.DataFrame) else c
         steps = max(int(g["iteration"].nunique()), 1)
         layer = None if pd.isna(c["layer"]) else c["layer"]
-        key_layer = ANY_LAYER if layer is None and c["canonical_op"] in LAYERLESS_OPS else layer
+        key_layer = None if pd.isna(c["key_layer"]) else c["key_layer"]
         logged = int(n_calls.get((run, c["canonical_op"], key_layer, c["direction"]), 0))
         out.append({
             "run": run, "source": src, "library": c["library"], "library_call": c["library_call"],

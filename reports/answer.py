@@ -47,12 +47,11 @@ def answer_table(layers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     column order, the reference first)."""
     if layers is None or layers.empty:
         return pd.DataFrame(columns=list(KEY)), []
-    df = layers  # a kernel-level "bwd" is a backward not split into its halves (adapters._trace.refine_direction)
-    present = set(df["framework"])
+    present = set(layers["framework"])
     fws = [f for f in frameworks.FRAMEWORKS if f in present] + sorted(present - set(frameworks.FRAMEWORKS))
     ref = frameworks.REFERENCE
     rows: list[dict[str, Any]] = []
-    for key, g in df.groupby(list(KEY), sort=False, dropna=False):
+    for key, g in layers.groupby(list(KEY), sort=False, dropna=False):
         row: dict[str, Any] = dict(zip(KEY, key, strict=True))
         row["canonical_op"] = g["canonical_op"].iloc[0]
         by_fw = {r["framework"]: r for _, r in g.iterrows()}
@@ -66,8 +65,9 @@ def answer_table(layers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                         f"{fw}.time_source": r["time_source"] if lib_time else
                         f"framework ops of the trace ({r['framework']})"})
         ref_ms = row.get(f"{ref}.ms_per_step")
-        # a kernel-level bwd row is each framework's unsplit remainder (PyTorch's FFT data gradient,
-        # MXNet's both halves): different work per framework, so no ratio
+        # a kernel-level bwd row is each framework's backward not split into its halves
+        # (adapters._trace.refine_direction: PyTorch's FFT data gradient, MXNet's both halves):
+        # different work per framework, so no ratio
         if key[KEY.index("direction")] == schema.Direction.BWD and any(r["level"] == "kernel" for r in by_fw.values()):
             ref_ms = None
         for fw in fws:
