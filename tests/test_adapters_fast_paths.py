@@ -233,6 +233,24 @@ def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typ
     pd.testing.assert_frame_equal(read(f), fast, check_exact=True)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_span_order_is_lexsort(seed):
+    """``canonical.span_order`` (one stable sort of a (thread rank, start) key where no two spans of
+    a thread start together) is the three-key lexsort: with and without ties, NA threads (-1),
+    negative and 2**60-sized starts (the key does not fit: lexsort)."""
+    from kernelmap.adapters import canonical
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    tid = rng.choice([-1, 0, 5, 527, 2**40], n) if seed % 2 else rng.integers(-3, 3, n)
+    start = int(rng.choice([0, 1_763_900_000_000_000_000, -5, 2**60])) + rng.integers(0, [10, 10**6, 10**12][seed % 3], n)
+    if seed % 4 == 3 and n:
+        start[0] = -(2**61)  # a span wider than the key holds
+    end = start + rng.integers(0, 60, n)
+    want = np.lexsort((-(end - start), start, tid))
+    np.testing.assert_array_equal(canonical.span_order(tid, start, end), want)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_native_nest_is_the_python_nest(monkeypatch, seed):
     """The native stack pass of ``canonical.nest`` gives the Python loop's parents (ties in start and
@@ -246,10 +264,27 @@ def test_native_nest_is_the_python_nest(monkeypatch, seed):
     tid = rng.integers(0, 4, n)
     start = rng.integers(0, 500, n)
     end = start + rng.integers(0, 60, n)
+    mapped, is_op = rng.random(n) < 0.3, rng.random(n) < 0.5
     native = canonical.nest(tid, start, end)
+    native_forest = canonical.forest(tid, start, end, mapped, is_op)
     monkeypatch.setattr(canonical, "_native", None)
     np.testing.assert_array_equal(native, canonical.nest(tid, start, end))
     assert (native >= 0).any()
+    # forest: the same parents, and each span's outermost mapped ancestor and nearest strict op
+    # ancestor as the Python passes by depth give them
+    parent, top, op = canonical.forest(tid, start, end, mapped, is_op)
+    np.testing.assert_array_equal(parent, native)
+    for got, want in zip(native_forest, (parent, top, op), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert (top >= 0).any() and (op >= 0).any() and (top != np.arange(n)).any()
+    # the Python answers checked by their definitions, walking each span's chain up
+    for i in rng.choice(n, 200, replace=False):
+        chain, p = [], parent[i]
+        while p >= 0:
+            chain.append(p)
+            p = parent[p]
+        assert op[i] == next((a for a in chain if is_op[a]), -1)
+        assert top[i] == next((a for a in reversed([i, *chain]) if mapped[a]), -1)
 
 
 @pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "cpu_torch_kineto.json.gz"])
@@ -262,9 +297,9 @@ def test_native_scan_in_two_threads_is_one_thread(name):
         pytest.skip("the native helpers are not built here")
     data = _common.read_bytes(DATA / name)
     start, end = _common.trace_events_extent(data, digits=False)
-    one = kineto._scan.scan(data, start, end, 1)
+    one = _scan(data, start, end, 1)
     assert one is not None and one[0] > 100
-    two = kineto._scan.scan(data, start, end, 2, 0)
+    two = _scan(data, start, end, 2, 0)
     assert two == one
     # the only "},\n" is inside an event's args, past the middle: the second thread's start is no
     # element boundary, the first thread does not meet it and reads the whole array itself
@@ -273,9 +308,9 @@ def test_native_scan_in_two_threads_is_one_thread(name):
     events = [ev % (i, i) for i in range(200)]
     doc = ('{"traceEvents": [' + ", ".join(events[:120] + [inner] + events[120:]) + "]}").encode()
     s2, e2 = _common.trace_events_extent(doc, digits=False)
-    one = kineto._scan.scan(doc, s2, e2, 1)
+    one = _scan(doc, s2, e2, 1)
     assert one is not None and one[0] == 201
-    assert kineto._scan.scan(doc, s2, e2, 2, 0) == one
+    assert _scan(doc, s2, e2, 2, 0) == one
     # compact JSON ("},{" between elements): the first "}," + "{" past the middle is inside a long
     # name; the first thread does not meet it and reads the array itself
     ev = '{"ph":"X","cat":"kernel","name":"k%d","ts":%d,"dur":1,"pid":1,"tid":1}'
@@ -285,17 +320,31 @@ def test_native_scan_in_two_threads_is_one_thread(name):
     s3, e3 = _common.trace_events_extent(doc, digits=False)
     mid = s3 + (e3 - s3) // 2
     assert doc.index(b"},{", mid) > doc.index(b'"pppp')  # the first candidate is the one in the name
-    one = kineto._scan.scan(doc, s3, e3, 1)
+    one = _scan(doc, s3, e3, 1)
     assert one is not None and one[0] == 201
-    assert kineto._scan.scan(doc, s3, e3, 2, 0) == one
+    assert _scan(doc, s3, e3, 2, 0) == one
     compact = ('{"traceEvents":[' + ",".join(events) + "]}").encode()  # a boundary is met: two threads
     s4, e4 = _common.trace_events_extent(compact, digits=False)
-    assert kineto._scan.scan(compact, s4, e4, 2, 0) == kineto._scan.scan(compact, s4, e4, 1)
+    assert _scan(compact, s4, e4, 2, 0) == _scan(compact, s4, e4, 1)
+
+
+def _scan(data, start, end, *how):
+    """The native scanner's result with each column's memory as bytes (comparable with ==)."""
+    from kernelmap.adapters import kineto
+
+    got = kineto._scan.scan(data, start, end, *how)
+    if got is None:
+        return None
+    n, cols, *rest = got
+    return (n, {k: bytes(memoryview(v)) for k, v in cols.items()}, *rest)
 
 
 def test_native_scan_reads_numbers_as_python_does():
     """Decimals of up to 19 significant digits (Kineto's ts: 13 digits of microseconds and 3 of
-    nanoseconds) read by the scanner's fast path or strtod are Python's floats, bit for bit."""
+    nanoseconds) read by the scanner's fast path or strtod are Python's floats, bit for bit (as
+    ``External id``, kept as float64); ts and dur become Python's ``ns_from_us`` of them; a ts
+    whose nanoseconds int64 cannot hold makes the scanner decline the file (the typed path, which
+    raises, then reads it)."""
     from kernelmap.adapters import kineto
 
     if kineto._scan is None:
@@ -303,16 +352,26 @@ def test_native_scan_reads_numbers_as_python_does():
     rng = np.random.default_rng(5)
     texts = [f"{int(a)}.{int(b):0{k}d}" for a, b, k in zip(rng.integers(0, 10**13, 3000), rng.integers(0, 10**6, 3000),
                                                           rng.integers(1, 7, 3000), strict=True)]
-    texts += ["9007199254740993.0", "9007199254740992.5", "1e22", "1.5e-7", "-0.0", "123456789012345678.9",
-              "0.1", "1763912345678.123", "4503599627370497.5"]
-    doc = ('{"traceEvents":[' + ",".join(f'{{"ph":"X","name":"n","ts":{t},"dur":{t}}}' for t in texts)
-           + "]}").encode()
-    s, e = _common.trace_events_extent(doc, digits=False)
-    got = kineto._scan.scan(doc, s, e, 1)
-    assert got is not None and got[0] == len(texts)
-    ts = np.frombuffer(got[1]["ts"], dtype="float64")
-    want = np.array([float(t) for t in texts])
-    assert ts.tobytes() == want.tobytes()
+    texts += ["0.1", "1763912345678.123", "1.5e-7", "-0.0", "2.5e-4", "-17.0005"]
+    wide = ["9007199254740993.0", "9007199254740992.5", "4503599627370497.5"]  # past 2**53: ts only
+
+    def doc(ts, ext):
+        return ('{"traceEvents":[' + ",".join(f'{{"ph":"X","name":"n","ts":{t},"dur":{t},"args":{{"External id":{x}}}}}'
+                                              for t, x in zip(ts, ext, strict=True)) + "]}").encode()
+
+    d = doc(texts + wide, texts + ["1"] * len(wide))
+    got = kineto._scan.scan(d, *_common.trace_events_extent(d, digits=False), 1)
+    assert got is not None and got[0] == len(texts) + len(wide)
+    ext = np.frombuffer(got[1]["ext"], dtype="float64")[:len(texts)]
+    assert ext.tobytes() == np.array([float(t) for t in texts]).tobytes()
+    want = _common.ns_from_us([float(t) for t in texts + wide])
+    for col in ("ts", "dur"):
+        np.testing.assert_array_equal(np.frombuffer(got[1][col], dtype="int64"), want)
+    for big in ("1e22", "123456789012345678.9", "-9223372036854776.0"):  # nanoseconds beyond int64
+        with pytest.raises(ValueError):
+            _common.ns_from_us([float(big)])
+        d = doc(["1", big], ["1", "1"])
+        assert kineto._scan.scan(d, *_common.trace_events_extent(d, digits=False), 1) is None
 
 
 @pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "gpu_nsys.sqlite.gz", "cpu_torch_onednn.log.gz"])

@@ -320,6 +320,8 @@ def numeric_at(n: int, rows: list, values: list) -> pd.Series:
 def int64_array(values, path: str | os.PathLike, what: str, records=None) -> pd.arrays.IntegerArray:
     """Numbers to an Int64 array (non-numeric -> NA, fractions rounded); ParseError for a number
     outside int64, naming its record where ``records`` (row -> record number) is given."""
+    if isinstance(values, pd.arrays.IntegerArray) and values.dtype == "Int64":
+        return values  # already what this makes (the native Kineto scanner's columns)
     if isinstance(values, pd.Series | np.ndarray) and values.dtype == "float64":
         f = np.asarray(values)
         nan = np.isnan(f)

@@ -15,10 +15,12 @@
    list shorter than 3, a key written with escapes, a repeated key, invalid UTF-8, a lone
    surrogate. The caller then takes the Python path, which decides (and finds any error).
 
-   Result: (n, cols, names, cats, dims, odd) where cols maps a column name to the bytes of its
-   array (int64 idx; int32 name, cat, dims codes; float64 the rest, NaN for missing/null), names
-   the distinct names (str), cats the distinct categories (cats[0] is None), dims the distinct
-   raw "Input Dims" texts (bytes), odd a list of (column, row, str) for string pid/tid values. */
+   Result: (n, cols, names, cats, dims, odd) where cols maps a column name to a Block, its array
+   in memory handed over without a copy (int64 idx; int32 name, cat, dims codes; int64 ts and dur
+   in nanoseconds; float64 ext, NaN for missing/null; int64 the rest, each beside "<name>_na", a
+   bool mask of its missing/null rows), names the distinct names (str), cats the distinct
+   categories (cats[0] is None), dims the distinct raw "Input Dims" texts (bytes), odd a list of
+   (column, row, str) for string pid/tid values. */
 
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -45,6 +47,41 @@ static int buf_put(Buf *b, const void *v, size_t sz) {
     memcpy(b->p + b->n, v, sz);
     b->n += sz;
     return 0;
+}
+
+/* --- Block: a malloc'd buffer handed to Python without a copy (writable, freed with the object) --- */
+typedef struct { PyObject_HEAD char *p; Py_ssize_t n; } Block;
+
+static int block_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->p, b->n, 0, flags);
+}
+
+static void block_dealloc(PyObject *self) {
+    free(((Block *)self)->p);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs block_as_buffer = {block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kernelmap.adapters._native.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = block_dealloc,
+    .tp_as_buffer = &block_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A column's memory, owned here and exported as a writable buffer (numpy.frombuffer).",
+};
+
+/* a Block that takes over p (n bytes; NULL: a fresh block of n bytes), or NULL (p freed) */
+static PyObject *block_new(char *p, Py_ssize_t n) {
+    if (!p) p = malloc(n ? n : 1);
+    if (!p) return PyErr_NoMemory();
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b) { free(p); return NULL; }
+    b->p = p; b->n = n;
+    return (PyObject *)b;
 }
 
 /* --- interning of byte spans: open addressing, id per distinct span ------------------------- */
@@ -762,12 +799,58 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (!t || PyList_Append(odd, t)) { Py_XDECREF(t); goto done; }
         Py_DECREF(t);
     }
+    /* the final forms, in place: ts and dur as int64 nanoseconds (rint(us * 1000), as
+       _common.ns_from_us), the integer columns as int64 beside a mask of their missing rows (NaN;
+       rint, as _common.int64_array), ext as float64. A value int64 cannot hold: None (the typed
+       path then names it). */
+    Py_ssize_t rows = (Py_ssize_t)(a.col[C_IDX].n / 8);
+    char *mask[NCOL] = {0};
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int c = C_TS; c <= C_BZ && !bad; c++) {
+        if (c == C_EXT) continue;
+        const double *d = (const double *)a.col[c].p;
+        int64_t *v = (int64_t *)a.col[c].p;  /* the same memory: row i is read before it is written */
+        if (c == C_TS || c == C_DUR) {
+            for (Py_ssize_t i = 0; i < rows; i++) {
+                double x = rint(d[i] * 1000.0);
+                if (!(fabs(x) < 9223372036854775808.0)) { bad = 1; break; }
+                v[i] = (int64_t)x;
+            }
+            continue;
+        }
+        char *m = mask[c] = malloc(rows ? rows : 1);
+        if (!m) { bad = 2; break; }
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            double x = d[i];
+            if (isnan(x)) { m[i] = 1; v[i] = 0; continue; }
+            x = rint(x);
+            if (!(x > -9223372036854775808.0 && x < 9223372036854775808.0)) { bad = 1; break; }
+            m[i] = 0;
+            v[i] = (int64_t)x;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        for (int c = 0; c < NCOL; c++) free(mask[c]);
+        if (bad == 2) PyErr_NoMemory(); else { result = Py_None; Py_INCREF(result); }
+        goto done;
+    }
     for (int c = 0; c < NCOL; c++) {
-        PyObject *v = PyBytes_FromStringAndSize(a.col[c].p ? a.col[c].p : "", a.col[c].n);
-        if (!v || PyDict_SetItemString(cols, COLS[c], v)) { Py_XDECREF(v); goto done; }
-        Py_DECREF(v);
-        free(a.col[c].p);
-        a.col[c].p = NULL;
+        PyObject *v = block_new(a.col[c].p, (Py_ssize_t)a.col[c].n);
+        a.col[c].p = NULL;  /* the block's now (freed with it, or by block_new where that fails) */
+        if (!v || PyDict_SetItemString(cols, COLS[c], v)) { Py_XDECREF(v); v = NULL; }
+        Py_XDECREF(v);
+        if (!v) { for (int k = c; k < NCOL; k++) free(mask[k]); goto done; }
+        if (mask[c]) {
+            char key[32];
+            snprintf(key, sizeof key, "%s_na", COLS[c]);
+            PyObject *m = block_new(mask[c], rows);
+            mask[c] = NULL;
+            int err = !m || PyDict_SetItemString(cols, key, m);
+            Py_XDECREF(m);
+            if (err) { for (int k = c + 1; k < NCOL; k++) free(mask[k]); goto done; }
+        }
     }
     result = Py_BuildValue("(LOOOOO)", (long long)a.n, cols, names, cats, dims, odd);
 done:
@@ -964,6 +1047,52 @@ out:
     return res;
 }
 
+/* forest(tid, start, end, order, mapped, is_op) -> (parent, top, op): nest's pass, which also
+   gives each span the outermost span of its ancestor chain (itself included) that is mapped
+   (canonical.outermost_mapped) and its nearest strict ancestor that is an op (_trace's nearest
+   op); -1 where there is none. int64 arrays as for nest; mapped and is_op one byte per span; a
+   parent comes before its children in the sorted order, so each is resolved from its parent's. */
+static PyObject *forest(PyObject *self, PyObject *args) {
+    Py_buffer b[6];
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5])) return NULL;
+    PyObject *res = NULL, *out[3] = {NULL, NULL, NULL};
+    Py_ssize_t n = b[3].len / 8;
+    int64_t *stack = NULL;
+    for (int i = 0; i < 3; i++) if (b[i].len != b[3].len) { PyErr_SetString(PyExc_ValueError, "lengths differ"); goto out; }
+    if (b[4].len != n || b[5].len != n) { PyErr_SetString(PyExc_ValueError, "lengths differ"); goto out; }
+    for (int i = 0; i < 3; i++) if (!(out[i] = block_new(NULL, n * 8))) goto out;
+    stack = malloc((n ? n : 1) * sizeof(int64_t));
+    if (!stack) { PyErr_NoMemory(); goto out; }
+    const int64_t *tid = b[0].buf, *start = b[1].buf, *end = b[2].buf, *order = b[3].buf;
+    const char *mapped = b[4].buf, *is_op = b[5].buf;
+    int64_t *parent = (int64_t *)((Block *)out[0])->p, *top = (int64_t *)((Block *)out[1])->p,
+            *op = (int64_t *)((Block *)out[2])->p;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t height = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t i = order[k];
+        if (k == 0 || tid[i] != tid[order[k - 1]]) height = 0;
+        while (height && end[order[stack[height - 1]]] <= start[i]) height--;
+        int64_t p = height ? order[stack[height - 1]] : -1;
+        parent[i] = p;
+        if (p >= 0) {
+            op[i] = is_op[p] ? p : op[p];
+            top[i] = top[p] >= 0 ? top[p] : (mapped[i] ? i : -1);
+        } else {
+            op[i] = -1;
+            top[i] = mapped[i] ? i : -1;
+        }
+        stack[height++] = k;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(3, out[0], out[1], out[2]);
+out:
+    free(stack);
+    for (int i = 0; i < 3; i++) Py_XDECREF(out[i]);
+    for (int i = 0; i < 6; i++) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 /* objcodes(values) -> (codes, distinct, first): pd.factorize of an int64 array (codes in order of
    first appearance, the distinct values in that order) and the first row of each distinct value;
    all three as int64 bytes. strings.factorize gives it the addresses of an object array's rows. */
@@ -1021,6 +1150,7 @@ out:
 static PyMethodDef methods[] = {
     {"objcodes", objcodes, METH_VARARGS, "pd.factorize of an int64 array, and each value's first row."},
     {"nest", nest, METH_VARARGS, "canonical.nest's stack pass over sorted spans."},
+    {"forest", forest, METH_VARARGS, "nest's pass, with each span's outermost mapped ancestor and nearest op."},
 #ifndef _WIN32
     {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},
 #endif
@@ -1030,4 +1160,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&BlockType) < 0) return NULL;
+    return PyModule_Create(&module);
+}

@@ -43,31 +43,25 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     hidx = np.flatnonzero(host)
     tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
 
-    # nesting of host spans per thread
-    par_local = C.nest(tid[hidx], start[hidx], end[hidx])
-    parent = np.full(n, -1, dtype="int64")
-    parent[hidx] = np.where(par_local >= 0, hidx[np.maximum(par_local, 0)], -1)
-
     canon_a, direc_a = C.map_name_codes(name_codes, name_u, framework)
     canon_a[~is_kind("op", "annotation")] = None
     mapped = canon_a != None  # noqa: E711
-    # resolve over host rows only, in local indices
-    top_local = C.outermost_mapped(par_local, mapped[hidx])
+    is_op = is_kind("op")
+    # nesting of host spans per thread, resolved over host rows only (local indices): the outermost
+    # mapped span above each (its top) and the nearest enclosing op (where a launch sits)
+    _, top_local, op_local = C.forest(tid[hidx], start[hidx], end[hidx], mapped[hidx], is_op[hidx])
     top = np.full(n, -1, dtype="int64")
     top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
+    inner_op = np.full(n, -1, dtype="int64")
+    inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
 
     has_top = top >= 0
     out_canon = np.full(n, None, dtype=object)
     out_dir = np.full(n, None, dtype=object)
     out_canon[has_top] = canon_a[top[has_top]]
     out_dir[has_top] = direc_a[top[has_top]]
-    is_op = is_kind("op")
     out_canon[is_op & ~has_top] = "other"
     out_dir[is_op & ~has_top] = "none"
-
-    # the op a runtime launch (or any host span) sits in: nearest enclosing kind=op span
-    inner_op = np.full(n, -1, dtype="int64")
-    _nearest_op(parent, is_op, hidx, inner_op)
 
     # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
     own = np.full(n, None, dtype=object)
@@ -279,17 +273,6 @@ def _kinds(kind: pd.Series):
         return np.isin(codes, [c for c, u in enumerate(uniq) if u in kinds])
 
     return is_kind
-
-
-def _nearest_op(parent: np.ndarray, is_op: np.ndarray, hidx: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = nearest ancestor (strict) of i that is an op, for host rows; resolved by depth."""
-    if len(hidx) == 0:
-        return
-    depth = C.tree_depth(parent)
-    for d in range(1, int(depth[hidx].max()) + 1):
-        idx = hidx[depth[hidx] == d]
-        par = parent[idx]
-        out[idx] = np.where(is_op[par], par, out[par])
 
 
 def _tree_layers(top: np.ndarray, own: np.ndarray) -> np.ndarray:

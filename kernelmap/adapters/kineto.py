@@ -325,8 +325,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the build
     _scan = None
 
-_F64 = ("ts", "dur", "pid", "tid", "correlation", "ext", "seq", "stream", "bytes",
-        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+_INTS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 
 
 def _scanned_file(path) -> tuple[dict | None, bool]:
@@ -363,31 +362,30 @@ def _scanned(data: bytes) -> dict | None:
     if got is None or got[0] == 0:
         return None
     _, raw, names_u, cats_u, dims_u, odd = got
-    col = {k: np.frombuffer(raw[k], dtype="float64") for k in _F64}
     for k in ("pid", "tid"):
         rows = [r for c, r, _ in odd if c == k]
-        if rows:  # string ids: NaN (what ``numeric`` makes of them) unless one reads as a number
+        if rows:  # string ids: NA (what ``numeric`` makes of them) unless one reads as a number
             vals = pd.to_numeric(pd.Series([v for c, _, v in odd if c == k], dtype=object), errors="coerce")
             if vals.notna().any():
                 return None
-    try:
-        start_ns, dur_ns = ns_from_us(col["ts"]), ns_from_us(col["dur"])
-    except ValueError:
-        return None
     seen: dict = {}
     shapes_u, dims_obj = _raw_shapes(dims_u, seen)
     codes = np.frombuffer(raw["dims"], dtype="int32")
     shapes = object_array([*shapes_u, None])[codes]  # code -1: no Input Dims
     dims = object_array([*dims_obj, None])[codes]
-    f = {k: pd.Series(col[k], copy=False) for k in _F64[2:]}
+
+    def ints(k):  # the scanner's int64 values and missing rows, as they are (its memory, no copy)
+        return pd.arrays.IntegerArray(np.frombuffer(raw[k], dtype="int64"), np.frombuffer(raw[f"{k}_na"], dtype=bool))
+
     return {
         "idx": np.frombuffer(raw["idx"], dtype="int64"),
         "name_codes": np.frombuffer(raw["name"], dtype="int32"), "names_u": names_u,
         "cat_codes": np.frombuffer(raw["cat"], dtype="int32"), "cats_u": cats_u,
-        "start_ns": start_ns, "dur_ns": dur_ns,
-        "pid": f["pid"], "tid": f["tid"], "correlation_id": f["correlation"], "ext": f["ext"], "seq": f["seq"],
-        "stream": f["stream"], "bytes": f["bytes"],
-        **{k: f[k] for k in _F64[9:]},
+        "start_ns": np.frombuffer(raw["ts"], dtype="int64"), "dur_ns": np.frombuffer(raw["dur"], dtype="int64"),
+        "pid": ints("pid"), "tid": ints("tid"), "correlation_id": ints("correlation"),
+        "ext": pd.Series(np.frombuffer(raw["ext"], dtype="float64"), copy=False), "seq": ints("seq"),
+        "stream": ints("stream"), "bytes": ints("bytes"),
+        **{k: ints(k) for k in _INTS},
         "shapes": shapes, "dims": dims,
     }
 
