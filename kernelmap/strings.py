@@ -64,6 +64,15 @@ def _object_codes(address: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return obj_codes, distinct, first
 
 
+def _same_objects(address: np.ndarray, obj_codes: np.ndarray, distinct: np.ndarray) -> bool:
+    """Whether ``distinct[obj_codes]`` is ``address``, row for row: by the native helper where it
+    is built (one pass, no temporary), else by numpy."""
+    native = _native()
+    if native is not None and obj_codes.dtype.kind == "u" and obj_codes.flags.c_contiguous:
+        return native.same_objects(address, obj_codes, distinct)
+    return bool(np.array_equal(distinct[obj_codes], address))
+
+
 def _native():
     global _NATIVE
     if _NATIVE is False:
@@ -96,7 +105,7 @@ class _Answers:
         if e is None or e[0]() is not values:
             return None
         _, obj_codes, distinct, _, code_of_obj, uniques = e
-        if len(obj_codes) != len(address) or not np.array_equal(distinct[obj_codes], address):
+        if len(obj_codes) != len(address) or not _same_objects(address, obj_codes, distinct):
             self.entries.pop(id(values), None)
             return None
         self.entries[id(values)] = self.entries.pop(id(values))  # most recent last
@@ -176,7 +185,12 @@ def string_array(values) -> pd.arrays.StringArray:
     coded = factorize(values, most=len(values) // 4)
     if coded is None:
         return pd.array(np.asarray(values, dtype=object), dtype="string")
-    codes, uniques = coded
+    return _cached(*coded)
+
+
+def _cached(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
+    """``from_codes(codes, uniques)`` (``uniques`` in order of first appearance in ``codes``), its
+    factorisation kept for a later ``factorize`` of it."""
     out, objs, obj_codes = _taken(codes, uniques)
     if objs is not None:
         # its factorisation is known (factorize's uniques are in order of first appearance): the
@@ -184,6 +198,20 @@ def string_array(values) -> pd.arrays.StringArray:
         _CACHE.put(objects(out), obj_codes, np.array([id(o) for o in objs], dtype=np.int64), objs,
                    np.append(np.arange(len(objs) - 1), -1), objs[:-1])
     return out
+
+
+def from_value_codes(codes: np.ndarray, values: list) -> pd.arrays.StringArray:
+    """``string_array`` of the rows ``values[codes[i]]`` (NA where the code is -1; ``values``
+    distinct strings), without an object array of the rows first: the codes are factorised in
+    one int64 pass, and the answer of a later ``factorize`` of it is known as ``string_array``'s."""
+    codes = np.ascontiguousarray(codes, dtype=np.int64)
+    if len(codes) < 4096:  # as fast either way
+        return string_array(object_array([*values, None])[codes])
+    obj_codes, distinct, _ = _object_codes(codes)
+    # distinct: the codes in order of first appearance, -1 (NA) among them where some rows have it
+    rank = np.cumsum(distinct >= 0) - 1
+    first = np.where(distinct >= 0, rank, -1)[obj_codes]
+    return _cached(first, [values[c] for c in distinct[distinct >= 0].tolist()])
 
 
 def from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:

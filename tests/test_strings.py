@@ -138,3 +138,33 @@ def test_string_arrays_under_arrow_string_storage_concatenate():
         assert coded.dtype.storage == "pyarrow" and coded.tolist() == ["a", "b", pd.NA, "a"]
     python = S.string_array(pd.Series(rows, dtype=object))  # the default storage here: unchanged
     assert python.tolist() == arr.tolist()
+
+
+@pytest.mark.parametrize("width", ["uint8", "uint16", "uint32", "uint64"])
+def test_same_objects_native_and_numpy_agree(width, monkeypatch):
+    """The cache's check that an array still holds the objects of its answer: the native pass and
+    numpy give the same verdict, for a match and for a row changed (the last)."""
+    rng = np.random.default_rng(7)
+    distinct = rng.integers(2**20, 2**40, 40)
+    codes = rng.integers(0, 40, 20_000).astype(width)
+    address = distinct[codes]
+    changed = address.copy()
+    changed[-1] += 8
+    built = S._native()
+    for native in ([built] if built is not None else []) + [None]:
+        monkeypatch.setattr(S, "_NATIVE", native)
+        assert S._same_objects(address, codes, distinct)
+        assert not S._same_objects(changed, codes, distinct)
+
+
+@pytest.mark.parametrize("values", [["conv2d", "linear", "relu"], ["fwd"], []])
+def test_from_value_codes_is_string_array(values):
+    """``from_value_codes`` is ``string_array`` of the rows' values, and a later ``factorize`` of it
+    answers as pandas does (values in order of first appearance)."""
+    rng = np.random.default_rng(8)
+    for n in (50, 20_000):
+        codes = rng.integers(-1, len(values), n) if values else np.full(n, -1)
+        got = S.from_value_codes(codes.astype("int32"), values)
+        want = S.string_array(np.append(np.array(values, dtype=object), None)[codes])
+        pd.testing.assert_extension_array_equal(got, want)
+        _same(S.factorize(got), _pandas(got))

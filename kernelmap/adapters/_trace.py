@@ -7,45 +7,79 @@ import numpy as np
 import pandas as pd
 
 from .. import strings as S
-from ..schema import phase_values
+from ..schema import phase_of
 from . import canonical as C
 
 HOST_KINDS = ("op", "annotation", "runtime", "step")
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
+class _Vocab:
+    """Values of a label column as int32 codes into ``values`` (-1: none), each distinct value
+    once: label works on codes and makes strings once at the end."""
+
+    def __init__(self) -> None:
+        self.values: list = []
+        self._index: dict = {}
+
+    def code(self, value) -> int:
+        """The code of ``value`` (added where new); -1 for None."""
+        if value is None:
+            return -1
+        c = self._index.get(value)
+        if c is None:
+            c = self._index[value] = len(self.values)
+            self.values.append(value)
+        return c
+
+    def codes_of(self, values) -> np.ndarray:
+        """The codes of the given values (-2 for one not known: no row has it)."""
+        return np.array([self._index.get(v, -2) for v in values], dtype=np.int32)
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        """The values of ``codes`` as an object array (None for -1)."""
+        return S.object_array([*self.values, None])[codes]
+
+    def strings(self, codes: np.ndarray) -> pd.arrays.StringArray:
+        return S.from_value_codes(codes, self.values)
+
+
 def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd.DataFrame:
     """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
-    position); ``dims`` is, per row, the op's list of input shapes (or None)."""
+    position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
+    worked out as codes (``_Vocab``) and made strings once, at the end."""
     n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"])
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
+    canon, direc, layers, phases = _Vocab(), _Vocab(), _Vocab(), _Vocab()
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
     # (one answer per distinct name; the last entry answers for NA, code -1)
     ann = is_kind("annotation", "step")
-    ph_u = np.full(len(name_u) + 1, None, dtype=object)
-    st_u = np.full(len(name_u) + 1, None, dtype=object)
-    for c in np.unique(name_codes[ann]):
+    ph_u = np.full(len(name_u) + 1, -1, dtype=np.int32)
+    st_u = np.zeros(len(name_u) + 1, dtype=np.int64)
+    is_step_u = np.zeros(len(name_u) + 1, dtype=bool)
+    for c in np.unique(name_codes[ann]).tolist():
         if c >= 0:
-            ph_u[c], st_u[c] = C.region_phase(name_u[c]), C.step_number(name_u[c])
-    region_ph, step_no = ph_u[name_codes], st_u[name_codes]
-    region_ph[~ann] = None
-    step_no[~ann] = None
-    rmask = region_ph != None  # noqa: E711
-    smask = step_no != None  # noqa: E711
-    is_region = rmask | smask
-    host = is_kind(*HOST_KINDS) & ~is_region
+            ph_u[c] = phases.code(C.region_phase(name_u[c]))
+            st = C.step_number(name_u[c])
+            is_step_u[c], st_u[c] = st is not None, st or 0
+    rmask = ann & (ph_u[name_codes] >= 0)
+    smask = ann & is_step_u[name_codes]
+    host = is_kind(*HOST_KINDS) & ~(rmask | smask)
     hidx = np.flatnonzero(host)
     tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
 
-    canon_a, direc_a = C.map_name_codes(name_codes, name_u, framework)
-    canon_a[~is_kind("op", "annotation")] = None
-    mapped = canon_a != None  # noqa: E711
+    # canonical op and direction of each distinct name (mapped for op and annotation rows only)
+    table = [C.lookup(u, framework) for u in name_u]
+    canon_u = np.array([canon.code(v[0] if v else None) for v in table] + [-1], dtype=np.int32)
+    direc_u = np.array([direc.code(v[1] if v else None) for v in table] + [-1], dtype=np.int32)
+    canon_a = np.where(is_kind("op", "annotation"), canon_u[name_codes], -1)
+    mapped = canon_a >= 0
     is_op = is_kind("op")
     # nesting of host spans per thread, resolved over host rows only (local indices): the outermost
     # mapped span above each (its top) and the nearest enclosing op (where a launch sits)
@@ -56,56 +90,57 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
 
     has_top = top >= 0
-    out_canon = np.full(n, None, dtype=object)
-    out_dir = np.full(n, None, dtype=object)
-    out_canon[has_top] = canon_a[top[has_top]]
-    out_dir[has_top] = direc_a[top[has_top]]
-    out_canon[is_op & ~has_top] = "other"
-    out_dir[is_op & ~has_top] = "none"
+    top0 = np.maximum(top, 0)
+    out_canon = np.where(has_top, canon_a[top0], -1).astype(np.int32)
+    out_dir = np.where(has_top, direc_u[name_codes[top0]], -1).astype(np.int32)
+    other = is_op & ~has_top
+    out_canon[other] = canon.code("other")
+    out_dir[other] = direc.code("none")
 
     # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
-    own = np.full(n, None, dtype=object)
+    own = np.full(n, -1, dtype=np.int32)
     if dims is not None:
-        # only ops with a weight argument can name a layer; one answer per (name, shape list)
-        known: dict = {}
+        # only ops with a weight argument can name a layer
         weight_ops = [c for c, u in enumerate(name_u) if u in C.WEIGHT_ARG_OPS]
-        for i in np.flatnonzero(is_op & np.isin(name_codes, weight_ops)):
-            d = dims[i]
-            if d is not None:
-                key = (name_codes[i], id(d))
-                if key not in known:
-                    known[key] = C.layer_from_inputs(name_u[name_codes[i]], d)
-                own[i] = known[key]
+        rows = np.flatnonzero(is_op & np.isin(name_codes, weight_ops))
+        own[rows] = _own_layers(rows, name_codes, name_u, dims, layers)
     tree_layer = _tree_layers(top, own)
     seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
-    layer = np.where(has_top, tree_layer[np.maximum(top, 0)], own)
-    fwd_rows = (seq >= 0) & (out_dir == "fwd") & (layer != None)  # noqa: E711
-    seq_layer = dict(zip(seq[fwd_rows].tolist(), layer[fwd_rows].tolist(), strict=True))
-    if seq_layer:
-        # a backward tree's seq: the first seq in it (nsys' evaluate_function wrapper has none,
-        # the autograd node inside it has the forward op's)
-        with_seq = has_top & (seq >= 0)
-        first = (pd.DataFrame({"top": top[with_seq], "seq": seq[with_seq], "start": start[with_seq]})
-                 .sort_values("start", kind="stable").groupby("top")["seq"].first())
-        top_seq = np.where(has_top, first.reindex(top).fillna(-1).to_numpy(dtype="int64"), -1)
-        need = (layer == None) & (top_seq >= 0)  # noqa: E711
-        wanted, at = np.unique(top_seq[need], return_inverse=True)  # one lookup per distinct seq
-        layer[need] = S.object_array([seq_layer.get(s) for s in wanted.tolist()])[at]
-    layer[S.isin(out_canon, C.LOSS_OPS)] = "loss"
+    layer = np.where(has_top, tree_layer[top0], own).astype(np.int32)
+    fwd_rows = (seq >= 0) & (out_dir == direc.codes_of(["fwd"])[0]) & (layer >= 0)
+    if fwd_rows.any():
+        # the layer of each forward seq (the last such row's, where several have one seq)
+        seq_u, last = np.unique(seq[fwd_rows][::-1], return_index=True)
+        seq_layer = layer[fwd_rows][::-1][last]
+        # a backward tree's seq: the first seq in it, in start order (nsys' evaluate_function
+        # wrapper has none, the autograd node inside it has the forward op's)
+        with_seq = np.flatnonzero(has_top & (seq >= 0))
+        by_start = with_seq[np.argsort(start[with_seq], kind="stable")]
+        tops, first = np.unique(top[by_start], return_index=True)
+        tree_seq = np.full(n, -1, dtype="int64")
+        tree_seq[tops] = seq[by_start[first]]
+        top_seq = np.where(has_top, tree_seq[top0], -1)
+        need = np.flatnonzero((layer < 0) & (top_seq >= 0))
+        want = top_seq[need]
+        hit = np.minimum(np.searchsorted(seq_u, want), len(seq_u) - 1)
+        found = seq_u[hit] == want
+        layer[need[found]] = seq_layer[hit[found]]
+    layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
 
     # phase and iteration by time containment of the start (any thread), then name rules
     asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
     # (for those, a phase region and a step reach to the next one's start, as in mxnet_profiler)
     region_end = C.until_next(start[rmask], end[rmask]) if asynchronous else end[rmask]
-    phase = C.containing(start, start[rmask], region_end, region_ph[rmask])
+    phase = np.append(ph_u[name_codes[rmask]], -1)[C.region_index(start, start[rmask], region_end)]
     step_end = C.until_next(start[smask], end[smask]) if asynchronous else end[smask]
     step_at = C.region_index(start, start[smask], step_end)
     it_na = step_at < 0  # iteration: step number (int64) where it_na is False
-    it_val = np.append(np.array(step_no[smask].tolist(), dtype="int64"), 0)[step_at]
+    it_val = np.append(st_u[name_codes[smask]], 0)[step_at]
     if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
-        pos = C.layers_by_position(is_op, out_canon, out_dir, np.where(it_na, np.nan, it_val), start)
-        need = has_top & (layer == None)  # noqa: E711
-        layer[need] = pos[top[need]]
+        pos = C.layers_by_position(is_op, canon.take(out_canon), direc.take(out_dir),
+                                   np.where(it_na, np.nan, it_val), start)
+        need = has_top & (layer < 0)
+        layer[need] = np.array([layers.code(v) for v in pos[top[need]].tolist()], dtype=np.int32)
 
     # device rows inherit from their runtime launch (same correlation id)
     dev = is_kind(*DEVICE_KINDS)
@@ -125,18 +160,36 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     op_ids = df["event_id"].to_numpy(dtype="int64")
     df["op_event_id"] = pd.arrays.IntegerArray(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
                                                inner_op < 0)
-    df["canonical_op"] = S.string_array(out_canon)
-    df["direction"] = S.string_array(out_dir)
-    df["layer"] = S.string_array(layer)
+    df["canonical_op"] = canon.strings(out_canon)
+    df["direction"] = direc.strings(out_dir)
+    df["layer"] = layers.strings(layer)
     df["iteration"] = pd.arrays.IntegerArray(np.where(it_na, 0, it_val), it_na)
-    # the region's phase, else the direction rule's; asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
-    fallback = phase_values(out_dir, out_canon)
-    take = (fallback != None) if asynchronous else (phase == None)  # noqa: E711
+    # the region's phase, else the direction rule's (schema.phase_of, once per distinct pair);
+    # asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
+    rule = np.array([[phases.code(phase_of(d, c)) for c in [None, *canon.values]] for d in [None, *direc.values]],
+                    dtype=np.int32)  # [direction code + 1, canonical code + 1]: a few dozen pairs
+    fallback = rule[out_dir + 1, out_canon + 1]
+    take = (fallback >= 0) if asynchronous else (phase < 0)
     phase[take] = fallback[take]
-    df["phase"] = S.string_array(phase)
+    df["phase"] = phases.strings(phase)
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df
+
+
+def _own_layers(rows: np.ndarray, name_codes: np.ndarray, name_u, dims, layers: _Vocab) -> np.ndarray:
+    """The layer code that each op row of ``rows`` names by its weight argument (-1: none); one
+    answer per (name, shape list object)."""
+    known: dict = {}
+    out = np.full(len(rows), -1, dtype=np.int32)
+    for j, i in enumerate(rows.tolist()):
+        d = dims[i]
+        if d is not None:
+            key = (name_codes[i], id(d))
+            if key not in known:
+                known[key] = layers.code(C.layer_from_inputs(name_u[name_codes[i]], d))
+            out[j] = known[key]
+    return out
 
 
 def _has_shapes(dims) -> bool:
@@ -216,18 +269,23 @@ def refine_direction(df: pd.DataFrame) -> None:
     k = (S.eq(df["kind"], "kernel") & S.isin(df["canonical_op"], ["conv2d", "linear"]) & S.eq(df["direction"], "bwd"))
     if not k.any():
         return
-    kname = df["kernel_name"]
     kidx = np.flatnonzero(k)  # these rows' direction is "bwd"; dirs: theirs from here on
+    name_codes, names = S.factorize(df["kernel_name"])
+    name_codes = name_codes[kidx]
+
+    def named(test) -> np.ndarray:  # test(kernel name) of these rows, once per distinct name (NA: False)
+        return np.array([bool(test(u)) for u in names] + [False], dtype=bool)[name_codes]
+
     dirs = np.full(len(kidx), "bwd", dtype=object)
     conv = S.eq(df["canonical_op"], "conv2d")[kidx]
-    dirs[conv & S.matches(kname, lambda u: "dgrad" in u.lower())[kidx]] = "bwd_data"
-    dirs[conv & S.matches(kname, lambda u: "wgrad" in u.lower())[kidx]] = "bwd_weight"
-    lib = ~S.eq(df["library"], "native") & ~S.contains(kname, "at::native")
-    pos = np.flatnonzero((df["op_event_id"].notna().to_numpy() & lib)[kidx] & conv)
+    dirs[conv & named(lambda u: "dgrad" in u.lower())] = "bwd_data"
+    dirs[conv & named(lambda u: "wgrad" in u.lower())] = "bwd_weight"
+    lib = ~S.eq(df["library"], "native")[kidx] & ~named(lambda u: "at::native" in u)
+    pos = np.flatnonzero(df["op_event_id"].notna().to_numpy()[kidx] & lib & conv)
     if len(pos):
-        _fill_unnamed(df, kidx, pos, dirs)
-    bias = np.logical_or.reduce([S.contains(kname, m) for m in BIAS_GRAD_MARKS])
-    dirs[(bias & df["layer"].notna().to_numpy())[kidx]] = "bwd_bias"
+        _fill_unnamed(df, kidx, pos, dirs, named)
+    bias = named(lambda u: any(m in u for m in BIAS_GRAD_MARKS))
+    dirs[bias & S.notna(df["layer"])[kidx]] = "bwd_bias"
     _set_rows(df, "direction", kidx, dirs)
 
 
@@ -239,25 +297,24 @@ BIAS_GRAD_MARKS = ("calc_bias_diff", "AddBiasGradKernel", "at::native::reduce_ke
 LAYOUT_MARKS = ("tonhwc", "tonchw", "converttensor", "scalepackedtensor")
 
 
-def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray) -> None:
+def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.ndarray, named) -> None:
     """``refine_direction``'s unnamed kernels (rows ``kidx[pos]``; ``dirs``: the directions of the
-    rows ``kidx``, filled in place)."""
+    rows ``kidx``, filled in place; ``named(test)``: the test of the rows ``kidx``' kernel names)."""
     sel = kidx[pos]
     # per launching op, in launch order: the nearest named kernel before and after each unnamed one
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)[sel]
     op = df["op_event_id"].to_numpy(dtype="int64", na_value=0)[sel]
     order = np.lexsort((np.arange(len(sel)), start, op))
-    rows, op = sel[order], op[order]
+    op = op[order]
     at = pos[order]  # the rows' places in dirs
     d = pd.Series(dirs[at])
-    named = pd.Series(np.where(d != "bwd", d.to_numpy(dtype=object), None), dtype=object)
-    prev = named.groupby(op, sort=False).ffill().to_numpy(dtype=object)
-    nxt = named.groupby(op, sort=False).bfill().to_numpy(dtype=object)
+    half = pd.Series(np.where(d != "bwd", d.to_numpy(dtype=object), None), dtype=object)
+    prev = half.groupby(op, sort=False).ffill().to_numpy(dtype=object)
+    nxt = half.groupby(op, sort=False).bfill().to_numpy(dtype=object)
     unnamed = (d == "bwd").to_numpy()
     has_prev, has_nxt = pd.notna(prev), pd.notna(nxt)
-    kname = df["kernel_name"]  # each test asked once per distinct name
-    tonchw = S.matches(kname, lambda u: "tonchw" in u.lower())[rows]
-    layout = S.matches(kname, lambda u: any(m in u.lower() for m in LAYOUT_MARKS))[rows]
+    tonchw = named(lambda u: "tonchw" in u.lower())[at]
+    layout = named(lambda u: any(m in u.lower() for m in LAYOUT_MARKS))[at]
     val = np.where(~has_prev, nxt, np.where(~has_nxt | (prev == nxt) | tonchw, prev, nxt))
     bracketed = has_prev & has_nxt & (prev == nxt)
     fill = unnamed & (has_prev | has_nxt) & (bracketed | layout)
@@ -276,13 +333,14 @@ def _kinds(kind: pd.Series):
 
 
 def _tree_layers(top: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Per top-level op: the one layer named by the weights in its tree, None if none or several."""
-    res = np.full(len(top), None, dtype=object)
-    sel = (top >= 0) & (own != None)  # noqa: E711
+    """Per top-level op: the one layer code named by the weights in its tree, -1 if none or several."""
+    res = np.full(len(top), -1, dtype=np.int32)
+    sel = (top >= 0) & (own >= 0)
     if not sel.any():
         return res
-    g = pd.DataFrame({"top": top[sel], "layer": own[sel]}).drop_duplicates()
-    counts = g.groupby("top")["layer"].transform("size")
-    g = g[counts == 1]
-    res[g["top"].to_numpy()] = g["layer"].to_numpy()
+    width = int(own.max()) + 1
+    pairs = np.unique(top[sel] * width + own[sel])  # distinct (top, layer), by top
+    tops, first, count = np.unique(pairs // width, return_index=True, return_counts=True)
+    one = count == 1
+    res[tops[one]] = pairs[first[one]] % width
     return res
