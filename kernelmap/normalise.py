@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -46,11 +47,20 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
     ``log_steps``: the training steps the library logs cover (for calls per step), where known;
     ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
     many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
+    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+    return df, summary()
+
+
+def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
+            batch_size: int | None = None, log_steps: int | None = None,
+            steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
+    """``normalise``'s records (validated) and the function that summarises them (it only reads
+    them: ``main`` runs it while the records are written)."""
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
         groups.setdefault(key, []).append(p)
-    frames, runs, files = [], {}, []
+    frames, linked, files = [], [], []
     for name, members in groups.items():
         parts, base = [], 0
         for p in members:
@@ -74,16 +84,22 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
         rdf = schema.conform(rdf, copy=False)
         links = attribution.link_library_calls(rdf, steady_calls)
         links.update(attribution.link_onednn(rdf))
-        own = attribution.summarise(rdf, log_steps, steady_calls)
-        runs[name] = {**own, **links}
+        linked.append((name, rdf, links))
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
         df = schema.validate(schema.conform(frames[0], copy=False))
-        top = own
     else:
         df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
-        top = attribution.summarise(df, log_steps, steady_calls)
-    summary = {**top, "runs": runs, "files": files}
+    frames = None
+
+    def summary() -> dict:
+        runs = {}
+        for name, rdf, links in linked:
+            own = attribution.summarise(rdf, log_steps, steady_calls)
+            runs[name] = {**own, **links}
+        top = own if len(linked) == 1 else attribution.summarise(df, log_steps, steady_calls)
+        return {**top, "runs": runs, "files": files}
+
     return df, summary
 
 
@@ -94,8 +110,14 @@ def main(args: argparse.Namespace) -> int:
     args.output = args.output or "records.parquet"
     if Path(args.output).exists() and not args.replace:
         raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
-    df, summary = normalise(args.files, run=args.run, framework=args.framework)
-    schema.write_parquet(df, args.output, extra_meta={"summary": summary}, validated=True)  # normalise's last step
+    df, summarise = records(args.files, run=args.run, framework=args.framework)
+    summary = {}
+
+    def meta() -> dict:  # summarised while the records are written (normalise's last step)
+        summary.update(summarise())
+        return {"summary": summary}
+
+    schema.write_parquet(df, args.output, validated=True, meta_while_writing=meta)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

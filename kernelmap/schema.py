@@ -7,6 +7,7 @@ key-value metadata, and a file of another version is refused.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -198,9 +199,13 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
 
 
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None,
-                  validated: bool = False) -> None:
+                  validated: bool = False, meta_while_writing=None) -> None:
     """Validate and write atomically, with ``schema_version`` in the Parquet metadata.
-    ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again)."""
+    ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again).
+    ``extra_meta`` is stored under ``kernelmap.meta`` (``read_meta``). ``meta_while_writing``: a
+    function giving ``extra_meta`` instead, run in a second thread while the row groups are
+    written (a summary of ``df`` that only reads it), its dict stored in the file's footer; the
+    first exception of either raised here, and then no file is written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -208,6 +213,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
 
     if not validated:
         validate(df, str(path))
+    if meta_while_writing is not None and not hasattr(pq.ParquetWriter, "add_key_value_metadata"):
+        extra_meta, meta_while_writing = meta_while_writing(), None  # an older pyarrow: first, then write
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
     # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
@@ -238,7 +245,39 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     nums = [f.name for f in arrow_schema if f.name not in strs]
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool, use_dictionary=strs,
                                                     write_statistics=nums) as writer:
-        _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
+        with _beside(meta_while_writing) as late:
+            _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
+        if meta_while_writing is not None:
+            writer.add_key_value_metadata({"kernelmap.meta": json.dumps(late[0])})
+
+
+@contextlib.contextmanager
+def _beside(fn):
+    """``fn()`` run in a second thread while the section runs; its result in the yielded list
+    after the section (nothing where ``fn`` is None). An exception of either is raised here (the
+    section's first), once both have ended."""
+    import threading
+
+    out: list = []
+    if fn is None:
+        yield out
+        return
+    failed: list = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed to the calling thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="kernelmap-beside", daemon=True)
+    worker.start()
+    try:
+        yield out
+    finally:
+        worker.join()
+    if failed:
+        raise failed[0]
 
 
 _PANDAS_COW = int(pd.__version__.split(".")[0]) >= 3  # copy-on-write always on
@@ -355,6 +394,8 @@ def read_meta(path: str | os.PathLike) -> dict:
     """The ``extra_meta`` dict stored by ``write_parquet`` (summary, attribution), or {}."""
     import pyarrow.parquet as pq
 
-    meta = pq.read_schema(path).metadata or {}
+    # the file's key-value metadata: the Arrow schema's own entries, and kernelmap.meta where it was
+    # added after the row groups (write_parquet's meta_while_writing)
+    meta = pq.read_metadata(path).metadata or {}
     raw = meta.get(b"kernelmap.meta")
     return json.loads(raw) if raw else {}

@@ -95,12 +95,19 @@ class _Answers:
     other object, fails the check; an entry dies with its array."""
 
     def __init__(self, size: int = 32):
+        import threading
+
         self.size = size
+        self.lock = threading.RLock()  # normalise summarises in one thread while another writes
         # id(array) -> (weakref, each row's object code (smallest int), the objects' addresses, the objects,
         # each object's value code, the distinct values)
         self.entries: dict[int, tuple] = {}
 
     def get(self, values: np.ndarray, address: np.ndarray):
+        with self.lock:
+            return self._get(values, address)
+
+    def _get(self, values: np.ndarray, address: np.ndarray):
         e = self.entries.get(id(values))
         if e is None or e[0]() is not values:
             return None
@@ -112,6 +119,10 @@ class _Answers:
         return code_of_obj[obj_codes], uniques, len(distinct)
 
     def put(self, values: np.ndarray, obj_codes, distinct, objs, code_of_obj, uniques) -> None:
+        with self.lock:
+            self._put(values, obj_codes, distinct, objs, code_of_obj, uniques)
+
+    def _put(self, values: np.ndarray, obj_codes, distinct, objs, code_of_obj, uniques) -> None:
         import weakref
 
         if len(values) < 4096:  # small arrays are factorised as fast as checked
@@ -127,9 +138,10 @@ class _Answers:
             self.entries.pop(next(iter(self.entries)), None)
 
     def _drop(self, key: int, ref) -> None:
-        e = self.entries.get(key)
-        if e is not None and e[0] is ref:
-            self.entries.pop(key, None)
+        with self.lock:
+            e = self.entries.get(key)
+            if e is not None and e[0] is ref:
+                self.entries.pop(key, None)
 
 
 _CACHE = _Answers()

@@ -312,3 +312,41 @@ def test_parquet_layout_strings_dictionary_numbers_statistics(tmp_path, monkeypa
     import pandas as pd
 
     pd.testing.assert_frame_equal(schema.read_parquet(out), df)
+
+
+def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
+    """``kernelmap normalise -o`` summarises while the row groups are written: the footer holds the
+    summary the command prints (read_meta), as the Arrow schema held it before (a file written that
+    way still reads); a summary that fails leaves no file, and an old pyarrow without
+    ``add_key_value_metadata`` summarises first."""
+    import pyarrow.parquet as pq
+
+    from kernelmap import attribution
+
+    monkeypatch.setattr(schema, "ROW_GROUP", 500)  # several groups written while it summarises
+    out = tmp_path / "r.parquet"
+    assert cli(["normalise", str(KINETO_GPU), "-o", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["kernels"] > 0 and schema.read_meta(out) == {"summary": printed}
+    assert b"kernelmap.meta" not in (pq.read_schema(out).metadata or {})  # in the footer's key-values
+    df, summary = normalise([KINETO_GPU])
+    assert summary == printed
+    old = tmp_path / "old.parquet"  # the summary in the schema's metadata, as before
+    schema.write_parquet(df, old, extra_meta={"summary": summary})
+    assert b"kernelmap.meta" in pq.read_schema(old).metadata and schema.read_meta(old) == {"summary": printed}
+
+    def broken(*a, **k):
+        raise RuntimeError("summary failed")
+
+    monkeypatch.setattr(attribution, "summarise", broken)
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(RuntimeError, match="summary failed"):
+        cli(["normalise", str(KINETO_GPU), "-o", str(bad)])
+    assert not bad.exists() and sorted(tmp_path.iterdir()) == sorted([out, old])  # no temporary left either
+    monkeypatch.undo()
+    monkeypatch.delattr(pq.ParquetWriter, "add_key_value_metadata")
+    first = tmp_path / "first.parquet"
+    assert cli(["normalise", str(KINETO_GPU), "-o", str(first), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == printed
+    assert schema.read_meta(first) == {"summary": printed}
+    assert b"kernelmap.meta" in pq.read_schema(first).metadata
