@@ -89,9 +89,24 @@ typedef struct { const char *s; Py_ssize_t n; int32_t id; } Slot;
 typedef struct { const char *s; Py_ssize_t n; int esc; } Span;
 typedef struct { Slot *t; size_t cap, used; Buf spans; } Intern;  /* spans: a Span per id */
 
+/* eight bytes at a time (names are long: kernel names of a hundred bytes and more), mixed as
+   murmur3's finaliser does */
 static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (Py_ssize_t i = 0; i < n; i++) { h ^= (unsigned char)s[i]; h *= 1099511628211ULL; }
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, w;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+    }
+    if (i < n) {
+        w = 0;
+        memcpy(&w, s + i, (size_t)(n - i));
+        h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
     return h;
 }
 
