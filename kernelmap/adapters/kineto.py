@@ -421,13 +421,17 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
     name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
     cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
-    kind_u = np.array([_KIND.get(k, "annotation") for k in cats_u] or [None], dtype=object)
-    kind = kind_u[cat_codes]
-    is_dev = np.isin(kind, _trace.DEVICE_KINDS)
+    # kinds as codes into their few values: one per category, "step" for the step annotations
+    kinds = [_KIND.get(k, "annotation") for k in cats_u]
+    vocab = list(dict.fromkeys([*kinds, "step"]))
+    kind_of_cat = np.array([vocab.index(k) for k in kinds] or [0])
+    kind = kind_of_cat[cat_codes]
+    is_dev = np.isin(kind_of_cat, [vocab.index(k) for k in _trace.DEVICE_KINDS if k in vocab])[cat_codes]
     step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
-    kind[(kind == "annotation") & step_u[name_codes]] = "step"
+    if "annotation" in vocab:
+        kind[(kind == vocab.index("annotation")) & step_u[name_codes]] = vocab.index("step")
     cols = {
-        "kind": kind,
+        "kind": strings.from_value_codes(kind, vocab),
         "op_name": strings.from_codes(np.where(is_dev, -1, name_codes), names_u),
         "kernel_name": strings.from_codes(np.where(is_dev, name_codes, -1), names_u),
         **c,
@@ -484,14 +488,20 @@ def kernel_library(df: pd.DataFrame) -> None:
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
     k = strings.eq(df["kind"], "kernel")
+    # the library column as codes into its values (those it has, and those set here)
+    lib, values = strings.factorize(df["library"])
+    lib = lib.astype("int64")  # a copy: factorize's codes may be kept for a later call
+    vocab = {v: c for c, v in enumerate(values)}
+
+    def code(v) -> int:
+        return -1 if v is None else vocab.setdefault(v, len(vocab))
+
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
-    by_name = strings.object_array(
-        ["cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
-         else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None
-         for n in uniq] + [None])[codes]
-    lib = df["library"].to_numpy(dtype=object, na_value=None)
-    named = k & (by_name != None)  # noqa: E711
+    by_name = np.array([code("cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
+                             else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
+                        for n in uniq] + [-1], dtype="int64")[codes]
+    named = k & (by_name >= 0)
     lib[named] = by_name[named]
     ids = df["op_event_id"]
     if ids.notna().any():
@@ -507,6 +517,6 @@ def kernel_library(df: pd.DataFrame) -> None:
             row = pd.Series(np.arange(len(df)), index=event_id).reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype="float64")
             found = ~np.isnan(row)
             launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
-        from_cudnn_op = k & launcher & (lib != "native")
-        lib[from_cudnn_op & (lib == None)] = "cuDNN"  # noqa: E711
-    df["library"] = strings.string_array(lib)
+        from_cudnn_op = k & launcher & (lib != vocab.get("native", -2))
+        lib[from_cudnn_op & (lib < 0)] = code("cuDNN")
+    df["library"] = strings.from_value_codes(lib, list(vocab))
