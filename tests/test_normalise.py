@@ -350,3 +350,24 @@ def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out) == printed
     assert schema.read_meta(first) == {"summary": printed}
     assert b"kernelmap.meta" in pq.read_schema(first).metadata
+
+
+@pytest.mark.parametrize("keys", [["kernel_name"], ["kernel_name", "canonical_op"], ["layer"], ["canonical_op", "direction"]])
+def test_top_groups_is_pandas_groupby(keys):
+    """The summary's top-N table grouped by string codes is pandas' groupby table (same groups, order,
+    values, dtypes and index), also with NA keys (left out) and NA durations (counted as nothing);
+    on the real GPU fixture's kernels, repeated so that the coded path (4096 rows or more) runs."""
+    import pandas as pd
+
+    from kernelmap import attribution
+
+    df, _ = normalise([KINETO_GPU])
+    k = df[df["kind"].eq("kernel").fillna(False).to_numpy()]
+    k = pd.concat([k] * (4096 // len(k) + 1), ignore_index=True)
+    k.loc[k.index[::7], "dur_ns"] = pd.NA
+    k.loc[k.index[::11], keys[-1]] = pd.NA
+    assert len(k) >= 4096 and k[keys[-1]].isna().sum() >= len(k[::11])
+    want = k.groupby(keys)["dur_ns"].agg(["size", "sum"]).sort_values("sum", ascending=False).head(attribution.TOP_N)
+    got = attribution._top_groups(k, keys)
+    pd.testing.assert_frame_equal(got, want)
+    assert len(got) > 1
