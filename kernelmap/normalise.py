@@ -16,9 +16,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, frameworks, schema
+from . import adapters, attribution, frameworks, schema, strings
 from .errors import KernelmapError, ParseError
 from .rundir import RunDir, case_dir
 
@@ -70,7 +71,7 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
                           **{k: v for k, v in df.attrs.items() if k != "format"}})
             df = _offset(df, base)
             base += len(df)
-            df["run"] = name
+            df["run"] = strings.from_value_codes(np.zeros(len(df), dtype="int64"), [name])
             if framework:
                 df["framework"] = df["framework"].where(df["framework"].notna() & ~df["framework"].eq("unknown"),
                                                         framework)

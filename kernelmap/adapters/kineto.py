@@ -371,7 +371,11 @@ def _scanned(data: bytes) -> dict | None:
     seen: dict = {}
     shapes_u, dims_obj = _raw_shapes(dims_u, seen)
     codes = np.frombuffer(raw["dims"], dtype="int32")
-    shapes = object_array([*shapes_u, None])[codes]  # code -1: no Input Dims
+    # the shape strings as a string column straight from codes (raw texts that differ only in
+    # whitespace give one shape string: one code for it)
+    shape_code: dict = {}
+    by_raw = np.array([-1 if v is None else shape_code.setdefault(v, len(shape_code)) for v in shapes_u] + [-1])
+    shapes = strings.from_value_codes(by_raw[codes], list(shape_code))  # code -1: no Input Dims
     dims = object_array([*dims_obj, None])[codes]
 
     def ints(k):  # the scanner's int64 values and missing rows, as they are (its memory, no copy)
