@@ -233,16 +233,13 @@ def region_index(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray) -> 
     """For each time in ``starts``, the position (into ``r_start``) of the region [r_start, r_end)
     containing it (the latest-starting one when regions nest or overlap; of regions starting
     together, the last given); -1 where none does."""
-    out = np.full(len(starts), -1, dtype="int64")
     if len(r_start) == 0 or len(starts) == 0:
-        return out
+        return np.full(len(starts), -1, dtype="int64")
     order = np.argsort(r_start, kind="stable")
     rs, re_ = r_start[order], r_end[order]
     pos = np.searchsorted(rs, starts, side="right") - 1
-    ok = pos >= 0
-    ok[ok] = starts[ok] < re_[pos[ok]]
-    out[ok] = order[pos[ok]]
-    return out
+    at = np.maximum(pos, 0)  # gathers at every row (no masked copies): -1 where no region holds it
+    return np.where((pos >= 0) & (starts < re_[at]), order[at], -1)
 
 
 def containing(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_value: np.ndarray,
