@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import strings as S
+from .strings import STRING
 
 GPU_LIBS = ("cuDNN", "cuBLAS", "cuBLASLt")
 TOP_N = 10
@@ -88,7 +89,7 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     fill = S.isna(frame["layer"]) & S.isin(frame["canonical_op"], list(LAYERLESS_OPS))
     if not fill.any():
         return frame
-    layer = frame["layer"].astype("string")  # a copy
+    layer = frame["layer"].astype(STRING)  # a copy
     layer[fill] = ANY_LAYER
     return frame.assign(layer=layer)
 
@@ -126,7 +127,7 @@ def _targets(calls: pd.DataFrame, steady_calls: int | None = None) -> tuple[pd.D
     signed = calls[_signed(calls)].sort_values(["start_ns", "event_id"], kind="stable")
     split = signed[S.isin(signed["direction"], list(_SPLIT_BWD))]
     if len(split):
-        union = split.assign(direction=pd.array(["bwd"] * len(split), dtype="string"))
+        union = split.assign(direction=pd.array(["bwd"] * len(split), dtype=STRING))
         have = set(signed.loc[S.eq(signed["direction"], "bwd"), ["canonical_op", "layer"]].itertuples(index=False))
         union = union[[k not in have for k in union[["canonical_op", "layer"]].itertuples(index=False)]]
         t, a = _agreeing(signed, steady_calls)
@@ -195,7 +196,7 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
     m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
     df.loc[m.index, "call_event_id"] = m["call_event_id"].astype("Int64")
     for col in _CALL_COLS:
-        df.loc[m.index, col] = m[col].astype("string")
+        df.loc[m.index, col] = m[col].astype(STRING)
     return info
 
 
@@ -240,7 +241,7 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
         hit = open_ & cond
         reason[hit] = text
         open_ = open_ & ~hit  # to_numpy() may be read-only (pandas 3 copy-on-write)
-    return k.assign(reason=pd.array(reason, dtype="string"))
+    return k.assign(reason=pd.array(reason, dtype=STRING))
 
 
 def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:

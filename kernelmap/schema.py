@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import SchemaError
+from .strings import STRING
 
 SCHEMA_VERSION = 2
 
@@ -149,9 +150,14 @@ _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LI
           "canonical_op": CANONICAL_OPS}
 
 
+# the pandas dtype of each column: "string" is STRING (Python objects, not the Arrow storage that
+# pandas 3 picks by default; strings.STRING says why)
+DTYPES = {col: STRING if t == "string" else t for col, t in COLUMNS.items()}
+
+
 def empty() -> pd.DataFrame:
     """An empty records table with the right columns and dtypes."""
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()})
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in DTYPES.items()})
 
 
 def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
@@ -162,12 +168,12 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     def column(col, dtype):
         if col not in df:
             return pd.Series(pd.NA, index=df.index, dtype=dtype).array
-        if dtype == "string" and df[col].dtype == object:  # once per distinct value where rows share them
+        if dtype is STRING and df[col].dtype == object:  # once per distinct value where rows share them
             return string_array(df[col])
         # pandas 3 copies lazily (copy-on-write) and deprecates astype's copy keyword
         return (df[col].astype(dtype) if _PANDAS_COW else df[col].astype(dtype, copy=copy)).array
 
-    cols = {col: column(col, dtype) for col, dtype in COLUMNS.items()}
+    cols = {col: column(col, dtype) for col, dtype in DTYPES.items()}
     extra = set(df.columns) - set(COLUMNS)
     if extra:
         raise SchemaError(f"columns not in schema v{SCHEMA_VERSION}: {sorted(extra)}")
@@ -384,7 +390,7 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
     except Exception as exc:  # pandas metadata that disagrees with the columns (pyarrow and pandas errors)
         raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
     try:
-        df = df.astype(COLUMNS) if list(df.columns) == list(COLUMNS) else df
+        df = df.astype(DTYPES) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"{path}: {exc}") from None
     return validate(df, str(path))

@@ -11,10 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+# The records' string dtype: one Python object per row, shared by the rows of one value (what the
+# codes below rely on). pandas 3's default "string" is Arrow-backed, where every test here would
+# first make a Python object per row (measured: normalise 4x slower on pandas 3.0.6 here, 18x on
+# the GPU machine), so the storage is named, never left to the pandas version.
+STRING = pd.StringDtype("python")
+
 
 def objects(col) -> np.ndarray:
     """The column's own object array (a ``string`` column's values, NA as ``pd.NA``; no copy)."""
     arr = col.array if isinstance(col, pd.Series) else col
+    if isinstance(arr, pd.arrays.StringArray) and isinstance(getattr(arr, "_ndarray", None), np.ndarray):
+        return arr._ndarray  # itself (pandas 3's np.asarray gives a new read-only view each time)
     return np.asarray(arr, dtype=object)
 
 
@@ -196,7 +204,7 @@ def string_array(values) -> pd.arrays.StringArray:
     do not share objects."""
     coded = factorize(values, most=len(values) // 4)
     if coded is None:
-        return pd.array(np.asarray(values, dtype=object), dtype="string")
+        return pd.array(np.asarray(values, dtype=object), dtype=STRING)
     return _cached(*coded)
 
 
@@ -237,23 +245,13 @@ def _taken(codes: np.ndarray, uniques):
     """(``from_codes``' array, the objects its rows hold by code with pd.NA last, the rows' codes
     into those), or (the array, None, None) where ``uniques`` are not distinct strings."""
     uniques = object_array(list(uniques))
-    converted = np.asarray(pd.array(uniques, dtype="string"), dtype=object)
+    converted = np.asarray(pd.array(uniques, dtype=STRING), dtype=object)
     if len(pd.unique(uniques)) != len(uniques) or pd.isna(converted).any():
-        return pd.array(np.append(uniques, None)[codes], dtype="string"), None, None
+        return pd.array(np.append(uniques, None)[codes], dtype=STRING), None, None
     objs = np.append(converted, pd.NA)
     obj_codes = np.where(codes < 0, len(converted), codes)  # code -1 (NA): the last
     rows = objs[obj_codes]
-    dtype = _string_dtype()
-    if getattr(dtype, "storage", None) != "python":
-        # "string" is Arrow-backed in this pandas (e.g. mode.string_storage): a python StringArray
-        # labelled with that dtype breaks pd.concat (seen on the H100: 'StringArray' object has no
-        # attribute '_pa_array'), so pandas builds the array of the default storage itself
-        return pd.array(rows, dtype=dtype), None, None  # its rows are pandas' objects, not these
     try:  # str and pd.NA only, as pandas made them: no second check of every row
-        return pd.arrays.StringArray._simple_new(rows, dtype), objs, obj_codes
+        return pd.arrays.StringArray._simple_new(rows, STRING), objs, obj_codes
     except (AttributeError, TypeError):  # pragma: no cover - another pandas
         return pd.arrays.StringArray(rows), None, None
-
-
-def _string_dtype() -> pd.StringDtype:
-    return pd.array([], dtype="string").dtype

@@ -17,8 +17,8 @@ def _columns():
     mixed = shared.copy()
     mixed[::3] = np.nan
     mixed[1::7] = 5
-    return {"shared": pd.Series(pd.array(shared, dtype="string")), "own": pd.Series(pd.array(own, dtype="string")),
-            "object": pd.Series(mixed, dtype=object), "empty": pd.Series(pd.array([], dtype="string"))}
+    return {"shared": pd.Series(pd.array(shared, dtype=S.STRING)), "own": pd.Series(pd.array(own, dtype=S.STRING)),
+            "object": pd.Series(mixed, dtype=object), "empty": pd.Series(pd.array([], dtype=S.STRING))}
 
 
 @pytest.mark.parametrize("name", ["shared", "own", "object", "empty"])
@@ -36,7 +36,7 @@ def test_strings_are_pandas(name):
     np.testing.assert_array_equal(S.contains(strs, "native"),
                                   strs.str.contains("native", regex=False, na=False).to_numpy(dtype=bool))
     assert S.distinct(strs) == list(strs.dropna().unique())
-    pd.testing.assert_extension_array_equal(S.string_array(col), pd.array(np.asarray(col, dtype=object), dtype="string"))
+    pd.testing.assert_extension_array_equal(S.string_array(col), pd.array(np.asarray(col, dtype=object), dtype=S.STRING))
     if name != "empty":
         assert (S.factorize(col, most=10) is None) == (name == "own")  # rows of their own objects: step aside
 
@@ -57,7 +57,7 @@ def _same(got, want):
 
 def test_factorize_answers_again_only_for_the_unchanged_array(monkeypatch):
     pool = np.array(["conv", "relu", None, "pool"], dtype=object)
-    arr = pd.array(pool[np.arange(20_000) % 4], dtype="string")
+    arr = pd.array(pool[np.arange(20_000) % 4], dtype=S.STRING)
     _same(S.factorize(arr), _pandas(arr))
     calls = []
     real = pd.factorize
@@ -75,7 +75,7 @@ def test_factorize_answers_again_only_for_the_unchanged_array(monkeypatch):
 
 
 def test_factorize_answers_die_with_their_array():
-    arr = pd.array(np.array(["a", "b"] * 5000, dtype=object), dtype="string")
+    arr = pd.array(np.array(["a", "b"] * 5000, dtype=object), dtype=S.STRING)
     S.factorize(arr)
     key = id(np.asarray(arr, dtype=object))
     assert key in S._CACHE.entries
@@ -119,24 +119,32 @@ def test_from_codes_is_pandas(uniques):
     rng = np.random.default_rng(4)
     codes = rng.integers(-1, len(uniques), 6000) if uniques else np.full(10, -1)
     got = S.from_codes(codes, uniques)
-    want = pd.array(np.append(np.array(uniques, dtype=object), None)[codes], dtype="string")
+    want = pd.array(np.append(np.array(uniques, dtype=object), None)[codes], dtype=S.STRING)
     pd.testing.assert_extension_array_equal(got, want)
     _same(S.factorize(got), _pandas(got))
 
 
-def test_string_arrays_under_arrow_string_storage_concatenate():
-    """Where pandas' "string" is Arrow-backed (mode.string_storage; the H100's pandas), the arrays
-    built here carry that storage: a python StringArray labelled Arrow broke pd.concat in normalise."""
+def test_string_arrays_are_python_storage_under_arrow_default():
+    """Where pandas' default "string" is Arrow-backed (mode.string_storage; pandas 3, as on the GPU
+    machine), the arrays built here are still Python-object strings (``STRING``): the codes rely on
+    rows sharing objects. They concatenate with an Arrow-backed column (a python StringArray
+    labelled Arrow once broke pd.concat in normalise), and records conform to STRING."""
+    from kernelmap import schema
+
     rows = ["conv", "relu", "conv", "conv", "pool", "conv", "relu", "conv", None, "conv", "conv", "conv"] * 10
     with pd.option_context("mode.string_storage", "pyarrow"):
+        assert pd.array([], dtype="string").dtype.storage == "pyarrow"
         arr = S.string_array(pd.Series(rows, dtype=object))
-        assert arr.dtype == pd.array([], dtype="string").dtype and arr.dtype.storage == "pyarrow"
-        other = pd.DataFrame({"x": pd.array(["fc"], dtype="string")})
+        assert arr.dtype == S.STRING and arr.dtype.storage == "python"
+        other = pd.DataFrame({"x": pd.array(["fc"], dtype="string")})  # Arrow-backed
         both = pd.concat([pd.DataFrame({"x": arr}), other], ignore_index=True)
         assert both["x"].tolist() == [*[r if r is not None else pd.NA for r in rows], "fc"]
-        coded = S.from_codes(np.array([0, 1, -1, 0]), ["a", "b"])
-        assert coded.dtype.storage == "pyarrow" and coded.tolist() == ["a", "b", pd.NA, "a"]
-    python = S.string_array(pd.Series(rows, dtype=object))  # the default storage here: unchanged
+        coded = S.from_value_codes(np.array([0, 1, -1, 0] * 1100), ["a", "b"])
+        assert coded.dtype.storage == "python" and coded[:4].tolist() == ["a", "b", pd.NA, "a"]
+        conformed = schema.conform(pd.DataFrame({"kind": other["x"]}))
+        assert conformed["kind"].dtype.storage == "python" and conformed["kind"].tolist() == ["fc"]
+        assert str(conformed["kind"].dtype) == schema.COLUMNS["kind"]  # validate's test holds
+    python = S.string_array(pd.Series(rows, dtype=object))
     assert python.tolist() == arr.tolist()
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import strings as S
 from ..frameworks.spec import LAYERS
+from ..strings import STRING
 
 try:  # optional (setup.py builds it where a C compiler is found): nest's loop, the same parents
     from . import _native
@@ -126,8 +127,8 @@ def lookup(name: str, framework: str) -> tuple[str, str] | None:
 def map_names(names: pd.Series, framework: str) -> tuple[pd.Series, pd.Series]:
     """Vectorised ``lookup``: (canonical_op, direction) series with NA where unmapped."""
     canon, direc = map_name_codes(*S.factorize(names), framework)
-    return (pd.Series(pd.array(canon, dtype="string"), index=names.index),
-            pd.Series(pd.array(direc, dtype="string"), index=names.index))
+    return (pd.Series(pd.array(canon, dtype=STRING), index=names.index),
+            pd.Series(pd.array(direc, dtype=STRING), index=names.index))
 
 
 def map_name_codes(codes: np.ndarray, uniq, framework: str) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import strings
 from ..errors import ParseError
-from ..strings import object_array
+from ..strings import STRING, object_array
 from . import _trace
 from ._common import (
     GZIP_MAGIC,
@@ -447,7 +447,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
-    df["library"] = pd.Series(pd.NA, index=df.index, dtype="string")
+    df["library"] = pd.Series(pd.NA, index=df.index, dtype=STRING)
     _trace.label(df, dims, "pytorch")
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)

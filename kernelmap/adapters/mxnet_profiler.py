@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ParseError
+from ..strings import STRING
 from . import canonical as C
 from ._common import finish, load_json
 
@@ -146,9 +147,9 @@ def _label(df: pd.DataFrame) -> None:
     end = start + df["dur_ns"].to_numpy(dtype="int64")
     canon, direc = C.map_names(df["op_name"], "mxnet")
     is_op = df["kind"].eq("op")
-    df["canonical_op"] = canon.where(is_op).astype("string")
+    df["canonical_op"] = canon.where(is_op).astype(STRING)
     df.loc[is_op & df["canonical_op"].isna(), "canonical_op"] = "other"
-    df["direction"] = direc.where(is_op).astype("string")
+    df["direction"] = direc.where(is_op).astype(STRING)
     df.loc[is_op & df["direction"].isna(), "direction"] = "none"
     rph = np.array([C.region_phase(n) for n in names], dtype=object)
     stp = np.array([C.step_number(n) for n in names], dtype=object)
@@ -159,7 +160,7 @@ def _label(df: pd.DataFrame) -> None:
     phase = C.containing(start, start[r], C.until_next(start[r], end[r]), rph[r])
     own = C.containing(start, start[r], end[r], rph[r])
     by_name = C.phase_from_direction(df["direction"], df["canonical_op"])
-    region = pd.Series(pd.array(np.where(is_op.to_numpy(), phase, own), dtype="string"), index=df.index)
+    region = pd.Series(pd.array(np.where(is_op.to_numpy(), phase, own), dtype=STRING), index=df.index)
     df["phase"] = by_name.where(is_op).fillna(region).where(is_op | region.notna())
     df["iteration"] = pd.array(iteration, dtype="Int64")
     df.loc[is_op & df["canonical_op"].isin(list(C.LOSS_OPS)), "layer"] = "loss"

@@ -36,6 +36,7 @@ import pandas as pd
 
 from .. import strings
 from ..errors import ParseError
+from ..strings import STRING
 from . import _trace
 from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, int64_array
 from .canonical import CAPTURE_RANGE
@@ -82,7 +83,7 @@ def read(path: str | os.PathLike, framework: str | None = None) -> pd.DataFrame:
 
 
 def _restring(df: pd.DataFrame) -> pd.DataFrame:
-    df["source_file"] = df["source_file"].astype("string")
+    df["source_file"] = df["source_file"].astype(STRING)
     return df
 
 
@@ -236,7 +237,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     tid = (gtid % 0x1000000)
     pid = ((gtid // 0x1000000) % 0x1000000).fillna((gpid // 0x1000000) % 0x1000000)
     dims = df.pop("dims").tolist() if "dims" in df else None
-    names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype="string")
+    names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype=STRING)
     if framework is None:
         framework = "pytorch" if any(str(n).startswith("aten::") for n in pd.unique(names.dropna())) else "unknown"
     cols = {c: df[c] for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
@@ -256,7 +257,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         _trace.label(out, dims, framework if framework != "unknown" else "pytorch")
         from .kineto import kernel_library
 
-        out["library"] = out["library"].astype("string")
+        out["library"] = out["library"].astype(STRING)
         kernel_library(out)
     return out
 

@@ -65,6 +65,7 @@ import pandas as pd
 
 from ..errors import ParseError
 from ..frameworks.spec import LAYERS
+from ..strings import STRING
 from . import canonical as C
 from ._common import finish, int64_array, load_json, ns_from_us
 
@@ -422,14 +423,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     library = [inf.library if inf else None for inf in info]
     cols = {
         "kind": kind,
-        "op_name": pd.array(op_name, dtype="string"),
-        "kernel_name": pd.array([names[j] if dev[j] else None for j in range(n)], dtype="string"),
+        "op_name": pd.array(op_name, dtype=STRING),
+        "kernel_name": pd.array([names[j] if dev[j] else None for j in range(n)], dtype=STRING),
         "start_ns": start, "dur_ns": dur,
-        "canonical_op": pd.array(canon, dtype="string"),
-        "direction": pd.array(direc, dtype="string"),
-        "layer": pd.array(layer, dtype="string"),
-        "library": pd.array([lib if kind[j] != "runtime" else None for j, lib in enumerate(library)], dtype="string"),
-        "algo": pd.array([inf.algo if inf else None for inf in info], dtype="string"),
+        "canonical_op": pd.array(canon, dtype=STRING),
+        "direction": pd.array(direc, dtype=STRING),
+        "layer": pd.array(layer, dtype=STRING),
+        "library": pd.array([lib if kind[j] != "runtime" else None for j, lib in enumerate(library)], dtype=STRING),
+        "algo": pd.array([inf.algo if inf else None for inf in info], dtype=STRING),
         "framework": "jax",
         "device": "gpu" if dev.any() else "cpu",
     }

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import schema, timing
+from kernelmap.strings import STRING
 
 from .base import Run, _get, _passes, _step_times_s
 from .linked import _op_signature, linked_libraries
@@ -24,7 +25,7 @@ def _event_library(run: Run, t: Timed) -> pd.Series:
     if t.level == "op":
         by_sig = linked_libraries(run, t.framework, t.batch_size)
         vals = ["/".join(by_sig[k]["libraries"]) if k in by_sig else pd.NA for k in _op_signature(t.events)]
-        lib = pd.Series(vals, index=t.events.index, dtype="string")
+        lib = pd.Series(vals, index=t.events.index, dtype=STRING)
     return lib.fillna("native")
 
 
