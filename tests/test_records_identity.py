@@ -131,12 +131,20 @@ def test_kineto_typed_path_taken_and_general_path_identical(stored, rel, monkeyp
     assert file_digest(rel) == stored["files"][rel]
 
 
+@pytest.mark.parametrize("optional", ["installed", "missing"])
 @pytest.mark.parametrize("rel", [f for f in record_files() if adapters.detect(DATA / f) == "kineto"])
-def test_kineto_native_path_taken(stored, rel, monkeypatch):
+def test_kineto_native_path_taken(stored, rel, optional, monkeypatch):
     """The native scanner (where it is built) reads every real Kineto fixture itself, with the
-    same records."""
+    same records; also where orjson and msgspec are not installed (the GPU machine's environment:
+    the scanner once needed orjson to check the document around the array, and without it every
+    file took the standard library's parse, 10x slower)."""
     if kineto._scan is None:
         pytest.skip("the native scanner is not built here")
+    if optional == "missing":
+        from kernelmap.adapters import _common
+
+        monkeypatch.setattr(_common, "_orjson", None)
+        monkeypatch.setattr(kineto, "_typed", None)
     taken = []
     real = kineto._scanned
     monkeypatch.setattr(kineto, "_scanned", lambda *a: (lambda r: taken.append(r is not None) or r)(real(*a)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import os
 import re
@@ -116,11 +117,14 @@ def _cuts(data: bytes, pos: int, limit: int, end: int, tries: int) -> Iterator[i
 
 def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tuple[int, int]:
     """Where the ``traceEvents`` array's elements lie in ``data`` (after its ``[``, at its ``]``),
-    vouched for as ``trace_event_chunks`` says; ``NoFastPath`` where orjson is missing, an integer
-    could overflow it (``digits=False``: the caller reads no such integer), or the extent is not
-    certain."""
-    if _orjson is None or (digits and _long_digit_run(data)):
+    vouched for as ``trace_event_chunks`` says; ``NoFastPath`` where the extent is not certain or,
+    for a caller that parses the elements with orjson (``digits``), where orjson is missing or an
+    integer could overflow it. ``digits=False`` (the native scanner, which reads no such integer):
+    the document around the array is checked by orjson, else by the standard library (as
+    ``parse_json`` would parse it), so the scanner does not need orjson."""
+    if digits and (_orjson is None or _long_digit_run(data)):
         raise NoFastPath
+    loads, invalid = (_orjson.loads, _orjson.JSONDecodeError) if _orjson is not None else (json.loads, ValueError)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
@@ -131,8 +135,8 @@ def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tup
         if j < 0:
             break
         try:
-            shell = _orjson.loads(data[:start] + b"]" + data[j + 1:])
-        except _orjson.JSONDecodeError:
+            shell = loads(data[:start] + b"]" + data[j + 1:])
+        except invalid:
             continue
         # the key once, at the top level: not before the array, not after it
         once = data.find(b'"traceEvents"', 0, m.start()) < 0 and data.find(b'"traceEvents"', j + 1) < 0

@@ -208,8 +208,13 @@ else:  # pragma: no cover
 
 
 def _orjson_loads(b: bytes):
+    """An ``Input Dims`` text's value: orjson's, else the standard library's (the same lists)."""
     from ._common import _orjson
 
+    if _orjson is None:
+        import json
+
+        return json.loads(b)
     return _orjson.loads(b)
 
 
