@@ -7,6 +7,7 @@ key-value metadata, and a file of another version is refused.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import enum
 import json
@@ -219,7 +220,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
 
     if not validated:
         validate(df, str(path))
-    if meta_while_writing is not None and not hasattr(pq.ParquetWriter, "add_key_value_metadata"):
+    late_meta = hasattr(pq.ParquetWriter, "add_key_value_metadata")  # footer entries after the row groups
+    if meta_while_writing is not None and not late_meta:
         extra_meta, meta_while_writing = meta_while_writing(), None  # an older pyarrow: first, then write
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
@@ -234,14 +236,22 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the system allocator, not pyarrow's default pool, which keeps what the row groups freed
     pool = pa.system_memory_pool()
 
-    # string columns whose rows share a few objects: each distinct value converted once, for all groups
+    # string columns whose rows share a few objects: each distinct value converted once, for all
+    # groups. Where the footer can be written after the row groups (late_meta), these columns go to
+    # the writer as dictionary arrays (codes into those values): Parquet stores a string column as
+    # dictionary pages either way, and this way neither the rows' strings are built nor hashed
+    # again. The file's Arrow schema (ARROW:schema, which readers restore) is then written by hand:
+    # the same entry, byte for byte, that pyarrow writes for the string-typed schema.
     coded = {c: _coded_strings(df[c], arrow_schema.field(c).type, pool) for c in df.columns}
+    as_dictionary = late_meta and any(v is not None for v in coded.values())
+    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if as_dictionary and coded[f.name]
+                              is not None else f for f in arrow_schema]) if as_dictionary else arrow_schema
 
     def groups():
         for lo in range(0, max(len(df), 1), ROW_GROUP):
             part = df.iloc[lo:lo + ROW_GROUP]
-            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool, coded[c], lo)
-                                        for c in df.columns], schema=arrow_schema)
+            yield pa.Table.from_arrays([_arrow(part[c], arrow_schema.field(c).type, pool, coded[c], lo, as_dictionary)
+                                        for c in df.columns], schema=write_schema)
 
     # dictionary pages for the string columns (few distinct values: names, kinds) and min/max
     # statistics for the others; string statistics (min/max of long kernel names) and dictionary
@@ -249,12 +259,18 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # (pandas 3's "string" columns are Arrow large_string: text all the same)
     strs = [f.name for f in arrow_schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     nums = [f.name for f in arrow_schema if f.name not in strs]
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, arrow_schema, memory_pool=pool, use_dictionary=strs,
-                                                    write_statistics=nums) as writer:
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, write_schema, memory_pool=pool, use_dictionary=strs,
+                                                    write_statistics=nums, store_schema=not as_dictionary) as writer:
         with _beside(meta_while_writing) as late:
             _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
+        footer = {}
+        if as_dictionary:  # the string-typed schema and its metadata, as store_schema writes them
+            footer["ARROW:schema"] = base64.b64encode(arrow_schema.serialize().to_pybytes()).decode()
+            footer.update((k.decode(), v.decode()) for k, v in arrow_schema.metadata.items())
         if meta_while_writing is not None:
-            writer.add_key_value_metadata({"kernelmap.meta": json.dumps(late[0])})
+            footer["kernelmap.meta"] = json.dumps(late[0])
+        if footer:
+            writer.add_key_value_metadata(footer)
 
 
 @contextlib.contextmanager
@@ -345,9 +361,10 @@ def _coded_strings(col: pd.Series, type_, pool=None):
     return codes, pa.array(uniques, type=type_, memory_pool=pool)
 
 
-def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0):
+def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_dictionary: bool = False):
     """One column (rows ``lo``.. of the whole column) as Arrow. Strings: where ``coded`` (the whole
-    column's ``_coded_strings``), the rows taken from the distinct values, else pyarrow's own
+    column's ``_coded_strings``), the rows taken from the distinct values (``as_dictionary``: a
+    dictionary array of their codes instead), else pyarrow's own
     conversion of the object array (NA -> null), without the copy a ``string`` array first makes of
     itself. Other columns by pyarrow."""
     import pyarrow as pa
@@ -360,6 +377,8 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0):
     codes, uniques = coded
     codes = codes[lo:lo + len(col)]
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
+    if as_dictionary:
+        return pa.DictionaryArray.from_arrays(rows, uniques)  # null row: null index
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null
 
 

@@ -314,6 +314,32 @@ def test_parquet_layout_strings_dictionary_numbers_statistics(tmp_path, monkeypa
     pd.testing.assert_frame_equal(schema.read_parquet(out), df)
 
 
+def test_parquet_string_columns_written_from_codes_read_as_strings(tmp_path, monkeypatch):
+    """The string columns go to the writer as dictionary arrays of their codes, with the Arrow
+    schema written by hand: the file reads back as the file pyarrow writes from plain string
+    arrays (``store_schema``, the path of a pyarrow without ``add_key_value_metadata``): the same
+    footer entries byte for byte (ARROW:schema, pandas, schema_version), string types (not
+    dictionary), the same Arrow table and records."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(schema, "ROW_GROUP", 500)
+    df, summary = normalise([KINETO_GPU])
+    coded, plain = tmp_path / "coded.parquet", tmp_path / "plain.parquet"
+    schema.write_parquet(df, coded, extra_meta={"summary": summary})
+    with monkeypatch.context() as m:
+        m.delattr(pq.ParquetWriter, "add_key_value_metadata")
+        schema.write_parquet(df, plain, extra_meta={"summary": summary})
+    a, b = pq.read_metadata(coded), pq.read_metadata(plain)
+    assert a.metadata == b.metadata and a.num_row_groups == b.num_row_groups > 2
+    types = pq.read_schema(coded).types
+    assert pa.types.is_string(types[list(schema.COLUMNS).index("kernel_name")]) and not any(map(pa.types.is_dictionary, types))
+    assert pq.read_table(coded).equals(pq.read_table(plain), check_metadata=True)
+    pd.testing.assert_frame_equal(schema.read_parquet(coded), df)
+    assert schema.read_meta(coded) == {"summary": summary}
+
+
 def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     """``kernelmap normalise -o`` summarises while the row groups are written: the footer holds the
     summary the command prints (read_meta), as the Arrow schema held it before (a file written that
