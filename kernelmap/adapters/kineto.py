@@ -354,7 +354,8 @@ def _scanned_file(path) -> tuple[dict | None, bool]:
 
 def _scanned(data: bytes) -> dict | None:
     """``_typed_columns`` of the whole array by the native scanner, or None where it is not built
-    or does not vouch for the file."""
+    or does not vouch for the file: the same values, some already in the form ``read`` makes of
+    them (ts/dur as int64 ns, the integer columns as Int64 arrays, shapes as a string column)."""
     if _scan is None:
         return None
     try:
