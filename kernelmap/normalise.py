@@ -71,7 +71,7 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
                           **{k: v for k, v in df.attrs.items() if k != "format"}})
             df = _offset(df, base)
             base += len(df)
-            df["run"] = strings.from_value_codes(np.zeros(len(df), dtype="int64"), [name])
+            df["run"] = strings.from_codes(np.zeros(len(df), dtype="int64"), [name])
             if framework:
                 df["framework"] = df["framework"].where(df["framework"].notna() & ~df["framework"].eq("unknown"),
                                                         framework)

@@ -220,25 +220,57 @@ def _cached(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
     return out
 
 
-def from_value_codes(codes: np.ndarray, values: list) -> pd.arrays.StringArray:
-    """``string_array`` of the rows ``values[codes[i]]`` (NA where the code is -1; ``values``
-    distinct strings), without an object array of the rows first: the codes are factorised in
-    one int64 pass, and the answer of a later ``factorize`` of it is known as ``string_array``'s."""
+def from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
+    """The ``string`` array whose row i is ``uniques[codes[i]]`` (NA where the code is -1):
+    ``pd.array(np.asarray(uniques, dtype=object)[codes], dtype="string")`` with each value
+    converted once, and no object array of the rows made first. Where ``uniques`` are distinct
+    strings, the codes are factorised in one int64 pass and a later ``factorize`` of the array is
+    answered as ``string_array``'s is."""
     codes = np.ascontiguousarray(codes, dtype=np.int64)
-    if len(codes) < 4096:  # as fast either way
-        return string_array(object_array([*values, None])[codes])
+    uniques = list(uniques)
+    if len(codes) < 4096 or not _distinct_strings(uniques):  # small: as fast either way
+        return _taken(codes, uniques)[0]
     obj_codes, distinct, _ = _object_codes(codes)
     # distinct: the codes in order of first appearance, -1 (NA) among them where some rows have it
     rank = np.cumsum(distinct >= 0) - 1
     first = np.where(distinct >= 0, rank, -1)[obj_codes]
-    return _cached(first, [values[c] for c in distinct[distinct >= 0].tolist()])
+    return _cached(first, [uniques[c] for c in distinct[distinct >= 0].tolist()])
 
 
-def from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
-    """The ``string`` array whose row i is ``uniques[codes[i]]`` (NA where the code is -1):
-    ``pd.array(np.asarray(uniques, dtype=object)[codes], dtype="string")`` with each value
-    converted once where ``uniques`` are distinct strings."""
-    return _taken(np.asarray(codes), uniques)[0]
+def _distinct_strings(values: list) -> bool:
+    return all(type(v) is str for v in values) and len(set(values)) == len(values)
+
+
+class Vocab:
+    """A column's few values as int codes into ``values`` (-1: none), each distinct value once:
+    a column worked out as codes and made strings once, at the end (``strings``)."""
+
+    def __init__(self, values=()) -> None:
+        self.values: list = []
+        self._index: dict = {}
+        for v in values:
+            self.code(v)
+
+    def code(self, value) -> int:
+        """The code of ``value`` (added where new); -1 for None."""
+        if value is None:
+            return -1
+        c = self._index.get(value)
+        if c is None:
+            c = self._index[value] = len(self.values)
+            self.values.append(value)
+        return c
+
+    def codes_of(self, values) -> np.ndarray:
+        """The codes of the given values (-2 for one not known: no row has it)."""
+        return np.array([self._index.get(v, -2) for v in values], dtype=np.int32)
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        """The values of ``codes`` as an object array (None for -1)."""
+        return object_array([*self.values, None])[codes]
+
+    def strings(self, codes: np.ndarray) -> pd.arrays.StringArray:
+        return from_codes(codes, self.values)
 
 
 def _taken(codes: np.ndarray, uniques):

@@ -139,7 +139,7 @@ def test_string_arrays_are_python_storage_under_arrow_default():
         other = pd.DataFrame({"x": pd.array(["fc"], dtype="string")})  # Arrow-backed
         both = pd.concat([pd.DataFrame({"x": arr}), other], ignore_index=True)
         assert both["x"].tolist() == [*[r if r is not None else pd.NA for r in rows], "fc"]
-        coded = S.from_value_codes(np.array([0, 1, -1, 0] * 1100), ["a", "b"])
+        coded = S.from_codes(np.array([0, 1, -1, 0] * 1100), ["a", "b"])
         assert coded.dtype.storage == "python" and coded[:4].tolist() == ["a", "b", pd.NA, "a"]
         conformed = schema.conform(pd.DataFrame({"kind": other["x"]}))
         assert conformed["kind"].dtype.storage == "python" and conformed["kind"].tolist() == ["fc"]
@@ -166,13 +166,13 @@ def test_same_objects_native_and_numpy_agree(width, monkeypatch):
 
 
 @pytest.mark.parametrize("values", [["conv2d", "linear", "relu"], ["fwd"], []])
-def test_from_value_codes_is_string_array(values):
-    """``from_value_codes`` is ``string_array`` of the rows' values, and a later ``factorize`` of it
+def test_from_codes_of_values_is_string_array(values):
+    """``from_codes`` of distinct values is ``string_array`` of the rows' values, and a later ``factorize`` of it
     answers as pandas does (values in order of first appearance)."""
     rng = np.random.default_rng(8)
     for n in (50, 20_000):
         codes = rng.integers(-1, len(values), n) if values else np.full(n, -1)
-        got = S.from_value_codes(codes.astype("int32"), values)
+        got = S.from_codes(codes.astype("int32"), values)
         want = S.string_array(np.append(np.array(values, dtype=object), None)[codes])
         pd.testing.assert_extension_array_equal(got, want)
         _same(S.factorize(got), _pandas(got))

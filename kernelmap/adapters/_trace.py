@@ -14,48 +14,18 @@ HOST_KINDS = ("op", "annotation", "runtime", "step")
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
-class _Vocab:
-    """Values of a label column as int32 codes into ``values`` (-1: none), each distinct value
-    once: label works on codes and makes strings once at the end."""
-
-    def __init__(self) -> None:
-        self.values: list = []
-        self._index: dict = {}
-
-    def code(self, value) -> int:
-        """The code of ``value`` (added where new); -1 for None."""
-        if value is None:
-            return -1
-        c = self._index.get(value)
-        if c is None:
-            c = self._index[value] = len(self.values)
-            self.values.append(value)
-        return c
-
-    def codes_of(self, values) -> np.ndarray:
-        """The codes of the given values (-2 for one not known: no row has it)."""
-        return np.array([self._index.get(v, -2) for v in values], dtype=np.int32)
-
-    def take(self, codes: np.ndarray) -> np.ndarray:
-        """The values of ``codes`` as an object array (None for -1)."""
-        return S.object_array([*self.values, None])[codes]
-
-    def strings(self, codes: np.ndarray) -> pd.arrays.StringArray:
-        return S.from_value_codes(codes, self.values)
-
-
 def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd.DataFrame:
     """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
-    worked out as codes (``_Vocab``) and made strings once, at the end."""
+    worked out as codes (``strings.Vocab``) and made strings once, at the end."""
     n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"])
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
-    canon, direc, layers, phases = _Vocab(), _Vocab(), _Vocab(), _Vocab()
+    canon, direc, layers, phases = S.Vocab(), S.Vocab(), S.Vocab(), S.Vocab()
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
     # (one answer per distinct name; the last entry answers for NA, code -1)
@@ -177,7 +147,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     return df
 
 
-def _own_layers(rows: np.ndarray, name_codes: np.ndarray, name_u, dims, layers: _Vocab) -> np.ndarray:
+def _own_layers(rows: np.ndarray, name_codes: np.ndarray, name_u, dims, layers: S.Vocab) -> np.ndarray:
     """The layer code that each op row of ``rows`` names by its weight argument (-1: none); one
     answer per (name, shape list object)."""
     known: dict = {}

@@ -379,9 +379,9 @@ def _scanned(data: bytes) -> dict | None:
     codes = np.frombuffer(raw["dims"], dtype="int32")
     # the shape strings as a string column straight from codes (raw texts that differ only in
     # whitespace give one shape string: one code for it)
-    shape_code: dict = {}
-    by_raw = np.array([-1 if v is None else shape_code.setdefault(v, len(shape_code)) for v in shapes_u] + [-1])
-    shapes = strings.from_value_codes(by_raw[codes], list(shape_code))  # code -1: no Input Dims
+    shape = strings.Vocab()
+    by_raw = np.array([shape.code(v) for v in shapes_u] + [-1])
+    shapes = shape.strings(by_raw[codes])  # code -1: no Input Dims
     dims = object_array([*dims_obj, None])[codes]
 
     def ints(k):  # the scanner's int64 values and missing rows, as they are (its memory, no copy)
@@ -432,16 +432,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
     cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
     # kinds as codes into their few values: one per category, "step" for the step annotations
-    kinds = [_KIND.get(k, "annotation") for k in cats_u]
-    vocab = list(dict.fromkeys([*kinds, "step"]))
-    kind_of_cat = np.array([vocab.index(k) for k in kinds] or [0])
+    kinds = strings.Vocab()
+    kind_of_cat = np.array([kinds.code(_KIND.get(k, "annotation")) for k in cats_u] or [0])
     kind = kind_of_cat[cat_codes]
-    is_dev = np.isin(kind_of_cat, [vocab.index(k) for k in _trace.DEVICE_KINDS if k in vocab])[cat_codes]
+    is_dev = np.isin(kind_of_cat, kinds.codes_of(_trace.DEVICE_KINDS))[cat_codes]
     step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
-    if "annotation" in vocab:
-        kind[(kind == vocab.index("annotation")) & step_u[name_codes]] = vocab.index("step")
+    kind[(kind == kinds.codes_of(["annotation"])[0]) & step_u[name_codes]] = kinds.code("step")
     cols = {
-        "kind": strings.from_value_codes(kind, vocab),
+        "kind": kinds.strings(kind),
         "op_name": strings.from_codes(np.where(is_dev, -1, name_codes), names_u),
         "kernel_name": strings.from_codes(np.where(is_dev, name_codes, -1), names_u),
         **c,
@@ -501,15 +499,11 @@ def kernel_library(df: pd.DataFrame) -> None:
     # the library column as codes into its values (those it has, and those set here)
     lib, values = strings.factorize(df["library"])
     lib = lib.astype("int64")  # a copy: factorize's codes may be kept for a later call
-    vocab = {v: c for c, v in enumerate(values)}
-
-    def code(v) -> int:
-        return -1 if v is None else vocab.setdefault(v, len(vocab))
-
+    libs = strings.Vocab(values)
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
-    by_name = np.array([code("cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
-                             else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
+    by_name = np.array([libs.code("cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
+                                  else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
                         for n in uniq] + [-1], dtype="int64")[codes]
     named = k & (by_name >= 0)
     lib[named] = by_name[named]
@@ -527,6 +521,6 @@ def kernel_library(df: pd.DataFrame) -> None:
             row = pd.Series(np.arange(len(df)), index=event_id).reindex(ids.fillna(-1).to_numpy()).to_numpy(dtype="float64")
             found = ~np.isnan(row)
             launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
-        from_cudnn_op = k & launcher & (lib != vocab.get("native", -2))
-        lib[from_cudnn_op & (lib < 0)] = code("cuDNN")
-    df["library"] = strings.from_value_codes(lib, list(vocab))
+        from_cudnn_op = k & launcher & (lib != libs.codes_of(["native"])[0])
+        lib[from_cudnn_op & (lib < 0)] = libs.code("cuDNN")
+    df["library"] = libs.strings(lib)
