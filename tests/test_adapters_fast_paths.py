@@ -253,8 +253,8 @@ def test_span_order_is_lexsort(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_native_nest_is_the_python_nest(monkeypatch, seed):
-    """The native stack pass of ``canonical.nest`` gives the Python loop's parents (ties in start and
-    length, zero-length spans, several threads, unsorted input)."""
+    """The native stack pass (``canonical.forest``) gives the Python loop's parents (``nest``; ties
+    in start and length, zero-length spans, several threads, unsorted input)."""
     from kernelmap.adapters import canonical
 
     if canonical._native is None:

@@ -1,5 +1,6 @@
 /* Native helpers of the adapters (optional: setup.py builds them where a C compiler is found; each
-   has a Python twin that gives the same result). nest(): canonical.nest's stack pass. query():
+   has a Python twin that gives the same result). forest(): canonical.nest's stack pass, with each
+   span's outermost mapped ancestor and nearest op (canonical.forest). query():
    an SQLite query's result as columns (nsys).
    scan(): the elements of a Kineto trace's traceEvents array, scanned into columns in one pass
    (by two threads where the text is large: the second from an element boundary near the middle,
@@ -854,9 +855,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     for (int c = 0; c < NCOL; c++) {
         PyObject *v = block_new(a.col[c].p, (Py_ssize_t)a.col[c].n);
         a.col[c].p = NULL;  /* the block's now (freed with it, or by block_new where that fails) */
-        if (!v || PyDict_SetItemString(cols, COLS[c], v)) { Py_XDECREF(v); v = NULL; }
+        int err = !v || PyDict_SetItemString(cols, COLS[c], v);
         Py_XDECREF(v);
-        if (!v) { for (int k = c; k < NCOL; k++) free(mask[k]); goto done; }
+        if (err) { for (int k = c; k < NCOL; k++) free(mask[k]); goto done; }
         if (mask[c]) {
             char key[32];
             snprintf(key, sizeof key, "%s_na", COLS[c]);
@@ -1031,42 +1032,13 @@ done:
 }
 #endif
 
-/* nest(tid, start, end, order) -> parent: canonical.nest's pass over spans sorted by (thread, start,
-   longest first); all int64 arrays (order: the sorted positions), parent written as int64 bytes */
-static PyObject *nest(PyObject *self, PyObject *args) {
-    Py_buffer b[4];
-    if (!PyArg_ParseTuple(args, "y*y*y*y*", &b[0], &b[1], &b[2], &b[3])) return NULL;
-    PyObject *res = NULL;
-    Py_ssize_t n = b[3].len / 8;
-    int64_t *stack = NULL;
-    for (int i = 0; i < 3; i++) if (b[i].len != b[3].len) { PyErr_SetString(PyExc_ValueError, "lengths differ"); goto out; }
-    res = PyBytes_FromStringAndSize(NULL, n * 8);
-    stack = malloc((n ? n : 1) * sizeof(int64_t));
-    if (!res || !stack) { Py_CLEAR(res); PyErr_NoMemory(); goto out; }
-    const int64_t *tid = b[0].buf, *start = b[1].buf, *end = b[2].buf, *order = b[3].buf;
-    int64_t *parent = (int64_t *)PyBytes_AS_STRING(res);
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) parent[i] = -1;
-    Py_ssize_t top = 0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t i = order[k];
-        if (k == 0 || tid[i] != tid[order[k - 1]]) top = 0;
-        while (top && end[order[stack[top - 1]]] <= start[i]) top--;
-        if (top) parent[i] = order[stack[top - 1]];
-        stack[top++] = k;
-    }
-    Py_END_ALLOW_THREADS
-out:
-    free(stack);
-    for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
-    return res;
-}
-
-/* forest(tid, start, end, order, mapped, is_op) -> (parent, top, op): nest's pass, which also
-   gives each span the outermost span of its ancestor chain (itself included) that is mapped
-   (canonical.outermost_mapped) and its nearest strict ancestor that is an op (_trace's nearest
-   op); -1 where there is none. int64 arrays as for nest; mapped and is_op one byte per span; a
-   parent comes before its children in the sorted order, so each is resolved from its parent's. */
+/* forest(tid, start, end, order, mapped, is_op) -> (parent, top, op): canonical.nest's pass over
+   spans sorted by (thread, start, longest first) with a stack (order: the sorted positions), which
+   also gives each span the outermost span of its ancestor chain (itself included) that is mapped
+   (canonical.outermost_mapped) and its nearest strict ancestor that is an op
+   (canonical.nearest_op); -1 where there is none. tid, start, end, order int64; mapped and is_op
+   one byte per span; a parent comes before its children in the sorted order, so each is resolved
+   from its parent's. */
 static PyObject *forest(PyObject *self, PyObject *args) {
     Py_buffer b[6];
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5])) return NULL;
@@ -1192,8 +1164,7 @@ out:
 static PyMethodDef methods[] = {
     {"objcodes", objcodes, METH_VARARGS, "pd.factorize of an int64 array, and each value's first row."},
     {"same_objects", same_objects, METH_VARARGS, "Whether distinct[codes] equals address, row for row."},
-    {"nest", nest, METH_VARARGS, "canonical.nest's stack pass over sorted spans."},
-    {"forest", forest, METH_VARARGS, "nest's pass, with each span's outermost mapped ancestor and nearest op."},
+    {"forest", forest, METH_VARARGS, "canonical.nest's pass, with each span's outermost mapped ancestor and nearest op."},
 #ifndef _WIN32
     {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},
 #endif

@@ -15,7 +15,7 @@ from .. import strings as S
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
 
-try:  # optional (setup.py builds it where a C compiler is found): nest's loop, the same parents
+try:  # optional (setup.py builds it where a C compiler is found): forest's loop, the same answers
     from . import _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
@@ -143,15 +143,13 @@ def map_name_codes(codes: np.ndarray, uniq, framework: str) -> tuple[np.ndarray,
 def nest(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Index of the innermost span enclosing each span on the same thread (-1: none).
 
-    One pass over the spans sorted by (thread, start, longest first) with a stack."""
+    One pass over the spans sorted by (thread, start, longest first) with a stack (the Python twin
+    of the native ``forest``'s pass)."""
     n = len(start)
     parent = np.full(n, -1, dtype="int64")
     if n == 0:
         return parent
     order = span_order(tid, start, end)
-    if _native is not None:
-        return np.frombuffer(_native.nest(*(np.ascontiguousarray(a, dtype="int64") for a in (tid, start, end, order))),
-                             dtype="int64").copy()
     tid_s, start_s, end_s = tid[order].tolist(), start[order].tolist(), end[order].tolist()
     order_l = order.tolist()
     stack: list[int] = []  # positions in sorted order
@@ -194,7 +192,7 @@ def span_order(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
 def forest(tid: np.ndarray, start: np.ndarray, end: np.ndarray, mapped: np.ndarray,
            is_op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``nest``'s parents, with each span's ``outermost_mapped`` ancestor and ``nearest_op``: three
-    int64 arrays (-1: none). The native helper resolves all three in nest's one pass."""
+    int64 arrays (-1: none). The native helper resolves all three in one pass of nest's stack."""
     if _native is None or len(start) == 0:
         parent = nest(tid, start, end)
         return parent, outermost_mapped(parent, mapped), nearest_op(parent, is_op)
