@@ -419,10 +419,11 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     source_codes, sources = S.factorize(df["source"])
     iteration = df["iteration"]
     k_codes = source_codes[is_kernel]
-    for src in sorted(sources[np.unique(k_codes[k_codes >= 0])]):  # k.groupby("source"): by codes, not strings
-        g = k[k_codes == list(sources).index(src)]
+    for code in sorted(np.unique(k_codes[k_codes >= 0]).tolist(), key=lambda c: sources[c]):  # k.groupby("source")
+        src = sources[code]
+        g = k[k_codes == code]
         # the steps of this source's ops (their iteration column only, not a copy of their rows)
-        op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == list(sources).index(src))].dropna().unique())
+        op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == code)].dropna().unique())
         w = g[g["iteration"].isin(op_steps)]
         fw = _kernel_figures(w)
         out[str(src)] = {

@@ -8,10 +8,10 @@ key-value metadata, and a file of another version is refused.
 from __future__ import annotations
 
 import base64
-import contextlib
 import enum
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -244,8 +244,9 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the same entry, byte for byte, that pyarrow writes for the string-typed schema.
     coded = {c: _coded_strings(df[c], arrow_schema.field(c).type, pool) for c in df.columns}
     as_dictionary = late_meta and any(v is not None for v in coded.values())
-    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if as_dictionary and coded[f.name]
-                              is not None else f for f in arrow_schema]) if as_dictionary else arrow_schema
+    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+                              if as_dictionary and coded[f.name] is not None else f for f in arrow_schema],
+                             metadata=arrow_schema.metadata)
 
     def groups():
         for lo in range(0, max(len(df), 1), ROW_GROUP):
@@ -261,45 +262,19 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     nums = [f.name for f in arrow_schema if f.name not in strs]
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, write_schema, memory_pool=pool, use_dictionary=strs,
                                                     write_statistics=nums, store_schema=not as_dictionary) as writer:
-        with _beside(meta_while_writing) as late:
+        # the summary in a second thread while the row groups are written; leaving the executor
+        # waits for it, and result() raises its exception (then no file is written)
+        with ThreadPoolExecutor(1, thread_name_prefix="kernelmap-meta") as beside:
+            late = beside.submit(meta_while_writing) if meta_while_writing is not None else None
             _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
         footer = {}
         if as_dictionary:  # the string-typed schema and its metadata, as store_schema writes them
             footer["ARROW:schema"] = base64.b64encode(arrow_schema.serialize().to_pybytes()).decode()
             footer.update((k.decode(), v.decode()) for k, v in arrow_schema.metadata.items())
         if meta_while_writing is not None:
-            footer["kernelmap.meta"] = json.dumps(late[0])
+            footer["kernelmap.meta"] = json.dumps(late.result())
         if footer:
             writer.add_key_value_metadata(footer)
-
-
-@contextlib.contextmanager
-def _beside(fn):
-    """``fn()`` run in a second thread while the section runs; its result in the yielded list
-    after the section (nothing where ``fn`` is None). An exception of either is raised here (the
-    section's first), once both have ended."""
-    import threading
-
-    out: list = []
-    if fn is None:
-        yield out
-        return
-    failed: list = []
-
-    def run():
-        try:
-            out.append(fn())
-        except BaseException as exc:  # handed to the calling thread
-            failed.append(exc)
-
-    worker = threading.Thread(target=run, name="kernelmap-beside", daemon=True)
-    worker.start()
-    try:
-        yield out
-    finally:
-        worker.join()
-    if failed:
-        raise failed[0]
 
 
 _PANDAS_COW = int(pd.__version__.split(".")[0]) >= 3  # copy-on-write always on
