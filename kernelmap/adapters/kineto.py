@@ -207,17 +207,6 @@ else:  # pragma: no cover
     _typed = None
 
 
-def _orjson_loads(b: bytes):
-    """An ``Input Dims`` text's value: orjson's, else the standard library's (the same lists)."""
-    from ._common import _orjson
-
-    if _orjson is None:
-        import json
-
-        return json.loads(b)
-    return _orjson.loads(b)
-
-
 def _typed_loads(b: bytes) -> list:
     try:
         return _typed.decode(b)
@@ -289,6 +278,12 @@ def _triple(vals: list) -> tuple[list, int | None]:
 _WS_BYTES = b" \t\r\n"
 
 
+def _dims_value(text: bytes):
+    """An ``Input Dims`` text's value, parsed as the rest of the trace is (``parse_json``: orjson,
+    else the standard library; the text is JSON the scan has already read)."""
+    return parse_json(text, "Input Dims")
+
+
 def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
     """``compact_json`` of each ``Input Dims`` (given as its JSON text) and the value itself, one
     object per distinct shape string. Text of only digits, brackets and commas once its
@@ -309,9 +304,9 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
                 s = t.decode()
                 hit = (seen.setdefault(s, s), seen.get(("dims", s)))
                 if hit[1] is None:
-                    hit = (hit[0], seen.setdefault(("dims", s), _orjson_loads(t)))
+                    hit = (hit[0], seen.setdefault(("dims", s), _dims_value(t)))
             else:
-                v = _orjson_loads(b)
+                v = _dims_value(b)
                 s = compact_json([v])[0]
                 hit = (None, None) if s is None else (seen.setdefault(s, s), seen.setdefault(("dims", s), v))
             by_raw[b] = hit
