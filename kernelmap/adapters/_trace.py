@@ -58,6 +58,8 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
     inner_op = np.full(n, -1, dtype="int64")
     inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
+    # (row-length temporaries are dropped once used, here and below: peak memory of a large trace)
+    del hidx, top_local, op_local, tid, mapped
 
     has_top = top >= 0
     top0 = np.maximum(top, 0)
@@ -66,6 +68,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     other = is_op & ~has_top
     out_canon[other] = canon.code("other")
     out_dir[other] = direc.code("none")
+    del canon_a, other
 
     # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
     own = np.full(n, -1, dtype=np.int32)
@@ -95,6 +98,8 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         hit = np.minimum(np.searchsorted(seq_u, want), len(seq_u) - 1)
         found = seq_u[hit] == want
         layer[need[found]] = seq_layer[hit[found]]
+        del with_seq, by_start, tree_seq, top_seq, need, want, hit, found
+    del seq, fwd_rows, tree_layer, own, top0
     layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
 
     # phase and iteration by time containment of the start (any thread), then name rules
@@ -106,11 +111,13 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     step_at = C.region_index(start, start[smask], step_end)
     it_na = step_at < 0  # iteration: step number (int64) where it_na is False
     it_val = np.append(st_u[name_codes[smask]], 0)[step_at]
+    del step_at, end, name_codes
     if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
         pos = C.layers_by_position(is_op, canon.take(out_canon), direc.take(out_dir),
                                    np.where(it_na, np.nan, it_val), start)
         need = has_top & (layer < 0)
         layer[need] = np.array([layers.code(v) for v in pos[top[need]].tolist()], dtype=np.int32)
+    del top, has_top
 
     # device rows inherit from their runtime launch (same correlation id)
     dev = is_kind(*DEVICE_KINDS)
@@ -125,6 +132,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     inner_op[d_ok] = inner_op[s_ok]
     for arr in (out_canon, out_dir, layer, phase, it_val, it_na):
         arr[d_ok] = arr[s_ok]
+    del corr, rt, launch, didx, src, ok, d_ok, s_ok, dev
     # device rows without a launch keep the regions of their own (device) time, found above
 
     op_ids = df["event_id"].to_numpy(dtype="int64")

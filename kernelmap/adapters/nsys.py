@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import strings
+from .. import schema, strings
 from ..errors import ParseError
 from ..strings import STRING
 from . import _trace
@@ -223,36 +223,35 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
         if "gtid" in f:
             f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    del frames, nv  # their rows are in df now (peak memory: not both alive)
-    bad = int((strings.eq(df["kind"], "kernel") & strings.isna(df["kernel_name"])).sum()) if "kernel_name" in df else 0
+    kernels = frames[0] if frames and "kernel_name" in frames[0] else None
+    bad = int(strings.isna(kernels["kernel_name"]).sum()) if kernels is not None else 0
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
-    if window is not None:  # what starts inside the kernelmap:capture range
-        start = pd.to_numeric(df["start_ns"])
-        df = df[((start >= window[0]) & (start <= window[1])).to_numpy()]
-    df = df.sort_values("start_ns", kind="stable", ignore_index=True)
+    del kernels, nv
+    df = _stacked(frames, window)  # the tables' rows in start order, inside the capture window
+    del frames
     gtid = pd.to_numeric(df.get("gtid"), errors="coerce")
-    gpid = pd.to_numeric(df["gpid"], errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
+    gpid = pd.to_numeric(df.pop("gpid"), errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
     tid = (gtid % 0x1000000)
     pid = ((gtid // 0x1000000) % 0x1000000).fillna((gpid // 0x1000000) % 0x1000000)
     dims = df.pop("dims").tolist() if "dims" in df else None
     names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype=STRING)
     if framework is None:
         framework = "pytorch" if any(str(n).startswith("aten::") for n in pd.unique(names.dropna())) else "unknown"
-    cols = {c: df[c] for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
-                                "op_name", "seq", "shapes", "bytes", "library", "library_call",
-                                "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z") if c in df}
-    for c in ("correlation_id", "stream", "seq", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
-              "block_z", "start_ns", "dur_ns"):
-        if c in cols:
-            cols[c] = int64_array(cols[c], path, c)
+    del names
+    # each column taken out of df as it is converted (one column's two copies alive, not two frames)
+    cols = {c: df.pop(c) for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
+                                   "op_name", "seq", "shapes", "bytes", "library", "library_call",
+                                   "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z") if c in df}
+    for c, v in cols.items():
+        cols[c] = strings.string_array(v) if schema.DTYPES[c] is STRING else int64_array(v, path, c)
     cols["tid"] = int64_array(tid, path, "tid")
     cols["pid"] = int64_array(pid, path, "pid")
+    del df, gtid, gpid, tid, pid
     cols["framework"] = framework
     cols["device"] = "gpu"
     out = finish(cols, path, SOURCE)
-    del df, cols, gtid, gpid, tid, pid, names  # the records hold their own copies
+    del cols  # the records hold their own copies
     if len(out):
         _trace.label(out, dims, framework if framework != "unknown" else "pytorch")
         from .kineto import kernel_library
@@ -260,6 +259,29 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         out["library"] = out["library"].astype(STRING)
         kernel_library(out)
     return out
+
+
+def _stacked(frames: list[pd.DataFrame], window: tuple[int, int] | None) -> pd.DataFrame:
+    """``pd.concat(frames)`` with the rows that start inside ``window`` (all where None), in start
+    order (stable): built a column at a time, each table's column dropped once it is taken, so that
+    the tables and the result are not both alive whole. The concat of each column is pandas' own
+    (the tables that lack it: NA, and its dtype widened as the frame's concat widens it)."""
+    if not frames:
+        return pd.DataFrame()
+    start = pd.to_numeric(pd.concat([f["start_ns"] for f in frames], ignore_index=True))
+    rows = np.arange(len(start)) if window is None else \
+        np.flatnonzero(((start >= window[0]) & (start <= window[1])).to_numpy())
+    order = rows[np.argsort(start.to_numpy()[rows], kind="stable")]
+    del start, rows
+    out = {}
+    for c in dict.fromkeys(c for f in frames for c in f.columns):
+        col = pd.concat([f[[c]] if c in f else f.iloc[:, :0] for f in frames], ignore_index=True)[c]
+        for f in frames:
+            if c in f:
+                del f[c]
+        out[c] = np.asarray(col)[order]
+        del col
+    return pd.DataFrame(out, index=pd.RangeIndex(len(order)), copy=False)
 
 
 def _capture_window(nv: pd.DataFrame, path: Path) -> tuple[tuple[int, int] | None, pd.DataFrame]:
