@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, frameworks, schema, strings
+from . import adapters, attribution, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
 from .rundir import RunDir, case_dir
 
@@ -118,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
         summary.update(summarise())
         return {"summary": summary}
 
+    heap.release_freed()  # the read's freed pages, before the write's and the summary's arrays
     schema.write_parquet(df, args.output, validated=True, meta_while_writing=meta)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -240,6 +241,7 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
                     for src, b in s["runs"][name]["by_source"].items()]
     df = schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty()
     summary = {"runs": per, "by_source": sources, "not_records": skipped}
+    heap.release_freed()
     schema.write_parquet(df, rd.records, extra_meta={"summary": summary})
     rd.write_json(rd.attribution, summary)
     return summary

@@ -333,7 +333,9 @@ def _coded_strings(col: pd.Series, type_, pool=None):
     if coded is None:
         return None
     codes, uniques = coded
-    return codes, pa.array(uniques, type=type_, memory_pool=pool)
+    # kept for the whole write, one array per column: in the smallest signed type (-1: NA)
+    small = np.min_scalar_type(-max(len(uniques), 1))  # holds -n: so codes 0..n-1 too
+    return codes.astype(small), pa.array(uniques, type=type_, memory_pool=pool)
 
 
 def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_dictionary: bool = False):
