@@ -64,6 +64,13 @@ def _native(k: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def _rows(df: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
+    """``df.loc[mask, cols]``, a column's rows at a time: pandas' ``loc`` copies each column whole
+    before it takes the rows (on a 1M-row table, ~9 MB a column alive at once, for a few rows)."""
+    idx = np.flatnonzero(mask)
+    return pd.DataFrame({c: df[c].array.take(idx) for c in cols}, index=df.index.take(idx), copy=False)
+
+
 def _kind(df: pd.DataFrame, kind: str) -> np.ndarray:
     """Rows of this kind (a bool array); by the codes ``summarise`` keeps of its frame's kinds
     (``_KIND_CODES``: summarise only reads its frame), else by ``strings.eq``."""
@@ -188,7 +195,7 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
             {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
              "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
                        "inside another library's call)"} for (a, b, c, d), n in g.items()]
-    k = _keyed(df.loc[_kind(df, "kernel"), ["library", "kernel_name", *SIGNATURE]])
+    k = _keyed(_rows(df, _kind(df, "kernel"), ["library", "kernel_name", *SIGNATURE]))
     k = k[np.logical_and.reduce([S.notna(k[c]) for c in SIGNATURE])]
     k = k[~_native(k)]
     if k.empty or targets.empty:
@@ -209,7 +216,7 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
     signature a log call has."""
-    k = df.loc[_kind(df, "kernel"), _LIBRARY_KERNEL_COLS]  # the columns read here and by the figures
+    k = _rows(df, _kind(df, "kernel"), _LIBRARY_KERNEL_COLS)  # the columns read here and by the figures
     k = k[~_native(k)]
     calls = _log_calls(df)
     signed = calls[_signed(calls)]
@@ -412,7 +419,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
     is_kernel = _kind(df, "kernel")
-    k = df.loc[is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"]]  # what is read here
+    k = _rows(df, is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"])  # what is read here
     lk = library_kernels(df) if lk is None else lk
     out = {}
     is_op = _kind(df, "op")
@@ -461,7 +468,7 @@ def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None
     lk = library_kernels(df, steady_calls)
     return {
         "events": len(df),
-        **_kernel_figures(df.loc[_kind(df, "kernel"), ["dur_ns", "canonical_op", "kernel_name"]]),  # what it reads
+        **_kernel_figures(_rows(df, _kind(df, "kernel"), ["dur_ns", "canonical_op", "kernel_name"])),  # what it reads
         "ops": int((is_op & S.isin(df["source"], ["kineto", "mxnet_profiler"])).sum()),
         "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
         "canonical_ops": sorted(S.distinct(df["canonical_op"])),

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
+    if base == 0:  # a run's first file: its ids as they are (no new columns)
+        return df
     for col in ("event_id", "op_event_id", "call_event_id"):
         df[col] = df[col] + base
     return df

@@ -397,3 +397,21 @@ def test_top_groups_is_pandas_groupby(keys):
     got = attribution._top_groups(k, keys)
     pd.testing.assert_frame_equal(got, want)
     assert len(got) > 1
+
+
+def test_rows_is_loc():
+    """The summary's row selection a column at a time is pandas' ``df.loc[mask, cols]``: same rows,
+    index labels, columns and dtypes; on the real GPU fixture's records under a shuffled index, and
+    with no row selected."""
+    import numpy as np
+    import pandas as pd
+
+    from kernelmap import attribution
+
+    df, _ = normalise([KINETO_GPU])
+    df.index = np.random.default_rng(0).permutation(len(df)) + 1000
+    cols = attribution._LIBRARY_KERNEL_COLS
+    for mask in (df["kind"].eq("kernel").fillna(False).to_numpy(), np.zeros(len(df), dtype=bool)):
+        got = attribution._rows(df, mask, cols)
+        pd.testing.assert_frame_equal(got, df.loc[mask, cols])
+    assert len(attribution._rows(df, df["kind"].eq("kernel").fillna(False).to_numpy(), cols)) > 100
