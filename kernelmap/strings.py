@@ -8,6 +8,8 @@ same answers as pandas' comparisons, which compare every row's string (several t
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pandas as pd
 
@@ -16,6 +18,22 @@ import pandas as pd
 # first make a Python object per row (measured: normalise 4x slower on pandas 3.0.6 here, 18x on
 # the GPU machine), so the storage is named, never left to the pandas version.
 STRING = pd.StringDtype("python")
+
+
+@contextlib.contextmanager
+def object_columns():
+    """Inside: pandas leaves an object column of str as it is (pandas 2's behaviour), where pandas 3
+    infers its Arrow-backed ``str`` dtype (``future.infer_string``). An adapter's own frames (SQL
+    result sets, per-table columns) then keep their rows' shared objects; converted to Arrow, each
+    row's string was copied there and made a Python object again for every test and for the
+    records (measured: the nsys adapter 2x slower on pandas 3.0.6)."""
+    try:
+        pd.get_option("future.infer_string")
+    except KeyError:  # pragma: no cover - a pandas before the option (2.0; OptionError is a KeyError)
+        yield
+        return
+    with pd.option_context("future.infer_string", False):
+        yield
 
 
 def objects(col) -> np.ndarray:

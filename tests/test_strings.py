@@ -176,3 +176,17 @@ def test_from_codes_of_values_is_string_array(values):
         want = S.string_array(np.append(np.array(values, dtype=object), None)[codes])
         pd.testing.assert_extension_array_equal(got, want)
         _same(S.factorize(got), _pandas(got))
+
+
+def test_object_columns_keep_object_str_and_restore_the_option():
+    """Inside ``object_columns`` an object column of str stays object (pandas 3 would make it its
+    Arrow-backed ``str``), its rows the same objects; after it, pandas infers as it did before."""
+
+    name = "".join(["kernel", "_a"])  # a str object of its own
+    arr = np.array([name, None, name], dtype=object)
+    before = pd.DataFrame({"a": arr})["a"].dtype
+    with S.object_columns():
+        col = pd.DataFrame({"a": arr})["a"]
+        assert col.dtype == object and col.iloc[0] is name and col.iloc[2] is name
+        assert pd.concat([col, col], ignore_index=True).dtype == object
+    assert pd.DataFrame({"a": arr})["a"].dtype == before
