@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import strings
 from ..errors import ParseError
 from ..gcpause import no_gc
 from . import (
@@ -59,7 +60,8 @@ def read(path: str | os.PathLike, fmt: str | None = None) -> pd.DataFrame:
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise ParseError(path, f"unknown format {fmt!r}")
-    with no_gc():
+    # an adapter's own frames keep object columns of shared str on every pandas (object_columns)
+    with no_gc(), strings.object_columns():
         df = FORMATS[fmt].read(Path(path))
     df.attrs["format"] = fmt
     return df

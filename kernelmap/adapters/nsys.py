@@ -108,8 +108,7 @@ def _read_sqlite(db: Path, path: Path, framework: str | None) -> pd.DataFrame:
     except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise ParseError(path, f"not a readable SQLite database: {exc}") from None
     try:
-        with strings.object_columns():  # the tables' text columns: object arrays of shared str
-            return _read_tables(con, tables, path, framework, db)
+        return _read_tables(con, tables, path, framework, db)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:  # pandas wraps sqlite3's
         raise ParseError(path, f"SQLite error: {exc}") from None
     except UnicodeDecodeError as exc:
