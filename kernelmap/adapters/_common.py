@@ -255,8 +255,10 @@ def head(path: str | os.PathLike, n: int = 4096) -> bytes:
         return fh.read(n)
 
 
-def finish(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
-    """Build a schema-conforming frame from column arrays; event_id = row order within the file."""
+def frame(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
+    """An adapter's own columns as a frame, with source, source_file and event_id (row order within
+    the file); the schema's other columns are not there yet (``finish`` adds them): a labeller
+    fills this frame first, and a large trace's NA columns are not alive beside its temporaries."""
     n = next((len(v) for v in cols.values() if not isinstance(v, str | int | float | type(None))), 0)
     one = np.zeros(n, dtype=np.int64)
     # one value for every row: a string column of that one object (each row converted otherwise)
@@ -264,6 +266,13 @@ def finish(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
             {**cols, "source": source, "source_file": str(Path(path).name)}.items()}
     df = pd.DataFrame(cols, index=pd.RangeIndex(n), copy=False)  # a builder's own arrays: no copies
     df["event_id"] = np.arange(n, dtype="int64")
+    return df
+
+
+def finish(cols: dict | pd.DataFrame, path: str | os.PathLike, source: str) -> pd.DataFrame:
+    """A schema-conforming frame of column arrays, or of ``frame``'s frame (ParseError where the
+    records do not fit the schema)."""
+    df = cols if isinstance(cols, pd.DataFrame) else frame(cols, path, source)
     try:
         return schema.validate(schema.conform(df, copy=False), str(path))
     except (SchemaError, TypeError, ValueError) as exc:

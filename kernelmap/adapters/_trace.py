@@ -7,10 +7,13 @@ import numpy as np
 import pandas as pd
 
 from .. import strings as S
-from ..schema import phase_of
+from ..schema import DTYPES, phase_of
 from . import canonical as C
 
 HOST_KINDS = ("op", "annotation", "runtime", "step")
+# the columns ``label`` reads besides those it fills (op_event_id, canonical_op, direction, phase,
+# iteration, layer) and event_id
+LABEL_INPUTS = ("kind", "op_name", "start_ns", "dur_ns", "tid", "seq", "correlation_id", "kernel_name", "library")
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
@@ -19,7 +22,11 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
-    worked out as codes (``strings.Vocab``) and made strings once, at the end."""
+    worked out as codes (``strings.Vocab``) and made strings once, at the end. ``df`` may be an
+    adapter's own frame (``_common.frame``): the inputs it lacks are added as NA."""
+    for col in LABEL_INPUTS:
+        if col not in df:
+            df[col] = pd.Series(pd.NA, index=df.index, dtype=DTYPES[col]).array
     n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"])

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import strings
 from ..errors import ParseError
-from ..strings import STRING, object_array
+from ..strings import object_array
 from . import _trace
 from ._common import (
     GZIP_MAGIC,
@@ -25,6 +25,7 @@ from ._common import (
     NoFastPath,
     compact_json,
     finish,
+    frame,
     int64_array,
     ns_from_us,
     numeric,
@@ -445,12 +446,12 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
-    df = finish(cols, path, SOURCE)
-    df["library"] = pd.Series(pd.NA, index=df.index, dtype=STRING)
+    df = frame(cols, path, SOURCE)
+    del cols
     _trace.label(df, dims, "pytorch")
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
-    return df
+    return finish(df, path, SOURCE)
 
 
 def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:

@@ -38,7 +38,7 @@ from .. import schema, strings
 from ..errors import ParseError
 from ..strings import STRING
 from . import _trace
-from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, int64_array
+from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, frame, int64_array
 from .canonical import CAPTURE_RANGE
 
 try:  # optional (setup.py builds it where a C compiler is found): SQLite columns read natively
@@ -250,15 +250,14 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     del df, gtid, gpid, tid, pid
     cols["framework"] = framework
     cols["device"] = "gpu"
-    out = finish(cols, path, SOURCE)
-    del cols  # the records hold their own copies
+    out = frame(cols, path, SOURCE)
+    del cols  # the frame holds them
     if len(out):
         _trace.label(out, dims, framework if framework != "unknown" else "pytorch")
         from .kineto import kernel_library
 
-        out["library"] = out["library"].astype(STRING)
         kernel_library(out)
-    return out
+    return finish(out, path, SOURCE)
 
 
 def _stacked(frames: list[pd.DataFrame], window: tuple[int, int] | None) -> pd.DataFrame:
