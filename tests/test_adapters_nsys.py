@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from kernelmap.frameworks import registry
 
+from kernelmap import strings
 from kernelmap.adapters import canonical, detect, nsys
 from kernelmap.errors import ParseError
 
@@ -159,3 +160,34 @@ def test_schema_describes_the_nsys_adapter_as_it_is():
     assert "`MX*`" in entry and "not ops" in entry and "`kernelmap:*`" in entry
     assert nsys._nvtx_is_op(["MXNDArrayWaitAll", "Convolution", "kernelmap:forward"], "mxnet") == [False, True, False]
     assert (Path(nsys.__file__).parent / "_trace.py").is_file() and "`adapters/_trace.py`" in entry
+
+
+@pytest.mark.parametrize("window", [None, (1000, 1006)])
+def test_stacked_is_concat_window_and_stable_sort(window):
+    """``_stacked``, the column-at-a-time stacking of the tables, is pandas' concat (columns a table
+    lacks: NA, dtypes widened as the frame's concat widens them), the rows starting inside the
+    capture window, stably sorted by start."""
+    import numpy as np
+    import pandas as pd
+
+    def tables():  # kernels, runtime calls and NVTX ranges as the SQL queries give them
+        return [
+            pd.DataFrame({"kind": np.array(["kernel"] * 4, dtype=object), "start_ns": np.array([1005, 1001, 1003, 1001]),
+                          "dur_ns": np.array([2, 3, 1, 1]), "kernel_name": np.array(["k1", "k2", None, "k1"], dtype=object),
+                          "gtid": np.full(4, np.nan)}),
+            pd.DataFrame({"kind": np.array(["runtime"] * 3, dtype=object), "start_ns": np.array([1000, 1004, 1001]),
+                          "dur_ns": np.array([1, 1, 1]), "op_name": np.array(["cudaLaunchKernel"] * 3, dtype=object),
+                          "gtid": np.array([7, 7, 8])}),
+            pd.DataFrame({"kind": np.array(["op", "step"], dtype=object), "start_ns": np.array([999, 1001]),
+                          "dur_ns": np.array([9, 8]), "op_name": np.array(["aten::mm", "kernelmap:step#1"], dtype=object),
+                          "seq": np.array([3.0, np.nan]), "dims": np.array([[[2, 2]], None], dtype=object), "gtid": np.array([7, 7])}),
+        ]
+
+    with strings.object_columns():  # as adapters.read runs the adapter: object columns of str on every pandas
+        want = pd.concat(tables(), ignore_index=True)
+        if window is not None:
+            want = want[((want["start_ns"] >= window[0]) & (want["start_ns"] <= window[1])).to_numpy()]
+        want = want.sort_values("start_ns", kind="stable", ignore_index=True)
+        got = nsys._stacked(tables(), window)
+    pd.testing.assert_frame_equal(got, want)
+    assert len(got) == (9 if window is None else 8) and got["kind"].dtype == object
