@@ -284,40 +284,16 @@ ROW_GROUP = 1 << 18  # rows per Parquet row group
 def _pipelined(items, consume) -> None:
     """``consume(item)`` of each item in order, in a second thread, while this one makes the next
     item: two items alive at most (the one consumed, the one made); the first exception of either
-    thread is raised here."""
-    import queue
-    import threading
-
-    q: queue.Queue = queue.Queue()
-    room = threading.Semaphore(2)  # items made and not yet consumed
-    failed: list = []
-
-    def run():
-        while (item := q.get()) is not None:
-            if not failed:
-                try:
-                    consume(item)
-                except BaseException as exc:  # handed to the producing thread
-                    failed.append(exc)
+    thread is raised here, and then no further item is made."""
+    with ThreadPoolExecutor(1, thread_name_prefix="kernelmap-parquet") as worker:
+        consumed = None
+        for item in items:
+            if consumed is not None:
+                consumed.result()  # the previous item's consumer: done (or its exception raised)
+            consumed = worker.submit(consume, item)
             del item
-            room.release()
-
-    worker = threading.Thread(target=run, name="kernelmap-parquet", daemon=True)
-    worker.start()
-    try:
-        it = iter(items)
-        while not failed:
-            room.acquire()
-            item = next(it, None)
-            if item is None:
-                break
-            q.put(item)
-            del item
-    finally:
-        q.put(None)
-        worker.join()
-    if failed:
-        raise failed[0]
+        if consumed is not None:
+            consumed.result()
 
 
 def _coded_strings(col: pd.Series, type_, pool=None):
