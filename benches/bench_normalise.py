@@ -18,6 +18,10 @@ Kineto ``traceEvents`` but metadata (``ph: M``), as for the scaled trace; for ns
 tables the adapter reads (kernels, runtime calls, memcpy/memset, NVTX ranges, cuDNN/cuBLAS
 events). Peak RSS is given against the file as given and against its decompressed size.
 
+The host's own speed (a 256 MB memory copy and a pure-Python loop, in a fresh process) is measured
+before and after the rounds and printed with the CPU model and library versions (and kept in
+``--json``): instances of one VM kind differ, and figures of two runs compare only where these agree.
+
 The real model's trace: ``benches/data/resnet50-kineto-h100-25steps.json.xz`` (2.6 MB; 52 MB of JSON,
 193,193 events): torchvision ResNet-50 at bs 32 on an H100 (2026-11-23), recorded by
 ``python benches/record_resnet50_trace.py kineto OUT.json.gz --steps 40`` and cut, to stay under the
@@ -114,6 +118,42 @@ def hta_once(path: Path) -> dict:
             "peak_rss_bytes": r["peak_rss_bytes"], "peak_rss_ratio": r["peak_rss_ratio"]}
 
 
+# The host's own speed, in a fresh process before and after the rounds: one VM kind gives
+# instances that differ (the same code 1.7x slower on one than on another), so a figure read
+# against another run's needs these beside it. Copying 256 MB (memory-bound, as the columnar
+# work is) and a pure-Python loop (as HTA's parse is), best of 5 each.
+_HOST = """
+import json, time, numpy as np
+a = np.ones(1 << 25); b = np.empty_like(a)
+copy = min((lambda t: (np.copyto(b, a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))
+def loop():
+    t = time.perf_counter(); s = 0
+    for i in range(3_000_000):
+        s += i
+    return time.perf_counter() - t
+py = min(loop() for _ in range(5))
+print(json.dumps({"copy_gb_per_s": a.nbytes / copy / 1e9, "python_loop_m_per_s": 3.0 / py}))
+"""
+
+
+def host_speed() -> dict:
+    """Memory copy GB/s and pure-Python loop iterations/s (millions) of this host, just now."""
+    p = subprocess.run([sys.executable, "-c", _HOST], capture_output=True, text=True, check=True)
+    return json.loads(p.stdout)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def build(d: Path) -> dict:
     """The scaled traces in ``d`` (built once; their event counts in ``d/events.json``)."""
     d.mkdir(parents=True, exist_ok=True)
@@ -189,6 +229,7 @@ def main(argv=None) -> int:
             if not is_hta:
                 jobs[f"{what}@baseline"], events[f"{what}@baseline"] = (path, False), events[what]
                 trees[f"{what}@baseline"] = base
+    speed_before = host_speed()
     runs: dict[str, list] = {}
     for r in range(a.rounds):  # interleaved, so that load on the machine falls on all readers alike
         for what, (path, is_hta) in jobs.items():
@@ -200,7 +241,14 @@ def main(argv=None) -> int:
             runs.setdefault(what, []).append(res)
             print(f"round {r + 1} {what}: {res['seconds']:.2f} s, peak RSS {res['peak_rss_ratio']:.2f}x file",
                   file=sys.stderr)
-    out = {"machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "python": sys.version.split()[0]},
+    speed_after = host_speed()
+    import numpy
+    import pandas
+    import pyarrow
+
+    out = {"machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(),
+                       "python": sys.version.split()[0], "numpy": numpy.__version__, "pandas": pandas.__version__,
+                       "pyarrow": pyarrow.__version__, "speed_before": speed_before, "speed_after": speed_after},
            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     for what, rs in runs.items():
         out[what] = _stats(rs, events[what])
@@ -223,7 +271,12 @@ def main(argv=None) -> int:
     for k in vs:
         if f"{k}_vs_hta" in out:
             print(f"kernelmap normalise / HTA parse ({k}): {out[f'{k}_vs_hta']:.1f}x")
-    print(f"load average at the end: {out['machine']['loadavg_end']}")
+    m = out["machine"]
+    print(f"load average at the end: {m['loadavg_end']}")
+    print(f"host: {m['cpu']}, {m['cpus']} CPUs; Python {m['python']}, numpy {m['numpy']}, pandas {m['pandas']}, "
+          f"pyarrow {m['pyarrow']}; memory copy {speed_before['copy_gb_per_s']:.1f} -> {speed_after['copy_gb_per_s']:.1f} "
+          f"GB/s, Python loop {speed_before['python_loop_m_per_s']:.0f}M -> {speed_after['python_loop_m_per_s']:.0f}M "
+          f"iterations/s (before -> after the rounds; compare figures across runs only where these agree)")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     if tmp is not None:
