@@ -241,6 +241,10 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         sources += [{"framework": fw, "batch_size": bs, "source": src,
                      **{k: v for k, v in b.items() if not isinstance(v, list)}}
                     for src, b in s["runs"][name]["by_source"].items()]
+    if not frames and rd.records.is_file():
+        # a run whose captures were removed (kept for its report): its records stay, not emptied
+        raise KernelmapError(f"{run_dir}: no trace or log file under RUN_DIR/<framework>/bs<N>/ to normalise; "
+                             f"{rd.records.name} and {rd.attribution.name} were left as they are")
     df = schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty()
     summary = {"runs": per, "by_source": sources, "not_records": skipped}
     heap.release_freed()

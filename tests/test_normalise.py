@@ -217,6 +217,23 @@ def test_normalise_run_directory_misuse(tmp_path, capsys, extra, why):
     assert rc == 2 and "not a kernelmap run directory (no manifest.json)" in capsys.readouterr().err
 
 
+def test_normalise_run_directory_without_captures_keeps_its_records(tmp_path, capsys):
+    """A run directory whose raw captures were removed (tests/data/report_cpu_run: kept for its
+    report): `kernelmap normalise RUN_DIR` refuses, and its records and attribution stay byte for byte
+    (they were once replaced by an empty table)."""
+    from kernelmap import cli
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "report_cpu_run", run)
+    before = {n: (run / n).read_bytes() for n in ("records.parquet", "attribution.json")}
+    rc = cli.main(["normalise", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no trace or log file under RUN_DIR/<framework>/bs<N>/" in err and "Traceback" not in err
+    assert str(run) in err
+    assert {n: (run / n).read_bytes() for n in before} == before
+    assert len(schema.read_parquet(run / "records.parquet")) == 3744
+
+
 def test_broken_pipe_exits_quietly(tmp_path):
     """``kernelmap normalise RUN_DIR | head``: the reader is gone before anything is printed (its
     end of the pipe closed at once); exit 141, no BrokenPipeError traceback, also where the output is
