@@ -279,12 +279,6 @@ def _triple(vals: list) -> tuple[list, int | None]:
 _WS_BYTES = b" \t\r\n"
 
 
-def _dims_value(text: bytes):
-    """An ``Input Dims`` text's value, parsed as the rest of the trace is (``parse_json``: orjson,
-    else the standard library; the text is JSON the scan has already read)."""
-    return parse_json(text, "Input Dims")
-
-
 def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
     """``compact_json`` of each ``Input Dims`` (given as its JSON text) and the value itself, one
     object per distinct shape string. Text of only digits, brackets and commas once its
@@ -305,9 +299,9 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
                 s = t.decode()
                 hit = (seen.setdefault(s, s), seen.get(("dims", s)))
                 if hit[1] is None:
-                    hit = (hit[0], seen.setdefault(("dims", s), _dims_value(t)))
+                    hit = (hit[0], seen.setdefault(("dims", s), parse_json(t, "Input Dims")))
             else:
-                v = _dims_value(b)
+                v = parse_json(b, "Input Dims")  # JSON the scan has read: as the rest of the trace is parsed
                 s = compact_json([v])[0]
                 hit = (None, None) if s is None else (seen.setdefault(s, s), seen.setdefault(("dims", s), v))
             by_raw[b] = hit
