@@ -2,19 +2,64 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
+from collections.abc import Iterator
 
 
 @functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
+def _libc_function(name: str):
+    """The C library's function ``name``, or None where it has none (glibc's ``malloc_trim`` and
+    ``mallopt`` are missing on musl, macOS, Windows)."""
+    lib = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return getattr(ctypes.CDLL(lib), name, None) if lib else None
     except OSError:  # pragma: no cover - no loadable C library
         return None
+
+
+def _malloc_trim():
+    return _libc_function("malloc_trim")
+
+
+def _mallopt():
+    return _libc_function("mallopt")
+
+
+# mallopt's parameters (glibc's malloc.h) and the values used here
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+GLIBC_DEFAULT_THRESHOLD = 128 << 10  # both thresholds' defaults
+KEPT_MMAP_THRESHOLD = 32 << 20  # the largest mmap threshold glibc takes on 64-bit (HEAP_MAX_SIZE / 2)
+KEPT_TRIM_THRESHOLD = (1 << 31) - 1  # mallopt's int: no automatic trim
+
+
+@contextlib.contextmanager
+def freed_pages_kept() -> Iterator[bool]:
+    """Within: the C heap keeps the pages of the blocks it frees for the next blocks, rather than
+    handing them back to the OS and faulting fresh zeroed pages in for the next phase's arrays
+    (glibc: blocks up to 32 MiB come from the heap rather than each from an mmap of its own, and
+    the heap is not trimmed on free). Yields whether the C library can (glibc's ``mallopt``).
+
+    ``release_freed`` still hands the free pages back where it is called. On exit they are handed
+    back, and glibc's default thresholds (128 KiB) are set: its adaptive mmap threshold, which any
+    ``mallopt`` of these turns off, cannot be turned on again. ``kernelmap normalise`` of the
+    1M-event Kineto file (benches/bench_normalise.py): 25% fewer page faults and about 10% less
+    time, the same peak RSS (the native scanner's columns are pages of their own)."""
+    mallopt = _mallopt()
+    # the mmap threshold first: a trim threshold alone would fix the mmap threshold at 128 KiB
+    kept = mallopt is not None and mallopt(M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD) == 1
+    if kept and mallopt(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD) != 1:  # pragma: no cover - glibc takes it
+        mallopt(M_MMAP_THRESHOLD, GLIBC_DEFAULT_THRESHOLD)
+        kept = False
+    try:
+        yield kept
+    finally:
+        if kept:
+            mallopt(M_TRIM_THRESHOLD, GLIBC_DEFAULT_THRESHOLD)
+            mallopt(M_MMAP_THRESHOLD, GLIBC_DEFAULT_THRESHOLD)
+            release_freed()
 
 
 def release_freed() -> bool:

@@ -107,6 +107,12 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
 
 
 def main(args: argparse.Namespace) -> int:
+    # the phases' arrays (columns, labels, Parquet groups) reuse the pages of those freed before them
+    with heap.freed_pages_kept():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     dirs = [f for f in args.files if Path(f).is_dir()]
     if dirs:
         return _main_run_dir(args, dirs)

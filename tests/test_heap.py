@@ -42,3 +42,35 @@ def test_release_freed_returns_the_freed_heap_pages():
 def test_release_freed_is_a_no_op_without_malloc_trim(monkeypatch):
     monkeypatch.setattr(heap, "_malloc_trim", lambda: None)
     assert heap.release_freed() is False
+
+
+def _touched_block(size: int) -> bytearray:
+    b = bytearray(size)
+    b[::4096] = b"\x01" * len(b[::4096])
+    return b
+
+
+@glibc
+def test_freed_pages_kept_within_and_handed_back_on_exit():
+    # 16 MiB: above glibc's default mmap threshold (128 KiB), so by default a block of its own,
+    # unmapped on free; within, a heap block whose pages stay resident once freed
+    with heap.freed_pages_kept() as kept:
+        assert kept is True
+        block = _touched_block(16 << 20)
+        held = _rss()
+        del block
+        freed = _rss()
+        assert held - freed < 4 << 20  # kept for the next blocks
+    released = _rss()
+    assert freed - released > 12 << 20  # handed back on exit
+    # glibc's default thresholds again: such a block is unmapped as it is freed
+    block = _touched_block(16 << 20)
+    held = _rss()
+    del block
+    assert held - _rss() > 12 << 20
+
+
+def test_freed_pages_kept_is_a_no_op_without_mallopt(monkeypatch):
+    monkeypatch.setattr(heap, "_mallopt", lambda: None)
+    with heap.freed_pages_kept() as kept:
+        assert kept is False
