@@ -39,8 +39,8 @@ typedef struct { char *p; size_t n, cap; } Buf;
 
 /* A Buf's memory. On Linux: pages of its own (mmap), grown by mremap, which moves pages, not bytes.
    Grown by realloc in the C heap, a column of a million rows leaves the smaller blocks it outgrew
-   behind as holes, and where the heap keeps freed pages (kernelmap.heap.keep_freed, normalise's
-   policy) those holes stay resident: 70 MB more at the peak of a 1M-event Kineto scan. */
+   behind as holes, and where the heap keeps freed pages (kernelmap.heap.freed_pages_kept,
+   normalise's policy) those holes stay resident: 70 MB more at the peak of a 1M-event Kineto scan. */
 #ifdef __linux__
 #include <sys/mman.h>
 #define BUF_MAPPED 1
@@ -86,7 +86,8 @@ static int buf_put(Buf *b, const void *v, size_t sz) {
     return 0;
 }
 
-/* --- Block: a malloc'd buffer handed to Python without a copy (writable, freed with the object) --- */
+/* --- Block: a malloc'd buffer or a Buf's pages handed to Python without a copy (writable, freed
+   with the object) --- */
 typedef struct { PyObject_HEAD char *p; Py_ssize_t n; size_t cap; int mapped; } Block;  /* mapped: a Buf's pages */
 
 static int block_getbuffer(PyObject *self, Py_buffer *view, int flags) {
@@ -112,29 +113,28 @@ static PyTypeObject BlockType = {
     .tp_doc = "A column's memory, owned here and exported as a writable buffer (numpy.frombuffer).",
 };
 
-/* a Block that takes over p (n bytes; NULL: a fresh block of n bytes), or NULL (p freed) */
+/* a Block that takes over p (n bytes of cap; mapped: a Buf's pages, else malloc'd), or NULL (p freed) */
+static PyObject *block_take(char *p, Py_ssize_t n, size_t cap, int mapped) {
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b) { if (mapped) buf_mem_free(p, cap); else free(p); return NULL; }
+    b->p = p; b->n = n; b->cap = cap; b->mapped = mapped;
+    return (PyObject *)b;
+}
+
+/* a Block that takes over p (n malloc'd bytes; NULL: a fresh block of n bytes), or NULL (p freed) */
 static PyObject *block_new(char *p, Py_ssize_t n) {
     if (!p) p = malloc(n ? n : 1);
     if (!p) return PyErr_NoMemory();
-    Block *b = PyObject_New(Block, &BlockType);
-    if (!b) { free(p); return NULL; }
-    b->p = p; b->n = n; b->cap = (size_t)n; b->mapped = 0;
-    return (PyObject *)b;
+    return block_take(p, n, (size_t)n, 0);
 }
 
 /* a Block that takes over a Buf's memory (the Buf is left empty), or NULL (the memory freed) */
 static PyObject *block_of_buf(Buf *buf) {
-    if (!BUF_MAPPED || !buf->p) {  /* realloc'd memory, or none yet: as block_new */
-        char *p = buf->p;
-        Py_ssize_t n = (Py_ssize_t)buf->n;
-        buf->p = NULL; buf->n = buf->cap = 0;
-        return block_new(p, n);
-    }
-    Block *b = PyObject_New(Block, &BlockType);
-    if (!b) { buf_free(buf); return NULL; }
-    b->p = buf->p; b->n = (Py_ssize_t)buf->n; b->cap = buf->cap; b->mapped = 1;
+    char *p = buf->p;
+    Py_ssize_t n = (Py_ssize_t)buf->n;
+    size_t cap = buf->cap;
     buf->p = NULL; buf->n = buf->cap = 0;
-    return (PyObject *)b;
+    return p ? block_take(p, n, cap, BUF_MAPPED) : block_new(NULL, n);  /* none yet: a fresh block */
 }
 
 /* --- interning of byte spans: open addressing, id per distinct span ------------------------- */
