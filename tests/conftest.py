@@ -238,3 +238,17 @@ def noxfile_module():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@functools.cache
+def bench_module(name: str):
+    """``benches/<name>.py`` as a module (registered in ``sys.modules``, where a dataclass of it
+    looks its module up), loaded once per test session."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benches" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_kernelmap_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

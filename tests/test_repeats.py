@@ -3,11 +3,11 @@ fashion-mnist, 200 steps, bs 64 and 256, 3 trials each) and on a run that was st
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gpu_repeats"
@@ -15,10 +15,7 @@ DATA = ROOT / "tests" / "data" / "gpu_repeats"
 
 @pytest.fixture(scope="module")
 def repeats():
-    spec = importlib.util.spec_from_file_location("repeats", ROOT / "benches" / "repeats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("repeats")
 
 
 def _paths():
