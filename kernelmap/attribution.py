@@ -66,9 +66,16 @@ def _native(k: pd.DataFrame) -> np.ndarray:
 
 def _rows(df: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
     """``df.loc[mask, cols]``, a column's rows at a time: pandas' ``loc`` copies each column whole
-    before it takes the rows (on a 1M-row table, ~9 MB a column alive at once, for a few rows)."""
-    idx = np.flatnonzero(mask)
+    before it takes the rows (on a 1M-row table, ~9 MB a column alive at once, for a few rows).
+    ``mask``: a bool array, or the row positions themselves."""
+    idx = np.flatnonzero(mask) if mask.dtype == bool else mask
     return pd.DataFrame({c: df[c].array.take(idx) for c in cols}, index=df.index.take(idx), copy=False)
+
+
+def _some(frame: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
+    """``frame[mask]`` for a reader of the rows: ``frame`` itself where every row is kept (one
+    source's kernels, most runs: no copy of them)."""
+    return frame if mask.all() else frame[mask]
 
 
 def _kind(df: pd.DataFrame, kind: str) -> np.ndarray:
@@ -216,17 +223,22 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
     signature a log call has."""
-    k = _rows(df, _kind(df, "kernel"), _LIBRARY_KERNEL_COLS)  # the columns read here and by the figures
-    k = k[~_native(k)]
+    # which kernels are library kernels is worked out on the few columns it reads, and the rows
+    # are taken once, for those kernels only (peak memory of a large trace: not the kernels' whole
+    # rows copied at each step)
+    rows = np.flatnonzero(_kind(df, "kernel"))
+    rows = rows[~_native(_rows(df, rows, ["library", "kernel_name"]))]
     calls = _log_calls(df)
     signed = calls[_signed(calls)]
+    head = _rows(df, rows, ["call_event_id", "library", *SIGNATURE])
     # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
-    keyed = _keyed(k)  # k keeps its own layer (NA for a weightless op)
-    sig = _sig(keyed) if len(calls) else pd.Series(None, index=k.index, dtype=object)
+    keyed = _keyed(head)  # the rows keep their own layer (NA for a weightless op)
+    sig = _sig(keyed) if len(calls) else pd.Series(None, index=head.index, dtype=object)
     call_sigs = set(_sig(signed))
-    lib = (k["call_event_id"].notna().to_numpy() | S.isin(k["library"], GPU_LIBS)
-           | S.isin(k["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
-    k = k[lib]
+    lib = (head["call_event_id"].notna().to_numpy() | S.isin(head["library"], GPU_LIBS)
+           | S.isin(head["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
+    del head
+    k = _rows(df, rows[lib], _LIBRARY_KERNEL_COLS)  # the columns read here and by the figures
     sig = sig[lib]
     keyed = keyed[lib]
     _, ambiguous = _targets(calls, steady_calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
@@ -248,7 +260,8 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
         hit = open_ & cond
         reason[hit] = text
         open_ = open_ & ~hit  # to_numpy() may be read-only (pandas 3 copy-on-write)
-    return k.assign(reason=pd.array(reason, dtype=STRING))
+    k["reason"] = pd.array(reason, dtype=STRING)  # k is this function's own frame: no copy of it
+    return k
 
 
 def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
@@ -428,10 +441,10 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     k_codes = source_codes[is_kernel]
     for code in sorted(np.unique(k_codes[k_codes >= 0]).tolist(), key=lambda c: sources[c]):  # k.groupby("source")
         src = sources[code]
-        g = k[k_codes == code]
+        g = _some(k, k_codes == code)
         # the steps of this source's ops (their iteration column only, not a copy of their rows)
         op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == code)].dropna().unique())
-        w = g[g["iteration"].isin(op_steps)]
+        w = _some(g, g["iteration"].isin(op_steps).to_numpy())
         fw = _kernel_figures(w)
         out[str(src)] = {
             **_kernel_figures(g),
@@ -440,9 +453,9 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
             "kernels_in_op_steps": fw["kernels"],
             "kernel_time_in_op_steps_ns": fw["kernel_time_ns"],
             "attributed_kernel_time_share_in_op_steps": fw["attributed_kernel_time_share"],
-            **_library_figures(lk[lk["source"].eq(src)]),
+            **_library_figures(_some(lk, lk["source"].eq(src).to_numpy())),
         }
-        lw = lk[lk["source"].eq(src) & lk["iteration"].isin(op_steps)]
+        lw = _some(lk, (lk["source"].eq(src) & lk["iteration"].isin(op_steps)).to_numpy())
         lf = _library_figures(lw)
         out[str(src)].update(library_kernels_in_op_steps=lf["library_kernels"],
                              library_kernel_time_linked_share_in_op_steps=lf["library_kernel_time_linked_share"])

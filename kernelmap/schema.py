@@ -244,7 +244,9 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the same entry, byte for byte, that pyarrow writes for the string-typed schema.
     coded = {c: _coded_strings(df[c], arrow_schema.field(c).type, pool) for c in df.columns}
     as_dictionary = late_meta and any(v is not None for v in coded.values())
-    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+    # each dictionary's indices in the codes' own type (int8 for up to 127 values): Parquet stores
+    # its own indices, the same whatever the Arrow type; no int32 copy of each group's codes
+    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.from_numpy_dtype(coded[f.name][0].dtype), f.type))
                               if as_dictionary and coded[f.name] is not None else f for f in arrow_schema],
                              metadata=arrow_schema.metadata)
 
@@ -329,9 +331,9 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
     codes, uniques = coded
     codes = codes[lo:lo + len(col)]
+    if as_dictionary:  # the codes themselves (a view), null where -1
+        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0, memory_pool=pool), uniques)
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
-    if as_dictionary:
-        return pa.DictionaryArray.from_arrays(rows, uniques)  # null row: null index
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null
 
 
