@@ -436,7 +436,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     lk = library_kernels(df) if lk is None else lk
     out = {}
     is_op = _kind(df, "op")
-    source_codes, sources = S.factorize(df["source"])
+    source_codes, sources = S.factorize(df["source"], small=True)
     iteration = df["iteration"]
     k_codes = source_codes[is_kernel]
     for code in sorted(np.unique(k_codes[k_codes >= 0]).tolist(), key=lambda c: sources[c]):  # k.groupby("source")
@@ -465,7 +465,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
 def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
-    _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"])))  # kinds coded once, not per test
+    _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"], small=True)))  # kinds coded once, not per test
     try:
         return _summarise(df, log_steps, steady_calls)
     finally:

@@ -244,7 +244,7 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the same entry, byte for byte, that pyarrow writes for the string-typed schema.
     coded = {c: _coded_strings(df[c], arrow_schema.field(c).type, pool) for c in df.columns}
     as_dictionary = late_meta and any(v is not None for v in coded.values())
-    # each dictionary's indices in the codes' own type (int8 for up to 127 values): Parquet stores
+    # each dictionary's indices in the codes' own type (int8 for up to 128 values): Parquet stores
     # its own indices, the same whatever the Arrow type; no int32 copy of each group's codes
     write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.from_numpy_dtype(coded[f.name][0].dtype), f.type))
                               if as_dictionary and coded[f.name] is not None else f for f in arrow_schema],
@@ -307,13 +307,12 @@ def _coded_strings(col: pd.Series, type_, pool=None):
 
     if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
         return None
-    coded = strings.factorize(col, most=len(col) // 4)
+    # kept for the whole write, one array per column: in the smallest signed type (-1: NA)
+    coded = strings.factorize(col, most=len(col) // 4, small=True)
     if coded is None:
         return None
     codes, uniques = coded
-    # kept for the whole write, one array per column: in the smallest signed type (-1: NA)
-    small = np.min_scalar_type(-max(len(uniques), 1))  # holds -n: so codes 0..n-1 too
-    return codes.astype(small), pa.array(uniques, type=type_, memory_pool=pool)
+    return codes.astype(strings.code_type(len(uniques)), copy=False), pa.array(uniques, type=type_, memory_pool=pool)
 
 
 def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_dictionary: bool = False):

@@ -52,16 +52,19 @@ def object_array(values: list) -> np.ndarray:
     return out
 
 
-def factorize(col, most: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+def factorize(col, most: int | None = None, small: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """(codes, distinct values) of a column of strings: codes -1 for NA, the values in order of
     first appearance (``pd.factorize``'s answer). ``most``: None where the column holds more
-    distinct objects than that (the caller then has a better way than by object). An unchanged
-    array asked again is answered from the objects' codes kept from the first time (``_Answers``)."""
+    distinct objects than that (the caller then has a better way than by object). ``small``: the
+    codes in the smallest signed type that holds them (``code_type``; int8 for up to 128 values),
+    for a caller that only compares them or indexes with them (a row's code in 1 byte, not 8). An
+    unchanged array asked again is answered from the objects' codes kept from the first time
+    (``_Answers``)."""
     values = np.ascontiguousarray(objects(col))
     if len(values) == 0:
         return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
     address = np.frombuffer(memoryview(values).cast("B"), dtype=np.int64)
-    known = _CACHE.get(values, address)
+    known = _CACHE.get(values, address, small)
     if known is not None:
         return None if most is not None and known[2] > most else known[:2]
     if most is not None:  # a look at a few thousand rows first
@@ -74,7 +77,17 @@ def factorize(col, most: int | None = None) -> tuple[np.ndarray, np.ndarray] | N
     objs = values[first]
     code_of_obj, uniques = pd.factorize(objs)
     _CACHE.put(values, obj_codes, distinct, objs, code_of_obj, uniques)
-    return code_of_obj[obj_codes], uniques
+    return _gather(code_of_obj, obj_codes, uniques, small), uniques
+
+
+def code_type(n: int) -> np.dtype:
+    """The smallest signed integer type that holds the codes of ``n`` values and -1."""
+    return np.min_scalar_type(-max(n, 1))
+
+
+def _gather(code_of_obj: np.ndarray, obj_codes: np.ndarray, uniques, small: bool) -> np.ndarray:
+    """Each row's value code (``code_of_obj[obj_codes]``), in ``code_type`` where ``small``."""
+    return (code_of_obj.astype(code_type(len(uniques))) if small else code_of_obj)[obj_codes]
 
 
 def _object_codes(address: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,11 +142,11 @@ class _Answers:
         # each object's value code, the distinct values)
         self.entries: dict[int, tuple] = {}
 
-    def get(self, values: np.ndarray, address: np.ndarray):
+    def get(self, values: np.ndarray, address: np.ndarray, small: bool = False):
         with self.lock:
-            return self._get(values, address)
+            return self._get(values, address, small)
 
-    def _get(self, values: np.ndarray, address: np.ndarray):
+    def _get(self, values: np.ndarray, address: np.ndarray, small: bool = False):
         e = self.entries.get(id(values))
         if e is None or e[0]() is not values:
             return None
@@ -142,7 +155,7 @@ class _Answers:
             self.entries.pop(id(values), None)
             return None
         self.entries[id(values)] = self.entries.pop(id(values))  # most recent last
-        return code_of_obj[obj_codes], uniques, len(distinct)
+        return _gather(code_of_obj, obj_codes, uniques, small), uniques, len(distinct)
 
     def put(self, values: np.ndarray, obj_codes, distinct, objs, code_of_obj, uniques) -> None:
         with self.lock:

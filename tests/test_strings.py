@@ -41,6 +41,24 @@ def test_strings_are_pandas(name):
         assert (S.factorize(col, most=10) is None) == (name == "own")  # rows of their own objects: step aside
 
 
+@pytest.mark.parametrize("n", [3, 128, 129, 32768, 32769])
+def test_factorize_small_codes_are_the_codes_in_the_smallest_type(n):
+    """``small=True``: pandas' codes, in int8 up to 128 values (codes 0..127 and -1), int16 from
+    129 on, int32 from 32769 on; the first answer and the one from the kept codes (the array asked again) alike."""
+    rng = np.random.default_rng(1)
+    pool = np.array([f"v{i}" for i in range(n)] + [None], dtype=object)
+    rows = pool[np.r_[np.arange(n + 1), rng.integers(0, n + 1, 5000)]]  # every value (and NA) at least once
+    col = pd.Series(pd.array(rows, dtype=S.STRING))
+    want_codes, want_uniques = pd.factorize(rows)
+    want_type = np.int8 if n <= 128 else np.int16 if n <= 32768 else np.int32
+    for _ in range(2):
+        codes, uniques = S.factorize(col, small=True)
+        assert codes.dtype == want_type
+        np.testing.assert_array_equal(codes, want_codes)
+        assert list(uniques) == list(want_uniques)
+    assert S.factorize(col)[0].dtype == np.int64  # the default: pandas' own type
+
+
 def test_object_array_keeps_lists_as_elements():
     a = S.object_array([[1, 2], [3, 4]])
     assert a.shape == (2,) and a[0] == [1, 2]
