@@ -396,7 +396,7 @@ def _kernel_figures(k: pd.DataFrame) -> dict:
     t = int(k["dur_ns"].sum()) if len(k) else 0
     attributed = S.notna(k["canonical_op"]) & ~S.eq(k["canonical_op"], "other")
     t_attr = int(k.loc[attributed, "dur_ns"].sum())
-    top = _top_groups(k[~attributed], ["kernel_name"])
+    top = _top_groups(_rows(k, ~attributed, ["kernel_name", "dur_ns"]), ["kernel_name"])  # what it reads
     return {
         "kernels": len(k),
         "kernel_time_ns": t,
@@ -412,7 +412,7 @@ def _library_figures(lk: pd.DataFrame) -> dict:
     linked = lk["reason"].isna()
     t = int(lk["dur_ns"].sum())
     t_linked = int(lk.loc[linked, "dur_ns"].sum())
-    top = _top_groups(lk[~linked], ["kernel_name", "reason"])
+    top = _top_groups(_rows(lk, ~linked.to_numpy(), ["kernel_name", "reason", "dur_ns"]), ["kernel_name", "reason"])
     return {
         "library_kernels": len(lk),
         "library_kernels_linked": int(linked.sum()),
@@ -442,8 +442,9 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     for code in sorted(np.unique(k_codes[k_codes >= 0]).tolist(), key=lambda c: sources[c]):  # k.groupby("source")
         src = sources[code]
         g = _some(k, k_codes == code)
-        # the steps of this source's ops (their iteration column only, not a copy of their rows)
-        op_steps = sorted(int(i) for i in iteration[is_op & (source_codes == code)].dropna().unique())
+        # the steps of this source's ops (their iteration column only, not a copy of their rows;
+        # the distinct values of those rows, NA left out of the few, not of the rows)
+        op_steps = sorted(int(i) for i in pd.unique(iteration.array[is_op & (source_codes == code)]) if not pd.isna(i))
         w = _some(g, g["iteration"].isin(op_steps).to_numpy())
         fw = _kernel_figures(w)
         out[str(src)] = {

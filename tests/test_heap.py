@@ -74,3 +74,31 @@ def test_freed_pages_kept_is_a_no_op_without_mallopt(monkeypatch):
     monkeypatch.setattr(heap, "_mallopt", lambda: None)
     with heap.freed_pages_kept() as kept:
         assert kept is False
+
+
+def _arrow_pool_in_a_fresh_process(env_value: str | None) -> str:
+    """The default pool pyarrow chooses in a fresh interpreter that imports the console script first."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != heap.ARROW_POOL_ENV}
+    if env_value is not None:
+        env[heap.ARROW_POOL_ENV] = env_value
+    code = "import kernelmap.cli, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_console_script_gives_arrow_the_c_heap():
+    pa = pytest.importorskip("pyarrow")
+    assert "system" in pa.supported_memory_backends()
+    # pyarrow's own default is mimalloc or jemalloc on its wheels; kernelmap's process takes malloc
+    assert _arrow_pool_in_a_fresh_process(None) == "system"
+
+
+def test_an_arrow_pool_the_user_chose_is_kept():
+    pa = pytest.importorskip("pyarrow")
+    others = [b for b in pa.supported_memory_backends() if b != "system"]
+    if not others:
+        pytest.skip("this pyarrow has only the system allocator")
+    assert _arrow_pool_in_a_fresh_process(others[0]) == others[0]
