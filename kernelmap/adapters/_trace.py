@@ -29,7 +29,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
             df[col] = pd.Series(pd.NA, index=df.index, dtype=DTYPES[col]).array
     n = len(df)
     is_kind = _kinds(df["kind"])
-    name_codes, name_u = S.factorize(df["op_name"])
+    name_codes, name_u = S.factorize(df["op_name"], small=True)  # only indexed with and compared
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
     end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
     canon, direc, layers, phases = S.Vocab(), S.Vocab(), S.Vocab(), S.Vocab()
@@ -96,16 +96,18 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         # wrapper has none, the autograd node inside it has the forward op's)
         with_seq = np.flatnonzero(has_top & (seq >= 0))
         by_start = with_seq[np.argsort(start[with_seq], kind="stable")]
-        tops, first = np.unique(top[by_start], return_index=True)
-        tree_seq = np.full(n, -1, dtype="int64")
-        tree_seq[tops] = seq[by_start[first]]
-        top_seq = np.where(has_top, tree_seq[top0], -1)
-        need = np.flatnonzero((layer < 0) & (top_seq >= 0))
-        want = top_seq[need]
+        tops, first = np.unique(top[by_start], return_index=True)  # the trees with a seq, ascending
+        tree_seq = seq[by_start[first]]  # each one's first seq (>= 0)
+        # the rows still without a layer whose tree has a seq, and that seq (looked up per row
+        # among those trees: no row-length table of trees)
+        cand = np.flatnonzero((layer < 0) & has_top)
+        at = np.minimum(np.searchsorted(tops, top[cand]), len(tops) - 1)
+        in_tree = tops[at] == top[cand]
+        need, want = cand[in_tree], tree_seq[at[in_tree]]
         hit = np.minimum(np.searchsorted(seq_u, want), len(seq_u) - 1)
         found = seq_u[hit] == want
         layer[need[found]] = seq_layer[hit[found]]
-        del with_seq, by_start, tree_seq, top_seq, need, want, hit, found
+        del with_seq, by_start, tops, first, tree_seq, cand, at, in_tree, need, want, hit, found
     del seq, fwd_rows, tree_layer, own, top0
     layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
 
@@ -124,7 +126,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
                                    np.where(it_na, np.nan, it_val), start)
         need = has_top & (layer < 0)
         layer[need] = np.array([layers.code(v) for v in pos[top[need]].tolist()], dtype=np.int32)
-    del top, has_top
+    del top, has_top, start
 
     # device rows inherit from their runtime launch (same correlation id)
     dev = is_kind(*DEVICE_KINDS)
@@ -149,6 +151,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     df["direction"] = direc.strings(out_dir)
     df["layer"] = layers.strings(layer)
     df["iteration"] = pd.arrays.IntegerArray(np.where(it_na, 0, it_val), it_na)
+    del op_ids, it_val, it_na
     # the region's phase, else the direction rule's (schema.phase_of, once per distinct pair);
     # asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
     rule = np.array([[phases.code(phase_of(d, c)) for c in [None, *canon.values]] for d in [None, *direc.values]],
@@ -157,6 +160,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     take = (fallback >= 0) if asynchronous else (phase < 0)
     phase[take] = fallback[take]
     df["phase"] = phases.strings(phase)
+    del out_canon, out_dir, layer, fallback, take, phase
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df
@@ -255,7 +259,7 @@ def refine_direction(df: pd.DataFrame) -> None:
     if not k.any():
         return
     kidx = np.flatnonzero(k)  # these rows' direction is "bwd"; dirs: theirs from here on
-    name_codes, names = S.factorize(df["kernel_name"])
+    name_codes, names = S.factorize(df["kernel_name"], small=True)
     name_codes = name_codes[kidx]
 
     def named(test) -> np.ndarray:  # test(kernel name) of these rows, once per distinct name (NA: False)
@@ -309,7 +313,7 @@ def _fill_unnamed(df: pd.DataFrame, kidx: np.ndarray, pos: np.ndarray, dirs: np.
 def _kinds(kind: pd.Series):
     """A test of the rows' kind, ``is_kind("op", "runtime")`` -> bool array, by codes of the column's
     distinct values (factorized once)."""
-    codes, uniq = S.factorize(kind)
+    codes, uniq = S.factorize(kind, small=True)
 
     def is_kind(*kinds: str) -> np.ndarray:
         return np.isin(codes, [c for c, u in enumerate(uniq) if u in kinds])
