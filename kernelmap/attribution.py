@@ -69,7 +69,12 @@ def _rows(df: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
     before it takes the rows (on a 1M-row table, ~9 MB a column alive at once, for a few rows).
     ``mask``: a bool array, or the row positions themselves."""
     idx = np.flatnonzero(mask) if mask.dtype == bool else mask
-    return pd.DataFrame({c: df[c].array.take(idx) for c in cols}, index=df.index.take(idx), copy=False)
+    return pd.DataFrame({c: _plain_array(df[c].array.take(idx)) for c in cols}, index=df.index.take(idx), copy=False)
+
+
+def _plain_array(arr):
+    """A Categorical string column's rows as ``STRING`` (pandas' own operations read them)."""
+    return S.to_string_array(arr) if isinstance(arr, pd.Categorical) else arr
 
 
 def _some(frame: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
@@ -93,7 +98,7 @@ _KIND_CODES: list = []  # (kind array, codes, distinct kinds) of the frame summa
 
 def _log_calls(df: pd.DataFrame) -> pd.DataFrame:
     """The GPU library-log calls, their layer keyed (``_keyed``)."""
-    calls = df[_kind(df, "library_call")]  # few rows: the string tests below run on those only
+    calls = S.plain(df[_kind(df, "library_call")])  # few rows: the string tests below run on those only
     return _keyed(calls[calls["library"].isin(GPU_LIBS) & calls["source"].isin(LOG_SOURCES)])
 
 
@@ -208,9 +213,10 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
     if k.empty or targets.empty:
         return info
     m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
-    df.loc[m.index, "call_event_id"] = m["call_event_id"].astype("Int64")
+    rows = m.index.to_numpy()
+    S.set_rows(df, "call_event_id", rows, m["call_event_id"].astype("Int64"))
     for col in _CALL_COLS:
-        df.loc[m.index, col] = m[col].astype(STRING)
+        S.set_rows(df, col, rows, m[col].astype(STRING))
     return info
 
 
@@ -268,12 +274,12 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
     """Per run, source and linked call: the call (library, API, algo, math mode), how many times
     the log has it (and per logged step, when ``log_steps`` is known), and the kernels linked to
     it in that source (count, time, per traced step, launching ops per step)."""
-    k = df[_kind(df, "kernel") & df["call_event_id"].notna().to_numpy()]
+    k = S.plain(df[_kind(df, "kernel") & df["call_event_id"].notna().to_numpy()])
     if k.empty:
         return []
     calls = _log_calls(df)
     n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
-    all_calls = df[_kind(df, "library_call")]
+    all_calls = S.plain(df[_kind(df, "library_call")])
     by_id = all_calls.assign(key_layer=_keyed(all_calls)["layer"]).set_index("event_id")
     out = []
     for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
@@ -311,10 +317,10 @@ def link_onednn(df: pd.DataFrame) -> dict:
     """CPU library-log calls (oneDNN primitives, BLAS calls) -> the framework op of the run's
     profiler trace (op_event_id), per library: per key (canonical op, layer, direction group)
     the n-th call is the n-th entry-op occurrence, aligned from the end."""
-    prims = df[_kind(df, "library_call") & S.isin(df["library"], CPU_LIBS)]
+    prims = S.plain(df[_kind(df, "library_call") & S.isin(df["library"], CPU_LIBS)])
     if prims.empty:
         return {}
-    ops = df[_kind(df, "op") & S.isin(df["source"], ["kineto", "mxnet_profiler"])]
+    ops = S.plain(df[_kind(df, "op") & S.isin(df["source"], ["kineto", "mxnet_profiler"])])
     if ops.empty:
         return {"onednn_linked_share": 0.0, "onednn_link_reason": "no profiler trace of this run to link to"}
     name = ops["op_name"]
@@ -331,9 +337,9 @@ def link_onednn(df: pd.DataFrame) -> dict:
     if pairs:
         pr = np.array([a for a, _ in pairs])
         oc = np.array([b for _, b in pairs])
-        df.loc[pr, "op_event_id"] = df.loc[oc, "event_id"].to_numpy()
+        S.set_rows(df, "op_event_id", pr, df["event_id"].array[oc])
         for col in ("phase", "iteration"):
-            df.loc[pr, col] = df.loc[oc, col].to_numpy()
+            S.set_rows(df, col, pr, df[col].array[oc])
         _link_reorders(df, prims.index[prims["library"].eq("oneDNN")])
     onednn = prims.index[prims["library"].eq("oneDNN")]
     linked = int(df.loc[onednn, "op_event_id"].notna().sum())
@@ -348,7 +354,7 @@ def _link_reorders(df: pd.DataFrame, prims: pd.Index) -> None:
     """A layout ``reorder`` belongs to the op of the primitive it feeds: the next primitive the
     verbose log executes after it (in log order, per file), or, after the last one, the primitive
     it follows. Only reorders with no op of their own are touched."""
-    for _, g in df.loc[prims].sort_values(["source_file", "event_id"]).groupby("source_file", sort=False):
+    for _, g in S.plain(df.loc[prims]).sort_values(["source_file", "event_id"]).groupby("source_file", sort=False):
         reorder = g["canonical_op"].eq("reorder").fillna(False).to_numpy(dtype=bool)
         if not reorder.any():
             continue
@@ -358,9 +364,9 @@ def _link_reorders(df: pd.DataFrame, prims: pd.Index) -> None:
         pick = reorder & g["op_event_id"].isna().to_numpy() & target.notna().to_numpy()
         if not pick.any():
             continue
-        rows, src = g.index[pick], target[pick].astype("int64").to_numpy()
+        rows, src = g.index[pick].to_numpy(), target[pick].astype("int64").to_numpy()
         for col in ("op_event_id", "phase", "iteration"):
-            df.loc[rows, col] = df.loc[src, col].to_numpy()
+            S.set_rows(df, col, rows, df[col].array[src])
 
 
 def _top_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -474,7 +480,7 @@ def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int 
 
 
 def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None) -> dict:
-    calls = df[_kind(df, "library_call")]
+    calls = S.plain(df[_kind(df, "library_call")])
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]

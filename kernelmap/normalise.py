@@ -51,14 +51,21 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
     ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
     many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
     df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls)
-    return df, summary()
+    summary = summary()
+    return strings.plain(df), summary  # the string columns as the schema's dtype
 
 
 def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
             batch_size: int | None = None, log_steps: int | None = None,
             steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
-    them: ``main`` runs it while the records are written)."""
+    them: ``main`` runs it while the records are written). The records' string columns are
+    Categoricals (``strings.categorical_columns``: the frame's strings in a byte a row)."""
+    with strings.categorical_columns():
+        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+
+
+def _records(paths, run, framework, device, batch_size, log_steps, steady_calls):
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
@@ -73,16 +80,17 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
                           **{k: v for k, v in df.attrs.items() if k != "format"}})
             df = _offset(df, base)
             base += len(df)
-            df["run"] = strings.from_codes(np.zeros(len(df), dtype="int64"), [name])
+            one = np.zeros(len(df), dtype="int64")
+            df["run"] = strings.from_codes(one, [name])
             if framework:
-                df["framework"] = df["framework"].where(df["framework"].notna() & ~df["framework"].eq("unknown"),
-                                                        framework)
+                strings.set_rows(df, "framework", strings.isna(df["framework"]) | strings.eq(df["framework"], "unknown"),
+                                 framework)
             if device:
-                df["device"] = device
+                df["device"] = strings.from_codes(one, [device])
             if batch_size is not None:
                 df["batch_size"] = batch_size
             parts.append(df)
-        rdf = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else schema.empty()
+        rdf = schema.concat(parts)
         parts = df = None  # rdf is the only copy of the records from here (peak memory)
         rdf = schema.conform(rdf, copy=False)
         links = attribution.link_library_calls(rdf, steady_calls)
@@ -92,7 +100,7 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
         df = schema.validate(schema.conform(frames[0], copy=False))
     else:
-        df = schema.validate(schema.conform(pd.concat(frames, ignore_index=True)) if frames else schema.empty())
+        df = schema.validate(schema.conform(schema.concat(frames)))
     frames = None
 
     def summary() -> dict:

@@ -169,7 +169,7 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     def column(col, dtype):
         if col not in df:
             return pd.Series(pd.NA, index=df.index, dtype=dtype).array
-        if dtype is STRING and df[col].dtype == object:  # once per distinct value where rows share them
+        if dtype is STRING:
             return string_array(df[col])
         # pandas 3 copies lazily (copy-on-write) and deprecates astype's copy keyword
         return (df[col].astype(dtype) if _PANDAS_COW else df[col].astype(dtype, copy=copy)).array
@@ -181,13 +181,39 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     return pd.DataFrame(cols, index=pd.RangeIndex(len(df)), copy=False)  # the arrays are astype's (copies unless copy=False)
 
 
+def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``pd.concat(frames, ignore_index=True)`` of records frames (the schema's columns, in order),
+    a column at a time: where a part is a Categorical (``strings.categorical_columns``), the
+    column is one Categorical of the parts' united categories, where pandas would make an object
+    column of them."""
+    from pandas.api.types import union_categoricals
+
+    from . import strings
+
+    if len(frames) < 2:
+        return frames[0] if frames else empty()
+    cols = {}
+    for c in frames[0].columns:
+        parts = [f[c].array for f in frames]
+        if any(isinstance(p, pd.Categorical) for p in parts):
+            cols[c] = union_categoricals([strings.categorical(p) for p in parts])
+        else:
+            cols[c] = pd.concat([f[c] for f in frames], ignore_index=True).array
+    return pd.DataFrame(cols, index=pd.RangeIndex(sum(map(len, frames))), copy=False)
+
+
 def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
-    """Raise SchemaError unless ``df`` has exactly the schema's columns, dtypes and vocabularies."""
+    """Raise SchemaError unless ``df`` has exactly the schema's columns, dtypes and vocabularies
+    (a string column may be a Categorical of strings: ``strings.categorical_columns``)."""
     if list(df.columns) != list(COLUMNS):
         missing = [c for c in COLUMNS if c not in df.columns]
         extra = [c for c in df.columns if c not in COLUMNS]
         raise SchemaError(f"{where}: columns differ from schema v{SCHEMA_VERSION} (missing {missing}, extra {extra})")
+    from .strings import is_string
+
     for col, dtype in COLUMNS.items():
+        if DTYPES[col] is STRING and is_string(df[col].dtype):
+            continue
         if str(df[col].dtype) != dtype:
             raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
     from . import strings
@@ -226,7 +252,7 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
     # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
-    arrow_schema = pa.Table.from_pandas(df.iloc[:0], preserve_index=False).schema
+    arrow_schema = pa.Table.from_pandas(_v2(df.iloc[:0]), preserve_index=False).schema
     meta = dict(arrow_schema.metadata or {})
     meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
     if extra_meta:
@@ -305,7 +331,7 @@ def _coded_strings(col: pd.Series, type_, pool=None):
 
     from . import strings
 
-    if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
+    if not strings.is_string(col.dtype):
         return None
     # kept for the whole write, one array per column: in the smallest signed type (-1: NA)
     coded = strings.factorize(col, most=len(col) // 4, small=True)
@@ -324,7 +350,9 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not (isinstance(col.dtype, pd.StringDtype) and col.dtype.storage == "python"):
+    from .strings import is_string
+
+    if not is_string(col.dtype):
         return pa.array(col.array, type=type_, memory_pool=pool)
     if coded is None:
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
@@ -334,6 +362,11 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0, memory_pool=pool), uniques)
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null
+
+
+def _v2(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its string columns as ``STRING`` (the schema's dtypes, as written)."""
+    return df.astype({c: STRING for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

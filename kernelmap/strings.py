@@ -4,11 +4,14 @@ A ``string`` column holds one Python object per row, but the adapters share one 
 distinct value (a kernel name, a kind), so a million rows hold a few hundred objects. Hashing the
 objects' addresses (one int64 pass) and then comparing only those few objects by value gives the
 same answers as pandas' comparisons, which compare every row's string (several times slower).
+Inside ``categorical_columns`` (``normalise``'s records) the columns made here are Categoricals
+instead, and every function here answers for them from their codes as it does for ``string``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import numpy as np
 import pandas as pd
@@ -18,6 +21,23 @@ import pandas as pd
 # first make a Python object per row (measured: normalise 4x slower on pandas 3.0.6 here, 18x on
 # the GPU machine), so the storage is named, never left to the pandas version.
 STRING = pd.StringDtype("python")
+
+
+_CATEGORICAL = contextvars.ContextVar("kernelmap_categorical_columns", default=False)
+
+
+@contextlib.contextmanager
+def categorical_columns():
+    """Inside (this thread or task): the records' string columns made by ``from_codes`` and
+    ``string_array`` are Categoricals of their distinct values (1 byte a row for up to 128 values)
+    instead of ``STRING`` (8 bytes a row, a pointer to a shared object). ``normalise`` holds its
+    records so (issue 11: a million-event frame's strings in ~19 MB, not ~150 MB); every reader
+    of a records column here accepts both."""
+    token = _CATEGORICAL.set(True)
+    try:
+        yield
+    finally:
+        _CATEGORICAL.reset(token)
 
 
 @contextlib.contextmanager
@@ -36,9 +56,25 @@ def object_columns():
         yield
 
 
+def is_string(dtype) -> bool:
+    """Whether ``dtype`` is a records string column's: ``STRING``, or the Categorical that
+    normalise holds them in."""
+    if isinstance(dtype, pd.CategoricalDtype):  # of strings: object (or str) categories, or none yet
+        return dtype.categories.dtype == object or pd.api.types.is_string_dtype(dtype.categories.dtype)
+    return isinstance(dtype, pd.StringDtype) and dtype.storage == "python"
+
+
+def _categorical(col):
+    """The column's Categorical, or None where it is not one."""
+    arr = col.array if isinstance(col, pd.Series) else col
+    return arr if isinstance(arr, pd.Categorical) else None
+
+
 def objects(col) -> np.ndarray:
     """The column's own object array (a ``string`` column's values, NA as ``pd.NA``; no copy)."""
     arr = col.array if isinstance(col, pd.Series) else col
+    if isinstance(arr, pd.Categorical):
+        return np.append(np.asarray(arr.categories, dtype=object), pd.NA)[arr.codes]
     if isinstance(arr, pd.arrays.StringArray) and isinstance(getattr(arr, "_ndarray", None), np.ndarray):
         return arr._ndarray  # itself (pandas 3's np.asarray gives a new read-only view each time)
     return np.asarray(arr, dtype=object)
@@ -60,6 +96,9 @@ def factorize(col, most: int | None = None, small: bool = False) -> tuple[np.nda
     for a caller that only compares them or indexes with them (a row's code in 1 byte, not 8). An
     unchanged array asked again is answered from the objects' codes kept from the first time
     (``_Answers``)."""
+    cat = _categorical(col)
+    if cat is not None:
+        return _factorize_categorical(cat, most, small)
     values = np.ascontiguousarray(objects(col))
     if len(values) == 0:
         return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
@@ -78,6 +117,23 @@ def factorize(col, most: int | None = None, small: bool = False) -> tuple[np.nda
     code_of_obj, uniques = pd.factorize(objs)
     _CACHE.put(values, obj_codes, distinct, objs, code_of_obj, uniques)
     return _gather(code_of_obj, obj_codes, uniques, small), uniques
+
+
+def _factorize_categorical(cat: pd.Categorical, most, small: bool):
+    """``factorize`` of a Categorical: its codes renumbered in order of first appearance."""
+    codes = cat.codes
+    if len(codes) == 0:
+        return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
+    cats = np.asarray(cat.categories, dtype=object)
+    seen = pd.unique(codes)  # the distinct codes in order of first appearance
+    present = seen[seen >= 0]
+    if most is not None and len(present) > most:
+        return None
+    rank = np.full(len(cats) + 1, -1, dtype=np.int64)  # code -1 (NA): the last
+    rank[present] = np.arange(len(present))
+    out = rank[codes]
+    uniques = cats[present]
+    return (out.astype(code_type(len(uniques))) if small else out), uniques
 
 
 def code_type(n: int) -> np.dtype:
@@ -206,6 +262,8 @@ def isna(col) -> np.ndarray:
     """``col.isna()`` as a bool array. A ``string`` array holds its NA as the one ``pd.NA`` object:
     its address, compared in one int64 pass."""
     arr = col.array if isinstance(col, pd.Series) else col
+    if isinstance(arr, pd.Categorical):
+        return arr.codes < 0
     if isinstance(arr, pd.arrays.StringArray):
         values = np.ascontiguousarray(objects(arr))
         if len(values):
@@ -229,7 +287,46 @@ def contains(col, sub: str) -> np.ndarray:
     return matches(col, lambda u: sub in u)
 
 
-def string_array(values) -> pd.arrays.StringArray:
+def string_array(values):
+    """The records' string column of ``values`` (str, NA where None or NA): a ``STRING`` array,
+    or inside ``categorical_columns`` a Categorical of the distinct values."""
+    if not _CATEGORICAL.get():
+        cat = _categorical(values)
+        return _string_array(values) if cat is None else to_string_array(cat)
+    return categorical(values)
+
+
+def categorical(values) -> pd.Categorical:
+    """``values`` (a string column, or str and NA) as a Categorical of their distinct values."""
+    cat = _categorical(values)
+    if cat is not None:
+        return cat
+    codes, uniques = factorize(values)
+    return _categorical_from_codes(codes, uniques)
+
+
+def from_codes(codes: np.ndarray, uniques):
+    """The records' string column whose row i is ``uniques[codes[i]]`` (NA where the code is -1):
+    a ``STRING`` array (``_string_from_codes``), or inside ``categorical_columns`` a Categorical."""
+    if _CATEGORICAL.get():
+        return _categorical_from_codes(codes, uniques)
+    return _string_from_codes(codes, uniques)
+
+
+def _categorical_from_codes(codes: np.ndarray, uniques) -> pd.Categorical:
+    """``from_codes`` as a Categorical: ``uniques`` its categories (distinct values where they are
+    not distinct strings: equal values, and NA, merged as ``pd.array(..., dtype="string")`` would)."""
+    codes = np.asarray(codes)
+    uniques = list(uniques)
+    if not _distinct_strings(uniques):
+        conv = np.asarray(pd.array(object_array(uniques), dtype=STRING), dtype=object)  # pandas' conversion
+        ucodes, distinct_u = pd.factorize(np.where(pd.isna(conv), None, conv) if len(conv) else conv)
+        codes = np.append(ucodes, -1)[codes]
+        uniques = list(distinct_u)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(object_array(uniques), dtype=object))
+
+
+def _string_array(values) -> pd.arrays.StringArray:
     """``pd.array(values, dtype="string")``: each distinct value converted once (pandas' own
     conversion of those), the rows taken from them; pandas' conversion of every row where the rows
     do not share objects."""
@@ -251,7 +348,7 @@ def _cached(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
     return out
 
 
-def from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
+def _string_from_codes(codes: np.ndarray, uniques) -> pd.arrays.StringArray:
     """The ``string`` array whose row i is ``uniques[codes[i]]`` (NA where the code is -1):
     ``pd.array(np.asarray(uniques, dtype=object)[codes], dtype="string")`` with each value
     converted once, and no object array of the rows made first. Where ``uniques`` are distinct
@@ -302,6 +399,70 @@ class Vocab:
 
     def strings(self, codes: np.ndarray) -> pd.arrays.StringArray:
         return from_codes(codes, self.values)
+
+
+def with_rows(col, rows: np.ndarray, values) -> pd.Categorical:
+    """A new string column: ``col`` with ``values`` (one value, or one per row; NA where None)
+    at positions ``rows``; the column itself is not written to (a frame may share it)."""
+    cat = _categorical(col)
+    if np.ndim(values) == 0 and not isinstance(values, pd.Categorical | pd.Series | np.ndarray | list):
+        values = [values] * len(rows)
+    vcodes, vuniques = factorize(values if isinstance(values, pd.Series | pd.Categorical | pd.api.extensions.ExtensionArray)
+                                 else object_array(list(values)))
+    cats = list(cat.categories)
+    at = {v: i for i, v in enumerate(cats)}
+    for v in vuniques:
+        if v not in at:
+            at[v] = len(cats)
+            cats.append(v)
+    where = np.append(np.array([at[v] for v in vuniques], dtype=np.int64), -1)
+    codes = cat.codes.astype(code_type(len(cats)))
+    codes[rows] = where[vcodes]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(object_array(cats), dtype=object))
+
+
+def set_rows(df: pd.DataFrame, col: str, rows, values) -> None:
+    """``df.loc[rows, col] = values`` for a records frame (its RangeIndex: labels are positions);
+    string columns through ``with_rows``. ``rows``: a bool mask or positions."""
+    rows = np.asarray(rows)
+    if rows.dtype == bool:
+        rows = np.flatnonzero(rows)
+    if not len(rows):
+        return
+    if isinstance(df[col].dtype, pd.CategoricalDtype):
+        if isinstance(values, pd.Series):
+            values = values.array
+        df[col] = with_rows(df[col], rows, values)
+        return
+    new = df[col].array.copy()
+    new[rows] = values.array if isinstance(values, pd.Series) else values
+    df[col] = new
+
+
+def to_string_array(col) -> pd.arrays.StringArray:
+    """A string column as ``STRING`` (each distinct value one object, shared by its rows)."""
+    cat = _categorical(col)
+    if cat is None:
+        arr = col.array if isinstance(col, pd.Series) else col
+        return arr if isinstance(arr, pd.arrays.StringArray) else pd.array(np.asarray(arr, dtype=object), dtype=STRING)
+    converted = np.asarray(pd.array(np.asarray(cat.categories, dtype=object), dtype=STRING), dtype=object)
+    rows = np.append(converted, pd.NA)[cat.codes]  # code -1 (NA): the last
+    try:  # str and pd.NA only, as pandas made them: no second check of every row
+        return pd.arrays.StringArray._simple_new(rows, STRING)
+    except (AttributeError, TypeError):  # pragma: no cover - another pandas
+        return pd.arrays.StringArray(rows)
+
+
+def plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its Categorical string columns as ``STRING`` (the other columns not copied):
+    for pandas' own operations, whose answers on a Categorical differ (unobserved categories)."""
+    cats = [c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    if not cats:
+        return frame
+    out = frame.copy(deep=False)
+    for c in cats:
+        out[c] = pd.Series(to_string_array(frame[c]), index=frame.index, copy=False)
+    return out
 
 
 def _taken(codes: np.ndarray, uniques):

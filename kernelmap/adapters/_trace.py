@@ -235,10 +235,7 @@ def _linear_half(weight, d) -> str | None:
 def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
     """``col`` with ``values`` at positions ``rows``, as a new array (the column's own is not
     written to: a frame may share it)."""
-    if len(rows):
-        new = df[col].array.copy()
-        new[rows] = values
-        df[col] = new
+    S.set_rows(df, col, rows, values)
 
 
 def refine_direction(df: pd.DataFrame) -> None:

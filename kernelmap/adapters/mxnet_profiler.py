@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from .. import strings as S
 from ..errors import ParseError
 from ..strings import STRING
 from . import canonical as C
@@ -130,9 +131,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "pid": _int64_or_na(df["pid"]), "tid": _int64_or_na(df["tid"]),
         "framework": "mxnet", "device": device,
     }
-    out = finish(cols, path, SOURCE)
+    out = S.plain(finish(cols, path, SOURCE))  # labelled by pandas' own string operations
     _label(out)
-    return out
+    return finish(out, path, SOURCE)
 
 
 def _int64_or_na(s: pd.Series) -> pd.array:
