@@ -52,16 +52,16 @@ def normalise(paths, run: str | None = None, framework: str | None = None, devic
     many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
     df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls)
     summary = summary()
-    return strings.plain(df), summary  # the string columns as the schema's dtype
+    return schema.in_schema_dtypes(df), summary
 
 
 def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
             batch_size: int | None = None, log_steps: int | None = None,
             steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
-    them: ``main`` runs it while the records are written). The records' string columns are
-    Categoricals (``strings.categorical_columns``: the frame's strings in a byte a row)."""
-    with strings.categorical_columns():
+    them: ``main`` runs it while the records are written). The records are compact
+    (``schema.compact_records``: strings as Categoricals, some integer columns narrow)."""
+    with schema.compact_records():
         return _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
 
 

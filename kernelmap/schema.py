@@ -8,6 +8,8 @@ key-value metadata, and a file of another version is refused.
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import enum
 import json
 import os
@@ -156,6 +158,73 @@ _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LI
 DTYPES = {col: STRING if t == "string" else t for col, t in COLUMNS.items()}
 
 
+# Columns that normalise holds in the narrowest nullable integer type of their values
+# (``compact_records``): labelling reads them only as int64 numbers (threads, sequence numbers),
+# and nothing in normalise sums, offsets or writes into them after they are built.
+NARROW_INTS = ("batch_size", "stream", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+               "pid", "tid", "seq", "bytes", "flops")
+_COMPACT = contextvars.ContextVar("kernelmap_compact_records", default=False)
+
+
+@contextlib.contextmanager
+def compact_records():
+    """Inside (this thread or task): records are held compact, in the schema's values but not its
+    pandas dtypes: string columns as Categoricals (``strings.categorical_columns``) and the
+    ``NARROW_INTS`` columns in the narrowest of Int8, Int16, Int32 and Int64 that holds their
+    values (``narrow_ints``). ``normalise`` works so (issue 11: a million-row frame in ~90 MB, not
+    ~320 MB); ``write_parquet`` writes such a frame as the schema's dtypes, byte for byte, and
+    ``in_schema_dtypes`` gives the frame in them."""
+    from .strings import categorical_columns
+
+    token = _COMPACT.set(True)
+    try:
+        with categorical_columns():
+            yield
+    finally:
+        _COMPACT.reset(token)
+
+
+def compacting() -> bool:
+    return _COMPACT.get()
+
+
+def narrow_int(arr) -> pd.arrays.IntegerArray:
+    """A nullable integer array in the narrowest of Int8, Int16, Int32 and Int64 that holds its
+    values (NA kept; itself where that is its type already)."""
+    arr = pd.array(arr, dtype="Int64") if not isinstance(arr, pd.arrays.IntegerArray) else arr
+    data, mask = arr._data, arr._mask
+    values = data[~mask] if mask.any() else data
+    if not len(values):
+        want = np.dtype("int8")
+    else:
+        lo, hi = int(values.min()), int(values.max())
+        want = next(t for t in (np.dtype(x) for x in ("int8", "int16", "int32", "int64"))
+                    if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+    if data.dtype == want:
+        return arr
+    out = np.zeros(len(data), dtype=want)
+    np.copyto(out, data, where=~mask, casting="unsafe")  # the values fit; NA rows stay 0
+    return pd.arrays.IntegerArray(out, mask.copy())
+
+
+def narrow_ints(df: pd.DataFrame) -> None:
+    """``df``'s ``NARROW_INTS`` columns (those it has) in their narrowest types, a column at a time."""
+    for c in NARROW_INTS:
+        if c in df and isinstance(df[c].array, pd.arrays.IntegerArray):
+            df[c] = narrow_int(df[c].array)
+
+
+def in_schema_dtypes(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (compact, ``compact_records``) in the schema's pandas dtypes: its Categorical string
+    columns as ``STRING``, its narrow integer columns as Int64 (the other columns not copied)."""
+    from .strings import plain
+
+    out = plain(df)
+    wide = {c: "Int64" for c in out.columns
+            if isinstance(out[c].array, pd.arrays.IntegerArray) and out[c].dtype != "Int64"}
+    return out.astype(wide) if wide else out
+
+
 def empty() -> pd.DataFrame:
     """An empty records table with the right columns and dtypes."""
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in DTYPES.items()})
@@ -171,6 +240,9 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
             return pd.Series(pd.NA, index=df.index, dtype=dtype).array
         if dtype is STRING:
             return string_array(df[col])
+        if col in NARROW_INTS and _COMPACT.get():
+            arr = df[col].array
+            return narrow_int(arr if isinstance(arr, pd.arrays.IntegerArray) else df[col].astype("Int64").array)
         # pandas 3 copies lazily (copy-on-write) and deprecates astype's copy keyword
         return (df[col].astype(dtype) if _PANDAS_COW else df[col].astype(dtype, copy=copy)).array
 
@@ -198,7 +270,8 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
         if any(isinstance(p, pd.Categorical) for p in parts):
             cols[c] = union_categoricals([strings.categorical(p) for p in parts])
         else:
-            cols[c] = pd.concat([f[c] for f in frames], ignore_index=True).array
+            parts = [f[c] for f in frames if len(f)] or [frames[0][c]]  # an empty part's dtype says nothing
+            cols[c] = pd.concat(parts, ignore_index=True).array
     return pd.DataFrame(cols, index=pd.RangeIndex(sum(map(len, frames))), copy=False)
 
 
@@ -213,6 +286,8 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
 
     for col, dtype in COLUMNS.items():
         if DTYPES[col] is STRING and is_string(df[col].dtype):
+            continue
+        if col in NARROW_INTS and str(df[col].dtype) in ("Int8", "Int16", "Int32"):
             continue
         if str(df[col].dtype) != dtype:
             raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
@@ -252,7 +327,7 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
     # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
-    arrow_schema = pa.Table.from_pandas(_v2(df.iloc[:0]), preserve_index=False).schema
+    arrow_schema = pa.Table.from_pandas(in_schema_dtypes(df.iloc[:0]), preserve_index=False).schema
     meta = dict(arrow_schema.metadata or {})
     meta[b"kernelmap.schema_version"] = str(SCHEMA_VERSION).encode()
     if extra_meta:
@@ -362,11 +437,6 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0, memory_pool=pool), uniques)
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null
-
-
-def _v2(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with its string columns as ``STRING`` (the schema's dtypes, as written)."""
-    return df.astype({c: STRING for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

@@ -266,6 +266,8 @@ def frame(cols: dict, path: str | os.PathLike, source: str) -> pd.DataFrame:
             {**cols, "source": source, "source_file": str(Path(path).name)}.items()}
     df = pd.DataFrame(cols, index=pd.RangeIndex(n), copy=False)  # a builder's own arrays: no copies
     df["event_id"] = np.arange(n, dtype="int64")
+    if schema.compacting():  # normalise's records: narrow before the labelling's temporaries
+        schema.narrow_ints(df)
     return df
 
 

@@ -375,8 +375,15 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
     def rows(values: list) -> pd.Series:  # per distinct text -> per row
         return pd.Series(strings.object_array(values)[codes], index=nv.index, dtype=object)
 
+    # seq per distinct text, then per row: pandas' numbers of the rows' texts (int64, or float64
+    # where a row has none), without a string per row parsed
+    seq_u = pd.to_numeric(pd.Series(seq[:-1], dtype=object), errors="coerce").to_numpy()
+    if (codes < 0).any() and seq_u.dtype.kind != "f":  # rows without a text: NA, as pandas makes it
+        seq_u = seq_u.astype("float64")
+    seq_rows = np.append(seq_u, np.nan if seq_u.dtype.kind == "f" else 0)[codes]
+    # the builder's own arrays, each a column (no consolidated copy of them)
     return pd.DataFrame({
         "kind": rows(kind), "start_ns": nv["start_ns"], "dur_ns": nv["dur_ns"], "op_name": rows(name),
-        "seq": pd.to_numeric(rows(seq), errors="coerce"), "shapes": rows(shapes), "dims": rows(dims),
+        "seq": pd.Series(seq_rows, index=nv.index), "shapes": rows(shapes), "dims": rows(dims),
         "gtid": nv["gtid"],
-    })
+    }, copy=False)

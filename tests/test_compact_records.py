@@ -1,6 +1,7 @@
-"""``normalise`` holds the records' string columns as Categoricals (``strings.categorical_columns``,
-issue 11): every reader gives the answers it gives on ``string`` columns, and the written file is
-the same, byte for byte."""
+"""``normalise`` holds its records compact (``schema.compact_records``, issue 11): the string
+columns as Categoricals (``strings.categorical_columns``), some integer columns in their narrowest
+type. Every reader gives the answers it gives on the schema's dtypes, and the written file is the
+same, byte for byte."""
 
 from __future__ import annotations
 
@@ -100,17 +101,19 @@ def test_set_rows_adds_new_values_and_leaves_the_old_array():
 
 
 def test_concat_unites_categories():
-    with S.categorical_columns():
-        a = schema.conform(pd.DataFrame({"kind": ["op", "kernel"], "kernel_name": [None, "k1"]}))
+    with schema.compact_records():
+        a = schema.conform(pd.DataFrame({"kind": ["op", "kernel"], "kernel_name": [None, "k1"], "stream": [7, 7]}))
         b = schema.conform(pd.DataFrame({"kind": ["runtime", "op"], "kernel_name": ["k2", None],
-                                         "dur_ns": [5, None]}))
+                                         "dur_ns": [5, None], "stream": [None, 300]}))
+    assert (str(a["stream"].dtype), str(b["stream"].dtype)) == ("Int8", "Int16")
     both = schema.concat([a, b])
     assert isinstance(both["kind"].dtype, pd.CategoricalDtype)
     assert both["kind"].tolist() == ["op", "kernel", "runtime", "op"]
     assert S.to_string_array(both["kernel_name"]).tolist() == [pd.NA, "k1", "k2", pd.NA]
     assert both["dur_ns"].dtype == "Int64" and both["dur_ns"].tolist()[2:] == [5, pd.NA]
-    want = pd.concat([S.plain(a), S.plain(b)], ignore_index=True)
-    pd.testing.assert_frame_equal(S.plain(both), want)
+    assert both["stream"].tolist() == [7, 7, pd.NA, 300]
+    want = pd.concat([schema.in_schema_dtypes(a), schema.in_schema_dtypes(b)], ignore_index=True)
+    pd.testing.assert_frame_equal(schema.in_schema_dtypes(both), want)
 
 
 def test_validate_takes_categorical_strings_only_for_string_columns():
@@ -128,15 +131,21 @@ def test_validate_takes_categorical_strings_only_for_string_columns():
         schema.validate(bad)
 
 
-def test_records_are_categorical_and_written_as_the_string_schema(tmp_path):
-    """The frame ``normalise`` writes has Categorical strings; its file is byte for byte the file of
-    the same records in the schema's dtypes, and reads back as those."""
+def test_records_are_compact_and_written_as_the_schema(tmp_path):
+    """The frame ``normalise`` writes has Categorical strings and narrow integers; its file is byte
+    for byte the file of the same records in the schema's dtypes, and reads back as those."""
     files = [DATA / f for f in GPU_GROUP]
     compact, summarise = records(files, run="gpu")
     strs = [c for c in schema.COLUMNS if schema.DTYPES[c] is S.STRING]
     assert all(isinstance(compact[c].dtype, pd.CategoricalDtype) for c in strs)
+    narrow = {c: str(compact[c].dtype) for c in schema.NARROW_INTS}
+    assert narrow["grid_y"] == "Int8" and narrow["block_x"] == "Int16" and narrow["batch_size"] == "Int8", narrow
+    assert all(str(compact[c].dtype) == "Int64" for c in schema.COLUMNS if c not in schema.NARROW_INTS
+               and schema.DTYPES[c] == "Int64")  # ids, times, steps: as they are
     plain, summary = normalise(files, run="gpu")
     assert all(plain[c].dtype == S.STRING for c in strs)
+    assert all(str(plain[c].dtype) == "Int64" for c in schema.NARROW_INTS)
+    pd.testing.assert_frame_equal(schema.in_schema_dtypes(compact), plain)
     assert summarise() == summary
     schema.write_parquet(compact, tmp_path / "compact.parquet")
     schema.write_parquet(plain, tmp_path / "plain.parquet")
@@ -145,3 +154,29 @@ def test_records_are_categorical_and_written_as_the_string_schema(tmp_path):
     # the frame takes far less memory than its strings as objects (1 byte a row for up to 128 values)
     mem = {c: compact[c].memory_usage(index=False, deep=False) for c in strs}
     assert all(mem[c] < len(compact) * 2 + 64 * 1024 for c in strs), mem
+
+
+@pytest.mark.parametrize(("values", "want"), [
+    ([0, 127, -128, None], "Int8"), ([128, None], "Int16"), ([-129], "Int16"), ([32767, -32768], "Int16"),
+    ([32768], "Int32"), ([2**31 - 1, -(2**31)], "Int32"), ([2**31], "Int64"), ([-(2**63), 2**63 - 1], "Int64"),
+    ([None, None], "Int8"), ([], "Int8"),
+])
+def test_narrow_int_takes_the_narrowest_type_that_holds_the_values(values, want):
+    arr = pd.array(values, dtype="Int64")
+    got = schema.narrow_int(arr)
+    assert str(got.dtype) == want
+    assert got.astype("Int64").tolist() == arr.tolist()  # the same values, NA where NA
+    assert schema.narrow_int(got) is got  # narrow already: itself
+
+
+def test_narrow_columns_only_inside_compact_records():
+    df = pd.DataFrame({"kind": ["op"], "tid": [5], "start_ns": [3]})
+    assert str(schema.conform(df)["tid"].dtype) == "Int64"
+    with schema.compact_records():
+        compact = schema.conform(df)
+    assert str(compact["tid"].dtype) == "Int8" and str(compact["start_ns"].dtype) == "Int64"
+    assert schema.validate(compact) is compact
+    wide_where_not_allowed = compact.assign(start_ns=pd.array([3], dtype="Int8"))
+    with pytest.raises(schema.SchemaError, match="start_ns"):
+        schema.validate(wide_where_not_allowed)
+    assert str(schema.conform(df)["tid"].dtype) == "Int64"  # the mode ends with its block
