@@ -31,7 +31,10 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"], small=True)  # only indexed with and compared
     start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
-    end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
+    dur = _ints(df["dur_ns"])
+
+    # row positions in int32 where the rows allow it (half the memory of the row-length tables)
+    pos_t = np.int32 if n < 2**31 else np.int64
     canon, direc, layers, phases = S.Vocab(), S.Vocab(), S.Vocab(), S.Vocab()
 
     # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
@@ -60,10 +63,10 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     is_op = is_kind("op")
     # nesting of host spans per thread, resolved over host rows only (local indices): the outermost
     # mapped span above each (its top) and the nearest enclosing op (where a launch sits)
-    _, top_local, op_local = C.forest(tid[hidx], start[hidx], end[hidx], mapped[hidx], is_op[hidx])
-    top = np.full(n, -1, dtype="int64")
+    _, top_local, op_local = C.forest(tid[hidx], start[hidx], _ends(start, dur, hidx), mapped[hidx], is_op[hidx])
+    top = np.full(n, -1, dtype=pos_t)
     top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
-    inner_op = np.full(n, -1, dtype="int64")
+    inner_op = np.full(n, -1, dtype=pos_t)
     inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
     # (row-length temporaries are dropped once used, here and below: peak memory of a large trace)
     del hidx, top_local, op_local, tid, mapped
@@ -85,8 +88,9 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         rows = np.flatnonzero(is_op & np.isin(name_codes, weight_ops))
         own[rows] = _own_layers(rows, name_codes, name_u, dims, layers)
     tree_layer = _tree_layers(top, own)
-    seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
     layer = np.where(has_top, tree_layer[top0], own).astype(np.int32)
+    del tree_layer, own
+    seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
     fwd_rows = (seq >= 0) & (out_dir == direc.codes_of(["fwd"])[0]) & (layer >= 0)
     if fwd_rows.any():
         # the layer of each forward seq (the last such row's, where several have one seq)
@@ -108,19 +112,20 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
         found = seq_u[hit] == want
         layer[need[found]] = seq_layer[hit[found]]
         del with_seq, by_start, tops, first, tree_seq, cand, at, in_tree, need, want, hit, found
-    del seq, fwd_rows, tree_layer, own, top0
+    del seq, fwd_rows, top0
     layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
 
     # phase and iteration by time containment of the start (any thread), then name rules
     asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
     # (for those, a phase region and a step reach to the next one's start, as in mxnet_profiler)
-    region_end = C.until_next(start[rmask], end[rmask]) if asynchronous else end[rmask]
+    rrows, srows = np.flatnonzero(rmask), np.flatnonzero(smask)
+    region_end = C.until_next(start[rrows], _ends(start, dur, rrows)) if asynchronous else _ends(start, dur, rrows)
     phase = np.append(ph_u[name_codes[rmask]], -1)[C.region_index(start, start[rmask], region_end)]
-    step_end = C.until_next(start[smask], end[smask]) if asynchronous else end[smask]
+    step_end = C.until_next(start[srows], _ends(start, dur, srows)) if asynchronous else _ends(start, dur, srows)
     step_at = C.region_index(start, start[smask], step_end)
     it_na = step_at < 0  # iteration: step number (int64) where it_na is False
     it_val = np.append(st_u[name_codes[smask]], 0)[step_at]
-    del step_at, end, name_codes
+    del step_at, name_codes, rrows, srows
     if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
         pos = C.layers_by_position(is_op, canon.take(out_canon), direc.take(out_dir),
                                    np.where(it_na, np.nan, it_val), start)
@@ -130,11 +135,13 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
 
     # device rows inherit from their runtime launch (same correlation id)
     dev = is_kind(*DEVICE_KINDS)
-    corr = df["correlation_id"].to_numpy(dtype="int64", na_value=-1)
-    rt = np.flatnonzero(is_kind("runtime") & (corr >= 0))
+    corr, has_corr = _ints(df["correlation_id"])
+    has_corr = has_corr & (corr >= 0)
+    rt = np.flatnonzero(is_kind("runtime") & has_corr)
     launch = pd.Series(rt, index=corr[rt])
     launch = launch[~launch.index.duplicated(keep="first")]
-    didx = np.flatnonzero(dev & (corr >= 0))
+    didx = np.flatnonzero(dev & has_corr)
+    del has_corr
     src = launch.reindex(corr[didx]).to_numpy(dtype="float64")
     ok = ~np.isnan(src)
     d_ok, s_ok = didx[ok], src[ok].astype("int64")
@@ -316,6 +323,22 @@ def _kinds(kind: pd.Series):
         return np.isin(codes, [c for c, u in enumerate(uniq) if u in kinds])
 
     return is_kind
+
+
+def _ints(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(values as int64, which rows have one) of an integer column: an Int64 array's own values
+    and mask, read in place (no row-length copy); other columns converted (NA: 0)."""
+    arr = col.array
+    if isinstance(arr, pd.arrays.IntegerArray) and arr.dtype == "Int64":
+        return arr._data, ~arr._mask
+    return col.to_numpy(dtype="int64", na_value=0), col.notna().to_numpy()
+
+
+def _ends(start: np.ndarray, dur: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """start + duration (NA: 0) of these rows (``dur``: ``_ints``): the ends of the rows asked
+    for, not of all."""
+    values, has = dur
+    return start[rows] + np.where(has[rows], values[rows], 0)
 
 
 def _tree_layers(top: np.ndarray, own: np.ndarray) -> np.ndarray:
