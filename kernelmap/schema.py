@@ -190,21 +190,20 @@ def compacting() -> bool:
 
 def narrow_int(arr) -> pd.arrays.IntegerArray:
     """A nullable integer array in the narrowest of Int8, Int16, Int32 and Int64 that holds its
-    values (NA kept; itself where that is its type already)."""
+    values (NA kept; itself where that is its type already). The range is taken over the values
+    stored under NA rows too (0 where the adapters make them): never narrower than the values need."""
     arr = pd.array(arr, dtype="Int64") if not isinstance(arr, pd.arrays.IntegerArray) else arr
     data, mask = arr._data, arr._mask
-    values = data[~mask] if mask.any() else data
-    if not len(values):
+    if not len(data):
         want = np.dtype("int8")
-    else:
-        lo, hi = int(values.min()), int(values.max())
+    else:  # over every row, NA rows' (ignored) values too: one pass each, no copy of the valid rows
+        lo, hi = int(data.min()), int(data.max())
         want = next(t for t in (np.dtype(x) for x in ("int8", "int16", "int32", "int64"))
                     if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
     if data.dtype == want:
         return arr
-    out = np.zeros(len(data), dtype=want)
-    np.copyto(out, data, where=~mask, casting="unsafe")  # the values fit; NA rows stay 0
-    return pd.arrays.IntegerArray(out, mask.copy())
+    # the values fit; an NA row's value is no value (any, as in any IntegerArray)
+    return pd.arrays.IntegerArray(data.astype(want), mask.copy())
 
 
 def narrow_ints(df: pd.DataFrame) -> None:
@@ -347,7 +346,7 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     as_dictionary = late_meta and any(v is not None for v in coded.values())
     # each dictionary's indices in the codes' own type (int8 for up to 128 values): Parquet stores
     # its own indices, the same whatever the Arrow type; no int32 copy of each group's codes
-    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.from_numpy_dtype(coded[f.name][0].dtype), f.type))
+    write_schema = pa.schema([pa.field(f.name, pa.dictionary(pa.from_numpy_dtype(coded[f.name][1]), f.type))
                               if as_dictionary and coded[f.name] is not None else f for f in arrow_schema],
                              metadata=arrow_schema.metadata)
 
@@ -400,20 +399,28 @@ def _pipelined(items, consume) -> None:
 
 
 def _coded_strings(col: pd.Series, type_, pool=None):
-    """(codes, the distinct values as Arrow) of a string column whose rows share a few objects
-    (``strings.factorize``), else None."""
+    """(codes of rows ``lo:hi`` as a function of (lo, hi), their dtype, the distinct values as
+    Arrow) of a string column whose rows share a few objects (``strings.factorize``), else None.
+    A Categorical's codes are renumbered a row group at a time (``strings.category_ranks``), not
+    kept renumbered for the whole write."""
     import pyarrow as pa
 
     from . import strings
 
     if not strings.is_string(col.dtype):
         return None
+    ranked = strings.category_ranks(col, small=True)
+    if ranked is not None:
+        rank, uniques = ranked
+        codes = col.array.codes
+        return (lambda lo, hi: rank[codes[lo:hi]]), rank.dtype, pa.array(uniques, type=type_, memory_pool=pool)
     # kept for the whole write, one array per column: in the smallest signed type (-1: NA)
     coded = strings.factorize(col, most=len(col) // 4, small=True)
     if coded is None:
         return None
     codes, uniques = coded
-    return codes.astype(strings.code_type(len(uniques)), copy=False), pa.array(uniques, type=type_, memory_pool=pool)
+    codes = codes.astype(strings.code_type(len(uniques)), copy=False)
+    return (lambda lo, hi: codes[lo:hi]), codes.dtype, pa.array(uniques, type=type_, memory_pool=pool)
 
 
 def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_dictionary: bool = False):
@@ -431,9 +438,9 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
         return pa.array(col.array, type=type_, memory_pool=pool)
     if coded is None:
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
-    codes, uniques = coded
-    codes = codes[lo:lo + len(col)]
-    if as_dictionary:  # the codes themselves (a view), null where -1
+    rows_codes, _, uniques = coded
+    codes = rows_codes(lo, lo + len(col))
+    if as_dictionary:  # the codes themselves, null where -1
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0, memory_pool=pool), uniques)
     rows = pa.array(codes.astype("int32"), mask=codes < 0, memory_pool=pool)
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null

@@ -121,19 +121,61 @@ def factorize(col, most: int | None = None, small: bool = False) -> tuple[np.nda
 
 def _factorize_categorical(cat: pd.Categorical, most, small: bool):
     """``factorize`` of a Categorical: its codes renumbered in order of first appearance."""
-    codes = cat.codes
-    if len(codes) == 0:
+    if len(cat) == 0:
         return np.zeros(0, dtype="int64"), np.zeros(0, dtype=object)
-    cats = np.asarray(cat.categories, dtype=object)
-    seen = pd.unique(codes)  # the distinct codes in order of first appearance
-    present = seen[seen >= 0]
-    if most is not None and len(present) > most:
+    rank, uniques = category_ranks(cat, small)
+    if most is not None and len(uniques) > most:
         return None
-    rank = np.full(len(cats) + 1, -1, dtype=np.int64)  # code -1 (NA): the last
-    rank[present] = np.arange(len(present))
-    out = rank[codes]
-    uniques = cats[present]
-    return (out.astype(code_type(len(uniques))) if small else out), uniques
+    return rank[cat.codes], uniques
+
+
+def category_ranks(col, small: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """For a Categorical column: (each category code's ``factorize`` code, the distinct values in
+    order of first appearance), so that ``rank[codes]`` of any slice of its codes is that slice of
+    ``factorize``'s codes; ``rank[-1]`` (NA, and categories no row has) is -1. ``small``: ``rank``
+    in ``code_type``. None for another column."""
+    cat = _categorical(col)
+    if cat is None:
+        return None
+    codes = cat._codes
+    kept = _RANKS.get(id(codes))
+    if kept is not None and kept[0]() is codes:
+        rank, uniques = kept[1:]
+    else:
+        cats = np.asarray(cat.categories, dtype=object)
+        seen = pd.unique(codes)  # the distinct codes in order of first appearance
+        present = seen[seen >= 0]
+        rank = np.full(len(cats) + 1, -1, dtype=np.int64)
+        rank[present] = np.arange(len(present))
+        uniques = cats[present]
+        if not codes.flags.writeable:  # ours (``_frozen``): its rows cannot change, the answer is kept
+            _keep_ranks(codes, rank, uniques)
+    return (rank.astype(code_type(len(uniques))) if small else rank), uniques
+
+
+# id(codes) -> (weakref to the codes, rank, uniques): ``category_ranks`` of the Categoricals made
+# here, whose codes are read-only (``_frozen``), so an answer stays true while its array lives
+_RANKS: dict[int, tuple] = {}
+
+
+def _keep_ranks(codes: np.ndarray, rank: np.ndarray, uniques: np.ndarray) -> None:
+    import weakref
+
+    key = id(codes)
+    try:
+        ref = weakref.ref(codes, lambda r, key=key: _RANKS.pop(key, None) if _RANKS.get(key, (None,))[0] is r else None)
+    except TypeError:  # pragma: no cover - an array type without weak references
+        return
+    _RANKS[key] = (ref, rank, uniques)
+    while len(_RANKS) > 256:  # the oldest out
+        _RANKS.pop(next(iter(_RANKS)), None)
+
+
+def _frozen(cat: pd.Categorical) -> pd.Categorical:
+    """``cat`` with its codes read-only: a write to its rows raises rather than changes them under
+    the ranks kept for it (``category_ranks``); columns are changed by ``with_rows``, a new array."""
+    cat._codes.flags.writeable = False
+    return cat
 
 
 def code_type(n: int) -> np.dtype:
@@ -323,7 +365,7 @@ def _categorical_from_codes(codes: np.ndarray, uniques) -> pd.Categorical:
         ucodes, distinct_u = pd.factorize(np.where(pd.isna(conv), None, conv) if len(conv) else conv)
         codes = np.append(ucodes, -1)[codes]
         uniques = list(distinct_u)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(object_array(uniques), dtype=object))
+    return _frozen(pd.Categorical.from_codes(codes, categories=pd.Index(object_array(uniques), dtype=object)))
 
 
 def _string_array(values) -> pd.arrays.StringArray:
@@ -418,7 +460,7 @@ def with_rows(col, rows: np.ndarray, values) -> pd.Categorical:
     where = np.append(np.array([at[v] for v in vuniques], dtype=np.int64), -1)
     codes = cat.codes.astype(code_type(len(cats)))
     codes[rows] = where[vcodes]
-    return pd.Categorical.from_codes(codes, categories=pd.Index(object_array(cats), dtype=object))
+    return _frozen(pd.Categorical.from_codes(codes, categories=pd.Index(object_array(cats), dtype=object)))
 
 
 def set_rows(df: pd.DataFrame, col: str, rows, values) -> None:

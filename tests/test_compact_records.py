@@ -180,3 +180,26 @@ def test_narrow_columns_only_inside_compact_records():
     with pytest.raises(schema.SchemaError, match="start_ns"):
         schema.validate(wide_where_not_allowed)
     assert str(schema.conform(df)["tid"].dtype) == "Int64"  # the mode ends with its block
+
+
+def test_category_ranks_renumber_any_slice():
+    cat = pd.Categorical(["b", "a", None, "b", "c"], categories=["z", "c", "a", "b"])
+    rank, uniques = S.category_ranks(cat)
+    codes, want_uniques = S.factorize(cat)
+    for lo, hi in [(0, 5), (2, 5), (1, 3)]:
+        np.testing.assert_array_equal(rank[cat.codes[lo:hi]], codes[lo:hi])
+    assert list(uniques) == list(want_uniques) == ["b", "a", "c"]
+    assert S.category_ranks(cat, small=True)[0].dtype == np.int8
+    assert S.category_ranks(pd.Series(pd.array(["x"], dtype=S.STRING))) is None  # not a Categorical
+
+
+def test_categoricals_made_here_refuse_writes_to_their_rows():
+    """Their first-appearance ranks are kept (``category_ranks``): their codes are read-only, so a
+    write to a row raises instead of leaving a kept answer wrong; ``with_rows`` makes a new one."""
+    with S.categorical_columns():
+        made = S.from_codes(np.array([1, 0, 1, -1]), ["p", "q"])
+    assert list(S.factorize(made)[1]) == ["q", "p"]
+    with pytest.raises(ValueError):
+        made[0] = "p"
+    changed = S.with_rows(made, np.array([0]), ["p"])
+    assert list(S.factorize(changed)[1]) == ["p", "q"] and list(S.factorize(made)[1]) == ["q", "p"]
