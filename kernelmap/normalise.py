@@ -128,14 +128,14 @@ def _main(args: argparse.Namespace) -> int:
     if Path(args.output).exists() and not args.replace:
         raise KernelmapError(f"{args.output}: already exists; choose another -o or pass --replace")
     df, summarise = records(args.files, run=args.run, framework=args.framework)
-    summary = {}
-
-    def meta() -> dict:  # summarised while the records are written (normalise's last step)
-        summary.update(summarise())
-        return {"summary": summary}
-
-    heap.release_freed()  # the read's freed pages, before the write's and the summary's arrays
-    schema.write_parquet(df, args.output, validated=True, meta_while_writing=meta)
+    heap.release_freed()  # the read's freed pages, before the summary's and the write's arrays
+    # summarised first, then written: beside the write, the summary's arrays and the row groups
+    # were alive together (1M-event nsys file: peak 3.2x of the file, 2.98x one after the other;
+    # the Kineto file's ~40 ms of summary are no longer hidden behind its write). The summary still
+    # goes into the footer, after the row groups, as before (the same file, byte for byte).
+    summary = summarise()
+    heap.release_freed()
+    schema.write_parquet(df, args.output, validated=True, meta_while_writing=lambda: {"summary": summary})
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

@@ -434,8 +434,17 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
 
     from .strings import is_string
 
+    arr = col.array
+    if isinstance(arr, pd.arrays.IntegerArray) and pa.types.is_int64(type_):
+        # the values as int64 (a view where they are; a narrow column widened), the mask as nulls;
+        # a column of only NA as nulls outright (pyarrow's cast of those is slow)
+        mask = arr._mask
+        if len(mask) and mask.all():
+            return pa.nulls(len(arr), type=type_, memory_pool=pool)
+        return pa.array(arr._data.astype(np.int64, copy=False), mask=mask if mask.any() else None, type=type_,
+                        memory_pool=pool)
     if not is_string(col.dtype):
-        return pa.array(col.array, type=type_, memory_pool=pool)
+        return pa.array(arr, type=type_, memory_pool=pool)
     if coded is None:
         return pa.array(np.asarray(col.array), type=type_, from_pandas=True, memory_pool=pool)
     rows_codes, _, uniques = coded

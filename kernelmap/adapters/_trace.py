@@ -30,7 +30,9 @@ def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd
     n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"], small=True)  # only indexed with and compared
-    start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
+    start, has_start = _ints(df["start_ns"])  # read only: the column's own values where none is NA
+    start = start if has_start.all() else np.where(has_start, start, 0)
+    del has_start
     dur = _ints(df["dur_ns"])
 
     # row positions in int32 where the rows allow it (half the memory of the row-length tables)

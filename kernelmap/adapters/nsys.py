@@ -228,26 +228,26 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     if bad:
         raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
     del kernels, nv
-    df = _stacked(frames, window)  # the tables' rows in start order, inside the capture window
+    # the tables' rows in start order, inside the capture window: each record column converted as
+    # it is stacked (one column's raw rows alive at a time, not a frame of them)
+    df = _stacked(frames, window, lambda c, v: _record_column(c, v, path))
     del frames
-    gtid = pd.to_numeric(df.get("gtid"), errors="coerce")
-    gpid = pd.to_numeric(df.pop("gpid"), errors="coerce") if "gpid" in df else pd.Series(np.nan, index=df.index)
-    tid = (gtid % 0x1000000)
-    pid = ((gtid // 0x1000000) % 0x1000000).fillna((gpid // 0x1000000) % 0x1000000)
+    gtid = pd.to_numeric(df.pop("gtid"), errors="coerce") if "gtid" in df else pd.Series(np.nan, index=df.index)
+    gpid = pd.to_numeric(df.pop("gpid"), errors="coerce") if "gpid" in df else None
     dims = df.pop("dims").tolist() if "dims" in df else None
     names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype=STRING)
     if framework is None:
-        framework = "pytorch" if any(str(n).startswith("aten::") for n in pd.unique(names.dropna())) else "unknown"
+        framework = "pytorch" if any(str(n).startswith("aten::") for n in strings.distinct(names)) else "unknown"
     del names
-    # each column taken out of df as it is converted (one column's two copies alive, not two frames)
-    cols = {c: df.pop(c) for c in ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name",
-                                   "op_name", "seq", "shapes", "bytes", "library", "library_call",
-                                   "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z") if c in df}
-    for c, v in cols.items():
-        cols[c] = strings.string_array(v) if schema.DTYPES[c] is STRING else int64_array(v, path, c)
-    cols["tid"] = int64_array(tid, path, "tid")
-    cols["pid"] = int64_array(pid, path, "pid")
-    del df, gtid, gpid, tid, pid
+    cols = {c: df.pop(c) for c in _RECORD_COLUMNS if c in df}
+    del df
+    cols["tid"] = _record_column("tid", gtid % 0x1000000, path)
+    pid = (gtid // 0x1000000) % 0x1000000
+    del gtid
+    if gpid is not None:
+        pid = pid.fillna((gpid // 0x1000000) % 0x1000000)
+    cols["pid"] = _record_column("pid", pid, path)
+    del gpid, pid
     cols["framework"] = framework
     cols["device"] = "gpu"
     out = frame(cols, path, SOURCE)
@@ -260,11 +260,29 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
     return finish(out, path, SOURCE)
 
 
-def _stacked(frames: list[pd.DataFrame], window: tuple[int, int] | None) -> pd.DataFrame:
+_RECORD_COLUMNS = ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name", "op_name", "seq",
+                   "shapes", "bytes", "library", "library_call", "grid_x", "grid_y", "grid_z", "block_x",
+                   "block_y", "block_z")
+
+
+def _record_column(c: str, values, path):
+    """A records column of the tables' values (``STRING`` or Int64; inside
+    ``schema.compact_records`` a Categorical, or an integer column of ``NARROW_INTS`` in its
+    narrowest type); the adapter's own columns (``gtid``, ``gpid``, ``dims``) as they are."""
+    if c not in _RECORD_COLUMNS and c not in ("tid", "pid"):
+        return values
+    if schema.DTYPES[c] is STRING:
+        return strings.string_array(values)
+    arr = int64_array(values, path, c)
+    return schema.narrow_int(arr) if schema.compacting() and c in schema.NARROW_INTS else arr
+
+
+def _stacked(frames: list[pd.DataFrame], window: tuple[int, int] | None, convert=None) -> pd.DataFrame:
     """``pd.concat(frames)`` with the rows that start inside ``window`` (all where None), in start
     order (stable): built a column at a time, each table's column dropped once it is taken, so that
     the tables and the result are not both alive whole. The concat of each column is pandas' own
-    (the tables that lack it: NA, and its dtype widened as the frame's concat widens it)."""
+    (the tables that lack it: NA, and its dtype widened as the frame's concat widens it).
+    ``convert(name, rows)``: each column as it is taken (the result holds what it returns)."""
     if not frames:
         return pd.DataFrame()
     start = pd.to_numeric(pd.concat([f["start_ns"] for f in frames], ignore_index=True))
@@ -278,8 +296,10 @@ def _stacked(frames: list[pd.DataFrame], window: tuple[int, int] | None) -> pd.D
         for f in frames:
             if c in f:
                 del f[c]
-        out[c] = np.asarray(col)[order]
+        taken = np.asarray(col)[order]
         del col
+        out[c] = taken if convert is None else convert(c, taken)
+        del taken
     return pd.DataFrame(out, index=pd.RangeIndex(len(order)), copy=False)
 
 
