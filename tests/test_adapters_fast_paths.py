@@ -108,7 +108,9 @@ def _whole(monkeypatch, path):
 @pytest.mark.parametrize("chunk", [300, 4000, 60000])
 def test_kineto_in_chunks_is_the_whole_parse(monkeypatch, name, chunk):
     """Cut into 300-byte to 60 KB chunks, the real traces give exactly the records of one parse.
-    (GPU kernel names such as ``{lambda(float)#1}, std::array`` hold ``},`` inside strings.)"""
+    (GPU kernel names such as ``{lambda(float)#1}, std::array`` hold ``},`` inside strings.)
+    The chunked parse is orjson's (without it, ``trace_event_chunks`` says NoFastPath)."""
+    pytest.importorskip("orjson")
     from kernelmap.adapters import kineto
 
     data = _common.read_bytes(DATA / name)
