@@ -143,14 +143,24 @@ def category_ranks(col, small: bool = False) -> tuple[np.ndarray, np.ndarray] | 
         rank, uniques = kept[1:]
     else:
         cats = np.asarray(cat.categories, dtype=object)
-        seen = pd.unique(codes)  # the distinct codes in order of first appearance
-        present = seen[seen >= 0]
+        present = _first_seen(codes, len(cats))  # the distinct codes in order of first appearance
         rank = np.full(len(cats) + 1, -1, dtype=np.int64)
         rank[present] = np.arange(len(present))
         uniques = cats[present]
         if not codes.flags.writeable:  # ours (``_frozen``): its rows cannot change, the answer is kept
             _keep_ranks(codes, rank, uniques)
     return (rank.astype(code_type(len(uniques))) if small else rank), uniques
+
+
+def _first_seen(codes: np.ndarray, n: int) -> np.ndarray:
+    """The codes 0..n-1 that occur in ``codes`` (-1: NA), in order of first appearance: by the
+    native helper where it is built (one pass, which ends once all n are seen), else by pandas."""
+    native = _native()
+    if native is not None and codes.dtype.kind == "i" and codes.dtype.itemsize in (1, 2, 4) \
+            and codes.flags.c_contiguous:
+        return np.frombuffer(native.first_seen(codes, codes.dtype.itemsize, n), dtype=np.int64)
+    seen = pd.unique(codes)
+    return seen[seen >= 0].astype(np.int64)
 
 
 # id(codes) -> (weakref to the codes, rank, uniques): ``category_ranks`` of the Categoricals made

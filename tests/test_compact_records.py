@@ -203,3 +203,18 @@ def test_categoricals_made_here_refuse_writes_to_their_rows():
         made[0] = "p"
     changed = S.with_rows(made, np.array([0]), ["p"])
     assert list(S.factorize(changed)[1]) == ["p", "q"] and list(S.factorize(made)[1]) == ["q", "p"]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32"])
+@pytest.mark.parametrize("codes", [[3, -1, 1, 3, 0, 1], [-1, -1], [], [0, 0, 0], [4, 2]])
+def test_first_seen_native_and_pandas_agree(monkeypatch, dtype, codes):
+    """The codes that occur, in order of first appearance (the native pass stops once every
+    category is seen; categories no row has are left out, as NA is)."""
+    arr = np.array(codes, dtype=dtype)
+    want = [c for c in pd.unique(arr) if c >= 0]
+    native = S._first_seen(arr, 5)
+    assert native.tolist() == want
+    if S._native() is None:
+        pytest.skip("the native helper is not built")
+    monkeypatch.setattr(S, "_NATIVE", None)
+    assert S._first_seen(arr, 5).tolist() == want

@@ -1185,6 +1185,36 @@ out:
     return res;
 }
 
+/* first_seen(codes, width, n) -> int64 bytes: the codes 0..n-1 that occur in a Categorical's codes
+   (signed, 1, 2 or 4 bytes wide; -1 is NA), in order of first appearance (pd.unique of the codes
+   without -1, for strings.category_ranks). Stops at the row where all n have been seen. */
+static PyObject *first_seen(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t w, m;
+    if (!PyArg_ParseTuple(args, "y*nn", &b, &w, &m)) return NULL;
+    PyObject *res = NULL;
+    if ((w != 1 && w != 2 && w != 4) || b.len % w != 0 || m < 0) {
+        PyErr_SetString(PyExc_ValueError, "codes width or count");
+        goto out;
+    }
+    Py_ssize_t n = b.len / w, k = 0;
+    unsigned char *seen = calloc(m ? m : 1, 1);
+    int64_t *order = malloc((m ? m : 1) * sizeof(int64_t));
+    if (!seen || !order) { free(seen); free(order); PyErr_NoMemory(); goto out; }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && k < m; i++) {
+        int64_t v = w == 1 ? ((const int8_t *)b.buf)[i] : w == 2 ? ((const int16_t *)b.buf)[i]
+                    : ((const int32_t *)b.buf)[i];
+        if (v >= 0 && v < m && !seen[v]) { seen[v] = 1; order[k++] = v; }
+    }
+    Py_END_ALLOW_THREADS
+    res = PyBytes_FromStringAndSize((const char *)order, k * (Py_ssize_t)sizeof(int64_t));
+    free(seen); free(order);
+out:
+    PyBuffer_Release(&b);
+    return res;
+}
+
 /* same_objects(address, codes, distinct) -> bool: whether distinct[codes[i]] == address[i] for
    every row (strings._Answers' check that an array still holds the objects it was answered for),
    in one pass without a temporary; address and distinct int64, codes unsigned of 1, 2, 4 or 8
@@ -1215,6 +1245,7 @@ out:
 static PyMethodDef methods[] = {
     {"objcodes", objcodes, METH_VARARGS, "pd.factorize of an int64 array, and each value's first row."},
     {"same_objects", same_objects, METH_VARARGS, "Whether distinct[codes] equals address, row for row."},
+    {"first_seen", first_seen, METH_VARARGS, "A Categorical's codes in order of first appearance."},
     {"forest", forest, METH_VARARGS, "canonical.nest's pass, with each span's outermost mapped ancestor and nearest op."},
 #ifndef _WIN32
     {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},
