@@ -59,7 +59,7 @@ def records(paths, run: str | None = None, framework: str | None = None, device:
             batch_size: int | None = None, log_steps: int | None = None,
             steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
-    them: ``main`` runs it while the records are written). The records are compact
+    them: ``main`` runs it before the records are written). The records are compact
     (``schema.compact_records``: strings as Categoricals, some integer columns narrow)."""
     with schema.compact_records():
         return _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
@@ -135,7 +135,7 @@ def _main(args: argparse.Namespace) -> int:
     # goes into the footer, after the row groups, as before (the same file, byte for byte).
     summary = summarise()
     heap.release_freed()
-    schema.write_parquet(df, args.output, validated=True, meta_while_writing=lambda: {"summary": summary})
+    schema.write_parquet(df, args.output, validated=True, footer_meta={"summary": summary})
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

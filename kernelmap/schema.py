@@ -237,8 +237,9 @@ def conform(df: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     def column(col, dtype):
         if col not in df:
             return pd.Series(pd.NA, index=df.index, dtype=dtype).array
-        if dtype is STRING:
-            return string_array(df[col])
+        if dtype is STRING and (df[col].dtype == object or _COMPACT.get()
+                                or isinstance(df[col].dtype, pd.CategoricalDtype)):
+            return string_array(df[col])  # once per distinct value where rows share them
         if col in NARROW_INTS and _COMPACT.get():
             arr = df[col].array
             return narrow_int(arr if isinstance(arr, pd.arrays.IntegerArray) else df[col].astype("Int64").array)
@@ -281,16 +282,15 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
         missing = [c for c in COLUMNS if c not in df.columns]
         extra = [c for c in df.columns if c not in COLUMNS]
         raise SchemaError(f"{where}: columns differ from schema v{SCHEMA_VERSION} (missing {missing}, extra {extra})")
-    from .strings import is_string
+    from . import strings
 
     for col, dtype in COLUMNS.items():
-        if DTYPES[col] is STRING and is_string(df[col].dtype):
+        if DTYPES[col] is STRING and strings.is_string(df[col].dtype):
             continue
         if col in NARROW_INTS and str(df[col].dtype) in ("Int8", "Int16", "Int32"):
             continue
         if str(df[col].dtype) != dtype:
             raise SchemaError(f"{where}: column {col!r} has dtype {df[col].dtype}, schema says {dtype}")
-    from . import strings
 
     for col, allowed in _ENUMS.items():
         bad = set(strings.distinct(df[col])) - set(allowed)
@@ -306,13 +306,12 @@ def validate(df: pd.DataFrame, where: str = "records") -> pd.DataFrame:
 
 
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | None = None,
-                  validated: bool = False, meta_while_writing=None) -> None:
+                  validated: bool = False, footer_meta: dict | None = None) -> None:
     """Validate and write atomically, with ``schema_version`` in the Parquet metadata.
     ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again).
-    ``extra_meta`` is stored under ``kernelmap.meta`` (``read_meta``). ``meta_while_writing``: a
-    function giving ``extra_meta`` instead, run in a second thread while the row groups are
-    written (a summary of ``df`` that only reads it), its dict stored in the file's footer; the
-    first exception of either raised here, and then no file is written."""
+    ``extra_meta`` is stored under ``kernelmap.meta`` (``read_meta``) in the Arrow schema's
+    metadata; ``footer_meta`` instead in the file's footer, after the row groups (where pyarrow
+    can add footer entries; else as ``extra_meta``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -321,8 +320,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     if not validated:
         validate(df, str(path))
     late_meta = hasattr(pq.ParquetWriter, "add_key_value_metadata")  # footer entries after the row groups
-    if meta_while_writing is not None and not late_meta:
-        extra_meta, meta_while_writing = meta_while_writing(), None  # an older pyarrow: first, then write
+    if footer_meta is not None and not late_meta:
+        extra_meta, footer_meta = footer_meta, None  # an older pyarrow: in the schema's metadata
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
     # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
@@ -364,17 +363,13 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     nums = [f.name for f in arrow_schema if f.name not in strs]
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, write_schema, memory_pool=pool, use_dictionary=strs,
                                                     write_statistics=nums, store_schema=not as_dictionary) as writer:
-        # the summary in a second thread while the row groups are written; leaving the executor
-        # waits for it, and result() raises its exception (then no file is written)
-        with ThreadPoolExecutor(1, thread_name_prefix="kernelmap-meta") as beside:
-            late = beside.submit(meta_while_writing) if meta_while_writing is not None else None
-            _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
+        _pipelined(groups(), lambda table: writer.write_table(table, row_group_size=ROW_GROUP))
         footer = {}
         if as_dictionary:  # the string-typed schema and its metadata, as store_schema writes them
             footer["ARROW:schema"] = base64.b64encode(arrow_schema.serialize().to_pybytes()).decode()
             footer.update((k.decode(), v.decode()) for k, v in arrow_schema.metadata.items())
-        if meta_while_writing is not None:
-            footer["kernelmap.meta"] = json.dumps(late.result())
+        if footer_meta is not None:
+            footer["kernelmap.meta"] = json.dumps(footer_meta)
         if footer:
             writer.add_key_value_metadata(footer)
 
@@ -493,7 +488,7 @@ def read_meta(path: str | os.PathLike) -> dict:
     import pyarrow.parquet as pq
 
     # the file's key-value metadata: the Arrow schema's own entries, and kernelmap.meta where it was
-    # added after the row groups (write_parquet's meta_while_writing)
+    # added after the row groups (write_parquet's footer_meta)
     meta = pq.read_metadata(path).metadata or {}
     raw = meta.get(b"kernelmap.meta")
     return json.loads(raw) if raw else {}

@@ -497,12 +497,7 @@ def to_string_array(col) -> pd.arrays.StringArray:
     if cat is None:
         arr = col.array if isinstance(col, pd.Series) else col
         return arr if isinstance(arr, pd.arrays.StringArray) else pd.array(np.asarray(arr, dtype=object), dtype=STRING)
-    converted = np.asarray(pd.array(np.asarray(cat.categories, dtype=object), dtype=STRING), dtype=object)
-    rows = np.append(converted, pd.NA)[cat.codes]  # code -1 (NA): the last
-    try:  # str and pd.NA only, as pandas made them: no second check of every row
-        return pd.arrays.StringArray._simple_new(rows, STRING)
-    except (AttributeError, TypeError):  # pragma: no cover - another pandas
-        return pd.arrays.StringArray(rows)
+    return _taken(cat.codes, cat.categories)[0]  # each category converted once
 
 
 def plain(frame: pd.DataFrame) -> pd.DataFrame:

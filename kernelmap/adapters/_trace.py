@@ -213,7 +213,7 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
     ops = inner_op[sel]
     is_mm = S.eq(df["op_name"], "aten::mm")[ops]
     sel, ops = sel[is_mm], ops[is_mm]
-    layers = S.objects(df["layer"])[sel]  # read only
+    layers = S.objects(df["layer"].array[sel])  # these rows' only (a Categorical's objects are made)
     changed: dict = {}
     known: dict = {}  # (layer, shape list object) -> the half, or None: one answer per distinct pair
     for i, op, layer in zip(sel.tolist(), ops.tolist(), layers.tolist(), strict=True):
@@ -223,7 +223,7 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
             known[key] = _linear_half(w.get(layer) if isinstance(layer, str) else None, d)
         if known[key] is not None:
             changed[i] = known[key]
-    _set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
+    S.set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
 
 
 def _linear_half(weight, d) -> str | None:
@@ -239,12 +239,6 @@ def _linear_half(weight, d) -> str | None:
     if (p, r) == (out_f, in_f):
         return "bwd_weight"
     return None
-
-
-def _set_rows(df: pd.DataFrame, col: str, rows: np.ndarray, values) -> None:
-    """``col`` with ``values`` at positions ``rows``, as a new array (the column's own is not
-    written to: a frame may share it)."""
-    S.set_rows(df, col, rows, values)
 
 
 def refine_direction(df: pd.DataFrame) -> None:
@@ -281,7 +275,7 @@ def refine_direction(df: pd.DataFrame) -> None:
         _fill_unnamed(df, kidx, pos, dirs, named)
     bias = named(lambda u: any(m in u for m in BIAS_GRAD_MARKS))
     dirs[bias & S.notna(df["layer"])[kidx]] = "bwd_bias"
-    _set_rows(df, "direction", kidx, dirs)
+    S.set_rows(df, "direction", kidx, dirs)
 
 
 # kernel names of a bias gradient within a conv2d/linear backward op: cuDNN legacy API's

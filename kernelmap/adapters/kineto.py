@@ -457,7 +457,7 @@ def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
     rows, src = _external_id_ops(strings.eq(df["kind"], "op"), ext, need)
     for col in ("canonical_op", "direction", "layer", "phase", "iteration"):
         keep = df[col].isna().to_numpy()[rows]  # only what containment left unknown
-        _trace._set_rows(df, col, rows[keep], df[col].array[src[keep]])
+        strings.set_rows(df, col, rows[keep], df[col].array[src[keep]])
     df.loc[rows, "op_event_id"] = df["event_id"].to_numpy()[src]
     _trace.refine_direction(df)
 
