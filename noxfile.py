@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import urllib.request
 from datetime import UTC, datetime
@@ -249,6 +250,11 @@ def tests(session: nox.Session) -> None:
 STOP_TIMEOUTS = {"interrupt_timeout": 20.0, "terminate_timeout": 20.0}
 
 BENCH_DEFAULTS = ("--steps", "100", "--profile", "all", "--batch-size", "64", "256")
+# The job id `nox -s bench` gives `kernelmap run` (manifest["job"]) and the step benchmarks (the saved
+# run's "kernelmap_job"): the run directory's name. kernelmap.history.JOB_ENV (nox's Python does not
+# import kernelmap; tests/test_noxfile.py holds the two equal).
+JOB_ENV = "KERNELMAP_JOB"
+BENCH_STORAGE = ".benchmarks"
 
 
 def merge_options(defaults: tuple[str, ...] | list[str], given: list[str]) -> list[str]:
@@ -281,23 +287,26 @@ def bench(session: nox.Session) -> None:
     run_dir = os.path.join("runs", stamp)
     args = merge_options(BENCH_DEFAULTS, session.posargs)
     _own_env_pythons(session)
+    session.env[JOB_ENV] = stamp  # one job: the run directory and the step benchmarks' saved run
     kernelmap = str(env / "kernelmap")
     session.run(kernelmap, "doctor", external=True)
     session.run(kernelmap, "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args,
                 external=True, **STOP_TIMEOUTS)
-    _step_benchmarks(session, env, "--benchmark-max-time=0.5")
+    _step_benchmarks(session, env, stamp, "--benchmark-max-time=0.5")
     session.run(kernelmap, "report", run_dir, "-o", os.path.join(run_dir, "report"),
-                "--storage", ".benchmarks", external=True)
+                "--storage", BENCH_STORAGE, external=True)
     session.log(f"report: {os.path.join(run_dir, 'report', 'report.html')}")
 
 
 @nox.session(python=PYTHON)
 def benchmarks(session: nox.Session) -> None:
-    """pytest-benchmark of one training step per framework x mode x device x batch size (autosaved to
-    .benchmarks/, one file per framework)."""
+    """pytest-benchmark of one training step per framework x mode x device x batch size, saved to
+    .benchmarks/ as one run holding every framework (its job id: $KERNELMAP_JOB, else the UTC time)."""
     env = _frameworks_env(session)
     _own_env_pythons(session)
-    _step_benchmarks(session, env, *session.posargs)
+    job = os.environ.get(JOB_ENV) or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    session.env[JOB_ENV] = job
+    _step_benchmarks(session, env, job, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -312,28 +321,55 @@ def adapter_speed(session: nox.Session) -> None:
 STEP_BENCH_FRAMEWORKS = tuple(sorted(p.parent.name for p in FRAMEWORKS_DIR.glob("*/descriptor.py")))
 
 
-def step_benchmark_argv(framework: str, *args: str) -> list[str]:
-    """The pytest command line of one framework's step benchmarks (tests/test_history.py runs it too).
-    Each saves one numbered file whose benchmarks are named by their key, e.g.
+def step_benchmark_argv(framework: str, json_path: str | os.PathLike, *args: str) -> list[str]:
+    """The pytest command line of one framework's step benchmarks (tests/test_history.py runs it too):
+    its results go to ``json_path`` (``--benchmark-json``), one part of the job that ``kernelmap
+    save-job`` saves as one numbered run. Benchmarks are named by their key, e.g.
     ``test_train_step[pytorch-eager-cpu-64]``, so ``kernelmap compare`` pairs like with like."""
-    return ["pytest", "benches/bench_train_step.py", f"--framework={framework}", "--benchmark-autosave",
+    return ["pytest", "benches/bench_train_step.py", f"--framework={framework}", f"--benchmark-json={json_path}",
             "-p", "no:cacheprovider", *args]
 
 
-def _step_benchmarks(session: nox.Session, env: Path, *args: str) -> None:
-    """Per-framework pytest-benchmark runs, saved to .benchmarks/ (never overwritten: numbered)."""
+def job_parts(files: dict[str, Path]) -> tuple[list[Path], list[str]]:
+    """framework -> its --benchmark-json path, after its pytest process: (the files to save, in that
+    order; the frameworks that wrote none). pytest-benchmark writes no file (before 5.0: an empty one)
+    where every benchmark was skipped (the framework cannot run here; pytest said why)."""
+    ran = [p for p in files.values() if p.is_file() and p.stat().st_size > 0]
+    return ran, [fw for fw, p in files.items() if p not in ran]
+
+
+def _step_benchmarks(session: nox.Session, env: Path, job: str, *args: str) -> None:
+    """Each framework's step benchmarks in a pytest process of its own, writing --benchmark-json to a
+    scratch folder; then `kernelmap save-job` saves them as ONE numbered run of the job in .benchmarks/
+    (never overwritten). The scratch folder is removed once saved (kept, and named, when saving fails)."""
+    scratch = Path(tempfile.mkdtemp(prefix="kernelmap-steps-"))
+    files = {}
     for framework in STEP_BENCH_FRAMEWORKS:
         # One pytest process per framework: their CUDA runtimes must never share a process. A framework
         # with an environment of its own (KERNELMAP_PYTHON_<NAME>) is benchmarked by that interpreter.
         python = session.env.get(f"KERNELMAP_PYTHON_{framework.upper()}") or os.environ.get(
             f"KERNELMAP_PYTHON_{framework.upper()}")
-        session.run(python or str(env / "python"), "-m", *step_benchmark_argv(framework, *args), external=True)
+        files[framework] = scratch / f"{framework}.json"
+        session.run(python or str(env / "python"), "-m", *step_benchmark_argv(framework, files[framework], *args),
+                    external=True)
+    ran, none = job_parts(files)
+    for framework in none:
+        session.log(f"step benchmarks: {framework} ran none (each skipped; pytest said why above)")
+    if not ran:
+        session.log("step benchmarks: nothing to save")
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    session.log(f"step benchmarks: saving job {job} from {scratch}")
+    session.run(str(env / "kernelmap"), "save-job", "--job", job, "--storage", BENCH_STORAGE, *map(str, ran),
+                external=True)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @nox.session(python=PYTHON)
 def compare(session: nox.Session) -> None:
     """Compare saved benchmark runs like with like (by default, per framework x mode x device x batch
-    size, the latest two runs holding it; see kernelmap/history.py) and fail past a threshold."""
+    size, the latest two runs holding it: the last two bench jobs; see kernelmap/history.py) and fail
+    past a threshold. After the first bench job: says there is nothing earlier yet, and passes."""
     session.install("-e", ".")
     session.run("kernelmap", "compare", *(session.posargs or ["--fail", "mean:5%"]))
 

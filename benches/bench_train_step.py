@@ -1,6 +1,17 @@
-"""One training step per framework x mode x device x batch size, with the GPU synchronised inside the
-timed call. Run one framework per process: ``pytest benches/bench_train_step.py --framework=pytorch
---benchmark-autosave`` (see benches/conftest.py).
+"""One training step per framework x mode x device x batch size, timed as the clean pass of
+``kernelmap run`` times it (``kernelmap.timing``): rounds of ``timing.BLOCK_STEPS`` back-to-back steps
+with one device synchronisation at the end of each round (``benchmark.pedantic(iterations=BLOCK_STEPS)``,
+so pytest-benchmark's stats are per step), the batch already on the device, Python's garbage collector
+off within each round (the ``benchmark`` marker's ``disable_gc``), the framework's per-step profiler
+ranges off. Rounds: as pytest-benchmark chooses them for a plain benchmark, ``--benchmark-max-time``
+over one untimed round's time, at least ``--benchmark-min-rounds``. What else used the machine while
+the rounds ran is measured (``kernelmap.contention``: a CPU window around them, on the GPU the device's
+state before and after) and recorded as ``extra_info["contention"]``; ``extra_info["steps_per_round"]``
+is ``BLOCK_STEPS``.
+
+Run one framework per process: ``pytest benches/bench_train_step.py --framework=pytorch
+--benchmark-json=pytorch.json`` (see benches/conftest.py; ``nox -s bench`` saves the frameworks'
+files as one job, ``kernelmap save-job``).
 
 Each benchmark is named and recorded by its key (``kernelmap.history.BenchKey``):
 ``test_train_step[pytorch-eager-cpu-64]``, with framework, mode, device and batch size in its params
@@ -8,12 +19,33 @@ and ``extra_info``, so that ``kernelmap compare`` pairs only like with like."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import _VERSIONS, BATCH_SIZES, bench_modes, decision
+import time
+from collections.abc import Callable
 
-from kernelmap.history import BenchKey, Mode
+import pytest
+from conftest import _VERSIONS, BATCH_SIZES, bench_modes, block_rounds, decision
+
+from kernelmap import contention, timing
+from kernelmap.history import CONTENTION, STEPS_PER_ROUND, BenchKey, Mode
 
 WARMUP_STEPS = 3
+
+
+def block_step(workload, images, labels, block_steps: int = timing.BLOCK_STEPS) -> Callable[[], object]:
+    """One training step per call, the device synchronised on every ``block_steps``-th call only: a
+    round of ``benchmark.pedantic(iterations=block_steps)`` is then one block of the clean pass (its
+    rounds start on a call count of 0 mod ``block_steps``, every round being exactly that many calls)."""
+    calls = 0
+
+    def step():
+        nonlocal calls
+        loss = workload.train_step(images, labels)
+        calls += 1
+        if calls % block_steps == 0:
+            workload.synchronize()
+        return loss
+
+    return step
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +73,8 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize(("mode", "device", "batch_size"), params)
 
 
-def test_train_step(benchmark, framework, workload_cls, bench_data, mode, device, batch_size):
+@pytest.mark.benchmark(disable_gc=True)  # timing.GC_RULE: the collector off within each timed block
+def test_train_step(benchmark, request, framework, workload_cls, bench_data, mode, device, batch_size):
     d = decision(framework, device)
     if d.device != device:  # never benchmark one device under another's name
         pytest.skip(f"{framework} cannot run on the {device.upper()} here: {d.note}")
@@ -51,6 +84,7 @@ def test_train_step(benchmark, framework, workload_cls, bench_data, mode, device
     config = spec.TrainConfig(batch_size=batch_size, device=device, data=bench_data, steps=None,
                               hybridize=key.mode == Mode.HYBRIDIZED.value)
     workload = workload_cls(config)
+    workload.trace_regions = False  # as the clean pass: no per-step profiler ranges
     info = workload.data_info
     images, labels = next(iter(workload.batches("train", batch_size, spec.training_order(info.n_train, 0, batch_size))))
     for _ in range(WARMUP_STEPS):
@@ -58,12 +92,22 @@ def test_train_step(benchmark, framework, workload_cls, bench_data, mode, device
     workload.synchronize()
     _VERSIONS[framework] = workload.versions()
 
-    def step():
-        loss = workload.train_step(images, labels)
-        workload.synchronize()
-        return loss
+    step = block_step(workload, images, labels)
+    # one untimed round: warms the block up and sets the number of rounds
+    t0 = time.perf_counter()
+    for _ in range(timing.BLOCK_STEPS):
+        step()
+    rounds = block_rounds(request.config, time.perf_counter() - t0)
 
     benchmark.group = f"train_step {device} bs{batch_size}"
-    benchmark.extra_info.update(**key.extra_info(), data=info.kind,
-                                data_sha256=info.sha256, warmup_steps=WARMUP_STEPS)
-    benchmark(step)
+    benchmark.extra_info.update(**key.extra_info(), data=info.kind, data_sha256=info.sha256,
+                                warmup_steps=WARMUP_STEPS + timing.BLOCK_STEPS,
+                                **{STEPS_PER_ROUND: timing.BLOCK_STEPS})
+    gpu = [contention.gpu_state()] if device == "gpu" else []
+    window = contention.CpuWindow.start()
+    benchmark.pedantic(step, rounds=rounds, iterations=timing.BLOCK_STEPS)
+    cpu = window.stop()
+    workload.synchronize()  # pedantic's one call after the rounds (its return value) is not a round's
+    if device == "gpu":
+        gpu.append(contention.gpu_state())
+    benchmark.extra_info[CONTENTION] = contention.summarise([cpu], gpu)

@@ -2,7 +2,8 @@
 
 PyTorch's CUDA 13 and MXNet's CUDA 11 must never share a process, so a pytest invocation
 benchmarks exactly one framework: ``pytest benches/bench_train_step.py --framework=mxnet
---benchmark-autosave`` (the ``benchmarks`` nox session runs it once per framework). Device
+--benchmark-json=mxnet.json`` (the ``bench`` and ``benchmarks`` nox sessions run it once per framework
+and save the frameworks' files as one job: ``kernelmap save-job``). Device
 decisions are made as ``kernelmap run`` makes them (``runner.decide_device``), before the framework
 is imported here.
 """
@@ -10,6 +11,7 @@ is imported here.
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 
@@ -57,6 +59,15 @@ def bench_modes(config) -> tuple[Mode, ...]:
         raise pytest.UsageError(f"--mode {', '.join(bad)}: {fw} runs only "
                                 f"{', '.join(m.value for m in FRAMEWORK_MODES[fw])}")
     return tuple(dict.fromkeys(Mode(m) for m in wanted))
+
+
+def block_rounds(config, block_s: float) -> int:
+    """Rounds of one block each for ``benchmark.pedantic``, chosen as pytest-benchmark chooses them for
+    a plain benchmark: ``--benchmark-max-time`` over one block's time ``block_s``, at least
+    ``--benchmark-min-rounds``."""
+    max_time = float(config.getoption("benchmark_max_time"))
+    min_rounds = int(config.getoption("benchmark_min_rounds"))
+    return max(min_rounds, math.ceil(max_time / block_s) if block_s > 0 else min_rounds, 1)
 
 
 @functools.cache

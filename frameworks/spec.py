@@ -119,6 +119,10 @@ class WorkloadBase(abc.ABC):
     """
 
     framework: str = ""
+    # Whether ``region`` records its named ranges. The worker turns them off for the clean pass (no
+    # profiler listens there, and four record_function + NVTX ranges a step cost PyTorch 5-8% of a
+    # launch-bound step on an H200); capture passes keep them on (their traces need the ranges).
+    trace_regions: bool = True
 
     def __init__(self, config: TrainConfig, data_info=None, cache_dir=None):
         """``data_info``: a ``data.DataInfo`` already resolved (else resolved from ``config`` on
@@ -210,7 +214,8 @@ class WorkloadBase(abc.ABC):
     def region(self, name: str):
         """Context manager: a named range in the framework profiler's trace (record_function /
         mx.profiler) and, on the GPU, an NVTX range. Names used: ``kernelmap:step#N``,
-        ``kernelmap:forward``, ``kernelmap:backward``, ``kernelmap:optimizer``."""
+        ``kernelmap:forward``, ``kernelmap:backward``, ``kernelmap:optimizer``. A no-op
+        (``contextlib.nullcontext()``) while ``trace_regions`` is False."""
 
     @abc.abstractmethod
     def train_step(self, images: Any, labels: Any) -> Any:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
     "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),
     "compare": ("kernelmap.history", "compare saved pytest-benchmark runs like with like"),
+    "save-job": ("kernelmap.savejob", "save one bench job's per-framework step benchmarks as one numbered run"),
     "build-mxnet": ("kernelmap.frameworks.mxnet.build", "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90)"),
 }
 

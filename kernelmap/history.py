@@ -1,13 +1,23 @@
 """``kernelmap compare``: compare saved pytest-benchmark runs, like with like.
 
-pytest-benchmark's storage (``--benchmark-autosave``) is a folder per machine,
+pytest-benchmark's storage is a folder per machine,
 ``.benchmarks/<machine_id>/NNNN_<commit>_<date>[_uncommitted-changes].json``; a saved run is never
-overwritten, so the run number ``NNNN`` names it. ``nox -s bench`` and ``nox -s benchmarks`` run one
-pytest process per framework, so one bench job saves one file per framework.
+overwritten, so the run number ``NNNN`` names it. ``BenchStorage`` owns that layout here (reading
+every run, numbering and writing a new one).
+
+**A bench job is one saved run.** ``nox -s bench`` and ``nox -s benchmarks`` run one pytest process
+per framework (their CUDA runtimes never share a process; JAX runs from its own interpreter), each
+writing ``--benchmark-json`` to a scratch file; ``kernelmap save-job`` (``save_job``) merges those
+files into ONE numbered run holding every framework and mode of the job, with the top-level key
+``"kernelmap_job"`` (``JOB_KEY``): the job id, which ``nox -s bench`` also gives ``kernelmap run``
+(``$KERNELMAP_JOB``, the run directory's name) so that a report pairs the two. A part that is
+missing, empty or not a pytest-benchmark JSON file is an error naming it, and nothing is written.
+Storages saved before (one file per framework, no job id) still load and compare: a run without a
+job id is a job of its own.
 
 **Keys.** Every framework benchmark is keyed by framework x mode x device x batch size
 (``BenchKey``; ``Mode`` lists the modes: ``eager`` for PyTorch, ``imperative`` and ``hybridized``
-for Gluon). ``benches/bench_train_step.py`` writes the key into the benchmark's name
+for Gluon, ``jit`` for JAX). ``benches/bench_train_step.py`` writes the key into the benchmark's name
 (``test_train_step[pytorch-eager-cpu-64]``), its params and its ``extra_info``. A benchmark is
 identified by its test function (the name before ``[``) and its key. Files saved before keys
 existed are read from params and ``extra_info`` where those hold all four fields; a benchmark that
@@ -19,44 +29,64 @@ benchmark (e.g. ``benches/bench_adapters.py``) and is identified by its full nam
 
 - ``kernelmap compare`` (no runs given): for each identity saved on the machine that saved the
   latest run, NEW is the latest saved run holding it and BASE the one before it that holds it.
-  After two ``nox -s bench`` jobs (0001 PyTorch, 0002 MXNet, 0003 PyTorch, 0004 MXNet) that pairs
-  PyTorch 0001 -> 0003 and MXNet 0002 -> 0004.
+  After two bench jobs (0001, 0002) that is every key of 0001 against the same key of 0002; in an
+  older storage of one file per framework (0001 PyTorch, 0002 MXNet, 0003 PyTorch, 0004 MXNet) it
+  pairs PyTorch 0001 -> 0003 and MXNet 0002 -> 0004. Where every key is saved in one run only (right
+  after the first bench job) there is nothing earlier yet: ``main`` says so, naming the saved job,
+  and exits 0.
 - ``kernelmap compare BASE``: each benchmark of BASE against the latest later run of the same
   machine that holds its identity.
 - ``kernelmap compare BASE NEW``: BASE and NEW are each a run number, a ``.json`` file, or several
-  of these joined by commas (``0001,0002``: both files of one bench job); within one side an
+  of these joined by commas (``0001,0002``: both files of one older bench job); within one side an
   identity may occur once.
 
-When nothing pairs, ``main`` exits 2 with one line naming what each side holds. Computing
-(``compare_runs``, ``compare_latest``) returns a ``Comparison``; printing is ``format_comparison``.
-``main`` exits 1 when a benchmark got slower than a threshold given as ``--fail mean:5%``
-(relative) or ``--fail min:0.001`` (absolute seconds), the grammar of pytest-benchmark's
-``--benchmark-compare-fail``.
+When runs named as BASE and NEW pair nothing, ``main`` exits 2 with one line naming what each side
+holds. Computing (``compare_runs``, ``compare_latest``) returns a ``Comparison``; printing is
+``format_comparison``, which also names each side measured under contention (``extra_info``'s
+``contention``, ``kernelmap.contention.summarise``). ``main`` exits 1 when a benchmark got slower
+than a threshold given as ``--fail mean:5%`` (relative) or ``--fail min:0.001`` (absolute seconds),
+the grammar of pytest-benchmark's ``--benchmark-compare-fail``.
 
-``load_history`` returns every saved benchmark as one tidy table with its key;
-``trend_series`` cuts it into one series per key, which ``reports.figures.trend_figure`` draws.
+``load_history`` returns every saved benchmark as one tidy table with its key, job and contention;
+``trend_series`` cuts it into one series per key over jobs (in time order), which
+``reports.figures.trend_figure`` draws.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
+import fcntl
 import json
+import os
+import platform
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import frameworks
 from .errors import KernelmapError
+from .interrupt import raise_if_seen
 
 TIME_STATS = ("min", "max", "mean", "stddev", "median", "iqr")  # seconds, as pytest-benchmark saves them
 STATS = (*TIME_STATS, "ops", "rounds")
 # stats where larger is better; a rise there is not a slowdown
 _HIGHER_IS_BETTER = {"ops"}
 _NAME_RE = re.compile(r"^(?P<num>\d{4})_(?P<rest>.+)\.json$")
+
+JOB_ENV = "KERNELMAP_JOB"  # the job id `nox -s bench` gives `kernelmap run` and the step benchmarks
+JOB_KEY = "kernelmap_job"  # top-level key of a saved job: its id
+PARTS_KEY = "kernelmap_parts"  # top-level key of a saved job: the per-framework files merged into it
+# extra_info fields of the step benchmark (benches/bench_train_step.py)
+STEPS_PER_ROUND = "steps_per_round"  # training steps per round, the device synchronised once per round
+CONTENTION = "contention"  # kernelmap.contention.summarise() of the benchmark's rounds
 
 
 class Mode(enum.StrEnum):
@@ -109,9 +139,21 @@ class SavedRun:
     data: dict = field(repr=False, compare=False, hash=False)
 
     @property
+    def job(self) -> str | None:
+        """The bench job this run holds (``JOB_KEY``); None for a run saved before jobs (one framework)."""
+        job = self.data.get(JOB_KEY)
+        return str(job) if job else None
+
+    @property
+    def job_text(self) -> str:
+        """``job 20261125T101500Z (run 0001)``, or ``run 0001 (no job recorded)``."""
+        return f"job {self.job} (run {self.number})" if self.job else f"run {self.number} (no job recorded)"
+
+    @property
     def label(self) -> str:
         commit = (self.data.get("commit_info") or {}).get("id") or "?"
-        return f"{self.number} ({str(commit)[:10]}, {self.data.get('datetime', '?')})"
+        job = f"job {self.job}, " if self.job else ""
+        return f"{self.number} ({job}{str(commit)[:10]}, {self.data.get('datetime', '?')})"
 
 
 @dataclass(frozen=True)
@@ -123,6 +165,13 @@ class Entry:
     bench: str  # the test function (keyed) or the full name (a plain benchmark)
     key: BenchKey | None  # None: not a framework benchmark
     stats: dict = field(repr=False, compare=False, hash=False)
+    extra_info: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @property
+    def contention(self) -> dict | None:
+        """``kernelmap.contention.summarise()`` of the benchmark's rounds; None where not recorded."""
+        c = self.extra_info.get(CONTENTION)
+        return c if isinstance(c, dict) else None
 
     @property
     def ident(self) -> tuple[str, BenchKey | None]:
@@ -187,7 +236,8 @@ def run_entries(run: SavedRun) -> tuple[list[Entry], list[Unpaired]]:
         if isinstance(got, str):
             unpaired.append(Unpaired(run, b.get("name") or b.get("fullname"), got))
         else:
-            entries.append(Entry(run, b.get("name") or b["fullname"], *got, stats=b.get("stats") or {}))
+            entries.append(Entry(run, b.get("name") or b["fullname"], *got, stats=b.get("stats") or {},
+                                 extra_info=b.get("extra_info") or {}))
     seen: dict = {}
     for e in entries:
         if e.ident in seen:
@@ -226,6 +276,8 @@ class NothingToCompare(KernelmapError):
 
 
 _ROW_ID = ["benchmark", "framework", "mode", "device", "batch_size", "base_run", "new_run"]
+# per pair: whether each side was measured under contention (None: not recorded) and the measured figure
+_CONTENTION_COLS = ["contended_base", "contended_new", "contention_base", "contention_new"]
 
 
 @dataclass
@@ -240,10 +292,30 @@ class Comparison:
     failures: list[str]  # human-readable, one per (benchmark, threshold) exceeded
     selection: str  # how BASE and NEW were chosen, one line
     single: list[str] = field(default_factory=list)  # default selection: "label in NNNN" saved in one run only
+    single_runs: list[SavedRun] = field(default_factory=list)  # the runs holding ``single``'s benchmarks
 
     @property
     def failed(self) -> bool:
         return bool(self.failures)
+
+    @property
+    def nothing_earlier(self) -> bool:
+        """The default selection paired nothing because every key is saved in one run only (right
+        after the first bench job): nothing earlier to compare yet, which is not an error."""
+        return self.table.empty and bool(self.single)
+
+    def earlier_message(self) -> str:
+        """One line naming the saved job(s) that hold the only run of each key."""
+        runs = self.single_runs
+        held = (f"its {len(self.single)} benchmark(s) are saved in one job only, {runs[0].job_text}"
+                if len(runs) == 1 else
+                f"each of its {len(self.single)} benchmark(s) is saved in one run only "
+                f"({', '.join(r.job_text for r in runs)})")
+        text = (f"nothing earlier to compare yet ({self.selection}): {held}; the next bench job will be "
+                "compared against it")
+        if self.thresholds:
+            text += f"; {', '.join(map(str, self.thresholds))} not applied"
+        return text + (f"; cannot be paired: {_unpaired_text(self.unpaired)}" if self.unpaired else "")
 
     def nothing_message(self) -> str:
         """One line: what each side holds, when nothing pairs."""
@@ -272,6 +344,7 @@ class Comparison:
                          for u in self.unpaired],
             "failures": self.failures,
             "failed": self.failed,
+            "nothing_earlier": self.earlier_message() if self.nothing_earlier else None,
         }
 
 
@@ -302,22 +375,108 @@ def default_storage() -> Path:
     return Path(".benchmarks")
 
 
+def machine_id() -> str:
+    """pytest-benchmark's machine id of this interpreter (``pytest_benchmark.utils.get_machine_id``):
+    the storage folder its runs are saved under, e.g. ``Linux-CPython-3.11-64bit``."""
+    return "-".join((platform.system(), platform.python_implementation(),
+                     ".".join(platform.python_version_tuple()[:2]), platform.architecture()[0]))
+
+
+class BenchStorage:
+    """pytest-benchmark's file storage as its ``FileStorage`` lays it out:
+    ``ROOT/<machine_id>/NNNN_<tag>.json``, numbered per machine from 0001 (one more than the highest
+    number there), a saved file never overwritten. Every read and write of saved runs goes through it."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def files(self, machine: str | None = None) -> list[tuple[str, str, Path]]:
+        """(machine, number, path) of every saved run (of ``machine`` only, when given), in that order."""
+        pattern = f"{machine}/*.json" if machine else "*/*.json"
+        out = []
+        for path in self.root.glob(pattern):
+            m = _NAME_RE.match(path.name)
+            if m and path.is_file():
+                out.append((path.parent.name, m["num"], path))
+        return sorted(out)
+
+    def runs(self) -> list[SavedRun]:
+        """Every saved run, ordered by (machine, number)."""
+        if not self.root.is_dir():
+            raise KernelmapError(f"{self.root}: no pytest-benchmark storage here (`nox -s bench` or "
+                                 "`nox -s benchmarks` saves one)")
+        runs = [load_run(path, number, machine) for machine, number, path in self.files()]
+        if not runs:
+            raise KernelmapError(f"{self.root}: no saved runs (<machine>/NNNN_*.json) found")
+        return runs
+
+    def next_number(self, machine: str) -> str:
+        """The number the next run saved for ``machine`` gets: one more than the highest saved, else 0001."""
+        return f"{max((int(n) for _, n, _ in self.files(machine)), default=0) + 1:04d}"
+
+    def save(self, data: dict, machine: str, tag: str) -> Path:
+        """Write ``data`` as the next numbered run of ``machine``: ``NNNN_<tag>.json``, as pytest-benchmark
+        writes it (indented, ASCII). The file appears whole or not at all: written beside it under a
+        temporary name, then linked to its name. Never replaces a file, and never takes a number that a
+        run of this machine already has (kernelmap's writers take turns, locking the machine's folder; a number that
+        another writer, e.g. pytest's autosave, took meanwhile is given up for the next)."""
+        if not _NAME_RE.match(f"0000_{tag}.json") or "/" in tag or os.sep in tag:
+            raise KernelmapError(f"{tag!r}: not a name a saved run can have")
+        folder = self.root / machine
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".save-job.", suffix=".partial", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(json.dumps(data, indent=4, ensure_ascii=True).encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's file is private; a saved run is not
+            lock = os.open(folder, os.O_RDONLY)  # the machine's folder itself is the lock: no file left behind
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for _ in range(100):
+                    raise_if_seen()
+                    number = self.next_number(machine)
+                    path = folder / f"{number}_{tag}.json"
+                    if not _link(tmp, path):
+                        continue  # that name exists: take the next number
+                    if any(n == number and p != path for _, n, p in self.files(machine)):
+                        os.unlink(path)  # another run has this number: give it up
+                        continue
+                    return path
+            finally:
+                os.close(lock)  # releases the lock
+            raise KernelmapError(f"{folder}: could not take a run number (100 tries)")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _link(tmp: str, path: Path) -> bool:
+    """Give the complete file ``tmp`` the name ``path`` unless that name exists (False then)."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: claim the name, then replace it
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            return False
+        os.replace(tmp, path)
+        return True
+
+
 def list_runs(storage: str | Path) -> list[SavedRun]:
     """Every saved run under ``storage``, ordered by (machine, number)."""
-    storage = Path(storage)
-    if not storage.is_dir():
-        raise KernelmapError(f"{storage}: no pytest-benchmark storage here (run pytest with --benchmark-autosave)")
-    runs = []
-    for path in sorted(storage.glob("*/*.json")):
-        m = _NAME_RE.match(path.name)
-        if m:
-            runs.append(_load(path, m["num"], path.parent.name))
-    if not runs:
-        raise KernelmapError(f"{storage}: no saved runs (NNNN_*.json) found")
-    return runs
+    return BenchStorage(storage).runs()
 
 
-def _load(path: Path, number: str, machine: str) -> SavedRun:
+def load_run(path: Path, number: str, machine: str) -> SavedRun:
+    """One saved run; a file that cannot be read or is no pytest-benchmark file is an error naming it."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -329,6 +488,112 @@ def _load(path: Path, number: str, machine: str) -> SavedRun:
     return SavedRun(number, machine, path, data)
 
 
+# --- one bench job, one saved run ------------------------------------------------------------
+def read_part(path: str | Path) -> dict:
+    """One framework's ``--benchmark-json`` file of a bench job. Missing, empty, not JSON, not a
+    pytest-benchmark file, or already a merged job: an error naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise KernelmapError(f"{path}: no such file (that framework's step benchmarks wrote no "
+                             "--benchmark-json)") from None
+    except OSError as exc:
+        raise KernelmapError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not text.strip():
+        raise KernelmapError(f"{path}: empty (pytest wrote no benchmark into it)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KernelmapError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise KernelmapError(f"{path}: not a pytest-benchmark JSON file (no 'benchmarks' list)")
+    if data.get(JOB_KEY):
+        raise KernelmapError(f"{path}: already a saved job ({data[JOB_KEY]}); give the per-framework files")
+    for b in data["benchmarks"]:
+        if not isinstance(b, dict) or not isinstance(b.get("stats"), dict):
+            raise KernelmapError(f"{path}: benchmark {b.get('name') if isinstance(b, dict) else b!r} has no stats")
+    return data
+
+
+def _when(text) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)  # pytest-benchmark < 4.0.0 wrote naive UTC
+
+
+def merge_job(parts: Sequence[str | Path], job: str) -> dict:
+    """The per-framework ``--benchmark-json`` files of one bench job as ONE pytest-benchmark run: their
+    benchmarks in the order given, the first part's machine and commit info (``dirty`` where any part's
+    is; ``machine_info["kernelmap"]["framework_versions"]`` per framework), the earliest part's
+    ``datetime``, ``JOB_KEY``: ``job``, and ``PARTS_KEY``: per part its file name, framework, datetime,
+    Python and number of benchmarks. Every part is read before anything is merged; a key held by two
+    parts is an error naming both."""
+    if not job or not str(job).strip():
+        raise KernelmapError("a job id is required (the run directory's name, e.g. 20261125T101500Z)")
+    if not parts:
+        raise KernelmapError(f"job {job}: no benchmark file to save")
+    paths = [Path(p) for p in parts]
+    datas = [read_part(p) for p in paths]
+    held: dict = {}
+    for path, data in zip(paths, datas, strict=True):
+        for b in data["benchmarks"]:
+            got = benchmark_identity(b, path)
+            ident = got if isinstance(got, tuple) else b.get("fullname") or b.get("name")
+            if ident in held:
+                raise KernelmapError(f"{held[ident]} and {path} both hold benchmark {b.get('name')!r}")
+            held[ident] = path
+    first = datas[0]
+    machine_info = json.loads(json.dumps(first.get("machine_info") or {}))
+    versions = {}
+    summary = []
+    for path, data in zip(paths, datas, strict=True):
+        km = (data.get("machine_info") or {}).get("kernelmap") or {}
+        fw = km.get("framework")
+        if fw:
+            versions[fw] = km.get("framework_versions")
+        summary.append({"file": path.name, "framework": fw, "datetime": data.get("datetime"),
+                        "python_version": (data.get("machine_info") or {}).get("python_version"),
+                        "benchmarks": len(data["benchmarks"])})
+    if isinstance(machine_info.get("kernelmap"), dict):
+        km = machine_info["kernelmap"]
+        km.pop("framework", None)
+        km["framework_versions"] = versions
+    commit = dict(first.get("commit_info") or {})
+    if any((d.get("commit_info") or {}).get("dirty") for d in datas):
+        commit["dirty"] = True
+    stamps = [(w, d.get("datetime")) for d in datas if (w := _when(d.get("datetime"))) is not None]
+    return {
+        "machine_info": machine_info,
+        "commit_info": commit,
+        "benchmarks": [b for d in datas for b in d["benchmarks"]],
+        "datetime": min(stamps, key=lambda s: s[0])[1] if stamps else first.get("datetime"),
+        "version": first.get("version"),
+        JOB_KEY: str(job),
+        PARTS_KEY: summary,
+    }
+
+
+def run_tag(data: dict) -> str:
+    """pytest-benchmark's name for a saved run (``utils.get_tag``): ``<commit>_<YYYYmmdd_HHMMSS>``,
+    ``_uncommitted-changes`` appended where the tree was dirty; the time is the run's ``datetime``."""
+    commit = data.get("commit_info") or {}
+    when = _when(data.get("datetime")) or datetime.now(UTC)
+    parts = [str(commit.get("id") or "unversioned"), when.astimezone(UTC).strftime("%Y%m%d_%H%M%S")]
+    if commit.get("dirty"):
+        parts.append("uncommitted-changes")
+    return "_".join(parts)
+
+
+def save_job(storage: str | Path, parts: Sequence[str | Path], job: str, machine: str | None = None) -> Path:
+    """Merge one bench job's per-framework files (``merge_job``) and save them as the next numbered run
+    of ``machine`` (default: this interpreter's ``machine_id``) under ``storage``; its path."""
+    data = merge_job(parts, job)
+    return BenchStorage(storage).save(data, machine or machine_id(), run_tag(data))
+
+
 def _pick(runs: list[SavedRun], ref: str) -> SavedRun:
     p = Path(ref)
     if p.suffix == ".json":
@@ -338,7 +603,7 @@ def _pick(runs: list[SavedRun], ref: str) -> SavedRun:
             if r.path.resolve() == p.resolve():
                 return r
         m = _NAME_RE.match(p.name)
-        return _load(p, m["num"] if m else p.stem, p.parent.name)
+        return load_run(p, m["num"] if m else p.stem, p.parent.name)
     if not ref.isdigit():
         raise KernelmapError(f"{ref!r}: expected a run number such as 0001, or a .json file")
     num = f"{int(ref):04d}"
@@ -390,13 +655,19 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
         k = n.key
         row = {"benchmark": n.bench, "framework": k.framework if k else None, "mode": k.mode if k else None,
                "device": k.device if k else None, "batch_size": k.batch_size if k else None,
-               "base_run": b.run.number, "new_run": n.run.number, "label": n.label}
+               "base_run": b.run.number, "new_run": n.run.number, "label": n.label,
+               "base_job": b.run.job, "new_job": n.run.job}
+        for side, e in (("base", b), ("new", n)):
+            c = e.contention
+            row[f"contended_{side}"] = bool(c["contended"]) if c and c.get("contended") is not None else None
+            row[f"contention_{side}"] = c.get("text") if c else None
         for s in STATS:
             bs, ns = _num(b.stats.get(s)), _num(n.stats.get(s))
             row.update({f"{s}_base": bs, f"{s}_new": ns, f"{s}_delta": ns - bs,
                         f"{s}_rel": (ns - bs) / bs if bs else float("nan")})
         rows.append(row)
-    cols = [*_ROW_ID, "label", *(f"{s}_{w}" for s in STATS for w in ("base", "new", "delta", "rel"))]
+    cols = [*_ROW_ID, "label", "base_job", "new_job", *_CONTENTION_COLS,
+            *(f"{s}_{w}" for s in STATS for w in ("base", "new", "delta", "rel"))]
     table = pd.DataFrame(rows, columns=cols)
     failures = []
     for t in thresholds:
@@ -404,7 +675,9 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
             delta = r[f"{t.stat}_rel" if t.relative else f"{t.stat}_delta"]
             if pd.notna(delta) and delta > t.value:
                 got = f"{delta * 100:+.2f}%" if t.relative else f"{delta:+.6g}s"
-                failures.append(f"{r['label']} ({r['base_run']} -> {r['new_run']}): {t.stat} {got} exceeds {t}")
+                failures.append(f"{r['label']} ({r['base_run']} -> {r['new_run']}): {t.stat} {got} exceeds {t}"
+                                + "".join(f"; {side.upper()} measured under contention ({r[f'contention_{side}']})"
+                                          for side in ("base", "new") if flagged(r[f"contended_{side}"])))
     if base_runs is None:
         base_runs = sorted({b.run for b, _ in pairs} | {e.run for e in only_base}, key=_run_order)
     if new_runs is None:
@@ -413,7 +686,13 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
                       [e.label for e in sorted(only_base, key=_sort_key)],
                       [e.label for e in sorted(only_new, key=_sort_key)],
                       sorted(unpaired, key=lambda u: (_run_order(u.run), u.name)), thresholds, failures, selection,
-                      [f"{e.label} in {e.run.number}" for e in sorted(single, key=_sort_key)])
+                      [f"{e.label} in {e.run.number}" for e in sorted(single, key=_sort_key)],
+                      sorted({e.run for e in single}, key=_run_order))
+
+
+def flagged(x) -> bool:
+    """A ``contended`` cell that says yes (True; not False, None or NaN: not recorded)."""
+    return isinstance(x, bool | np.bool_) and bool(x)
 
 
 def _num(x) -> float:
@@ -519,6 +798,12 @@ def format_comparison(cmp: Comparison, stats: tuple[str, ...] = ("min", "mean", 
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
     for cells in [header, *rows]:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    contended = [f"  {r['label']}: " + "; ".join(f"{side.upper()} {r[f'{side}_run']}: {r[f'contention_{side}']}"
+                                                  for side in ("base", "new") if flagged(r[f"contended_{side}"]))
+                 for _, r in cmp.table.iterrows() if flagged(r["contended_base"]) or flagged(r["contended_new"])]
+    if contended:
+        lines.append("\nmeasured under contention (other work on the machine; its change is not the code's alone):")
+        lines.extend(contended)
     if cmp.only_base:
         lines.append(f"\nonly in BASE: {', '.join(cmp.only_base)}")
     if cmp.only_new:
@@ -537,40 +822,85 @@ def format_comparison(cmp: Comparison, stats: tuple[str, ...] = ("min", "mean", 
     return "\n".join(lines)
 
 
-HISTORY_COLUMNS = ["run", "machine", "datetime", "commit", "name", "bench", "framework", "mode", "device",
-                   "batch_size", "key", "unpaired", *STATS]
+HISTORY_COLUMNS = ["run", "machine", "job", "datetime", "commit", "name", "bench", "framework", "mode", "device",
+                   "batch_size", "key", "unpaired", "steps_per_round", "contended", "contention_text", *STATS]
+
+
+def _steps_per_round(b: dict) -> int:
+    """Training steps per round: the step benchmark's ``extra_info`` (its device synchronised once per
+    round); else pytest-benchmark's ``iterations`` (calls per round; before blocks, every call
+    synchronised), else 1. The stats are per call, i.e. per step, either way."""
+    for v in ((b.get("extra_info") or {}).get(STEPS_PER_ROUND), (b.get("stats") or {}).get("iterations")):
+        if v is not None:
+            return int(v)
+    return 1
 
 
 def load_history(storage: str | Path) -> pd.DataFrame:
-    """Every benchmark of every saved run: run number, machine, datetime, commit, name, its
-    identity (bench, framework, mode, device, batch_size; ``key`` is the BenchKey id, None for a
-    plain benchmark), ``unpaired`` (why it cannot be paired, else None) and its stats."""
+    """Every benchmark of every saved run: run number, machine, ``job`` (the bench job's id; None for
+    a run saved before jobs), datetime, commit, name, its identity (bench, framework, mode, device,
+    batch_size; ``key`` is the BenchKey id, None for a plain benchmark), ``unpaired`` (why it cannot
+    be paired, else None), ``steps_per_round`` (int; ``_steps_per_round``), ``contended`` (bool; None
+    where the benchmark recorded no contention) and ``contention_text`` (the measured figure, e.g.
+    "other processes used 1.7 of 2 cores"), then its stats (times in seconds per training step)."""
     rows = []
     for run in list_runs(storage):
         entries, unpaired = run_entries(run)
-        meta = {"run": run.number, "machine": run.machine, "datetime": run.data.get("datetime"),
+        meta = {"run": run.number, "machine": run.machine, "job": run.job, "datetime": run.data.get("datetime"),
                 "commit": (run.data.get("commit_info") or {}).get("id")}
+        raw = {b.get("name") or b.get("fullname"): b for b in run.data["benchmarks"]}
+
+        def per_bench(b: dict) -> dict:
+            c = (b.get("extra_info") or {}).get(CONTENTION)
+            c = c if isinstance(c, dict) else {}
+            return {"steps_per_round": _steps_per_round(b),
+                    "contended": bool(c["contended"]) if c.get("contended") is not None else None,
+                    "contention_text": c.get("text"), **{s: (b.get("stats") or {}).get(s) for s in STATS}}
+
         for e in entries:
             k = e.key
             rows.append({**meta, "name": e.name, "bench": e.bench,
                          **{f: (getattr(k, f) if k else None) for f in KEY_FIELDS},
-                         "key": k.id if k else None, "unpaired": None, **{s: e.stats.get(s) for s in STATS}})
-        stats = {b.get("name") or b.get("fullname"): b.get("stats") or {} for b in run.data["benchmarks"]}
+                         "key": k.id if k else None, "unpaired": None, **per_bench(raw[e.name])})
         for u in unpaired:
             rows.append({**meta, "name": u.name, "bench": None, **dict.fromkeys(KEY_FIELDS), "key": None,
-                         "unpaired": u.reason, **{s: stats[u.name].get(s) for s in STATS}})
+                         "unpaired": u.reason, **per_bench(raw[u.name])})
     df = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     df["batch_size"] = df["batch_size"].astype("Int64")
+    df["steps_per_round"] = df["steps_per_round"].astype("int64")
+    df["contended"] = df["contended"].astype(object).where(df["contended"].notna(), None)
     return df
 
 
+def job_axis(history: pd.DataFrame) -> pd.DataFrame:
+    """The points of the trend's time axis: one per job (a run saved before jobs is a job of its own)
+    per machine, in time order (earliest datetime, then machine and run number). Columns: machine,
+    point (the job id, or ``run NNNN``), x (0, 1, ...), datetime (the job's earliest)."""
+    h = history.assign(point=[j if isinstance(j, str) and j else f"run {r}"
+                              for j, r in zip(history["job"], history["run"], strict=True)],
+                       when=[_when(d) for d in history["datetime"]], num=history["run"].astype(int))
+    pts = []
+    for (machine, point), g in h.groupby(["machine", "point"], sort=False):
+        whens = [w for w in g["when"] if w is not None]
+        pts.append({"machine": machine, "point": point, "datetime": min(whens) if whens else None,
+                    "_order": (min(whens).timestamp() if whens else float("inf"), machine, g["num"].min())})
+    pts.sort(key=lambda p: p["_order"])
+    return pd.DataFrame([{**{k: v for k, v in p.items() if k != "_order"}, "x": i} for i, p in enumerate(pts)],
+                        columns=["machine", "point", "x", "datetime"])
+
+
 def trend_series(history: pd.DataFrame, stat: str = "median") -> dict[str, pd.DataFrame]:
-    """One series per key (framework benchmarks only): label -> rows (machine, run, datetime, the
-    key's fields, ``value``: the stat in seconds) in run order. The label is the key's (``pytorch eager cpu bs64``), prefixed by the
-    test function when the history holds several, suffixed by the machine when it holds several."""
+    """One series per key (framework benchmarks only) over jobs: label -> rows (machine, job, run,
+    datetime, the key's fields, ``value``: the stat in seconds per step, ``contended``, ``point`` and
+    ``x``: the job's place on ``job_axis``) in time order, one row per job (a job's key saved twice:
+    its latest run). The label is the key's (``pytorch eager cpu bs64``), prefixed by the test
+    function when the history holds several, suffixed by the machine when it holds several."""
     h = history[history["key"].notna()]
     if h.empty:
         return {}
+    axis = job_axis(h)
+    h = h.assign(point=[j if isinstance(j, str) and j else f"run {r}" for j, r in zip(h["job"], h["run"], strict=True)])
+    h = h.merge(axis[["machine", "point", "x"]], on=["machine", "point"], how="left")
     several_benches = h["bench"].nunique() > 1
     several_machines = h["machine"].nunique() > 1
     out = {}
@@ -581,9 +911,10 @@ def trend_series(history: pd.DataFrame, stat: str = "median") -> dict[str, pd.Da
             label = f"{bench} {label}"
         if several_machines:
             label = f"{label} ({machine})"
-        out[label] = (g.assign(value=pd.to_numeric(g[stat], errors="coerce"))
-                      .sort_values("run", key=lambda s: s.astype(int))[["machine", "run", "datetime", *KEY_FIELDS, "value"]]
-                      .reset_index(drop=True))
+        g = (g.assign(value=pd.to_numeric(g[stat], errors="coerce"), num=g["run"].astype(int))
+             .sort_values(["x", "num"]).drop_duplicates("x", keep="last"))
+        out[label] = g[["machine", "job", "run", "datetime", *KEY_FIELDS, "value", "contended", "point", "x"]
+                       ].reset_index(drop=True)
     return out
 
 
@@ -605,6 +936,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     thresholds = [Threshold.parse(t) for t in args.fail]
     cmp = compare_storage(args.storage, args.base, args.new, thresholds)
+    if cmp.nothing_earlier:  # the first bench job: nothing before it, which is not a failure
+        print(json.dumps(cmp.to_dict(), indent=2) if args.json else cmp.earlier_message())
+        return 0
     if cmp.table.empty:
         raise NothingToCompare(cmp.nothing_message())
     print(json.dumps(cmp.to_dict(), indent=2) if args.json else format_comparison(cmp))

@@ -407,33 +407,42 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
 
 
 def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Path | None:
-    """Benchmark time per saved run (pytest-benchmark storage), one labelled line per key (framework x
-    mode x device x batch size, ``kernelmap.history.trend_series``); None when no saved benchmark
-    carries a key."""
-    from kernelmap.history import trend_series
+    """Step benchmark time per bench job (pytest-benchmark storage, ``kernelmap.history``): one
+    labelled line per key (framework x mode x device x batch size, ``trend_series``) over the jobs in
+    time order (x: ``job_axis``; one job = one ``nox -s bench`` or ``nox -s benchmarks``, a run saved
+    before jobs is a job of its own). y: the ``stat`` of the step benchmark, ms per training step
+    (timed in blocks of steps like the clean pass). A point measured under contention (another process
+    used the machine, ``kernelmap.contention``) is ringed in red. None when no saved benchmark carries
+    a key."""
+    from kernelmap.history import flagged, trend_series
 
     series = trend_series(history, stat)
     if not series:
         return None
     points = pd.concat(series.values())
     several_machines = points["machine"].nunique() > 1
-    order = sorted(set(zip(points["machine"], points["run"], strict=True)), key=lambda mr: (mr[0], int(mr[1])))
-    x = {mr: i for i, mr in enumerate(order)}
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(order) + 4), 4.2))
+    ticks = points.drop_duplicates("x").sort_values("x")
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(ticks) + 4), 4.2))
     styles = ("-", "--", ":", "-.")
     markers = ("o", "s", "^", "D")
     bss = sorted(points["batch_size"].unique())
     modes = sorted(points["mode"].unique())
     for label, g in series.items():
         fw, mode, bs = g["framework"].iloc[0], g["mode"].iloc[0], g["batch_size"].iloc[0]
-        ax.plot([x[mr] for mr in zip(g["machine"], g["run"], strict=True)], g["value"] * 1e3, label=label,
+        ax.plot(g["x"], g["value"] * 1e3, label=label,
                 color=_fw_color(fw), ls=styles[bss.index(bs) % len(styles)],
                 marker=markers[modes.index(mode) % len(markers)])
-    ax.set_xticks(range(len(order)), [f"{r} ({m})" if several_machines else r for m, r in order],
-                  rotation=20 if several_machines else 0, ha="right" if several_machines else "center")
-    ax.set_xlabel("saved benchmark run")
+    busy = points[[flagged(c) for c in points["contended"]]]
+    if not busy.empty:
+        ax.scatter(busy["x"], busy["value"] * 1e3, s=160, facecolors="none", edgecolors="red", linewidths=1.5,
+                   zorder=5, label="measured under contention")
+    ax.set_xticks(ticks["x"].tolist(), [f"{p} ({m})" if several_machines else p
+                                        for p, m in zip(ticks["point"], ticks["machine"], strict=True)],
+                  rotation=20, ha="right")
+    ax.set_xlim(-0.5, max(len(ticks) - 0.5, 0.5))
+    ax.set_xlabel("bench job (nox -s bench / benchmarks), in time order")
     ax.set_ylabel(f"{stat} time per training step (ms)")
-    ax.set_title(f"Step time trend over saved runs ({stat}), one line per framework x mode x device x batch size",
+    ax.set_title(f"Step time trend over bench jobs ({stat}), one line per framework x mode x device x batch size",
                  fontsize=10)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))

@@ -134,3 +134,110 @@ def test_readme_says_where_nox_installs_kernelmap():
     assert own  # JAX's clashes with MXNet's numpy pin
     for name in own:
         assert f"`--python {name}={(nf.own_env(name) / 'bin' / 'python').as_posix()}`" in readme, name
+
+
+# --- one bench job, one saved run ---------------------------------------------------------------
+def test_job_variable_and_storage_are_kernelmaps():
+    from kernelmap import history
+
+    nf = _noxfile()
+    assert nf.JOB_ENV == history.JOB_ENV and Path(nf.BENCH_STORAGE) == history.default_storage()
+
+
+def test_job_parts_leave_out_a_framework_that_wrote_nothing(tmp_path):
+    nf = _noxfile()
+    (tmp_path / "jax.json").write_text('{"benchmarks": []}')
+    (tmp_path / "pytorch.json").write_text("")  # pytest-benchmark < 5 opened the file before running anything
+    files = {fw: tmp_path / f"{fw}.json" for fw in ("jax", "mxnet", "pytorch")}
+    assert nf.job_parts(files) == ([tmp_path / "jax.json"], ["mxnet", "pytorch"])
+
+
+class FakeSession:
+    """What the bench and benchmarks sessions ask of nox: each command is recorded with the
+    environment it would get; a framework's pytest writes that framework's part of a real recorded
+    job (tests/data/bench_jobs/job1), except the frameworks in ``silent`` (every benchmark skipped);
+    `kernelmap save-job` and `kernelmap compare` run in-process."""
+
+    def __init__(self, posargs=(), silent=()):
+        self.posargs = list(posargs)
+        self.env: dict[str, str] = {}
+        self.calls: list[tuple[list[str], dict[str, str]]] = []
+        self.logs: list[str] = []
+        self.silent = set(silent)
+
+    def log(self, msg):
+        self.logs.append(msg)
+
+    def run(self, *args, external=False, **kwargs):
+        import gzip
+
+        from kernelmap.cli import main as cli_main
+
+        argv = [str(a) for a in args]
+        self.calls.append((argv, dict(self.env)))
+        if "bench_train_step.py" in " ".join(argv):
+            fw = next(a.split("=", 1)[1] for a in argv if a.startswith("--framework="))
+            out = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("--benchmark-json=")))
+            if fw not in self.silent:
+                src = Path(__file__).resolve().parent / "data" / "bench_jobs" / "job1" / f"{fw}.json.gz"
+                out.write_bytes(gzip.decompress(src.read_bytes()))
+        elif argv[0].endswith("kernelmap") and argv[1] in ("save-job", "compare"):
+            assert cli_main(argv[1:]) == 0
+
+
+def _bench_session(monkeypatch, tmp_path, session):
+    nf = _noxfile()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNELMAP_JOB", raising=False)
+    monkeypatch.setattr(nf, "_frameworks_env", lambda s: Path("/env/bin"))
+    monkeypatch.setattr(nf, "_own_env_pythons", lambda s: None)
+    scratch = []
+    real = nf.tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        scratch.append(Path(real(dir=tmp_path, **kw)))
+        return str(scratch[-1])
+
+    monkeypatch.setattr(nf.tempfile, "mkdtemp", mkdtemp)
+    return nf, scratch
+
+
+def test_bench_saves_one_run_per_job_named_as_its_run_directory(monkeypatch, tmp_path):
+    from kernelmap.history import list_runs
+
+    session = FakeSession(silent={"mxnet"})
+    nf, scratch = _bench_session(monkeypatch, tmp_path, session)
+    nf.bench(session)
+    (run_cmd, run_env), = [(a, e) for a, e in session.calls if a[:2] == ["/env/bin/kernelmap", "run"]]
+    job = Path(run_cmd[run_cmd.index("--out") + 1]).name
+    assert run_env["KERNELMAP_JOB"] == job  # the runner writes manifest["job"] from it
+    steps = [(a, e) for a, e in session.calls if "benches/bench_train_step.py" in a]
+    assert [next(x for x in a if x.startswith("--framework=")) for a, _ in steps] == [
+        f"--framework={fw}" for fw in nf.STEP_BENCH_FRAMEWORKS]
+    assert all(e["KERNELMAP_JOB"] == job for _, e in steps)
+    (save,) = [a for a, _ in session.calls if a[1:2] == ["save-job"]]
+    assert save[2:6] == ["--job", job, "--storage", nf.BENCH_STORAGE]
+    assert [Path(p).name for p in save[6:]] == [f"{fw}.json" for fw in nf.STEP_BENCH_FRAMEWORKS if fw != "mxnet"]
+    assert "step benchmarks: mxnet ran none (each skipped; pytest said why above)" in session.logs
+    (saved,) = list_runs(tmp_path / nf.BENCH_STORAGE)
+    assert saved.number == "0001" and saved.job == job
+    assert [b["extra_info"]["framework"] for b in saved.data["benchmarks"]] == [
+        fw for fw in nf.STEP_BENCH_FRAMEWORKS if fw != "mxnet"]
+    assert len(scratch) == 1 and not scratch[0].exists()  # removed once saved
+    # the report reads the same storage
+    (report,) = [a for a, _ in session.calls if a[1:2] == ["report"]]
+    assert report[-2:] == ["--storage", nf.BENCH_STORAGE]
+
+
+def test_benchmarks_session_is_one_job_too(monkeypatch, tmp_path):
+    from kernelmap.history import list_runs
+
+    session = FakeSession(posargs=["--benchmark-max-time=0.1"])
+    nf, scratch = _bench_session(monkeypatch, tmp_path, session)
+    monkeypatch.setenv("KERNELMAP_JOB", "ci-1234")
+    nf.benchmarks(session)
+    steps = [(a, e) for a, e in session.calls if "benches/bench_train_step.py" in a]
+    assert len(steps) == len(nf.STEP_BENCH_FRAMEWORKS) and all(a[-1] == "--benchmark-max-time=0.1" for a, _ in steps)
+    (saved,) = list_runs(tmp_path / nf.BENCH_STORAGE)
+    assert saved.job == "ci-1234" and len(saved.data["benchmarks"]) == 4
+    assert not scratch[0].exists()

@@ -31,6 +31,7 @@ regions; the trace's XLA op metadata says the phase instead: ``jvp(...)`` forwar
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import struct
 from collections.abc import Iterator
@@ -208,7 +209,7 @@ class Workload(spec.WorkloadBase):
         return np.asarray(self._logits(self.params, images))
 
     def region(self, name: str):
-        return jax.profiler.TraceAnnotation(name)
+        return jax.profiler.TraceAnnotation(name) if self.trace_regions else contextlib.nullcontext()
 
     def train_step(self, images: jax.Array, labels: jax.Array) -> jax.Array:
         self.params, self.opt_state, loss = self._train_step(self.params, self.opt_state, images, labels)
