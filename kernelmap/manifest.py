@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__, gpuinfo
+from . import __version__, contention, gpuinfo
 
 MANIFEST_VERSION = 1
 ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_ENGINE_TYPE", "CUDA_VISIBLE_DEVICES",
@@ -21,6 +21,7 @@ REQUIRED_KEYS = (
     "manifest_version",
     "kernelmap_version",
     "created_utc",
+    "job",
     "git_commit",
     "host",
     "gpu",
@@ -30,6 +31,8 @@ REQUIRED_KEYS = (
     "data",
     "config",
 )
+
+JOB_ENV = "KERNELMAP_JOB"  # set by `nox -s bench`: the id every run and history entry of one job carries
 
 # Per framework (manifest["frameworks"][name]).
 FRAMEWORK_KEYS = ("device_requested", "device", "device_note", "versions")
@@ -55,6 +58,11 @@ def git_commit(path: str | Path | None = None) -> dict[str, Any] | None:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
 
 
+def job_id(run_dir: str | Path) -> str:
+    """The job a run belongs to: $KERNELMAP_JOB where set, else the run directory's own name."""
+    return os.environ.get(JOB_ENV) or Path(run_dir).name
+
+
 def host_info() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
@@ -62,6 +70,8 @@ def host_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpu": gpuinfo.cpu_model(),
         "cpu_count": _cpu_count(),
+        # logical CPUs (os.cpu_count): the cores kernelmap.contention counts other processes' CPU against
+        "ncpu": contention.NCPU,
         # CPU timings depend on these: OpenMP threads spin-wait badly on a busy machine.
         "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "env": {k: os.environ.get(k) for k in ENV_KEYS},
@@ -81,12 +91,13 @@ def build(
     gpus: gpuinfo.GpuReport,
     frameworks: dict[str, dict[str, Any]],
     data: dict[str, Any] | None,
+    job: str | None = None,
 ) -> dict[str, Any]:
     """Assemble the manifest.
 
     ``frameworks`` maps name -> {device_requested, device, device_note, versions, ...}; versions
     come from each worker's ``Workload.versions()`` (framework, CUDA, cuDNN, cuBLAS as that
-    framework reports them, since PyTorch and MXNet carry different CUDA libraries).
+    framework reports them, since PyTorch and MXNet carry different CUDA libraries). ``job``: ``job_id``.
     """
     for name, entry in frameworks.items():
         missing = [k for k in FRAMEWORK_KEYS if k not in entry]
@@ -97,6 +108,7 @@ def build(
         "manifest_version": MANIFEST_VERSION,
         "kernelmap_version": __version__,
         "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "job": job,
         "git_commit": git_commit(),
         "host": host_info(),
         "gpu": (

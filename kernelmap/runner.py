@@ -5,8 +5,12 @@ Each framework x batch size x capture pass runs in its own worker subprocess
 runs of the same steps, so one pass's overhead never shows in another's timings (the "leveled"
 method of arXiv:1908.06869): ``clean`` (no profiler), ``framework`` (torch.profiler /
 mx.profiler), ``libs`` (cuDNN/cuBLAS/cuBLASLt logs on the GPU, oneDNN verbose on the CPU) and
-``nsys`` (Nsight Systems, where found). The run directory is built under a temporary name and
-renamed when complete (docs/ARCHITECTURE.md).
+``nsys`` (Nsight Systems, where found). Workers run in rounds that interleave the frameworks
+(``schedule``), so that a busy minute lands on every framework alike; each timed window records what
+else used the machine (``kernelmap.contention``); a case whose trials ran under contention or disagree
+gets extra clean trials within a budget (``repeat_reason``, ``run_repeats``), and its step figure
+leaves contended trials out where a quiet one exists (``used_trials``). The run directory is built
+under a temporary name and renamed when complete (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import doctor, frameworks, gpuinfo, interrupt, manifest, rundir, timing
+from . import contention, doctor, frameworks, gpuinfo, interrupt, manifest, rundir, timing
 from .atomic import atomic_dir
 from .errors import KernelmapError, MissingToolError
 from .frameworks.registry import NsysWindow
@@ -334,98 +338,265 @@ def thread_env(threads: int) -> dict[str, str]:
     return {k: str(threads) for k in timing.THREAD_ENV}
 
 
-def _clean_summary(trials: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
-    """The clean pass's figures over its trials (``kernelmap.timing``)."""
-    stats = timing.step_stats([t["step_times_s"] for t in trials])
-    e2e = [t["e2e_step_s"] for t in trials if t.get("e2e_step_s")]
-    loader = [t["loader_batch_s"] for t in trials if t.get("loader_batch_s")]
+# --- the schedule: rounds that interleave frameworks ----------------------------------------------
+REPEAT_BUDGET_SHARE = 0.30  # default --repeat-budget: this share of the run's wall time before the repeats
+DEFAULT_MAX_REPEATS = 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker process of the run: a clean-pass trial (``trial``) or a capture pass (``trial`` None)."""
+
+    framework: str
+    batch_size: int
+    pass_name: str
+    trial: int | None
+    round: int
+
+    @property
+    def case(self) -> tuple[str, int]:
+        return self.framework, self.batch_size
+
+
+def round_order(cases: list[tuple[str, int]], r: int) -> list[tuple[str, int]]:
+    """The cases of round ``r`` in the order they run: batch size after batch size, the frameworks
+    alternating within each, their order rotated by one place each round (each framework takes each
+    place in turn, so none always runs first or last)."""
+    fws = list(dict.fromkeys(fw for fw, _ in cases))
+    bss = list(dict.fromkeys(bs for _, bs in cases))
+    k = r % len(fws) if fws else 0
+    rotated = fws[k:] + fws[:k]
+    present = set(cases)
+    return [(fw, bs) for bs in bss for fw in rotated if (fw, bs) in present]
+
+
+def schedule(cases: list[tuple[str, int]], trials: int, capture_passes: tuple[str, ...]) -> list[Job]:
+    """Every planned worker of the run, in the order they run: ``max(trials, len(capture_passes))``
+    rounds; round r holds clean trial r + 1 of every case (framework x batch size), then capture pass
+    r of every case (``round_order``), so that a busy minute falls on every framework alike rather than
+    on one framework's clean pass."""
+    jobs: list[Job] = []
+    for r in range(max(trials, len(capture_passes))):
+        order = round_order(cases, r)
+        if r < trials:
+            jobs += [Job(fw, bs, "clean", r + 1, r) for fw, bs in order]
+        if r < len(capture_passes):
+            jobs += [Job(fw, bs, capture_passes[r], None, r) for fw, bs in order]
+    return jobs
+
+
+def trial_contended(trial: dict[str, Any]) -> bool | None:
+    """Whether a clean trial (its worker's result) ran under contention (``kernelmap.contention``)."""
+    return (trial.get("contention") or {}).get("contended")
+
+
+def used_trials(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trials the clean figure is computed from: those not run under contention where there is at
+    least one, else all of them (the figure is then flagged contended)."""
+    quiet = [t for t in trials if trial_contended(t) is not True]
+    return quiet or list(trials)
+
+
+def repeat_reason(trials: list[dict[str, Any]], wanted: int, repeats: int, max_repeats: int) -> str | None:
+    """Why a case gets one more clean trial, or None: fewer than ``wanted`` of its trials ran without
+    contention, or the trials its figure uses disagree (``timing.trials_disagree``); never more than
+    ``max_repeats`` extra trials."""
+    if repeats >= max_repeats:
+        return None
+    busy = [t["trial"] for t in trials if trial_contended(t) is True]
+    if len(trials) - len(busy) < wanted:
+        return f"trial{'s' if len(busy) > 1 else ''} {', '.join(str(b) for b in busy)} ran under contention"
+    if timing.trials_disagree([t["step_times_s"] for t in used_trials(trials)]):
+        return "its trials disagree beyond noise"
+    return None
+
+
+def repeat_budget_s(spent_s: float, budget_s: float | None) -> float:
+    """Seconds the repeats may take: ``--repeat-budget``, else ``REPEAT_BUDGET_SHARE`` of the run so far."""
+    return REPEAT_BUDGET_SHARE * spent_s if budget_s is None else budget_s
+
+
+# --- one framework x batch size -----------------------------------------------------------------
+class Case:
+    """One framework x batch size: its workers' commands, what they returned, its results.json entry."""
+
+    def __init__(self, fw: str, decision: Decision, bs: int, train: dict[str, Any], data_json: str, run_tmp: Path,
+                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str]):
+        self.fw, self.decision, self.bs, self.train = fw, decision, bs, train
+        self.nsys, self.nsys_skip = nsys, nsys_skip
+        self.rd = rundir.RunDir(run_tmp)
+        self.out_dir = self.rd.case(fw, bs)
+        config = dict(train, batch_size=bs, device=decision.device)
+        self.descriptor = frameworks.get(fw)
+        self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
+                     "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
+        self.threads_env = thread_env(threads)
+        self.own_env = worker_own_env(fw, decision.device)
+        self.clean_trials: list[dict[str, Any]] = []
+        self.trial_walls: list[float] = []
+        self.pass_results: dict[str, dict[str, Any]] = {}
+        self.repeat_trials: list[int] = []  # trial numbers of the extra trials (run_repeats)
+        self.repeats_over = False  # a repeat failed: no more for this case
+        self.failed = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.fw} bs {self.bs}"
+
+    def starts_worker(self, job: Job) -> bool:
+        """Whether ``job`` starts a worker here (an nsys pass that records nothing here does not)."""
+        return not (job.pass_name == "nsys" and self.nsys_skip is not None)
+
+    def _env(self) -> dict[str, str]:
+        return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env)
+
+    def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
+        """One clean trial in its own process; the first measures accuracy and times the loader, the
+        others reuse their batches (``--reuse-batches``: the loader dominated MXNet's clean pass)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        extra = ["--pass", "clean", "--trial", str(trial)] + (["--no-evaluate", "--reuse-batches"] if trial > 1 else [])
+        progress.start(label)
+        t0 = time.monotonic()
+        try:
+            run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(), forward_stderr=False,
+                       log_path=self.rd.log(self.fw, self.bs, "clean", trial))
+        finally:
+            progress.finish()
+        self.trial_walls.append(time.monotonic() - t0)
+        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.fw, self.bs, "clean", trial)))
+        if repeat:
+            self.repeat_trials.append(trial)
+
+    def run_capture(self, p: str, progress: RunProgress, notes: list[str]) -> None:
+        """One capture pass in its own process (an nsys pass that records nothing here: a note)."""
+        fw, bs, out_dir = self.fw, self.bs, self.out_dir
+        if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
+            notes.append(f"{fw} bs {bs}: nsys pass skipped: {self.nsys_skip}")
+            self.pass_results[p] = {"skipped": self.nsys_skip}
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        label = f"{fw} bs {bs} ({p} pass, {self.decision.device})"
+        steps = PASS_STEPS[p] if self.train["steps"] is None else min(PASS_STEPS[p], self.train["steps"])
+        cmd = [*self.base, "--pass", p, "--steps", str(steps), "--no-evaluate"]
+        env = self._env()
+        env.update(self.descriptor.pass_env.get(p, {}))
+        stdout_path = None
+        if p == "libs":
+            cmd += ["--warmup", str(min(LIBS_WARMUP, self.train["warmup_steps"]))]
+            env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
+            if self.decision.device == "cpu":
+                stdout_path = out_dir / "onednn.log"
+        log_path = self.rd.log(fw, bs, p)
+        progress.start(label)
+        try:
+            if p == "nsys":
+                cmd, export = _nsys_commands(self.nsys, out_dir, cmd, self.descriptor.nsys_window(self.own_env))
+                run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
+                run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs,
+                           forward_stderr=False, log_path=log_path)
+            else:
+                run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path, forward_stderr=False,
+                           log_path=log_path)
+        finally:
+            progress.finish()
+        self.pass_results[p] = rundir.read_json(self.rd.pass_result(fw, bs, p))
+
+    def drop(self) -> None:
+        """Leave this case out of the run: its folder goes (and its framework's, once empty)."""
+        self.failed = True
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        fw_dir = self.out_dir.parent
+        if fw_dir.is_dir() and not any(fw_dir.iterdir()):
+            fw_dir.rmdir()
+
+    def entry(self, notes: list[str]) -> dict[str, Any]:
+        """This case's results.json entry (and its notes: trials left out, disagreement, contention)."""
+        return case_entry(self.fw, self.bs, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
+                          self.out_dir, rundir.case_dir(self.fw, self.bs), notes)
+
+
+def _trial_ids(trials: list[dict[str, Any]]) -> str:
+    return ", ".join(str(t["trial"]) for t in trials)
+
+
+def _clean_summary(trials: list[dict[str, Any]], used: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """The clean pass's figures: the step figure over the ``used`` trials (``kernelmap.timing``); the
+    end-to-end and loader figures over the trials that fetched their own batches (the first), used
+    ones where any."""
+    stats = timing.step_stats([t["step_times_s"] for t in used])
+    fetched = [t for t in trials if not t.get("batches_reused")]
+    fetched = [t for t in fetched if t in used] or fetched
+    e2e = [t["e2e_step_s"] for t in fetched if t.get("e2e_step_s")]
+    loader = [t["loader_batch_s"] for t in fetched if t.get("loader_batch_s")]
     e2e_step = float(statistics.median(e2e)) if e2e else None
+    e2e_timing = trials[0].get("e2e_timing")
+    if len(fetched) < len(trials):
+        e2e_timing = (f"{e2e_timing}; from trial{'s' if len(fetched) > 1 else ''} {_trial_ids(fetched)} only "
+                      f"(the other trials reused {timing.WINDOW_STEPS} batches)")
     return {
         **stats.to_dict(),
         "images_per_s": batch_size / stats.median_s if stats.median_s > 0 else None,
         "e2e_step_s": e2e_step,
         "e2e_images_per_s": batch_size / e2e_step if e2e_step else None,
         "loader_batch_s": float(statistics.median(loader)) if loader else None,
-        "timing": trials[0]["timing"], "e2e_timing": trials[0].get("e2e_timing"),
+        "e2e_trials": [t["trial"] for t in fetched],
+        "timing": trials[0]["timing"], "e2e_timing": e2e_timing,
         "block_steps": trials[0]["block_steps"],
     }
 
 
-def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], train: dict[str, Any],
-             data_json: str, run_tmp: Path, progress: RunProgress, nsys: str | None, nsys_skip: str | None,
-             notes: list[str], trials: int, threads: int, python: dict[str, str]) -> dict[str, Any]:
-    """All capture passes of one framework x batch size; returns its results.json entry. ``nsys_skip``:
-    why its nsys pass records nothing here (``nsys_skips``), said by the caller."""
-    rd = rundir.RunDir(run_tmp)
-    rel = rundir.case_dir(fw, bs)
-    out_dir = rd.case(fw, bs)
-    out_dir.mkdir(parents=True)
-    config = dict(train, batch_size=bs, device=decision.device)
-    descriptor = frameworks.get(fw)
-    base = [descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw, "--dir", str(out_dir),
-            "--config", json.dumps(config), "--data-info", data_json]
-    threads_env = thread_env(threads)
-    clean_trials: list[dict[str, Any]] = []
-    pass_results: dict[str, dict[str, Any]] = {}
-    own_env = worker_own_env(fw, decision.device)
-    for p in passes:
-        label = f"{fw} bs {bs} ({p} pass, {decision.device})"
-        cmd = [*base, "--pass", p]
-        env = worker_environ(decision.device, train["math"], threads_env, own_env)
-        stdout_path = None
-        if p == "clean":
-            # K independent trials, each its own process; the first one also measures accuracy.
-            for t in range(1, trials + 1):
-                extra = ["--trial", str(t)] + (["--no-evaluate"] if t > 1 else [])
-                tlabel = f"{fw} bs {bs} ({p} pass trial {t}/{trials}, {decision.device})"
-                progress.start(tlabel)
-                run_worker([*cmd, *extra], label=tlabel, batch_size=bs, env=env, forward_stderr=False,
-                           log_path=rd.log(fw, bs, p, t))
-                progress.finish()
-                clean_trials.append(rundir.read_json(rd.pass_result(fw, bs, p, t)))
-            continue
-        steps = PASS_STEPS[p] if train["steps"] is None else min(PASS_STEPS[p], train["steps"])
-        cmd += ["--steps", str(steps), "--no-evaluate"]
-        env.update(descriptor.pass_env.get(p, {}))
-        if p == "libs":
-            cmd += ["--warmup", str(min(LIBS_WARMUP, train["warmup_steps"]))]
-            env.update(libs_env(decision.device, out_dir, fw, own_env))
-            if decision.device == "cpu":
-                stdout_path = out_dir / "onednn.log"
-        if p == "nsys" and nsys_skip is not None:  # printed once for the run; a note per case
-            notes.append(f"{fw} bs {bs}: nsys pass skipped: {nsys_skip}")
-            pass_results[p] = {"skipped": nsys_skip}
-            continue
-        log_path = rd.log(fw, bs, p)
-        progress.start(label)
-        if p == "nsys":
-            cmd, export = _nsys_commands(nsys, out_dir, cmd, descriptor.nsys_window(own_env))
-            run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
-            run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs,
-                       forward_stderr=False, log_path=log_path)
-        else:
-            run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path, forward_stderr=False,
-                       log_path=log_path)
-        progress.finish()
-        pass_results[p] = rundir.read_json(rd.pass_result(fw, bs, p))
+def _ci_fields(samples: list[float]) -> dict[str, float | None]:
+    ci = timing.capture_ci(samples)
+    return {"ci95_low_s": None if ci is None else ci[0], "ci95_high_s": None if ci is None else ci[1]}
 
-    clean = _clean_summary(clean_trials, bs)
+
+def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str, Any]],
+               pass_results: dict[str, dict[str, Any]], repeat_trials: list[int], out_dir: Path, rel: Path,
+               notes: list[str]) -> dict[str, Any]:
+    """The results.json entry of one framework x batch size from its workers' results (trials in the
+    order they ran; ``repeat_trials``: the numbers of the extra ones). Trials run under contention are left out of the step figure where a quiet one
+    exists (``used_trials``), kept in ``trials`` and marked; ``notes`` gets a line for each."""
+    used = used_trials(clean_trials)
+    busy = [t for t in clean_trials if trial_contended(t) is True]
+    clean = _clean_summary(clean_trials, used, bs)
+    disagree = timing.trials_disagree([t["step_times_s"] for t in used])
+    cont = {**contention.summarise([w for t in used for w in t.get("contention_windows", ())],
+                                   [g for t in used for g in t.get("contention_gpu", ())]),
+            "trials": len(clean_trials), "trials_contended": len(busy), "trials_used": [t["trial"] for t in used]}
+    if busy and len(used) < len(clean_trials):
+        notes.append(f"{fw} bs {bs}: clean trial{'s' if len(busy) > 1 else ''} {_trial_ids(busy)} ran under "
+                     f"contention ({'; '.join(t['contention']['text'] for t in busy)}); left out of the step figure "
+                     "(kept in results.json's trials)")
+    elif busy:
+        notes.append(f"{fw} bs {bs}: every clean trial ran under contention ({cont['text']}); its step figure "
+                     "is flagged contended")
+    repeats = len(repeat_trials)
+    if disagree:
+        meds = ", ".join(f"{t['median_step_s'] * 1e3:.3f}" for t in used)
+        notes.append(f"{fw} bs {bs}: its clean trials disagree beyond noise (medians {meds} ms) after "
+                     f"{repeats} repeat{'s' if repeats != 1 else ''}")
     first = clean_trials[0]
     passes_summary: dict[str, Any] = {
         "clean": {"median_step_s": clean["median_step_s"], "ci95_low_s": clean["ci95_low_s"],
                   "ci95_high_s": clean["ci95_high_s"], "steps": first["steps"],
-                  "warmup_steps": first["warmup_steps"], "trials": len(clean_trials), "timing": clean["timing"]},
+                  "warmup_steps": first["warmup_steps"], "trials": len(clean_trials), "trials_used": len(used),
+                  "timing": clean["timing"], "contention": cont},
     }
     for p, r in pass_results.items():
         if "skipped" in r:
             passes_summary[p] = r
             continue
+        pc = r.get("contention")
+        if pc and pc.get("contended"):
+            notes.append(f"{fw} bs {bs}: the {p} pass ran under contention ({pc['text']})")
         passes_summary[p] = {
-            "median_step_s": r["median_step_s"], "steps": r["steps"], "warmup_steps": r["warmup_steps"],
-            "step_times_s": r["step_times_s"], "timing": r["timing"],
+            "median_step_s": r["median_step_s"], **_ci_fields(r["step_times_s"]), "steps": r["steps"],
+            "warmup_steps": r["warmup_steps"], "step_times_s": r["step_times_s"], "timing": r["timing"],
             "overhead": r["median_step_s"] / clean["median_step_s"] - 1.0,
             "overhead_verdict": str(timing.overhead_verdict(r["median_step_s"], r["steps"], clean)),
+            "contention": pc,
         }
+    used_ids = {t["trial"] for t in used}
     files = sorted(str(rel / f.name) for f in out_dir.iterdir() if f.is_file())
     return {
         "framework": fw,
@@ -438,12 +609,18 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         "math": first["math"], "tf32_override": first["tf32_override"],
         "steps": first["steps"],
         "warmup_steps": first["warmup_steps"],
-        # every trial's samples, trial after trial (``trials`` says which are whose)
-        "step_times_s": [x for t in clean_trials for x in t["step_times_s"]],
+        # the samples of the trials the figure uses, trial after trial (``trials`` says which are whose)
+        "step_times_s": [x for t in used for x in t["step_times_s"]],
         **clean,
         "trials": [{"trial": t["trial"], "pid": t["pid"], "median_step_s": t["median_step_s"],
-                    "e2e_step_s": t.get("e2e_step_s"), "samples": len(t["step_times_s"]),
-                    "train_wall_s": t["train_wall_s"]} for t in clean_trials],
+                    **_ci_fields(t["step_times_s"]), "e2e_step_s": t.get("e2e_step_s"),
+                    "samples": len(t["step_times_s"]), "train_wall_s": t["train_wall_s"],
+                    "batches_reused": t.get("batches_reused"), "repeat": t["trial"] in repeat_trials,
+                    "used": t["trial"] in used_ids, "contended": trial_contended(t), "contention": t.get("contention")}
+                   for t in clean_trials],
+        "trials_disagree": disagree,
+        "repeats": repeats,
+        "contention": cont,
         "threads": first["threads"],
         "test_accuracy": first["test_accuracy"],
         "final_loss": first["final_loss"],
@@ -453,6 +630,78 @@ def _run_one(fw: str, decision: Decision, bs: int, passes: tuple[str, ...], trai
         "files": files,
         "versions": first["versions"],
     }
+
+
+def _fail_case(case: Case, exc: KernelmapError, notes: list[str], failed: list[str]) -> None:
+    """A worker of ``case`` failed (OOM at this batch size, a broken install): it is left out, the rest runs."""
+    msg = f"{exc}; {case.name} left out of the run"
+    if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
+        msg += f"; fix: {doctor.FIX[case.fw]}"
+    print(f"kernelmap run: {msg}", file=sys.stderr)
+    notes.append(msg)
+    failed.append(str(exc))
+    case.drop()
+
+
+def run_schedule(cases: dict[tuple[str, int], Case], jobs: list[Job], trials: int, progress: RunProgress,
+                 notes: list[str], failed: list[str]) -> None:
+    """Run ``jobs`` in order; a case whose worker fails drops its remaining jobs (and the progress line's
+    count drops them too)."""
+    for n, job in enumerate(jobs):
+        case = cases[job.case]
+        if case.failed:
+            continue
+        try:
+            if job.pass_name == "clean":
+                label = f"{case.name} (clean pass trial {job.trial}/{trials}, {case.decision.device})"
+                case.run_clean(job.trial, label, progress)
+            else:
+                case.run_capture(job.pass_name, progress, notes)
+        except KernelmapError as exc:
+            _fail_case(case, exc, notes, failed)
+            progress.total -= sum(1 for j in jobs[n + 1:] if j.case == job.case and case.starts_worker(j))
+
+
+def run_repeats(cases: dict[tuple[str, int], Case], trials: int, max_repeats: int, budget_s: float,
+                budget_said: str, progress: RunProgress, notes: list[str]) -> None:
+    """Extra clean trials, one per case and round, for the cases that want one (``repeat_reason``),
+    interleaved as the rounds are, until none wants one or the next would overrun ``budget_s`` seconds
+    (its expected time: the median of the case's trials so far); a note says when the budget stopped them."""
+    spent = 0.0
+    r = trials
+    while True:
+        live = [c for c in cases.values() if not c.failed]
+        order = round_order([(c.fw, c.bs) for c in live], r)
+        want = [(cases[k], why) for k in order
+                if not cases[k].repeats_over
+                and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats))]
+        if not want:
+            return
+        progress.total += len(want)
+        for i, (case, why) in enumerate(want):
+            expected = statistics.median(case.trial_walls)
+            if spent + expected > budget_s:
+                progress.total -= len(want) - i
+                left = ", ".join(f"{c.name} ({w})" for c, w in want[i:])
+                msg = (f"repeats stopped by the repeat budget ({budget_said}, {spent:.0f} s spent; the next trial "
+                       f"takes ~{expected:.0f} s): not repeated further: {left}")
+                print(f"kernelmap run: {msg}", file=sys.stderr)
+                notes.append(msg)
+                return
+            trial = len(case.clean_trials) + 1
+            label = (f"{case.name} (clean pass trial {trial}, repeat {len(case.repeat_trials) + 1}/{max_repeats}: "
+                     f"{why}, {case.decision.device})")
+            t0 = time.monotonic()
+            try:
+                case.run_clean(trial, label, progress, repeat=True)
+            except KernelmapError as exc:  # the case keeps the trials it has
+                msg = f"{exc}; {case.name} keeps its {len(case.clean_trials)} trials"
+                print(f"kernelmap run: {msg}", file=sys.stderr)
+                notes.append(msg)
+                case.repeats_over = True
+            finally:
+                spent += time.monotonic() - t0
+        r += 1
 
 
 def _default_out() -> Path:
@@ -560,27 +809,26 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError("--threads must be at least 1")
     data_info = _resolve_data(train)
     data_json = json.dumps(data_info.to_dict())
+    if args.max_repeats < 0:
+        raise KernelmapError("--max-repeats must be at least 0")
+    if args.repeat_budget is not None and args.repeat_budget < 0:
+        raise KernelmapError("--repeat-budget must be at least 0 seconds")
     progress = RunProgress(planned_workers(runnable, len(args.batch_size), args.trials, passes, skips))
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
     with atomic_dir(out, replace=args.replace) as tmp:
         failed: list[str] = []
-        for fw in runnable:
-            for bs in args.batch_size:
-                try:
-                    results.append(_run_one(fw, decisions[fw], bs, passes, train, data_json, tmp, progress, nsys,
-                                            skips.get(fw), notes, args.trials, threads, python))
-                except KernelmapError as exc:  # OOM at this batch size, a broken install: the rest still runs
-                    msg = f"{exc}; {fw} bs {bs} left out of the run"
-                    if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
-                        msg += f"; fix: {doctor.FIX[fw]}"
-                    print(f"kernelmap run: {msg}", file=sys.stderr)
-                    notes.append(msg)
-                    failed.append(str(exc))
-                    shutil.rmtree(tmp / fw / f"bs{bs}", ignore_errors=True)
-                    if (tmp / fw).is_dir() and not any((tmp / fw).iterdir()):
-                        (tmp / fw).rmdir()
+        cases = {(fw, bs): Case(fw, decisions[fw], bs, train, data_json, tmp, nsys, skips.get(fw), threads, python)
+                 for fw in runnable for bs in args.batch_size}
+        # Interleaved rounds (``schedule``), then extra clean trials where trials were contended or disagree.
+        run_schedule(cases, schedule(list(cases), args.trials, tuple(p for p in passes if p != "clean")),
+                     args.trials, progress, notes, failed)
+        budget = repeat_budget_s(time.monotonic() - progress.t0, args.repeat_budget)
+        budget_said = (f"--repeat-budget {args.repeat_budget:g} s" if args.repeat_budget is not None else
+                       f"{budget:.0f} s, {REPEAT_BUDGET_SHARE:.0%} of the run so far")
+        run_repeats(cases, args.trials, args.max_repeats, budget, budget_said, progress, notes)
+        results = [c.entry(notes) for c in cases.values() if not c.failed]
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
         ran = {r["framework"]: r["device"] for r in results}
@@ -610,8 +858,12 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                              "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
                              "window_steps": timing.WINDOW_STEPS, "confidence": timing.CONFIDENCE,
                              "noise_threshold": timing.NOISE_THRESHOLD,
-                             "min_capture_steps": timing.MIN_CAPTURE_STEPS}}
-        man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict())
+                             "min_capture_steps": timing.MIN_CAPTURE_STEPS,
+                             "contention": contention.RULE, "trials_disagree": timing.TRIALS_DISAGREE_RULE,
+                             "max_repeats": args.max_repeats, "repeat_budget_s": budget,
+                             "repeat_budget": budget_said}}
+        man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict(),
+                             job=manifest.job_id(out))
         man["host"]["load_average_start"] = load_start
         man["notes"] = notes
         man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": p["passed"], "file": rundir.parity_name(fw)}
@@ -634,9 +886,10 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "results": [
             {k: r[k] for k in ("framework", "mode", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
                                "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
-                               "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy")}
+                               "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy", "contention",
+                               "trials_disagree", "repeats")}
             | {"overheads": {p: {"overhead": v.get("overhead"), "verdict": v.get("overhead_verdict"),
-                                 "skipped": v.get("skipped")}
+                                 "skipped": v.get("skipped"), "contention": v.get("contention")}
                              for p, v in r["passes"].items() if p != "clean"}}
             for r in results
         ],
@@ -653,12 +906,27 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def contention_cell(c: dict[str, Any] | None) -> str:
+    """The console's contention column of a figure (``contention.summarise``, with ``trials`` and
+    ``trials_contended`` for the clean pass): "quiet", "BUSY: <what was measured> (k/n trials)", or why
+    there is no figure."""
+    if not c:
+        return "not recorded"
+    if c.get("contended") is None:
+        return c.get("text") or "not measured"
+    n, k = c.get("trials"), c.get("trials_contended")
+    if c["contended"]:
+        return f"BUSY: {c['text']}" + (f" ({k}/{n} trials)" if n else "")
+    return "quiet" + (f" ({k}/{n} trials busy, left out)" if k else "")
+
+
 def _overhead_text(name: str, o: dict[str, Any]) -> str:
     if o.get("skipped"):
         return f"{name} skipped"
+    busy = " BUSY" if (o.get("contention") or {}).get("contended") else ""
     if o.get("verdict") == str(timing.OverheadVerdict.ABOVE):
-        return f"{name} {o['overhead']:+.0%}"
-    return f"{name} {o.get('verdict')}"
+        return f"{name} {o['overhead']:+.0%}{busy}"
+    return f"{name} {o.get('verdict')}{busy}"
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -666,7 +934,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
           " e2e: with the loader")
     head = (f"{'framework':<10} {'mode':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
-            f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  capture overhead")
+            f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  {'contention':<10}  capture overhead")
     print(head)
     for r in rows:
         over = ", ".join(_overhead_text(p, o) for p, o in r["overheads"].items())
@@ -674,10 +942,16 @@ def _print_table(summary: dict[str, Any]) -> None:
         ci = (f"{r['ci95_low_s'] * 1e3:.3f}-{r['ci95_high_s'] * 1e3:.3f}" if r["ci95_low_s"] is not None else "-")
         if r["noisy"]:
             ci += " noisy"
+        if r.get("trials_disagree"):
+            ci += " disagree"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
         print(f"{r['framework']:<10} {r['mode']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
-              f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  {over}")
+              f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  "
+              f"{contention_cell(r.get('contention')):<10}  {over}")
+    busy = [(r, p, o) for r in rows for p, o in r["overheads"].items() if (o.get("contention") or {}).get("contended")]
+    for r, p, o in busy:
+        print(f"{r['framework']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")
     print(summary["run_dir"])
@@ -703,6 +977,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replace", action="store_true", help="replace an existing --out")
     parser.add_argument("--trials", type=int, default=timing.DEFAULT_TRIALS,
                         help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")
+    parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                        help="extra clean trials of a framework x batch size whose trials ran under contention or "
+                             f"disagree beyond noise (default {DEFAULT_MAX_REPEATS})")
+    parser.add_argument("--repeat-budget", type=float, metavar="SECONDS",
+                        help="wall time the extra trials may take (default: "
+                             f"{REPEAT_BUDGET_SHARE * 100:.0f}%% of the run's time before them)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of every framework (OMP/MKL); default: the physical cores")
     parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",

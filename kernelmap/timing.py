@@ -6,9 +6,12 @@ every ``BLOCK_STEPS`` steps. Python's garbage collector is off within a window a
 between windows, outside every clock (``GC_RULE``), so whole epochs never run without it. A
 *sample* is the wall time of one block divided by its steps, so no per-step synchronisation adds
 launch gaps. ``kernelmap run`` repeats the clean pass in ``trials`` separate processes; the step
-figure is the median of all samples, with a 95% confidence interval from a two-level bootstrap
+figure is the median of all samples of its trials (a trial run under contention, ``kernelmap.contention``,
+left out where a quiet one exists; trials that disagree, ``trials_disagree``, repeated within a budget), with a 95% confidence interval from a two-level bootstrap
 (trials, then samples within a trial), so that a trial-to-trial shift widens the interval as it
-should. Capture passes synchronise after every step (their traces need step boundaries), and their
+should. Trials after the first fetch at most ``WINDOW_STEPS`` batches once and cycle through them
+(``REUSE_METHOD``): their step times are the same kind, the loader is timed by the first trial only.
+Capture passes synchronise after every step (their traces need step boundaries), and their
 overhead is called an overhead only where their median lies outside the clean pass's interval.
 
 Nothing here imports a framework.
@@ -39,6 +42,8 @@ STEP_METHOD = (f"training step only, batches already on the device; one sample =
                f"{BLOCK_STEPS} back-to-back steps between device synchronisations / its steps; {GC_RULE}")
 E2E_METHOD = (f"end to end with the loader: wall time of the timed windows, each fetching its batches onto "
               f"the device ({WINDOW_STEPS} at a time) then running its steps, / steps; {GC_RULE}")
+REUSE_METHOD = (f"not measured in this trial: it fetched at most {WINDOW_STEPS} batches once, before its timed steps, "
+                f"and cycled through them (a repeat trial; the end-to-end and loader figures are the first trial's)")
 CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace needs step boundaries); "
                   "all its batches fetched before the capture; garbage collector off during the timed "
                   "steps (collected before them)")
@@ -126,6 +131,27 @@ def step_stats(trials: list[list[float]]) -> StepStats:
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two confidence intervals share a point: their medians' difference is then within noise."""
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def capture_ci(samples: list[float]) -> tuple[float, float] | None:
+    """95% bootstrap interval of one trial's (or one capture pass's) per-step median: ``median_ci`` of
+    that trial alone (samples resampled within it); None for fewer than two samples."""
+    return median_ci([list(samples)])
+
+
+TRIALS_DISAGREE_RULE = ("trials disagree where any two trials' own 95% intervals of the median (capture_ci) "
+                        "do not overlap and their medians differ by more than the noise threshold "
+                        f"({NOISE_THRESHOLD:.0%} of the smaller); a trial of one sample has no interval and takes "
+                        "no part")
+
+
+def trials_disagree(trials: list[list[float]]) -> bool:
+    """``TRIALS_DISAGREE_RULE``: whether the trials' medians differ beyond each trial's own noise."""
+    # A gap under NOISE_THRESHOLD is not called a disagreement even where tight intervals miss each other:
+    # on a quiet H200, PyTorch bs 1024's trials differed by 1.8% with intervals of a few tenths of a percent.
+    judged = [(float(np.median(t)), ci) for t in trials if (ci := capture_ci(t)) is not None]
+    return any(not intervals_overlap(ca, cb) and abs(ma - mb) > NOISE_THRESHOLD * min(ma, mb)
+               for i, (ma, ca) in enumerate(judged) for mb, cb in judged[i + 1:])
 
 
 def overhead_verdict(capture_median_s: float, capture_steps: int, clean: dict[str, Any]) -> OverheadVerdict:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap import frameworks, rundir, timing
+from kernelmap import contention, frameworks, rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.gcpause import no_gc
@@ -97,15 +97,24 @@ def _threads(workload) -> dict[str, Any]:
 
 
 def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: int | None,
-             epochs: int | None, warmup: int, progress: bool) -> dict[str, Any]:
+             epochs: int | None, warmup: int, progress: bool, reuse_batches: bool = False,
+             gpu_state=contention.gpu_state) -> dict[str, Any]:
     """Train ``warmup`` untimed steps then ``steps`` timed ones (or ``epochs`` epochs, the first
     ``warmup`` steps untimed); the capture of ``pass_name`` covers the timed steps only.
 
     Timing follows ``kernelmap.timing``: batches are fetched onto the device before the steps
     that use them (the loader is timed on its own); the clean pass synchronises every
-    ``timing.BLOCK_STEPS`` steps, a capture pass after every step."""
+    ``timing.BLOCK_STEPS`` steps, a capture pass after every step. ``reuse_batches`` (clean pass):
+    fetch at most ``timing.WINDOW_STEPS`` batches once, before the timed steps, and cycle through
+    them (``timing.REUSE_METHOD``): no end-to-end figure then.
+
+    Contention (``kernelmap.contention``): a CPU window around each timed window of the clean pass
+    (around the whole capture of a capture pass), started and stopped outside every clock; on the GPU
+    ``gpu_state`` before and after the timed steps."""
     from kernelmap.frameworks import spec
 
+    # Per-step profiler ranges (workload.region) cost the clean pass: only capture passes trace them.
+    workload.trace_regions = pass_name != "clean"
     cfg = workload.config
     info = workload.data_info
     bs = cfg.batch_size
@@ -131,6 +140,10 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     elif pass_name == "nsys":
         capture = workload.nsys_window()
     block_steps = timing.BLOCK_STEPS if clean else 1
+    reuse = clean and reuse_batches
+    on_gpu = cfg.device == "gpu"
+    cpu_windows: list[dict[str, Any]] = []
+    gpu_states: list[dict[str, Any] | None] = []
 
     samples: list[float] = []  # seconds per step, one per timed block
     sample_steps: list[int] = []
@@ -158,16 +171,25 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
         # A capture pass records training steps, not the loader: all its batches are fetched
         # before the capture starts. The clean pass fetches a window at a time.
         windows = timing.blocks(n_timed, timing.WINDOW_STEPS if clean else max(n_timed, 1))
-        prefetched = None if clean else fetch(n_timed)
+        prefetched = None if clean and not reuse else fetch(min(n_timed, timing.WINDOW_STEPS) if reuse else n_timed)
         i = warmup
         e2e_wall = 0.0  # the windows' wall time: fetching their batches (clean pass) and their steps
+        if on_gpu:
+            gpu_states.append(gpu_state())
         with capture:
+            whole = None if clean else contention.CpuWindow.start()
             for window in windows:
                 # timing.GC_RULE: a full collection before each window, outside every clock; the
                 # collector off within it, so that cyclic garbage lives for one window at most.
                 with no_gc(collect=True):
+                    cpu = contention.CpuWindow.start() if clean else None
                     w0 = time.perf_counter()
-                    fetched = fetch(window) if clean else prefetched[i - warmup : i - warmup + window]
+                    if reuse:
+                        fetched = [prefetched[(i - warmup + j) % len(prefetched)] for j in range(window)]
+                    elif clean:
+                        fetched = fetch(window)
+                    else:
+                        fetched = prefetched[i - warmup : i - warmup + window]
                     k = 0
                     for block in timing.blocks(window, block_steps):
                         t0 = time.perf_counter()
@@ -183,6 +205,12 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                         bar.update(block)
                     del fetched
                     e2e_wall += time.perf_counter() - w0
+                    if cpu is not None:
+                        cpu_windows.append(cpu.stop())
+            if whole is not None:
+                cpu_windows.append(whole.stop())
+        if on_gpu:
+            gpu_states.append(gpu_state())
     if sum(sample_steps) != n_timed:
         raise RuntimeError(f"timed {sum(sample_steps)} steps, expected {n_timed}")
     result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed, "block_steps": block_steps,
@@ -191,9 +219,16 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
               **summarise(samples, bs)}
     if loader_times:
         result["loader_batch_s"] = float(np.median(loader_times))
-    if clean:
+    if reuse:
+        result["batches_reused"] = len(prefetched)
+        result["e2e_step_s"] = None
+        result["e2e_timing"] = timing.REUSE_METHOD
+    elif clean:
         result["e2e_step_s"] = e2e_wall / n_timed
         result["e2e_timing"] = timing.E2E_METHOD
+    result["contention_windows"] = cpu_windows
+    result["contention_gpu"] = [g for g in gpu_states if g is not None]
+    result["contention"] = contention.summarise(cpu_windows, result["contention_gpu"])
     result["final_loss"] = _to_float(loss) if loss is not None else None
     result["threads"] = _threads(workload)
     if loss is not None and not np.isfinite(result["final_loss"]):
@@ -214,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--cache-dir", help="where data.prepare_dir lays the files out")
     p.add_argument("--trial", type=int, help="trial number of a repeated pass (names its result file)")
+    p.add_argument("--reuse-batches", action="store_true",
+                   help=f"clean pass: fetch at most {timing.WINDOW_STEPS} batches once and cycle through them "
+                        "(a repeat trial: the loader was timed by the first)")
     args = p.parse_args(argv)
 
     from kernelmap.frameworks import load_workload, spec
@@ -235,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_pass(workload, framework=args.framework, pass_name=args.pass_name, out_dir=out_dir,
                           steps=None if epochs is not None else steps, epochs=epochs,
                           warmup=config.warmup_steps if args.warmup is None else args.warmup,
-                          progress=args.progress)
+                          progress=args.progress, reuse_batches=args.reuse_batches)
         result["train_wall_s"] = time.perf_counter() - t0
         result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,

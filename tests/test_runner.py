@@ -228,31 +228,52 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     assert (fw["device_requested"], fw["device"]) == ("cpu", "cpu")
     assert fw["versions"]["framework"] == framework and fw["versions"]["version"]
     assert man["data"]["kind"] == "synthetic" and man["data"]["sha256"]
-    assert man["config"]["train"]["steps"] == STEPS
     assert man["host"]["cpu"]
     (entry,) = json.loads((out / "results.json").read_text())
     assert (entry["framework"], entry["batch_size"], entry["device"]) == (framework, 64, "cpu")
     assert entry["mode"] == frameworks.get(framework).modes[0]  # not hybridized: the first mode
     # the CPU: no TF32; its worker keeps (and records) whatever NVIDIA_TF32_OVERRIDE it inherits
     assert entry["math"] == "fp32" and entry["tf32_override"] == os.environ.get(spec.TF32_OVERRIDE)
-    # STEPS < timing.BLOCK_STEPS: each trial times one block of STEPS steps, so one sample per trial
-    assert entry["steps"] == STEPS and entry["n_trials"] == TRIALS and len(entry["trials"]) == TRIALS
-    assert len(entry["step_times_s"]) == TRIALS and all(t > 0 for t in entry["step_times_s"])
+    steps = man["config"]["train"]["steps"]
+    n_trials = TRIALS + entry["repeats"]
+    assert entry["steps"] == steps and len(entry["trials"]) == n_trials
+    used = [t for t in entry["trials"] if t["used"]]
+    assert entry["n_trials"] == len(used) >= 1
+    assert len(entry["step_times_s"]) == sum(t["samples"] for t in used) and all(t > 0 for t in entry["step_times_s"])
     assert entry["median_step_s"] == pytest.approx(float(np.median(entry["step_times_s"])))
     assert entry["ci95_low_s"] <= entry["median_step_s"] <= entry["ci95_high_s"]
     assert entry["images_per_s"] == pytest.approx(64 / entry["median_step_s"])
-    assert entry["e2e_images_per_s"] == pytest.approx(64 / entry["e2e_step_s"])
+    assert entry["e2e_images_per_s"] == pytest.approx(64 / entry["e2e_step_s"]) and entry["e2e_trials"] == [1]
     assert 0.0 <= entry["test_accuracy"] <= 1.0
+    # contention: measured around every timed window of every trial (this machine has /proc/stat)
+    cont = entry["contention"]
+    assert cont["trials"] == n_trials and cont["trials_used"] == [t["trial"] for t in used]
+    assert cont["trials_contended"] == sum(t["contended"] is True for t in entry["trials"])
+    assert cont["contended"] in (True, False) and cont["ncpu"] == os.cpu_count() == man["host"]["ncpu"]
+    assert (cont["contended"] is True) == all(t["contended"] for t in entry["trials"])
+    assert isinstance(entry["trials_disagree"], bool) and man["job"] == out.name
     pids = set()
-    for t in range(1, TRIALS + 1):
+    for t in range(1, n_trials + 1):
         trial = json.loads((out / framework / "bs64" / f"clean-{t}.json").read_text())
         pids.add(trial["pid"])
-        assert trial["sample_steps"] == [STEPS] and trial["block_steps"] == timing.BLOCK_STEPS
-        # end to end (loader included) is never shorter than the steps alone
-        assert trial["e2e_step_s"] * STEPS >= trial["step_times_s"][0] * STEPS
+        blocks = timing.blocks(steps, timing.BLOCK_STEPS)
+        assert trial["sample_steps"] == blocks and trial["block_steps"] == timing.BLOCK_STEPS
+        windows = trial["contention_windows"]
+        assert len(windows) == len(timing.blocks(steps, timing.WINDOW_STEPS)) and all(w["measured"] for w in windows)
+        assert trial["contention"]["windows"] == len(windows) and trial["contention_gpu"] == []  # the CPU
+        summary_trial = entry["trials"][t - 1]
+        assert summary_trial["contention"] == trial["contention"] and summary_trial["trial"] == t
+        lo, hi = summary_trial["ci95_low_s"], summary_trial["ci95_high_s"]
+        assert (lo is None) == (summary_trial["samples"] < 2)  # one sample: no interval
+        assert lo is None or lo <= summary_trial["median_step_s"] <= hi
+        if t == 1:  # end to end (loader included) is never shorter than the steps alone
+            assert trial["e2e_step_s"] * steps >= sum(trial["step_times_s"][k] * b for k, b in enumerate(blocks))
+            assert "batches_reused" not in trial
+        else:  # later trials reuse the batches the first one timed the loader on
+            assert trial["e2e_step_s"] is None and trial["batches_reused"] == min(steps, timing.WINDOW_STEPS)
         assert trial["threads"]["env"] == {k: str(man["config"]["threads"]) for k in timing.THREAD_ENV}
         assert (trial["test_accuracy"] is None) == (t > 1)  # accuracy from the first trial only
-    assert len(pids) == TRIALS  # each trial its own process
+    assert len(pids) == n_trials  # each trial its own process
     return entry
 
 
@@ -263,7 +284,8 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     require_framework("pytorch")
     out = tmp_path / "run"
     proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
-                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "all", "--json")
+                    "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--profile", "all", "--json",
+                    "--max-repeats", "0")
     entry = _check_run(out, "pytorch", proc)
     console = proc.stderr.splitlines()
     assert console and all(line.startswith("kernelmap run: ") for line in console), proc.stderr[-3000:]
@@ -289,6 +311,22 @@ def test_run_mxnet_cpu(tmp_path):
     proc = _run_cli("--framework", "mxnet", "--device", "cpu", "--steps", str(STEPS), "--warmup", "1",
                     "--trials", str(TRIALS), "--data", "synthetic", "--out", str(out), "--json")
     _check_run(out, "mxnet", proc)
+
+
+def test_run_pytorch_cpu_records_contention_and_repeats(tmp_path):
+    """20 steps (two blocks, one window), 2 trials, repeats as the machine calls for them: results.json
+    carries each trial's contention, the case's, whether its trials disagree and how many repeats ran."""
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", "20", "--trials", str(TRIALS),
+                    "--data", "synthetic", "--out", str(out), "--json", timeout=600)
+    entry = _check_run(out, "pytorch", proc)
+    assert 0 <= entry["repeats"] <= runner.DEFAULT_MAX_REPEATS
+    assert (entry["repeats"] > 0) == any(("repeat" in line) for line in proc.stderr.splitlines()
+                                         if line.startswith("kernelmap run: ["))
+    assert [t["repeat"] for t in entry["trials"]] == [t > TRIALS for t in range(1, len(entry["trials"]) + 1)]
+    (s,) = json.loads(proc.stdout)["results"]
+    assert s["contention"] == entry["contention"] and s["repeats"] == entry["repeats"]
 
 
 @pytest.mark.gpu
@@ -370,17 +408,61 @@ def test_real_cpu_oom_leaves_that_batch_size_out(tmp_path, framework):
     assert [r["batch_size"] for r in json.loads((out / "results.json").read_text())] == [32]
 
 
-def _workers_that_finish(monkeypatch):
-    """Every framework installed, and each worker's clean pass finished (no subprocess)."""
-    def fake_run_one(fw, decision, bs, *rest):
-        return {"framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": bs, "device": decision.device,
-                "device_note": decision.note, "median_step_s": 0.01, "ci95_low_s": None, "ci95_high_s": None,
-                "ci95_half_width_rel": None, "noisy": None, "n_trials": 1, "iqr_step_s": 0.0, "images_per_s": 6400.0,
-                "e2e_step_s": None, "e2e_images_per_s": None, "test_accuracy": None, "passes": {"clean": {}},
-                "versions": {"framework": fw}}
+QUIET_WINDOW = {"wall_s": 0.7, "own_cpu_cores": 1.93, "other_cpu_cores": 0.04, "steal_cores": 0.0, "ncpu": 2,
+                "load1": 1.1, "resolution_cores": 0.0286, "measured": True, "why_not": None, "contended": False}
+BUSY_WINDOW = {**QUIET_WINDOW, "own_cpu_cores": 0.31, "other_cpu_cores": 1.71, "load1": 3.9, "contended": True}
 
-    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+
+def _samples(median_s: float, n: int = 10) -> list[float]:
+    """n samples spread +-0.1% around ``median_s`` (a quiet CPU trial's spread)."""
+    return [median_s * (1 + 0.001 * (k - (n - 1) / 2) / n) for k in range(n)]
+
+
+class FakeWorkers:
+    """Stands in for ``runner.run_worker``: writes the result a worker would (kernelmap/worker.py's
+    fields) with the step times and contention of ``plan[(fw, bs, pass, trial)]`` (default: quiet, 10 ms),
+    or raises what the plan says; records each call as (fw, bs, pass, trial, reuse)."""
+
+    def __init__(self, plan=None):
+        self.plan = plan or {}
+        self.calls: list[tuple] = []
+
+    def __call__(self, cmd, *, label, batch_size, env=None, stdout_path=None, forward_stderr=True, log_path=None):
+        arg = lambda name: cmd[cmd.index(name) + 1] if name in cmd else None  # noqa: E731
+        fw, p, trial = arg("--framework"), arg("--pass"), arg("--trial")
+        trial = int(trial) if trial else None
+        self.calls.append((fw, batch_size, p, trial, "--reuse-batches" in cmd))
+        spec_ = self.plan.get((fw, batch_size, p, trial), {})
+        if isinstance(spec_, Exception):
+            raise spec_
+        windows = [BUSY_WINDOW if spec_.get("busy") else QUIET_WINDOW] * 2
+        steps = _samples(spec_.get("median_s", 0.010), 10 if p == "clean" else timing.MIN_CAPTURE_STEPS)
+        from kernelmap import contention
+
+        result = {"pass": p, "warmup_steps": 1, "steps": len(steps) * (10 if p == "clean" else 1),
+                  "block_steps": 10 if p == "clean" else 1, "step_times_s": steps,
+                  "sample_steps": [10 if p == "clean" else 1] * len(steps),
+                  "timing": timing.STEP_METHOD if p == "clean" else timing.CAPTURE_METHOD,
+                  "median_step_s": float(np.median(steps)), "loader_batch_s": 0.002,
+                  "contention_windows": windows, "contention_gpu": [],
+                  "contention": contention.summarise(windows), "final_loss": 2.0, "threads": {},
+                  "train_wall_s": 1.0, "test_accuracy": None if "--no-evaluate" in cmd else 0.5,
+                  "framework": fw, "mode": frameworks.get(fw).modes[0], "batch_size": batch_size, "device": "cpu",
+                  "versions": {"framework": fw}, "pid": 1000 + len(self.calls), "math": "fp32", "tf32_override": None}
+        if p == "clean":
+            reuse = "--reuse-batches" in cmd
+            result.update(e2e_step_s=None if reuse else 0.012, e2e_timing=timing.REUSE_METHOD if reuse else
+                          timing.E2E_METHOD, trial=trial, **({"batches_reused": 50} if reuse else {}))
+        out = Path(arg("--dir")) / rundir.pass_result_name(p, trial)
+        out.write_text(json.dumps(result))
+
+
+def _workers_that_finish(monkeypatch, plan=None) -> FakeWorkers:
+    """Every framework installed, and each worker finished as ``plan`` says (no subprocess)."""
+    fake = FakeWorkers(plan)
+    monkeypatch.setattr(runner, "run_worker", fake)
     monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+    return fake
 
 
 def _quick_run_args(out: Path, framework: str, profile: str) -> argparse.Namespace:
@@ -440,3 +522,195 @@ def test_a_normalise_defect_keeps_the_captures_and_says_what_failed(tmp_path, mo
     assert "Traceback" in capsys.readouterr().err
     assert (out / "pytorch" / "bs64" / "cudnn.log").read_text() == "a capture\n"
     assert (out / "manifest.json").is_file() and (out / "results.json").is_file()
+
+
+# --- the schedule, repeats and contention (no subprocess) ----------------------------------------------
+def _jobs(jobs):
+    return [(j.round, j.framework[:2], j.batch_size, j.pass_name, j.trial) for j in jobs]
+
+
+def test_schedule_interleaves_frameworks_round_by_round():
+    cases = [("pytorch", 64), ("pytorch", 256), ("mxnet", 64), ("mxnet", 256), ("jax", 64), ("jax", 256)]
+    jobs = runner.schedule(cases, 3, ("framework", "libs"))
+    assert _jobs(jobs) == [
+        (0, "py", 64, "clean", 1), (0, "mx", 64, "clean", 1), (0, "ja", 64, "clean", 1),
+        (0, "py", 256, "clean", 1), (0, "mx", 256, "clean", 1), (0, "ja", 256, "clean", 1),
+        (0, "py", 64, "framework", None), (0, "mx", 64, "framework", None), (0, "ja", 64, "framework", None),
+        (0, "py", 256, "framework", None), (0, "mx", 256, "framework", None), (0, "ja", 256, "framework", None),
+        # round 2: the frameworks' order rotated by one
+        (1, "mx", 64, "clean", 2), (1, "ja", 64, "clean", 2), (1, "py", 64, "clean", 2),
+        (1, "mx", 256, "clean", 2), (1, "ja", 256, "clean", 2), (1, "py", 256, "clean", 2),
+        (1, "mx", 64, "libs", None), (1, "ja", 64, "libs", None), (1, "py", 64, "libs", None),
+        (1, "mx", 256, "libs", None), (1, "ja", 256, "libs", None), (1, "py", 256, "libs", None),
+        (2, "ja", 64, "clean", 3), (2, "py", 64, "clean", 3), (2, "mx", 64, "clean", 3),
+        (2, "ja", 256, "clean", 3), (2, "py", 256, "clean", 3), (2, "mx", 256, "clean", 3),
+    ]
+    # more capture passes than trials: the rounds run on with capture passes only
+    more = runner.schedule([("pytorch", 64), ("jax", 64)], 1, ("framework", "libs", "nsys"))
+    assert _jobs(more) == [(0, "py", 64, "clean", 1), (0, "ja", 64, "clean", 1), (0, "py", 64, "framework", None),
+                           (0, "ja", 64, "framework", None), (1, "ja", 64, "libs", None), (1, "py", 64, "libs", None),
+                           (2, "py", 64, "nsys", None), (2, "ja", 64, "nsys", None)]
+    # a case missing from the run (a batch size left out of one framework) leaves a gap, not a shift
+    assert runner.round_order([("pytorch", 64), ("jax", 64), ("jax", 256)], 1) == [
+        ("jax", 64), ("pytorch", 64), ("jax", 256)]
+
+
+def _trial(n: int, median_s: float = 0.010, busy: bool = False) -> dict:
+    from kernelmap import contention
+
+    return {"trial": n, "step_times_s": _samples(median_s),
+            "contention": contention.summarise([BUSY_WINDOW if busy else QUIET_WINDOW])}
+
+
+def test_contended_trials_are_left_out_where_a_quiet_one_exists():
+    quiet1, busy2, quiet3 = _trial(1), _trial(2, 0.014, busy=True), _trial(3)
+    assert runner.used_trials([quiet1, busy2, quiet3]) == [quiet1, quiet3]
+    all_busy = [_trial(1, busy=True), _trial(2, busy=True)]
+    assert runner.used_trials(all_busy) == all_busy
+    unmeasured = {**_trial(4), "contention": {"contended": None}}
+    assert runner.used_trials([busy2, unmeasured]) == [unmeasured]  # not measured is not contended
+
+
+def test_repeat_reason():
+    quiet = [_trial(1), _trial(2), _trial(3)]
+    assert runner.repeat_reason(quiet, 3, 0, 2) is None
+    one_busy = [_trial(1), _trial(2, busy=True), _trial(3)]
+    assert runner.repeat_reason(one_busy, 3, 0, 2) == "trial 2 ran under contention"
+    assert runner.repeat_reason([*one_busy, _trial(4)], 3, 1, 2) is None  # replaced by a quiet one
+    two_busy = [_trial(1, busy=True), _trial(2, busy=True), _trial(3)]
+    assert runner.repeat_reason(two_busy, 3, 0, 2) == "trials 1, 2 ran under contention"
+    assert runner.repeat_reason(two_busy, 3, 2, 2) is None  # --max-repeats reached
+    assert runner.repeat_reason(two_busy, 3, 0, 0) is None
+    apart = [_trial(1), _trial(2, 0.011), _trial(3)]  # 10% apart, 0.1% noise
+    assert runner.repeat_reason(apart, 3, 0, 2) == "its trials disagree beyond noise"
+    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 2, 0, 2) == "trial 2 ran under contention"
+    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 1, 0, 2) is None  # one quiet is enough
+    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True), _trial(3)], 2, 1, 2) is None  # busy one not used
+    assert runner.repeat_budget_s(100.0, None) == pytest.approx(30.0) and runner.repeat_budget_s(100.0, 5.0) == 5.0
+
+
+def test_contention_cell():
+    from kernelmap import contention
+
+    busy = {**contention.summarise([BUSY_WINDOW]), "trials": 3, "trials_contended": 2}
+    assert runner.contention_cell(busy) == "BUSY: other processes used 1.7 of 2 cores (2/3 trials)"
+    quiet = {**contention.summarise([QUIET_WINDOW]), "trials": 3, "trials_contended": 1}
+    assert runner.contention_cell(quiet) == "quiet (1/3 trials busy, left out)"
+    assert runner.contention_cell({**quiet, "trials_contended": 0}) == "quiet"
+    assert runner.contention_cell(contention.summarise([BUSY_WINDOW])) == "BUSY: other processes used 1.7 of 2 cores"
+    assert runner.contention_cell(None) == "not recorded"
+    unmeasured = contention.summarise([{**QUIET_WINDOW, "measured": False, "why_not": "no /proc/stat"}])
+    assert runner.contention_cell(unmeasured) == "not measured: no /proc/stat"
+
+
+def _run_args(out: Path, *extra: str) -> argparse.Namespace:
+    from kernelmap import cli
+
+    return cli.build_parser(["run"]).parse_args(
+        ["run", "--framework", "all", "--device", "cpu", "--steps", "100", "--trials", "2", "--profile", "libs",
+         "--data", "synthetic", "--out", str(out), "--json", *extra])
+
+
+def test_run_interleaves_repeats_and_leaves_contended_trials_out(tmp_path, monkeypatch, capsys):
+    """All three frameworks, 2 trials and the libs pass: MXNet's trial 2 ran under contention (one repeat
+    replaces it), JAX's trials disagree (two repeats, still apart: flagged), PyTorch is quiet."""
+    plan = {("mxnet", 64, "clean", 2): {"busy": True, "median_s": 0.030},
+            ("jax", 64, "clean", 1): {"median_s": 0.010}, ("jax", 64, "clean", 2): {"median_s": 0.012},
+            ("jax", 64, "clean", 3): {"median_s": 0.014}, ("jax", 64, "clean", 4): {"median_s": 0.016},
+            ("pytorch", 64, "libs", None): {"busy": True, "median_s": 0.013}}
+    fake = _workers_that_finish(monkeypatch, plan)
+    monkeypatch.setattr(runner, "_parity", lambda *a: {})
+    monkeypatch.setattr(runner, "_normalise", lambda tmp: None)
+    out = tmp_path / "run"
+    # an explicit budget: the default (30% of a run of stand-in workers, ~0 s) would depend on the clock
+    summary = runner.execute(_run_args(out, "--repeat-budget", "600"))
+    assert [c[:4] for c in fake.calls] == [
+        ("pytorch", 64, "clean", 1), ("mxnet", 64, "clean", 1), ("jax", 64, "clean", 1),
+        ("pytorch", 64, "libs", None), ("mxnet", 64, "libs", None), ("jax", 64, "libs", None),
+        ("mxnet", 64, "clean", 2), ("jax", 64, "clean", 2), ("pytorch", 64, "clean", 2),
+        # the first repeat round is round 2 of the rotation (JAX first), then JAX alone
+        ("jax", 64, "clean", 3), ("mxnet", 64, "clean", 3),
+        ("jax", 64, "clean", 4),
+    ]
+    assert [c[4] for c in fake.calls if c[2] == "clean"] == [c[3] > 1 for c in fake.calls if c[2] == "clean"]
+    results = {r["framework"]: r for r in json.loads((out / "results.json").read_text())}
+    mx, jx, pt = results["mxnet"], results["jax"], results["pytorch"]
+    assert [(t["trial"], t["used"], t["contended"], t["repeat"]) for t in mx["trials"]] == [
+        (1, True, False, False), (2, False, True, False), (3, True, False, True)]
+    assert mx["repeats"] == 1 and mx["trials_disagree"] is False and mx["n_trials"] == 2
+    assert mx["median_step_s"] == pytest.approx(0.010)  # the contended 30 ms trial left out
+    assert mx["step_times_s"] == _samples(0.010) * 2
+    assert mx["contention"]["contended"] is False
+    assert (mx["contention"]["trials"], mx["contention"]["trials_contended"], mx["contention"]["trials_used"]) == (
+        3, 1, [1, 3])
+    assert mx["trials"][1]["contention"]["text"] == "other processes used up to 1.7 of 2 cores"
+    assert mx["e2e_trials"] == [1] and "from trial 1 only" in mx["e2e_timing"] and mx["e2e_step_s"] == 0.012
+    assert jx["repeats"] == 2 and jx["trials_disagree"] is True and len(jx["trials"]) == 4
+    assert pt["repeats"] == 0 and pt["trials_disagree"] is False and pt["contention"]["contended"] is False
+    for r in results.values():  # each trial's own interval
+        assert all(t["ci95_low_s"] < t["median_step_s"] < t["ci95_high_s"] for t in r["trials"])
+    libs = pt["passes"]["libs"]
+    assert libs["contention"]["contended"] is True and libs["overhead_verdict"] == "above noise"
+    assert (libs["ci95_low_s"], libs["ci95_high_s"]) == timing.capture_ci(libs["step_times_s"])
+    assert pt["passes"]["clean"]["contention"] == pt["contention"]
+    notes = summary["notes"]
+    assert ("mxnet bs 64: clean trial 2 ran under contention (other processes used up to 1.7 of 2 cores); left out "
+            "of the step figure (kept in results.json's trials)") in notes
+    assert any(n.startswith("jax bs 64: its clean trials disagree beyond noise (medians 10.000, 12.000, 14.000, "
+                            "16.000 ms) after 2 repeats") for n in notes), notes
+    assert "pytorch bs 64: the libs pass ran under contention (other processes used up to 1.7 of 2 cores)" in notes
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["job"] == "run" and man["host"]["ncpu"] == os.cpu_count()
+    assert man["config"]["timing"]["max_repeats"] == runner.DEFAULT_MAX_REPEATS
+    err = capsys.readouterr().err
+    n = len(fake.calls)
+    workers = [line for line in err.splitlines() if line.startswith("kernelmap run: [")]
+    assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}] jax bs 64 (clean pass trial 4, "
+                                                       "repeat 2/2: its trials disagree beyond noise, cpu)")
+    s = {r["framework"]: r for r in summary["results"]}
+    assert s["mxnet"]["contention"] == mx["contention"] and s["jax"]["trials_disagree"] is True
+    assert s["pytorch"]["overheads"]["libs"]["contention"]["contended"] is True
+
+
+def test_the_repeat_budget_stops_repeats_and_says_so(tmp_path, monkeypatch, capsys):
+    plan = {("jax", 64, "clean", 2): {"median_s": 0.012}}
+    fake = _workers_that_finish(monkeypatch, plan)
+    monkeypatch.setattr(runner, "_parity", lambda *a: {})
+    summary = runner.execute(_run_args(tmp_path / "run", "--profile", "none", "--repeat-budget", "0"))
+    assert len(fake.calls) == 6  # the planned trials only
+    (note,) = [n for n in summary["notes"] if n.startswith("repeats stopped")]
+    assert note.startswith("repeats stopped by the repeat budget (--repeat-budget 0 s, 0 s spent; the next trial "
+                           "takes ~")
+    assert note.endswith("not repeated further: jax bs 64 (its trials disagree beyond noise)")
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("kernelmap run: [")][-1] \
+        .startswith("kernelmap run: [6/6]")
+
+
+def test_a_failing_case_drops_its_remaining_jobs_only(tmp_path, monkeypatch, capsys):
+    """MXNet bs 64 runs out of memory at its second trial: its later jobs never start, its folder goes,
+    the other cases run all theirs, the run exits 3 and the progress count drops the jobs not run."""
+    oom = KernelmapError("mxnet bs 64 (clean pass trial 2/2, cpu): out of memory at batch size 64; try a smaller "
+                         "--batch-size (boom)")
+    fake = _workers_that_finish(monkeypatch, {("mxnet", 64, "clean", 2): oom})
+    monkeypatch.setattr(runner, "_parity", lambda *a: {})
+    monkeypatch.setattr(runner, "_normalise", lambda tmp: None)
+    out = tmp_path / "run"
+    summary = runner.execute(_run_args(out, "--max-repeats", "0"))
+    assert [c[:4] for c in fake.calls if c[0] == "mxnet"] == [("mxnet", 64, "clean", 1), ("mxnet", 64, "libs", None),
+                                                               ("mxnet", 64, "clean", 2)]
+    assert len([c for c in fake.calls if c[0] != "mxnet"]) == 6
+    assert summary["exit_code"] == 3 and [r["framework"] for r in summary["results"]] == ["pytorch", "jax"]
+    assert f"{oom}; mxnet bs 64 left out of the run" in summary["notes"]
+    assert not (out / "mxnet").exists()
+    workers = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kernelmap run: [")]
+    assert workers[-1].startswith("kernelmap run: [9/9]")
+
+
+def test_run_help_lists_the_repeat_options(capsys):
+    from kernelmap import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser(["run"]).parse_args(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    assert "--max-repeats N" in text and "--repeat-budget SECONDS" in text and "(default: 30% of the run's" in text

@@ -81,3 +81,27 @@ def test_intervals_overlap():
     assert timing.intervals_overlap((2.570, 3.168), (2.40, 2.60))  # symmetric
     assert timing.intervals_overlap((1.0, 2.0), (2.0, 3.0))  # a shared end point
     assert timing.intervals_overlap((1.0, 4.0), (2.0, 3.0))  # one inside the other
+
+
+def test_capture_ci_is_one_trials_interval():
+    rng = np.random.default_rng(1)
+    samples = list(1.0 + 0.01 * rng.standard_normal(40))
+    lo, hi = timing.capture_ci(samples)
+    assert (lo, hi) == timing.median_ci([samples])
+    assert lo < float(np.median(samples)) < hi and hi - lo < 0.02
+    assert timing.capture_ci([0.5]) is None
+
+
+def test_trials_disagree_when_two_intervals_do_not_overlap():
+    rng = np.random.default_rng(2)
+    a = list(1.000 + 0.001 * rng.standard_normal(30))
+    b = list(1.000 + 0.001 * rng.standard_normal(30))
+    far = [x + 0.06 for x in b]  # 6% slower, noise 0.1%: no overlap, beyond the 5% threshold
+    near = [x + 0.04 for x in b]  # 4% slower: no overlap either, but within the noise threshold
+    assert timing.trials_disagree([a, b]) is False
+    assert timing.trials_disagree([a, near]) is False
+    assert timing.trials_disagree([a, far]) is True
+    assert timing.trials_disagree([a, b, far]) is True  # any one pair is enough
+    assert timing.trials_disagree([far, a]) is True  # either order
+    assert timing.trials_disagree([a]) is False and timing.trials_disagree([]) is False
+    assert timing.trials_disagree([a, [2.0]]) is False  # one sample: no interval, takes no part

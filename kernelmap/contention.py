@@ -1,0 +1,347 @@
+"""What else used the machine while a timed window ran: CPU time of other processes, steal, load, and
+on the GPU other processes and the clocks' slowdown reasons. Figures, not guesses (issue 29).
+
+A CPU window (``CpuWindow.start()`` ... ``.stop()``) reads three clocks at both ends:
+
+- the machine's busy CPU time: the ``cpu`` line of ``/proc/stat``, user + nice + system + irq +
+  softirq jiffies (idle and iowait are not busy; steal is counted on its own), / ``SC_CLK_TCK``;
+- this process's own CPU time: ``getrusage`` of itself and of its waited-for children;
+- the wall clock (``time.perf_counter``).
+
+Other processes' CPU = busy CPU-seconds - own CPU-seconds, clamped at 0; every figure is given in
+*cores*: CPU-seconds per wall-second. Steal (time the hypervisor gave another guest) in cores too.
+
+``is_contended`` is the one rule (constants below): other processes used at least
+``max(OTHER_CPU_MIN_CORES, OTHER_CPU_SHARE x NCPU)`` cores, or steal took at least
+``max(STEAL_MIN_CORES, STEAL_SHARE x NCPU)``, each beyond the counters' resolution (``TICK_SLACK`` ticks of ``/proc/stat``
+per window, in cores of that window). On the GPU (``gpu_state``, from nvidia-smi) another process
+with a context on the device, or a clock slowdown reason of ``CONTENDED_CLOCK_REASONS`` (hardware
+slowdown, thermal, power brake), counts as contention. Where ``/proc/stat`` cannot be read (not
+Linux) a window says "not measured" (``contended`` None); without nvidia-smi ``gpu_state`` is None.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NCPU: int = os.cpu_count() or 1
+
+# --- the rule ------------------------------------------------------------------------------------
+OTHER_CPU_MIN_CORES = 0.25  # other processes' CPU at or above this many cores is contention ...
+OTHER_CPU_SHARE = 0.10  # ... or this share of the machine's cores, whichever is larger
+STEAL_MIN_CORES = 0.10  # the hypervisor took at least this many cores from this guest ...
+STEAL_SHARE = 0.05  # ... or this share of its cores (steal on a core this process does not use slows it not)
+TICK_SLACK = 2  # /proc/stat ticks per window that a figure may be off by (sampling + truncation)
+# /proc/stat must count at least this share of our own CPU time, else its counters do not see this
+# machine's processes (gVisor's /proc/stat, for one, stays at zero): the window is not measured.
+SEEN_OWN_SHARE = 0.5
+RULE = (f"contended where other processes used >= max({OTHER_CPU_MIN_CORES} cores, {OTHER_CPU_SHARE:.0%} of the "
+        f"cores) or steal >= max({STEAL_MIN_CORES} cores, {STEAL_SHARE:.0%} of the cores), each beyond {TICK_SLACK} /proc/stat ticks per window; "
+        "on the GPU: another process on the device, or a clock slowdown reason (hardware slowdown, thermal, "
+        "power brake)")
+
+PROC_STAT = "/proc/stat"
+# /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice (guest time
+# is already inside user and nice).
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+_STEAL_FIELD = 7
+
+# NVML's clock event reasons (nvmlClocksEventReasons; nvidia-smi's clocks_event_reasons.active bitmask).
+CLOCK_REASONS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake slowdown",
+    0x100: "display clock setting",
+}
+# Reasons that say something other than this process held the clocks down.
+CONTENDED_CLOCK_REASONS = frozenset({"HW slowdown", "SW thermal slowdown", "HW thermal slowdown",
+                                     "HW power brake slowdown"})
+GPU_FIELDS = ("index", "uuid", "clocks.sm", "clocks.max.sm")
+GPU_REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # newer, older drivers
+NVIDIA_SMI_TIMEOUT_S = 20
+
+
+# --- CPU ------------------------------------------------------------------------------------------
+def parse_proc_stat(text: str) -> tuple[int, int | None]:
+    """(busy jiffies, steal jiffies or None where the kernel has no steal column) of /proc/stat's
+    aggregate ``cpu`` line."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            values = [int(v) for v in parts[1:]]
+            if len(values) < 7:
+                raise ValueError(f"{PROC_STAT}: a cpu line of {len(values)} fields: {line!r}")
+            steal = values[_STEAL_FIELD] if len(values) > _STEAL_FIELD else None
+            return sum(values[i] for i in _BUSY_FIELDS), steal
+    raise ValueError(f"{PROC_STAT}: no aggregate cpu line")
+
+
+def read_proc_stat() -> str | None:
+    """The text of /proc/stat, or None where there is none (not Linux)."""
+    try:
+        with open(PROC_STAT) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def own_cpu_s() -> float:
+    """CPU-seconds (user + system) of this process and of its children that it has waited for."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
+
+
+def load1() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
+@dataclass(frozen=True)
+class CpuSources:
+    """Where a ``CpuWindow`` reads its clocks (tests give their own)."""
+
+    proc_stat: Callable[[], str | None] = read_proc_stat
+    own_cpu_s: Callable[[], float] = own_cpu_s
+    wall_s: Callable[[], float] = time.perf_counter
+    load1: Callable[[], float | None] = load1
+    clk_tck: int = clock_ticks()
+    ncpu: int = NCPU
+
+
+SYSTEM = CpuSources()
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@dataclass
+class CpuWindow:
+    """One timed window's view of the machine; start it and stop it outside the timed blocks."""
+
+    sources: CpuSources
+    wall0: float
+    own0: float
+    stat0: str | None
+
+    @classmethod
+    def start(cls, sources: CpuSources = SYSTEM) -> CpuWindow:
+        stat = sources.proc_stat()
+        own = sources.own_cpu_s()
+        return cls(sources, sources.wall_s(), own, stat)
+
+    def stop(self) -> dict[str, Any]:
+        """{"wall_s", "own_cpu_cores", "other_cpu_cores", "steal_cores", "ncpu", "load1", "resolution_cores",
+        "measured", "why_not", "contended"}: cores = CPU-seconds per wall-second of the window."""
+        src = self.sources
+        wall1 = src.wall_s()
+        own1 = src.own_cpu_s()
+        stat1 = src.proc_stat()
+        wall = wall1 - self.wall0
+        own = own1 - self.own0
+        window: dict[str, Any] = {
+            "wall_s": _round(wall), "own_cpu_cores": _round(own / wall) if wall > 0 else None,
+            "other_cpu_cores": None, "steal_cores": None, "ncpu": src.ncpu, "load1": src.load1(),
+            "resolution_cores": None, "measured": False, "why_not": None,
+        }
+        if self.stat0 is None or stat1 is None:
+            window["why_not"] = f"{PROC_STAT} cannot be read here"
+        elif wall <= 0:
+            window["why_not"] = "the window took no time"
+        else:
+            busy0, steal0 = parse_proc_stat(self.stat0)
+            busy1, steal1 = parse_proc_stat(stat1)
+            busy_s = (busy1 - busy0) / src.clk_tck
+            if busy_s + TICK_SLACK / src.clk_tck < SEEN_OWN_SHARE * own:
+                window["why_not"] = (f"{PROC_STAT} counted {busy_s:.2f} busy CPU-seconds while this process alone "
+                                     f"used {own:.2f}: its counters do not see this machine's processes (a sandbox?)")
+            else:
+                window.update(
+                    other_cpu_cores=_round(max(busy_s - own, 0.0) / wall),
+                    steal_cores=(None if steal0 is None or steal1 is None
+                                 else _round(max(steal1 - steal0, 0) / src.clk_tck / wall)),
+                    resolution_cores=_round(TICK_SLACK / src.clk_tck / wall),
+                    measured=True,
+                )
+        window["contended"] = is_contended(window)
+        return window
+
+
+def other_cpu_threshold(ncpu: int) -> float:
+    """Cores of other processes' CPU from which a window is contended (the rule's first half)."""
+    return max(OTHER_CPU_MIN_CORES, OTHER_CPU_SHARE * ncpu)
+
+
+def steal_threshold(ncpu: int) -> float:
+    """Cores of steal from which a window is contended (the rule's second half)."""
+    return max(STEAL_MIN_CORES, STEAL_SHARE * ncpu)
+
+
+def _over(cores: float | None, slack: float, threshold: float) -> bool:
+    # figures are kept to 4 decimals: compare at that precision (0.12 - 0.02 is not below 0.1)
+    return round((cores or 0.0) - slack, 4) >= threshold
+
+
+def contended_by(window: dict[str, Any]) -> tuple[bool, bool]:
+    """(other processes' CPU, steal) each at or above its threshold in ``window`` beyond its tick slack."""
+    slack = window.get("resolution_cores") or 0.0
+    return (_over(window.get("other_cpu_cores"), slack, other_cpu_threshold(window["ncpu"])),
+            _over(window.get("steal_cores"), slack, steal_threshold(window["ncpu"])))
+
+
+def is_contended(window: dict[str, Any]) -> bool | None:
+    """The rule (``RULE``): None where the window was not measured."""
+    if not window.get("measured"):
+        return None
+    return any(contended_by(window))
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+def _run_nvidia_smi(args: Sequence[str]) -> tuple[int, str]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise FileNotFoundError("nvidia-smi")
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def clock_reasons(mask: str) -> list[str] | None:
+    """Names of the reasons set in nvidia-smi's ``clocks_event_reasons.active`` ("0x...."); None where
+    the driver reports none ("[N/A]", "[Not Supported]")."""
+    try:
+        bits = int(mask.strip(), 16)
+    except ValueError:
+        return None
+    names = [name for bit, name in CLOCK_REASONS.items() if bits & bit]
+    unknown = bits & ~sum(CLOCK_REASONS)
+    return names + ([f"unknown reason 0x{unknown:x}"] if unknown else [])
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def _chosen_gpu(rows: list[list[str]], visible: str | None) -> list[str]:
+    """The row of the GPU this process uses: the first of CUDA_VISIBLE_DEVICES (index or UUID), else the first."""
+    first = (visible or "").split(",")[0].strip()
+    for row in rows:
+        if first and (row[0] == first or row[1] == first or (first.startswith("GPU-") and row[1].startswith(first))):
+            return row
+    return rows[0]
+
+
+def gpu_state(run: Callable[[Sequence[str]], tuple[int, str]] = _run_nvidia_smi, own_pid: int | None = None,
+              visible: str | None = None) -> dict[str, Any] | None:
+    """The GPU this process uses, as nvidia-smi reports it now: {"index", "sm_clock_mhz", "max_sm_clock_mhz",
+    "clock_reasons": [str] | None, "compute_processes": [pids of other processes with a context on the GPU]
+    | None (where this process is not in nvidia-smi's list: another PID namespace, processes not visible)}.
+    None without nvidia-smi or where it reports no GPU."""
+    own_pid = os.getpid() if own_pid is None else own_pid
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    try:
+        for reasons_field in GPU_REASON_FIELDS:
+            rc, out = run([f"--query-gpu={','.join((*GPU_FIELDS, reasons_field))}", "--format=csv,noheader,nounits"])
+            if rc == 0 or reasons_field not in out:  # an older driver names the field as not valid: try the next
+                break
+        if rc != 0:
+            return None
+        rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.count(",") >= 4]
+        if not rows:
+            return None
+        index, uuid, sm, sm_max, mask = _chosen_gpu(rows, visible)[:5]
+        rc, apps = run(["--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"])
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    pids: list[int] | None = None
+    if rc == 0:
+        on_gpu = [int(p) for p, _, g in (line.partition(",") for line in apps.splitlines())
+                  if p.strip().isdigit() and g.strip() == uuid]
+        pids = sorted(p for p in on_gpu if p != own_pid) if own_pid in on_gpu else None
+    return {"index": int(index) if index.isdigit() else index, "sm_clock_mhz": _number(sm),
+            "max_sm_clock_mhz": _number(sm_max), "clock_reasons": clock_reasons(mask), "compute_processes": pids}
+
+
+def gpu_contention(state: dict[str, Any]) -> list[str]:
+    """Why one ``gpu_state`` is contended ([] where it is not)."""
+    why = []
+    others = state.get("compute_processes")
+    if others:
+        why.append(f"{len(others)} other process{'es' if len(others) > 1 else ''} on the GPU "
+                   f"(pid {', '.join(str(p) for p in others)})")
+    held = [r for r in state.get("clock_reasons") or () if r in CONTENDED_CLOCK_REASONS]
+    if held:
+        why.append(f"GPU clocks held down ({', '.join(held)})")
+    return why
+
+
+# --- summaries ----------------------------------------------------------------------------------
+def summarise(windows: Iterable[dict[str, Any]], gpu: Iterable[dict[str, Any] | None] = ()) -> dict[str, Any]:
+    """One figure of many windows (a trial, a pass, a case's trials) and of the GPU states read around
+    them: contended where any measured window is (``is_contended``) or any GPU state is (``gpu_contention``);
+    None where no window was measured and the GPU says nothing against it. ``text``: what a reader sees."""
+    windows = list(windows)
+    states = [g for g in gpu if g]
+    measured = [w for w in windows if w.get("measured")]
+    ncpu = next((w["ncpu"] for w in windows if w.get("ncpu")), NCPU)
+    other = [w["other_cpu_cores"] for w in measured]
+    steal = [w["steal_cores"] for w in measured if w.get("steal_cores") is not None]
+    loads = [w["load1"] for w in windows if w.get("load1") is not None]
+    busy = [w for w in measured if is_contended(w)]
+    busy_other = [w for w in busy if contended_by(w)[0]]
+    busy_steal = [w for w in busy if contended_by(w)[1]]
+    up_to = "up to " if len(measured) > 1 else ""
+    reasons: list[str] = []
+    if busy_other:
+        reasons.append(f"other processes used {up_to}{max(other):.1f} of {ncpu} cores")
+    if busy_steal:
+        reasons.append(f"the hypervisor stole {up_to}{max(steal):.1f} cores")
+    gpu_reasons = list(dict.fromkeys(r for s in states for r in gpu_contention(s)))
+    reasons += gpu_reasons
+    seen_pids = [s["compute_processes"] for s in states if s.get("compute_processes") is not None]
+    if reasons:
+        contended: bool | None = True
+        text = "; ".join(reasons)
+    elif measured:
+        contended = False
+        text = f"quiet: other processes used at most {max(other):.2f} of {ncpu} cores"
+    else:
+        contended = None
+        why = next((w["why_not"] for w in windows if w.get("why_not")), "no timed window")
+        text = f"not measured: {why}"
+    return {
+        "contended": contended, "reasons": reasons, "text": text,
+        "other_cpu_cores_max": max(other) if other else None,
+        "other_cpu_cores_median": _round(statistics.median(other)) if other else None,
+        "steal_cores_max": max(steal) if steal else None,
+        "load1_max": max(loads) if loads else None,
+        "ncpu": ncpu, "windows": len(windows), "windows_measured": len(measured), "windows_contended": len(busy),
+        "gpu_other_processes": max(len(p) for p in seen_pids) if seen_pids else None,
+        "gpu_clock_reasons": sorted({r for s in states for r in s.get("clock_reasons") or ()}),
+    }

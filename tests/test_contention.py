@@ -1,0 +1,207 @@
+"""kernelmap.contention: CPU windows from /proc/stat and getrusage, the contention rule, GPU states from
+nvidia-smi, summaries. /proc/stat lines are real ones of the 2-core test machine (kernel 6.18), taken
+one second apart; the figures are worked out by hand in each test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kernelmap import contention
+from kernelmap.contention import CpuSources, CpuWindow
+
+# /proc/stat's aggregate line: user nice system idle iowait irq softirq steal guest guest_nice
+STAT_0 = "cpu  16282 0 5199 25300 1711 0 211 526 0 0\ncpu0 6106 0 2553 13391 727 0 83 262 0 0\n"
+STAT_1 = "cpu  16374 0 5209 25397 1712 0 211 527 0 0\ncpu0 6152 0 2558 13440 727 0 83 262 0 0\n"
+# busy = user + nice + system + irq + softirq: 16282 + 5199 + 211 = 21692, then 21794 (+102 jiffies = 1.02 s)
+OLD_KERNEL = "cpu  16282 0 5199 25300 1711 0 211\n"  # no steal column (Linux < 2.6.11)
+
+
+def scripted(stats, owns, walls, ncpu=2, load=1.35, clk_tck=100):
+    """CpuSources that return the given readings in turn (start, then stop)."""
+    it_stat, it_own, it_wall = iter(stats), iter(owns), iter(walls)
+    return CpuSources(proc_stat=lambda: next(it_stat), own_cpu_s=lambda: next(it_own),
+                      wall_s=lambda: next(it_wall), load1=lambda: load, clk_tck=clk_tck, ncpu=ncpu)
+
+
+def window(own_s: float, stats=(STAT_0, STAT_1), wall=(100.0, 101.0), ncpu=2) -> dict:
+    return CpuWindow.start(scripted(stats, (0.25, 0.25 + own_s), wall, ncpu=ncpu)).stop()
+
+
+def test_parse_proc_stat_reads_busy_and_steal_of_the_aggregate_line():
+    assert contention.parse_proc_stat(STAT_0) == (21692, 526)
+    assert contention.parse_proc_stat(STAT_1) == (21794, 527)
+    assert contention.parse_proc_stat(OLD_KERNEL) == (21692, None)
+    with pytest.raises(ValueError, match="no aggregate cpu line"):
+        contention.parse_proc_stat("cpu0 1 2 3 4 5 6 7\n")
+
+
+def test_other_processes_are_busy_time_less_our_own():
+    w = window(own_s=0.5)  # 1.02 busy CPU-seconds in 1 s, 0.5 of them ours
+    assert w["wall_s"] == 1.0 and w["own_cpu_cores"] == 0.5
+    assert w["other_cpu_cores"] == 0.52 and w["steal_cores"] == 0.01
+    assert w["resolution_cores"] == 0.02 and w["ncpu"] == 2 and w["load1"] == 1.35
+    assert w["measured"] is True and w["contended"] is True  # 0.52 - 0.02 >= 0.25
+    quiet = window(own_s=1.0)
+    assert quiet["other_cpu_cores"] == 0.02 and quiet["contended"] is False
+    assert window(own_s=1.5)["other_cpu_cores"] == 0.0  # never below zero
+    half = window(own_s=0.5, wall=(10.0, 12.0))  # the same ticks over 2 s
+    assert half["other_cpu_cores"] == 0.26 and half["resolution_cores"] == 0.01
+
+
+def test_the_rule_threshold_and_the_tick_slack():
+    base = {"measured": True, "ncpu": 2, "steal_cores": 0.0, "resolution_cores": 0.02}
+    assert contention.other_cpu_threshold(2) == 0.25 and contention.other_cpu_threshold(16) == 1.6
+    assert contention.is_contended({**base, "other_cpu_cores": 0.27}) is True
+    assert contention.is_contended({**base, "other_cpu_cores": 0.26}) is False  # within the counters' slack
+    assert contention.is_contended({**base, "ncpu": 16, "other_cpu_cores": 1.5}) is False  # 10% of 16 cores
+    assert contention.is_contended({**base, "ncpu": 16, "other_cpu_cores": 1.7}) is True
+    assert contention.is_contended({**base, "other_cpu_cores": 0.0, "steal_cores": 0.12}) is True
+    assert contention.is_contended({**base, "other_cpu_cores": 0.0, "steal_cores": 0.11}) is False
+    # the H200 machine (16 cores), a 0.1 s window: 6 ticks of steal, 0.6 cores, on cores this process need not use
+    assert contention.steal_threshold(2) == 0.1 and contention.steal_threshold(16) == 0.8
+    assert contention.is_contended({**base, "ncpu": 16, "other_cpu_cores": 0.0, "steal_cores": 0.6,
+                                    "resolution_cores": 0.2}) is False
+    assert contention.is_contended({**base, "ncpu": 16, "other_cpu_cores": 0.0, "steal_cores": 1.0,
+                                    "resolution_cores": 0.2}) is True
+    assert contention.is_contended({**base, "other_cpu_cores": None, "measured": False}) is None
+
+
+def test_without_proc_stat_a_window_is_not_measured():
+    w = CpuWindow.start(scripted((None, None), (0.0, 0.4), (5.0, 6.0))).stop()
+    assert (w["measured"], w["contended"], w["other_cpu_cores"]) == (False, None, None)
+    assert w["own_cpu_cores"] == 0.4 and "/proc/stat cannot be read" in w["why_not"]
+    s = contention.summarise([w])
+    assert s["contended"] is None and s["text"] == "not measured: /proc/stat cannot be read here"
+    assert s["windows"] == 1 and s["windows_measured"] == 0 and s["other_cpu_cores_max"] is None
+
+
+def test_summarise_names_the_worst_window():
+    busy, quiet = window(own_s=0.5), window(own_s=1.0)
+    s = contention.summarise([quiet, busy, quiet])
+    assert s["contended"] is True and s["text"] == "other processes used up to 0.5 of 2 cores"
+    assert s["reasons"] == [s["text"]]
+    assert (s["windows"], s["windows_contended"], s["other_cpu_cores_max"]) == (3, 1, 0.52)
+    assert s["other_cpu_cores_median"] == 0.02 and s["steal_cores_max"] == 0.01 and s["load1_max"] == 1.35
+    q = contention.summarise([quiet])
+    assert q["contended"] is False and q["text"] == "quiet: other processes used at most 0.02 of 2 cores"
+    assert q["gpu_other_processes"] is None and q["gpu_clock_reasons"] == []
+    one = contention.summarise([busy])
+    assert one["text"] == "other processes used 0.5 of 2 cores"  # one window: no "up to"
+
+
+# --- GPU: nvidia-smi output as the H100 machine's driver prints it ------------------------------------
+UUID = "GPU-8f6c0a4e-2b1d-4f39-9a53-2f1d0e6c7b11"
+OTHER_UUID = "GPU-0b3e9d1c-7a54-4e2f-8c61-5d9a3f2e1c07"
+
+
+def fake_smi(gpus: str, apps: str, event_field_valid: bool = True, calls=None):
+    def run(args):
+        if calls is not None:
+            calls.append(list(args))
+        if args[0].startswith("--query-gpu"):
+            if "clocks_event_reasons.active" in args[0] and not event_field_valid:
+                return 2, ('Field "clocks_event_reasons.active" is not a valid field to query.\n\n'
+                           "Run nvidia-smi --help-query-gpu for a list of valid fields\n")
+            return 0, gpus
+        return 0, apps
+    return run
+
+
+def test_gpu_state_reads_clocks_reasons_and_other_processes():
+    gpus = f"0, {UUID}, 1755, 1980, 0x0000000000000000\n1, {OTHER_UUID}, 345, 1980, 0x0000000000000001\n"
+    apps = f"4242, {UUID}\n777, {UUID}\n999, {OTHER_UUID}\n"
+    g = contention.gpu_state(fake_smi(gpus, apps), own_pid=4242, visible="0")
+    assert g == {"index": 0, "sm_clock_mhz": 1755.0, "max_sm_clock_mhz": 1980.0, "clock_reasons": [],
+                 "compute_processes": [777]}
+    assert contention.gpu_contention(g) == ["1 other process on the GPU (pid 777)"]
+    second = contention.gpu_state(fake_smi(gpus, apps), own_pid=999, visible="1")
+    assert second["clock_reasons"] == ["GPU idle"] and second["compute_processes"] == []
+    assert contention.gpu_contention(second) == []  # idle is not contention
+    by_uuid = contention.gpu_state(fake_smi(gpus, apps), own_pid=999, visible=OTHER_UUID)
+    assert by_uuid["index"] == 1
+
+
+def test_gpu_processes_not_visible_and_slowdown_reasons():
+    gpus = f"0, {UUID}, 1410, 1980, 0x0000000000000048\n"  # HW slowdown + HW thermal slowdown
+    g = contention.gpu_state(fake_smi(gpus, ""), own_pid=4242, visible="")  # our own pid not listed
+    assert g["compute_processes"] is None
+    assert g["clock_reasons"] == ["HW slowdown", "HW thermal slowdown"]
+    assert contention.gpu_contention(g) == ["GPU clocks held down (HW slowdown, HW thermal slowdown)"]
+    s = contention.summarise([window(own_s=1.0)], [g, None])
+    assert s["contended"] is True and s["text"] == "GPU clocks held down (HW slowdown, HW thermal slowdown)"
+    assert s["gpu_clock_reasons"] == ["HW slowdown", "HW thermal slowdown"] and s["gpu_other_processes"] is None
+    power = contention.gpu_state(fake_smi(f"0, {UUID}, 1700, 1980, 0x0000000000000004\n", ""), own_pid=1)
+    assert power["clock_reasons"] == ["SW power cap"] and contention.gpu_contention(power) == []
+    na = contention.gpu_state(fake_smi(f"0, {UUID}, 1700, 1980, [N/A]\n", ""), own_pid=1)
+    assert na["clock_reasons"] is None
+
+
+def test_gpu_state_falls_back_to_the_throttle_field_of_older_drivers():
+    calls: list[list[str]] = []
+    gpus = f"0, {UUID}, 1410, 1410, 0x0000000000000000\n"
+    g = contention.gpu_state(fake_smi(gpus, f"4242, {UUID}\n", event_field_valid=False, calls=calls), own_pid=4242)
+    assert "clocks_event_reasons.active" in calls[0][0] and "clocks_throttle_reasons.active" in calls[1][0]
+    assert g["clock_reasons"] == [] and g["compute_processes"] == []
+
+
+def test_no_nvidia_smi_means_no_gpu_state():
+    def missing(args):
+        raise FileNotFoundError("nvidia-smi")
+
+    assert contention.gpu_state(missing) is None
+    assert contention.gpu_state(lambda args: (9, "NVIDIA-SMI has failed because it couldn't communicate "
+                                                  "with the NVIDIA driver.")) is None
+
+
+# --- the real clocks ----------------------------------------------------------------------------------
+def test_a_busy_process_beside_the_window_is_measured():
+    """A busy loop in another process for ~1 s: the window sees at least half a core of other CPU, at
+    least what /proc/<pid>/stat charged that process (its CPU is not ours: never waited for within it)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # past its start-up
+        ticks0 = _proc_ticks(hog.pid)
+        w = CpuWindow.start()
+        time.sleep(1.0)
+        ticks1 = _proc_ticks(hog.pid)
+        w = w.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    hog_cores = (ticks1 - ticks0) / contention.clock_ticks() / w["wall_s"]
+    assert w["measured"] and w["ncpu"] == os.cpu_count()
+    assert w["other_cpu_cores"] > 0.5, w
+    assert w["other_cpu_cores"] >= hog_cores - w["resolution_cores"] - 0.05, (w, hog_cores)
+    assert w["own_cpu_cores"] < 0.2  # this process slept
+
+
+def test_our_own_busy_loop_is_our_own_cpu():
+    w = CpuWindow.start()
+    t_end = time.perf_counter() + 0.8
+    while time.perf_counter() < t_end:
+        pass
+    w = w.stop()
+    assert 0.3 < w["own_cpu_cores"] <= 1.05, w  # one thread, busy (shared with whatever else runs here)
+
+
+def _proc_ticks(pid: int) -> int:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+
+
+def test_a_proc_stat_that_misses_our_own_cpu_is_not_measured():
+    """gVisor's /proc/stat stays at zero: a window there would read 'quiet' whatever ran beside it."""
+    frozen = "cpu  0 0 0 0 0 0 0 0 0 0\n"
+    w = CpuWindow.start(scripted((frozen, frozen), (0.0, 0.9), (5.0, 6.0))).stop()
+    assert (w["measured"], w["contended"], w["other_cpu_cores"]) == (False, None, None)
+    assert w["why_not"] == ("/proc/stat counted 0.00 busy CPU-seconds while this process alone used 0.90: its "
+                            "counters do not see this machine's processes (a sandbox?)")
+    # counting half of our own time, within two ticks, is still measured (children reaped in the window)
+    w = CpuWindow.start(scripted((STAT_0, STAT_1), (0.0, 2.0), (5.0, 6.0))).stop()
+    assert w["measured"] and w["other_cpu_cores"] == 0.0
+    assert not CpuWindow.start(scripted((STAT_0, STAT_1), (0.0, 2.2), (5.0, 6.0))).stop()["measured"]
