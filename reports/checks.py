@@ -1,11 +1,12 @@
-"""Self-checks of a report: figures tested against what the model and the run say they must be.
+"""Self-checks of a report: figures tested against what the model and the run say they must be,
+and against each other, so that a report cannot contradict itself unnoticed.
 
 Every check returns rows of one table (``self_checks``): run, framework, batch size, check,
 subject, expected, measured, status (``pass`` / ``FAIL`` / ``not checked``) and why. A figure
-that could not be checked says so, with the reason. ``kernelmap report --strict`` exits
-``EXIT_CHECK_FAILED`` when any row is ``FAIL``.
+that could not be checked says so, with the reason (older runs lack fields: "not checked", never a
+guess). ``kernelmap report --strict`` exits ``EXIT_CHECK_FAILED`` when any row is ``FAIL``.
 
-Checks:
+Checks (``Check``):
 
 * ``calls per step``: framework-op calls per step of each canonical op x direction (fwd, bwd)
   of the model's layers equal the counts the model spec implies (``expected_calls_per_step``).
@@ -13,22 +14,72 @@ Checks:
   ops) equal the steps the capture pass timed (results.json).
 * ``time within step``: summed op time (CPU) or kernel time (GPU) per step is at most the
   measured wall time per step of the pass that recorded it (the pass's own step times, mean).
+* ``layer times within step``: per framework x batch size x pass, the per-layer times per step of
+  the layer table (conv and linear, every direction) summed are at most that pass's mean step:
+  framework-op or kernel time against the trace's pass, library-call time against the libs
+  pass's timed steps.
+* ``capture not faster``: no capture pass is faster than its clean pass beyond noise: the
+  pass's 95% interval of its median lies wholly below the clean pass's (runs that record no
+  interval of the pass: the overhead verdict "below noise"). A pass that adds a profiler and
+  synchronises every step cannot be faster: the machine was busier during the clean pass.
+* ``layer time vs batch size``: per run x framework x layer x direction x kind of time, a layer's
+  time per step does not fall when the batch size grows, beyond noise. Noise: the 95% bootstrap
+  interval (``timing``'s seed and resample count) of the mean of the layer's per-step times, taken
+  per traced iteration (framework-op and kernel time) or per logged step of the libs pass
+  (library-call time: ``ops.logged_step_sums_ms``); FAIL where the larger batch's interval lies
+  wholly below the smaller one's. Every pair of batch sizes is compared.
+* ``clean vs step benchmark``: for each key (framework, mode, device, batch size) the clean
+  pass's median and the pytest-benchmark step median of the same job (history rows whose ``job``
+  is the run's manifest ``job``) agree within their combined noise: the clean pass's 95% interval
+  overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
+  McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from kernelmap.frameworks.spec import LAYERS
 
-from kernelmap import adapters  # noqa: E402
-from kernelmap.rundir import RunDir, read_json  # noqa: E402
+from kernelmap import adapters, timing
+from kernelmap.rundir import RunDir, read_json
+
+from .analyses.base import Busy, Run, field_at, fw_label, passes_of
+from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state
+from .analyses.summary import clean_stats
 
 EXIT_CHECK_FAILED = 4
-PASS, FAIL, NOT_CHECKED = "pass", "FAIL", "not checked"
+
+
+class Status(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "FAIL"
+    NOT_CHECKED = "not checked"
+
+
+PASS, FAIL, NOT_CHECKED = Status.PASS, Status.FAIL, Status.NOT_CHECKED
+
+
+class Check(enum.StrEnum):
+    """The self-checks, by the name the report prints (the module docstring says what each tests)."""
+
+    CALLS = "calls per step"
+    TRACED_STEPS = "traced steps"
+    TIME_WITHIN_STEP = "time within step"
+    LAYERS_WITHIN_STEP = "layer times within step"
+    CAPTURE_NOT_FASTER = "capture not faster"
+    LAYER_VS_BATCH = "layer time vs batch size"
+    CLEAN_VS_BENCH = "clean vs step benchmark"
+
+
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
+BUSIER_CLEAN = "the machine was busier during the clean pass"
+NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
 
 
 def expected_calls_per_step(layers: Iterable = LAYERS) -> dict[tuple[str, str], int]:
@@ -44,17 +95,22 @@ def expected_calls_per_step(layers: Iterable = LAYERS) -> dict[tuple[str, str], 
     return {(op, d): n for op, n in fwd.items() if n for d in ("fwd", "bwd")}
 
 
-def _row(run: str, fw: str, bs: Any, check: str, subject: str, expected: Any, measured: Any, status: str,
+def _row(run: str, fw: str | None, bs: Any, check: str, subject: str, expected: Any, measured: Any, status: str,
          detail: str = "") -> dict[str, Any]:
     return {"run": run, "framework": fw, "batch_size": bs, "check": check, "subject": subject,
             "expected": expected, "measured": measured, "status": status, "detail": detail}
 
 
+def _entry(run: Run, fw: str, bs: Any) -> dict | None:
+    for r in run.results:
+        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+            return r
+    return None
+
+
 def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tuple[list[float] | None, str]:
     """The pass's own per-step wall times (s): ``<fw>/bs<N>/<pass>.json`` as the worker wrote it,
     else results.json's per-pass figures (mean, else median, with a note)."""
-    from .analysis import _get, _passes
-
     if not pass_name:
         return None, "no capture pass is known for this source"
     f = RunDir(run.path).pass_result(fw, bs, pass_name)
@@ -63,86 +119,299 @@ def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tup
         st = d.get("step_times_s") if isinstance(d, dict) else None
         if isinstance(st, list) and st:
             return [float(x) for x in st], f"{f.relative_to(run.path)}: step_times_s"
-    for r in run.results:
-        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
-            p = _passes(r).get(pass_name, {})
-            st = _get(p, "step_times_s")
-            if isinstance(st, list) and st:
-                return [float(x) for x in st], f"results.json: step_times_s of the {pass_name} pass"
-            v, n = _get(p, "mean_step_s"), _get(p, "steps")
-            if isinstance(v, int | float) and isinstance(n, int) and n:
-                return [float(v)] * n, f"results.json: mean_step_s of the {pass_name} pass"
+    r = _entry(run, fw, bs)
+    if r is not None:
+        p = passes_of(r).get(pass_name, {})
+        st = field_at(p, "step_times_s")
+        if isinstance(st, list) and st:
+            return [float(x) for x in st], f"results.json: step_times_s of the {pass_name} pass"
+        v, n = field_at(p, "mean_step_s"), field_at(p, "steps")
+        if isinstance(v, int | float) and isinstance(n, int) and n:
+            return [float(v)] * n, f"results.json: mean_step_s of the {pass_name} pass"
     return None, (f"the {pass_name} pass's step times (or their mean) are recorded nowhere ({pass_name}.json, "
                   "results.json); a median alone does not bound summed time")
 
 
-def self_checks(runs: list) -> pd.DataFrame:
-    """All checks of all runs, one row each (see the module docstring)."""
+def mean_ci(values: list[float]) -> tuple[float, float] | None:
+    """95% bootstrap interval of the mean of ``values`` (``timing``'s seed and resample count);
+    None under two values."""
+    a = np.asarray(values, dtype=np.float64)
+    if a.size < 2:
+        return None
+    rng = np.random.default_rng(timing.BOOTSTRAP_SEED)
+    means = a[rng.integers(0, a.size, size=(timing.BOOTSTRAP_RESAMPLES, a.size))].mean(axis=1)
+    alpha = (1 - timing.CONFIDENCE) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{x * 1e3:.4g} ms"
+
+
+def _span_ms(ci: tuple[float, float] | None) -> str:
+    return "no interval" if ci is None else f"[{ci[0] * 1e3:.4g}–{ci[1] * 1e3:.4g}] ms"
+
+
+# --- checks of the records -------------------------------------------------------------------
+def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """calls per step, traced steps, time within step: per timed source."""
+    from . import analysis as A
+
+    rows: list[dict[str, Any]] = []
+    for t in A.timed_events(run):
+        fw, bs = t.framework, t.batch_size
+        source = adapters.FORMATS.get(t.source)
+        # calls per step
+        if not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
+            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+                             f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
+        elif t.ops is None or t.ops.empty:
+            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+                             f"the {t.source} trace records no framework ops in its steps"))
+        else:
+            calls = A.op_calls(t).set_index(["canonical_op", "direction"])
+            for (op, d), n in expected.items():
+                got = float(calls.loc[(op, d), "calls_per_step"]) if (op, d) in calls.index else 0.0
+                basis = calls.loc[(op, d), "basis"] if (op, d) in calls.index else "no such op"
+                rows.append(_row(run.name, fw, bs, Check.CALLS, f"{op} {d}", n, got,
+                                 PASS if got == n else FAIL,
+                                 f"{t.source}, {t.n_steps} steps; {basis}"))
+        # traced steps vs the pass's timed steps
+        r = _entry(run, fw, bs)
+        n_pass = None if r is None else field_at(passes_of(r).get(t.pass_name or "", {}), "steps")
+        if not t.iterations:
+            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, n_pass, t.n_steps, NOT_CHECKED,
+                             f"the trace has no iterations; steps taken from {t.n_steps_basis}"))
+        elif n_pass is None:
+            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, None, t.n_steps, NOT_CHECKED,
+                             f"results.json has no step count for the {t.pass_name} pass"))
+        else:
+            extra = (f"; {t.outside_events} timed event(s), {t.outside_ns / 1e6:.3f} ms, in other "
+                     "iterations left out") if t.outside_events else ""
+            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, int(n_pass), t.n_steps,
+                             PASS if t.n_steps == n_pass else FAIL,
+                             f"iterations {list(t.iterations)}{extra}"))
+        # timed work within the step's wall time
+        st, basis = _pass_step_times(run, fw, bs, t.pass_name)
+        busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
+        what = f"{t.level} time per step ({t.source})"
+        if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
+            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
+                             f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
+        elif st is None:
+            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED, basis))
+        elif len(st) != t.n_steps:
+            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
+                             f"{basis} has {len(st)} steps, the trace {t.n_steps}: not the same steps"))
+        else:
+            step_ms = sum(st) / len(st) * 1e3
+            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, step_ms, busy_ms,
+                             PASS if busy_ms <= step_ms else FAIL,
+                             f"at most the mean wall time of the {t.pass_name} pass's {len(st)} steps "
+                             f"({basis})"))
+    return rows
+
+
+def _layer_series(layers: pd.DataFrame) -> pd.DataFrame:
+    """The layer table's figures one per kind of time: run, framework, batch_size, layer,
+    direction, level, kind, pass, ms (per step), steps_ms (its per-step values or None)."""
+    rows = []
+    for _, r in layers.iterrows():
+        if r["level"] == "kernel":
+            rows.append((r, TimeKind.KERNEL, r["pass"], r["ms_per_step"], r["steps_ms"]))
+            continue
+        rows.append((r, TimeKind.OP, r["op_pass"], r["op_ms_per_step"], r["op_steps_ms"]))
+        if pd.notna(r["ms_per_step"]) and r["time_kind"] == TimeKind.LIBRARY:
+            rows.append((r, TimeKind.LIBRARY, r["pass"], r["ms_per_step"], r["steps_ms"]))
+    return pd.DataFrame([{"run": r["run"], "framework": r["framework"], "batch_size": r["batch_size"],
+                          "layer": r["layer"], "direction": r["direction"], "level": r["level"],
+                          "kind": str(k), "pass": p, "ms": float(ms),
+                          "steps_ms": s if isinstance(s, list) else None}
+                         for r, k, p, ms, s in rows if ms is not None and pd.notna(ms)],
+                        columns=["run", "framework", "batch_size", "layer", "direction", "level", "kind", "pass",
+                                 "ms", "steps_ms"])
+
+
+def _layers_within_step(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    for (fw, bs, kind, pass_), g in series.groupby(["framework", "batch_size", "kind", "pass"], sort=False):
+        bs = int(bs)
+        total = float(g["ms"].sum())
+        what = f"{kind}, {g['layer'].nunique()} layers ({pass_} pass)"
+        st, basis = _pass_step_times(run, fw, bs, pass_)
+        if st is None:
+            rows.append(_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, None, total, NOT_CHECKED, basis))
+            continue
+        step_ms = sum(st) / len(st) * 1e3
+        per = "per step of the libs pass's log (see its time source)" if kind == TimeKind.LIBRARY else \
+            "per traced step"
+        rows.append(_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, step_ms, total,
+                         PASS if total <= step_ms else FAIL,
+                         f"the layer table's {kind} {per}, summed over layers and directions, at most the mean wall "
+                         f"time of the {pass_} pass's {len(st)} timed steps ({basis})"))
+    return rows
+
+
+def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    for fw, gf in series.groupby("framework", sort=False):
+        sizes = sorted(int(b) for b in gf["batch_size"].dropna().unique())
+        if len(sizes) < 2:
+            rows.append(_row(run.name, fw, sizes[0] if sizes else None, Check.LAYER_VS_BATCH, "all layers", None, None,
+                             NOT_CHECKED, f"one batch size ({', '.join(map(str, sizes))}): nothing to compare"))
+            continue
+        for (layer, d, kind), g in gf.groupby(["layer", "direction", "kind"], sort=False):
+            by_bs = {int(r["batch_size"]): r for _, r in g.iterrows()}
+            for i, a in enumerate(sizes):
+                for b in sizes[i + 1:]:
+                    subject = f"{layer} {d}, {kind}: bs {a} -> {b}"
+                    if a not in by_bs or b not in by_bs:
+                        continue
+                    ra, rb = by_bs[a], by_bs[b]
+                    ca = mean_ci(ra["steps_ms"]) if ra["steps_ms"] else None
+                    cb = mean_ci(rb["steps_ms"]) if rb["steps_ms"] else None
+                    if ca is None or cb is None:
+                        rows.append(_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
+                                         NOT_CHECKED, "no per-step times (under two steps, or a library log whose "
+                                                      "calls do not divide into its logged steps): no noise figure"))
+                        continue
+                    fell = cb[1] < ca[0]
+                    rows.append(_row(
+                        run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"], FAIL if fell else PASS,
+                        f"ms per step; at bs {b} {'falls below' if fell else 'not below'} bs {a} beyond noise: 95% "
+                        f"intervals of the mean per step [{cb[0]:.4g}–{cb[1]:.4g}] ms ({len(rb['steps_ms'])} steps) "
+                        f"vs [{ca[0]:.4g}–{ca[1]:.4g}] ms ({len(ra['steps_ms'])} steps) ({ra['pass']} pass)"))
+    return rows
+
+
+# --- checks of results.json ------------------------------------------------------------------
+def _capture_not_faster(run: Run) -> list[dict[str, Any]]:
+    rows = []
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        for name in passes_of(r):
+            s = pass_state(run.name, r, name)
+            if s is None:
+                continue
+            subject = f"{name} pass"
+            if s.agreement in (Agreement.TOO_FEW_STEPS, Agreement.NO_INTERVAL, Agreement.NOT_MEASURED):
+                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, None,
+                                 None if s.median_s is None else s.median_s * 1e3, NOT_CHECKED,
+                                 f"{s.label} {s.agreement_text()}"))
+                continue
+            by_ci = s.basis == BY_INTERVALS
+            bound = s.clean_ci[0] * 1e3 if s.clean_ci else None
+            got = (s.ci[1] if by_ci and s.ci else s.median_s) * 1e3
+            figures = (f"{name} pass {_ms(s.median_s)} {_span_ms(s.ci)} (x{s.ratio:.3g}), clean pass "
+                       f"{_ms(s.clean_median_s)} {_span_ms(s.clean_ci)}; by the {s.basis}")
+            if s.agreement is Agreement.FASTER:
+                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, FAIL,
+                                 f"{BUSIER_CLEAN}: {figures}; clean pass: {s.clean_busy.marked}; {name} pass: "
+                                 f"{s.busy.marked}"))
+            else:
+                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, PASS,
+                                 f"not faster beyond noise: {figures}"))
+    return rows
+
+
+def _bench_busy(h: pd.Series) -> str:
+    c = h.get("contended")
+    text = h.get("contention_text")
+    if c is None or (not isinstance(c, bool | np.bool_) and pd.isna(c)):
+        return "not measured"
+    return f"BUSY: {text or 'contended'}" if bool(c) else str(text or "quiet")
+
+
+def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, Any]]:
+    job = field_at(run.manifest, "job")
+    no = None
+    if history is None:
+        no = "no step benchmark history given (kernelmap report --storage DIR)"
+    elif job is None:
+        no = "manifest.json records no job id (a run made before jobs were recorded)"
+    elif "job" not in history.columns or not (history["job"] == str(job)).any():
+        no = f"the benchmark history holds no step benchmark of job {job!r}"
+    if no:
+        return [_row(run.name, None, None, Check.CLEAN_VS_BENCH, "all keys", None, None, NOT_CHECKED, no)]
+    h = history[history["job"] == str(job)]
+    rows = []
+    for r in run.results:
+        fw, bs, mode, dev = (field_at(r, k) for k in ("framework", "batch_size", "mode", "device"))
+        subject = f"{fw} {mode} {dev} bs {bs}"
+        if mode is None or dev is None:
+            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
+                             "results.json records no mode or device for this entry: no key to match"))
+            continue
+        m = h[(h["framework"] == fw) & (h["mode"] == mode) & (h["device"] == dev) & (h["batch_size"] == bs)]
+        c = clean_stats(r)
+        med, lo, hi = c.get("median_step_s"), c.get("ci95_low_s"), c.get("ci95_high_s")
+        if m.empty:
+            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None,
+                             None if med is None else med * 1e3, NOT_CHECKED,
+                             f"job {job!r} saved no step benchmark of this key"))
+            continue
+        for _, b in m.iterrows():
+            bmed, iqr, n = b.get("median"), b.get("iqr"), b.get("rounds")
+            if med is None or lo is None or hi is None:
+                rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
+                                 "the clean pass has no 95% interval"))
+                continue
+            if any(v is None or pd.isna(v) for v in (bmed, iqr, n)) or not n:
+                rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, None, NOT_CHECKED,
+                                 "the saved benchmark lacks its median, IQR or rounds"))
+                continue
+            half = NOTCH * float(iqr) / math.sqrt(float(n))
+            bci = (float(bmed) - half, float(bmed) + half)
+            agree = timing.intervals_overlap((lo, hi), bci)
+            figures = (f"clean pass {_ms(med)} {_span_ms((lo, hi))} vs step benchmark {_ms(float(bmed))} "
+                       f"{_span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
+            busy = f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}"
+            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
+                             PASS if agree else FAIL,
+                             f"{'agree' if agree else 'disagree beyond their combined noise'}: {figures}; {busy}"))
+    return rows
+
+
+def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """All checks of all runs, one row each (see the module docstring). ``history``:
+    ``kernelmap.history.load_history`` of the step benchmarks' storage, for ``clean vs step
+    benchmark`` (without it that check is not checked). ``layers``: ``layer_table(runs)`` where the
+    caller has it (computed here otherwise)."""
     from . import analysis as A
 
     rows: list[dict[str, Any]] = []
     expected = expected_calls_per_step()
     for run in runs:
-        timed = A.timed_events(run)
-        if not timed:
-            rows.append(_row(run.name, None, None, "all", "run", None, None, NOT_CHECKED,
-                             "no records.parquet or no timed events: nothing to check"))
+        rows += _capture_not_faster(run)
+        rows += _clean_vs_bench(run, history)
+        if not A.timed_events(run):
+            rows.append(_row(run.name, None, None, "all record checks", "run", None, None, NOT_CHECKED,
+                             "no records.parquet or no timed events: "
+                             + ", ".join(c.value for c in (Check.CALLS, Check.TRACED_STEPS, Check.TIME_WITHIN_STEP,
+                                                           Check.LAYERS_WITHIN_STEP, Check.LAYER_VS_BATCH))
+                             + " not checked"))
             continue
-        for t in timed:
-            fw, bs = t.framework, t.batch_size
-            source = adapters.FORMATS.get(t.source)
-            # calls per step
-            if not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
-                rows.append(_row(run.name, fw, bs, "calls per step", "all model ops", None, None, NOT_CHECKED,
-                                 f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
-            elif t.ops is None or t.ops.empty:
-                rows.append(_row(run.name, fw, bs, "calls per step", "all model ops", None, None, NOT_CHECKED,
-                                 f"the {t.source} trace records no framework ops in its steps"))
-            else:
-                calls = A.op_calls(t).set_index(["canonical_op", "direction"])
-                for (op, d), n in expected.items():
-                    got = float(calls.loc[(op, d), "calls_per_step"]) if (op, d) in calls.index else 0.0
-                    basis = calls.loc[(op, d), "basis"] if (op, d) in calls.index else "no such op"
-                    rows.append(_row(run.name, fw, bs, "calls per step", f"{op} {d}", n, got,
-                                     PASS if got == n else FAIL,
-                                     f"{t.source}, {t.n_steps} steps; {basis}"))
-            # traced steps vs the pass's timed steps
-            n_pass = None
-            for r in run.results:
-                if A._get(r, "framework") == fw and A._get(r, "batch_size") == bs:
-                    n_pass = A._get(A._passes(r).get(t.pass_name or "", {}), "steps")
-            if not t.iterations:
-                rows.append(_row(run.name, fw, bs, "traced steps", t.source, n_pass, t.n_steps, NOT_CHECKED,
-                                 f"the trace has no iterations; steps taken from {t.n_steps_basis}"))
-            elif n_pass is None:
-                rows.append(_row(run.name, fw, bs, "traced steps", t.source, None, t.n_steps, NOT_CHECKED,
-                                 f"results.json has no step count for the {t.pass_name} pass"))
-            else:
-                extra = (f"; {t.outside_events} timed event(s), {t.outside_ns / 1e6:.3f} ms, in other "
-                         "iterations left out") if t.outside_events else ""
-                rows.append(_row(run.name, fw, bs, "traced steps", t.source, int(n_pass), t.n_steps,
-                                 PASS if t.n_steps == n_pass else FAIL,
-                                 f"iterations {list(t.iterations)}{extra}"))
-            # timed work within the step's wall time
-            st, basis = _pass_step_times(run, fw, bs, t.pass_name)
-            busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
-            what = f"{t.level} time per step ({t.source})"
-            if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
-                rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED,
-                                 f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
-            elif st is None:
-                rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED, basis))
-            elif len(st) != t.n_steps:
-                rows.append(_row(run.name, fw, bs, "time within step", what, None, busy_ms, NOT_CHECKED,
-                                 f"{basis} has {len(st)} steps, the trace {t.n_steps}: not the same steps"))
-            else:
-                step_ms = sum(st) / len(st) * 1e3
-                rows.append(_row(run.name, fw, bs, "time within step", what, step_ms, busy_ms,
-                                 PASS if busy_ms <= step_ms else FAIL,
-                                 f"at most the mean wall time of the {t.pass_name} pass's {len(st)} steps "
-                                 f"({basis})"))
-    return pd.DataFrame(rows, columns=COLUMNS)
+        rows += _record_checks(run, expected)
+        lt = A.layer_table([run]) if layers is None else layers[layers["run"] == run.name]
+        series = _layer_series(lt)
+        rows += _layers_within_step(run, series)
+        rows += _layer_vs_batch(run, series)
+    out = pd.DataFrame(rows, columns=COLUMNS)
+    out["batch_size"] = out["batch_size"].astype("Int64")  # rows of a whole run have none
+    return out
 
 
 def failed(checks: pd.DataFrame) -> pd.DataFrame:
     return checks[checks["status"] == FAIL]
+
+
+def causes(checks: pd.DataFrame, most: int = 3) -> list[str]:
+    """The first ``most`` failed checks in words, for the page's banner."""
+    out = []
+    for _, r in failed(checks).head(most).iterrows():
+        who = " ".join(x for x in (fw_label(r["framework"]) if isinstance(r["framework"], str) else "",
+                                   f"bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "") if x)
+        out.append(f"{r['check']}: {who + ': ' if who else ''}{r['subject']} ({r['detail']})")
+    return out
+

@@ -4,8 +4,10 @@ DIR is built under a temporary name and renamed when complete; an existing DIR i
 ``--replace``. Contents: report.html (self-contained), one PNG per figure, timeline.json
 (Chrome trace / Perfetto), and every table the page shows as CSV under ``tables/`` (``TABLES``).
 
-Every report runs its self-checks (``checks.py``) and shows them; with ``--strict`` a failed
-check makes the command exit ``checks.EXIT_CHECK_FAILED`` (4) after writing the report.
+Every report runs its self-checks (``checks.py``; with ``--storage`` also the clean pass against
+the step benchmarks of the same job) and shows them; with ``--strict`` a failed check makes the
+command exit ``checks.EXIT_CHECK_FAILED`` (4) after writing the report. A banner tops the page
+where a figure was measured under contention (``busy_notes``) or a check failed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kernelmap import __version__
@@ -29,6 +32,8 @@ from . import answer as ANS
 from . import checks as C
 from . import figures as F
 from . import html as H
+from .analyses import basis as B
+from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .timeline import chrome_trace
 
 SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device", "math": "math",
@@ -36,13 +41,15 @@ SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "de
                 "steps_timed": "steps timed / trial", "trials": "trials", "step_ms_median": "step median (ms)",
                 "ci_html": "step 95% CI (ms)", "step_ms_iqr": "step IQR (ms)",
                 "images_per_s": "images/s (step)", "e2e_step_ms": "end-to-end step with loader (ms)",
-                "e2e_images_per_s": "images/s (end to end)", "test_accuracy": "test accuracy"}
+                "e2e_images_per_s": "images/s (end to end)", "test_accuracy": "test accuracy",
+                "contention_html": "machine during the clean pass"}
 OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library call(s)",
              "kernels": "kernel(s)", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
              "share_of_step": "share", "math_modes": "math mode"}
 
 ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
 NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
+BANNER_ITEMS = 3  # the banner names this many busy figures (the rest are counted)
 
 
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
@@ -112,7 +119,8 @@ ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels
 
 def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame) -> list[dict]:
     """The answer table (``answer.answer_table``) as one HTML table per run x batch size, its title
-    naming the device each framework ran on (the summary's)."""
+    naming the device each framework ran on (the summary's). Each row prints the kind of time it
+    compares, each time cell its pass, and each ratio cell either the ratio or why there is none."""
     out: list[dict] = []
     if ans.empty:
         return out
@@ -121,7 +129,8 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         here = [fw for fw in fws if g.get(f"{fw}.ms_per_step") is not None and g[f"{fw}.ms_per_step"].notna().any()]
         others = [fw for fw in here if fw != ref and ref in here]
         marks = {f["fw"]: f for f in fallbacks if f["run"] == run}
-        head1 = '<th rowspan="2">layer</th><th rowspan="2">direction</th>'
+        head1 = ('<th rowspan="2">layer</th><th rowspan="2">direction</th>'
+                 '<th rowspan="2">time compared</th>')
         head2 = ""
         for fw in here:
             warn = (f' <span class="fallback">⚠ on {_html.escape(str(marks[fw]["device"]))}</span>'
@@ -129,13 +138,13 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
             head1 += f'<th colspan="{len(ANSWER_FIELDS)}">{_html.escape(A.fw_label(fw))}{warn}</th>'
             head2 += "".join(f"<th>{h}</th>" for h in ANSWER_FIELDS.values())
         for fw in others:
-            head1 += (f'<th rowspan="2" title="{_html.escape(A.fw_label(fw))} time per step / '
-                      f'{_html.escape(A.fw_label(ref))} time per step on this row">'
-                      f"{_html.escape(A.fw_label(fw))} time / {_html.escape(A.fw_label(ref))}</th>")
+            head1 += (f'<th rowspan="2">{_html.escape(A.fw_label(fw))} time / {_html.escape(A.fw_label(ref))}'
+                      f"<br><small>(same kind, comparable passes only)</small></th>")
         body = []
         for _, row in g.iterrows():
             cells = [f'<td class="key">{_html.escape(str(row["layer"]))}</td>',
-                     f'<td class="key">{_html.escape(str(row["direction"]))}</td>']
+                     f'<td class="key">{_html.escape(str(row["direction"]))}</td>',
+                     f'<td class="kind">{_html.escape(str(row["compared_on"]))}</td>']
             for fw in here:
                 if not isinstance(row.get(f"{fw}.library_calls"), list):
                     cells.append(f'<td colspan="{len(ANSWER_FIELDS)}" class="empty">not in this trace</td>')
@@ -145,14 +154,23 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 call_html = H.abbr_list(calls, 28) if calls else (
                     f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call logged)</span>')
                 ms = row[f"{fw}.ms_per_step"]
+                pass_ = row.get(f"{fw}.pass")
+                kind = str(row.get(f"{fw}.time_kind"))
+                # the pass (and, on a mixed row, the kind) under every time, in words
+                under = (f"{pass_} pass" if isinstance(pass_, str) else "pass unknown") + (
+                    f" · {kind}" if row["compared_on"] == ANS.MIXED else "")
+                suspect = not bool(row.get(f"{fw}.comparable"))
                 cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24)}</td>",
                           f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34)}</td>",
                           f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
-                          f"{H.fmt(ms, 'ms_per_step')}</td>"]
+                          f"{H.fmt(ms, 'ms_per_step')}"
+                          f'<br><span class="pass{" suspect" if suspect else ""}">{_html.escape(under)}</span></td>']
             for fw in others:
                 v = row.get(f"{fw}.vs_ref")
                 if v is None or pd.isna(v):
-                    cells.append("<td>–</td>")
+                    why = row.get(f"{fw}.no_ratio")
+                    cells.append(f'<td class="noratio">{_html.escape(str(why))}</td>' if isinstance(why, str)
+                                 else "<td>–</td>")
                     continue
                 far = v >= ANS.GAP or v <= 1 / ANS.GAP
                 cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
@@ -161,10 +179,12 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         dev = summ[(summ["run"] == run) & (summ["batch_size"] == bs)] if len(summ) else summ
         on = {f: d for f, d in zip(dev.get("framework", []), dev.get("device", []), strict=True)}
         where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
+        n_ratio = sum(int(pd.notna(g.get(f"{fw}.vs_ref")).sum()) for fw in others if f"{fw}.vs_ref" in g)
+        n_cells = sum(int(g[f"{fw}.ms_per_step"].notna().sum()) for fw in others)
         out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
                     "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
                             f"<tbody>{''.join(body)}</tbody></table>",
-                    "basis": ", ".join(basis)})
+                    "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})
     return out
 
 
@@ -178,11 +198,49 @@ def _summary_html(summ: pd.DataFrame) -> str:
          f"(asked {_html.escape(str(q))})</span>") if fb else _html.escape(str(d))
         for d, q, fb, n in zip(s["device"], s["device_requested"], s["fallback"], s["device_note"], strict=True)]
     s["ci_html"] = [
-        "not measured" if pd.isna(lo) else
-        f"{lo:.3f}–{hi:.3f} (±{hw:.1f}%)" + (' <span class="fallback">noisy</span>' if nz else "")
-        for lo, hi, hw, nz in zip(s["step_ms_ci95_low"], s["step_ms_ci95_high"], s["ci95_half_width_pct"],
-                                  s["noisy"], strict=True)]
-    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html", "ci_html"})
+        ("not measured" if pd.isna(lo) else
+         f"{lo:.3f}–{hi:.3f} (±{hw:.1f}%)" + (' <span class="fallback">noisy</span>' if nz else ""))
+        + (f' <span class="fallback">trials disagree{f" after {int(rp)} repeat(s)" if pd.notna(rp) and rp else ""}'
+           "</span>" if _flag(td) else "")
+        for lo, hi, hw, nz, td, rp in zip(s["step_ms_ci95_low"], s["step_ms_ci95_high"], s["ci95_half_width_pct"],
+                                          s["noisy"], s["trials_disagree"], s["repeats"], strict=True)]
+    s["contention_html"] = [_busy_html(c, t) for c, t in zip(s["contended"], s["contention"], strict=True)]
+    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html", "ci_html", "contention_html"})
+
+
+def _flag(v: Any) -> bool:
+    """A yes/no cell that is yes (None, NA: not measured)."""
+    return isinstance(v, bool | np.bool_) and bool(v)
+
+
+def _busy_html(contended: Any, text: Any) -> str:
+    """A contention text, marked where the pass was flagged contended."""
+    if _flag(contended):
+        return f'<span class="busy">{_html.escape(str(text))}</span>'
+    return f'<span class="empty">{_html.escape(str(text))}</span>' if text == BUSY_NOT_MEASURED else _html.escape(
+        str(text))
+
+
+def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame, hist: pd.DataFrame | None) -> list[str]:
+    """Every figure of the page measured while the machine was busy (flagged contended), or whose
+    trials disagreed beyond noise, in words: the clean passes (summary), the capture passes (overhead
+    figure, and so every per-op and per-layer figure of that pass), the step benchmarks (history)."""
+    out = []
+    for _, r in summ.iterrows():
+        who = f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']}"
+        if _flag(r.get("contended")):
+            out.append(f"{who} clean pass: {r['contention']}")
+        if _flag(r.get("trials_disagree")):
+            out.append(f"{who} clean pass: its trials disagree beyond noise")
+    for _, r in ov.iterrows():
+        if r["pass"] != "clean" and _flag(r.get("contended")):
+            out.append(f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']} {r['pass']} pass: "
+                       f"{r['contention']}")
+    if hist is not None and "contended" in hist.columns:
+        for _, h in hist[hist["contended"].map(_flag).astype(bool)].iterrows():
+            out.append(f"step benchmark {h['name']} (saved run {h['run']}): "
+                       f"BUSY: {h.get('contention_text') or 'contended'}")
+    return out
 
 
 def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
@@ -297,10 +355,16 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     ov = A.profiler_overhead(runs)
     roof, peaks = A.roofline(runs)
     cov, cov_top, attr, not_read = A.coverage(runs)
-    checks = C.self_checks(runs)
-    libcalls = A.library_calls(runs)
+    raw_hist = None
+    if storage:
+        from kernelmap.history import load_history
+
+        raw_hist = load_history(storage)
     layers = A.layer_table(runs)
-    ans, ans_fws = ANS.answer_table(layers)
+    checks = C.self_checks(runs, raw_hist, layers)
+    libcalls = A.library_calls(runs)
+    ans, ans_fws = ANS.answer_table(layers, B.pass_states(runs))
+    contended = busy_notes(summ, ov, raw_hist)
     no_capture = ANS.no_capture_runs(runs)
     parity, env = A.parity_table(runs), A.environment_table(runs)
     trace = chrome_trace(runs, all_iterations=all_iterations)
@@ -329,7 +393,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     "its change against the clean pass, stated only where it lies outside the clean pass's 95% "
                     "interval ('noise' otherwise; 'too few steps' under 20 timed steps). Capture passes synchronise "
                     "after every step (their traces need step boundaries), the clean pass every 10 steps, so a "
-                    "capture pass's change includes that.", F.overhead_figure, ov, ov,
+                    "capture pass's change includes that. The data lists each pass against its clean pass "
+                    "(against_clean) and what else used the machine meanwhile (contention, BUSY where flagged).", F.overhead_figure, ov, ov,
                     why_empty="results.json records no capture passes"),
             _figure(tmp, "roofline", "Achieved FLOP/s vs peak",
                     "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
@@ -340,15 +405,25 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
         ]
         trend, hist = None, None
-        if storage:
-            from kernelmap.history import TIME_STATS, load_history
+        if raw_hist is not None:
+            from kernelmap.history import TIME_STATS
 
-            hist = load_history(storage)
+            hist = raw_hist
             p = F.trend_figure(hist, tmp / "trend.png")
             # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure, in
             # columns named by their unit (no unitless seconds beside them)
             hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in TIME_STATS}).drop(
                 columns=list(TIME_STATS))
+            extra = {}  # the job and what else used the machine, where the storage records them
+            if "job" in hist.columns:
+                extra["job"] = "job"
+            if "contended" in hist.columns:
+                hist = hist.assign(contention=[
+                    BUSY_NOT_MEASURED if c is None or (not isinstance(c, bool) and pd.isna(c)) else
+                    f"BUSY: {t or 'contended'}" if bool(c) else str(t or "quiet")
+                    for c, t in zip(hist["contended"], hist.get("contention_text", [None] * len(hist)),
+                                    strict=True)])
+                extra["contention"] = "machine during the benchmark"
             # the storage by its folder's name, as runs are: no path of this machine on the page
             trend = {"storage": Path(storage).name or str(storage),
                      "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
@@ -356,7 +431,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                      "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
                                                                      "device", "batch_size", "unpaired")},
                                                   **{f"{c}_ms": f"{c} (ms)" for c in ("median", "mean", "min")},
-                                                  "rounds": "rounds"})}
+                                                  "rounds": "rounds", **extra})}
         with atomic_file(tmp / "timeline.json") as fh:
             json.dump(trace, fh)
         csvs = write_tables(tmp, {
@@ -384,6 +459,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "checks_failed": int((checks["status"] == C.FAIL).sum()),
             "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
             "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
+            "check_causes": C.causes(checks), "contended": contended[:BANNER_ITEMS],
+            "contended_total": len(contended),
             "csvs": csvs,
             "figures": figs,
             "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
@@ -405,7 +482,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"self-checks: {len(checks) - len(bad) - unchecked} passed, {len(bad)} failed, {unchecked} not checked "
           f"({out / 'tables' / 'self_checks.csv'})")
     for _, r in bad.iterrows():
-        print(f"  FAIL {r['run']} {A.fw_label(r['framework'])} bs {r['batch_size']}: {r['check']}: {r['subject']}: "
+        who = (f" {A.fw_label(r['framework'])}" if isinstance(r["framework"], str) else "") + (
+            f" bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "")
+        print(f"  FAIL {r['run']}{who}: {r['check']}: {r['subject']}: "
               f"expected {r['expected']}, measured {r['measured']} ({r['detail']})", file=sys.stderr)
     if args.strict and len(bad):
         print(f"kernelmap report: --strict: {len(bad)} self-check(s) failed", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -14,6 +15,7 @@ import pytest
 from conftest import report
 from kernelmap.reports import analysis as A
 from kernelmap.reports import answer as ANS
+from kernelmap.reports.analyses import basis as B
 
 from kernelmap.errors import KernelmapError
 
@@ -32,14 +34,25 @@ def layers() -> pd.DataFrame:
     return A.layer_table([A.load_run(RUN)])
 
 
+def _quiet(states: dict) -> dict:
+    """Every pass made quiet and within noise of its clean pass (what a run on a quiet machine
+    records), the figures themselves the run's own."""
+    q = B.Busy(False, "quiet: other processes used 0.0 of 2 cores")
+    return {k: dataclasses.replace(s, agreement=B.Agreement.AGREES, busy=q, clean_busy=q) for k, s in states.items()}
+
+
 def test_answer_has_every_layer_and_both_frameworks_on_one_row(layers):
-    ans, fws = ANS.answer_table(layers)
+    run = A.load_run(RUN)
+    ans, fws = ANS.answer_table(layers, _quiet(B.pass_states([run])))
     assert fws[0] == "pytorch" and "mxnet" in fws
     # one row per layer x direction that the layer table has, whatever framework has it
     want = set(zip(layers["batch_size"], layers["layer"], layers["direction"], strict=True))
     assert set(zip(ans["batch_size"], ans["layer"], ans["direction"], strict=True)) == want
     assert len(ans) == len(want)
     assert {"conv1", "conv2", "fc1", "fc2"} <= set(ans["layer"])
+    # as recorded (5 and 3 timed capture steps, contention not measured): no ratio, and why
+    recorded, _ = ANS.answer_table(layers, B.pass_states([run]))
+    assert recorded["mxnet.vs_ref"].isna().all()
     for _, row in ans.iterrows():
         lt = layers[(layers["batch_size"] == row["batch_size"]) & (layers["layer"] == row["layer"])
                     & (layers["direction"] == row["direction"])]
@@ -48,10 +61,26 @@ def test_answer_has_every_layer_and_both_frameworks_on_one_row(layers):
         for fw, r in by_fw.items():
             want_ms = r["ms_per_step"] if both_lib else r["op_ms_per_step"]
             assert row[f"{fw}.ms_per_step"] == pytest.approx(want_ms)
+            assert row[f"{fw}.pass"] == ("libs" if both_lib else "framework")
+            assert row[f"{fw}.time_kind"] == row["compared_on"]
             assert row[f"{fw}.library_calls"] == r["library_calls"] and row[f"{fw}.kernels"] == r["kernels"]
         assert row["compared_on"] == (ANS.LIBRARY_TIME if both_lib else ANS.OP_TIME)
         if {"pytorch", "mxnet"} <= set(by_fw):
             assert row["mxnet.vs_ref"] == pytest.approx(row["mxnet.ms_per_step"] / row["pytorch.ms_per_step"])
+            assert pd.isna(row["mxnet.no_ratio"])
+            rec = recorded[(recorded["batch_size"] == row["batch_size"]) & (recorded["layer"] == row["layer"])
+                           & (recorded["direction"] == row["direction"])].iloc[0]
+            p = row["pytorch.pass"]
+            steps = {"framework": 5, "libs": 3}[p]
+            assert rec["mxnet.no_ratio"].startswith(f"no ratio: PyTorch's {p} pass ran ")
+            assert (f"over {steps} steps, too few to judge (< 20), was not measured for contention (nor its clean "
+                    f"pass); MXNet's {p} pass") in \
+                rec["mxnet.no_ratio"]
+
+
+def _kernel_state(fw: str, agreement=B.Agreement.SLOWER, contended: bool | None = False) -> B.PassState:
+    return B.PassState("r", fw, 64, "framework", 20, 0.01, (0.009, 0.011), 0.005, (0.0049, 0.0051), agreement,
+                       B.BY_INTERVALS, B.Busy(contended, "busy" if contended else "quiet"), B.Busy(None, "not measured"))
 
 
 def test_bias_rows_pair_and_an_unsplit_backward_keeps_its_own_row():
@@ -61,16 +90,54 @@ def test_bias_rows_pair_and_an_unsplit_backward_keeps_its_own_row():
     layers = pd.DataFrame([
         {"run": "r", "batch_size": 64, "layer": "fc1", "canonical_op": "linear", "direction": d, "framework": fw,
          "level": "kernel", "libraries": [], "library_calls": [], "algos": [], "kernels": [k],
-         "ms_per_step": ms, "time_source": "kernels", "op_ms_per_step": ms}
+         "ms_per_step": ms, "time_source": "kernels", "op_ms_per_step": ms, "pass": "framework",
+         "op_pass": "framework"}
         for d, fw, k, ms in (("bwd_bias", "pytorch", "reduce_kernel", 0.004), ("bwd_bias", "jax", "fusion", 0.002),
                              ("bwd", "mxnet", "sgemm", 0.02), ("bwd", "pytorch", "fft2d_r2c", 0.03))])
-    ans, fws = ANS.answer_table(layers)
+    # GPU kernel time: a pass slower than its clean pass (profiler overhead on the host) still
+    # compares, where it was not contended
+    states = {("r", fw, 64, "framework"): _kernel_state(fw) for fw in ("pytorch", "mxnet", "jax")}
+    ans, fws = ANS.answer_table(layers, states)
     assert fws == ["pytorch", "mxnet", "jax"] and len(ans) == 2
     rows = ans.set_index("direction")
     assert rows.loc["bwd_bias", "jax.vs_ref"] == pytest.approx(0.5) and pd.isna(rows.loc["bwd_bias", "mxnet.ms_per_step"])
     # both unsplit, but of different work (PyTorch: its FFT data gradient; MXNet: both halves): no ratio
     assert rows.loc["bwd", "mxnet.ms_per_step"] == 0.02 and pd.isna(rows.loc["bwd", "mxnet.vs_ref"])
-    assert rows.loc["bwd_bias", "compared_on"] == "kernel time"
+    assert rows.loc["bwd", "mxnet.no_ratio"] == f"no ratio: {ANS.UNSPLIT_BWD}"
+    assert rows.loc["bwd_bias", "compared_on"] == ANS.KERNEL_TIME == "GPU kernel time"
+    # a contended pass: no ratio, and the cell says which pass was busy
+    states[("r", "jax", 64, "framework")] = _kernel_state("jax", contended=True)
+    rows = ANS.answer_table(layers, states)[0].set_index("direction")
+    assert pd.isna(rows.loc["bwd_bias", "jax.vs_ref"])
+    assert rows.loc["bwd_bias", "jax.no_ratio"] == "no ratio: JAX's framework pass ran on a busy machine (busy)"
+    # contention not measured is not quiet
+    states[("r", "jax", 64, "framework")] = _kernel_state("jax", contended=None)
+    rows = ANS.answer_table(layers, states)[0].set_index("direction")
+    assert rows.loc["bwd_bias", "jax.no_ratio"] == "no ratio: JAX's framework pass was not measured for contention"
+    # no pass figures at all: nothing is compared
+    assert ANS.answer_table(layers)[0]["jax.vs_ref"].isna().all()
+
+
+def test_no_ratio_across_kinds_of_time():
+    """PyTorch on the GPU (kernel time), MXNet on the CPU (library-call time): a mixed row, each
+    time cell its own kind, no ratio though both passes are quiet and within noise."""
+    layers = pd.DataFrame([
+        {"run": "r", "batch_size": 64, "layer": "conv1", "canonical_op": "conv2d", "direction": "fwd",
+         "framework": fw, "level": level, "libraries": [], "library_calls": [], "algos": [], "kernels": ["k"],
+         "ms_per_step": ms, "time_source": "t", "op_ms_per_step": 2 * ms, "pass": pass_, "op_pass": "framework",
+         "time_kind": kind}
+        for fw, level, ms, pass_, kind in (("pytorch", "kernel", 0.1, "framework", ANS.KERNEL_TIME),
+                                           ("mxnet", "op", 3.0, "libs", ANS.LIBRARY_TIME))])
+    q = B.Busy(False, "quiet")
+    states = {("r", fw, 64, p): dataclasses.replace(_kernel_state(fw), pass_name=p, agreement=B.Agreement.AGREES,
+                                                     busy=q, clean_busy=q)
+              for fw, p in (("pytorch", "framework"), ("mxnet", "libs"))}
+    row = ANS.answer_table(layers, states)[0].iloc[0]
+    assert row["compared_on"] == ANS.MIXED
+    assert (row["pytorch.time_kind"], row["mxnet.time_kind"]) == (ANS.KERNEL_TIME, ANS.LIBRARY_TIME)
+    assert row["pytorch.comparable"] and row["mxnet.comparable"] and pd.isna(row["mxnet.vs_ref"])
+    assert row["mxnet.no_ratio"] == ("no ratio: different kinds of time (MXNet library-call time, PyTorch GPU "
+                                     "kernel time)")
 
 
 def test_answer_is_the_first_section_and_a_csv(out):
@@ -146,17 +213,28 @@ def test_subcommand_help_still_lists_its_options():
     assert proc.returncode == 0 and "--strict" in proc.stdout
 
 
-def _cell(ms: float, calls: float, basis: str = "framework-op calls") -> dict:
+def _cell(ms: float, calls: float, basis: str = "framework-op calls", why_not: str = "",
+          kind: str = ANS.OP_TIME) -> dict:
     return {"libraries": ["oneDNN"], "math_modes": [], "kernels": ["k"], "ms_per_step": ms,
-            "calls_per_step": calls, "calls_basis": basis}
+            "calls_per_step": calls, "calls_basis": basis, "time_kind": kind, "comparable": not why_not,
+            "why_not": why_not}
 
 
 def test_differences_name_time_gaps_and_call_count_mismatches():
     fws = ["pytorch", "mxnet"]
     diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(5.0, 2)}, fws)
-    assert diff == ["time differs 5.0x: PyTorch 1 ms, MXNet 5 ms"]
+    assert diff == ["time differs 5.0x (framework-op time): PyTorch 1 ms, MXNet 5 ms"]
     assert A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.4, 2)}, fws) == []
     assert A.differences({"pytorch": _cell(3.0, 2), "mxnet": _cell(1.0, 2)}, fws)[0].startswith("time differs 3.0x")
+    # a figure whose pass cannot be compared: no "time differs", the reason instead
+    slow = "PyTorch's framework pass ran 5.14x its clean pass"
+    assert A.differences({"pytorch": _cell(1.0, 2, why_not=slow), "mxnet": _cell(4737.6, 2)}, fws) == [
+        f"time not compared: {slow}"]
+    # of different kinds (a framework that ran on another device): not compared
+    assert A.differences({"pytorch": _cell(1.0, 2, kind=ANS.KERNEL_TIME), "mxnet": _cell(5.0, 2)}, fws) == [
+        "time not compared: different kinds of time: PyTorch GPU kernel time, MXNet framework-op time"]
+    # no gap among the figures that compare: nothing said of the one that does not, below the gap
+    assert A.differences({"pytorch": _cell(1.0, 2, why_not=slow), "mxnet": _cell(1.2, 2)}, fws) == []
     diff = A.differences({"pytorch": _cell(1.0, 2), "mxnet": _cell(1.0, 4)}, fws)
     assert diff == ["framework-op calls per step differ: PyTorch 2, MXNet 4"]
     # counted differently (kernel launches against framework-op calls): not compared

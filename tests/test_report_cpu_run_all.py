@@ -98,12 +98,20 @@ def test_layer_table_one_call_per_layer_and_libraries(run):
         assert lt.loc[(layer, "fwd", "pytorch"), "library_calls"] == ["SGEMM"]
         assert lt.loc[(layer, "bwd", "pytorch"), "calls_per_step"] == 2  # data and weight gradient
         assert lt.loc[(layer, "fwd", "mxnet"), "library_calls"] == ["inner_product forward_training"]
-    # the CPU layer time is the library log's own, per logged step, and says so
+    # the CPU layer time is the library log's own, per timed step of the libs pass (its warm-up
+    # step, the log's first, left out as the pass's own step times leave it out), and says so
     blas = mkl_verbose.read(DATA / "pytorch" / "bs64" / "blas.log.gz")
     fc1 = blas[(blas["layer"] == "fc1") & (blas["direction"] == "fwd")]
-    assert lt.loc[("fc1", "fwd", "pytorch"), "ms_per_step"] == pytest.approx(
-        fc1["dur_ns"].sum() / _logged_steps("pytorch") / 1e6, rel=1e-12)
-    assert "BLAS log, libs pass" in lt.loc[("fc1", "fwd", "pytorch"), "time_source"]
+    libs = json.loads((DATA / "pytorch" / "bs64" / "libs.json").read_text())
+    assert len(fc1) == _logged_steps("pytorch")  # one call per logged step, in log order
+    timed = fc1["dur_ns"].to_numpy()[libs["warmup_steps"]:]
+    assert lt.loc[("fc1", "fwd", "pytorch"), "ms_per_step"] == pytest.approx(timed.mean() / 1e6, rel=1e-12)
+    assert lt.loc[("fc1", "fwd", "pytorch"), "steps_ms"] == pytest.approx(list(timed / 1e6), rel=1e-12)
+    assert lt.loc[("fc1", "fwd", "pytorch"), "time_source"] == (
+        "BLAS log, libs pass: its 3 timed steps (1 warm-up step(s) left out; each log's calls cut into its 4 "
+        "logged steps in log order)")
+    assert (lt.loc[("fc1", "fwd", "pytorch"), "time_kind"], lt.loc[("fc1", "fwd", "pytorch"), "pass"],
+            lt.loc[("fc1", "fwd", "pytorch"), "op_pass"]) == ("library-call time", "libs", "framework")
 
 
 def test_op_table_libraries_are_what_was_linked(run):
@@ -165,7 +173,9 @@ def test_every_table_is_csv(out, run):
     conv = ops[(ops["canonical_op"] == "conv2d") & (ops["direction"] == "fwd")]
     assert sorted(conv["framework"]) == sorted(FWS) and (conv["calls_per_step"] == 2).all()
     checks = pd.read_csv(out / "tables" / "self_checks.csv")
-    assert (checks["status"] == C.PASS).all() and len(checks) == 2 * (8 + 2)
+    assert not (checks["status"] == C.FAIL).any() and set(checks["check"]) == {str(c) for c in C.Check}
+    calls = checks[checks["check"] == C.Check.CALLS]
+    assert len(calls) == 2 * 8 and (calls["status"] == C.PASS).all()
 
 
 def test_strict_fails_on_a_doctored_copy(run_dir, tmp_path, capsys):

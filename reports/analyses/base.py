@@ -59,6 +59,7 @@ class Run:
     records: pd.DataFrame | None = None
     problems: list[str] = field(default_factory=list)  # optional inputs that are absent
     _timed: list | None = field(default=None, repr=False, compare=False)  # timed_events, computed once
+    _pass_states: dict | None = field(default=None, repr=False, compare=False)  # basis.pass_states, computed once
 
     @property
     def name(self) -> str:
@@ -102,7 +103,7 @@ def load_run(path: str | Path) -> Run:
     return run
 
 
-def _get(d: Any, key: str, default: Any = None) -> Any:
+def field_at(d: Any, key: str, default: Any = None) -> Any:
     """``d``'s value at the dotted path ``key``, or ``default`` where it is missing or None."""
     cur: Any = d
     for part in key.split("."):
@@ -110,6 +111,9 @@ def _get(d: Any, key: str, default: Any = None) -> Any:
             return default
         cur = cur[part]
     return cur
+
+
+_get = field_at  # the name the older analyses use
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -125,9 +129,37 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         out[prefix[:-1]] = d
     return out
 
-def _passes(r: dict) -> dict[str, dict]:
-    passes = _get(r, "passes", default={}) or {}
+NOT_MEASURED = "not measured"
+BUSY = "BUSY"
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What else used the machine while one pass ran (results.json ``contention``)."""
+
+    contended: bool | None  # None: not measured
+    text: str
+
+    @classmethod
+    def of(cls, d: Any) -> Busy:
+        c = _get(d, "contention")
+        if not isinstance(c, dict) or not isinstance(c.get("contended"), bool):
+            return cls(None, str(c.get("text") or NOT_MEASURED) if isinstance(c, dict) else NOT_MEASURED)
+        return cls(bool(c["contended"]), str(c.get("text") or ("contended" if c["contended"] else "quiet")))
+
+    @property
+    def marked(self) -> str:
+        """The text with ``BUSY`` before it where the pass was contended."""
+        return f"{BUSY}: {self.text}" if self.contended else self.text
+
+
+def passes_of(r: dict) -> dict[str, dict]:
+    """A results.json entry's passes (clean and capture passes), by name."""
+    passes = field_at(r, "passes", default={}) or {}
     return {k: v for k, v in passes.items() if isinstance(v, dict)}
+
+
+_passes = passes_of  # the name the older analyses use
 
 
 def _step_times_s(r: dict) -> np.ndarray | None:

@@ -29,6 +29,15 @@ def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
     return None, "results.json does not say how many steps the libs pass ran"
 
 
+def libs_warmup(run: Run, fw: str, bs: int | None) -> int | None:
+    """Warm-up steps of the libs pass (results.json), the first of its logged steps."""
+    for r in run.results:
+        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
+            w = _get(_passes(r).get("libs", {}), "warmup_steps")
+            return w if isinstance(w, int) else None
+    return None
+
+
 def linked_calls(run: Run, fw: str, bs: int | None) -> pd.DataFrame:
     """The library-log calls of one framework x batch size (any library), each with the
     signature of the framework op it is linked to (``op_canonical``, ``op_layer``, ``op_dgroup``:

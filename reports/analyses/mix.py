@@ -8,7 +8,8 @@ import pandas as pd
 from kernelmap import schema, timing
 from kernelmap.strings import STRING
 
-from .base import Run, _get, _passes, _step_times_s
+from .base import Busy, Run, _get, _passes, _step_times_s
+from .basis import CLEAN, pass_state
 from .linked import _op_signature, linked_libraries
 from .summary import clean_stats, summary_table
 from .timed import Timed, timed_events
@@ -86,12 +87,17 @@ def busy_share(runs: list[Run]) -> pd.DataFrame:
 def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
     """Per capture pass (results.json ``passes``): median step time, its change vs the clean pass and
     the verdict against the clean pass's 95% interval (``timing.overhead_verdict``): an overhead is
-    a figure only where the verdict is "above noise"."""
+    a figure only where the verdict is "above noise". ``against_clean``: the pass against its clean
+    pass by ``basis.PassState`` (95% intervals where the run records the pass's own, else that
+    verdict); ``contention``: what else used the machine during the pass (``BUSY`` where flagged
+    contended, "not measured" for older runs), ``contended`` the flag."""
     rows = []
     for run in runs:
         for r in run.results:
             clean = clean_stats(r)
             for name, p in _passes(r).items():
+                state = pass_state(run.name, r, name)
+                busy = Busy.of(r) if name == CLEAN else Busy.of(p)
                 if name == "clean":
                     med, over, verdict, steps = clean.get("median_step_s"), None, None, _get(r, "steps")
                 else:
@@ -100,12 +106,15 @@ def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
                     steps = _get(p, "steps")
                     over = med / clean["median_step_s"] - 1 if med is not None and clean.get("median_step_s") else None
                     verdict = None if med is None else str(timing.overhead_verdict(med, steps or 0, clean))
+                skipped = _get(p, "skipped")
                 rows.append({"run": run.name, "framework": _get(r, "framework"),
                              "batch_size": _get(r, "batch_size"), "pass": name, "steps": steps,
                              "step_ms_median": None if med is None else med * 1e3,
                              "overhead": over, "verdict": verdict,
-                             "skipped": None if _get(p, "skipped") is None else str(_get(p, "skipped"))})
+                             "against_clean": None if state is None else str(state.agreement),
+                             "contended": None if skipped is not None else busy.contended,
+                             "contention": None if skipped is not None else busy.marked,
+                             "skipped": None if skipped is None else str(skipped)})
     return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "pass", "steps", "step_ms_median",
-                                       "overhead", "verdict", "skipped"])
-
-
+                                       "overhead", "verdict", "against_clean", "contended", "contention",
+                                       "skipped"])

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kernelmap import schema
 from kernelmap.flops import layer_flops
 
 from .base import Run, fw_label
-from .linked import _fwbs, _op_signature, linked_calls, linked_libraries, log_steps
+from .basis import LIBS_PASS, TimeKind, comparable, pass_states
+from .linked import _fwbs, _op_signature, libs_warmup, linked_calls, linked_libraries, log_steps
 from .mix import _event_library
 from .timed import _fill_from_links, _records, direction_group, op_calls, timed_events
 
@@ -72,7 +74,10 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
         timed = [t for t in timed if t.batch_size == batch_size]
     fws = [t.framework for t in timed]
     per: dict[tuple[str, str], dict[str, Any]] = {}
+    states = pass_states([run])
     for t in timed:
+        kind = TimeKind.KERNEL if t.level == "kernel" else TimeKind.OP
+        ok, why = comparable(states, run.name, t.framework, t.batch_size, t.pass_name, kind)
         allrows = _fwbs(rec, t.framework, t.batch_size)
         allrows = _fill_from_links(allrows, allrows)
         ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
@@ -105,6 +110,7 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
                 "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None,
                 "math_modes": _uniq(a["math_mode"]),
                 "level": t.level,
+                "time_kind": str(kind), "pass": t.pass_name, "comparable": ok, "why_not": why,
             }
     rows = []
     for (op, d), cells in per.items():
@@ -125,8 +131,32 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
 
 LAYER_COLUMNS = ("run", "batch_size", "layer", "canonical_op", "direction", "framework", "level",
                  "libraries", "library_calls", "algos", "kernels", "calls_per_step", "ms_per_step", "time_source",
-                 "op_ms_per_step", "reorders_per_step", "reorder_ms_per_step", "flops_per_step", "achieved_flops",
-                 "math_modes")
+                 "time_kind", "pass", "op_ms_per_step", "op_pass", "reorders_per_step", "reorder_ms_per_step",
+                 "flops_per_step", "achieved_flops", "math_modes", "steps_ms", "op_steps_ms")
+
+
+def iteration_sums_ms(ev: pd.DataFrame, iterations: tuple[int, ...]) -> list[float] | None:
+    """Per traced step (``iterations``, in order): the summed duration (ms) of ``ev`` in it, 0 where
+    it has none. None where the trace has no iterations."""
+    if not iterations:
+        return None
+    s = ev.groupby("iteration")["dur_ns"].sum()
+    return [float(s.get(i, 0.0)) / 1e6 for i in iterations]
+
+
+def logged_step_sums_ms(calls: pd.DataFrame, n_log: int | None) -> list[float] | None:
+    """Per logged step of the libs pass: the summed duration (ms) of ``calls`` (one layer x
+    direction's library-log calls). A log has no step marks, and every step makes the same calls:
+    each log's calls, in log order, are cut into ``n_log`` runs of equal count, the k-th run being
+    step k's. None where a log's count is not a multiple of ``n_log`` or a duration is missing."""
+    if not n_log or calls.empty or calls["dur_ns"].isna().any():
+        return None
+    total = np.zeros(n_log)
+    for _, g in calls.sort_values(["source_file", "event_id"]).groupby("source_file", sort=False):
+        if len(g) % n_log:
+            return None
+        total += g["dur_ns"].to_numpy(dtype=float).reshape(n_log, -1).sum(axis=1)
+    return [float(x) / 1e6 for x in total]
 
 
 def layer_table(runs: list[Run]) -> pd.DataFrame:
@@ -135,10 +165,16 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
     FLOP/s that gives (the spec's FLOPs for the layer).
 
     Time per step: on the GPU the kernels' (the timed source's); on the CPU the library calls'
-    own time from the library log (oneDNN primitives, BLAS calls; libs pass, per logged step),
-    with ``time_source`` naming it; ``op_ms_per_step`` is the framework ops' time in the trace's
-    pass (as in the op table), and the oneDNN layout reorders feeding the layer's primitives are
-    counted apart (``reorders_per_step``, ``reorder_ms_per_step``)."""
+    own time from the library log (oneDNN primitives, BLAS calls; libs pass, per timed step: the
+    log cut into its logged steps by ``logged_step_sums_ms`` and its warm-up steps left out, as the
+    libs pass's own step times leave them out; per logged step, warm-up included, where its calls
+    do not cut into steps), with ``time_source`` naming it; ``op_ms_per_step`` is the framework
+    ops' time in the trace's pass (as in the op table), and the oneDNN layout reorders feeding the
+    layer's primitives are counted apart (``reorders_per_step``, ``reorder_ms_per_step``, per
+    logged step). ``time_kind`` and ``pass`` say what ``ms_per_step`` sums and which capture pass
+    measured it (``basis.TimeKind``), ``op_pass`` the same of ``op_ms_per_step``; ``steps_ms`` and
+    ``op_steps_ms`` are their per-step values (the traced iterations; the libs pass's timed steps),
+    whose mean they are."""
     rows = []
     for run in runs:
         rec = _records(run)
@@ -164,13 +200,31 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     set(a.loc[a["kind"] == "kernel", "call_event_id"].dropna()))]
                 onednn = calls[calls["library"] == "oneDNN"]
                 op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+                op_steps = iteration_sums_ms(g, t.iterations)
                 reorders_ps = reorder_ms = None
                 if t.level == "op":
                     ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
+                    kind, pass_, steps_ms = None, None, None
                     if len(calls) and n_log:
-                        ms = float(calls["dur_ns"].sum()) / n_log / 1e6 if calls["dur_ns"].notna().all() else None
                         calls_ps = len(calls) / n_log
-                        source = f"{'/'.join(sorted(set(calls['library'].dropna())))} log, {log_basis}"
+                        log = f"{'/'.join(sorted(set(calls['library'].dropna())))} log"
+                        source = f"{log}, {log_basis}; the log records no durations"
+                        if calls["dur_ns"].notna().all():
+                            kind, pass_ = TimeKind.LIBRARY, LIBS_PASS
+                            logged = logged_step_sums_ms(calls, n_log)
+                            w = libs_warmup(run, t.framework, t.batch_size)
+                            if logged is not None and w is not None and 0 <= w < n_log:
+                                # the timed steps only, like the steps the libs pass timed: a warm-up
+                                # step holds the libraries' first-call work (oneDNN's JIT)
+                                steps_ms = logged[w:]
+                                ms = float(np.mean(steps_ms))
+                                source = (f"{log}, libs pass: its {n_log - w} timed steps ({w} warm-up step(s) "
+                                          f"left out; each log's calls cut into its {n_log} logged steps in log order)")
+                            else:
+                                steps_ms = logged
+                                ms = float(calls["dur_ns"].sum()) / n_log / 1e6
+                                source = (f"{log}, {log_basis}, warm-up included (its calls do not cut into "
+                                          "its logged steps)")
                     elif len(calls):
                         source = f"library log: {log_basis}"
                     ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
@@ -181,6 +235,7 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 else:
                     ms, calls_ps = op_ms, None
                     source = f"{t.level}s of the {t.source} trace ({t.pass_name} pass)"
+                    kind, pass_, steps_ms = TimeKind.KERNEL, t.pass_name, op_steps
                 # FLOPs of an op-level "bwd": the gradients its library calls computed
                 parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
                 flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
@@ -193,11 +248,14 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "algos": _uniq(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
-                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source, "op_ms_per_step": op_ms,
+                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source,
+                    "time_kind": None if kind is None else str(kind), "pass": pass_, "op_ms_per_step": op_ms,
+                    "op_pass": t.pass_name,
                     "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
                     "flops_per_step": flops,
                     "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
                     "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
+                    "steps_ms": steps_ms, "op_steps_ms": op_steps,
                 })
     df = pd.DataFrame(rows, columns=list(LAYER_COLUMNS))
     if len(df):
@@ -251,9 +309,46 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
 TIME_GAP = 1.5  # times on one row this many times apart (either way) are named as a gap
 
 
+def _gap(ms: dict[str, float]) -> float | None:
+    return max(ms.values()) / min(ms.values()) if len(ms) >= 2 and min(ms.values()) > 0 else None
+
+
+def time_differences(cells: dict[str, dict], present: list[str]) -> list[str]:
+    """"time differs Nx" between the frameworks whose figures may be compared (``basis.comparable``:
+    the cell's ``comparable``, ``why_not``; the same ``time_kind``), and where a gap of ``TIME_GAP``
+    would show only with a figure that may not be compared, "time not compared" with the reason. A
+    cell without ``comparable`` is not compared."""
+    ms = {fw: float(cells[fw]["ms_per_step"]) for fw in present
+          if cells[fw].get("ms_per_step") is not None and not pd.isna(cells[fw]["ms_per_step"])}
+    out = []
+    ok = {fw: v for fw, v in ms.items() if cells[fw].get("comparable")}
+    by_kind: dict[str, dict[str, float]] = {}
+    for fw, v in ok.items():
+        by_kind.setdefault(str(cells[fw].get("time_kind")), {})[fw] = v
+    stated: set[str] = set()
+    for kind, group in by_kind.items():
+        gap = _gap(group)
+        if gap is not None and gap >= TIME_GAP:
+            out.append(f"time differs {gap:.1f}x ({kind}): "
+                       + ", ".join(f"{fw_label(fw)} {v:.3g} ms" for fw, v in group.items()))
+        if len(group) >= 2:
+            stated |= set(group)
+    gap = _gap(ms)
+    left = [fw for fw in ms if fw not in stated]
+    if left and gap is not None and gap >= TIME_GAP:
+        why = [f"{cells[fw]['why_not']}" for fw in left if cells[fw].get("why_not")]
+        kinds = {str(cells[fw].get("time_kind")) for fw in ms}
+        if len(kinds) > 1:
+            why.append("different kinds of time: " + ", ".join(
+                f"{fw_label(fw)} {cells[fw].get('time_kind')}" for fw in ms))
+        out.append("time not compared: " + "; ".join(dict.fromkeys(why or ["not judged"])))
+    return out
+
+
 def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
     """Plain statements of where frameworks differ for one op row: library, math mode, kernels,
-    a time gap of ``TIME_GAP`` or more, and different calls per step (counted the same way)."""
+    a time gap of ``TIME_GAP`` or more between figures that may be compared (``time_differences``),
+    and different calls per step (counted the same way)."""
     present = [fw for fw in fws if fw in cells]
     missing = [fw for fw in fws if fw not in cells]
     out = []
@@ -279,11 +374,7 @@ def differences(cells: dict[str, dict], fws: list[str]) -> list[str]:
     kern = {fw: set(cells[fw]["kernels"]) for fw in present}
     if len(set(libs.values())) == 1 and all(kern.values()) and not set.intersection(*kern.values()):
         out.append("different algorithms (no kernel in common)")
-    ms = {fw: cells[fw].get("ms_per_step") for fw in present}
-    ms = {fw: v for fw, v in ms.items() if v is not None and not pd.isna(v)}
-    if len(ms) >= 2 and min(ms.values()) > 0 and max(ms.values()) / min(ms.values()) >= TIME_GAP:
-        out.append(f"time differs {max(ms.values()) / min(ms.values()):.1f}x: "
-                   + ", ".join(f"{fw_label(fw)} {v:.3g} ms" for fw, v in ms.items()))
+    out += time_differences(cells, present)
     bases = {cells[fw].get("calls_basis") for fw in present}
     calls = {fw: cells[fw].get("calls_per_step") for fw in present}
     if len(bases) == 1 and None not in calls.values() and len({round(float(v), 2) for v in calls.values()}) > 1:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from kernelmap import timing
 
-from .base import Run, _get, _step_times_s, fw_label
+from .base import Busy, Run, _get, _step_times_s, fw_label
 
 
 # --- summary ---------------------------------------------------------------------------------
@@ -55,10 +55,25 @@ def clean_stats(r: dict) -> dict[str, Any]:
             "timing": "one trial of per-step synchronised steps (older run)"}
 
 
+def clean_contention(r: dict) -> dict[str, Any]:
+    """What else used the machine during a results.json entry's clean pass (its ``contention``:
+    ``contended`` None and ``contention`` "not measured" for runs made before it was recorded) and
+    whether its trials disagreed beyond noise (``trials_disagree``, after ``repeats``)."""
+    b = Busy.of(r)
+    td = _get(r, "trials_disagree")
+    n, k = _get(r, "contention.trials"), _get(r, "contention.trials_contended")
+    # the trials run under contention are left out of the figure where a quiet one exists (kernelmap.runner)
+    trials = (f" ({k}/{n} trials)" if b.contended else f" ({k}/{n} trials busy, left out)" if k else "") if n else ""
+    return {"contended": b.contended, "contention": b.marked + trials,
+            "trials_contended": _get(r, "contention.trials_contended"),
+            "trials_disagree": bool(td) if isinstance(td, bool) else None, "repeats": _get(r, "repeats")}
+
+
 def summary_table(runs: list[Run]) -> pd.DataFrame:
     """Per run x framework x device x batch size: the clean pass's step time (median over all trials'
     samples, 95% CI, noise flag, IQR), images/s from it, the end-to-end step with the loader, test
-    accuracy, and the device fallback mark."""
+    accuracy, the device fallback mark, and what else used the machine meanwhile
+    (``clean_contention``: ``contended``, ``contention`` text marked ``BUSY``, ``trials_disagree``)."""
     rows = []
     for run in runs:
         devs = framework_devices(run).set_index("framework")
@@ -89,6 +104,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
                 "e2e_images_per_s": bs / e2e if e2e and bs else None,
                 "test_accuracy": _get(r, "test_accuracy"),
                 "timing": c.get("timing"),
+                **clean_contention(r),
             })
     return pd.DataFrame(rows)
 

@@ -1,0 +1,208 @@
+"""One time basis per comparison: which pass a time figure comes from, on which clock, whether
+its pass ran like the clean pass and on a quiet machine, and so whether it may be compared.
+
+Kinds of time (``TimeKind``), each from one capture pass:
+
+* **GPU kernel time**: kernel durations on the device's clock (Kineto or nsys; framework or nsys pass).
+* **framework-op time**: outermost framework ops on the host clock (framework profiler pass).
+* **library-call time**: CPU library calls (oneDNN verbose, oneMKL verbose) on the host clock (libs pass).
+
+**The rule** (``comparable``). A figure may enter a ratio (the answer table's "time / PyTorch")
+or a "time differs" statement (the op table) only where
+
+* host clock (framework-op time, library-call time): its pass agrees with its own clean pass
+  within noise, i.e. the pass's 95% interval of its median (results.json ``passes[p]``
+  ``ci95_low_s``/``ci95_high_s``) overlaps the clean pass's; runs that record no interval of the
+  pass are judged by the overhead verdict (the pass's median against the clean pass's interval,
+  ``timing.overhead_verdict``; "within noise" only; under ``timing.MIN_CAPTURE_STEPS`` timed steps
+  it cannot be judged), AND neither the pass nor its clean pass is flagged contended
+  (``contention.contended``): a profiler's host-side overhead or other processes stretch host
+  clocks, so a slowed pass says nothing about the framework;
+* device clock (GPU kernel time): host-side profiler overhead does not stretch a kernel, so the
+  pass need only not be flagged contended (other processes on the GPU, throttled clocks);
+* both figures of a ratio are of the same kind. Contention that was not measured (runs made
+  before kernelmap recorded it) is not taken for quiet: such a figure is not compared either.
+
+Since every compared figure must be quiet, no ratio is ever drawn across a contended and a
+quiet pass. A figure that may not be compared says why (``PassState.reasons``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernelmap import timing
+
+from .base import NOT_MEASURED, Busy, Run, field_at, fw_label, passes_of
+from .summary import clean_stats
+
+CLEAN = "clean"
+LIBS_PASS = "libs"
+
+
+class TimeKind(enum.StrEnum):
+    """What a time figure sums, and so which clock measured it."""
+
+    KERNEL = "GPU kernel time"
+    OP = "framework-op time"
+    LIBRARY = "library-call time"
+
+    @property
+    def host_clock(self) -> bool:
+        return self is not TimeKind.KERNEL
+
+
+class Agreement(enum.StrEnum):
+    """How a capture pass's median stands against its own clean pass's."""
+
+    AGREES = "within noise of its clean pass"
+    SLOWER = "slower than its clean pass beyond noise"
+    FASTER = "faster than its clean pass beyond noise"
+    TOO_FEW_STEPS = "too few steps to judge"
+    NO_INTERVAL = "no interval to judge against"
+    NOT_MEASURED = "no step time recorded"
+
+
+_FROM_VERDICT = {timing.OverheadVerdict.ABOVE: Agreement.SLOWER, timing.OverheadVerdict.BELOW: Agreement.FASTER,
+                 timing.OverheadVerdict.WITHIN: Agreement.AGREES,
+                 timing.OverheadVerdict.TOO_FEW_STEPS: Agreement.TOO_FEW_STEPS,
+                 timing.OverheadVerdict.NO_INTERVAL: Agreement.NO_INTERVAL}
+BY_INTERVALS = "95% intervals of the pass's and the clean pass's medians"
+BY_VERDICT = ("overhead verdict: the pass's median against the clean pass's 95% interval (the run records "
+              "no interval of the pass's own)")
+@dataclass(frozen=True)
+class PassState:
+    """One capture pass of one framework x batch size against its clean pass."""
+
+    run: str
+    framework: str
+    batch_size: int | None
+    pass_name: str
+    steps: int | None
+    median_s: float | None
+    ci: tuple[float, float] | None  # the pass's own 95% interval of its median (recorded)
+    clean_median_s: float | None
+    clean_ci: tuple[float, float] | None
+    agreement: Agreement
+    basis: str
+    busy: Busy
+    clean_busy: Busy
+
+    @property
+    def ratio(self) -> float | None:
+        """The pass's median over the clean pass's."""
+        if self.median_s is None or not self.clean_median_s:
+            return None
+        return self.median_s / self.clean_median_s
+
+    @property
+    def label(self) -> str:
+        return f"{fw_label(self.framework)}'s {self.pass_name} pass"
+
+    def agreement_text(self) -> str:
+        """How the pass ran against its clean pass, where it does not agree ('' where it does)."""
+        r = self.ratio
+        ran = f"ran {r:.3g}x its clean pass" if r is not None else "ran against its clean pass"
+        return {Agreement.AGREES: "",
+                Agreement.SLOWER: ran,
+                Agreement.FASTER: f"{ran}, faster beyond noise (the clean pass was slowed)",
+                Agreement.TOO_FEW_STEPS: f"{ran} over {self.steps} steps, too few to judge "
+                                         f"(< {timing.MIN_CAPTURE_STEPS})",
+                Agreement.NO_INTERVAL: f"{ran}; the clean pass has no interval to judge it by",
+                Agreement.NOT_MEASURED: "records no step time"}[self.agreement]
+
+    def contention_texts(self, host_clock: bool) -> list[str]:
+        """Why contention keeps the pass's figures from a comparison (none where quiet); with
+        ``host_clock`` its clean pass's too."""
+        out = []
+        if self.busy.contended:
+            out.append(f"ran on a busy machine ({self.busy.text})")
+        if host_clock and self.clean_busy.contended:
+            out.append(f"has a clean pass that ran on a busy machine ({self.clean_busy.text})")
+        own, clean = self.busy.contended is None, host_clock and self.clean_busy.contended is None
+        if own:
+            out.append(f"was not measured for contention{' (nor its clean pass)' if clean else ''}")
+        elif clean:
+            out.append("has a clean pass not measured for contention")
+        return out
+
+    def reasons(self, kind: TimeKind) -> list[str]:
+        """Why a figure of ``kind`` from this pass may not be compared; empty where it may (see the
+        module docstring)."""
+        out = []
+        if kind.host_clock and self.agreement is not Agreement.AGREES:
+            out.append(self.agreement_text())
+        return out + self.contention_texts(kind.host_clock)
+
+    def why_not(self, kind: TimeKind) -> str:
+        """One clause: "PyTorch's framework pass ran 5.14x its clean pass, ..."; '' where it may be compared."""
+        why = self.reasons(kind)
+        return f"{self.label} {', '.join(why)}" if why else ""
+
+
+def _ci(d: Any) -> tuple[float, float] | None:
+    lo, hi = field_at(d, "ci95_low_s"), field_at(d, "ci95_high_s")
+    return (float(lo), float(hi)) if isinstance(lo, int | float) and isinstance(hi, int | float) else None
+
+
+def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
+    """The state of capture pass ``pass_name`` of results.json entry ``r`` (None: no such pass, or
+    it was skipped)."""
+    p = passes_of(r).get(pass_name)
+    if p is None or field_at(p, "skipped") is not None or pass_name == CLEAN:
+        return None
+    clean = clean_stats(r)
+    st = field_at(p, "step_times_s")
+    med = float(np.median(st)) if isinstance(st, list) and st else field_at(p, "median_step_s")
+    steps = field_at(p, "steps")
+    ci, clean_ci = _ci(p), _ci(clean)
+    if med is None:
+        agreement, basis = Agreement.NOT_MEASURED, ""
+    elif ci is not None and clean_ci is not None:
+        basis = BY_INTERVALS
+        agreement = (Agreement.AGREES if timing.intervals_overlap(ci, clean_ci) else
+                     Agreement.SLOWER if ci[0] > clean_ci[1] else Agreement.FASTER)
+    else:
+        basis = BY_VERDICT
+        recorded = field_at(p, "overhead_verdict")
+        verdict = (timing.OverheadVerdict(recorded) if recorded in set(timing.OverheadVerdict) else
+                   timing.overhead_verdict(float(med), int(steps or 0), clean))
+        agreement = _FROM_VERDICT[verdict]
+    return PassState(run_name, str(field_at(r, "framework")), field_at(r, "batch_size"), pass_name,
+                     int(steps) if isinstance(steps, int | float) else None,
+                     None if med is None else float(med), ci, clean.get("median_step_s"), clean_ci,
+                     agreement, basis, Busy.of(p), Busy.of(r))
+
+
+StateKey = tuple[str, str, Any, str]  # run, framework, batch size, pass
+
+
+def pass_states(runs: list[Run]) -> dict[StateKey, PassState]:
+    """Every capture pass of every run, by (run, framework, batch size, pass); computed once per Run."""
+    out: dict[StateKey, PassState] = {}
+    for run in runs:
+        if run._pass_states is None:
+            states = {}
+            for r in run.results:
+                for name in passes_of(r):
+                    s = pass_state(run.name, r, name)
+                    if s is not None:
+                        states[(run.name, s.framework, s.batch_size, name)] = s
+            run._pass_states = states
+        out.update(run._pass_states)
+    return out
+
+
+def comparable(states: dict[StateKey, PassState], run: str, framework: str, batch_size: Any, pass_name: str | None,
+               kind: TimeKind) -> tuple[bool, str]:
+    """(may the figure be compared, why not: '' where it may); see the module docstring."""
+    s = states.get((run, framework, batch_size, pass_name or ""))
+    if s is None:
+        return False, (f"{fw_label(framework)}'s {pass_name or 'capture'} pass has no step figures in results.json: "
+                       f"{NOT_MEASURED}")
+    why = s.why_not(kind)
+    return not why, why

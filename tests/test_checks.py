@@ -1,0 +1,348 @@
+"""Every self-check (reports/checks.py) fails on a doctored copy of a real run directory and passes
+on the untouched copy, so that breaking a check's comparison turns the suite red.
+
+Fixtures: tests/data/cpu_run_all (CPU, PyTorch and MXNet, every capture pass, per-pass JSON files;
+normalised here), tests/data/report_cpu_run (CPU, two batch sizes, records only) and
+tests/data/gpu_mxnet_run (GPU, MXNet, 20-step capture passes, 95% interval of the clean pass).
+Each test copies one into tmp_path and edits results.json, manifest.json, a pass's JSON or
+records.parquet: the one field its check reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import report
+from kernelmap.reports import analysis as A
+from kernelmap.reports import checks as C
+
+from kernelmap import schema
+from kernelmap.history import HISTORY_COLUMNS
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data"
+BUSY_TEXT = "other processes used 1.7 of 2 cores"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Normalised copies of the real run directories (report_cpu_run is normalised already)."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {"report_cpu_run": DATA / "report_cpu_run"}
+    for name in ("cpu_run_all", "gpu_mxnet_run"):
+        shutil.copytree(DATA / name, base / name)
+        normalise_run_dir(base / name)
+        out[name] = base / name
+    return out
+
+
+def _copy(runs: dict[str, Path], name: str, tmp_path: Path) -> Path:
+    d = tmp_path / name
+    shutil.copytree(runs[name], d)
+    return d
+
+
+def _edit(path: Path, fn: Callable) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+def _entry(results: list, fw: str, bs: int = 64) -> dict:
+    return next(r for r in results if r["framework"] == fw and r["batch_size"] == bs)
+
+
+def _checks(d: Path, history: pd.DataFrame | None = None) -> pd.DataFrame:
+    return C.self_checks([A.load_run(d)], history)
+
+
+def _failed(checks: pd.DataFrame) -> list[tuple[str, str, str]]:
+    f = C.failed(checks)
+    return list(zip(f["check"], f["framework"], f["subject"], strict=True))
+
+
+def _counts(checks: pd.DataFrame) -> dict[tuple[str, str], int]:
+    return {(str(c), str(s)): int(n) for (c, s), n in checks.groupby(["check", "status"]).size().items()}
+
+
+def _row(checks: pd.DataFrame, check: str, fw: str | None = None, subject: str | None = None) -> pd.Series:
+    m = checks[(checks["check"] == check) & ((checks["framework"] == fw) if fw else True)
+               & ((checks["subject"] == subject) if subject else True)]
+    assert len(m) == 1, m
+    return m.iloc[0]
+
+
+# --- the untouched copies --------------------------------------------------------------------
+def test_untouched_copies_fail_nothing(runs):
+    assert _counts(_checks(runs["cpu_run_all"])) == {
+        (C.Check.CALLS, C.PASS): 16, (C.Check.TRACED_STEPS, C.PASS): 2, (C.Check.TIME_WITHIN_STEP, C.PASS): 2,
+        # framework-op and library-call time, each framework
+        (C.Check.LAYERS_WITHIN_STEP, C.PASS): 4,
+        # 5 and 3 timed steps: too few to judge against the clean pass
+        (C.Check.CAPTURE_NOT_FASTER, C.NOT_CHECKED): 4,
+        (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 2,  # one batch size
+        (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1,  # no history
+    }
+    assert _counts(_checks(runs["gpu_mxnet_run"])) == {
+        (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
+        (C.Check.LAYERS_WITHIN_STEP, C.PASS): 1, (C.Check.CAPTURE_NOT_FASTER, C.PASS): 3,
+        (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 1, (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1}
+    rc = _counts(_checks(runs["report_cpu_run"]))
+    # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
+    assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28
+    assert not any(s == C.FAIL for _, s in rc)
+
+
+# --- calls per step --------------------------------------------------------------------------
+def test_calls_per_step_fails_on_an_extra_call(runs, tmp_path):
+    """One more aten::relu in step 7 (on a thread of its own, so it is an outermost call): 16 calls
+    in 5 steps, not 15. A check that took ``>=`` for ``==`` would pass this."""
+    d = _copy(runs, "cpu_run_all", tmp_path)
+    rec = schema.read_parquet(d / "records.parquet")
+    relu = rec[rec["framework"].eq("pytorch") & rec["source"].eq("kineto") & rec["op_name"].eq("aten::relu")
+               & rec["direction"].eq("fwd") & rec["iteration"].eq(7)]
+    assert len(relu) == 3
+    extra = relu.iloc[[0]].copy()
+    extra["event_id"] = rec["event_id"].max() + 1
+    extra["tid"] = rec["tid"].max() + 1
+    schema.write_parquet(pd.concat([rec, extra], ignore_index=True), d / "records.parquet")
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.CALLS, "pytorch", "relu fwd")]
+    r = _row(checks, C.Check.CALLS, "pytorch", "relu fwd")
+    assert (r["expected"], r["measured"]) == (3, (3 * 5 + 1) / 5)
+
+
+def test_calls_per_step_fails_on_a_missing_call(runs, tmp_path):
+    d = _copy(runs, "cpu_run_all", tmp_path)
+    rec = schema.read_parquet(d / "records.parquet")
+    hit = (rec["framework"].eq("mxnet") & rec["kind"].eq("op") & rec["canonical_op"].eq("max_pool2d")
+           & rec["direction"].eq("fwd") & rec["iteration"].eq(6))
+    assert int(hit.sum()) == 2
+    schema.write_parquet(rec[~hit].reset_index(drop=True), d / "records.parquet")
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.CALLS, "mxnet", "max_pool2d fwd")]
+    assert _row(checks, C.Check.CALLS, "mxnet", "max_pool2d fwd")["measured"] == (2 * 5 - 2) / 5
+
+
+# --- traced steps ----------------------------------------------------------------------------
+def test_traced_steps_fails_when_the_pass_timed_other_steps(runs, tmp_path):
+    """results.json says the framework pass timed 6 steps; the trace holds 5."""
+    d = _copy(runs, "cpu_run_all", tmp_path)
+    _edit(d / "results.json", lambda res: _entry(res, "pytorch")["passes"]["framework"].update(steps=6))
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.TRACED_STEPS, "pytorch", "kineto")]
+    r = _row(checks, C.Check.TRACED_STEPS, "pytorch")
+    assert (r["expected"], r["measured"]) == (6, 5)
+    assert _row(_checks(runs["cpu_run_all"]), C.Check.TRACED_STEPS, "pytorch")["status"] == C.PASS
+
+
+# --- time within step, layer times within step -----------------------------------------------
+def _scale_steps(path: Path, mean_s: float) -> list[float]:
+    """Scale a pass JSON's step times so that their mean is ``mean_s``; returns them."""
+    d = json.loads(path.read_text())
+    st = np.asarray(d["step_times_s"])
+    d["step_times_s"] = list(st * (mean_s / st.mean()))
+    path.write_text(json.dumps(d))
+    return d["step_times_s"]
+
+
+def test_time_within_step_is_bounded_by_the_mean_step(runs, tmp_path):
+    """The framework pass's steps made shorter on average than PyTorch's summed op time per step,
+    yet longer than its layers' time: only "time within step" fails. Their sum (5 steps) is still
+    far above the op time, so a check bounded by the sum instead of the mean would pass this."""
+    clean = _checks(runs["cpu_run_all"])
+    busy = _row(clean, C.Check.TIME_WITHIN_STEP, "pytorch")["measured"]
+    layers = _row(clean, C.Check.LAYERS_WITHIN_STEP, "pytorch", "framework-op time, 4 layers (framework pass)")[
+        "measured"]
+    assert layers < busy
+    d = _copy(runs, "cpu_run_all", tmp_path)
+    target = (layers + busy) / 2 / 1e3
+    st = _scale_steps(d / "pytorch" / "bs64" / "framework.json", target)
+    assert sum(st) * 1e3 > busy  # the sum would still hold the op time
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.TIME_WITHIN_STEP, "pytorch", "op time per step (kineto)")]
+    r = _row(checks, C.Check.TIME_WITHIN_STEP, "pytorch")
+    assert r["expected"] == pytest.approx(target * 1e3, rel=1e-12) and r["measured"] == busy
+
+
+def test_layer_times_within_step_fails_per_pass(runs, tmp_path):
+    """The libs pass's steps made shorter on average than MXNet's summed per-layer library-call time:
+    only that pass's row fails; then the framework pass's steps shorter than the layers' op time."""
+    clean = _checks(runs["cpu_run_all"])
+    lib = _row(clean, C.Check.LAYERS_WITHIN_STEP, "mxnet", "library-call time, 4 layers (libs pass)")["measured"]
+    d = _copy(runs, "cpu_run_all", tmp_path)
+    _scale_steps(d / "mxnet" / "bs64" / "libs.json", 0.9 * lib / 1e3)
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.LAYERS_WITHIN_STEP, "mxnet", "library-call time, 4 layers (libs pass)")]
+    r = _row(checks, C.Check.LAYERS_WITHIN_STEP, "mxnet", "library-call time, 4 layers (libs pass)")
+    assert r["expected"] == pytest.approx(0.9 * lib, rel=1e-12) and r["measured"] == lib
+    op = _row(clean, C.Check.LAYERS_WITHIN_STEP, "mxnet", "framework-op time, 4 layers (framework pass)")["measured"]
+    _scale_steps(d / "mxnet" / "bs64" / "framework.json", 0.9 * op / 1e3)
+    assert set(_failed(_checks(d))) == {
+        (C.Check.LAYERS_WITHIN_STEP, "mxnet", "library-call time, 4 layers (libs pass)"),
+        (C.Check.LAYERS_WITHIN_STEP, "mxnet", "framework-op time, 4 layers (framework pass)"),
+        (C.Check.TIME_WITHIN_STEP, "mxnet", "op time per step (mxnet_profiler)")}
+
+
+# --- capture not faster ----------------------------------------------------------------------
+def _contention(contended: bool, text: str) -> dict:
+    return {"contended": contended, "reasons": [text] if contended else [], "text": text, "windows": 3,
+            "windows_contended": 3 if contended else 0, "ncpu": 2}
+
+
+def test_capture_not_faster_fails_when_its_interval_is_below_the_clean_one(runs, tmp_path):
+    """The framework pass's own 95% interval (results.json, as runs record it now) wholly below the
+    clean pass's, the clean pass flagged busy: FAIL, naming the cause and the contention."""
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+    entry = json.loads((d / "results.json").read_text())[0]
+    lo = entry["ci95_low_s"]
+
+    def doctor(res):
+        e = res[0]
+        e["contention"] = _contention(True, BUSY_TEXT)
+        e["passes"]["framework"].update(ci95_low_s=0.5 * lo, ci95_high_s=0.8 * lo,
+                                        contention=_contention(False, "quiet: other processes used 0.1 of 2 cores"))
+    _edit(d / "results.json", doctor)
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")]
+    r = _row(checks, C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")
+    assert r["expected"] == pytest.approx(lo * 1e3) and r["measured"] == pytest.approx(0.8 * lo * 1e3)
+    assert r["detail"].startswith(C.BUSIER_CLEAN + ": ")
+    assert f"clean pass: BUSY: {BUSY_TEXT}" in r["detail"]
+    assert "framework pass: quiet: other processes used 0.1 of 2 cores" in r["detail"]
+    # an interval that touches the clean one is within noise
+    _edit(d / "results.json", lambda res: res[0]["passes"]["framework"].update(ci95_high_s=lo))
+    assert _row(_checks(d), C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")["status"] == C.PASS
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_capture_not_faster_fails_by_the_verdict_of_an_older_run(runs, tmp_path, recorded):
+    """A run with no interval of the pass's own: its median below the clean pass's interval (the
+    overhead verdict "below noise", recorded or computed) fails."""
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+
+    def doctor(res):
+        p = res[0]["passes"]["nsys"]
+        p["step_times_s"] = [x * 0.5 for x in p["step_times_s"]]
+        p["median_step_s"] = float(np.median(p["step_times_s"]))
+        if recorded:
+            p["overhead_verdict"] = "below noise"
+        else:
+            del p["overhead_verdict"]
+    _edit(d / "results.json", doctor)
+    checks = _checks(d)
+    assert _failed(checks) == [(C.Check.CAPTURE_NOT_FASTER, "mxnet", "nsys pass")]
+    r = _row(checks, C.Check.CAPTURE_NOT_FASTER, "mxnet", "nsys pass")
+    assert "overhead verdict" in r["detail"] and "clean pass: not measured" in r["detail"]
+
+
+# --- layer time vs batch size ----------------------------------------------------------------
+def test_layer_time_vs_batch_size_fails_when_a_layer_gets_faster_with_more_images(runs, tmp_path):
+    """PyTorch's conv1 forward library calls at bs 256 made 20x shorter: below bs 64's beyond noise."""
+    d = _copy(runs, "report_cpu_run", tmp_path)
+    rec = schema.read_parquet(d / "records.parquet")
+    hit = (rec["framework"].eq("pytorch") & rec["batch_size"].eq(256) & rec["kind"].eq("library_call")
+           & rec["layer"].eq("conv1") & rec["direction"].eq("fwd"))
+    assert int(hit.sum()) == 4
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] // 20).astype(rec["dur_ns"].dtype)
+    schema.write_parquet(rec, d / "records.parquet")
+    checks = _checks(d)
+    subject = "conv1 fwd, library-call time: bs 64 -> 256"
+    assert _failed(checks) == [(C.Check.LAYER_VS_BATCH, "pytorch", subject)]
+    r = _row(checks, C.Check.LAYER_VS_BATCH, "pytorch", subject)
+    lt = A.layer_table([A.load_run(d)]).set_index(["batch_size", "layer", "direction", "framework"])
+    assert r["expected"] == lt.loc[(64, "conv1", "fwd", "pytorch"), "ms_per_step"]
+    assert r["measured"] == lt.loc[(256, "conv1", "fwd", "pytorch"), "ms_per_step"]
+    # the per-step figures the noise comes from average to the figure shown
+    assert np.mean(lt.loc[(256, "conv1", "fwd", "pytorch"), "steps_ms"]) == pytest.approx(r["measured"], rel=1e-12)
+    assert _row(_checks(runs["report_cpu_run"]), C.Check.LAYER_VS_BATCH, "pytorch", subject)["status"] == C.PASS
+
+
+def test_layer_time_vs_batch_size_passes_within_noise(runs, tmp_path):
+    """PyTorch's conv1 forward at bs 256 given timed steps of 0.1, 0.45 and 0.8 ms: its mean is below
+    bs 64's (0.73, 0.39, 0.40 ms) but its interval reaches above bs 64's low: within noise, pass."""
+    d = _copy(runs, "report_cpu_run", tmp_path)
+    rec = schema.read_parquet(d / "records.parquet")
+    hit = (rec["framework"].eq("pytorch") & rec["batch_size"].eq(256) & rec["kind"].eq("library_call")
+           & rec["layer"].eq("conv1") & rec["direction"].eq("fwd"))
+    order = rec[hit].sort_values("event_id").index  # log order: the warm-up step's call first
+    rec.loc[order[1:], "dur_ns"] = pd.Series([100_000, 450_000, 800_000], index=order[1:]).astype(rec["dur_ns"].dtype)
+    schema.write_parquet(rec, d / "records.parquet")
+    r = _row(_checks(d), C.Check.LAYER_VS_BATCH, "pytorch", "conv1 fwd, library-call time: bs 64 -> 256")
+    assert r["measured"] == pytest.approx(0.45) and r["measured"] < r["expected"]
+    assert r["status"] == C.PASS, r["detail"]
+
+
+def test_mean_ci():
+    assert C.mean_ci([1.0]) is None
+    lo, hi = C.mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert 1.0 <= lo < 2.5 < hi <= 4.0
+    assert C.mean_ci([2.0, 2.0]) == (2.0, 2.0)
+
+
+# --- clean vs step benchmark -----------------------------------------------------------------
+def _history(job: str, median: float, iqr: float, rounds: int, contended: bool | None = False,
+             text: str | None = "quiet: other processes used 0.0 of 2 cores") -> pd.DataFrame:
+    row = dict.fromkeys(HISTORY_COLUMNS)
+    row.update(run="0001", name="test_train_step[mxnet-imperative-gpu-64]", bench="test_train_step",
+               framework="mxnet", mode="imperative", device="gpu", batch_size=64, key="mxnet-imperative-gpu-64",
+               median=median, iqr=iqr, rounds=rounds, job=job, contended=contended, contention_text=text,
+               steps_per_round=1)
+    df = pd.DataFrame([row])
+    df["batch_size"] = df["batch_size"].astype("Int64")
+    return df
+
+
+def test_clean_vs_step_benchmark(runs, tmp_path):
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+    e = json.loads((d / "results.json").read_text())[0]
+    med, hi = e["median_step_s"], e["ci95_high_s"]
+    subject = "mxnet imperative gpu bs 64"
+    # not checked: no history; a run without a job id; no benchmark of this job
+    assert "no step benchmark history given" in _row(_checks(d), C.Check.CLEAN_VS_BENCH)["detail"]
+    agree = _history("job-1", med, 1e-4, 25)
+    assert "records no job id" in _row(_checks(d, agree), C.Check.CLEAN_VS_BENCH)["detail"]
+    _edit(d / "manifest.json", lambda m: m.update(job="job-1"))
+    assert "holds no step benchmark of job 'job-1'" in _row(
+        _checks(d, _history("job-2", med, 1e-4, 25)), C.Check.CLEAN_VS_BENCH)["detail"]
+    # the same median: pass
+    r = _row(_checks(d, agree), C.Check.CLEAN_VS_BENCH, "mxnet", subject)
+    assert r["status"] == C.PASS and (r["expected"], r["measured"]) == (med * 1e3, med * 1e3)
+    # the benchmark's interval is median +- 1.57 IQR / sqrt(rounds): just inside, just outside
+    iqr, n = 4e-4, 25
+    half = 1.57 * iqr / math.sqrt(n)  # the documented rule, not the module's constant
+    assert _row(_checks(d, _history("job-1", hi + 0.9 * half, iqr, n)), C.Check.CLEAN_VS_BENCH)["status"] == C.PASS
+    r = _row(_checks(d, _history("job-1", hi + 1.1 * half, iqr, n)), C.Check.CLEAN_VS_BENCH)
+    assert r["status"] == C.FAIL and "disagree beyond their combined noise" in r["detail"]
+    # contended on either side: the detail says which side and by how much
+    r = _row(_checks(d, _history("job-1", 3 * med, 1e-4, 25, True, BUSY_TEXT)), C.Check.CLEAN_VS_BENCH)
+    assert r["status"] == C.FAIL
+    assert f"step benchmark: BUSY: {BUSY_TEXT}" in r["detail"] and "clean pass: not measured" in r["detail"]
+    _edit(d / "results.json", lambda res: res[0].update(contention=_contention(True, BUSY_TEXT)))
+    r = _row(_checks(d, _history("job-1", med / 3, 1e-4, 25)), C.Check.CLEAN_VS_BENCH)
+    assert r["status"] == C.FAIL and f"clean pass: BUSY: {BUSY_TEXT}" in r["detail"]
+    assert "step benchmark: quiet" in r["detail"]
+
+
+def test_report_with_storage_runs_the_benchmark_check(runs, tmp_path, monkeypatch, capsys):
+    """``kernelmap report --storage``: build() hands the history to the checks; --strict fails on a
+    step benchmark of the same job that disagrees with the clean pass."""
+    import kernelmap.history as history
+
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+    _edit(d / "manifest.json", lambda m: m.update(job="job-1"))
+    med = json.loads((d / "results.json").read_text())[0]["median_step_s"]
+    monkeypatch.setattr(history, "load_history", lambda storage: _history("job-1", 3 * med, 1e-4, 25))
+    (tmp_path / "st").mkdir()
+    rc = report(str(d), "-o", str(tmp_path / "rep"), "--strict", "--storage", str(tmp_path / "st"))
+    assert rc == C.EXIT_CHECK_FAILED
+    assert "FAIL gpu_mxnet_run MXNet bs 64: clean vs step benchmark" in capsys.readouterr().err
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert page.index("1 self-check(s) failed") < page.index('<section id="answer">')
