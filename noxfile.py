@@ -279,6 +279,21 @@ def merge_options(defaults: tuple[str, ...] | list[str], given: list[str]) -> li
     return [x for flag, values in merged.items() for x in (flag, *values)]
 
 
+def run_batch_sizes(args: list[str]) -> list[str]:
+    """The values of ``--batch-size`` in ``kernelmap run`` arguments (as ``merge_options`` gives them)."""
+    sizes: list[str] = []
+    taking = False
+    for a in args:
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            taking = name == "--batch-size"
+            if taking and eq:
+                sizes.append(value)
+        elif taking:
+            sizes.append(a)
+    return sizes
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """The main job: every framework on the best device, all capture passes, step benchmarks, the report."""
@@ -292,7 +307,10 @@ def bench(session: nox.Session) -> None:
     session.run(kernelmap, "doctor", external=True)
     session.run(kernelmap, "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args,
                 external=True, **STOP_TIMEOUTS)
-    _step_benchmarks(session, env, stamp, "--benchmark-max-time=0.5")
+    # the step benchmarks of the run's batch sizes: each key's clean pass and step benchmark in one job
+    sizes = run_batch_sizes(args)
+    _step_benchmarks(session, env, stamp, "--benchmark-max-time=0.5",
+                     *(f"--bench-batch-size={bs}" for bs in sizes))
     session.run(kernelmap, "report", run_dir, "-o", os.path.join(run_dir, "report"),
                 "--storage", BENCH_STORAGE, external=True)
     session.log(f"report: {os.path.join(run_dir, 'report', 'report.html')}")

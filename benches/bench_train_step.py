@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import _VERSIONS, BATCH_SIZES, bench_modes, block_rounds, decision
+from conftest import _VERSIONS, bench_batch_sizes, bench_modes, block_rounds, decision
 
 from kernelmap import contention, timing
 from kernelmap.history import CONTENTION, STEPS_PER_ROUND, BenchKey, Mode
@@ -66,7 +66,7 @@ def pytest_generate_tests(metafunc):
     params = []
     for mode in bench_modes(metafunc.config):
         for device in ("cpu", "gpu"):
-            for bs in BATCH_SIZES:
+            for bs in bench_batch_sizes(metafunc.config):
                 key = BenchKey(framework, mode.value, device, bs)
                 params.append(pytest.param(mode.value, device, bs, id=key.id,
                                            marks=[pytest.mark.gpu] if device == "gpu" else []))

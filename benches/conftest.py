@@ -29,8 +29,16 @@ def pytest_addoption(parser):
                     help="execution mode(s) to benchmark (may be repeated; default: every mode of the framework: "
                          + "; ".join(f"{fw}: {', '.join(m.value for m in ms)}" for fw, ms in FRAMEWORK_MODES.items())
                          + ")")
+    group.addoption("--bench-batch-size", type=int, action="append", default=None, metavar="N",
+                    help=f"batch size(s) to benchmark (may be repeated; default {', '.join(map(str, BATCH_SIZES))}); "
+                         "`nox -s bench` passes its run's, so that every key has its clean pass in the same job")
     group.addoption("--bench-data", default="synthetic",
                     help="data of the benchmarked batch: synthetic (default), fashion-mnist, mnist or a directory")
+
+
+def bench_batch_sizes(config) -> tuple[int, ...]:
+    """The batch sizes this process benchmarks (``--bench-batch-size``, else ``BATCH_SIZES``)."""
+    return tuple(config.getoption("--bench-batch-size") or BATCH_SIZES)
 
 
 def pytest_collect_file(file_path, parent):

@@ -30,6 +30,14 @@ def test_posargs_override_only_what_they_name():
         nf.merge_options(nf.BENCH_DEFAULTS, ["20"])
 
 
+def test_run_batch_sizes_are_the_values_of_batch_size():
+    nf = _noxfile()
+    assert nf.run_batch_sizes(list(nf.BENCH_DEFAULTS)) == ["64", "256"]
+    assert nf.run_batch_sizes(["--batch-size", "32", "--hybridize", "--steps", "5"]) == ["32"]
+    assert nf.run_batch_sizes(["--batch-size=128", "--steps", "5"]) == ["128"]
+    assert nf.run_batch_sizes(["--steps", "5"]) == []
+
+
 def test_missing_python_names_the_command_that_fixes_it():
     nf = _noxfile()
     none = lambda name: None  # noqa: E731
@@ -215,6 +223,9 @@ def test_bench_saves_one_run_per_job_named_as_its_run_directory(monkeypatch, tmp
     assert [next(x for x in a if x.startswith("--framework=")) for a, _ in steps] == [
         f"--framework={fw}" for fw in nf.STEP_BENCH_FRAMEWORKS]
     assert all(e["KERNELMAP_JOB"] == job for _, e in steps)
+    # the run's batch sizes (BENCH_DEFAULTS: 64 256), not the step benchmark's own default of three
+    assert all([x for x in a if x.startswith("--bench-batch-size")] == ["--bench-batch-size=64",
+                                                                        "--bench-batch-size=256"] for a, _ in steps)
     (save,) = [a for a, _ in session.calls if a[1:2] == ["save-job"]]
     assert save[2:6] == ["--job", job, "--storage", nf.BENCH_STORAGE]
     assert [Path(p).name for p in save[6:]] == [f"{fw}.json" for fw in nf.STEP_BENCH_FRAMEWORKS if fw != "mxnet"]
