@@ -279,19 +279,24 @@ def merge_options(defaults: tuple[str, ...] | list[str], given: list[str]) -> li
     return [x for flag, values in merged.items() for x in (flag, *values)]
 
 
-def run_batch_sizes(args: list[str]) -> list[str]:
-    """The values of ``--batch-size`` in ``kernelmap run`` arguments (as ``merge_options`` gives them)."""
-    sizes: list[str] = []
+def option_values(args: list[str], option: str) -> list[str]:
+    """The values of ``option`` (e.g. ``--batch-size``) in ``kernelmap run`` arguments."""
+    values: list[str] = []
     taking = False
     for a in args:
         if a.startswith("--"):
             name, eq, value = a.partition("=")
-            taking = name == "--batch-size"
+            taking = name == option
             if taking and eq:
-                sizes.append(value)
+                values.append(value)
         elif taking:
-            sizes.append(a)
-    return sizes
+            values.append(a)
+    return values
+
+
+def run_batch_sizes(args: list[str]) -> list[str]:
+    """The values of ``--batch-size`` in ``kernelmap run`` arguments (as ``merge_options`` gives them)."""
+    return option_values(args, "--batch-size")
 
 
 @nox.session(python=PYTHON)
@@ -308,8 +313,10 @@ def bench(session: nox.Session) -> None:
     session.run(kernelmap, "run", "--framework", "all", "--device", "auto", "--out", run_dir, *args,
                 external=True, **STOP_TIMEOUTS)
     # the step benchmarks of the run's batch sizes: each key's clean pass and step benchmark in one job
+    # and on the run's data (`kernelmap run`'s default: auto), like with like
     sizes = run_batch_sizes(args)
-    _step_benchmarks(session, env, stamp, "--benchmark-max-time=0.5",
+    data = (option_values(args, "--data") or ["auto"])[0]
+    _step_benchmarks(session, env, stamp, "--benchmark-max-time=0.5", f"--bench-data={data}",
                      *(f"--bench-batch-size={bs}" for bs in sizes))
     session.run(kernelmap, "report", run_dir, "-o", os.path.join(run_dir, "report"),
                 "--storage", BENCH_STORAGE, external=True)

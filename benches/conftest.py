@@ -11,6 +11,7 @@ is imported here.
 from __future__ import annotations
 
 import functools
+import os
 import math
 
 import pytest
@@ -19,6 +20,12 @@ from kernelmap import doctor, frameworks, gpuinfo, runner
 from kernelmap.history import FRAMEWORK_MODES, Mode
 
 BATCH_SIZES = (64, 256, 1024)
+
+# The CPU thread settings `kernelmap run` gives every worker (runner.thread_env: the physical cores), set
+# before any framework loads here, so that a step benchmark and its clean pass run with the same threads.
+# A variable already set is kept (as the runner's --threads would say it).
+for _name, _value in runner.thread_env(runner.physical_cores()).items():
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_addoption(parser):
@@ -33,7 +40,8 @@ def pytest_addoption(parser):
                     help=f"batch size(s) to benchmark (may be repeated; default {', '.join(map(str, BATCH_SIZES))}); "
                          "`nox -s bench` passes its run's, so that every key has its clean pass in the same job")
     group.addoption("--bench-data", default="synthetic",
-                    help="data of the benchmarked batch: synthetic (default), fashion-mnist, mnist or a directory")
+                    help="data of the benchmarked batch: synthetic (default), auto, fashion-mnist, mnist or a "
+                         "directory (`nox -s bench` passes its run's --data, default auto)")
 
 
 def bench_batch_sizes(config) -> tuple[int, ...]:

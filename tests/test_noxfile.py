@@ -226,6 +226,7 @@ def test_bench_saves_one_run_per_job_named_as_its_run_directory(monkeypatch, tmp
     # the run's batch sizes (BENCH_DEFAULTS: 64 256), not the step benchmark's own default of three
     assert all([x for x in a if x.startswith("--bench-batch-size")] == ["--bench-batch-size=64",
                                                                         "--bench-batch-size=256"] for a, _ in steps)
+    assert all("--bench-data=auto" in a for a, _ in steps)  # the run's data (its default), not synthetic
     (save,) = [a for a, _ in session.calls if a[1:2] == ["save-job"]]
     assert save[2:6] == ["--job", job, "--storage", nf.BENCH_STORAGE]
     assert [Path(p).name for p in save[6:]] == [f"{fw}.json" for fw in nf.STEP_BENCH_FRAMEWORKS if fw != "mxnet"]
