@@ -27,7 +27,11 @@ Checks (``Check``):
   interval (``timing``'s seed and resample count) of the mean of the layer's per-step times, taken
   per traced iteration (framework-op and kernel time) or per logged step of the libs pass
   (library-call time: ``ops.logged_step_sums_ms``); FAIL where the larger batch's interval lies
-  wholly below the smaller one's. Every pair of batch sizes is compared.
+  wholly below the smaller one's by more than ``LAYER_FALL_FLOOR_MS`` per step. Every pair of batch
+  sizes is compared. The floor: a library picks its kernel per shape, and a microsecond-scale op can
+  run a faster kernel at the larger batch (on an H200, JAX's fc2 forward 5.1 µs at bs 64 and 4.0 µs at
+  1024; PyTorch's fc2 bias gradient 5.1 and 3.8 µs); the contradictions this check is for are
+  milliseconds (PyTorch conv1 fwd 39.2 ms at bs 64 against 21.5 ms at 256 on a busy CPU).
 * ``clean vs step benchmark``: for each key (framework, mode, device, batch size) the clean
   pass's median and the pytest-benchmark step median of the same job (history rows whose ``job``
   is the run's manifest ``job``) agree within their combined noise: the clean pass's 95% interval
@@ -54,6 +58,7 @@ from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state
 from .analyses.summary import clean_stats
 
 EXIT_CHECK_FAILED = 4
+LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (per step) is not judged
 
 
 class Status(enum.StrEnum):
@@ -276,7 +281,7 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                                          NOT_CHECKED, "no per-step times (under two steps, or a library log whose "
                                                       "calls do not divide into its logged steps): no noise figure"))
                         continue
-                    fell = cb[1] < ca[0]
+                    fell = cb[1] < ca[0] and ca[0] - cb[1] > LAYER_FALL_FLOOR_MS
                     rows.append(_row(
                         run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"], FAIL if fell else PASS,
                         f"ms per step; at bs {b} {'falls below' if fell else 'not below'} bs {a} beyond noise: 95% "

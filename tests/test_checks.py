@@ -346,3 +346,23 @@ def test_report_with_storage_runs_the_benchmark_check(runs, tmp_path, monkeypatc
     assert "FAIL gpu_mxnet_run MXNet bs 64: clean vs step benchmark" in capsys.readouterr().err
     page = (tmp_path / "rep" / "report.html").read_text()
     assert page.index("1 self-check(s) failed") < page.index('<section id="answer">')
+
+
+def test_layer_time_vs_batch_size_leaves_microsecond_falls_unjudged():
+    """A fall beyond noise but under LAYER_FALL_FLOOR_MS per step passes (a library's kernel choice per
+    shape, H200: JAX fc2 fwd 5.1 µs at bs 64, 4.0 µs at 1024); one just over the floor fails."""
+    from types import SimpleNamespace
+
+    small = [0.0100 + 0.00001 * (i % 5) for i in range(20)]  # ~10 µs a step, tight
+
+    def rows(fall_ms: float):
+        big = [x - fall_ms for x in small]
+        series = pd.DataFrame([
+            {"framework": "jax", "batch_size": bs, "layer": "fc2", "direction": "fwd", "kind": "GPU kernel time",
+             "ms": sum(st) / len(st), "steps_ms": st, "pass": "framework"} for bs, st in ((64, small), (1024, big))])
+        return C._layer_vs_batch(SimpleNamespace(name="r"), series)
+
+    (under,) = rows(C.LAYER_FALL_FLOOR_MS * 0.5)
+    assert under["status"] == C.PASS and "not below" in under["detail"]
+    (over,) = rows(C.LAYER_FALL_FLOOR_MS * 1.5)
+    assert over["status"] == C.FAIL and "falls below" in over["detail"]
