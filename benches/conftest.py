@@ -11,8 +11,8 @@ is imported here.
 from __future__ import annotations
 
 import functools
-import os
 import math
+import os
 
 import pytest
 

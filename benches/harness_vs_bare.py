@@ -47,15 +47,16 @@ def summarise(table: dict[tuple[str, int], dict[str, list[float]]]) -> list[dict
 def format_rows(rows: list[dict]) -> str:
     out = ["mode bs | bare ms median [min-max] (n) | kernelmap clean ms median [min-max] (n) | kernelmap/bare | "
            "bare spread between processes"]
+    def cell(r: dict, name: str) -> str:
+        if r[f"{name}_ms"] is None:
+            return "-"
+        lo, hi = r[f"{name}_range_ms"]
+        return f"{r[f'{name}_ms']:.3f} [{lo:.3f}-{hi:.3f}] ({r[f'{name}_n']})"
+
     for r in rows:
-        def cell(name):
-            if r[f"{name}_ms"] is None:
-                return "-"
-            lo, hi = r[f"{name}_range_ms"]
-            return f"{r[f'{name}_ms']:.3f} [{lo:.3f}-{hi:.3f}] ({r[f'{name}_n']})"
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
         spread = f"{r['bare_spread']:.1%}" if "bare_spread" in r else "-"
-        out.append(f"{r['mode']} {r['batch_size']} | {cell('bare')} | {cell('kernelmap')} | {ratio} | {spread}")
+        out.append(f"{r['mode']} {r['batch_size']} | {cell(r, 'bare')} | {cell(r, 'kernelmap')} | {ratio} | {spread}")
     return "\n".join(out)
 
 
