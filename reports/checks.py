@@ -21,7 +21,8 @@ Checks (``Check``):
 * ``capture not faster``: no capture pass is faster than its clean pass beyond noise: the
   pass's 95% interval of its median lies wholly below the clean pass's (runs that record no
   interval of the pass: the overhead verdict "below noise"). A pass that adds a profiler and
-  synchronises every step cannot be faster: the machine was busier during the clean pass.
+  synchronises every step cannot be faster: the clean pass was slowed (by the machine where contention
+  was measured during it; the detail gives both passes' contention).
 * ``layer time vs batch size``: per run x framework x layer x direction x kind of time, a layer's
   time per step does not fall when the batch size grows, beyond noise. Noise: the 95% bootstrap
   interval (``timing``'s seed and resample count) of the mean of the layer's per-step times, taken
@@ -83,7 +84,11 @@ class Check(enum.StrEnum):
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
-BUSIER_CLEAN = "the machine was busier during the clean pass"
+# A capture pass adds a profiler and synchronises every step: it cannot be faster than its clean pass, so the
+# clean pass was slowed. By the machine where contention was measured there; the contention texts that follow
+# say whether it was (on a VM measured quiet, by what else differs between the two passes' processes).
+BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the machine was busier then, or, where "
+                "both were measured quiet, its process ran slower)")
 NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
 
 
