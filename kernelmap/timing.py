@@ -115,6 +115,19 @@ def median_ci(trials: list[list[float]], confidence: float = CONFIDENCE,
     return float(lo), float(hi)
 
 
+def mean_ci(values: list[float], confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
+            seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+    """Bootstrap interval of the mean of ``values``; None under two values."""
+    a = np.asarray(values, dtype=np.float64)
+    if a.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
 def step_stats(trials: list[list[float]]) -> StepStats:
     """Median, quartiles and the median's 95% interval of the samples of ``trials``."""
     pooled = np.concatenate([np.asarray(t, dtype=np.float64) for t in trials]) if trials else np.empty(0)

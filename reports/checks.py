@@ -53,6 +53,7 @@ from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, timing
 from kernelmap.rundir import RunDir, read_json
+from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
 from .analyses.base import Busy, Run, field_at, fw_label, passes_of
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state
@@ -140,19 +141,6 @@ def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tup
             return [float(v)] * n, f"results.json: mean_step_s of the {pass_name} pass"
     return None, (f"the {pass_name} pass's step times (or their mean) are recorded nowhere ({pass_name}.json, "
                   "results.json); a median alone does not bound summed time")
-
-
-def mean_ci(values: list[float]) -> tuple[float, float] | None:
-    """95% bootstrap interval of the mean of ``values`` (``timing``'s seed and resample count);
-    None under two values."""
-    a = np.asarray(values, dtype=np.float64)
-    if a.size < 2:
-        return None
-    rng = np.random.default_rng(timing.BOOTSTRAP_SEED)
-    means = a[rng.integers(0, a.size, size=(timing.BOOTSTRAP_RESAMPLES, a.size))].mean(axis=1)
-    alpha = (1 - timing.CONFIDENCE) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return float(lo), float(hi)
 
 
 def _ms(x: float | None) -> str:

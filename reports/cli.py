@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from kernelmap import __version__
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
+from kernelmap.history import flagged
 
 from . import analysis as A
 from . import answer as ANS
@@ -201,21 +201,16 @@ def _summary_html(summ: pd.DataFrame) -> str:
         ("not measured" if pd.isna(lo) else
          f"{lo:.3f}–{hi:.3f} (±{hw:.1f}%)" + (' <span class="fallback">noisy</span>' if nz else ""))
         + (f' <span class="fallback">trials disagree{f" after {int(rp)} repeat(s)" if pd.notna(rp) and rp else ""}'
-           "</span>" if _flag(td) else "")
+           "</span>" if flagged(td) else "")
         for lo, hi, hw, nz, td, rp in zip(s["step_ms_ci95_low"], s["step_ms_ci95_high"], s["ci95_half_width_pct"],
                                           s["noisy"], s["trials_disagree"], s["repeats"], strict=True)]
     s["contention_html"] = [_busy_html(c, t) for c, t in zip(s["contended"], s["contention"], strict=True)]
     return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html", "ci_html", "contention_html"})
 
 
-def _flag(v: Any) -> bool:
-    """A yes/no cell that is yes (None, NA: not measured)."""
-    return isinstance(v, bool | np.bool_) and bool(v)
-
-
 def _busy_html(contended: Any, text: Any) -> str:
     """A contention text, marked where the pass was flagged contended."""
-    if _flag(contended):
+    if flagged(contended):
         return f'<span class="busy">{_html.escape(str(text))}</span>'
     return f'<span class="empty">{_html.escape(str(text))}</span>' if text == BUSY_NOT_MEASURED else _html.escape(
         str(text))
@@ -228,16 +223,16 @@ def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame, hist: pd.DataFrame | None) 
     out = []
     for _, r in summ.iterrows():
         who = f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']}"
-        if _flag(r.get("contended")):
+        if flagged(r.get("contended")):
             out.append(f"{who} clean pass: {r['contention']}")
-        if _flag(r.get("trials_disagree")):
+        if flagged(r.get("trials_disagree")):
             out.append(f"{who} clean pass: its trials disagree beyond noise")
     for _, r in ov.iterrows():
-        if r["pass"] != "clean" and _flag(r.get("contended")):
+        if r["pass"] != "clean" and flagged(r.get("contended")):
             out.append(f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']} {r['pass']} pass: "
                        f"{r['contention']}")
     if hist is not None and "contended" in hist.columns:
-        for _, h in hist[hist["contended"].map(_flag).astype(bool)].iterrows():
+        for _, h in hist[hist["contended"].map(flagged).astype(bool)].iterrows():
             out.append(f"step benchmark {h['name']} (saved run {h['run']}): "
                        f"BUSY: {h.get('contention_text') or 'contended'}")
     return out
