@@ -593,7 +593,8 @@ def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str
             "median_step_s": r["median_step_s"], **_ci_fields(r["step_times_s"]), "steps": r["steps"],
             "warmup_steps": r["warmup_steps"], "step_times_s": r["step_times_s"], "timing": r["timing"],
             "overhead": r["median_step_s"] / clean["median_step_s"] - 1.0,
-            "overhead_verdict": str(timing.overhead_verdict(r["median_step_s"], r["steps"], clean)),
+            "overhead_verdict": str(timing.overhead_verdict(r["median_step_s"], r["steps"], clean,
+                                                             between_processes=not cont.get("contended"))),
             "contention": pc,
         }
     used_ids = {t["trial"] for t in used}

@@ -222,6 +222,43 @@ def test_capture_not_faster_fails_when_its_interval_is_below_the_clean_one(runs,
     assert _row(_checks(d), C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")["status"] == C.PASS
 
 
+QUIET_TEXT = "quiet: other processes used 0.1 of 2 cores"
+T975_2 = 4.303  # Student's t, 2 degrees of freedom, two-sided 95% (a printed table, not the module's)
+
+
+def _process_half(m: float) -> float:
+    """The documented prediction interval's half-width for trials [0.95m, m, 1.05m]: t(2) s sqrt(1 + 1/3)."""
+    return T975_2 * 0.05 * m * math.sqrt(1 + 1 / 3)
+
+
+@pytest.mark.parametrize("clean_busy", [False, True])
+def test_capture_not_faster_is_judged_against_one_more_process(runs, tmp_path, clean_busy):
+    """A quiet clean pass of three trials whose medians spread 5%: a capture pass (one more process)
+    is faster beyond noise only below the clean pass's 95% prediction interval of one process's median;
+    where the clean pass ran contended, its spread is not the machine's noise: not widened."""
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+    e = json.loads((d / "results.json").read_text())[0]
+    m, ci_lo = e["median_step_s"], e["ci95_low_s"]
+    lo_pi = m - _process_half(m)
+    assert lo_pi < ci_lo  # the widening is what this test turns on
+
+    def doctor(top):
+        def fn(res):
+            e = res[0]
+            e["trial_medians_s"] = [0.95 * m, m, 1.05 * m]
+            e["contention"] = _contention(clean_busy, BUSY_TEXT if clean_busy else QUIET_TEXT)
+            e["passes"]["framework"].update(ci95_low_s=0.5 * m, ci95_high_s=top,
+                                            contention=_contention(False, QUIET_TEXT))
+        return fn
+    _edit(d / "results.json", doctor(lo_pi * 1.001))
+    r = _row(_checks(d), C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")
+    assert r["status"] == (C.FAIL if clean_busy else C.PASS), r["detail"]
+    _edit(d / "results.json", doctor(lo_pi * 0.999))
+    r = _row(_checks(d), C.Check.CAPTURE_NOT_FASTER, "mxnet", "framework pass")
+    assert r["status"] == C.FAIL
+    assert r["expected"] == pytest.approx((ci_lo if clean_busy else lo_pi) * 1e3, rel=1e-9)
+
+
 @pytest.mark.parametrize("recorded", [True, False])
 def test_capture_not_faster_fails_by_the_verdict_of_an_older_run(runs, tmp_path, recorded):
     """A run with no interval of the pass's own: its median below the clean pass's interval (the
@@ -329,6 +366,26 @@ def test_clean_vs_step_benchmark(runs, tmp_path):
     r = _row(_checks(d, _history("job-1", med / 3, 1e-4, 25)), C.Check.CLEAN_VS_BENCH)
     assert r["status"] == C.FAIL and f"clean pass: BUSY: {BUSY_TEXT}" in r["detail"]
     assert "step benchmark: quiet" in r["detail"]
+
+
+def test_clean_vs_step_benchmark_allows_for_one_more_process(runs, tmp_path):
+    """The step benchmark runs in another process: against a quiet clean pass of three trials whose
+    medians spread 5%, it agrees up to the clean pass's 95% prediction interval of one more process's
+    median (plus its own interval), and disagrees beyond it."""
+    d = _copy(runs, "gpu_mxnet_run", tmp_path)
+    m = json.loads((d / "results.json").read_text())[0]["median_step_s"]
+    _edit(d / "manifest.json", lambda man: man.update(job="job-1"))
+
+    def quiet(res):
+        res[0].update(trial_medians_s=[0.95 * m, m, 1.05 * m], contention=_contention(False, QUIET_TEXT))
+    _edit(d / "results.json", quiet)
+    iqr, n = 4e-4, 25
+    half_b = 1.57 * iqr / math.sqrt(n)
+    edge = m + _process_half(m) + half_b
+    r = _row(_checks(d, _history("job-1", edge * 0.999, iqr, n)), C.Check.CLEAN_VS_BENCH)
+    assert r["status"] == C.PASS and "widened between processes by its 3 trials" in r["detail"]
+    r = _row(_checks(d, _history("job-1", edge * 1.001, iqr, n)), C.Check.CLEAN_VS_BENCH)
+    assert r["status"] == C.FAIL and "disagree beyond their combined noise" in r["detail"]
 
 
 def test_report_with_storage_runs_the_benchmark_check(runs, tmp_path, monkeypatch, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -105,3 +107,25 @@ def test_trials_disagree_when_two_intervals_do_not_overlap():
     assert timing.trials_disagree([far, a]) is True  # either order
     assert timing.trials_disagree([a]) is False and timing.trials_disagree([]) is False
     assert timing.trials_disagree([a, [2.0]]) is False  # one sample: no interval, takes no part
+
+
+def test_process_interval_is_a_t_prediction_interval():
+    """t(n-1) x s x sqrt(1 + 1/n) around the centre: trials 1, 2, 3 ms (s = 1 ms), t(2) = 4.303."""
+    lo, hi = timing.process_interval([1.0, 2.0, 3.0], 2.5)
+    half = 4.303 * 1.0 * math.sqrt(1 + 1 / 3)
+    assert (lo, hi) == pytest.approx((2.5 - half, 2.5 + half), rel=1e-12)
+    assert timing.process_interval([1.0], 1.0) is None
+    assert timing.t975(1) == 12.706 and timing.t975(11) == 2.228 and timing.t975(500) == 1.96
+
+
+def test_judging_interval_widens_only_between_processes():
+    clean = {"ci95_low_s": 1.9, "ci95_high_s": 2.1, "median_step_s": 2.0, "trial_medians_s": [1.0, 2.0, 3.0]}
+    half = 4.303 * math.sqrt(1 + 1 / 3)
+    assert timing.judging_interval(clean) == pytest.approx((2.0 - half, 2.0 + half))
+    assert timing.judging_interval(clean, between_processes=False) == (1.9, 2.1)
+    # one trial: nothing to widen by; no interval: None
+    assert timing.judging_interval({**clean, "trial_medians_s": [2.0]}) == (1.9, 2.1)
+    assert timing.judging_interval({**clean, "ci95_low_s": None}) is None
+    # the overhead verdict follows it: 1.5 s is below the clean interval, inside the widened one
+    assert timing.overhead_verdict(1.5, 50, clean) == timing.OverheadVerdict.WITHIN
+    assert timing.overhead_verdict(1.5, 50, clean, between_processes=False) == timing.OverheadVerdict.BELOW

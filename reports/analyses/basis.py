@@ -12,7 +12,8 @@ or a "time differs" statement (the op table) only where
 
 * host clock (framework-op time, library-call time): its pass agrees with its own clean pass
   within noise, i.e. the pass's 95% interval of its median (results.json ``passes[p]``
-  ``ci95_low_s``/``ci95_high_s``) overlaps the clean pass's; runs that record no interval of the
+  ``ci95_low_s``/``ci95_high_s``) overlaps the clean pass's, widened to what one more process may
+  give where the clean pass ran quiet (``timing.judging_interval``: each pass is its own process); runs that record no interval of the
   pass are judged by the overhead verdict (the pass's median against the clean pass's interval,
   ``timing.overhead_verdict``; "within noise" only; under ``timing.MIN_CAPTURE_STEPS`` timed steps
   it cannot be judged), AND neither the pass nor its clean pass is flagged contended
@@ -71,7 +72,8 @@ _FROM_VERDICT = {timing.OverheadVerdict.ABOVE: Agreement.SLOWER, timing.Overhead
                  timing.OverheadVerdict.WITHIN: Agreement.AGREES,
                  timing.OverheadVerdict.TOO_FEW_STEPS: Agreement.TOO_FEW_STEPS,
                  timing.OverheadVerdict.NO_INTERVAL: Agreement.NO_INTERVAL}
-BY_INTERVALS = "95% intervals of the pass's and the clean pass's medians"
+BY_INTERVALS = ("95% intervals of the pass's and the clean pass's medians, the clean pass's widened to one more "
+                "process's 95% prediction interval from its trials where it ran quiet (timing.PROCESS_RULE)")
 BY_VERDICT = ("overhead verdict: the pass's median against the clean pass's 95% interval (the run records "
               "no interval of the pass's own)")
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class PassState:
     median_s: float | None
     ci: tuple[float, float] | None  # the pass's own 95% interval of its median (recorded)
     clean_median_s: float | None
-    clean_ci: tuple[float, float] | None
+    clean_ci: tuple[float, float] | None  # widened between processes (timing.judging_interval)
     agreement: Agreement
     basis: str
     busy: Busy
@@ -159,7 +161,8 @@ def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
     st = field_at(p, "step_times_s")
     med = float(np.median(st)) if isinstance(st, list) and st else field_at(p, "median_step_s")
     steps = field_at(p, "steps")
-    ci, clean_ci = _ci(p), _ci(clean)
+    # Each capture pass is its own process: judged against what one more process may give (timing.PROCESS_RULE).
+    ci, clean_ci = _ci(p), timing.judging_interval(clean, between_processes=Busy.of(r).contended is False)
     if med is None:
         agreement, basis = Agreement.NOT_MEASURED, ""
     elif ci is not None and clean_ci is not None:
@@ -170,7 +173,8 @@ def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
         basis = BY_VERDICT
         recorded = field_at(p, "overhead_verdict")
         verdict = (timing.OverheadVerdict(recorded) if recorded in set(timing.OverheadVerdict) else
-                   timing.overhead_verdict(float(med), int(steps or 0), clean))
+                   timing.overhead_verdict(float(med), int(steps or 0), clean,
+                                            between_processes=Busy.of(r).contended is False))
         agreement = _FROM_VERDICT[verdict]
     return PassState(run_name, str(field_at(r, "framework")), field_at(r, "batch_size"), pass_name,
                      int(steps) if isinstance(steps, int | float) else None,
