@@ -141,6 +141,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
             head1 += (f'<th rowspan="2">{_html.escape(A.fw_label(fw))} time / {_html.escape(A.fw_label(ref))}'
                       f"<br><small>(same kind, comparable passes only)</small></th>")
         body = []
+        notes: dict[str, int] = {}  # why a ratio is not drawn -> its note number (each reason printed once)
         for _, row in g.iterrows():
             cells = [f'<td class="key">{_html.escape(str(row["layer"]))}</td>',
                      f'<td class="key">{_html.escape(str(row["direction"]))}</td>',
@@ -169,8 +170,12 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 v = row.get(f"{fw}.vs_ref")
                 if v is None or pd.isna(v):
                     why = row.get(f"{fw}.no_ratio")
-                    cells.append(f'<td class="noratio">{_html.escape(str(why))}</td>' if isinstance(why, str)
-                                 else "<td>–</td>")
+                    if not isinstance(why, str):
+                        cells.append("<td>–</td>")
+                        continue
+                    n = notes.setdefault(why, len(notes) + 1)
+                    cells.append(f'<td class="noratio" title="{_html.escape(why)}">{ANS.NO_RATIO} '
+                                 f'<a href="#noratio-{_html.escape(str(run))}-{bs}-{n}">[{n}]</a></td>')
                     continue
                 far = v >= ANS.GAP or v <= 1 / ANS.GAP
                 cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
@@ -181,9 +186,12 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
         n_ratio = sum(int(pd.notna(g.get(f"{fw}.vs_ref")).sum()) for fw in others if f"{fw}.vs_ref" in g)
         n_cells = sum(int(g[f"{fw}.ms_per_step"].notna().sum()) for fw in others)
+        why_list = "".join(f'<li id="noratio-{_html.escape(str(run))}-{bs}-{n}" value="{n}">{_html.escape(w)}</li>'
+                           for w, n in notes.items())
         out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
                     "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
-                            f"<tbody>{''.join(body)}</tbody></table>",
+                            f"<tbody>{''.join(body)}</tbody></table>"
+                            + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else ""),
                     "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})
     return out
 

@@ -135,7 +135,12 @@ def test_ratio_only_between_comparable_passes(quiet, tmp_path):
     assert not any(x.startswith("time differs") for d in table["differences"] for x in d)
     out = build([str(quiet)], tmp_path / "rep")[0]
     page = (out / "report.html").read_text()
-    assert html.escape(f"no ratio: PyTorch's framework pass ran {SLOW}x its clean pass") in _section(page, "answer")
+    why = html.escape(f"no ratio: PyTorch's framework pass ran {SLOW}x its clean pass")
+    answer = _section(page, "answer")
+    # each reason printed once, under its table; every cell without a ratio points at it
+    assert answer.count(f'value="1">{why}</li>') == 1 and 'value="2"' not in answer
+    n_cells = int(op["mxnet.no_ratio"].notna().sum())
+    assert n_cells > 1 and answer.count(f'title="{why}">no ratio <a href="#noratio-') == n_cells
     ov = pd.read_csv(out / "tables" / "overhead.csv")
     assert set(ov[ov["pass"] != "clean"].dropna(subset=["step_ms_median"])["contention"]) == {QUIET_TEXT}
 
