@@ -560,8 +560,9 @@ MX = ("test_train_step[mxnet-hybridized-cpu-64]", "test_train_step[mxnet-imperat
 
 # --- the step benchmark itself ----------------------------------------------------------------------
 def test_block_step_synchronises_once_per_block():
-    """bench_train_step.block_step: a device synchronisation on every BLOCK_STEPS-th call only (a
-    stand-in workload counts them), so a pedantic round of BLOCK_STEPS iterations is one clean-pass block."""
+    """bench_train_step.block_step: the batches in turn and a device synchronisation on every
+    BLOCK_STEPS-th call only (a stand-in workload logs them), so a pedantic round of BLOCK_STEPS
+    iterations is one clean-pass block on the clean pass's batches."""
     code = """
 import json, sys
 sys.path.insert(0, "benches")
@@ -570,11 +571,11 @@ from kernelmap import timing
 
 class W:
     def __init__(self): self.log = []
-    def train_step(self, images, labels): self.log.append("step"); return 0.0
+    def train_step(self, images, labels): self.log.append(f"step {images}"); return 0.0
     def synchronize(self): self.log.append("sync")
 
 w = W()
-step = b.block_step(w, None, None)
+step = b.block_step(w, [(0, "l0"), (1, "l1"), (2, "l2")])
 for _ in range(2 * timing.BLOCK_STEPS + 3):
     step()
 print(json.dumps({"block": timing.BLOCK_STEPS, "log": w.log}))
@@ -584,7 +585,9 @@ print(json.dumps({"block": timing.BLOCK_STEPS, "log": w.log}))
     got = json.loads(proc.stdout.splitlines()[-1])
     block = got["block"]
     assert block > 1
-    assert got["log"] == (["step"] * block + ["sync"]) * 2 + ["step"] * 3
+    # every batch in turn (not one batch repeated), a synchronisation after each block
+    steps = [f"step {i % 3}" for i in range(2 * block + 3)]
+    assert got["log"] == steps[:block] + ["sync"] + steps[block:2 * block] + ["sync"] + steps[2 * block:]
 
 
 @pytest.mark.slow
