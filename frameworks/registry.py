@@ -67,6 +67,8 @@ class Framework:
     # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
     # opens no window (its nsys pass is skipped)
     nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
+    # `kernelmap` subcommands of its own: name -> (module with add_arguments/main, one-line help)
+    commands: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""
