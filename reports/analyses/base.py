@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pandas as pd
 
 from kernelmap import frameworks, rundir, schema
 from kernelmap.errors import KernelmapError
+from kernelmap.frameworks.spec import LAYERS, Layer
 
 # each framework's profiler trace (its descriptor says which), then nsys
 TRACE_SOURCES = (*dict.fromkeys(d.trace_source for d in frameworks.REGISTRY.values()), "nsys")
@@ -42,6 +44,19 @@ def peak_flops(gpu_name: str | None) -> dict[str, float] | None:
         if key.lower() in gpu_name.lower():
             return dict(peaks)
     return None
+
+
+def expected_calls_per_step(layers: Iterable[Layer] = LAYERS) -> dict[tuple[str, str], int]:
+    """(canonical op, direction group) -> calls per training step, from the spec's layers.
+
+    The spec (frameworks/spec.py) lists the conv and linear layers; its model is each conv
+    followed by a relu and a 2x2 max-pool, each linear layer but the last (the classifier)
+    followed by a relu. Every forward call has one backward call."""
+    layers = list(layers)
+    convs = sum(1 for x in layers if x.kind == "conv2d")
+    linears = sum(1 for x in layers if x.kind == "linear")
+    fwd = {"conv2d": convs, "relu": convs + max(linears - 1, 0), "max_pool2d": convs, "linear": linears}
+    return {(op, d): n for op, n in fwd.items() if n for d in ("fwd", "bwd")}
 
 
 def fw_label(fw: str) -> str:

@@ -11,7 +11,7 @@ import pandas as pd
 from kernelmap import frameworks, schema
 from kernelmap.errors import KernelmapError
 
-from .base import TRACE_SOURCES, Run, _get, _passes
+from .base import TRACE_SOURCES, Run, _get, _passes, expected_calls_per_step
 
 
 # --- records: which events to time from ------------------------------------------------------
@@ -84,9 +84,7 @@ _SOURCE_PASS = {**{d.trace_source: "framework" for d in frameworks.REGISTRY.valu
 
 
 def model_ops() -> frozenset[str]:
-    """Canonical ops of the model's layers (frameworks/spec.py, via ``reports.checks``)."""
-    from ..checks import expected_calls_per_step
-
+    """Canonical ops of the model's layers (frameworks/spec.py, via ``expected_calls_per_step``)."""
     return frozenset(op for op, _ in expected_calls_per_step())
 
 
