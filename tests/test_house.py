@@ -115,3 +115,62 @@ def test_the_cycle_finder_finds_one(tmp_path):
     assert cycles(import_graph(tmp_path)) == [[f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.sub.c"]]
     (pkg / "sub" / "c.py").write_text("import numpy\n")
     assert cycles(import_graph(tmp_path)) == []
+
+
+# --- private names stay in their module -------------------------------------------------------
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """``from x import _y`` (and ``x._y`` through an imported package module) across modules of the
+    package, as ``module:line name``. A private *module* imported by a module of its own package
+    (``from . import _native`` inside adapters/) is that package's own business and allowed."""
+    mods = package_modules(root)
+    found = []
+    for module, path in mods.items():
+        tree = ast.parse(path.read_text())
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _targets(module, path, node)[-1]
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in mods:  # a module of the package, bound to a name
+                        aliases.add(a.asname or a.name)
+                    if not _is_private(a.name) or not base.startswith(PACKAGE):
+                        continue
+                    own_submodule = base == package and (full in mods or _extension(root, full))
+                    if not own_submodule:
+                        found.append(f"{module}:{node.lineno} {a.name} from {base}")
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname for a in node.names if a.asname and a.name in mods}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and _is_private(node.attr)):
+                found.append(f"{module}:{node.lineno} {node.value.id}.{node.attr}")
+    return sorted(found)
+
+
+def _extension(root: Path, dotted: str) -> bool:
+    """Whether ``dotted`` names a C extension module's source of the package (adapters/_native.c)."""
+    return (root / Path(*dotted.split("."))).with_suffix(".c").is_file()
+
+
+def test_no_private_names_imported_across_modules():
+    assert private_imports() == []
+
+
+def test_the_private_name_check_finds_them(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "sub/__init__.py", "sub/_helpers.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("_x = 1\n")
+    (pkg / "sub" / "b.py").write_text("from . import _helpers\n")  # its own package's private module: fine
+    assert private_imports(tmp_path) == []
+    (pkg / "b.py").write_text("from .a import _x\nfrom . import a as A\nA._x\n")
+    (pkg / "c.py").write_text("from .sub import _helpers\n")  # another package's private module
+    assert private_imports(tmp_path) == [f"{PACKAGE}.b:1 _x from {PACKAGE}.a", f"{PACKAGE}.b:3 A._x",
+                                         f"{PACKAGE}.c:1 _helpers from {PACKAGE}.sub"]
