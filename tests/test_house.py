@@ -174,3 +174,114 @@ def test_the_private_name_check_finds_them(tmp_path):
     (pkg / "c.py").write_text("from .sub import _helpers\n")  # another package's private module
     assert private_imports(tmp_path) == [f"{PACKAGE}.b:1 _x from {PACKAGE}.a", f"{PACKAGE}.b:3 A._x",
                                          f"{PACKAGE}.c:1 _helpers from {PACKAGE}.sub"]
+
+
+# --- framework knowledge lives in frameworks/<name>/ and the registry ---------------------------
+def _framework_words() -> dict[str, str]:
+    """Lower-cased word -> what it is: each registered framework's name, label and module names."""
+    from kernelmap import frameworks
+
+    words = {}
+    for d in frameworks.REGISTRY.values():
+        for w in (d.name, d.label, *d.import_names):
+            words[w.lower()] = f"framework {d.name}"
+    return words
+
+
+def _mode_words() -> dict[str, str]:
+    from kernelmap import frameworks
+
+    words = {m: f"mode of {d.name}" for d in frameworks.REGISTRY.values() for m in d.modes}
+    return {**words, "hybridize": "mode of mxnet"}
+
+
+# Execution modes are not a registry vocabulary yet: issue 30 removes these (history.Mode members,
+# --hybridize, TrainConfig.hybridize); then this list is emptied.
+ISSUE_30_MODES = {
+    "kernelmap.history": {"eager", "imperative", "hybridized", "jit"},
+    "kernelmap.parity": {"hybridize"},
+    "kernelmap.runner": {"hybridize"},
+}
+# Files other issues are rewriting, where a framework is still named: the op-name vocabularies and
+# the framework a trace format implies (issue 27: canonical.py, kineto.py, the adapters' formats),
+# the CPU-library linking by profiler source (issue 25: attribution.py). Each entry must still occur
+# (a stale one fails), so the list only shrinks.
+PENDING = {
+    "kernelmap.adapters": {"mxnet", "jax"},
+    "kernelmap.adapters.canonical": {"pytorch", "mxnet", "torch"},
+    "kernelmap.adapters.kineto": {"pytorch", "mxnet"},
+    "kernelmap.adapters.mxnet_profiler": {"mxnet"},
+    "kernelmap.adapters.nsys": {"pytorch", "mxnet"},
+    "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
+    "kernelmap.attribution": {"kineto", "mxnet_profiler"},  # derive from the registry's trace_source
+}
+
+
+def framework_names_outside(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module (outside kernelmap.frameworks) -> the framework and mode words its code names: in
+    identifiers and in string constants other than docstrings (a user message, a dict key, a
+    default). Inside the adapters a registered trace source (``kineto``, ``mxnet_profiler``: the
+    registry's vocabulary, the format an adapter reads) is not a name; elsewhere it is spelled by the
+    registry (``trace_source``), not by hand. Comments and docstrings are prose, not code."""
+    import re
+
+    from kernelmap import frameworks
+
+    sources = {d.trace_source for d in frameworks.REGISTRY.values()}
+    words = {**_framework_words(), **_mode_words(), **{s: "trace source" for s in sources}}
+    pattern = re.compile(r"(?<![a-z])(" + "|".join(sorted(map(re.escape, words), key=len, reverse=True))
+                         + r")(?![a-z])", re.IGNORECASE)
+    found: dict[str, set[str]] = {}
+    for module, path in package_modules(root).items():
+        if module.startswith(f"{PACKAGE}.frameworks"):
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                texts = [node.value]
+            elif isinstance(node, ast.Name):
+                texts = [node.id]
+            elif isinstance(node, ast.Attribute):
+                texts = [node.attr]
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+                texts = [node.name]
+            elif isinstance(node, ast.arg | ast.keyword):
+                texts = [node.arg or ""]
+            elif isinstance(node, ast.alias):
+                texts = [node.name, node.asname or ""]
+            elif isinstance(node, ast.ImportFrom):
+                texts = [node.module or ""]
+            else:
+                continue
+            for text in texts:
+                if module.startswith(f"{PACKAGE}.adapters"):
+                    for source in sources:  # the format it reads
+                        text = re.sub(rf"(?<![a-z]){re.escape(source)}(?![a-z])", " ", text, flags=re.IGNORECASE)
+                for m in pattern.finditer(text):
+                    found.setdefault(module, set()).add(m.group(1).lower())
+    return found
+
+
+def test_framework_names_live_in_frameworks_and_the_registry():
+    found = framework_names_outside()
+    allowed = {m: ISSUE_30_MODES.get(m, set()) | PENDING.get(m, set()) for m in {*ISSUE_30_MODES, *PENDING}}
+    unexpected = {m: sorted(w - allowed.get(m, set())) for m, w in found.items() if w - allowed.get(m, set())}
+    assert unexpected == {}, "name frameworks only in frameworks/<name>/ and the registry"
+    stale = {m: sorted(w - found.get(m, set())) for m, w in allowed.items() if w - found.get(m, set())}
+    assert stale == {}, "fixed: remove these from ISSUE_30_MODES / PENDING"
+
+
+def test_the_framework_name_check_finds_them(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "adapters").mkdir()
+    (pkg / "adapters" / "__init__.py").write_text('x = "kineto"\ny = "mxnet_profiler"\n')  # formats read
+    (pkg / "ok.py").write_text('"""PyTorch in a docstring is prose."""\n# mxnet in a comment\nx = 1\n')
+    (pkg / "bad.py").write_text('def label(df, framework="pytorch"):\n    return f"{df} on JAX"\n'
+                                'def build_mxnet():\n    pass\nMODE = "hybridized"\nS = ["kineto"]\n')
+    assert framework_names_outside(tmp_path) == {f"{PACKAGE}.bad": {"pytorch", "jax", "mxnet", "hybridized",
+                                                                     "kineto"}}

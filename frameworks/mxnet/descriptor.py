@@ -89,4 +89,5 @@ DESCRIPTOR = Framework(
     cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,
     commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
+    recorded_env=("MXNET_ENGINE_TYPE",),
 )
