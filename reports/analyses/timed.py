@@ -56,10 +56,6 @@ class Timed:
     pass_name: str | None = None  # the capture pass the source belongs to (framework, nsys)
     ops: pd.DataFrame | None = field(default=None, repr=False)  # the source's op rows of the counted steps
 
-    @property
-    def records_run(self) -> set[str]:
-        return set(self.events["run"].dropna().unique())
-
 
 def fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     """Fill canonical_op, direction, phase, layer, op_name from the linked op, and library,
