@@ -95,6 +95,10 @@ def test_every_package_folder_is_listed():
     assert set(conf["package-data"]) <= listed
 
 
+def test_architecture_fits_one_screen():
+    assert len((ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines()) <= 60
+
+
 def test_readme_quick_start_installs_what_the_tests_need():
     """The browser tests skip without Chromium (.ci/run installs it); `apt-get install` without `-y`
     and without `apt-get update` stops without a terminal."""
