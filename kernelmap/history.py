@@ -60,7 +60,6 @@ import enum
 import fcntl
 import json
 import os
-import platform
 import re
 import tempfile
 from collections.abc import Sequence
@@ -388,28 +387,37 @@ def default_storage() -> Path:
 
 
 def machine_id() -> str:
-    """pytest-benchmark's machine id of this interpreter (``pytest_benchmark.utils.get_machine_id``):
-    the storage folder its runs are saved under, e.g. ``Linux-CPython-3.11-64bit``."""
-    return "-".join((platform.system(), platform.python_implementation(),
-                     ".".join(platform.python_version_tuple()[:2]), platform.architecture()[0]))
+    """pytest-benchmark's machine id of this interpreter (its ``utils.get_machine_id``): the storage
+    folder its runs are saved under, e.g. ``Linux-CPython-3.11-64bit``."""
+    from pytest_benchmark.utils import get_machine_id
+
+    return get_machine_id()
 
 
 class BenchStorage:
-    """pytest-benchmark's file storage as its ``FileStorage`` lays it out:
-    ``ROOT/<machine_id>/NNNN_<tag>.json``, numbered per machine from 0001 (one more than the highest
-    number there), a saved file never overwritten. Every read and write of saved runs goes through it."""
+    """pytest-benchmark's file storage (``ROOT/<machine_id>/NNNN_<tag>.json``, numbered per machine
+    from 0001), found by pytest-benchmark's own ``FileStorage.query``. Reading is strict (a broken file
+    is an error naming it, where ``FileStorage.load`` warns and skips it) and saving atomic and locked
+    (``FileStorage.save`` writes in place), so those two are kernelmap's. Every read and write of
+    saved runs goes through it."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
     def files(self, machine: str | None = None) -> list[tuple[str, str, Path]]:
         """(machine, number, path) of every saved run (of ``machine`` only, when given), in that order."""
-        pattern = f"{machine}/*.json" if machine else "*/*.json"
+        if not self.root.is_dir():
+            return []
+        from pytest_benchmark.storage.file import FileStorage
+
+        found = FileStorage(self.root, logger=None, default_machine_id=machine).query("[0-9][0-9][0-9][0-9]_")
         out = []
-        for path in self.root.glob(pattern):
+        for path in found:
+            if path.parent.parent.resolve() != self.root.resolve():
+                continue  # a file directly under ROOT: not a machine's saved run
             m = _NAME_RE.match(path.name)
             if m and path.is_file():
-                out.append((path.parent.name, m["num"], path))
+                out.append((path.parent.name, m["num"], self.root / path.parent.name / path.name))
         return sorted(out)
 
     def runs(self) -> list[SavedRun]:
