@@ -111,3 +111,15 @@ def test_readme_quick_start_installs_what_the_tests_need():
     for line in lines:
         assert line.startswith("apt-get update && apt-get install -y ")
         assert {"dataset-fashion-mnist", "python3-venv", "chromium"} <= set(line.split("#")[0].split())
+
+
+def test_mxnet_build_resumes_from_beside_the_cache(tmp_path, monkeypatch):
+    """The GPU user's path: an interrupted `kernelmap build-mxnet` resumes from its work directory,
+    which lives beside the cache (not in $TMPDIR, which a reboot empties) and is never taken for a tree."""
+    from kernelmap.frameworks.mxnet import build, built
+
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path))
+    work = build.default_work(built.mxnet_home(), built.tree_name(build.MXNET_VERSION, 90))
+    assert work.parent == tmp_path and work.name.startswith(".")
+    (work / "build").mkdir(parents=True)
+    assert built.find_trees(tmp_path) == []
