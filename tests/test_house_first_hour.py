@@ -100,8 +100,9 @@ def test_architecture_fits_one_screen():
 
 
 def test_readme_quick_start_installs_what_the_tests_need():
-    """The browser tests skip without Chromium (.ci/run installs it); `apt-get install` without `-y`
-    and without `apt-get update` stops without a terminal."""
+    """The browser tests skip without Chromium (.ci/run installs it), the native helpers' tests without a C
+    compiler and Python headers (setup.py builds them where it can); `apt-get install` without `-y` and
+    without `apt-get update` stops without a terminal."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.encode()) < 12_000
     browser = (ROOT / "tests" / "test_report_browser.py").read_text()
@@ -110,7 +111,7 @@ def test_readme_quick_start_installs_what_the_tests_need():
     assert len(lines) == 2  # CPU and GPU quick starts
     for line in lines:
         assert line.startswith("apt-get update && apt-get install -y ")
-        assert {"dataset-fashion-mnist", "python3-venv", "chromium"} <= set(line.split("#")[0].split())
+        assert {"dataset-fashion-mnist", "python3-venv", "chromium", "gcc", "python3-dev"} <= set(line.split("#")[0].split())
 
 
 def test_mxnet_build_resumes_from_beside_the_cache(tmp_path, monkeypatch):
