@@ -86,8 +86,11 @@ def _own_env_pythons(session: nox.Session) -> None:
     ``frameworks/<name>/own-env.txt``: make ``.nox/<name>-workers`` from it (plus kernelmap) once, and
     point ``KERNELMAP_PYTHON_<NAME>`` at its python, which that framework's workers then use. A variable
     already set (a machine whose own Python has the framework) is kept."""
+    gpu = _gpu_compute_capability() is not None
     for req in sorted(FRAMEWORKS_DIR.glob("*/own-env.txt")):
         name = req.parent.name
+        if gpu and (req.parent / "own-env-gpu.txt").is_file():  # its GPU build (jax[cuda13]) on a GPU machine
+            req = req.parent / "own-env-gpu.txt"
         var = f"KERNELMAP_PYTHON_{name.upper()}"
         if var in os.environ:
             continue
@@ -238,7 +241,7 @@ def _frameworks_env(session: nox.Session) -> Path:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run the test suite (CPU; GPU tests skip without a GPU)."""
+    """The test suite (GPU tests skip without a GPU)."""
     env = _frameworks_env(session)
     _own_env_pythons(session)
     session.run(str(env / "pytest"), *session.posargs, external=True)
@@ -301,7 +304,7 @@ def run_batch_sizes(args: list[str]) -> list[str]:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """The main job: every framework on the best device, all capture passes, step benchmarks, the report."""
+    """The main job: run every framework, step benchmarks, the report."""
     env = _frameworks_env(session)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = os.path.join("runs", stamp)
@@ -325,8 +328,10 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def benchmarks(session: nox.Session) -> None:
-    """pytest-benchmark of one training step per framework x mode x device x batch size, saved to
-    .benchmarks/ as one run holding every framework (its job id: $KERNELMAP_JOB, else the UTC time)."""
+    """Step benchmarks only, saved to .benchmarks/ as one run.
+
+    pytest-benchmark of one training step per framework x mode x device x batch size, one saved run
+    holding every framework (its job id: $KERNELMAP_JOB, else the UTC time)."""
     env = _frameworks_env(session)
     _own_env_pythons(session)
     job = os.environ.get(JOB_ENV) or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -336,7 +341,9 @@ def benchmarks(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def adapter_speed(session: nox.Session) -> None:
-    """Adapter events/s and peak memory on >= 1M-event traces, beside Holistic Trace Analysis 0.5.0."""
+    """Adapter speed and memory beside Holistic Trace Analysis 0.5.0.
+
+    Events/s and peak memory on >= 1M-event traces made from the real fixtures."""
     session.install("-e", ".[dev]", "holistictraceanalysis==0.5.0")
     session.run("pytest", "benches/bench_adapters.py", "--benchmark-only", "--benchmark-autosave",
                 "--benchmark-columns=mean,rounds", "-p", "no:cacheprovider", *session.posargs)
@@ -390,18 +397,24 @@ def _step_benchmarks(session: nox.Session, env: Path, job: str, *args: str) -> N
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def compare(session: nox.Session) -> None:
-    """Compare saved benchmark runs like with like (by default, per framework x mode x device x batch
-    size, the latest two runs holding it: the last two bench jobs; see kernelmap/history.py) and fail
-    past a threshold. After the first bench job: says there is nothing earlier yet, and passes."""
-    session.install("-e", ".")
-    session.run("kernelmap", "compare", *(session.posargs or ["--fail", "mean:5%"]))
+    """Compare the last two bench jobs' step benchmarks, like with like.
+
+    Per framework x mode x device x batch size, the latest two saved runs holding it (see
+    kernelmap/history.py); fails past a threshold. After the first bench job: says there is nothing
+    earlier yet, and passes. Runs the kernelmap of .nox/frameworks (made by bench, tests or benchmarks,
+    which save what it compares): no environment of its own."""
+    kernelmap = FRAMEWORKS_ENV / "bin" / "kernelmap"
+    if not kernelmap.exists():
+        session.error(f"{kernelmap} not found: run `nox -s bench` first (it makes that environment and saves "
+                      "the step benchmarks that compare reads)")
+    session.run(str(kernelmap), "compare", *(session.posargs or ["--fail", "mean:5%"]), external=True)
 
 
 @nox.session(python=PYTHON)
 def reference_loop(session: nox.Session) -> None:
-    """GPU: the bare step loop beside the clean pass, three repeated runs and their spread."""
+    """GPU: the bare step loop beside the clean pass, three runs and their spread."""
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
     _frameworks_env(session)
@@ -421,4 +434,5 @@ def gpu(session: nox.Session) -> None:
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
     env = _frameworks_env(session)
+    _own_env_pythons(session)
     session.run(str(env / "pytest"), "-m", "gpu", *session.posargs, external=True)

@@ -67,6 +67,12 @@ class Framework:
     # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
     # opens no window (its nsys pass is skipped)
     nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
+    # `kernelmap` subcommands of its own: name -> (module with add_arguments/main, one-line help)
+    commands: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # extra environment of its workers that must run on the CPU (a GPU build told to stay off the GPU)
+    cpu_env: Mapping[str, str] = field(default_factory=dict)
+    # environment variables of its own that the manifest records (they change how it runs)
+    recorded_env: tuple[str, ...] = ()
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

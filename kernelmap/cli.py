@@ -14,21 +14,24 @@ import os
 import signal
 import sys
 
-from . import heap, interrupt
+from . import frameworks, heap, interrupt
 from .errors import KernelmapError, ParseError
 
 heap.arrow_uses_c_heap()  # before any subcommand imports pyarrow (Arrow reads it once)
 
-# name -> (module, one-line help)
+LABELS = [d.label for d in frameworks.REGISTRY.values()]
+FRAMEWORK_LIST = ", ".join(LABELS[:-1]) + f" and {LABELS[-1]}" if len(LABELS) > 1 else LABELS[0]
+
+# name -> (module, one-line help); then the commands a framework brings (its descriptor's ``commands``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("kernelmap.runner", "train/benchmark one or both frameworks into a run directory"),
-    "parity": ("kernelmap.parity", "check that both frameworks compute the same model (fp32, CPU or GPU)"),
+    "run": ("kernelmap.runner", "train and time one framework or all of them into a run directory"),
+    "parity": ("kernelmap.parity", "check that two frameworks compute the same model (fp32, CPU or GPU)"),
     "doctor": ("kernelmap.doctor", "say what is installed and usable here"),
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
     "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),
     "compare": ("kernelmap.history", "compare saved pytest-benchmark runs like with like"),
     "save-job": ("kernelmap.savejob", "save one bench job's per-framework step benchmarks as one numbered run"),
-    "build-mxnet": ("kernelmap.frameworks.mxnet.build", "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90)"),
+    **{name: cmd for d in frameworks.REGISTRY.values() for name, cmd in d.commands.items()},
 }
 
 
@@ -43,7 +46,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     wanted = _command_in(argv) if argv is not None else None
     parser = argparse.ArgumentParser(
         prog="kernelmap",
-        description="PyTorch and MXNet side by side: framework op -> library call -> kernel, and what it costs.",
+        description=f"{FRAMEWORK_LIST} side by side: framework op -> library call -> kernel, and what it costs.",
     )
     from . import __version__
 

@@ -1,8 +1,10 @@
 """``kernelmap doctor``: what is installed and usable here, each missing piece with its fix.
 
 Each framework is probed in its own subprocess (``python -c``), so the doctor imports no
-framework itself and PyTorch's CUDA and MXNet's CUDA 11 never meet in one process. The doctor is
-a report: it exits 0 even when things are missing.
+framework itself and two frameworks' CUDA libraries never meet in one process. Its interpreter:
+``--python NAME=PATH``, else ``$KERNELMAP_PYTHON_<NAME>``, else the environments nox made in the
+checkout (``.nox/<name>-workers``, then ``.nox/frameworks``), else this one. The doctor is a report:
+it exits 0 even when things are missing.
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import frameworks, gpuinfo
+from .errors import KernelmapError
+
+# where nox puts the environments (noxfile.py: FRAMEWORKS_ENV, own_env): relative to the checkout
+NOX_SHARED_ENV = Path(".nox") / "frameworks"
+NOX_OWN_ENV = ".nox/{name}-workers"
 
 FIX = {
     **{name: d.install_fix for name, d in frameworks.REGISTRY.items()},
@@ -25,17 +33,56 @@ FIX = {
 }
 
 
-def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | None = None) -> dict[str, Any]:
-    """Import framework ``name`` in a fresh interpreter (its own where ``--python``/``KERNELMAP_PYTHON_<NAME>``
-    names one); return its facts (its descriptor's probe), or why it failed.
+def checkouts() -> list[Path]:
+    """The folders whose ``.nox/`` the doctor looks in: the current one, and the checkout this
+    kernelmap was installed from (editable, as nox installs it), each once."""
+    here = Path.cwd()
+    source = Path(__file__).resolve().parent.parent
+    return [here] + ([source] if source != here.resolve() and (source / "pyproject.toml").is_file() else [])
 
-    The result always has ``installed`` (bool); when False, ``error`` (the last stderr line) and
-    ``fix``. A framework with its own environment on this GPU (an MXNet built for it) is probed there.
+
+def interpreters(name: str, python: dict[str, str] | None = None, roots: list[Path] | None = None) -> list[str]:
+    """The interpreters to probe framework ``name`` with, in order: the one named (``--python``,
+    ``$KERNELMAP_PYTHON_<NAME>``) alone; else its own nox environment, this interpreter, then nox's
+    shared one (those that exist, each once)."""
+    named = frameworks.get(name).python(python)
+    if named:
+        return [named]
+    roots = checkouts() if roots is None else roots
+    found = [str(root / NOX_OWN_ENV.format(name=name) / "bin" / "python") for root in roots]
+    found = [p for p in found if os.path.exists(p)]
+    shared = [str(root / NOX_SHARED_ENV / "bin" / "python") for root in roots]
+    found += [sys.executable] + [p for p in shared if os.path.exists(p)]
+    return list(dict.fromkeys(found))
+
+
+def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | None = None,
+                    look_in_nox: bool = False) -> dict[str, Any]:
+    """Import framework ``name`` in a fresh interpreter: the one its workers would run under (named
+    by ``python``/``$KERNELMAP_PYTHON_<NAME>``, else this one), or with ``look_in_nox`` the first of
+    ``interpreters`` that has it; return its facts (its descriptor's probe) with ``python`` (the
+    interpreter), or why it failed.
+
+    The result always has ``installed`` (bool); when False, ``error`` (the last stderr line of the
+    first interpreter tried) and ``fix``. A framework with its own environment on this GPU (an MXNet
+    built for it) is probed there.
     """
+    first = None
+    tried = interpreters(name, python) if look_in_nox else [frameworks.get(name).python(python) or sys.executable]
+    for exe in tried:
+        facts = probe_with(name, exe, timeout)
+        if facts["installed"]:
+            return facts
+        first = first or facts
+    return first
+
+
+def probe_with(name: str, exe: str, timeout: float = 180.0) -> dict[str, Any]:
+    """``probe_framework`` with the one interpreter ``exe``."""
     extra = frameworks.get(name).own_env()
     try:
         out = subprocess.run(
-            [frameworks.get(name).python(python) or sys.executable, "-c", frameworks.get(name).probe],
+            [exe, "-c", frameworks.get(name).probe],
             capture_output=True, text=True, timeout=timeout, env={**os.environ, **extra} if extra else None,
         )
     except subprocess.TimeoutExpired:
@@ -50,6 +97,7 @@ def probe_framework(name: str, timeout: float = 180.0, python: dict[str, str] | 
         }
     facts = json.loads(lines[-1])
     facts["installed"] = True
+    facts["python"] = exe
     return facts
 
 
@@ -83,26 +131,15 @@ def find_tool(name: str) -> str | None:
     return hits[0] if hits else None
 
 
-def mxnet_gpu_verdict(compute_capability: str | None) -> tuple[bool, str]:
-    """Whether an MXNet here has machine code for this GPU: one built by ``kernelmap build-mxnet``
-    (read from its library's fatbins), else the cu11x wheel (frameworks/mxnet/cuda11.py)."""
-    from kernelmap.frameworks.mxnet.built import gpu_verdict  # framework-free module
-
-    if compute_capability is None:
-        return False, "no NVIDIA GPU found"
-    major, minor = compute_capability.split(".")
-    return gpu_verdict((int(major), int(minor)))
-
-
-def collect() -> dict[str, Any]:
-    """Everything the doctor reports, as one JSON-able dict."""
+def collect(python: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the doctor reports, as one JSON-able dict (``python``: ``--python`` NAME=PATH)."""
     gpus = gpuinfo.query()
     report: dict[str, Any] = {
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "cpu": gpuinfo.cpu_model(),
         "gpu": gpus.to_dict(),
-        "frameworks": {name: probe_framework(name) for name in frameworks.FRAMEWORKS},
+        "frameworks": {name: probe_framework(name, python=python, look_in_nox=True) for name in frameworks.FRAMEWORKS},
         "profilers": {},
         "missing": [],
         "notes": [],  # facts about this machine that are not faults (a CPU-only machine)
@@ -120,6 +157,9 @@ def collect() -> dict[str, Any]:
     for name, facts in report["frameworks"].items():
         if not facts["installed"]:
             report["missing"].append({"what": name, "fix": facts["fix"], "error": facts["error"]})
+        elif facts.get("python", sys.executable) != (frameworks.get(name).python(python) or sys.executable):
+            report["notes"].append({"what": name, "note": f"found in {facts['python']}: `kernelmap run` outside nox "
+                                                          f"needs --python {name}={facts['python']}"})
     if not gpus.gpus:
         report["notes"].append(
             {"what": "NVIDIA GPU", "note": "none here, so every framework runs on the CPU (oneDNN/BLAS calls, no "
@@ -135,8 +175,6 @@ def collect() -> dict[str, Any]:
         report["gpu_use"][name] = {"usable": v.usable, "why": v.why, "fix": v.fix}
         if gpus.gpus and not v.usable and v.fix:  # a GPU is here and this framework cannot use it
             report["missing"].append({"what": f"{name} on the GPU", "fix": v.fix, "error": v.why})
-    ok, msg = mxnet_gpu_verdict(cc)
-    report["mxnet_on_this_gpu"] = {"ok": ok, "compute_capability": cc, "message": msg}
     return report
 
 
@@ -154,18 +192,16 @@ def _print_text(r: dict[str, Any]) -> None:
         if not f["installed"]:
             print(f"{name:<11} MISSING: {f['error']}")
             continue
-        facts = ", ".join(f"{k}: {v}" for k, v in f.items() if k not in ("installed", "version", "devices")
+        facts = ", ".join(f"{k}: {v}" for k, v in f.items() if k not in ("installed", "version", "devices", "python")
                           and not isinstance(v, dict | list))
         use = r["gpu_use"].get(name)
         # with no GPU at all the reason is said once, on the gpu line, not once per framework
         gpu = "" if use is None else ("; GPU: usable" if use["usable"] else
                                       "; GPU: none here" if not gpus else f"; GPU: no ({use['why']})")
-        print(f"{name:<11} {f['version']}  ({facts}{gpu})")
+        where = "" if f.get("python") in (None, sys.executable) else f"  [{f['python']}]"
+        print(f"{name:<11} {f['version']}  ({facts}{gpu}){where}")
     for tool, path in r["profilers"].items():
         print(f"{tool:<11} {path or 'not found'}")
-    m = r["mxnet_on_this_gpu"]
-    if gpus:
-        print(f"mxnet gpu   {'yes' if m['ok'] else 'no'}: {m['message']}")
     if r["notes"]:
         print("\non this machine:")
         for item in r["notes"]:
@@ -178,10 +214,17 @@ def _print_text(r: dict[str, Any]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",
+                        help="interpreter to probe that framework with (else KERNELMAP_PYTHON_<FRAMEWORK>, else "
+                             "the checkout's .nox/<framework>-workers or .nox/frameworks, else this one)")
 
 
 def main(args: argparse.Namespace) -> int:
-    report = collect()
+    try:
+        python = frameworks.parse_python(args.python)
+    except ValueError as exc:
+        raise KernelmapError(str(exc)) from None
+    report = collect(python)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -60,7 +60,6 @@ import enum
 import fcntl
 import json
 import os
-import platform
 import re
 import tempfile
 from collections.abc import Sequence
@@ -172,6 +171,15 @@ class Entry:
         """``kernelmap.contention.summarise()`` of the benchmark's rounds; None where not recorded."""
         c = self.extra_info.get(CONTENTION)
         return c if isinstance(c, dict) else None
+
+    @property
+    def samples(self) -> np.ndarray | None:
+        """The saved per-round times (pytest-benchmark's ``stats["data"]``: ``--benchmark-json`` and
+        ``--benchmark-save-data`` keep them), or None where the run kept only the statistics."""
+        data = self.stats.get("data")
+        if not isinstance(data, list) or not data:
+            return None
+        return np.asarray([float(v) for v in data], dtype=float)
 
     @property
     def ident(self) -> tuple[str, BenchKey | None]:
@@ -293,6 +301,8 @@ class Comparison:
     selection: str  # how BASE and NEW were chosen, one line
     single: list[str] = field(default_factory=list)  # default selection: "label in NNNN" saved in one run only
     single_runs: list[SavedRun] = field(default_factory=list)  # the runs holding ``single``'s benchmarks
+    # past a threshold, but the samples do not differ beyond their noise (NOISE_ALPHA): not failures
+    within_noise: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -343,6 +353,7 @@ class Comparison:
             "unpaired": [{"run": u.run.number, "path": str(u.run.path), "name": u.name, "reason": u.reason}
                          for u in self.unpaired],
             "failures": self.failures,
+            "within_noise": self.within_noise,
             "failed": self.failed,
             "nothing_earlier": self.earlier_message() if self.nothing_earlier else None,
         }
@@ -376,28 +387,37 @@ def default_storage() -> Path:
 
 
 def machine_id() -> str:
-    """pytest-benchmark's machine id of this interpreter (``pytest_benchmark.utils.get_machine_id``):
-    the storage folder its runs are saved under, e.g. ``Linux-CPython-3.11-64bit``."""
-    return "-".join((platform.system(), platform.python_implementation(),
-                     ".".join(platform.python_version_tuple()[:2]), platform.architecture()[0]))
+    """pytest-benchmark's machine id of this interpreter (its ``utils.get_machine_id``): the storage
+    folder its runs are saved under, e.g. ``Linux-CPython-3.11-64bit``."""
+    from pytest_benchmark.utils import get_machine_id
+
+    return get_machine_id()
 
 
 class BenchStorage:
-    """pytest-benchmark's file storage as its ``FileStorage`` lays it out:
-    ``ROOT/<machine_id>/NNNN_<tag>.json``, numbered per machine from 0001 (one more than the highest
-    number there), a saved file never overwritten. Every read and write of saved runs goes through it."""
+    """pytest-benchmark's file storage (``ROOT/<machine_id>/NNNN_<tag>.json``, numbered per machine
+    from 0001), found by pytest-benchmark's own ``FileStorage.query``. Reading is strict (a broken file
+    is an error naming it, where ``FileStorage.load`` warns and skips it) and saving atomic and locked
+    (``FileStorage.save`` writes in place), so those two are kernelmap's. Every read and write of
+    saved runs goes through it."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
     def files(self, machine: str | None = None) -> list[tuple[str, str, Path]]:
         """(machine, number, path) of every saved run (of ``machine`` only, when given), in that order."""
-        pattern = f"{machine}/*.json" if machine else "*/*.json"
+        if not self.root.is_dir():
+            return []
+        from pytest_benchmark.storage.file import FileStorage
+
+        found = FileStorage(self.root, logger=None, default_machine_id=machine).query("[0-9][0-9][0-9][0-9]_")
         out = []
-        for path in self.root.glob(pattern):
+        for path in found:
+            if path.parent.parent.resolve() != self.root.resolve():
+                continue  # a file directly under ROOT: not a machine's saved run
             m = _NAME_RE.match(path.name)
             if m and path.is_file():
-                out.append((path.parent.name, m["num"], path))
+                out.append((path.parent.name, m["num"], self.root / path.parent.name / path.name))
         return sorted(out)
 
     def runs(self) -> list[SavedRun]:
@@ -640,6 +660,50 @@ def _side(runs: list[SavedRun], which: str) -> tuple[dict, list[Unpaired]]:
     return out, unpaired
 
 
+# A change is called only where the two runs' samples differ beyond their noise: a two-sided
+# Mann-Whitney U test at this level (as google/benchmark's compare.py does before it reports a change).
+NOISE_ALPHA = 0.05
+MIN_SAMPLES = 5  # per side; with fewer the test cannot reach NOISE_ALPHA reliably: noise not judged
+
+
+def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test of samples ``a`` and ``b`` (normal approximation
+    with tie and continuity corrections; samples of MIN_SAMPLES or more)."""
+    import math
+
+    n1, n2 = len(a), len(b)
+    both = np.concatenate([a, b])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_vals = both[order]
+    i = 0
+    while i < len(both):  # average ranks over ties
+        j = i
+        while j + 1 < len(both) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    mean = n1 * n2 / 2
+    _, counts = np.unique(both, return_counts=True)
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - ((counts ** 3 - counts).sum()) / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u1 - mean) - 0.5) / math.sqrt(var)
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+
+
+def noise_verdict(base: Entry, new: Entry) -> tuple[float | None, str]:
+    """(p-value, why) of the pair's samples: p None where either side has fewer than MIN_SAMPLES."""
+    a, b = base.samples, new.samples
+    if a is None or b is None or min(len(a), len(b)) < MIN_SAMPLES:
+        have = "no samples saved" if a is None or b is None else f"{len(a)} and {len(b)} samples"
+        return None, f"noise not judged ({have}; needs {MIN_SAMPLES} a side)"
+    p = mann_whitney_p(a, b)
+    return p, f"Mann-Whitney U p={p:.3g}, {len(a)} and {len(b)} samples"
+
+
 def _sort_key(e: Entry):
     k = e.key
     return (e.bench, k is not None, *((k.framework, k.mode, k.device, k.batch_size) if k else ()))
@@ -661,21 +725,27 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
             c = e.contention
             row[f"contended_{side}"] = bool(c["contended"]) if c and c.get("contended") is not None else None
             row[f"contention_{side}"] = c.get("text") if c else None
+        row["p_value"], row["noise"] = noise_verdict(b, n)
         for s in STATS:
             bs, ns = _num(b.stats.get(s)), _num(n.stats.get(s))
             row.update({f"{s}_base": bs, f"{s}_new": ns, f"{s}_delta": ns - bs,
                         f"{s}_rel": (ns - bs) / bs if bs else float("nan")})
         rows.append(row)
-    cols = [*_ROW_ID, "label", "base_job", "new_job", *_CONTENTION_COLS,
+    cols = [*_ROW_ID, "label", "base_job", "new_job", *_CONTENTION_COLS, "p_value", "noise",
             *(f"{s}_{w}" for s in STATS for w in ("base", "new", "delta", "rel"))]
     table = pd.DataFrame(rows, columns=cols)
-    failures = []
+    failures, within_noise = [], []
     for t in thresholds:
         for _, r in table.iterrows():
             delta = r[f"{t.stat}_rel" if t.relative else f"{t.stat}_delta"]
             if pd.notna(delta) and delta > t.value:
                 got = f"{delta * 100:+.2f}%" if t.relative else f"{delta:+.6g}s"
+                if pd.notna(r["p_value"]) and r["p_value"] >= NOISE_ALPHA:  # the samples overlap: no change called
+                    within_noise.append(f"{r['label']} ({r['base_run']} -> {r['new_run']}): {t.stat} {got} past {t}, "
+                                        f"within the samples' noise ({r['noise']})")
+                    continue
                 failures.append(f"{r['label']} ({r['base_run']} -> {r['new_run']}): {t.stat} {got} exceeds {t}"
+                                + ("" if pd.notna(r["p_value"]) else f"; {r['noise']}")
                                 + "".join(f"; {side.upper()} measured under contention ({r[f'contention_{side}']})"
                                           for side in ("base", "new") if flagged(r[f"contended_{side}"])))
     if base_runs is None:
@@ -687,7 +757,7 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
                       [e.label for e in sorted(only_new, key=_sort_key)],
                       sorted(unpaired, key=lambda u: (_run_order(u.run), u.name)), thresholds, failures, selection,
                       [f"{e.label} in {e.run.number}" for e in sorted(single, key=_sort_key)],
-                      sorted({e.run for e in single}, key=_run_order))
+                      sorted({e.run for e in single}, key=_run_order), within_noise)
 
 
 def flagged(x) -> bool:
@@ -819,6 +889,9 @@ def format_comparison(cmp: Comparison, stats: tuple[str, ...] = ("min", "mean", 
             lines.extend(f"  {f}" for f in cmp.failures)
         else:
             lines.append(f"ok: no benchmark beyond {', '.join(map(str, cmp.thresholds))}")
+        if cmp.within_noise:
+            lines.append("not called a change (past the threshold, within the samples' noise):")
+            lines.extend(f"  {f}" for f in cmp.within_noise)
     return "\n".join(lines)
 
 

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__, contention, gpuinfo
+from . import __version__, contention, frameworks, gpuinfo
 
 MANIFEST_VERSION = 1
-ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_ENGINE_TYPE", "CUDA_VISIBLE_DEVICES",
-            "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG")
+ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", *(k for d in frameworks.REGISTRY.values() for k in d.recorded_env),
+            "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG")
 
 # Keys every manifest has (tests and readers rely on them).
 REQUIRED_KEYS = (

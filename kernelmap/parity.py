@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where both frameworks run (gpu: fp32 with TF32 off in every library)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                        help="the two frameworks compared, reference first (default pytorch,mxnet)")
+                        help=f"the frameworks compared, reference first (default {','.join(FRAMEWORKS)})")
     parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",
                         help="interpreter for that framework's worker (else KERNELMAP_PYTHON_<FRAMEWORK>, "
                              "else this one)")
@@ -138,13 +138,12 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
 
 
 def worker_env(framework: str, device: str) -> dict[str, str]:
-    """A parity worker's environment. CPU: no GPU visible (JAX_PLATFORMS: jax's CPU backend, even where
-    a CUDA plugin is installed). GPU: fp32 with TF32 off in every library (``spec.Math.FP32``), and the
+    """A parity worker's environment. CPU: no GPU visible (and the framework's own ``cpu_env``). GPU: fp32 with TF32 off in every library (``spec.Math.FP32``), and the
     framework's own GPU environment (an MXNet built for this GPU: its tree)."""
     from .frameworks import spec
 
     if device == "cpu":
-        return dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+        return dict(os.environ, CUDA_VISIBLE_DEVICES="", **registry.get(framework).cpu_env)
     return spec.Math.FP32.apply({**os.environ, **registry.get(framework).own_env()})
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -220,15 +222,35 @@ def _same_objects(address: np.ndarray, obj_codes: np.ndarray, distinct: np.ndarr
     return bool(np.array_equal(distinct[obj_codes], address))
 
 
+NATIVE_MODULE = "kernelmap.adapters._native"  # the optional C helpers (setup.py builds them there)
+
+
 def _native():
+    """The native helpers, loaded from their file: importing them by name would import the adapters
+    package first, every adapter, which imports this module (an import circle)."""
     global _NATIVE
     if _NATIVE is False:
-        try:
-            from .adapters import _native as mod
-        except ImportError:  # pragma: no cover - depends on the build
-            mod = None
-        _NATIVE = mod
+        _NATIVE = sys.modules.get(NATIVE_MODULE) or _load_native()
     return _NATIVE
+
+
+def _load_native():
+    import importlib.machinery
+    import importlib.util
+
+    folder = Path(__file__).resolve().parent / "adapters"
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder / f"_native{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(NATIVE_MODULE, path)
+            mod = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(mod)
+            except ImportError:  # pragma: no cover - a build for another interpreter
+                return None
+            # the same module object for the adapters' own `from . import _native`
+            return sys.modules.setdefault(NATIVE_MODULE, mod)
+    return None  # pragma: no cover - depends on the build
 
 
 _NATIVE = False  # not looked for yet

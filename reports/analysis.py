@@ -21,12 +21,11 @@ from .analyses.base import (  # noqa: F401
     PHASE_ORDER,
     TRACE_SOURCES,
     Run,
-    _get,
-    _passes,
-    _step_times_s,
+    field_at,
     flatten,
     fw_label,
     load_run,
+    passes_of,
     peak_flops,
 )
 from .analyses.coverage import (  # noqa: F401
@@ -34,15 +33,11 @@ from .analyses.coverage import (  # noqa: F401
     coverage,
 )
 from .analyses.linked import (  # noqa: F401
-    _SIG,
-    _fwbs,
-    _op_signature,
     linked_calls,
     linked_libraries,
     log_steps,
 )
 from .analyses.mix import (  # noqa: F401
-    _event_library,
     busy_share,
     kernel_counts,
     library_mix,
@@ -52,7 +47,6 @@ from .analyses.ops import (  # noqa: F401
     LAYER_COLUMNS,
     LIBRARY_CALL_COLUMNS,
     TIME_GAP,
-    _uniq,
     differences,
     layer_table,
     library_calls,
@@ -65,10 +59,6 @@ from .analyses.roofline import (  # noqa: F401
     roofline,
 )
 from .analyses.summary import (  # noqa: F401
-    _ENV_KEYS,
-    _FW_VERSION_KEYS,
-    _is_fallback,
-    _scalar,
     clean_stats,
     environment_table,
     framework_devices,
@@ -76,15 +66,7 @@ from .analyses.summary import (  # noqa: F401
     summary_table,
 )
 from .analyses.timed import (  # noqa: F401
-    _BWD,
-    _SOURCE_PASS,
     Timed,
-    _counted_iterations,
-    _fill_from_links,
-    _n_steps,
-    _outermost,
-    _records,
-    _timed_events,
     direction_group,
     model_ops,
     op_calls,

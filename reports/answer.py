@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from kernelmap.frameworks import spec
 
 from kernelmap import frameworks, schema
+from kernelmap.frameworks import spec
 
 from . import analysis as A
 from .analyses.basis import PassState, StateKey, TimeKind, comparable
@@ -51,7 +51,7 @@ def no_capture_runs(runs: list[A.Run]) -> list[str]:
     ``--profile none``), so nothing per layer can be said of them."""
     out = []
     for run in runs:
-        passes = {p for r in run.results if isinstance(r, dict) for p in A._passes(r)}
+        passes = {p for r in run.results if isinstance(r, dict) for p in A.passes_of(r)}
         if run.results and passes <= {"clean"}:
             out.append(run.name)
     return out

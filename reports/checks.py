@@ -46,18 +46,16 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, timing
 from kernelmap.rundir import RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
-from .analyses.base import Busy, Run, field_at, fw_label, passes_of
+from .analyses.base import Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state
 from .analyses.summary import clean_stats
 
@@ -93,19 +91,6 @@ COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "me
 BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the machine was busier then, or, where "
                 "both were measured quiet, its process ran slower)")
 NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
-
-
-def expected_calls_per_step(layers: Iterable = LAYERS) -> dict[tuple[str, str], int]:
-    """(canonical op, direction group) -> calls per training step, from the spec's layers.
-
-    The spec (frameworks/spec.py) lists the conv and linear layers; its model is each conv
-    followed by a relu and a 2x2 max-pool, each linear layer but the last (the classifier)
-    followed by a relu. Every forward call has one backward call."""
-    layers = list(layers)
-    convs = sum(1 for x in layers if x.kind == "conv2d")
-    linears = sum(1 for x in layers if x.kind == "linear")
-    fwd = {"conv2d": convs, "relu": convs + max(linears - 1, 0), "max_pool2d": convs, "linear": linears}
-    return {(op, d): n for op, n in fwd.items() if n for d in ("fwd", "bwd")}
 
 
 def _row(run: str, fw: str | None, bs: Any, check: str, subject: str, expected: Any, measured: Any, status: str,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from kernelmap import __version__
+from kernelmap import __version__, frameworks
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.history import flagged
@@ -70,7 +70,7 @@ CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch siz
 # tables/<name>.csv: every table the page renders, under a stable name
 TABLES = {
     "answer": "the answer: per layer x direction, frameworks side by side (library call, algorithm, kernel, "
-              "time per step, time against PyTorch's)",
+              f"time per step, time against {frameworks.get(frameworks.REFERENCE).label}'s)",
     "summary": "Summary: clean-pass step time, images/s, accuracy per framework x batch size",
     "parity": "parity.json's headline figures",
     "environment": "versions and machine, one column per run",

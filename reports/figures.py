@@ -340,13 +340,13 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
                 labels.append(_overhead_label(m.iloc[0]) if len(m) and p != "clean" else "")
             bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
             for bar, text in zip(bars, labels, strict=True):
-                if text:
-                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text,
-                            ha="center", va="bottom", fontsize=7)
+                if text:  # upright: side by side, bars are narrower than "below noise"
+                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), " " + text,
+                            ha="center", va="bottom", fontsize=7, rotation=90)
         ax.set_xticks(x, [fw_label(fw) for fw in fws])
         ax.set_title(_title_case(run, bs, many), fontsize=10)
         ax.set_ylabel("median step time (ms)")
-        ax.set_ylim(0, np.nanmax(here["step_ms_median"]) * 1.2)
+        ax.set_ylim(0, np.nanmax(here["step_ms_median"]) * 1.45)  # room for the upright labels
         ax.grid(axis="y", alpha=0.3)
     for k in range(len(panels), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
@@ -423,15 +423,16 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     several_machines = points["machine"].nunique() > 1
     ticks = points.drop_duplicates("x").sort_values("x")
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(ticks) + 4), 4.2))
+    # colour: framework; marker: batch size (a key with one point is told apart by it); line: mode
     styles = ("-", "--", ":", "-.")
-    markers = ("o", "s", "^", "D")
+    markers = ("o", "s", "^", "D", "v", "P", "X")
     bss = sorted(points["batch_size"].unique())
     modes = sorted(points["mode"].unique())
     for label, g in series.items():
         fw, mode, bs = g["framework"].iloc[0], g["mode"].iloc[0], g["batch_size"].iloc[0]
         ax.plot(g["x"], g["value"] * 1e3, label=label,
-                color=_fw_color(fw), ls=styles[bss.index(bs) % len(styles)],
-                marker=markers[modes.index(mode) % len(markers)])
+                color=_fw_color(fw), ls=styles[modes.index(mode) % len(styles)],
+                marker=markers[bss.index(bs) % len(markers)], markersize=7)
     busy = points[[flagged(c) for c in points["contended"]]]
     if not busy.empty:
         ax.scatter(busy["x"], busy["value"] * 1e3, s=160, facecolors="none", edgecolors="red", linewidths=1.5,
@@ -442,11 +443,13 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     ax.set_xlim(-0.5, max(len(ticks) - 0.5, 0.5))
     ax.set_xlabel("bench job (nox -s bench / benchmarks), in time order")
     ax.set_ylabel(f"{stat} time per training step (ms)")
-    ax.set_title(f"Step time trend over bench jobs ({stat}), one line per framework x mode x device x batch size",
-                 fontsize=10)
+    ax.set_title(f"Step time trend over bench jobs ({stat}), one line per framework x mode x device x batch size\n"
+                 "(colour: framework; marker: batch size; line: mode)", fontsize=10)
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+    # labels at 1, 2 and 5 per decade only (every minor tick labelled collided), written out: 2000, 0.5
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(alpha=0.3, which="both")
     ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()

@@ -9,11 +9,7 @@ https://ui.perfetto.dev or chrome://tracing.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
-
-from kernelmap.atomic import atomic_file
 
 from .analysis import Run, fw_label, timeline_events
 
@@ -71,11 +67,3 @@ def chrome_trace(runs: list[Run], all_iterations: bool = False) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "kernelmap report", "runs": [r.name for r in runs],
                           "note": "each process starts at 0: times are relative to its shown iteration"}}
-
-
-def write_chrome_trace(runs: list[Run], path: str | Path, all_iterations: bool = False) -> Path:
-    path = Path(path)
-    trace = chrome_trace(runs, all_iterations=all_iterations)
-    with atomic_file(path) as fh:
-        json.dump(trace, fh)
-    return path

@@ -21,7 +21,6 @@ def test_doctor_json_is_valid_and_exits_0():
         if not facts["installed"]:
             assert facts["fix"] and facts["error"]
     assert set(report["profilers"]) == {"nsys", "ncu"}
-    assert isinstance(report["mxnet_on_this_gpu"]["ok"], bool) and report["mxnet_on_this_gpu"]["message"]
     installed = {fw for fw, facts in report["frameworks"].items() if facts["installed"]}
     assert set(report["gpu_use"]) == installed
     for use in report["gpu_use"].values():
@@ -41,10 +40,56 @@ def test_parse_smi_csv():
     assert gpus[0].driver == "570.86.15" and gpus[0].memory_mib == 81559 and gpus[1].memory_mib is None
 
 
-def test_mxnet_verdict_from_compute_capability_string():
-    assert doctor.mxnet_gpu_verdict("9.0")[0] is False
-    assert doctor.mxnet_gpu_verdict("8.6")[0] is True
-    assert doctor.mxnet_gpu_verdict(None) == (False, "no NVIDIA GPU found")
+def test_mxnet_without_code_for_the_gpu_names_the_build_with_its_time(monkeypatch, tmp_path):
+    """On sm_90 the MXNet wheels cannot run: the verdict's fix (doctor's `missing`, run's note) is the
+    one command, with its measured time."""
+    from kernelmap.frameworks.mxnet import built
+
+    monkeypatch.setenv(built.ENV_HOME, str(tmp_path))  # no built tree
+    probe = {"installed": True, "cuda_build": True, "num_gpus": 1, "version": "1.9.1"}
+    v = frameworks.get("mxnet").gpu_verdict(probe, (9, 0), None)
+    assert not v.usable and v.cpu_regardless and v.fix.startswith("kernelmap build-mxnet, about 16 min")
+    assert "build-mxnet" in v.why
+    assert frameworks.get("mxnet").gpu_verdict(probe, (8, 6), None).usable
+    assert not frameworks.get("mxnet").gpu_verdict(probe, None, "nvidia-smi not on PATH").usable
+
+
+def _fake_python(path, version):
+    """An executable that answers any probe with one JSON line (a stand-in for an environment's python)."""
+    path.parent.mkdir(parents=True)
+    path.write_text(f"#!/bin/sh\necho '{{\"version\": \"{version}\"}}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_doctor_finds_the_environments_nox_made(tmp_path, monkeypatch):
+    """Right after `nox -s bench` JAX lives in .nox/jax-workers: the doctor finds it there (and says
+    which interpreter, and what `kernelmap run` then needs) instead of calling it missing."""
+    for name in frameworks.FRAMEWORKS:
+        monkeypatch.delenv(frameworks.get(name).python_env_var, raising=False)
+    own = _fake_python(tmp_path / ".nox" / "jax-workers" / "bin" / "python", "9.9")
+    shared = _fake_python(tmp_path / ".nox" / "frameworks" / "bin" / "python", "1.1")
+    monkeypatch.chdir(tmp_path)
+    assert doctor.interpreters("jax", roots=[tmp_path]) == [str(own), sys.executable, str(shared)]
+    assert doctor.interpreters("pytorch", roots=[tmp_path]) == [sys.executable, str(shared)]
+    # a named interpreter is the only one tried
+    assert doctor.interpreters("jax", {"jax": "/x/python"}, roots=[tmp_path]) == ["/x/python"]
+    facts = doctor.probe_framework("jax", look_in_nox=True)
+    assert facts["installed"] and facts["version"] == "9.9" and facts["python"] == str(own)
+    # what `kernelmap run` uses (no --python): this interpreter only
+    assert doctor.probe_framework("jax", python={"jax": str(shared)})["version"] == "1.1"
+
+
+def test_doctor_python_option(tmp_path):
+    fake = _fake_python(tmp_path / "env" / "bin" / "python", "7.7")
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "doctor", "--json", "--python", f"jax={fake}"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jax = json.loads(proc.stdout)["frameworks"]["jax"]
+    assert jax["version"] == "7.7" and jax["python"] == str(fake)
+    bad = subprocess.run([sys.executable, "-m", "kernelmap.cli", "doctor", "--python", "nope=/x"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--python 'nope=/x'" in bad.stderr
 
 
 def test_find_tool_on_path(tmp_path, monkeypatch):

@@ -53,8 +53,8 @@ def test_step(benchmark, batch_size):
 
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory) -> Path:
-    """Two real autosaved runs (0001, 0002), a copy of 0002 with every time stat scaled by 1.2
-    (0003), and an unchanged copy of 0002 (0004)."""
+    """Two real autosaved runs (0001, 0002) with their samples, a copy of 0002 with every time stat and
+    sample scaled by 1.2 (0003), and an unchanged copy of 0002 (0004)."""
     root = tmp_path_factory.mktemp("bench")
     (root / "test_tiny.py").write_text(TINY)
     (root / "pytest.ini").write_text("[pytest]\n")
@@ -62,7 +62,7 @@ def storage(tmp_path_factory) -> Path:
     for _ in range(2):
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_tiny.py",
-             "--benchmark-autosave", f"--benchmark-storage={st}", "--benchmark-min-rounds=5",
+             "--benchmark-autosave", "--benchmark-save-data", f"--benchmark-storage={st}", "--benchmark-min-rounds=5",
              "--benchmark-max-time=0.02"],
             cwd=root, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -74,6 +74,7 @@ def storage(tmp_path_factory) -> Path:
         for k in ("min", "max", "mean", "median", "q1", "q3", "iqr", "stddev", "total",
                   "ld15iqr", "hd15iqr"):
             b["stats"][k] *= 1.2
+        b["stats"]["data"] = [v * 1.2 for v in b["stats"]["data"]]  # every sample: a change beyond noise
         b["stats"]["ops"] /= 1.2
     stem = files[1].name[4:]
     (files[1].parent / f"0003{stem}").write_text(json.dumps(slow))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
-from kernelmap import cli, doctor, frameworks, runner
+from kernelmap import cli, frameworks, runner
 from kernelmap.errors import KernelmapError, MissingToolError, ParseError
 
 DATA = Path(__file__).parent / "data"
@@ -386,7 +386,7 @@ def test_partial_trees_are_ignored(tmp_path):
 def test_doctor_and_runner_use_the_built_tree(tmp_path, monkeypatch):
     tree = _tree(tmp_path, SM90)
     monkeypatch.setenv(built.ENV_HOME, str(tmp_path))
-    ok, msg = doctor.mxnet_gpu_verdict("9.0")
+    ok, msg = built.gpu_verdict((9, 0))
     assert ok and str(tree / built.LIB_RELPATH) in msg
     env = frameworks.get("mxnet").worker_env("9.0")
     assert env[built.ENV_TREE] == str(tree)

@@ -34,4 +34,5 @@ DESCRIPTOR = Framework(
     # cuBLASLt: with autotuning on, the library logs hold hundreds of trial calls (143 MB for 8 steps).
     # The libs pass turns it off, so its calls are the default algorithms, not necessarily the traced ones.
     pass_env={"libs": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}},
+    cpu_env={"JAX_PLATFORMS": "cpu"},  # jax's CPU backend, even where a CUDA plugin is installed
 )

@@ -693,13 +693,19 @@ def count_sources(root: Path, operator_sources: tuple[str, ...] = GPU_OPERATOR_S
 
 
 # --- the command --------------------------------------------------------------------------------
+def default_work(home: Path, name: str) -> Path:
+    """The build directory when ``--work`` is not given: hidden beside the cache's trees (``find_trees``
+    skips hidden names), not in $TMPDIR, so a build interrupted by a reboot resumes too."""
+    return home / f".build-{name}"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="MXNet 1.9.1 source: a directory, a tarball, or a directory of tarballs "
                         "(e.g. shared/mxnet-sm90/src); default: git clone of tag 1.9.1 (network)")
     parser.add_argument("--arch", help="GPU architecture to build for (90, sm_90, 9.0); default: this GPU's")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile jobs (default: all cores)")
     parser.add_argument("--work", help="build directory, kept between runs so an interrupted build resumes "
-                        "(default: $TMPDIR/kernelmap-mxnet-build-<version>-sm<NN>, removed after a good install)")
+                        "(default: <home>/.build-<version>-sm<NN> beside the cache, removed after a good install)")
     parser.add_argument("--nvcc", help="path of nvcc (default: $CUDA_HOME/bin, PATH, /usr/local/cuda)")
     parser.add_argument("--numpy-wheel", help="a numpy<2 wheel, installed in the tree (MXNet 1.9.1 needs numpy < 2); "
                         "required where this Python's numpy is 2.x, and for a machine that has numpy 2.x")
@@ -719,7 +725,7 @@ def main(args: argparse.Namespace) -> int:
         raise KernelmapError(f"{args.numpy_wheel}: --numpy-wheel: no such file")
     home = built.mxnet_home()
     name = built.tree_name(MXNET_VERSION, arch)
-    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f"kernelmap-mxnet-build-{name}"
+    work = Path(args.work) if args.work else default_work(home, name)
     tc = find_toolchain(args.nvcc)
     _say(f"MXNet {MXNET_VERSION} for sm_{arch}; nvcc {tc.cuda_version} ({tc.nvcc}); cuDNN {tc.cudnn_header.parent}")
     _say(f"work dir {work}; install to {home / name}")

@@ -105,6 +105,11 @@ def find_for_sm(sm: int, home: Path | None = None) -> tuple[BuiltTree | None, st
     return None, f"no built MXNet has code for sm_{sm} ({'; '.join(seen)})"
 
 
+# the one command that makes MXNet run on a GPU its wheels have no code for, with its measured time
+BUILD_HINT = ("kernelmap build-mxnet, about 16 min on 16 cores and 35 min on 2; cached under "
+              "~/.cache/kernelmap/mxnet, an interrupted build resumes")
+
+
 def gpu_verdict(compute_capability: tuple[int, int], home: Path | None = None) -> tuple[bool, str]:
     """Whether MXNet can run kernels on this GPU: a built tree with code for it first, else the
     mxnet-cu11x wheel's verdict (sm <= 86, CUDA 11 preload), else no (MXNet runs on the CPU)."""
@@ -116,7 +121,7 @@ def gpu_verdict(compute_capability: tuple[int, int], home: Path | None = None) -
     ok, message = cuda11.gpu_verdict((major, minor))
     if ok:
         return ok, message
-    return False, f"{message}; {why} (build one: kernelmap build-mxnet)"
+    return False, f"{message}; {why} (build one: {BUILD_HINT})"
 
 
 def loaded_verdict(compute_capability: tuple[int, int], tree_path: str | os.PathLike | None) -> tuple[bool, str]:

@@ -39,7 +39,9 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
         return no_gpu(gpu_problem)
     ok, message = code_verdict(cc)
     if not ok:  # the wheel has no code for this GPU at all: the CPU, labelled, whatever was asked
-        return GpuVerdict(False, f"{message} (GPU sm {cc[0]}.{cc[1]})", None, cpu_regardless=True)
+        from .built import BUILD_HINT
+
+        return GpuVerdict(False, f"{message} (GPU sm {cc[0]}.{cc[1]})", BUILD_HINT, cpu_regardless=True)
     if not probe.get("cuda_build"):
         return GpuVerdict(False, f"mxnet {probe.get('version')} is the CPU build", INSTALL_FIX)
     if not probe.get("num_gpus"):
@@ -85,4 +87,7 @@ DESCRIPTOR = Framework(
     # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
     pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
     cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,
+    commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
+                              "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
+    recorded_env=("MXNET_ENGINE_TYPE",),
 )

@@ -17,7 +17,7 @@ LABEL_INPUTS = ("kind", "op_name", "start_ns", "dur_ns", "tid", "seq", "correlat
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
-def label(df: pd.DataFrame, dims: list | None, framework: str = "pytorch") -> pd.DataFrame:
+def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row

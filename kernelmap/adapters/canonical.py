@@ -324,6 +324,13 @@ def layers_by_position(is_op: np.ndarray, canonical: np.ndarray, direction: np.n
 
 # --- layers from weight shapes ---------------------------------------------------------------
 _WEIGHTS = {tuple(layer.weight_shape): layer.name for layer in LAYERS}
+
+
+def layer_of_weight(shape) -> str | None:
+    """The layer whose weight has this shape (frameworks/spec.py LAYERS), or None."""
+    return _WEIGHTS.get(tuple(shape))
+
+
 # a convolution's bias gradient (cuDNN's BackwardBias: a [1, C, 1, 1] tensor) -> its layer
 _CONV_BIASES = {layer.bias_shape: layer.name for layer in LAYERS if layer.kind == "conv2d"}
 assert len(_CONV_BIASES) == sum(layer.kind == "conv2d" for layer in LAYERS), "conv biases must tell layers apart"

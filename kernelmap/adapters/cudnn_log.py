@@ -161,7 +161,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         shapes = [s for s in (x, w, y) if s is not None]
         row["shapes"] = json.dumps(shapes, separators=(",", ":")) if shapes else None
         row["flops"] = conv2d_call_flops(w, y) if canon == "conv2d" else None
-        layer = C._WEIGHTS.get(tuple(w)) if w else None
+        layer = C.layer_of_weight(w) if w else None
         if func == "cudnnConvolutionBackwardBias":  # no filter: the bias tensor names the layer
             layer = C.conv_layer_from_bias(_dims(attrs, "destDesc") or _dims(attrs, "dbDesc"))
         row.update(canonical_op=canon, direction=direction, layer=layer)

@@ -367,7 +367,7 @@ def _nvtx_is_op(text: list[str], framework: str | None) -> list[bool]:
 def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
     """NVTX ranges -> op rows (emit_nvtx, MXNet operators) or annotation/step rows, fields parsed
     structurally (once per distinct text: ranges repeat their texts step after step)."""
-    from .canonical import _WEIGHT_ARG, step_number
+    from .canonical import WEIGHT_ARG_OPS, step_number
 
     codes, uniq = strings.factorize(nv["text"])
     text = [*(str(t) for t in uniq), ""]  # code -1 (NA): ""
@@ -377,7 +377,7 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
     seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
     sizes = [one.setdefault(m.group(1), m.group(1)) if o and (m := _SIZES.search(t)) else None
              for t, o in zip(text, is_op, strict=True)]
-    want = {*_WEIGHT_ARG, "aten::mm"}
+    want = {*WEIGHT_ARG_OPS, "aten::mm"}
     dims = [None] * len(text)
     parsed: dict = {}  # per unique sizes text (rows share the list: it is only read)
     for i, (n, z) in enumerate(zip(name, sizes, strict=True)):

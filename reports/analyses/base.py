@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pandas as pd
 
 from kernelmap import frameworks, rundir, schema
 from kernelmap.errors import KernelmapError
+from kernelmap.frameworks.spec import LAYERS, Layer
 
 # each framework's profiler trace (its descriptor says which), then nsys
 TRACE_SOURCES = (*dict.fromkeys(d.trace_source for d in frameworks.REGISTRY.values()), "nsys")
@@ -42,6 +44,19 @@ def peak_flops(gpu_name: str | None) -> dict[str, float] | None:
         if key.lower() in gpu_name.lower():
             return dict(peaks)
     return None
+
+
+def expected_calls_per_step(layers: Iterable[Layer] = LAYERS) -> dict[tuple[str, str], int]:
+    """(canonical op, direction group) -> calls per training step, from the spec's layers.
+
+    The spec (frameworks/spec.py) lists the conv and linear layers; its model is each conv
+    followed by a relu and a 2x2 max-pool, each linear layer but the last (the classifier)
+    followed by a relu. Every forward call has one backward call."""
+    layers = list(layers)
+    convs = sum(1 for x in layers if x.kind == "conv2d")
+    linears = sum(1 for x in layers if x.kind == "linear")
+    fwd = {"conv2d": convs, "relu": convs + max(linears - 1, 0), "max_pool2d": convs, "linear": linears}
+    return {(op, d): n for op, n in fwd.items() if n for d in ("fwd", "bwd")}
 
 
 def fw_label(fw: str) -> str:
@@ -78,19 +93,19 @@ def load_run(path: str | Path) -> Run:
         if not req.is_file():
             raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
     run = Run(path, rd.read_manifest(), rd.read_results())
-    for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
+    for fw, info in (field_at(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
     # parity-<framework>.json: each framework against the reference; parity.json: runs made before that
     run.parity = [rundir.read_json(f) for f in rd.parity_files()]
-    failed = _get(run.manifest, "parity_failed")
+    failed = field_at(run.manifest, "parity_failed")
     if failed:
         run.problems.append(f"parity failed, no parity figures: {failed}")
     elif not run.parity:
         run.problems.append(f"no parity figures (recorded when {fw_label(frameworks.REFERENCE)} and another "
                             "framework ran)")
     # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
-    captured = any(k != "clean" for r in run.results if isinstance(r, dict) for k in _passes(r))
+    captured = any(k != "clean" for r in run.results if isinstance(r, dict) for k in passes_of(r))
     if rd.attribution.is_file():
         run.attribution = rundir.read_json(rd.attribution)
     elif captured:
@@ -113,7 +128,6 @@ def field_at(d: Any, key: str, default: Any = None) -> Any:
     return cur
 
 
-_get = field_at  # the name the older analyses use
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -142,7 +156,7 @@ class Busy:
 
     @classmethod
     def of(cls, d: Any) -> Busy:
-        c = _get(d, "contention")
+        c = field_at(d, "contention")
         if not isinstance(c, dict) or not isinstance(c.get("contended"), bool):
             return cls(None, str(c.get("text") or NOT_MEASURED) if isinstance(c, dict) else NOT_MEASURED)
         return cls(bool(c["contended"]), str(c.get("text") or ("contended" if c["contended"] else "quiet")))
@@ -159,9 +173,8 @@ def passes_of(r: dict) -> dict[str, dict]:
     return {k: v for k, v in passes.items() if isinstance(v, dict)}
 
 
-_passes = passes_of  # the name the older analyses use
 
 
-def _step_times_s(r: dict) -> np.ndarray | None:
-    v = _get(r, "step_times_s")
+def step_times_of(r: dict) -> np.ndarray | None:
+    v = field_at(r, "step_times_s")
     return np.asarray(v, dtype=float) if isinstance(v, list) and v else None

@@ -6,14 +6,14 @@ import pandas as pd
 
 from kernelmap import schema
 
-from .base import Run, _get, _passes
-from .timed import _records, direction_group
+from .base import Run, field_at, passes_of
+from .timed import direction_group, records_of
 
 # --- library calls linked to ops (CPU: oneDNN, BLAS) -----------------------------------------
 _SIG = ["canonical_op", "layer", "dgroup"]
 
 
-def _fwbs(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
+def framework_rows(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
     return rec[(rec["framework"] == fw) & (rec["batch_size"].fillna(-1) == (-1 if bs is None else bs))]
 
 
@@ -21,9 +21,9 @@ def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
     """Training steps the library-log (libs) pass ran with its logs on: its warm-up and timed
     steps (the logs are on from process start), from results.json."""
     for r in run.results:
-        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
-            p = _passes(r).get("libs", {})
-            n, w = _get(p, "steps"), _get(p, "warmup_steps")
+        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+            p = passes_of(r).get("libs", {})
+            n, w = field_at(p, "steps"), field_at(p, "warmup_steps")
             if isinstance(n, int) and isinstance(w, int):
                 return n + w, f"libs pass: {n + w} logged steps ({w} warm-up + {n} timed)"
     return None, "results.json does not say how many steps the libs pass ran"
@@ -32,8 +32,8 @@ def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
 def libs_warmup(run: Run, fw: str, bs: int | None) -> int | None:
     """Warm-up steps of the libs pass (results.json), the first of its logged steps."""
     for r in run.results:
-        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
-            w = _get(_passes(r).get("libs", {}), "warmup_steps")
+        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+            w = field_at(passes_of(r).get("libs", {}), "warmup_steps")
             return w if isinstance(w, int) else None
     return None
 
@@ -43,7 +43,7 @@ def linked_calls(run: Run, fw: str, bs: int | None) -> pd.DataFrame:
     signature of the framework op it is linked to (``op_canonical``, ``op_layer``, ``op_dgroup``:
     a oneDNN reorder takes the op of the primitive it feeds) and its own (``canonical_op``,
     ``layer``, ``dgroup``). Unlinked calls keep NA op columns."""
-    rec = _fwbs(_records(run), fw, bs)
+    rec = framework_rows(records_of(run), fw, bs)
     calls = rec[rec["kind"] == "library_call"].copy()
     calls["dgroup"] = calls["direction"].map(direction_group)
     ops = rec[rec["kind"] == "op"][["run", "event_id", "canonical_op", "layer", "direction"]].rename(
@@ -69,7 +69,7 @@ def linked_libraries(run: Run, fw: str, bs: int | None) -> dict[tuple[str, str, 
     return out
 
 
-def _op_signature(ev: pd.DataFrame) -> list[tuple[str, str, str]]:
+def op_signature(ev: pd.DataFrame) -> list[tuple[str, str, str]]:
     return list(zip(ev["canonical_op"].fillna(schema.UNATTRIBUTED), ev["layer"].fillna(schema.UNKNOWN),
                     ev["direction"].map(direction_group), strict=True))
 

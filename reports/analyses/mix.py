@@ -8,15 +8,15 @@ import pandas as pd
 from kernelmap import schema, timing
 from kernelmap.strings import STRING
 
-from .base import Busy, Run, _get, _passes, _step_times_s
+from .base import Busy, Run, field_at, passes_of, step_times_of
 from .basis import CLEAN, pass_state
-from .linked import _op_signature, linked_libraries
+from .linked import linked_libraries, op_signature
 from .summary import clean_stats, summary_table
 from .timed import Timed, timed_events
 
 
 # --- library mix, kernel counts, busy share -----------------------------------------------------
-def _event_library(run: Run, t: Timed) -> pd.Series:
+def event_library(run: Run, t: Timed) -> pd.Series:
     """The library of each timed event. Kernels (GPU): their own, from the linked library call.
     Framework ops (CPU): the libraries of the library-log calls linked to ops of the same
     signature (canonical op, layer, direction group), e.g. oneDNN for a convolution backward,
@@ -25,7 +25,7 @@ def _event_library(run: Run, t: Timed) -> pd.Series:
     lib = t.events["library"]
     if t.level == "op":
         by_sig = linked_libraries(run, t.framework, t.batch_size)
-        vals = ["/".join(by_sig[k]["libraries"]) if k in by_sig else pd.NA for k in _op_signature(t.events)]
+        vals = ["/".join(by_sig[k]["libraries"]) if k in by_sig else pd.NA for k in op_signature(t.events)]
         lib = pd.Series(vals, index=t.events.index, dtype=STRING)
     return lib.fillna("native")
 
@@ -35,7 +35,7 @@ def library_mix(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         for t in timed_events(run):
-            lib = _event_library(run, t)
+            lib = event_library(run, t)
             total = float(t.events["dur_ns"].sum())
             for name, g in t.events.groupby(lib):
                 ns = float(g["dur_ns"].sum())
@@ -95,20 +95,20 @@ def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         for r in run.results:
             clean = clean_stats(r)
-            for name, p in _passes(r).items():
+            for name, p in passes_of(r).items():
                 state = pass_state(run.name, r, name)
                 busy = Busy.of(r) if name == CLEAN else Busy.of(p)
                 if name == "clean":
-                    med, over, verdict, steps = clean.get("median_step_s"), None, None, _get(r, "steps")
+                    med, over, verdict, steps = clean.get("median_step_s"), None, None, field_at(r, "steps")
                 else:
-                    st = _step_times_s(p)
-                    med = float(np.median(st)) if st is not None else _get(p, "median_step_s")
-                    steps = _get(p, "steps")
+                    st = step_times_of(p)
+                    med = float(np.median(st)) if st is not None else field_at(p, "median_step_s")
+                    steps = field_at(p, "steps")
                     over = med / clean["median_step_s"] - 1 if med is not None and clean.get("median_step_s") else None
                     verdict = None if med is None else str(timing.overhead_verdict(med, steps or 0, clean))
-                skipped = _get(p, "skipped")
-                rows.append({"run": run.name, "framework": _get(r, "framework"),
-                             "batch_size": _get(r, "batch_size"), "pass": name, "steps": steps,
+                skipped = field_at(p, "skipped")
+                rows.append({"run": run.name, "framework": field_at(r, "framework"),
+                             "batch_size": field_at(r, "batch_size"), "pass": name, "steps": steps,
                              "step_ms_median": None if med is None else med * 1e3,
                              "overhead": over, "verdict": verdict,
                              "against_clean": None if state is None else str(state.agreement),

@@ -12,9 +12,9 @@ from kernelmap.flops import layer_flops
 
 from .base import Run, fw_label
 from .basis import LIBS_PASS, TimeKind, comparable, pass_states
-from .linked import _fwbs, _op_signature, libs_warmup, linked_calls, linked_libraries, log_steps
-from .mix import _event_library
-from .timed import _fill_from_links, _records, direction_group, op_calls, timed_events
+from .linked import framework_rows, libs_warmup, linked_calls, linked_libraries, log_steps, op_signature
+from .mix import event_library
+from .timed import direction_group, fill_from_links, op_calls, records_of, timed_events
 
 
 # --- op time and the side-by-side table ------------------------------------------------------
@@ -57,7 +57,7 @@ def short_kernel(name: str, limit: int = 110) -> str:
     return n if len(n) <= limit else n[: limit - 1] + "…"
 
 
-def _uniq(s: pd.Series, limit: int = 6) -> list[str]:
+def distinct_values(s: pd.Series, limit: int = 6) -> list[str]:
     vals = [str(v) for v in pd.unique(s.dropna())]
     return vals[:limit] + ([f"... {len(vals) - limit} more"] if len(vals) > limit else [])
 
@@ -67,7 +67,7 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
     columns ``<framework>.<field>``, and ``differences`` saying plainly where the frameworks part.
 
     Returns (table, frameworks)."""
-    rec = _records(run)
+    rec = records_of(run)
     timed = [t for t in timed_events(run) if batch_size is None or t.batch_size == batch_size]
     if batch_size is None and timed:
         batch_size = timed[0].batch_size
@@ -78,11 +78,11 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
     for t in timed:
         kind = TimeKind.KERNEL if t.level == "kernel" else TimeKind.OP
         ok, why = comparable(states, run.name, t.framework, t.batch_size, t.pass_name, kind)
-        allrows = _fwbs(rec, t.framework, t.batch_size)
-        allrows = _fill_from_links(allrows, allrows)
+        allrows = framework_rows(rec, t.framework, t.batch_size)
+        allrows = fill_from_links(allrows, allrows)
         ev = t.events.assign(canonical_op=t.events["canonical_op"].fillna(schema.UNATTRIBUTED),
                              direction=t.events["direction"].fillna("none"))
-        lib = _event_library(run, t)
+        lib = event_library(run, t)
         calls_n = op_calls(t).set_index(["canonical_op", "direction"])["calls_per_step"]
         by_sig = linked_libraries(run, t.framework, t.batch_size) if t.level == "op" else {}
         for (op, d), g in ev.groupby(["canonical_op", "direction"]):
@@ -92,23 +92,23 @@ def op_table(run: Run, batch_size: int | None = None) -> tuple[pd.DataFrame, lis
             ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
             if t.level == "op":
                 # what was linked to these ops (CPU library logs), not what a name suggests
-                sigs = set(_op_signature(g))
+                sigs = set(op_signature(g))
                 lib_calls = sorted({c for k in sigs if k in by_sig for c in by_sig[k]["library_calls"]})
             else:
-                lib_calls = _uniq(a[a["kind"] == "library_call"]["library_call"]) or _uniq(a["library_call"])
+                lib_calls = distinct_values(a[a["kind"] == "library_call"]["library_call"]) or distinct_values(a["library_call"])
             # kernel-level rows split a backward op (bwd_data/bwd_weight): their calls are kernel launches
             n_calls = calls_n.get((op, d)) if (op, d) in calls_n.index else None
             per.setdefault(key, {})[t.framework] = {
-                "op_names": _uniq(g["op_name"]) or _uniq(a[a["kind"] == "op"]["op_name"]),
+                "op_names": distinct_values(g["op_name"]) or distinct_values(a[a["kind"] == "op"]["op_name"]),
                 "libraries": sorted(set(lib[g.index])),
                 "library_calls": lib_calls,
-                "kernels": _uniq(kernels["kernel_name"].map(short_kernel, na_action="ignore")),
+                "kernels": distinct_values(kernels["kernel_name"].map(short_kernel, na_action="ignore")),
                 "n_kernels": int(kernels["kernel_name"].nunique()),
                 "calls_per_step": float(n_calls) if n_calls is not None else len(g) / t.n_steps,
                 "calls_basis": "framework-op calls" if n_calls is not None else f"{t.level}s",
                 "ms_per_step": ms,
                 "share_of_step": ms * 1e6 / t.step_ns if t.step_ns else None,
-                "math_modes": _uniq(a["math_mode"]),
+                "math_modes": distinct_values(a["math_mode"]),
                 "level": t.level,
                 "time_kind": str(kind), "pass": t.pass_name, "comparable": ok, "why_not": why,
             }
@@ -177,12 +177,12 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
     whose mean they are."""
     rows = []
     for run in runs:
-        rec = _records(run)
+        rec = records_of(run)
         for t in timed_events(run):
             ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
             if ev.empty:
                 continue
-            allrows = _fill_from_links(_fwbs(rec, t.framework, t.batch_size), _fwbs(rec, t.framework, t.batch_size))
+            allrows = fill_from_links(framework_rows(rec, t.framework, t.batch_size), framework_rows(rec, t.framework, t.batch_size))
             lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
             n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
             for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
@@ -243,18 +243,18 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 rows.append({
                     "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
                     "direction": d, "framework": t.framework, "level": t.level,
-                    "libraries": _uniq(pd.concat([g["library"], calls["library"]])) or ["native"],
-                    "library_calls": _uniq(pd.concat([calls["library_call"], g["library_call"]])),
-                    "algos": _uniq(algo_calls["algo"]),
+                    "libraries": distinct_values(pd.concat([g["library"], calls["library"]])) or ["native"],
+                    "library_calls": distinct_values(pd.concat([calls["library_call"], g["library_call"]])),
+                    "algos": distinct_values(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
-                    "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
+                    "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore")) or distinct_values(onednn["kernel_name"]),
                     "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source,
                     "time_kind": None if kind is None else str(kind), "pass": pass_, "op_ms_per_step": op_ms,
                     "op_pass": t.pass_name,
                     "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
                     "flops_per_step": flops,
                     "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
-                    "math_modes": _uniq(pd.concat([g["math_mode"], calls["math_mode"]])),
+                    "math_modes": distinct_values(pd.concat([g["math_mode"], calls["math_mode"]])),
                     "steps_ms": steps_ms, "op_steps_ms": op_steps,
                 })
     df = pd.DataFrame(rows, columns=list(LAYER_COLUMNS))
@@ -277,7 +277,7 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
     linked to an op are listed under their own canonical op, with ``linked`` False."""
     rows = []
     for run in runs:
-        rec = _records(run)
+        rec = records_of(run)
         keys = rec[rec["kind"] == "library_call"][["framework", "batch_size"]].drop_duplicates()
         for fw, bs in keys.itertuples(index=False):
             bs_v = None if pd.isna(bs) else int(bs)

@@ -9,14 +9,14 @@ import pandas as pd
 from kernelmap import schema
 from kernelmap.flops import layer_flops
 
-from .base import Run, _get, fw_label, peak_flops
-from .ops import _uniq
-from .timed import _records, timed_events
+from .base import Run, field_at, fw_label, peak_flops
+from .ops import distinct_values
+from .timed import records_of, timed_events
 
 
 # --- roofline ----------------------------------------------------------------------------------
 def gpu_name(run: Run) -> str | None:
-    v = _get(run.manifest, "gpu.name")
+    v = field_at(run.manifest, "gpu.name")
     return v if isinstance(v, str) else None
 
 
@@ -34,7 +34,7 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
         pk = peak_flops(name)
         peaks[run.name] = {"gpu": name, **(pk or {})} if pk else {
             "gpu": name, "note": "peak unknown (CPU run, or a GPU not in the peak table)"}
-        rec = _records(run)
+        rec = records_of(run)
         for t in timed_events(run):
             ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"])]
             if ev.empty:
@@ -57,7 +57,7 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                         no_bwd.append(t.framework)
                     continue
                 ns = float(g["dur_ns"].sum())
-                modes = _uniq(g["math_mode"])
+                modes = distinct_values(g["math_mode"])
                 rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
                              "layer": layer, "canonical_op": op, "direction": d, "level": t.level,
                              "device": "gpu" if t.level == "kernel" else "cpu",

@@ -9,7 +9,7 @@ import pandas as pd
 
 from kernelmap import timing
 
-from .base import Busy, Run, _get, _step_times_s, fw_label
+from .base import Busy, Run, field_at, fw_label, step_times_of
 
 
 # --- summary ---------------------------------------------------------------------------------
@@ -24,13 +24,13 @@ def _is_fallback(asked: str | None, used: str | None, expected_auto: str) -> boo
 
 def framework_devices(run: Run) -> pd.DataFrame:
     """Per framework: device asked, device used, and why they differ (manifest)."""
-    expected = "gpu" if _get(run.manifest, "gpu") else "cpu"
+    expected = "gpu" if field_at(run.manifest, "gpu") else "cpu"
     rows = []
-    for fw, info in (_get(run.manifest, "frameworks", default={}) or {}).items():
-        used = _get(info, "device")
-        asked = _get(info, "device_requested", default=used)
+    for fw, info in (field_at(run.manifest, "frameworks", default={}) or {}).items():
+        used = field_at(info, "device")
+        asked = field_at(info, "device_requested", default=used)
         rows.append({"run": run.name, "framework": fw, "device_requested": asked, "device": used,
-                     "device_note": _get(info, "device_note"), "fallback": _is_fallback(asked, used, expected)})
+                     "device_note": field_at(info, "device_note"), "fallback": _is_fallback(asked, used, expected)})
     return pd.DataFrame(rows, columns=["run", "framework", "device_requested", "device", "device_note",
                                        "fallback"])
 
@@ -43,14 +43,14 @@ def clean_stats(r: dict) -> dict[str, Any]:
     """The clean pass's step figures of a results.json entry (``kernelmap.timing``). Entries of runs
     made before trials existed carry one trial's per-step times: their interval is computed here,
     by the same rule."""
-    if _get(r, "ci95_low_s") is not None or _get(r, "n_trials") is not None:
-        return {k: _get(r, k) for k in ("median_step_s", "q25_step_s", "q75_step_s", "iqr_step_s", "ci95_low_s",
+    if field_at(r, "ci95_low_s") is not None or field_at(r, "n_trials") is not None:
+        return {k: field_at(r, k) for k in ("median_step_s", "q25_step_s", "q75_step_s", "iqr_step_s", "ci95_low_s",
                                         "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "n_samples",
-                                        "trial_medians_s", "e2e_step_s", "e2e_images_per_s", "timing")}
-    st = _step_times_s(r)
+                                        "e2e_step_s", "e2e_images_per_s", "timing")}
+    st = step_times_of(r)
     if st is None:
-        return {"median_step_s": _get(r, "median_step_s"), "iqr_step_s": _get(r, "iqr_step_s"), "n_trials": 1,
-                "n_samples": _get(r, "steps"), "timing": "one trial (older run); no interval"}
+        return {"median_step_s": field_at(r, "median_step_s"), "iqr_step_s": field_at(r, "iqr_step_s"), "n_trials": 1,
+                "n_samples": field_at(r, "steps"), "timing": "one trial (older run); no interval"}
     return {**timing.step_stats([list(st)]).to_dict(), "e2e_step_s": None, "e2e_images_per_s": None,
             "timing": "one trial of per-step synchronised steps (older run)"}
 
@@ -60,13 +60,13 @@ def clean_contention(r: dict) -> dict[str, Any]:
     ``contended`` None and ``contention`` "not measured" for runs made before it was recorded) and
     whether its trials disagreed beyond noise (``trials_disagree``, after ``repeats``)."""
     b = Busy.of(r)
-    td = _get(r, "trials_disagree")
-    n, k = _get(r, "contention.trials"), _get(r, "contention.trials_contended")
+    td = field_at(r, "trials_disagree")
+    n, k = field_at(r, "contention.trials"), field_at(r, "contention.trials_contended")
     # the trials run under contention are left out of the figure where a quiet one exists (kernelmap.runner)
     trials = (f" ({k}/{n} trials)" if b.contended else f" ({k}/{n} trials busy, left out)" if k else "") if n else ""
     return {"contended": b.contended, "contention": b.marked + trials,
-            "trials_contended": _get(r, "contention.trials_contended"),
-            "trials_disagree": bool(td) if isinstance(td, bool) else None, "repeats": _get(r, "repeats")}
+            "trials_contended": field_at(r, "contention.trials_contended"),
+            "trials_disagree": bool(td) if isinstance(td, bool) else None, "repeats": field_at(r, "repeats")}
 
 
 def summary_table(runs: list[Run]) -> pd.DataFrame:
@@ -78,20 +78,20 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         devs = framework_devices(run).set_index("framework")
         for r in run.results:
-            fw = _get(r, "framework")
-            bs = _get(r, "batch_size")
+            fw = field_at(r, "framework")
+            bs = field_at(r, "batch_size")
             c = clean_stats(r)
             med = c.get("median_step_s")
             lo, hi = c.get("ci95_low_s"), c.get("ci95_high_s")
             e2e = c.get("e2e_step_s")
             dev = devs.loc[fw] if fw in devs.index else None
             rows.append({
-                "run": run.name, "framework": fw, "mode": _get(r, "mode"), "math": _get(r, "math"),
-                "device": _get(r, "device", default=None if dev is None else dev["device"]),
+                "run": run.name, "framework": fw, "mode": field_at(r, "mode"), "math": field_at(r, "math"),
+                "device": field_at(r, "device", default=None if dev is None else dev["device"]),
                 "device_requested": None if dev is None else dev["device_requested"],
                 "fallback": False if dev is None else bool(dev["fallback"]),
                 "device_note": None if dev is None else dev["device_note"],
-                "batch_size": bs, "steps_timed": _get(r, "steps"), "trials": c.get("n_trials"),
+                "batch_size": bs, "steps_timed": field_at(r, "steps"), "trials": c.get("n_trials"),
                 "step_ms_median": None if med is None else med * 1e3,
                 "step_ms_ci95_low": None if lo is None else lo * 1e3,
                 "step_ms_ci95_high": None if hi is None else hi * 1e3,
@@ -102,7 +102,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
                 "images_per_s": bs / med if med and bs else None,
                 "e2e_step_ms": None if e2e is None else e2e * 1e3,
                 "e2e_images_per_s": bs / e2e if e2e and bs else None,
-                "test_accuracy": _get(r, "test_accuracy"),
+                "test_accuracy": field_at(r, "test_accuracy"),
                 "timing": c.get("timing"),
                 **clean_contention(r),
             })
@@ -163,16 +163,16 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
         m = run.manifest
         col = {}
         for label, key in _ENV_KEYS:
-            v = _get(m, key)
+            v = field_at(m, key)
             if v is not None:
                 col[label] = _scalar(v)
-        for fw, info in (_get(m, "frameworks", default={}) or {}).items():
-            versions = _get(info, "versions", default={}) or {}
+        for fw, info in (field_at(m, "frameworks", default={}) or {}).items():
+            versions = field_at(info, "versions", default={}) or {}
             for label, key in _FW_VERSION_KEYS:
-                v = _get(versions, key)
+                v = field_at(versions, key)
                 if v is not None:
                     col[f"{fw_label(fw)} {label}".replace(" framework", "")] = _scalar(v)
-            asked, used = _get(info, "device_requested"), _get(info, "device")
+            asked, used = field_at(info, "device_requested"), field_at(info, "device")
             if used is not None:
                 col[f"{fw_label(fw)} device"] = used if asked in (None, used) else f"{used} (asked {asked})"
         table[run.name] = col

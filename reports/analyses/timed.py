@@ -11,15 +11,15 @@ import pandas as pd
 from kernelmap import frameworks, schema
 from kernelmap.errors import KernelmapError
 
-from .base import TRACE_SOURCES, Run, _get, _passes
+from .base import TRACE_SOURCES, Run, expected_calls_per_step, field_at, passes_of
 
 
 # --- records: which events to time from ------------------------------------------------------
-def _records(run: Run) -> pd.DataFrame:
+def records_of(run: Run) -> pd.DataFrame:
     return run.records if run.records is not None else schema.empty()
 
 
-def _outermost(ops: pd.DataFrame) -> pd.DataFrame:
+def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
     """Keep op rows not contained in another op row of the same (pid, tid)."""
     if ops.empty:
         return ops
@@ -56,12 +56,8 @@ class Timed:
     pass_name: str | None = None  # the capture pass the source belongs to (framework, nsys)
     ops: pd.DataFrame | None = field(default=None, repr=False)  # the source's op rows of the counted steps
 
-    @property
-    def records_run(self) -> set[str]:
-        return set(self.events["run"].dropna().unique())
 
-
-def _fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+def fill_from_links(ev: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     """Fill canonical_op, direction, phase, layer, op_name from the linked op, and library,
     library_call, math_mode, algo from the linked library call, where the row itself has none.
     Links are event ids, unique within a records ``run`` (one framework x batch size folder)."""
@@ -84,9 +80,7 @@ _SOURCE_PASS = {**{d.trace_source: "framework" for d in frameworks.REGISTRY.valu
 
 
 def model_ops() -> frozenset[str]:
-    """Canonical ops of the model's layers (frameworks/spec.py, via ``reports.checks``)."""
-    from ..checks import expected_calls_per_step
-
+    """Canonical ops of the model's layers (frameworks/spec.py, via ``expected_calls_per_step``)."""
     return frozenset(op for op, _ in expected_calls_per_step())
 
 
@@ -107,8 +101,8 @@ def _n_steps(rows: pd.DataFrame, run: Run, fw: str, bs: int | None, source: str)
     if its:
         return len(its), "iterations of the trace that hold timed model ops"
     for r in run.results:
-        if _get(r, "framework") == fw and _get(r, "batch_size") == bs:
-            n = _get(_passes(r).get(_SOURCE_PASS.get(source, ""), {}), "steps")
+        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+            n = field_at(passes_of(r).get(_SOURCE_PASS.get(source, ""), {}), "steps")
             if n:
                 return int(n), f"results.json: steps of the {_SOURCE_PASS[source]} pass"
     raise KernelmapError(f"{run.path}: {fw} bs {bs}: cannot tell how many steps the {source} trace holds "
@@ -124,7 +118,7 @@ def timed_events(run: Run) -> list[Timed]:
 
 def _timed_events(run: Run) -> list[Timed]:
     out = []
-    rec = _records(run)
+    rec = records_of(run)
     if rec.empty:
         return out
     for (fw, bs), g in rec.groupby(["framework", rec["batch_size"].fillna(-1)], sort=True):
@@ -142,9 +136,9 @@ def _timed_events(run: Run) -> list[Timed]:
             continue
         src, level, rows = chosen
         srows = g[g["source"] == src]
-        rows = _fill_from_links(rows, srows)
+        rows = fill_from_links(rows, srows)
         if level == "op":
-            rows = _outermost(rows[rows["canonical_op"].notna()])
+            rows = outermost_ops(rows[rows["canonical_op"].notna()])
         steps = srows[srows["kind"] == "step"]["dur_ns"].dropna()
         n, basis = _n_steps(rows, run, str(fw), bs_v, src)
         its = _counted_iterations(rows)
@@ -161,8 +155,8 @@ def _timed_events(run: Run) -> list[Timed]:
         step_ns, step_basis = None, None
         pass_name = _SOURCE_PASS.get(src, "")
         for r in run.results:
-            if _get(r, "framework") == fw and _get(r, "batch_size") == bs_v:
-                med = _get(_passes(r).get(pass_name, {}), "median_step_s")
+            if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs_v:
+                med = field_at(passes_of(r).get(pass_name, {}), "median_step_s")
                 if med:
                     step_ns, step_basis = med * 1e9, f"median synchronised step of the {pass_name} pass"
         if step_ns is None and len(steps):
@@ -195,7 +189,7 @@ def op_calls(t: Timed) -> pd.DataFrame:
     ops = t.ops
     if ops is None or ops.empty:
         return pd.DataFrame(columns=cols)
-    outer = _outermost(ops)
+    outer = outermost_ops(ops)
     dgroup = outer["direction"].map(direction_group)
     key = outer["event_id"].astype("Int64").astype(object)
     basis = pd.Series("outermost op", index=outer.index, dtype=object)

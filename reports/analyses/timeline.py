@@ -7,7 +7,7 @@ import pandas as pd
 from kernelmap import schema
 
 from .base import Run
-from .timed import _fill_from_links, _outermost, _records, timed_events
+from .timed import fill_from_links, outermost_ops, records_of, timed_events
 
 # --- one iteration, for the timeline figure and export ------------------------------------------
 LANES = ("phase", "op", "library_call", "kernel")
@@ -21,13 +21,13 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
     Library calls are the source's own library_call rows; where the source has none (Kineto does
     not record cuDNN/cuBLAS calls) they are derived as the span of the kernels linked to each call
     (``derived`` = True)."""
-    rec = _records(run)
+    rec = records_of(run)
     out = []
     for t in timed_events(run):
         src = rec[(rec["source"] == t.source) & (rec["framework"] == t.framework)
                   & (rec["batch_size"].fillna(-1) == (-1 if t.batch_size is None else t.batch_size))]
         src = src[src["start_ns"].notna() & src["dur_ns"].notna()]
-        src = _fill_from_links(src, src)
+        src = fill_from_links(src, src)
         its = sorted(src["iteration"].dropna().unique())
         it = None
         if not all_iterations and its:
@@ -43,7 +43,7 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
         host = set(ops["pid"].dropna())
         ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host and ph["pid"].isin(host).any() else ph
         parts.append(ph.assign(lane="phase", derived=False))
-        outer = _outermost(ops[ops["canonical_op"].notna()]).index
+        outer = outermost_ops(ops[ops["canonical_op"].notna()]).index
         parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))
         calls = src[src["kind"] == "library_call"].assign(lane="library_call", derived=False)
         kernels = src[src["kind"].isin(["kernel", "memcpy", "memset"])].assign(lane="kernel", derived=False)
