@@ -15,15 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kernelmap"
 
 
+# pyproject.toml's [tool.setuptools.package-dir]: the design card keeps these at the checkout's top level
+PACKAGE_DIRS = {PACKAGE: PACKAGE, f"{PACKAGE}.frameworks": "frameworks", f"{PACKAGE}.reports": "reports"}
+
+
 def package_modules(root: Path = ROOT) -> dict[str, Path]:
-    """Module name -> file, for every .py of the package (following frameworks/ and reports/)."""
+    """Module name -> file, for every .py of the package (frameworks/ and reports/ as the package's
+    subpackages, as pyproject.toml maps them)."""
     mods = {}
-    for dirpath, dirs, files in os.walk(root / PACKAGE, followlinks=True):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for f in files:
-            if f.endswith(".py"):
-                parts = list((Path(dirpath) / f).relative_to(root).with_suffix("").parts)
-                mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = Path(dirpath) / f
+    for package, folder in PACKAGE_DIRS.items():
+        for dirpath, dirs, files in os.walk(root / folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__" and not (Path(dirpath) / d).is_symlink()]
+            for f in files:
+                if f.endswith(".py"):
+                    parts = package.split(".") + list((Path(dirpath) / f).relative_to(root / folder).with_suffix("").parts)
+                    mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = Path(dirpath) / f
     return mods
 
 

@@ -46,7 +46,7 @@ def clean_stats(r: dict) -> dict[str, Any]:
     if field_at(r, "ci95_low_s") is not None or field_at(r, "n_trials") is not None:
         return {k: field_at(r, k) for k in ("median_step_s", "q25_step_s", "q75_step_s", "iqr_step_s", "ci95_low_s",
                                         "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "n_samples",
-                                        "e2e_step_s", "e2e_images_per_s", "timing")}
+                                        "trial_medians_s", "e2e_step_s", "e2e_images_per_s", "timing")}
     st = step_times_of(r)
     if st is None:
         return {"median_step_s": field_at(r, "median_step_s"), "iqr_step_s": field_at(r, "iqr_step_s"), "n_trials": 1,
