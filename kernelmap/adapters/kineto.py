@@ -10,7 +10,9 @@ correlation id the kernel already carries.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -27,9 +29,12 @@ from ._common import (
     finish,
     frame,
     int64_array,
+    loads_exact,
+    ns_from_text,
     ns_from_us,
     numeric,
     numeric_at,
+    parse_exact,
     parse_json,
     read_bytes,
     trace_event_chunks,
@@ -41,7 +46,11 @@ _KIND = {
     "cpu_op": "op", "user_annotation": "annotation", "gpu_user_annotation": "annotation",
     "cuda_runtime": "runtime", "cuda_driver": "runtime", "kernel": "kernel",
     "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+    # PyTorch 1.8/1.9 (Kineto before the lower-case categories): the same events, other names
+    "Operator": "op", "Runtime": "runtime", "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset",
 }
+# the categories of PyTorch 1.8/1.9's Kineto traces (with a lower-case ``external id`` arg)
+OLD_CATEGORIES = ("Operator", "Runtime", "Kernel", "Memcpy", "Memset")
 
 
 _MISSING = object()
@@ -58,11 +67,14 @@ def _check_events(path, ev: list, idx: list) -> None:
             raise ParseError(path, f"{bad or 'name'} is a {type(e[bad or 'name']).__name__}, not a string", record=idx[j])
 
 
+_KINETO_CAT = re.compile(rb'"cat"\s*:\s*"(?:cpu_op|cuda_runtime|kernel|Operator|Runtime|Kernel|Memcpy|Memset)"')
+
+
 def sniff(head: bytes) -> bool:
     h = head.lstrip()
     return h.startswith(b"{") and b'"traceEvents"' in head and (
         b'"schemaVersion"' in head or b'"deviceProperties"' in head or b'"baseTimeNanoseconds"' in head
-        or b'"cpu_op"' in head or b'"ProfilerStep' in head)
+        or b'"cpu_op"' in head or b'"ProfilerStep' in head or _KINETO_CAT.search(head) is not None)
 
 
 def load_events(path: str | os.PathLike) -> list:
@@ -94,11 +106,12 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
                     trace_event_chunks(data, CHUNK_BYTES, loads=_typed_loads, invalid=(_msgspec.DecodeError,))]
         except (NoFastPath, _NotTyped):
             seen.clear()  # the general path below decides (and finds any error)
-    try:
-        return [_columns(path, first, events, seen) for first, events in trace_event_chunks(data, CHUNK_BYTES)]
+    try:  # numbers with their decimal text (ts/dur: exact nanoseconds)
+        return [_columns(path, first, events, seen) for first, events in
+                trace_event_chunks(data, CHUNK_BYTES, loads=loads_exact, invalid=(json.JSONDecodeError,))]
     except NoFastPath:
         pass
-    events = _trace_events(parse_json(data, path), path)
+    events = _trace_events(parse_exact(data, path), path)
     del data
     return [_columns(path, 0, events, seen)]
 
@@ -151,7 +164,7 @@ def _columns(path, first: int, events: list, seen: dict) -> dict:
         "pid": numeric([e.get("pid") for e in ev]),
         "tid": numeric([e.get("tid") for e in ev]),
         "correlation_id": arg("correlation"),
-        "ext": arg("External id"),
+        "ext": _either(arg("External id"), arg("external id")),
         "seq": arg("Sequence number"),
         "stream": arg("stream"),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
@@ -184,6 +197,7 @@ if _msgspec is not None:
     class _Args(_msgspec.Struct, gc=False, omit_defaults=True):
         correlation: Any = None
         external: Any = _msgspec.field(default=None, name="External id")
+        external_old: Any = _msgspec.field(default=None, name="external id")  # PyTorch 1.8/1.9
         seq: Any = _msgspec.field(default=None, name="Sequence number")
         stream: Any = None
         grid: Any = None
@@ -197,8 +211,8 @@ if _msgspec is not None:
         ph: Any = None
         name: Any = _MISSING
         cat: Any = None
-        ts: Any = _MISSING
-        dur: Any = 0
+        ts: _msgspec.Raw = _msgspec.Raw()  # the JSON text: exact nanoseconds (_common.ns_from_text)
+        dur: _msgspec.Raw = _msgspec.Raw()
         pid: Any = None
         tid: Any = None
         args: _Args | None = None
@@ -229,12 +243,12 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
     names = [e.name for e in ev]
     cats = [e.cat for e in ev]
     ts = [e.ts for e in ev]
-    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or _MISSING in ts:
+    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or not all(map(len, ts)):
         raise _NotTyped
     args = [e.args or _NO_ARGS for e in ev]
     try:
-        start = ns_from_us(ts)
-        dur = ns_from_us([e.dur for e in ev])
+        start = ns_from_text(ts)
+        dur = ns_from_text([e.dur if len(e.dur) else b"0" for e in ev])
     except (TypeError, ValueError):
         raise _NotTyped from None
 
@@ -254,7 +268,7 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "pid": numeric([e.pid for e in ev]),
         "tid": numeric([e.tid for e in ev]),
         "correlation_id": _sparse([a.correlation for a in args]),
-        "ext": _sparse([a.external for a in args]),
+        "ext": _either(_sparse([a.external for a in args]), _sparse([a.external_old for a in args])),
         "seq": _sparse([a.seq for a in args]),
         "stream": _sparse([a.stream for a in args]),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
@@ -263,6 +277,11 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "shapes": shapes,
         "dims": dims,
     }
+
+
+def _either(new: pd.Series, old: pd.Series) -> pd.Series:
+    """The ``External id`` column, else (PyTorch 1.8/1.9's spelling) the ``external id`` one."""
+    return new if not old.notna().any() else new.where(new.notna(), old)
 
 
 def _triple(vals: list) -> tuple[list, int | None]:
@@ -358,6 +377,8 @@ def _scanned(data: bytes) -> dict | None:
     if got is None or got[0] == 0:
         return None
     _, raw, names_u, cats_u, dims_u, odd = got
+    if any(c in OLD_CATEGORIES for c in cats_u):
+        return None  # PyTorch 1.8/1.9's schema: its lower-case ``external id`` is read by the typed path
     for k in ("pid", "tid"):
         rows = [r for c, r, _ in odd if c == k]
         if rows:  # string ids: NA (what ``numeric`` makes of them) unless one reads as a number
