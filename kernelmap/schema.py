@@ -100,6 +100,7 @@ class Library(enum.StrEnum):
     CUBLASLT = "cuBLASLt"
     ONEDNN = "oneDNN"
     BLAS = "BLAS"
+    NCCL = "NCCL"  # collective kernels (NCCL, and AMD's RCCL, which keeps NCCL's kernel names)
     NATIVE = "native"
 
 
@@ -146,7 +147,7 @@ def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) ->
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
-    "add", "reorder", "sum", "mul", "other",
+    "add", "reorder", "sum", "mul", "batch_norm", "collective", "other",
 )
 
 _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,

@@ -21,6 +21,7 @@ from .. import strings
 from ..errors import ParseError
 from ..strings import object_array
 from . import _trace
+from .canonical import is_collective_kernel
 from ._common import (
     GZIP_MAGIC,
     XZ_MAGIC,
@@ -49,6 +50,8 @@ _KIND = {
     # PyTorch 1.8/1.9 (Kineto before the lower-case categories): the same events, other names
     "Operator": "op", "Runtime": "runtime", "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset",
 }
+# annotation categories on a GPU stream's timeline (not host spans; their steps are the GPU's copy)
+DEVICE_ANNOTATION_CATS = ("gpu_user_annotation", "cuda_sync", "cuda_profiler_range", "overhead")
 # the categories of PyTorch 1.8/1.9's Kineto traces (with a lower-case ``external id`` arg)
 OLD_CATEGORIES = ("Operator", "Runtime", "Kernel", "Memcpy", "Memset")
 
@@ -457,13 +460,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "framework": "pytorch",
         "device": "gpu" if is_dev.any() else "cpu",
     }
-    del name_codes, cat_codes
+    del name_codes
     for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
     df = frame(cols, path, SOURCE)
     del cols
-    _trace.label(df, dims, "pytorch")
+    on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
+    _trace.label(df, dims, "pytorch", on_device=on_device)
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
     return finish(df, path, SOURCE)
@@ -502,7 +506,7 @@ NATIVE_KERNEL_MARKS = ("at::native", "mxnet::op::")
 
 
 def kernel_library(df: pd.DataFrame) -> None:
-    """Library of a kernel where it is known: by name (``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
+    """Library of a kernel where it is known: by name (``nccl`` -> NCCL, ``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
     ``NATIVE_KERNEL_MARKS`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
@@ -513,7 +517,8 @@ def kernel_library(df: pd.DataFrame) -> None:
     libs = strings.Vocab(values)
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
-    by_name = np.array([libs.code("cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
+    by_name = np.array([libs.code("NCCL" if is_collective_kernel(n) else
+                                  "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
                                   else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
                         for n in uniq] + [-1], dtype="int64")[codes]
     named = k & (by_name >= 0)
