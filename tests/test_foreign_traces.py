@@ -160,3 +160,17 @@ def test_recompute_is_the_forward_op_in_the_backward_phase():
     assert got["phase"].tolist() == ["backward" if i else "forward" for i in inside]
     bn = df[(df["kind"] == "op") & (df["op_name"] == "aten::batch_norm")]
     assert set(bn["canonical_op"]) == {"batch_norm"} and set(bn["phase"]) == {"forward", "backward"}
+
+
+@pytest.mark.parametrize("name", KINETO)
+def test_rank_and_device_index_from_the_trace(name):
+    """``rank`` is the document's ``distributedInfo.rank`` on every row (NA without one);
+    ``device_index`` of each kernel is its ``args.device`` (Kineto puts device rows in the GPU's
+    process), NA on host rows."""
+    doc = raw(name)
+    df = adapters.read(DATA / name)
+    want = (doc.get("distributedInfo") or {}).get("rank")
+    assert df["rank"].isna().all() if want is None else set(df["rank"]) == {want}
+    k = df[df["kind"] == "kernel"].sort_values("event_id")
+    assert k["device_index"].tolist() == [e["args"]["device"] for e in complete(doc, KERNEL_CATS)]
+    assert df[df["kind"].isin(["op", "runtime"])]["device_index"].isna().all()

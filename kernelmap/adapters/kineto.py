@@ -464,6 +464,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
+    # device rows of a Kineto trace sit in the process of their GPU: pid = device index
+    cols["device_index"] = pd.arrays.IntegerArray(np.where(is_dev, cols["pid"].to_numpy(dtype="int64", na_value=0), 0),
+                                                  ~is_dev | cols["pid"].isna())
+    rank = _rank(path)
+    cols["rank"] = pd.array([rank] * len(idx), dtype="Int64")
     df = frame(cols, path, SOURCE)
     del cols
     on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
@@ -471,6 +476,22 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
     return finish(df, path, SOURCE)
+
+
+def _rank(path) -> int | None:
+    """``distributedInfo.rank`` of the trace document (None where it has none): the document
+    around the ``traceEvents`` array, parsed without the array where its extent is certain."""
+    data = read_bytes(path)
+    try:
+        start, end = trace_events_extent(data, digits=False)
+        doc = parse_json(data[:start] + b"]" + data[end + 1:], path)
+    except NoFastPath:
+        doc = parse_json(data, path)
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if rank is not None and (type(rank) is not int or not -(2**63) <= rank < 2**63):
+        raise ParseError(path, f"distributedInfo.rank {rank!r} is not an integer")
+    return rank
 
 
 def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
