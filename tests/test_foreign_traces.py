@@ -15,7 +15,7 @@ from kernelmap import adapters
 
 DATA = Path(__file__).parent / "data" / "foreign"
 KINETO = ["hta_pt19_inference_rank1.json.gz", "hta_mi250_train_rocm62.json.gz", "hta_ddp_nccl_step5.json.gz",
-          "cpu_checkpoint_recompute.json.gz"]
+          "cpu_checkpoint_recompute.json.gz", "tracelens_h100_bert_inference.json.gz"]
 KERNEL_CATS = {"kernel", "Kernel"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
 OP_CATS = {"cpu_op", "Operator"}

@@ -2,6 +2,7 @@
 
     python tests/data/foreign/make_fixtures.py HTA_CHECKOUT_DIR     # the public traces, trimmed
     python tests/data/foreign/make_fixtures.py --cpu-checkpoint     # the CPU recompute trace (torch)
+    python tests/data/foreign/make_fixtures.py --tracelens TRACELENS_CHECKOUT_DIR
 
 Trimming keeps whole steps: the chosen ``ProfilerStep#N`` (its CPU span), every host event that
 starts inside it, the device events launched from it (their ``correlation``), the GPU copy of the
@@ -61,6 +62,12 @@ HTA = [  # (source path in facebookresearch/HolisticTraceAnalysis, fixture, step
 ]
 
 
+TRACELENS = [  # (source path in AMD-AGI/TraceLens, fixture); the top-level "metadata" object is dropped:
+    # it holds the capturing machine's environment variables (one of them a token)
+    ("tests/traces/h100/gaunernst_bert-small-uncased__1016001.json.gz", "tracelens_h100_bert_inference.json.gz"),
+]
+
+
 def cpu_checkpoint(out: Path) -> None:
     """A real CPU run: a small conv net with non-reentrant activation checkpointing, 2 profiled steps."""
     import torch
@@ -93,6 +100,12 @@ def cpu_checkpoint(out: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--cpu-checkpoint"]:
         cpu_checkpoint(HERE / "cpu_checkpoint_recompute.json.gz")
+    elif sys.argv[1] == "--tracelens":
+        src = Path(sys.argv[2])
+        for rel, name in TRACELENS:
+            doc = load(src / rel)
+            doc.pop("metadata", None)
+            dump(doc, HERE / name)
     else:
         src = Path(sys.argv[1])
         for rel, name, step in HTA:
