@@ -161,9 +161,9 @@ def analyse(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             })
         ks = kf[kf["iteration"].notna()] if its else kf
         total = ks["dur_ns"].sum()
-        for what, keys, out in (("op", ["launcher", "canonical_op", "direction"], by_op),
-                                ("kernel", ["kernel_name", "library", "canonical_op"], by_kernel),
-                                ("library", ["library"], mix)):
+        for keys, out in ((["launcher", "canonical_op", "direction"], by_op),
+                          (["kernel_name", "library", "canonical_op"], by_kernel),
+                          (["library"], mix)):
             g = ks.assign(**{c: ks[c].astype(object).where(ks[c].notna(), "–") for c in keys}) \
                 .groupby(keys, sort=False)["dur_ns"].agg(["size", "sum"]).reset_index()
             g = g.sort_values("sum", ascending=False, kind="stable")

@@ -8,7 +8,6 @@ import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kernelmap import adapters

@@ -21,7 +21,6 @@ from .. import strings
 from ..errors import ParseError
 from ..strings import object_array
 from . import _trace
-from .canonical import is_collective_kernel
 from ._common import (
     GZIP_MAGIC,
     XZ_MAGIC,
@@ -41,6 +40,7 @@ from ._common import (
     trace_event_chunks,
     trace_events_extent,
 )
+from .canonical import is_collective_kernel
 
 SOURCE = "kineto"
 _KIND = {
