@@ -201,3 +201,23 @@ def test_xprof_trace_kernels_only_from_stream_lines():
     assert k["start_ns"].tolist() == [ns(e["ts"]) for e in streams]
     assert k["device_index"].tolist() == [int(proc[e["pid"]].rsplit(":", 1)[1]) for e in streams]
     assert sorted(df["start_ns"].tolist()) == sorted(ns(e["ts"]) for e in complete(doc))
+
+
+def test_unsupported_accelerator_is_refused(tmp_path):
+    """A Kineto trace of an accelerator kernelmap does not read (Meta's MTIA: ``mtia_ccp_events``,
+    ``mtia_runtime``) is refused naming the file, the categories and how many events, on the CLI with
+    a non-zero exit and no output file (before: read as a CPU trace, its device events annotations)."""
+    import subprocess
+    import sys
+
+    from kernelmap.errors import ParseError
+
+    name = "hta_mtia_inference_head.json.gz"
+    n = sum(e.get("cat", "").startswith("mtia_") for e in complete(raw(name)))
+    assert n > 0
+    with pytest.raises(ParseError, match=f"{n} events of categories mtia_"):
+        adapters.read(DATA / name)
+    out = tmp_path / "r.parquet"
+    r = subprocess.run([sys.executable, "-m", "kernelmap.cli", "normalise", str(DATA / name), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and name in r.stderr and "mtia_" in r.stderr and not out.exists()

@@ -52,6 +52,9 @@ _KIND = {
 }
 # annotation categories on a GPU stream's timeline (not host spans; their steps are the GPU's copy)
 DEVICE_ANNOTATION_CATS = ("gpu_user_annotation", "cuda_sync", "cuda_profiler_range", "overhead")
+# device activity of accelerators whose events kernelmap does not read (MTIA, PyTorch's privateuse1
+# backends, Intel XPU, Gaudi): a trace with them is refused, not read as a trace without kernels
+UNSUPPORTED_DEVICE_PREFIXES = ("mtia_", "privateuse1_", "xpu_", "hpu_")
 # the categories of PyTorch 1.8/1.9's Kineto traces (with a lower-case ``external id`` arg)
 OLD_CATEGORIES = ("Operator", "Runtime", "Kernel", "Memcpy", "Memset")
 
@@ -445,6 +448,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
     name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
     cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
+    odd = [k for k in cats_u if isinstance(k, str) and k.startswith(UNSUPPORTED_DEVICE_PREFIXES)]
+    if odd:
+        n = int(np.isin(cat_codes, [cats_u.index(k) for k in odd]).sum())
+        raise ParseError(path, f"unsupported device events: {n} events of categories {', '.join(odd)} "
+                               "(an accelerator whose activity kernelmap does not read: MTIA, privateuse1, XPU, HPU)")
     # kinds as codes into their few values: one per category, "step" for the step annotations
     kinds = strings.Vocab()
     kind_of_cat = np.array([kinds.code(_KIND.get(k, "annotation")) for k in cats_u] or [0])

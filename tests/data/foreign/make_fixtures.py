@@ -55,10 +55,19 @@ def trim_to_step(doc: dict, step: int) -> dict:
     return {**doc, "traceEvents": [e for e in ev if id(e) in keep]}
 
 
+def trim_head(doc: dict, device_cat: str, n: int) -> dict:
+    """A trace without steps: every event that starts before its ``n``-th event of ``device_cat``
+    (and all metadata)."""
+    ev = doc["traceEvents"]
+    t1 = sorted(e["ts"] for e in ev if e.get("ph") == "X" and e.get("cat") == device_cat)[n]
+    return {**doc, "traceEvents": [e for e in ev if e.get("ph") == "M" or ("ts" in e and e["ts"] < t1)]}
+
+
 HTA = [  # (source path in facebookresearch/HolisticTraceAnalysis, fixture, step to keep or None: whole)
     ("tests/data/trace_file_list/inference_rank_1.json.gz", "hta_pt19_inference_rank1.json.gz", None),
     ("tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "hta_mi250_train_rocm62.json.gz", None),
     ("tests/data/nccl_parser_config/nccl_data.json.gz", "hta_ddp_nccl_step5.json.gz", 5),
+    ("tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz", "hta_mtia_inference_head.json.gz", "mtia"),
 ]
 
 
@@ -110,4 +119,5 @@ if __name__ == "__main__":
         src = Path(sys.argv[1])
         for rel, name, step in HTA:
             doc = load(src / rel)
-            dump(doc if step is None else trim_to_step(doc, step), HERE / name)
+            doc = doc if step is None else trim_head(doc, "mtia_ccp_events", 60) if step == "mtia" else trim_to_step(doc, step)
+            dump(doc, HERE / name)
