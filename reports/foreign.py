@@ -47,7 +47,8 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
             if not found:
-                raise KernelmapError(f"{p}: no trace files (*.json[.gz], *.sqlite[.gz], *.nsys-rep) in this directory")
+                raise KernelmapError(f"{p}: neither a kernelmap run directory (no manifest.json) nor a directory of "
+                                     "trace files (*.json[.gz], *.sqlite[.gz], *.nsys-rep)")
             out += found
         elif p.is_file():
             out.append(p)

@@ -94,5 +94,5 @@ def test_cli_report_on_traces_and_refusals(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kernelmap.cli", "report", str(d), "-o", str(tmp_path / "out2")],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "bad.json" in r.stderr and not (tmp_path / "out2").exists()
-    with pytest.raises(KernelmapError, match="no trace files"):
+    with pytest.raises(KernelmapError, match="nor a directory of trace files"):
         foreign.trace_files([tmp_path / "out" / "tables"])
