@@ -246,5 +246,10 @@ def build(paths: list[str], out: Path, replace: bool = False) -> Path:
     return Path(out)
 
 
+RUN_MARKERS = ("manifest.json", "results.json", "records.parquet", "attribution.json")
+
+
 def is_run_dir(path: str | Path) -> bool:
-    return (Path(path) / "manifest.json").is_file()
+    """A kernelmap run directory, complete or not (one of its own files is there): the run's
+    report, which says what is missing, not a page of the traces inside it."""
+    return any((Path(path) / m).is_file() for m in RUN_MARKERS)
