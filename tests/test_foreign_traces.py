@@ -8,6 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kernelmap import adapters
@@ -221,3 +222,17 @@ def test_unsupported_accelerator_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kernelmap.cli", "normalise", str(DATA / name), "-o", str(out)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and name in r.stderr and "mtia_" in r.stderr and not out.exists()
+
+
+def test_region_index_finds_the_latest_starting_region_that_contains():
+    """``canonical.region_index``: a later-starting region that has already ended does not hide an
+    earlier one that still holds the time (a CPU step and the shorter GPU copy that starts inside
+    it); nested regions give the innermost; ties in start: the last given; none: -1."""
+    from kernelmap.adapters.canonical import region_index
+
+    rs = np.array([0, 10, 200, 200, 300], dtype="int64")
+    re_ = np.array([100, 20, 250, 260, 300], dtype="int64")  # the last one is empty
+    t = np.array([-1, 0, 5, 15, 20, 50, 99, 100, 210, 255, 300], dtype="int64")
+    assert region_index(t, rs, re_).tolist() == [-1, 0, 0, 1, 0, 0, 0, -1, 3, 3, -1]
+    order = np.array([4, 2, 0, 3, 1])  # given in another order: the same regions found
+    assert order[region_index(t, rs[order], re_[order])].tolist()[1:7] == [0, 0, 1, 0, 0, 0]
