@@ -387,6 +387,10 @@ def test_native_scan_reads_numbers_as_python_does():
     want = _common.ns_from_text([t.encode() for t in texts + wide])
     assert want[texts.index("1763912345678.123")] == 1763912345678123  # float64 * 1000: ...122.9999
     assert list(want[-3:]) == [9007199254740993000, 9007199254740992500, 4503599627370497500]
+    import decimal  # the decimal text times 1000, rounded half to even: what Decimal says
+
+    exact = [int((decimal.Decimal(t) * 1000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN)) for t in texts + wide]
+    assert want.tolist() == exact
     for col in ("ts", "dur"):
         np.testing.assert_array_equal(np.frombuffer(got[1][col], dtype="int64"), want)
     for big in ("1e22", "123456789012345678.9", "-9223372036854776.0"):  # nanoseconds beyond int64

@@ -364,11 +364,28 @@ def ns_from_text(texts: list) -> np.ndarray:
         if b.isdigit() and len(b) < 16:
             out[i] = int(b) * 1000
             continue
-        x = _ns_exact(b)
+        x = _ns_plain(b)
+        if x is None:
+            x = _ns_exact(b)
         if not -(2**63) < x < 2**63:
             raise ValueError("value out of range")
         out[i] = x
     return out
+
+
+def _ns_plain(b: bytes) -> int | None:
+    """``_ns_exact`` of a plain decimal text (``-?digits[.digits]``) by integer arithmetic; None for
+    any other (an exponent: the Decimal path)."""
+    neg = b[:1] == b"-"
+    i, dot, f = (b[1:] if neg else b).partition(b".")
+    if not i.isdigit() or (dot and not f.isdigit()):
+        return None
+    v = int(i) * 1000 + (int(f[:3].ljust(3, b"0")) if f else 0)
+    rest = f[3:].rstrip(b"0")
+    if rest:  # below a nanosecond: round half to even
+        if rest[0] > 0x35 or (rest[0] == 0x35 and len(rest) > 1) or (rest == b"5" and v & 1):
+            v += 1
+    return -v if neg else v
 
 
 def parse_exact(data: bytes, path: str | os.PathLike):
