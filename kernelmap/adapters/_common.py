@@ -317,7 +317,9 @@ def ns_from_us(values) -> np.ndarray:
                 raise ValueError("value out of range")
             x = int(np.rint(v * 1000.0))
         else:
-            x = _ns_exact(v)
+            x = _ns_plain(str(v).encode()) if type(v) is _Decimal else None  # its text, as read
+            if x is None:
+                x = _ns_exact(v)
         if not -(2**63) < x < 2**63:
             raise ValueError("value out of range")
         out[i] = x
@@ -330,6 +332,7 @@ def _floats_hold(vals: list) -> bool:
 
 
 _NS_CONTEXT = None
+_Decimal = __import__("decimal").Decimal
 
 
 def _ns_exact(v) -> int:

@@ -93,7 +93,7 @@ def _trace_events(doc, path) -> list:
     return doc["traceEvents"]
 
 
-def _chunks(path: str | os.PathLike) -> list[dict]:
+def _chunks(path: str | os.PathLike, read: dict | None = None) -> list[dict]:
     """Columns of the complete events, one dict per chunk of the ``traceEvents`` array (see
     ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
     scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
@@ -102,6 +102,8 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
     if scanned is not None:
         return [scanned]
     data = read_bytes(path)
+    if read is not None:
+        read["data"] = data  # the document's other members are read from it (_rank), not a second read
     scanned = None if tried else _scanned(data)  # a compressed file's content
     if scanned is not None:
         return [scanned]
@@ -444,7 +446,8 @@ def _joined(parts: list[dict]) -> dict:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    c = _coded(_joined(_chunks(path)))
+    read_once: dict = {}
+    c = _coded(_joined(_chunks(path, read_once)))
     idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
     name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
     cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
@@ -475,7 +478,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     # device rows of a Kineto trace sit in the process of their GPU: pid = device index
     cols["device_index"] = pd.arrays.IntegerArray(np.where(is_dev, cols["pid"].to_numpy(dtype="int64", na_value=0), 0),
                                                   ~is_dev | cols["pid"].isna())
-    rank = _rank(path)
+    rank = _rank(path, read_once.pop("data", None))
     cols["rank"] = pd.array([rank] * len(idx), dtype="Int64")
     df = frame(cols, path, SOURCE)
     del cols
@@ -486,10 +489,12 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     return finish(df, path, SOURCE)
 
 
-def _rank(path) -> int | None:
+def _rank(path, data: bytes | None = None) -> int | None:
     """``distributedInfo.rank`` of the trace document (None where it has none): the document
-    around the ``traceEvents`` array, parsed without the array where its extent is certain."""
-    data = read_bytes(path)
+    around the ``traceEvents`` array, parsed without the array where its extent is certain
+    (``data``: the file's content where it was read already)."""
+    if data is None:
+        data = read_bytes(path)
     try:
         start, end = trace_events_extent(data, digits=False)
         doc = parse_json(data[:start] + b"]" + data[end + 1:], path)
