@@ -63,7 +63,13 @@ COLUMNS: dict[str, str] = {
     "bytes": "Int64",  # memcpy/memset size
     "pid": "Int64",
     "tid": "Int64",
+    "rank": "Int64",  # distributed rank, from the trace's metadata (Kineto distributedInfo.rank)
+    "device_index": "Int64",  # the GPU's index, for device rows (Kineto: the device process id; nsys: deviceId)
 }
+
+# columns added at the end within v2; a file without them reads with them NA
+ADDED_COLUMNS = ("rank", "device_index")
+
 
 class Kind(enum.StrEnum):
     OP = "op"
@@ -100,6 +106,7 @@ class Library(enum.StrEnum):
     CUBLASLT = "cuBLASLt"
     ONEDNN = "oneDNN"
     BLAS = "BLAS"
+    NCCL = "NCCL"  # collective kernels (NCCL, and AMD's RCCL, which keeps NCCL's kernel names)
     NATIVE = "native"
 
 
@@ -146,7 +153,7 @@ def phase_series(direction: pd.Series, canonical_op: pd.Series | None = None) ->
 CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
-    "add", "reorder", "sum", "mul", "other",
+    "add", "reorder", "sum", "mul", "batch_norm", "collective", "other",
 )
 
 _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,
@@ -162,7 +169,7 @@ DTYPES = {col: STRING if t == "string" else t for col, t in COLUMNS.items()}
 # (``compact_records``): labelling reads them only as int64 numbers (threads, sequence numbers),
 # and nothing in normalise sums, offsets or writes into them after they are built.
 NARROW_INTS = ("batch_size", "stream", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-               "pid", "tid", "seq", "bytes", "flops")
+               "pid", "tid", "seq", "bytes", "flops", "rank", "device_index")
 _COMPACT = contextvars.ContextVar("kernelmap_compact_records", default=False)
 
 
@@ -476,6 +483,9 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
         df = table.to_pandas()
     except Exception as exc:  # pandas metadata that disagrees with the columns (pyarrow and pandas errors)
         raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
+    if list(df.columns) == list(COLUMNS)[:-len(ADDED_COLUMNS)]:  # a file from before rank/device_index
+        for c in ADDED_COLUMNS:
+            df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
     try:
         df = df.astype(DTYPES) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:

@@ -93,7 +93,9 @@ TABLES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (kernelmap run [+ normalise])")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run directories (kernelmap run [+ normalise]); or trace files / directories of traces "
+                             "that are not a kernelmap run (any format the adapters read): a page per step (reports/foreign.py)")
     parser.add_argument("-o", "--out", required=True, metavar="DIR", help="report directory to create")
     parser.add_argument("--replace", action="store_true", help="replace DIR if it exists")
     parser.add_argument("--storage", metavar="DIR", help="pytest-benchmark storage: add the step-time trend")
@@ -477,6 +479,16 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
 
 
 def main(args: argparse.Namespace) -> int:
+    from . import foreign
+
+    runs = [foreign.is_run_dir(p) for p in args.run_dirs]
+    if not any(runs):  # other people's traces: their own page
+        out = foreign.build(args.run_dirs, Path(args.out), replace=args.replace)
+        print(f"wrote {out / 'report.html'}")
+        return 0
+    if not all(runs):
+        raise KernelmapError("give either kernelmap run directories or trace files, not both: "
+                             + ", ".join(p for p, r in zip(args.run_dirs, runs, strict=True) if not r) + " is not a run directory")
     out, checks = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
                         all_iterations=args.all_iterations)
     print(f"wrote {out / 'report.html'}")

@@ -204,7 +204,6 @@ _KINETO_VARIANTS = [
        "dur": 1e-3, "args": {"Sequence number": -0, "stream": 1.0e2}}], True),
     ([{"ph": "X", "cat": "cpu_op", "name": "x", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 9.999999999999999e14,
        "dur": 0.1, "args": {"grid": [], "block": "x", "bytes": None}}], True),
-    ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": True, "dur": 1}], True),
     ([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 8, "dur": 1, "args": {"stream": True}}], True),
     ([{"ph": "i", "cat": 3, "name": 4, "args": {"grid": [1], "stream": [], "Input Dims": {}}}], True),
 ]
@@ -233,6 +232,24 @@ def test_kineto_typed_path_is_the_general_path(tmp_path, monkeypatch, extra, typ
     pd.testing.assert_frame_equal(native, fast, check_exact=True)
     monkeypatch.setattr(kineto, "_typed", None)
     pd.testing.assert_frame_equal(read(f), fast, check_exact=True)
+
+
+@pytest.mark.parametrize("ts", ["true", '"12"', "null"])
+def test_kineto_ts_not_a_number_is_refused(tmp_path, monkeypatch, ts):
+    """A ts that is not a JSON number (a bool, a string, null) is a ParseError on every path (a
+    float path used to read ``true`` as 1 us)."""
+    from kernelmap.adapters import kineto
+    from kernelmap.errors import ParseError
+
+    f = tmp_path / "t.json"
+    f.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, '
+                 f'"tid": 7, "ts": {ts}, "dur": 1}}]}}')
+    for attr in ("_scan", "_typed"):
+        with pytest.raises(ParseError, match="ts"):
+            read(f)
+        monkeypatch.setattr(kineto, attr, None)
+    with pytest.raises(ParseError, match="ts"):
+        read(f)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -344,9 +361,10 @@ def _scan(data, start, end, *how):
 def test_native_scan_reads_numbers_as_python_does():
     """Decimals of up to 19 significant digits (Kineto's ts: 13 digits of microseconds and 3 of
     nanoseconds) read by the scanner's fast path or strtod are Python's floats, bit for bit (as
-    ``External id``, kept as float64); ts and dur become Python's ``ns_from_us`` of them; a ts
-    whose nanoseconds int64 cannot hold makes the scanner decline the file (the typed path, which
-    raises, then reads it)."""
+    ``External id``, kept as float64); ts and dur become the exact nanoseconds of their text
+    (``ns_from_text``: the decimal times 1000, rounded half to even; not a float's rounding, which
+    misses by up to 128 ns at epoch microseconds); a ts whose nanoseconds int64 cannot hold makes
+    the scanner decline the file (the typed path, which raises, then reads it)."""
     from kernelmap.adapters import kineto
 
     if kineto._scan is None:
@@ -366,7 +384,13 @@ def test_native_scan_reads_numbers_as_python_does():
     assert got is not None and got[0] == len(texts) + len(wide)
     ext = np.frombuffer(got[1]["ext"], dtype="float64")[:len(texts)]
     assert ext.tobytes() == np.array([float(t) for t in texts]).tobytes()
-    want = _common.ns_from_us([float(t) for t in texts + wide])
+    want = _common.ns_from_text([t.encode() for t in texts + wide])
+    assert want[texts.index("1763912345678.123")] == 1763912345678123  # float64 * 1000: ...122.9999
+    assert list(want[-3:]) == [9007199254740993000, 9007199254740992500, 4503599627370497500]
+    import decimal  # the decimal text times 1000, rounded half to even: what Decimal says
+
+    exact = [int((decimal.Decimal(t) * 1000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN)) for t in texts + wide]
+    assert want.tolist() == exact
     for col in ("ts", "dur"):
         np.testing.assert_array_equal(np.frombuffer(got[1][col], dtype="int64"), want)
     for big in ("1e22", "123456789012345678.9", "-9223372036854776.0"):  # nanoseconds beyond int64

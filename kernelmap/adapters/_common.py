@@ -203,7 +203,8 @@ def compact_json(values: list) -> list:
     ints, the usual ``Input Dims``), which is exactly what stdlib writes for those."""
     import json
 
-    enc = json.JSONEncoder(separators=(",", ":")).encode
+    # a Decimal (a number read with its text, ``parse_exact``) as the float orjson would have read
+    enc = json.JSONEncoder(separators=(",", ":"), default=_decimal_as_float).encode
     if _orjson is None:
         return [enc(v) if v is not None else None for v in values]
     dumps, out = _orjson.dumps, []
@@ -217,6 +218,14 @@ def compact_json(values: list) -> list:
             b = b"x"
         out.append(b.decode() if not b.translate(None, b"0123456789-[],") else enc(v))
     return out
+
+
+def _decimal_as_float(o):
+    import decimal
+
+    if isinstance(o, decimal.Decimal):
+        return float(o)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")  # every digit -> "0"
@@ -282,12 +291,126 @@ def finish(cols: dict | pd.DataFrame, path: str | os.PathLike, source: str) -> p
 
 
 def ns_from_us(values) -> np.ndarray:
-    """Microsecond floats (Chrome trace ``ts``/``dur``) to integer nanoseconds; ValueError for
-    values that are not finite or do not fit int64 nanoseconds."""
-    ns = np.rint(np.asarray(values, dtype="float64") * 1000.0)
-    if len(ns) and not (np.isfinite(ns).all() and np.abs(ns).max() < 2**63):
+    """Microseconds (Chrome trace ``ts``/``dur``) to integer nanoseconds, exactly for what the JSON
+    text holds where the value still says it: an int is ``v * 1000``, a ``Decimal`` (a number read
+    with its text, ``parse_exact``) or a JSON number's text (bytes) is ``v * 1000`` rounded
+    half to even (``ns_from_text``); a float is ``rint(v * 1000)`` (its text is gone: a float64
+    holds ~16 digits, and 1.7e15 us is already 16). ValueError for values that are not finite or
+    do not fit int64 nanoseconds."""
+    vals = values if isinstance(values, list) else list(values)
+    types = set(map(type, vals))
+    if types <= {float} or (types <= {int, float} and float in types and _floats_hold(vals)):
+        ns = np.rint(np.asarray(vals, dtype="float64") * 1000.0)
+        if len(ns) and not (np.isfinite(ns).all() and np.abs(ns).max() < 2**63):
+            raise ValueError("value out of range")
+        return ns.astype("int64")
+    if types == {int}:
+        a = np.asarray(vals, dtype="object" if any(abs(v) >= 2**62 for v in vals) else "int64")
+        if a.dtype == "int64" and np.abs(a).max() < 2**63 // 1000:
+            return a * 1000
+    out = np.empty(len(vals), dtype="int64")
+    for i, v in enumerate(vals):
+        if type(v) is int:
+            x = v * 1000
+        elif type(v) is float:
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueError("value out of range")
+            x = int(np.rint(v * 1000.0))
+        else:
+            x = _ns_plain(str(v).encode()) if type(v) is _Decimal else None  # its text, as read
+            if x is None:
+                x = _ns_exact(v)
+        if not -(2**63) < x < 2**63:
+            raise ValueError("value out of range")
+        out[i] = x
+    return out
+
+
+def _floats_hold(vals: list) -> bool:
+    """Whether every int among ``vals`` is one a float64 times 1000 gives exactly (|v| < 2**43)."""
+    return all(abs(v) < 2**43 for v in vals if type(v) is int)
+
+
+_NS_CONTEXT = None
+_Decimal = __import__("decimal").Decimal
+
+
+def _ns_exact(v) -> int:
+    """``v`` microseconds (a Decimal, or a JSON number's text as bytes) as nanoseconds, rounded half
+    to even; ValueError for anything else (a bool, a str: a JSON string is not a time)."""
+    import decimal
+
+    global _NS_CONTEXT
+    if _NS_CONTEXT is None:
+        _NS_CONTEXT = decimal.Context(prec=80, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation])
+    if isinstance(v, bytes | bytearray | memoryview):  # a JSON number's text (not a JSON string)
+        v = bytes(v).decode("ascii", "replace")
+        if not _JSON_NUMBER.fullmatch(v):
+            raise ValueError(f"not a JSON number: {v[:40]!r}")
+        v = decimal.Decimal(v)
+    if not isinstance(v, decimal.Decimal) or not v.is_finite():
+        raise ValueError(f"not a number: {v!r}")
+    if v.adjusted() > 22:
         raise ValueError("value out of range")
-    return ns.astype("int64")
+    return int((v.scaleb(3, _NS_CONTEXT)).to_integral_value(rounding=decimal.ROUND_HALF_EVEN, context=_NS_CONTEXT))
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+def ns_from_text(texts: list) -> np.ndarray:
+    """``ns_from_us`` of JSON number texts (bytes): the exact decimal times 1000, rounded half to
+    even; an integer text (the usual Kineto ``dur``, an old trace's ``ts``) by int arithmetic."""
+    out = np.empty(len(texts), dtype="int64")
+    for i, t in enumerate(texts):
+        b = bytes(t)
+        if b.isdigit() and len(b) < 16:
+            out[i] = int(b) * 1000
+            continue
+        x = _ns_plain(b)
+        if x is None:
+            x = _ns_exact(b)
+        if not -(2**63) < x < 2**63:
+            raise ValueError("value out of range")
+        out[i] = x
+    return out
+
+
+def _ns_plain(b: bytes) -> int | None:
+    """``_ns_exact`` of a plain decimal text (``-?digits[.digits]``) by integer arithmetic; None for
+    any other (an exponent: the Decimal path)."""
+    neg = b[:1] == b"-"
+    i, dot, f = (b[1:] if neg else b).partition(b".")
+    if not i.isdigit() or (dot and not f.isdigit()):
+        return None
+    v = int(i) * 1000 + (int(f[:3].ljust(3, b"0")) if f else 0)
+    rest = f[3:].rstrip(b"0")
+    if rest:  # below a nanosecond: round half to even
+        if rest[0] > 0x35 or (rest[0] == 0x35 and len(rest) > 1) or (rest == b"5" and v & 1):
+            v += 1
+    return -v if neg else v
+
+
+def parse_exact(data: bytes, path: str | os.PathLike):
+    """``parse_json`` with every non-integer number read as a ``decimal.Decimal`` of its text (the
+    general path of a Chrome trace, whose ``ts``/``dur`` are decimal microseconds)."""
+    import decimal
+
+    try:
+        return json.loads(data, parse_float=decimal.Decimal)
+    except json.JSONDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"invalid JSON: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ParseError(path, "invalid JSON: nested too deeply") from None
+
+
+def loads_exact(b: bytes):
+    """A chunk of a Chrome trace's events with non-integer numbers as ``Decimal`` (``parse_exact``)."""
+    import decimal
+
+    return json.loads(b, parse_float=decimal.Decimal)
 
 
 _PLAIN = frozenset({int, float, type(None)})

@@ -18,7 +18,7 @@
 
    Result: (n, cols, names, cats, dims, odd) where cols maps a column name to a Block, its array
    in memory handed over without a copy (int64 idx; int32 name, cat, dims codes; int64 ts and dur
-   in nanoseconds; float64 ext, NaN for missing/null; int64 the rest, each beside "<name>_na", a
+   in nanoseconds, exactly the decimal text times 1000 rounded half to even (ns_of_number); float64 ext, NaN for missing/null; int64 the rest, each beside "<name>_na", a
    bool mask of its missing/null rows), names the distinct names (str), cats the distinct
    categories (cats[0] is None), dims the distinct raw "Input Dims" texts (bytes), odd a list of
    (column, row, str) for string pid/tid values. */
@@ -407,6 +407,53 @@ static int scan_number(S *s, double *d, int *isint, int *big) {
     return 0;
 }
 
+/* the JSON number text [b, p) of microseconds as int64 nanoseconds: the exact decimal times 1000,
+   rounded half to even (_common.ns_from_text); -1 where it is not read here (more than 19
+   significant digits, nanoseconds beyond int64): the caller then declines the file */
+static int ns_of_number(const char *b, const char *p, int64_t *out) {
+    static const uint64_t P10[] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+        100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+        100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL,
+        1000000000000000000ULL, 10000000000000000000ULL};
+    const char *q = b;
+    int neg = 0, digits = 0, exp10 = 0;
+    uint64_t m = 0, v;
+    if (q < p && *q == '-') { neg = 1; q++; }
+    for (; q < p && *q >= '0' && *q <= '9'; q++) {
+        if (m || *q != '0') digits++;
+        if (digits > 19) return -1;
+        m = m * 10 + (uint64_t)(*q - '0');
+    }
+    if (q < p && *q == '.')
+        for (q++; q < p && *q >= '0' && *q <= '9'; q++) {
+            if (m || *q != '0') digits++;
+            if (digits > 19) return -1;
+            m = m * 10 + (uint64_t)(*q - '0');
+            exp10--;
+        }
+    if (q < p && (*q == 'e' || *q == 'E')) {
+        int eneg = 0, ev = 0;
+        q++;
+        if (q < p && (*q == '+' || *q == '-')) { eneg = *q == '-'; q++; }
+        for (; q < p; q++) { if (ev < 100000) ev = ev * 10 + (*q - '0'); }
+        exp10 += eneg ? -ev : ev;
+    }
+    int k = exp10 + 3;
+    if (m == 0) v = 0;
+    else if (k >= 0) {
+        if (k > 18 || m > (uint64_t)INT64_MAX / P10[k]) return -1;
+        v = m * P10[k];
+    } else if (-k > 19) v = 0;  /* m < 10**19 <= 10**-k / 10: under a tenth of a nanosecond */
+    else {
+        uint64_t pw = P10[-k], r = m % pw;
+        v = m / pw;
+        if (r > pw - r || (r == pw - r && (v & 1))) v++;
+    }
+    if (v > (uint64_t)INT64_MAX) return -1;
+    *out = neg ? -(int64_t)v : (int64_t)v;
+    return 0;
+}
+
 static int skip_value(S *s, int depth);
 
 
@@ -575,7 +622,9 @@ static int event(S *s, Out *o, int64_t idx) {
     const char *name_a = NULL, *cat_a = NULL, *pid_p = NULL, *tid_p = NULL;
     Py_ssize_t name_n = 0, cat_n = 0;
     int name_esc = 0, cat_esc = 0;
-    double ts = NAN, dur = 0.0, pid = NAN, tid = NAN;
+    double pid = NAN, tid = NAN;
+    int64_t ts = 0, dur = 0;
+    int ns_ok = 1;  /* ts and dur read exactly as nanoseconds */
     double a_num[5] = {NAN, NAN, NAN, NAN, NAN};  /* correlation, ext, seq, stream, bytes */
     double grid[3] = {NAN, NAN, NAN}, block[3] = {NAN, NAN, NAN};
     const char *dims_a = NULL;
@@ -615,15 +664,16 @@ static int event(S *s, Out *o, int64_t idx) {
                 break;
             case 3: case 4: {
                 /* checked for complete events only: any value parses here */
-                double d; int isint, big;
+                int64_t ns = 0;
                 if (*v == '-' || (*v >= '0' && *v <= '9')) {
-                    if (scan_number(s, &d, &isint, &big)) return -1;
-                    if (big) d = NAN;  /* not read here: NaN sends a complete event back */
+                    const char *b0 = s->p;
+                    if (skip_number(s)) return -1;
+                    if (ns_of_number(b0, s->p, &ns)) ns_ok = 0;  /* not read here: sends a complete event back */
                 } else {
                     if (skip_value(s, 1)) return -1;
-                    d = NAN;
+                    ns_ok = 0;
                 }
-                if (f == 3) { ts = d; have_ts = 1; } else dur = d;
+                if (f == 3) { ts = ns; have_ts = 1; } else dur = ns;
                 break;
             }
             case 5: pid_p = v; if (skip_value(s, 1)) return -1; break;
@@ -675,7 +725,7 @@ static int event(S *s, Out *o, int64_t idx) {
     }
     if (!is_x) return 0;
     if (!have_name || !name_str || !have_ts || cat_kind == V_OTHER) return -1;
-    if (!isfinite(ts) || !isfinite(dur)) return -1;
+    if (!ns_ok) return -1;
     if (seen >> 16) return -1;  /* an arg value not read here */
     int64_t row = (int64_t)(o->col[C_IDX].n / 8);
     int is_str;
@@ -695,7 +745,8 @@ static int event(S *s, Out *o, int64_t idx) {
         if (did < 0) return -1;
     }
     double vals[NCOL];
-    vals[C_TS] = ts; vals[C_DUR] = dur; vals[C_PID] = pid; vals[C_TID] = tid;
+    memcpy(&vals[C_TS], &ts, 8); memcpy(&vals[C_DUR], &dur, 8);  /* int64 nanoseconds, kept as they are */
+    vals[C_PID] = pid; vals[C_TID] = tid;
     for (int g = 0; g < 5; g++) vals[C_CORR + g] = a_num[g];
     for (int g = 0; g < 3; g++) { vals[C_GX + g] = grid[g]; vals[C_BX + g] = block[g]; }
     if (buf_put(&o->col[C_IDX], &idx, 8) || buf_put(&o->col[C_NAME], &nid, 4) || buf_put(&o->col[C_CAT], &cid, 4)
@@ -879,14 +930,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (c == C_EXT) continue;
         const double *d = (const double *)a.col[c].p;
         int64_t *v = (int64_t *)a.col[c].p;  /* the same memory: row i is read before it is written */
-        if (c == C_TS || c == C_DUR) {
-            for (Py_ssize_t i = 0; i < rows; i++) {
-                double x = rint(d[i] * 1000.0);
-                if (!(fabs(x) < 9223372036854775808.0)) { bad = 1; break; }
-                v[i] = (int64_t)x;
-            }
-            continue;
-        }
+        if (c == C_TS || c == C_DUR) continue;  /* already int64 nanoseconds (ns_of_number) */
         char *m = mask[c] = malloc(rows ? rows : 1);
         if (!m) { bad = 2; break; }
         for (Py_ssize_t i = 0; i < rows; i++) {

@@ -17,8 +17,14 @@ LABEL_INPUTS = ("kind", "op_name", "start_ns", "dur_ns", "tid", "seq", "correlat
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
-def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
+def label(df: pd.DataFrame, dims: list | None, framework: str,
+          on_device: np.ndarray | None = None) -> pd.DataFrame:
     """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
+
+    ``on_device`` (optional, per row): annotation and step rows that lie on a GPU stream's clock
+    (Kineto's ``gpu_user_annotation`` copy of each ``ProfilerStep#N``, ``cuda_sync``...): they are
+    not host spans (no nesting); a device step gives the iteration of device rows without a launch
+    only, every other row takes its step from the host's step regions.
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
@@ -52,7 +58,9 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
             is_step_u[c], st_u[c] = st is not None, st or 0
     rmask = ann & (ph_u[name_codes] >= 0)
     smask = ann & is_step_u[name_codes]
-    host = is_kind(*HOST_KINDS) & ~(rmask | smask)
+    dev_ann = np.zeros(n, dtype=bool) if on_device is None else (np.asarray(on_device, dtype=bool) & ann)
+    rmask &= ~dev_ann
+    host = is_kind(*HOST_KINDS) & ~(rmask | smask) & ~dev_ann
     hidx = np.flatnonzero(host)
     tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
 
@@ -65,13 +73,18 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     is_op = is_kind("op")
     # nesting of host spans per thread, resolved over host rows only (local indices): the outermost
     # mapped span above each (its top) and the nearest enclosing op (where a launch sits)
-    _, top_local, op_local = C.forest(tid[hidx], start[hidx], _ends(start, dur, hidx), mapped[hidx], is_op[hidx])
+    parent, top_local, op_local = C.forest(tid[hidx], start[hidx], _ends(start, dur, hidx), mapped[hidx], is_op[hidx])
+    # exceptions to "the outermost mapped op" (canonical.COLLECTIVE, canonical.RECOMPUTED_OPS): the
+    # outermost collective on the chain; a forward op re-run inside a backward node
+    coll_local, recompute_local = _launch_labels(parent, top_local, name_codes[hidx], canon_a[hidx], name_u,
+                                                 canon, direc, direc_u, framework)
+    del parent
     top = np.full(n, -1, dtype=pos_t)
     top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
     inner_op = np.full(n, -1, dtype=pos_t)
     inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
     # (row-length temporaries are dropped once used, here and below: peak memory of a large trace)
-    del hidx, top_local, op_local, tid, mapped
+    del top_local, op_local, tid, mapped
 
     has_top = top >= 0
     top0 = np.maximum(top, 0)
@@ -81,6 +94,18 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     out_canon[other] = canon.code("other")
     out_dir[other] = direc.code("none")
     del canon_a, other
+    # the phase rule reads the outermost op's labels (a collective inside AccumulateGrad: backward)
+    ph_canon, ph_dir = out_canon.copy(), out_dir.copy()
+    recompute = np.zeros(n, dtype=bool)
+    if coll_local is not None:
+        rows = hidx[coll_local >= 0]
+        out_canon[rows], out_dir[rows] = canon.code(C.COLLECTIVE), direc.code("none")
+    if recompute_local is not None:
+        sel = recompute_local >= 0
+        rows, src = hidx[sel], hidx[recompute_local[sel]]
+        out_canon[rows], out_dir[rows] = canon_u[name_codes[src]], direc.code("fwd")
+        recompute[rows] = True
+        del sel, rows, src
 
     # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
     own = np.full(n, -1, dtype=np.int32)
@@ -116,6 +141,8 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
         del with_seq, by_start, tops, first, tree_seq, cand, at, in_tree, need, want, hit, found
     del seq, fwd_rows, top0
     layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
+    layer[out_canon == canon.code(C.COLLECTIVE)] = -1
+    del hidx, coll_local, recompute_local
 
     # phase and iteration by time containment of the start (any thread), then name rules
     asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
@@ -124,9 +151,18 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     region_end = C.until_next(start[rrows], _ends(start, dur, rrows)) if asynchronous else _ends(start, dur, rrows)
     phase = np.append(ph_u[name_codes[rmask]], -1)[C.region_index(start, start[rmask], region_end)]
     step_end = C.until_next(start[srows], _ends(start, dur, srows)) if asynchronous else _ends(start, dur, srows)
-    step_at = C.region_index(start, start[smask], step_end)
+    host_step = ~dev_ann[srows]
+    step_no = np.append(st_u[name_codes[smask]], 0)
+    step_at = C.region_index(start, start[srows[host_step]], step_end[host_step])
+    step_at = _among(host_step, step_at)
+    if not host_step.all():  # device rows (those without a launch keep this): the GPU's own step copy
+        dev = is_kind(*DEVICE_KINDS)
+        d_at = C.region_index(start[dev], start[srows[~host_step]], step_end[~host_step])
+        d_at = _among(~host_step, d_at)
+        step_at[dev] = np.where(d_at >= 0, d_at, step_at[dev])
+        del dev, d_at
     it_na = step_at < 0  # iteration: step number (int64) where it_na is False
-    it_val = np.append(st_u[name_codes[smask]], 0)[step_at]
+    it_val = step_no[step_at]
     del step_at, name_codes, rrows, srows
     if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
         pos = C.layers_by_position(is_op, canon.take(out_canon), direc.take(out_dir),
@@ -148,9 +184,16 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     ok = ~np.isnan(src)
     d_ok, s_ok = didx[ok], src[ok].astype("int64")
     inner_op[d_ok] = inner_op[s_ok]
-    for arr in (out_canon, out_dir, layer, phase, it_val, it_na):
+    for arr in (out_canon, out_dir, layer, phase, it_val, it_na, ph_canon, ph_dir, recompute):
         arr[d_ok] = arr[s_ok]
-    del corr, rt, launch, didx, src, ok, d_ok, s_ok, dev
+    # collective kernels (NCCL/RCCL by name): a collective whatever launched them
+    kcodes, knames = S.factorize(df["kernel_name"], small=True)
+    coll_k = np.array([C.is_collective_kernel(u) for u in knames] + [False], dtype=bool)[kcodes] & dev
+    if coll_k.any():
+        out_canon[coll_k], out_dir[coll_k] = canon.code(C.COLLECTIVE), direc.code("none")
+        layer[coll_k] = -1
+    del kcodes, knames, coll_k
+    del corr, rt, launch, didx, src, ok, d_ok, s_ok
     # device rows without a launch keep the regions of their own (device) time, found above
 
     op_ids = df["event_id"].to_numpy(dtype="int64")
@@ -165,14 +208,53 @@ def label(df: pd.DataFrame, dims: list | None, framework: str) -> pd.DataFrame:
     # asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
     rule = np.array([[phases.code(phase_of(d, c)) for c in [None, *canon.values]] for d in [None, *direc.values]],
                     dtype=np.int32)  # [direction code + 1, canonical code + 1]: a few dozen pairs
-    fallback = rule[out_dir + 1, out_canon + 1]
+    fallback = rule[ph_dir + 1, ph_canon + 1]
+    fallback[recompute] = phases.code("backward")  # a recomputed forward op runs in the backward pass
     take = (fallback >= 0) if asynchronous else (phase < 0)
     phase[take] = fallback[take]
     df["phase"] = phases.strings(phase)
-    del out_canon, out_dir, layer, fallback, take, phase
+    del out_canon, out_dir, layer, fallback, take, phase, ph_canon, ph_dir, recompute, dev
     refine_direction(df)
     _refine_linear(df, inner_op, dims)
     return df
+
+
+def _launch_labels(parent, top, name_codes, canon_a, name_u, canon: S.Vocab, direc: S.Vocab, direc_u,
+                   framework: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Over host spans (``parent``, ``top``: canonical.forest's, local indices): the outermost
+    collective span on each span's chain (itself included), and for spans inside a recomputed
+    forward op (a forward op of ``canonical.RECOMPUTED_OPS`` with a backward node above it) that
+    op; -1 where none, None where no span has one."""
+    coll = None
+    cc = int(canon.codes_of([C.COLLECTIVE])[0])  # -2: no name maps to it
+    if cc >= 0 and (canon_a == cc).any():
+        coll = C.outermost_mapped(parent, canon_a == cc)
+    recompute = None
+    fwd = int(direc.codes_of(["fwd"])[0])
+    if fwd >= 0:
+        dir_a = np.where(canon_a >= 0, direc_u[name_codes], -1)
+        not_names = np.array([u in C.NOT_RECOMPUTE_NAMES for u in name_u] + [False], dtype=bool)[name_codes]
+        cand = (dir_a == fwd) & _in_values(canon_a, canon, C.RECOMPUTED_OPS) & ~not_names
+        ctx = np.array([C.backward_context(u, framework) for u in name_u] + [False], dtype=bool)[name_codes]
+        if cand.any() and ctx.any():
+            f_top, b_top = C.outermost_mapped(parent, cand), C.outermost_mapped(parent, ctx)
+            depth = C.tree_depth(parent)
+            ok = (f_top >= 0) & (b_top >= 0)
+            ok[ok] = depth[b_top[ok]] < depth[f_top[ok]]
+            if ok.any():
+                recompute = np.where(ok, f_top, -1)
+    return coll, recompute
+
+
+def _in_values(codes: np.ndarray, vocab: S.Vocab, values) -> np.ndarray:
+    """Whether each code (-1: NA) is that of one of ``values``."""
+    return np.isin(codes, vocab.codes_of([v for v in values if v in vocab.values]))
+
+
+def _among(subset: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Positions ``at`` into the rows of a boolean ``subset`` as positions into all its rows (-1 stays)."""
+    pos = np.append(np.flatnonzero(subset), -1)
+    return pos[np.where(at >= 0, at, len(pos) - 1)]
 
 
 def _own_layers(rows: np.ndarray, name_codes: np.ndarray, name_u, dims, layers: S.Vocab) -> np.ndarray:

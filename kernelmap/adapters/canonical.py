@@ -34,6 +34,19 @@ def tree_depth(parent: np.ndarray) -> np.ndarray:
 
 _PT: dict[str, tuple[str, str]] = {}
 
+# Collective communication (NCCL/RCCL, gloo): a category of its own, whatever op launches it (DDP's
+# all-reduce runs inside the AccumulateGrad of a gradient hook; that is not an add). The op names:
+# ``record_param_comms`` (the table), ``nccl:<collective>`` / ``gloo:<collective>`` (PyTorch's
+# process-group ranges) and ``c10d::<collective>_`` (its dispatcher ops).
+COLLECTIVE = "collective"
+COLLECTIVE_PREFIXES = ("nccl:", "gloo:", "c10d::", "ProcessGroupNCCL::", "ProcessGroupGloo::")
+# kernel names of collective libraries (NCCL's ncclKernel_*/ncclDevKernel_*; RCCL keeps NCCL's names)
+COLLECTIVE_KERNEL_MARKS = ("nccl",)
+
+
+def is_collective_kernel(name: str) -> bool:
+    return any(m in name.lower() for m in COLLECTIVE_KERNEL_MARKS)
+
 
 def _add(table: dict, names: str, canon: str, direction: str) -> None:
     for n in names.split():
@@ -67,6 +80,11 @@ _add(_PT, "aten::add aten::add_ aten::_foreach_add_ aten::_foreach_add", "add", 
 _add(_PT, "aten::mul aten::mul_ aten::_foreach_mul_ aten::_foreach_mul", "mul", "none")
 _add(_PT, "aten::sum", "sum", "none")
 _add(_PT, "aten::mean", "mean", "none")
+_add(_PT, "aten::batch_norm aten::_batch_norm_impl_index aten::cudnn_batch_norm aten::native_batch_norm "
+          "aten::_native_batch_norm_legit aten::miopen_batch_norm", "batch_norm", "fwd")
+_add(_PT, "CudnnBatchNormBackward0 NativeBatchNormBackward0 MiopenBatchNormBackward0 "
+          "aten::cudnn_batch_norm_backward aten::native_batch_norm_backward", "batch_norm", "bwd")
+_add(_PT, "record_param_comms", COLLECTIVE, "none")
 
 # --- MXNet (operator names of the profiler's `operator` category) ----------------------------
 _MX: dict[str, tuple[str, str]] = {}
@@ -121,7 +139,25 @@ def lookup(name: str, framework: str) -> tuple[str, str] | None:
     prefix = _NAME_PREFIX.get(framework)
     if prefix and name.startswith(prefix):
         name = name[len(prefix):]
+    if framework == "pytorch" and name.startswith(COLLECTIVE_PREFIXES):
+        return (COLLECTIVE, "none")
     return table.get(name)
+
+
+# Activation-checkpoint recompute: a forward op of these canonical ops run again inside a backward
+# node (non-reentrant checkpointing unpacks its saved tensors in the node that needs them; the
+# reentrant one runs inside CheckpointFunctionBackward) is labelled as that forward op, in the
+# backward phase. Not ``aten::mm``: linear's backward computes its gradients with it.
+RECOMPUTED_OPS = frozenset({"conv2d", "linear", "relu", "max_pool2d", "batch_norm", "log_softmax"})
+NOT_RECOMPUTE_NAMES = frozenset({"aten::mm", "aten::matmul"})
+
+
+def backward_context(name: str, framework: str) -> bool:
+    """Whether an op name is an autograd node's (its evaluate_function wrapper or a backward op)."""
+    if framework == "pytorch" and name.startswith(_AUTOGRAD_PREFIX):
+        return True
+    v = lookup(name, framework)
+    return v is not None and v[1].startswith("bwd")
 
 
 def map_names(names: pd.Series, framework: str) -> tuple[pd.Series, pd.Series]:
@@ -237,16 +273,25 @@ def outermost_mapped(parent: np.ndarray, mapped: np.ndarray) -> np.ndarray:
 
 
 def region_index(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray) -> np.ndarray:
-    """For each time in ``starts``, the position (into ``r_start``) of the region [r_start, r_end)
-    containing it (the latest-starting one when regions nest or overlap; of regions starting
-    together, the last given); -1 where none does."""
+    """For each time in ``starts``, the position (into ``r_start``) of the latest-starting region
+    [r_start, r_end) that contains it (regions may nest or overlap: a later-starting region that
+    has already ended does not hide an earlier one that still holds the time; of regions starting
+    together, the last given); -1 where none does. Each region paints the times it holds, in start
+    order (later ones over earlier ones): the work is the sum of the regions' sizes in times."""
+    out = np.full(len(starts), -1, dtype="int64")
     if len(r_start) == 0 or len(starts) == 0:
-        return np.full(len(starts), -1, dtype="int64")
+        return out
     order = np.argsort(r_start, kind="stable")
-    rs, re_ = r_start[order], r_end[order]
-    pos = np.searchsorted(rs, starts, side="right") - 1
-    at = np.maximum(pos, 0)  # gathers at every row (no masked copies): -1 where no region holds it
-    return np.where((pos >= 0) & (starts < re_[at]), order[at], -1)
+    t_order = np.argsort(starts, kind="stable")
+    t_sorted = starts[t_order]
+    lo = np.searchsorted(t_sorted, r_start[order], side="left")
+    hi = np.searchsorted(t_sorted, r_end[order], side="left")
+    painted = np.full(len(starts), -1, dtype="int64")
+    for j, a, b in zip(order.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        if b > a:
+            painted[a:b] = j
+    out[t_order] = painted
+    return out
 
 
 def containing(starts: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_value: np.ndarray,

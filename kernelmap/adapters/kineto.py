@@ -10,7 +10,9 @@ correlation id the kernel already carries.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -27,21 +29,34 @@ from ._common import (
     finish,
     frame,
     int64_array,
+    loads_exact,
+    ns_from_text,
     ns_from_us,
     numeric,
     numeric_at,
+    parse_exact,
     parse_json,
     read_bytes,
     trace_event_chunks,
     trace_events_extent,
 )
+from .canonical import is_collective_kernel
 
 SOURCE = "kineto"
 _KIND = {
     "cpu_op": "op", "user_annotation": "annotation", "gpu_user_annotation": "annotation",
     "cuda_runtime": "runtime", "cuda_driver": "runtime", "kernel": "kernel",
     "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+    # PyTorch 1.8/1.9 (Kineto before the lower-case categories): the same events, other names
+    "Operator": "op", "Runtime": "runtime", "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset",
 }
+# annotation categories on a GPU stream's timeline (not host spans; their steps are the GPU's copy)
+DEVICE_ANNOTATION_CATS = ("gpu_user_annotation", "cuda_sync", "cuda_profiler_range", "overhead")
+# device activity of accelerators whose events kernelmap does not read (MTIA, PyTorch's privateuse1
+# backends, Intel XPU, Gaudi): a trace with them is refused, not read as a trace without kernels
+UNSUPPORTED_DEVICE_PREFIXES = ("mtia_", "privateuse1_", "xpu_", "hpu_")
+# the categories of PyTorch 1.8/1.9's Kineto traces (with a lower-case ``external id`` arg)
+OLD_CATEGORIES = ("Operator", "Runtime", "Kernel", "Memcpy", "Memset")
 
 
 _MISSING = object()
@@ -58,11 +73,14 @@ def _check_events(path, ev: list, idx: list) -> None:
             raise ParseError(path, f"{bad or 'name'} is a {type(e[bad or 'name']).__name__}, not a string", record=idx[j])
 
 
+_KINETO_CAT = re.compile(rb'"cat"\s*:\s*"(?:cpu_op|cuda_runtime|kernel|Operator|Runtime|Kernel|Memcpy|Memset)"')
+
+
 def sniff(head: bytes) -> bool:
     h = head.lstrip()
     return h.startswith(b"{") and b'"traceEvents"' in head and (
         b'"schemaVersion"' in head or b'"deviceProperties"' in head or b'"baseTimeNanoseconds"' in head
-        or b'"cpu_op"' in head or b'"ProfilerStep' in head)
+        or b'"cpu_op"' in head or b'"ProfilerStep' in head or _KINETO_CAT.search(head) is not None)
 
 
 def load_events(path: str | os.PathLike) -> list:
@@ -75,7 +93,7 @@ def _trace_events(doc, path) -> list:
     return doc["traceEvents"]
 
 
-def _chunks(path: str | os.PathLike) -> list[dict]:
+def _chunks(path: str | os.PathLike, read: dict | None = None) -> list[dict]:
     """Columns of the complete events, one dict per chunk of the ``traceEvents`` array (see
     ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
     scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
@@ -84,6 +102,8 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
     if scanned is not None:
         return [scanned]
     data = read_bytes(path)
+    if read is not None:
+        read["data"] = data  # the document's other members are read from it (_rank), not a second read
     scanned = None if tried else _scanned(data)  # a compressed file's content
     if scanned is not None:
         return [scanned]
@@ -94,11 +114,12 @@ def _chunks(path: str | os.PathLike) -> list[dict]:
                     trace_event_chunks(data, CHUNK_BYTES, loads=_typed_loads, invalid=(_msgspec.DecodeError,))]
         except (NoFastPath, _NotTyped):
             seen.clear()  # the general path below decides (and finds any error)
-    try:
-        return [_columns(path, first, events, seen) for first, events in trace_event_chunks(data, CHUNK_BYTES)]
+    try:  # numbers with their decimal text (ts/dur: exact nanoseconds)
+        return [_columns(path, first, events, seen) for first, events in
+                trace_event_chunks(data, CHUNK_BYTES, loads=loads_exact, invalid=(json.JSONDecodeError,))]
     except NoFastPath:
         pass
-    events = _trace_events(parse_json(data, path), path)
+    events = _trace_events(parse_exact(data, path), path)
     del data
     return [_columns(path, 0, events, seen)]
 
@@ -151,7 +172,7 @@ def _columns(path, first: int, events: list, seen: dict) -> dict:
         "pid": numeric([e.get("pid") for e in ev]),
         "tid": numeric([e.get("tid") for e in ev]),
         "correlation_id": arg("correlation"),
-        "ext": arg("External id"),
+        "ext": _either(arg("External id"), arg("external id")),
         "seq": arg("Sequence number"),
         "stream": arg("stream"),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
@@ -184,6 +205,7 @@ if _msgspec is not None:
     class _Args(_msgspec.Struct, gc=False, omit_defaults=True):
         correlation: Any = None
         external: Any = _msgspec.field(default=None, name="External id")
+        external_old: Any = _msgspec.field(default=None, name="external id")  # PyTorch 1.8/1.9
         seq: Any = _msgspec.field(default=None, name="Sequence number")
         stream: Any = None
         grid: Any = None
@@ -197,8 +219,8 @@ if _msgspec is not None:
         ph: Any = None
         name: Any = _MISSING
         cat: Any = None
-        ts: Any = _MISSING
-        dur: Any = 0
+        ts: _msgspec.Raw = _msgspec.Raw()  # the JSON text: exact nanoseconds (_common.ns_from_text)
+        dur: _msgspec.Raw = _msgspec.Raw()
         pid: Any = None
         tid: Any = None
         args: _Args | None = None
@@ -229,12 +251,12 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
     names = [e.name for e in ev]
     cats = [e.cat for e in ev]
     ts = [e.ts for e in ev]
-    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or _MISSING in ts:
+    if set(map(type, names)) - {str} or set(map(type, cats)) - {str, type(None)} or not all(map(len, ts)):
         raise _NotTyped
     args = [e.args or _NO_ARGS for e in ev]
     try:
-        start = ns_from_us(ts)
-        dur = ns_from_us([e.dur for e in ev])
+        start = ns_from_text(ts)
+        dur = ns_from_text([e.dur if len(e.dur) else b"0" for e in ev])
     except (TypeError, ValueError):
         raise _NotTyped from None
 
@@ -254,7 +276,7 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "pid": numeric([e.pid for e in ev]),
         "tid": numeric([e.tid for e in ev]),
         "correlation_id": _sparse([a.correlation for a in args]),
-        "ext": _sparse([a.external for a in args]),
+        "ext": _either(_sparse([a.external for a in args]), _sparse([a.external_old for a in args])),
         "seq": _sparse([a.seq for a in args]),
         "stream": _sparse([a.stream for a in args]),
         "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
@@ -263,6 +285,11 @@ def _typed_columns(first: int, events: list, seen: dict) -> dict:
         "shapes": shapes,
         "dims": dims,
     }
+
+
+def _either(new: pd.Series, old: pd.Series) -> pd.Series:
+    """The ``External id`` column, else (PyTorch 1.8/1.9's spelling) the ``external id`` one."""
+    return new if not old.notna().any() else new.where(new.notna(), old)
 
 
 def _triple(vals: list) -> tuple[list, int | None]:
@@ -358,6 +385,8 @@ def _scanned(data: bytes) -> dict | None:
     if got is None or got[0] == 0:
         return None
     _, raw, names_u, cats_u, dims_u, odd = got
+    if any(c in OLD_CATEGORIES for c in cats_u):
+        return None  # PyTorch 1.8/1.9's schema: its lower-case ``external id`` is read by the typed path
     for k in ("pid", "tid"):
         rows = [r for c, r, _ in odd if c == k]
         if rows:  # string ids: NA (what ``numeric`` makes of them) unless one reads as a number
@@ -417,10 +446,16 @@ def _joined(parts: list[dict]) -> dict:
 
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
-    c = _coded(_joined(_chunks(path)))
+    read_once: dict = {}
+    c = _coded(_joined(_chunks(path, read_once)))
     idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
     name_codes, names_u = c.pop("name_codes"), c.pop("names_u")
     cat_codes, cats_u = c.pop("cat_codes"), c.pop("cats_u")
+    odd = [k for k in cats_u if isinstance(k, str) and k.startswith(UNSUPPORTED_DEVICE_PREFIXES)]
+    if odd:
+        n = int(np.isin(cat_codes, [cats_u.index(k) for k in odd]).sum())
+        raise ParseError(path, f"unsupported device events: {n} events of categories {', '.join(odd)} "
+                               "(an accelerator whose activity kernelmap does not read: MTIA, privateuse1, XPU, HPU)")
     # kinds as codes into their few values: one per category, "step" for the step annotations
     kinds = strings.Vocab()
     kind_of_cat = np.array([kinds.code(_KIND.get(k, "annotation")) for k in cats_u] or [0])
@@ -436,16 +471,40 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "framework": "pytorch",
         "device": "gpu" if is_dev.any() else "cpu",
     }
-    del name_codes, cat_codes
+    del name_codes
     for col in ("pid", "tid", "correlation_id", "seq", "stream", "bytes",
                 *[f"{g}_{a}" for g in ("grid", "block") for a in "xyz"]):
         cols[col] = int64_array(cols[col], path, col, idx) if len(idx) else pd.array([], dtype="Int64")
+    # device rows of a Kineto trace sit in the process of their GPU: pid = device index
+    cols["device_index"] = pd.arrays.IntegerArray(np.where(is_dev, cols["pid"].to_numpy(dtype="int64", na_value=0), 0),
+                                                  ~is_dev | cols["pid"].isna())
+    rank = _rank(path, read_once.pop("data", None))
+    cols["rank"] = pd.array([rank] * len(idx), dtype="Int64")
     df = frame(cols, path, SOURCE)
     del cols
-    _trace.label(df, dims, "pytorch")
+    on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
+    _trace.label(df, dims, "pytorch", on_device=on_device)
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
     return finish(df, path, SOURCE)
+
+
+def _rank(path, data: bytes | None = None) -> int | None:
+    """``distributedInfo.rank`` of the trace document (None where it has none): the document
+    around the ``traceEvents`` array, parsed without the array where its extent is certain
+    (``data``: the file's content where it was read already)."""
+    if data is None:
+        data = read_bytes(path)
+    try:
+        start, end = trace_events_extent(data, digits=False)
+        doc = parse_json(data[:start] + b"]" + data[end + 1:], path)
+    except NoFastPath:
+        doc = parse_json(data, path)
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if rank is not None and (type(rank) is not int or not -(2**63) <= rank < 2**63):
+        raise ParseError(path, f"distributedInfo.rank {rank!r} is not an integer")
+    return rank
 
 
 def _link_by_external_id(df: pd.DataFrame, ext: np.ndarray) -> None:
@@ -481,7 +540,7 @@ NATIVE_KERNEL_MARKS = ("at::native", "mxnet::op::")
 
 
 def kernel_library(df: pd.DataFrame) -> None:
-    """Library of a kernel where it is known: by name (``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
+    """Library of a kernel where it is known: by name (``nccl`` -> NCCL, ``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
     ``NATIVE_KERNEL_MARKS`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
     named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
     here, set by the library-log link in attribution."""
@@ -492,7 +551,8 @@ def kernel_library(df: pd.DataFrame) -> None:
     libs = strings.Vocab(values)
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
-    by_name = np.array([libs.code("cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
+    by_name = np.array([libs.code("NCCL" if is_collective_kernel(n) else
+                                  "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
                                   else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
                         for n in uniq] + [-1], dtype="int64")[codes]
     named = k & (by_name >= 0)

@@ -177,17 +177,19 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         grid = ", ".join(f'k."{c}" AS {c.lower()[:-1]}_{c[-1].lower()}' if c in have else f"NULL AS {c.lower()[:-1]}_{c[-1].lower()}"
                          for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
         gpid = 'k."globalPid"' if "globalPid" in have else "NULL"
+        dev = 'k."deviceId"' if "deviceId" in have else "NULL"
         frames.append(_resolve(con, sql(
             f'SELECT \'kernel\' AS kind, k.start AS start_ns, k."end" - k.start AS dur_ns, k.correlationId AS correlation_id, '
-            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, NULL AS gtid FROM {t} k')))
+            f'k.streamId AS stream, {grid}, {name}, {gpid} AS gpid, {dev} AS device_index, NULL AS gtid FROM {t} k')))
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
             have = _columns(con, t)
             _need(path, t, have, ("start", "end", "correlationId", "bytes"))
             stream = "streamId" if "streamId" in have else "NULL"
+            dev = "deviceId" if "deviceId" in have else "NULL"
             frames.append(sql(
                 f"SELECT '{kind}' AS kind, start AS start_ns, \"end\" - start AS dur_ns, correlationId AS correlation_id, "
-                f"{stream} AS stream, bytes, NULL AS gtid FROM {t}"))
+                f"{stream} AS stream, bytes, {dev} AS device_index, NULL AS gtid FROM {t}"))
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if t in tables:
         have = _columns(con, t)
@@ -262,7 +264,7 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
 
 _RECORD_COLUMNS = ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name", "op_name", "seq",
                    "shapes", "bytes", "library", "library_call", "grid_x", "grid_y", "grid_z", "block_x",
-                   "block_y", "block_z")
+                   "block_y", "block_z", "device_index")
 
 
 def _record_column(c: str, values, path):

@@ -67,7 +67,7 @@ from ..errors import ParseError
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
 from . import canonical as C
-from ._common import finish, int64_array, load_json, ns_from_us
+from ._common import finish, int64_array, ns_from_us, parse_exact, read_bytes
 
 # What the report's self-checks may ask of this source (reports/checks.py reads these):
 # an XLA op is a fused kernel or thunk of the compiled program, not one call of a framework op, so its
@@ -90,9 +90,14 @@ _PRIMITIVES = {
 }
 
 
+# XLA's profiler names its processes /host:CPU and /device:<KIND>:<N> (process_name metadata);
+# jax.profiler writes them without whitespace, xprof's trace viewer JSON (and json.dump) with it
+_XLA_PROCESS = re.compile(rb'"name"\s*:\s*"/(?:host:CPU|device:[A-Z_]+:\d+)"')
+_DEVICE = re.compile(r"^/device:[A-Z_]+:(\d+)$")
+
+
 def sniff(head: bytes) -> bool:
-    return head.lstrip().startswith(b"{") and b'"traceEvents"' in head and (
-        b'"name":"/host:CPU"' in head or b'"name":"/device:GPU:' in head)
+    return head.lstrip().startswith(b"{") and b'"traceEvents"' in head and _XLA_PROCESS.search(head) is not None
 
 
 # --- the HLO text ---------------------------------------------------------------------------------
@@ -357,16 +362,19 @@ _KERNEL_SUFFIX = re.compile(r"^(.*)_(\d+)$")
 
 def read(path: str | os.PathLike) -> pd.DataFrame:
     path = Path(path)
-    doc = load_json(path)
+    doc = parse_exact(read_bytes(path), path)  # ts/dur with their decimal text: exact nanoseconds
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise ParseError(path, "not a Chrome trace: no traceEvents list")
     pname: dict = {}
+    tname: dict = {}
     for i, e in enumerate(events):
         if not isinstance(e, dict):
             raise ParseError(path, f"trace event is a {type(e).__name__}, not an object", record=i)
         if e.get("ph") == "M" and e.get("name") == "process_name":
             pname[e.get("pid")] = str((e.get("args") or {}).get("name", ""))
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            tname[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
     rows = []
     for i, e in enumerate(events):
         if e.get("ph") != "X":
@@ -387,12 +395,21 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     kind = np.empty(n, dtype=object)
     names = [r[1]["name"] for r in rows]
     dev = np.array([pname.get(r[1].get("pid"), "").startswith("/device:") for r in rows], dtype=bool)
+    # a device's activity is on its stream lines ("Stream #14(Compute)"); xprof adds derived lines to
+    # the device process ("XLA Modules", "XLA Ops", "Framework Ops", "Framework Name Scope", "Source
+    # code", "Steps"...), which repeat that activity grouped otherwise: annotations, not kernels
+    derived = np.array([dev[j] and not tname.get((r[1].get("pid"), r[1].get("tid")), "Stream").startswith("Stream")
+                        for j, r in enumerate(rows)], dtype=bool)
+    dev &= ~derived
+    device_index = [_device_index(pname.get(r[1].get("pid"), "")) if dev[j] else None for j, r in enumerate(rows)]
     hlo_op = [r[2].get("hlo_op") for r in rows]
     module = [r[2].get("hlo_module") for r in rows]
     corr = [r[2].get("correlation_id") for r in rows]
     for j, (_, _, a) in enumerate(rows):
         if dev[j]:
             kind[j] = "memcpy" if "memcpy_details" in a else "memset" if "Memset_details" in a else "kernel"
+        elif derived[j]:
+            kind[j] = "annotation"
         elif hlo_op[j] is not None:
             kind[j] = "op"
         elif C.step_number(names[j]) is not None:
@@ -438,6 +455,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                       ("correlation_id", corr)):
         cols[col] = int64_array(pd.Series(vals, dtype=object), path, col, idx) if n else pd.array([], dtype="Int64")
     cols["stream"] = pd.array(np.where(dev, cols["tid"], pd.NA), dtype="Int64") if n else pd.array([], dtype="Int64")
+    cols["device_index"] = pd.array(device_index, dtype="Int64")
     for k, col in enumerate(("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")):
         cols[col] = int64_array(grid[:, k], path, col, idx) if n else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
@@ -445,6 +463,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df.attrs["hlo_ops_unresolved"] = int(sum(1 for j in range(n) if hlo_op[j] is not None and info[j] is None))
     _label_steps(df)
     return df
+
+
+def _device_index(process: str) -> int | None:
+    m = _DEVICE.match(process)
+    return int(m.group(1)) if m else None
 
 
 def _resolve(kind, names, hlo_op, module, corr, start, hlo) -> list[str | None]:
