@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+from kernelmap.frameworks import spec
 
 from kernelmap import frameworks, schema
-from kernelmap.frameworks import spec
 
 from . import analysis as A
 from .analyses.basis import PassState, StateKey, TimeKind, comparable

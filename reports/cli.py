@@ -95,7 +95,8 @@ TABLES = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                         help="run directories (kernelmap run [+ normalise]); or trace files / directories of traces "
-                             "that are not a kernelmap run (any format the adapters read): a page per step (reports/foreign.py)")
+                             "that are not a kernelmap run (any format the adapters read): a page per step "
+                             "(reports/foreign.py)")
     parser.add_argument("-o", "--out", required=True, metavar="DIR", help="report directory to create")
     parser.add_argument("--replace", action="store_true", help="replace DIR if it exists")
     parser.add_argument("--storage", metavar="DIR", help="pytest-benchmark storage: add the step-time trend")

@@ -9,10 +9,10 @@ import sys
 
 import pandas as pd
 import pytest
+from kernelmap.reports import foreign
 from test_foreign_traces import DATA, KERNEL_CATS, RUNTIME_CATS, _containing_step, complete, ns, raw
 
 from kernelmap.errors import KernelmapError
-from kernelmap.reports import foreign
 
 DDP = "hta_ddp_nccl_step5.json.gz"
 BERT = "tracelens_h100_bert_inference.json.gz"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from kernelmap.reports import figures as F
 
 from kernelmap import history, timing
-from kernelmap.reports import figures as F
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_jobs"
 

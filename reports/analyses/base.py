@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from kernelmap.frameworks.spec import LAYERS, Layer
 
 from kernelmap import frameworks, rundir, schema
 from kernelmap.errors import KernelmapError
-from kernelmap.frameworks.spec import LAYERS, Layer
 
 # each framework's profiler trace (its descriptor says which), then nsys
 TRACE_SOURCES = (*dict.fromkeys(d.trace_source for d in frameworks.REGISTRY.values()), "nsys")
