@@ -1,4 +1,6 @@
-"""The MNIST CNN in PyTorch: an ``nn.Module`` run eagerly, SGD with momentum, torchvision data."""
+"""The MNIST CNN in PyTorch: an ``nn.Module``, SGD with momentum, torchvision data; run in one of the
+descriptor's modes: eager, the whole step as one CUDA graph (``cuda-graph``), ``torch.compile`` default
+(``compile``) or reduce-overhead with the optimizer step compiled too (``compile-graphs``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from kernelmap.errors import KernelmapError
 
 from .. import spec
 from ..data import synthetic_arrays
+from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH
+
+GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
+GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the profiled eager step of a cuda-graph trace
 
 
 class Net(nn.Module):
@@ -54,6 +60,19 @@ class Workload(spec.WorkloadBase):
         self.model = Net().to(self.device)
         self.set_weights(spec.init_weights(config.seed))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
+        mode = self.mode
+        if mode in (CUDA_GRAPH, COMPILE_GRAPHS) and self.device.type != "cuda":
+            raise KernelmapError(f"PyTorch mode {mode} needs a GPU; this worker runs on the CPU")
+        self._graph: torch.cuda.CUDAGraph | None = None  # cuda-graph: the captured step
+        self._static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # its images, labels, loss
+        self._eager_steps = 0  # cuda-graph: warm-up steps run before the capture
+        self._loss_fn = self._loss
+        self._opt_step = self.optimizer.step
+        if mode in (COMPILE, COMPILE_GRAPHS):
+            compile_mode = "reduce-overhead" if mode == COMPILE_GRAPHS else None
+            self._loss_fn = torch.compile(self._loss, mode=compile_mode)
+            if mode == COMPILE_GRAPHS:  # the optimizer step inside a compiled region, replayed as graphs too
+                self._opt_step = torch.compile(self.optimizer.step, mode=compile_mode)
 
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
@@ -75,6 +94,8 @@ class Workload(spec.WorkloadBase):
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         with profile(activities=activities, record_shapes=True) as prof:
+            if self.mode == CUDA_GRAPH:
+                self.graph_reference_step()
             yield
         prof.export_chrome_trace(str(Path(out_dir) / "trace.json.gz"))
 
@@ -158,18 +179,72 @@ class Workload(spec.WorkloadBase):
                 stack.enter_context(torch.cuda.nvtx.range(name))
             yield
 
+    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.nll_loss(F.log_softmax(self.model(images), dim=1), labels)
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor, zero_grad: bool = True) -> torch.Tensor:
+        """Forward, backward and the optimizer step (eager, or the compiled loss and optimizer step)."""
+        with self.region("kernelmap:forward"):
+            loss = self._loss_fn(images, labels)
+        with self.region("kernelmap:backward"):
+            if zero_grad:
+                self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with self.region("kernelmap:optimizer"):
+            self._opt_step()
+        return loss
+
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if not self.model.training:  # evaluate() leaves it in eval mode; a per-step train() walks every module
             self.model.train()
-        with self.region("kernelmap:forward"):
-            logits = self.model(images)
-            loss = F.nll_loss(F.log_softmax(logits, dim=1), labels)
-        with self.region("kernelmap:backward"):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        with self.region("kernelmap:optimizer"):
-            self.optimizer.step()
-        return loss.detach()
+        if self.mode == CUDA_GRAPH:
+            return self._graph_step(images, labels)
+        if self.mode == COMPILE_GRAPHS:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
+        return self._step(images, labels).detach()
+
+    def _graph_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """cuda-graph: the first ``GRAPH_WARMUP`` steps run eagerly on a side stream (on the static
+        buffers), the next is captured with ``torch.cuda.graph`` and replayed, as is every later one; each
+        step first copies its batch into the static buffers."""
+        if self._static is None:
+            self._static = (images.clone(), labels.clone(), torch.zeros((), device=self.device))
+        x, y, _ = self._static
+        x.copy_(images)
+        y.copy_(labels)
+        if self._graph is None and self._eager_steps < GRAPH_WARMUP:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                loss = self._step(x, y)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._eager_steps += 1
+            return loss.detach()
+        if self._graph is None:
+            self.optimizer.zero_grad(set_to_none=True)  # the backward in the graph makes its own gradients
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                loss = self._step(x, y, zero_grad=False)
+            self._static = (x, y, loss)
+            self._graph = graph
+        self._graph.replay()
+        return self._static[2].detach()
+
+    def graph_reference_step(self) -> None:
+        """cuda-graph, inside the framework profiler: one eager step on the static buffers, in a
+        ``GRAPH_REFERENCE`` region, with the same kernels in the same order as the captured graph; the
+        Kineto adapter attributes each replayed kernel to the op that launched its twin here."""
+        if self._graph is None:
+            raise KernelmapError(f"PyTorch {CUDA_GRAPH}: no graph captured before the profiler started (the "
+                                 f"capture is warm-up step {GRAPH_WARMUP + 1}: give at least {GRAPH_WARMUP + 1} "
+                                 "warm-up steps)")
+        x, y, _ = self._static
+        self.synchronize()
+        with self._ranges(GRAPH_REFERENCE):
+            # gradients set to None first, as before the capture: the backward makes fresh ones (no
+            # accumulation kernels), in eager memory; the graph keeps writing its own
+            self._step(x, y, zero_grad=True)
+            self.synchronize()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
