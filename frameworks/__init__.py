@@ -66,10 +66,10 @@ def mode_choices() -> tuple[str, ...]:
     return (*MODES, ALL_MODES)
 
 
-def modes_to_run(name: str, asked: list[str] | tuple[str, ...] | None, device: str) -> tuple[list[str], list[str]]:
-    """The modes framework ``name`` runs for ``--mode`` values ``asked`` on ``device``, and a note for each
-    asked mode it skips there. ``all`` (or a list holding it): all its modes; no mode of its own asked (or
-    nothing asked): its default mode. A mode that needs a GPU on the CPU: skipped, with a note."""
+def modes_to_run(name: str, asked: list[str] | tuple[str, ...] | None, device: str) -> tuple[list[str], dict[str, str]]:
+    """The modes framework ``name`` runs for ``--mode`` values ``asked`` on ``device``, and why it skips each
+    other asked mode there ({mode: reason}). ``all`` (or a list holding it): all its modes; no mode of its own
+    asked (or nothing asked): its default mode. A mode that needs a GPU, on the CPU: skipped."""
     d = get(name)
     asked = list(asked or ())
     bad = [m for m in asked if m not in mode_choices()]
@@ -77,9 +77,8 @@ def modes_to_run(name: str, asked: list[str] | tuple[str, ...] | None, device: s
         raise ValueError(f"--mode {', '.join(bad)}: choose from {', '.join(mode_choices())}")
     want = list(d.modes) if ALL_MODES in asked else [m for m in d.modes if m in asked] or [d.default_mode]
     usable = d.modes_on(device)
-    notes = [f"{d.label} mode {m} skipped: it needs a GPU and runs on the {device.upper()} here"
-             for m in want if m not in usable]
-    return [m for m in want if m in usable], notes
+    skipped = {m: f"it needs a GPU; {d.label} runs on the {device.upper()} here" for m in want if m not in usable}
+    return [m for m in want if m in usable], skipped
 
 
 def case_key(name: str, mode: str | None) -> str:
@@ -114,3 +113,15 @@ def key_color(key: str) -> str | None:
     """The colour of a case key's framework (None for an unknown one)."""
     name, _ = split_key(key)
     return REGISTRY[name].color if name in REGISTRY else None
+
+
+def key_order(keys) -> list[str]:
+    """Case keys in registry order: frameworks as registered, each framework's modes as its descriptor
+    lists them; keys no framework makes last, sorted."""
+    def rank(key: str) -> tuple:
+        name, mode = split_key(key)
+        if name not in REGISTRY:
+            return (len(REGISTRY), 0, key)
+        return (FRAMEWORKS.index(name), REGISTRY[name].modes.index(mode or REGISTRY[name].default_mode), key)
+
+    return sorted(dict.fromkeys(keys), key=rank)

@@ -246,13 +246,14 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         if not files:
             continue
         name = str(case_dir(fw, bs))
+        key, (fw, _mode) = fw, frameworks.split_key(fw)  # the folder: a framework, or framework-mode (case_key)
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
-                          batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")),
-                          steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False))
-        df["framework"] = fw
+                          batch_size=bs, log_steps=_log_steps(rd.pass_result(key, bs, "libs")),
+                          steady_calls=_log_steps(rd.pass_result(key, bs, "libs"), warmup=False))
+        df["framework"] = key
         frames.append(df)
-        per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}
-        sources += [{"framework": fw, "batch_size": bs, "source": src,
+        per[name] = {**s["runs"][name], "files": s["files"], "framework": key, "batch_size": bs}
+        sources += [{"framework": key, "batch_size": bs, "source": src,
                      **{k: v for k, v in b.items() if not isinstance(v, list)}}
                     for src, b in s["runs"][name]["by_source"].items()]
     if not frames and rd.records.is_file():

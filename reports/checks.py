@@ -336,6 +336,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
     rows = []
     for r in run.results:
         fw, bs, mode, dev = (field_at(r, k) for k in ("framework", "batch_size", "mode", "device"))
+        fw = field_at(r, "framework_name") or fw  # history keys the framework and its mode apart
         subject = f"{fw} {mode} {dev} bs {bs}"
         if mode is None or dev is None:
             rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
