@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import adapters, attribution, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import RunDir, case_dir
+from .rundir import GRAPH_REFERENCE, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,6 +232,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     for fw, bs, bs_dir in rd.cases():
         files = []
         for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+            if f.name == GRAPH_REFERENCE:  # the Kineto adapter reads it with the trace beside it
+                skipped.append({"file": str(f.relative_to(run_dir)),
+                                "reason": "the eager reference step of a CUDA-graph trace, read with that trace "
+                                          "(adapters/graph_replay.py) to attribute its replayed kernels"})
+                continue
             if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
                 # The runner keeps the report for the GUI beside its SQLite export: one capture,
                 # read once (reading both would count every kernel twice).

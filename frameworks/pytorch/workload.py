@@ -18,13 +18,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision import transforms
 
 from kernelmap.errors import KernelmapError
+from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 
 from .. import spec
 from ..data import synthetic_arrays
 from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH
 
 GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
-GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the profiled eager step of a cuda-graph trace
+GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager reference step (GRAPH_REFERENCE_FILE)
 
 
 class Net(nn.Module):
@@ -93,9 +94,11 @@ class Workload(spec.WorkloadBase):
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        with profile(activities=activities, record_shapes=True) as prof:
-            if self.mode == CUDA_GRAPH:
+        if self.mode == CUDA_GRAPH:  # the replayed kernels' twins, each under its op (adapters/graph_replay.py)
+            with profile(activities=activities, record_shapes=True) as ref:
                 self.graph_reference_step()
+            ref.export_chrome_trace(str(Path(out_dir) / GRAPH_REFERENCE_FILE))
+        with profile(activities=activities, record_shapes=True) as prof:
             yield
         prof.export_chrome_trace(str(Path(out_dir) / "trace.json.gz"))
 

@@ -18,7 +18,7 @@ import pandas as pd
 from .. import strings
 from ..errors import ParseError
 from ..strings import object_array
-from . import _trace
+from . import _trace, graph_replay
 from ._common import (
     GZIP_MAGIC,
     XZ_MAGIC,
@@ -445,6 +445,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     _trace.label(df, dims, "pytorch")
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     kernel_library(df)
+    graph_replay.attribute(df, path, read)  # kernels replayed from a CUDA graph: from the reference step
     return finish(df, path, SOURCE)
 
 
