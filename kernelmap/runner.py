@@ -971,7 +971,7 @@ def _print_table(summary: dict[str, Any]) -> None:
               f"{contention_cell(r.get('contention')):<10}  {over}")
     busy = [(r, p, o) for r in rows for p, o in r["overheads"].items() if (o.get("contention") or {}).get("contended")]
     for r, p, o in busy:
-        print(f"{r['framework']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
+        print(f"{r['framework']} {r['mode']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")
     print(summary["run_dir"])

@@ -38,6 +38,12 @@ Checks (``Check``):
   is the run's manifest ``job``) agree within their combined noise: the clean pass's 95% interval
   overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
   McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``.
+* ``launch-bound figures`` (``analyses.launch``), per framework x mode x batch size of a GPU run: the
+  GPU-busy time per step (union of kernel intervals) is at most the summed kernel time (a union
+  cannot exceed its parts) and at most the clean step's 95% upper bound (else the idle share would
+  be negative: the kernels of the capture pass outlast the step they are set against); and the
+  busy-share table states the same clean step and summed kernel time as the launch-bound table (one
+  basis: the clean pass, never the capture pass's synchronised step).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class Check(enum.StrEnum):
     CAPTURE_NOT_FASTER = "capture not faster"
     LAYER_VS_BATCH = "layer time vs batch size"
     CLEAN_VS_BENCH = "clean vs step benchmark"
+    LAUNCH_BOUND = "launch-bound figures"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -396,9 +403,55 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)
         rows += _layer_vs_batch(run, series)
+        rows += launch_bound_checks(A.launch_bound([run]), A.busy_share([run]), A.summary_table([run]))
     out = pd.DataFrame(rows, columns=COLUMNS)
     out["batch_size"] = out["batch_size"].astype("Int64")  # rows of a whole run have none
     return out
+
+
+SAME_FIGURE = 1e-9  # ms: two tables state one figure
+
+
+def launch_bound_checks(lb: pd.DataFrame, busy: pd.DataFrame, summ: pd.DataFrame) -> list[dict[str, Any]]:
+    """``launch-bound figures`` (module docstring) from ``launch_bound``, ``busy_share`` and
+    ``summary_table`` of the same runs."""
+    rows = []
+    for _, r in lb.iterrows():
+        run, fw, bs = r["run"], r["framework"], r["batch_size"]
+        busy_ms, ksum, clean = r["gpu_busy_ms"], r["kernel_sum_ms"], r["clean_step_ms"]
+        if pd.isna(busy_ms):
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum", None, None, NOT_CHECKED,
+                             "no counted step holds kernels: no GPU-busy figure"))
+            continue
+        ok = busy_ms <= ksum + SAME_FIGURE
+        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum (ms/step)", ksum, busy_ms,
+                         PASS if ok else FAIL, "the union of the kernel intervals of a step" + (
+                             "" if ok else " exceeds their summed durations: intervals are miscounted")))
+        s = summ[(summ["run"] == run) & (summ["framework"] == fw) & (summ["batch_size"] == bs)]
+        hi = s["step_ms_ci95_high"].iloc[0] if len(s) else None
+        bound = clean if hi is None or pd.isna(hi) else hi
+        if bound is None or pd.isna(bound):
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step", None, busy_ms, NOT_CHECKED,
+                             "no clean-pass step for this framework x mode x batch size"))
+        else:
+            ok = busy_ms <= bound
+            why = "" if ok else "; the kernels of the capture pass outlast the clean step: the idle share would be negative"
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step (ms, 95% upper bound)", bound,
+                             busy_ms, PASS if ok else FAIL, f"clean step {clean:.4f} ms (median){why}"))
+        b = busy[(busy["run"] == run) & (busy["framework"] == fw) & (busy["batch_size"] == bs)
+                 & (busy["level"] == "kernel")]
+        if b.empty:
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures", None, None, FAIL,
+                             "the busy-share table has no kernel row for it"))
+            continue
+        step, kb = b["step_ms"].iloc[0], b["busy_ms_per_step"].iloc[0]
+        same = (pd.notna(step) and clean is not None and pd.notna(clean) and abs(step - clean) <= SAME_FIGURE
+                and abs(kb - ksum) <= SAME_FIGURE)
+        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures (step ms, kernel ms)",
+                         f"{clean} / {ksum}", f"{step} / {kb}", PASS if same else FAIL,
+                         "the busy share is kernel time over the clean step" + (
+                             "" if same else f"; the busy-share table divides by another step ({b['step_basis'].iloc[0]})")))
+    return rows
 
 
 def failed(checks: pd.DataFrame) -> pd.DataFrame:
