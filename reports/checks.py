@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 from kernelmap.frameworks.spec import LAYERS
 
-from kernelmap import adapters, timing
+from kernelmap import adapters, frameworks, timing
 from kernelmap.rundir import RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
@@ -168,7 +168,12 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         fw, bs = t.framework, t.batch_size
         source = adapters.FORMATS.get(t.source)
         # calls per step
-        if not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
+        name, mode = frameworks.split_key(fw)
+        fused = frameworks.REGISTRY[name].fusing_modes.get(mode) if name in frameworks.REGISTRY else None
+        if fused:
+            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+                             f"mode {mode}: {fused}: a fused kernel is not one framework-op call"))
+        elif not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
             rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
         elif t.ops is None or t.ops.empty:

@@ -68,6 +68,9 @@ class Workload(spec.WorkloadBase):
         self._static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # its images, labels, loss
         self._eager_steps = 0  # cuda-graph: warm-up steps run before the capture
         self._loss_fn = self._loss
+        self._compiled = False  # compile modes: whether the first (compiling) call was made
+        self._twins = None  # compile-graphs: default-mode twins of the compiled loss and optimizer step
+        self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._opt_step = self.optimizer.step
         if mode in (COMPILE, COMPILE_GRAPHS):
             compile_mode = "reduce-overhead" if mode == COMPILE_GRAPHS else None
@@ -94,7 +97,7 @@ class Workload(spec.WorkloadBase):
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        if self.mode == CUDA_GRAPH:  # the replayed kernels' twins, each under its op (adapters/graph_replay.py)
+        if self.mode in (CUDA_GRAPH, COMPILE_GRAPHS):  # the replayed kernels' twins under their ops (graph_replay)
             with profile(activities=activities, record_shapes=True) as ref:
                 self.graph_reference_step()
             ref.export_chrome_trace(str(Path(out_dir) / GRAPH_REFERENCE_FILE))
@@ -202,9 +205,27 @@ class Workload(spec.WorkloadBase):
             self.model.train()
         if self.mode == CUDA_GRAPH:
             return self._graph_step(images, labels)
+        if self.mode in (COMPILE, COMPILE_GRAPHS) and not self._compiled:
+            # the first call compiles: on the CPU, a capture pass's generated kernels each get a
+            # profiler span (their names say the ops they fuse: adapters/inductor.py); the clean pass none
+            import torch._inductor.config as inductor_config
+
+            inductor_config.cpp.enable_kernel_profile = self.trace_regions
+            self._compiled = True
         if self.mode == COMPILE_GRAPHS:
+            self._last_batch = (images, labels)  # the reference step's batch (graph_reference_step)
             torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
         return self._step(images, labels).detach()
+
+    def _twin_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        loss_fn, opt_step = self._twins
+        with self.region("kernelmap:forward"):
+            loss = loss_fn(images, labels)
+        with self.region("kernelmap:backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with self.region("kernelmap:optimizer"):
+            opt_step()
 
     def _graph_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """cuda-graph: the first ``GRAPH_WARMUP`` steps run eagerly on a side stream (on the static
@@ -234,9 +255,23 @@ class Workload(spec.WorkloadBase):
         return self._static[2].detach()
 
     def graph_reference_step(self) -> None:
-        """cuda-graph, inside the framework profiler: one eager step on the static buffers, in a
-        ``GRAPH_REFERENCE`` region, with the same kernels in the same order as the captured graph; the
-        Kineto adapter attributes each replayed kernel to the op that launched its twin here."""
+        """Inside the framework profiler, one step that launches the graphs' kernels one by one, in a
+        ``GRAPH_REFERENCE`` region; the Kineto adapter attributes each replayed kernel to the op that
+        launched its twin here. cuda-graph: an eager step on the static buffers, the same kernels in the
+        same order as the captured graph. compile-graphs: a step of twins of the compiled loss and
+        optimizer step compiled in the default mode (the same generated kernels, no CUDA graphs), compiled
+        and run once first, outside the profiler."""
+        if self.mode == COMPILE_GRAPHS:
+            if self._last_batch is None:
+                raise KernelmapError(f"PyTorch {COMPILE_GRAPHS}: no step ran before the profiler started")
+            if self._twins is None:
+                self._twins = (torch.compile(self._loss), torch.compile(self.optimizer.step))
+                self._twin_step(*self._last_batch)
+            self.synchronize()
+            with self._ranges(GRAPH_REFERENCE):
+                self._twin_step(*self._last_batch)
+                self.synchronize()
+            return
         if self._graph is None:
             raise KernelmapError(f"PyTorch {CUDA_GRAPH}: no graph captured before the profiler started (the "
                                  f"capture is warm-up step {GRAPH_WARMUP + 1}: give at least {GRAPH_WARMUP + 1} "

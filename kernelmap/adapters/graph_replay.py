@@ -80,16 +80,26 @@ def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
     want = Counter(_device_name(ref, rdev))
     src = np.empty(len(rows), dtype="int64")
     names = _device_name(df, rows)
-    for launch in np.unique(launches).tolist():
-        at = np.flatnonzero(launches == launch)
-        got = [names[i] for i in at]
-        if Counter(got) != want:
-            extra = sorted((Counter(got) - want).items())[:3]
-            missing = sorted((want - Counter(got)).items())[:3]
-            raise ParseError(path, f"graph launch (correlation {launch}): its {len(got)} device events are not the "
-                                   f"{sum(want.values())} of the reference step in {GRAPH_REFERENCE}: "
-                                   f"not in the reference {extra}, not replayed {missing}")
-        src[at] = [ref_index[o] for o in _occurrences(got)]
+    # one step: its launches' events (compile-graphs replays several graphs a step), else one launch
+    it = df["iteration"].to_numpy(dtype="float64", na_value=np.nan)[rows]
+    group = np.where(np.isnan(it), -1.0 - launches, it)
+    dev_all = strings.isin(df["kind"], list(DEVICE_KINDS))
+    dev_it = df["iteration"].to_numpy(dtype="float64", na_value=np.nan)
+    replayed = np.zeros(len(df), dtype=bool)
+    replayed[rows] = True
+    for g in np.unique(group).tolist():
+        at = np.flatnonzero(group == g)
+        got = Counter(names[i] for i in at)
+        # the reference step's events a step does not replay must run there eagerly (not captured)
+        eager = Counter(_device_name(df, np.flatnonzero(dev_all & ~replayed & (dev_it == g)))) if g >= 0 else Counter()
+        extra = sorted((got - want).items())[:3]
+        missing = sorted(((want - got) - eager).items())[:3]
+        if extra or missing:
+            what = f"step {int(g)}" if g >= 0 else f"graph launch (correlation {int(-1 - g)})"
+            raise ParseError(path, f"{what}: its {sum(got.values())} replayed device events are not those of the "
+                                   f"reference step in {GRAPH_REFERENCE} ({sum(want.values())}): not in the reference "
+                                   f"{extra}, neither replayed nor run eagerly {missing}")
+        src[at] = [ref_index[o] for o in _occurrences([names[i] for i in at])]
     for col in COPIED:
         strings.set_rows(df, col, rows, ref[col].array[src])
     return len(rows)
