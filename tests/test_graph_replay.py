@@ -124,3 +124,19 @@ def test_real_graph_replay_capture():
     kern = rep[rep["kind"] == "kernel"]
     assert len(kern) == expected["replayed_kernels"]
     assert kern["canonical_op"].notna().all() and not (kern["canonical_op"] == "other").any()
+
+
+def test_normalise_keys_the_mode_and_reads_the_reference_once(tmp_path):
+    """A run directory's pytorch-cuda-graph/bs64 folder: its records are keyed pytorch-cuda-graph, the
+    reference file is read with the trace (listed under not_records), never as records of its own."""
+    from kernelmap.normalise import normalise_run_dir
+    from kernelmap.schema import read_parquet
+
+    case = tmp_path / "pytorch-cuda-graph" / "bs64"
+    case.mkdir(parents=True)
+    _, _, replayed = make_replay(case)
+    summary = normalise_run_dir(tmp_path)
+    assert [n["file"] for n in summary["not_records"]] == [f"pytorch-cuda-graph/bs64/{GRAPH_REFERENCE}"]
+    rec = read_parquet(tmp_path / "records.parquet")
+    assert set(rec["framework"]) == {"pytorch-cuda-graph"}
+    assert rec["kind"].isin(["kernel", "memset", "memcpy"]).sum() == len(replayed)
