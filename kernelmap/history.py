@@ -90,8 +90,8 @@ CONTENTION = "contention"  # kernelmap.contention.summarise() of the benchmark's
 
 
 # How a framework executes the benchmarked step: every mode of every framework's descriptor
-# (``frameworks.MODES``: eager, cuda-graph, ..., imperative, hybridized, jit), members named after them
-# (``Mode.CUDA_GRAPH`` = "cuda-graph"). A new mode is a line in its framework's descriptor, not here.
+# (``frameworks.MODES``), members named after them (upper case, "-" as "_"). A new mode is a line in its
+# framework's descriptor, not here.
 Mode = enum.StrEnum("Mode", {m.upper().replace("-", "_"): m for m in frameworks.MODES})
 
 

@@ -1,15 +1,15 @@
 """Kernels replayed from a CUDA graph, attributed to the ops that launched their twins.
 
 Every kernel (memcpy, memset) of one graph replay correlates with one ``cudaGraphLaunch``: the trace
-itself cannot say which op launched it. A cuda-graph framework pass (PyTorch's ``cuda-graph`` mode)
-therefore profiles, before the timed replays, one eager step on the graph's static buffers into a
-companion file beside the trace (``rundir.GRAPH_REFERENCE``): the same kernels, in the same order,
-each launched by its op. Here each replay's device rows are matched to the reference step's by name
-and occurrence (the k-th ``sm90_xmma_fprop...`` of a replay is the k-th of the reference step): a
-replay whose kernels are not exactly the reference step's (another multiset of names) is a
-``ParseError`` naming the first difference, never a guess. Matched rows take the reference row's
-canonical op, direction, layer, phase and library; their iteration stays the step whose
-``cudaGraphLaunch`` they replay.
+itself cannot say which op launched it. A framework pass whose steps replay graphs (docs/MODES.md)
+therefore profiles first, into a companion file beside its trace (``rundir.GRAPH_REFERENCE``), one
+step that launches the same kernels one by one, each under its op (the reference step). Here the
+device rows a step replays are matched to the reference step's by name and occurrence (the k-th
+``sm90_xmma_fprop...`` of a step is the k-th of the reference step). Exact or an error: a step that
+replays a kernel the reference step lacks, or lacks one of the reference step's kernels without
+running it eagerly (outside the graphs), is a ``ParseError`` naming the difference, never a guess.
+Matched rows take the reference row's canonical op, direction, layer, phase and library; their
+iteration stays the step whose ``cudaGraphLaunch`` they replay.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
     ref_path = Path(path).with_name(GRAPH_REFERENCE)
     if not ref_path.is_file():
         raise ParseError(path, f"{len(rows)} kernels were replayed from CUDA graphs ({GRAPH_LAUNCHES[0]}) and "
-                               f"there is no {GRAPH_REFERENCE} beside the trace to attribute them (a cuda-graph "
-                               "framework pass writes it)")
+                               f"there is no {GRAPH_REFERENCE} beside the trace to attribute them (the framework "
+                               "pass of a mode that replays graphs writes it)")
     ref = read_reference(ref_path)
     if len(replayed_rows(ref)[0]):
         raise ParseError(ref_path, "the graph reference step itself replays a CUDA graph")
@@ -80,7 +80,7 @@ def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
     want = Counter(_device_name(ref, rdev))
     src = np.empty(len(rows), dtype="int64")
     names = _device_name(df, rows)
-    # one step: its launches' events (compile-graphs replays several graphs a step), else one launch
+    # one step: its launches' events (a compiler's graphs: several a step), else one launch
     it = df["iteration"].to_numpy(dtype="float64", na_value=np.nan)[rows]
     group = np.where(np.isnan(it), -1.0 - launches, it)
     dev_all = strings.isin(df["kind"], list(DEVICE_KINDS))
