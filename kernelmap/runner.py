@@ -953,7 +953,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     rows = summary["results"]
     print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
           " e2e: with the loader")
-    head = (f"{'framework':<10} {'mode':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
+    head = (f"{'framework':<10} {'mode':<14} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
             f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  {'contention':<10}  capture overhead")
     print(head)
     for r in rows:
@@ -966,7 +966,7 @@ def _print_table(summary: dict[str, Any]) -> None:
             ci += " disagree"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
-        print(f"{r['framework']:<10} {r['mode']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
+        print(f"{r['framework']:<10} {r['mode']:<14} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
               f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  "
               f"{contention_cell(r.get('contention')):<10}  {over}")
     busy = [(r, p, o) for r in rows for p, o in r["overheads"].items() if (o.get("contention") or {}).get("contended")]
