@@ -83,7 +83,14 @@ def test_compiled_kernels_are_attributed_and_wrappers_are_not_ops():
         assert (r["canonical_op"], r["direction"]) == inductor.classify(r["op_name"], r["phase"])
     by = dict(zip(gen["op_name"], zip(gen["canonical_op"], gen["direction"], strict=True), strict=False))
     assert by["graph_0_cpp_fused_relu_3"] == ("relu", "fwd")
-    assert by["graph_0_cpp_fused_max_pool2d_with_indices_relu_threshold_backward_1"] == ("max_pool2d", "bwd")
+    # the forward graph's kernel keeps a mask for the backward: forward work, named with a backward op
+    assert by["graph_0_cpp_fused_max_pool2d_with_indices_relu_threshold_backward_1"] == ("max_pool2d", "fwd")
+    assert by["graph_0_cpp_fused_convolution_backward_max_pool2d_with_indices_backward_nll_loss_backward_"
+              "threshold_backward_3"] == ("conv2d", "bwd")
+    # the backward graph's extern matmuls (no autograd node around them) are backward
+    mm = df[(df["op_name"] == "aten::mm") & (df["phase"] == "backward")]
+    assert len(mm) == 8 and (mm["canonical_op"] == "linear").all() and mm["direction"].isin(["bwd", "bwd_data",
+                                                                                                "bwd_weight"]).all()
     names = df.loc[df["op_name"].isin([e["name"] for e in wrappers]), "kind"]
     assert len(names) == len(wrappers) and (names != "op").all()
 
@@ -93,6 +100,7 @@ def test_classify_by_name_and_phase():
     assert inductor.classify("triton_red_fused_sum_6", "backward") == ("sum", "bwd")
     assert inductor.classify("triton_for_fused_0", "optimizer") == ("sgd_update", "update")
     assert inductor.classify("aten::mm", "forward") is None
+    assert inductor.classify("triton_poi_fused_max_pool2d_with_indices_backward_2", None) == ("max_pool2d", "bwd")
 
 
 # --- launch-bound figures ------------------------------------------------------------------------

@@ -68,10 +68,12 @@ def classify(name: str, phase: str | None) -> tuple[str, str] | None:
     if not ops:
         return "other", dir_phase or "none"
     canon = min((c for c, _ in ops), key=lambda c: PRIORITY.index(c) if c in PRIORITY else len(PRIORITY))
+    if dir_phase:  # the graph it runs in says it: the forward graph's kernels are forward work (Inductor
+        # names a forward max-pool kernel after max_pool2d_with_indices_backward), the backward graph's
+        # backward work (its recomputed forward ops included)
+        return canon, dir_phase
     direc = next(d for c, d in ops if c == canon)
-    if any(d == "bwd" for _, d in ops) or (dir_phase == "bwd" and direc in ("fwd", "none")):
-        direc = "bwd"
-    return canon, direc
+    return canon, "bwd" if any(d == "bwd" for _, d in ops) else direc
 
 
 def mark_wrappers(kind: np.ndarray, names: list, kinds: strings.Vocab, name_codes: np.ndarray) -> None:
@@ -85,7 +87,12 @@ def mark_wrappers(kind: np.ndarray, names: list, kinds: strings.Vocab, name_code
 
 def attribute(df: pd.DataFrame) -> int:
     """Set canonical op and direction of generated-kernel rows (their spans and their kernels) in place;
-    returns how many rows were set."""
+    and, in a trace of a compiled step, make the backward graph's extern calls (an ``aten::mm`` run in
+    the backward region, outside any autograd node) backward. Returns how many rows were set."""
+    if not strings.isin(df["op_name"], ["CompiledFunctionBackward"]).any():
+        return 0
+    fwd_in_bwd = strings.isin(df["phase"], ["backward"]) & strings.isin(df["direction"], ["fwd"])
+    strings.set_rows(df, "direction", np.flatnonzero(fwd_in_bwd), "bwd")
     is_op = strings.isin(df["kind"], ["op"])
     is_k = strings.isin(df["kind"], ["kernel"])
     name = df["op_name"].where(is_op, df["kernel_name"])
