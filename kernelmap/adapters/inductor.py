@@ -7,11 +7,12 @@
 * A generated kernel (``triton_poi_fused_convolution_relu_0`` on the GPU, its launching span of the
   same name; ``cpp_fused_relu_max_pool2d_with_indices_1`` on the CPU, a span where Inductor's
   ``cpp.enable_kernel_profile`` is on) is named after the ATen ops it fuses. As the XLA adapter does
-  for fusions, it is attributed to ONE canonical op, the first of ``PRIORITY`` among those it fuses,
-  with that op's direction; a kernel naming only ops outside the model's vocabulary (``add``,
-  ``mul``: the optimizer's arithmetic, a bias gradient's ``sum``) takes its direction from the phase
-  region it runs in (optimizer: ``sgd_update``; backward: ``add``/``sum`` ... ``bwd``), and its
-  ``op_name`` keeps the kernel's name. Layers: a generated kernel's name does not say which layer it
+  for fusions, it is attributed to ONE canonical op, the first of ``PRIORITY`` among those it fuses;
+  its direction is the phase region's it runs in (the forward graph's kernels are forward work even
+  where Inductor names one after a backward op; the backward graph's are backward); the optimizer
+  region's kernels are ``sgd_update``; outside a phase region, bwd where it fuses a backward op.
+  ``op_name`` keeps the kernel's name. The backward graph's extern calls (``aten::mm`` in the backward
+  region, outside any autograd node) are backward. Layers: a generated kernel's name does not say which layer it
   belongs to; its layer stays NA unless the trace says so otherwise.
 """
 
