@@ -152,3 +152,16 @@ def test_busy_share_divides_by_the_clean_step():
     for _, b in busy.iterrows():
         s = summ[(summ["framework"] == b["framework"]) & (summ["batch_size"] == b["batch_size"])]
         assert b["step_ms"] == s["step_ms_median"].iloc[0] and b["busy_share"] == b["busy_ms_per_step"] / b["step_ms"]
+
+
+def test_a_case_is_keyed_by_framework_and_mode(tmp_path):
+    from kernelmap import runner
+
+    d = runner.Decision("pytorch", "gpu", "gpu", None)
+    case = runner.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {},
+                       mode="cuda-graph")
+    assert case.key == "pytorch-cuda-graph" and case.out_dir == tmp_path / "pytorch-cuda-graph" / "bs64"
+    assert json.loads(case.base[case.base.index("--config") + 1])["mode"] == "cuda-graph"
+    assert case.name == "pytorch-cuda-graph bs 64"
+    default = runner.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
+    assert default.key == "pytorch" and default.out_dir == tmp_path / "pytorch" / "bs64"
