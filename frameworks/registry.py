@@ -75,14 +75,14 @@ class Framework:
     mode_flags: Mapping[str, str] = field(default_factory=dict)
     # one line per mode, for --help and the docs: what the mode runs
     mode_help: Mapping[str, str] = field(default_factory=dict)
-    # modes whose compiler fuses the model's ops into generated kernels: {mode: why}; the report does
-    # not count framework-op calls per step there (a fused kernel is not one call of one op)
-    fusing_modes: Mapping[str, str] = field(default_factory=dict)
+    # modes whose traced steps do not call the model's ops one by one: {mode: why} (a compiler fuses them
+    # into generated kernels; a replayed graph launches none); the report does not count op calls there
+    uncounted_call_modes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.modes:
             raise ValueError(f"{self.name}: a framework has at least one mode")
-        bad = [m for m in (*self.gpu_only_modes, *self.mode_flags.values(), *self.fusing_modes, *self.mode_help)
+        bad = [m for m in (*self.gpu_only_modes, *self.mode_flags.values(), *self.uncounted_call_modes, *self.mode_help)
                if m not in self.modes]
         if bad:
             raise ValueError(f"{self.name}: {bad} are not among its modes {self.modes}")

@@ -169,10 +169,10 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         source = adapters.FORMATS.get(t.source)
         # calls per step
         name, mode = frameworks.split_key(fw)
-        fused = frameworks.REGISTRY[name].fusing_modes.get(mode) if name in frameworks.REGISTRY else None
-        if fused:
+        uncounted = frameworks.REGISTRY[name].uncounted_call_modes.get(mode) if name in frameworks.REGISTRY else None
+        if uncounted:
             rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
-                             f"mode {mode}: {fused}: a fused kernel is not one framework-op call"))
+                             f"mode {mode}: {uncounted}"))
         elif not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
             rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))

@@ -165,3 +165,27 @@ def test_a_case_is_keyed_by_framework_and_mode(tmp_path):
     assert case.name == "pytorch-cuda-graph bs 64"
     default = runner.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
     assert default.key == "pytorch" and default.out_dir == tmp_path / "pytorch" / "bs64"
+
+
+
+@pytest.mark.parametrize("key", ["pytorch-compile", "pytorch-cuda-graph"])
+def test_calls_per_step_are_not_counted_where_a_mode_fuses_or_replays(key):
+    """The real CPU run's PyTorch records keyed as another mode: its calls-per-step rows (16 pass as
+    eager) are not checked, with the descriptor's reason."""
+    from kernelmap.reports import checks as C
+
+    def calls(run):
+        ch = C.self_checks([run])
+        return ch[(ch["check"] == C.Check.CALLS) & ch["framework"].isin(["pytorch", key])]
+
+    eager = calls(A.load_run(DATA / "report_cpu_run"))
+    assert len(eager) > 1 and (eager["status"] == C.PASS).all()
+    run = A.load_run(DATA / "report_cpu_run")
+    run.records["framework"] = run.records["framework"].astype(object).replace("pytorch", key)
+    for r in run.results:
+        if r["framework"] == "pytorch":
+            r["framework"] = key
+    got = calls(run)
+    name, mode = frameworks.split_key(key)
+    why = f"mode {mode}: {frameworks.get(name).uncounted_call_modes[mode]}"
+    assert got[["status", "detail"]].values.tolist() == [[C.NOT_CHECKED, why]] * eager["batch_size"].nunique()

@@ -52,7 +52,10 @@ DESCRIPTOR = Framework(
     install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto",
     modes=(EAGER, CUDA_GRAPH, COMPILE, COMPILE_GRAPHS), gpu_only_modes=frozenset({CUDA_GRAPH, COMPILE_GRAPHS}),
     mode_help=MODE_HELP,
-    fusing_modes={m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
-                  for m in (COMPILE, COMPILE_GRAPHS)},
+    uncounted_call_modes={
+        CUDA_GRAPH: "a replayed CUDA graph launches no framework op (its kernels are attributed from the reference "
+                    "step: adapters/graph_replay.py)",
+        **{m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
+           for m in (COMPILE, COMPILE_GRAPHS)}},
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
 )
