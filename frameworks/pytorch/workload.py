@@ -98,6 +98,7 @@ class Workload(spec.WorkloadBase):
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         if self.mode in (CUDA_GRAPH, COMPILE_GRAPHS):  # the replayed kernels' twins under their ops (graph_replay)
+            self._prepare_reference()  # outside the profiler: nothing but the reference step in its file
             with profile(activities=activities, record_shapes=True) as ref:
                 self.graph_reference_step()
             ref.export_chrome_trace(str(Path(out_dir) / GRAPH_REFERENCE_FILE))
@@ -217,6 +218,21 @@ class Workload(spec.WorkloadBase):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
         return self._step(images, labels).detach()
 
+    def _prepare_reference(self) -> None:
+        """What ``graph_reference_step`` needs, done before its profiler starts: compile-graphs' twins
+        compiled and run once; cuda-graph's graph captured (by the warm-up)."""
+        if self.mode == COMPILE_GRAPHS:
+            if self._last_batch is None:
+                raise KernelmapError(f"PyTorch {COMPILE_GRAPHS}: no step ran before the profiler started")
+            if self._twins is None:
+                self._twins = (torch.compile(self._loss), torch.compile(self.optimizer.step))
+                self._twin_step(*self._last_batch)
+                self.synchronize()
+        elif self._graph is None:
+            raise KernelmapError(f"PyTorch {CUDA_GRAPH}: no graph captured before the profiler started (the "
+                                 f"capture is warm-up step {GRAPH_WARMUP + 1}: give at least {GRAPH_WARMUP + 1} "
+                                 "warm-up steps)")
+
     def _twin_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         loss_fn, opt_step = self._twins
         with self.region("kernelmap:forward"):
@@ -261,21 +277,12 @@ class Workload(spec.WorkloadBase):
         same order as the captured graph. compile-graphs: a step of twins of the compiled loss and
         optimizer step compiled in the default mode (the same generated kernels, no CUDA graphs), compiled
         and run once first, outside the profiler."""
+        self.synchronize()
         if self.mode == COMPILE_GRAPHS:
-            if self._last_batch is None:
-                raise KernelmapError(f"PyTorch {COMPILE_GRAPHS}: no step ran before the profiler started")
-            if self._twins is None:
-                self._twins = (torch.compile(self._loss), torch.compile(self.optimizer.step))
-                self._twin_step(*self._last_batch)
-            self.synchronize()
             with self._ranges(GRAPH_REFERENCE):
                 self._twin_step(*self._last_batch)
                 self.synchronize()
             return
-        if self._graph is None:
-            raise KernelmapError(f"PyTorch {CUDA_GRAPH}: no graph captured before the profiler started (the "
-                                 f"capture is warm-up step {GRAPH_WARMUP + 1}: give at least {GRAPH_WARMUP + 1} "
-                                 "warm-up steps)")
         x, y, _ = self._static
         self.synchronize()
         with self._ranges(GRAPH_REFERENCE):
