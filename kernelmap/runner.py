@@ -872,7 +872,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             versions = next((r["versions"] for r in results if r["framework"] == fw), None)
             fw_entries[fw] = {**d.to_manifest(), "versions": versions, "skipped": d.device is None}
         config = {"cli": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                  "train": train, "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
+                  "train": train, "modes": {fw: modes[fw] for fw in runnable}, "modes_skipped": mode_skips,
+                  "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
                   "out": str(out), "trials": args.trials, "threads": threads,
                   "timing": {"step": timing.STEP_METHOD, "end_to_end": timing.E2E_METHOD,
                              "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
