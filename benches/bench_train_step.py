@@ -27,7 +27,7 @@ from collections.abc import Callable
 import pytest
 from conftest import _VERSIONS, bench_batch_sizes, bench_modes, block_rounds, decision
 
-from kernelmap import contention, timing
+from kernelmap import contention, frameworks, timing
 from kernelmap.history import CONTENTION, STEPS_PER_ROUND, BenchKey, Mode
 
 WARMUP_STEPS = 3
@@ -72,6 +72,8 @@ def pytest_generate_tests(metafunc):
     params = []
     for mode in bench_modes(metafunc.config):
         for device in ("cpu", "gpu"):
+            if mode.value not in frameworks.get(framework).modes_on(device):  # a CUDA graph on the CPU: no key
+                continue
             for bs in bench_batch_sizes(metafunc.config):
                 key = BenchKey(framework, mode.value, device, bs)
                 params.append(pytest.param(mode.value, device, bs, id=key.id,
@@ -87,8 +89,7 @@ def test_train_step(benchmark, request, framework, workload_cls, bench_data, mod
     from kernelmap.frameworks import spec
 
     key = BenchKey(framework, Mode(mode).value, device, batch_size)
-    config = spec.TrainConfig(batch_size=batch_size, device=device, data=bench_data, steps=None,
-                              hybridize=key.mode == Mode.HYBRIDIZED.value)
+    config = spec.TrainConfig(batch_size=batch_size, device=device, data=bench_data, steps=None, mode=key.mode)
     workload = workload_cls(config)
     workload.trace_regions = False  # as the clean pass: no per-step profiler ranges
     info = workload.data_info

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class NsysWindow(enum.Enum):
         return []
 
 
+MODE_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
 
 
@@ -56,7 +58,7 @@ class Framework:
     probe: str  # Python source that prints one JSON line of facts (doctor, device decision)
     gpu_verdict: Callable[[dict[str, Any], tuple[int, int] | None, str | None], GpuVerdict]
     trace_source: str  # the records source of its profiler trace (the framework pass)
-    modes: tuple[str, ...]  # execution modes it is benchmarked in (history keys)
+    modes: tuple[str, ...]  # execution modes it is benchmarked in (history keys); the first is its default
     pass_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # extra env of a capture pass
     # the variable that makes its cuDNN log API calls, given its worker environment (cuDNN 9:
     # CUDNN_LOGLEVEL_DBG=3; cuDNN 8: CUDNN_LOGINFO_DBG=1)
@@ -73,6 +75,33 @@ class Framework:
     cpu_env: Mapping[str, str] = field(default_factory=dict)
     # environment variables of its own that the manifest records (they change how it runs)
     recorded_env: tuple[str, ...] = ()
+    # modes that run only on a GPU (CUDA graphs): on the CPU they are skipped with a note
+    gpu_only_modes: frozenset[str] = frozenset()
+    # older command-line switches that name one of its modes: ``--hybridize`` -> hybridized
+    mode_flags: Mapping[str, str] = field(default_factory=dict)
+    # one line per mode, for --help and the docs: what the mode runs
+    mode_help: Mapping[str, str] = field(default_factory=dict)
+    # modes whose traced steps do not call the model's ops one by one: {mode: why} (a compiler fuses them
+    # into generated kernels; a replayed graph launches none); the report does not count op calls there
+    uncounted_call_modes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.modes:
+            raise ValueError(f"{self.name}: a framework has at least one mode")
+        bad = [m for m in (*self.gpu_only_modes, *self.mode_flags.values(), *self.uncounted_call_modes, *self.mode_help)
+               if m not in self.modes]
+        if bad:
+            raise ValueError(f"{self.name}: {bad} are not among its modes {self.modes}")
+        if any(not MODE_NAME.match(m) for m in self.modes):
+            raise ValueError(f"{self.name}: mode names are lower-case words joined by '-': {self.modes}")
+
+    @property
+    def default_mode(self) -> str:
+        return self.modes[0]
+
+    def modes_on(self, device: str) -> tuple[str, ...]:
+        """Its modes that can run on ``device`` (cpu | gpu)."""
+        return tuple(m for m in self.modes if device == "gpu" or m not in self.gpu_only_modes)
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

@@ -102,7 +102,8 @@ class TrainConfig:
     seed: int = 0
     data: str = "auto"  # auto | fashion-mnist | mnist | synthetic | a directory
     data_dir: str | None = None
-    hybridize: bool = False  # Gluon only
+    hybridize: bool = False  # Gluon only: the older switch for its hybridized mode (``mode`` wins where given)
+    mode: str | None = None  # execution mode, one of the framework's descriptor's modes; None: its default
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
     math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
 
@@ -180,10 +181,16 @@ class WorkloadBase(abc.ABC):
     @property
     def mode(self) -> str:
         """How this workload executes its step (one of its descriptor's ``modes``, e.g. eager, imperative,
-        hybridized, jit): the first mode unless the framework says otherwise."""
+        hybridized, jit, cuda-graph): ``config.mode``, else the descriptor's first mode."""
         from . import get
 
-        return get(self.framework).modes[0]
+        d = get(self.framework)
+        mode = self.config.mode
+        if mode is None:
+            return d.default_mode
+        if mode not in d.modes:
+            raise KernelmapError(f"{d.label} has no mode {mode!r}; its modes: {', '.join(d.modes)}")
+        return mode
 
     def allocator_bytes(self) -> int | None:
         """Device memory the framework's allocator holds (reserved or in use, as it reports), or None."""

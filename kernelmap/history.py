@@ -88,13 +88,10 @@ STEPS_PER_ROUND = "steps_per_round"  # training steps per round, the device sync
 CONTENTION = "contention"  # kernelmap.contention.summarise() of the benchmark's rounds
 
 
-class Mode(enum.StrEnum):
-    """How a framework executes the benchmarked step. Add a member for a new mode (a JAX ``jit``)."""
-
-    EAGER = "eager"  # PyTorch, op by op
-    IMPERATIVE = "imperative"  # Gluon, not hybridized
-    HYBRIDIZED = "hybridized"  # Gluon after ``net.hybridize()``
-    JIT = "jit"  # JAX: one jitted step
+# How a framework executes the benchmarked step: every mode of every framework's descriptor
+# (``frameworks.MODES``), members named after them (upper case, "-" as "_"). A new mode is a line in its
+# framework's descriptor, not here.
+Mode = enum.StrEnum("Mode", {m.upper().replace("-", "_"): m for m in frameworks.MODES})
 
 
 # the modes each framework's benchmark runs, in order

@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import adapters, attribution, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import RunDir, case_dir
+from .rundir import GRAPH_REFERENCE, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,6 +232,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     for fw, bs, bs_dir in rd.cases():
         files = []
         for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+            if f.name == GRAPH_REFERENCE:  # the Kineto adapter reads it with the trace beside it
+                skipped.append({"file": str(f.relative_to(run_dir)),
+                                "reason": "the reference step of a graph-replay trace, read with that trace "
+                                          "(adapters/graph_replay.py) to attribute its replayed kernels"})
+                continue
             if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
                 # The runner keeps the report for the GUI beside its SQLite export: one capture,
                 # read once (reading both would count every kernel twice).
@@ -246,13 +251,14 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         if not files:
             continue
         name = str(case_dir(fw, bs))
+        key, (fw, _mode) = fw, frameworks.split_key(fw)  # the folder: a framework, or framework-mode (case_key)
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
-                          batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")),
-                          steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False))
-        df["framework"] = fw
+                          batch_size=bs, log_steps=_log_steps(rd.pass_result(key, bs, "libs")),
+                          steady_calls=_log_steps(rd.pass_result(key, bs, "libs"), warmup=False))
+        df["framework"] = key
         frames.append(df)
-        per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}
-        sources += [{"framework": fw, "batch_size": bs, "source": src,
+        per[name] = {**s["runs"][name], "files": s["files"], "framework": key, "batch_size": bs}
+        sources += [{"framework": key, "batch_size": bs, "source": src,
                      **{k: v for k, v in b.items() if not isinstance(v, list)}}
                     for src, b in s["runs"][name]["by_source"].items()]
     if not frames and rd.records.is_file():

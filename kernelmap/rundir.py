@@ -22,7 +22,10 @@ RESULTS = "results.json"
 RECORDS = "records.parquet"
 ATTRIBUTION = "attribution.json"
 LOGS = Path("logs")
-LEGACY_PARITY = "parity.json"  # runs made before parity was recorded per framework
+LEGACY_PARITY = "parity.json"
+# beside a framework pass's trace.json.gz where its steps replay a CUDA graph: one profiled eager step
+# with the graph's kernels (adapters/graph_replay.py reads it with the trace; not records of its own)
+GRAPH_REFERENCE = "graph-reference.json.gz"  # runs made before parity was recorded per framework
 _BS = re.compile(r"^bs(\d+)$")
 
 

@@ -418,15 +418,19 @@ def repeat_budget_s(spent_s: float, budget_s: float | None) -> float:
 
 # --- one framework x batch size -----------------------------------------------------------------
 class Case:
-    """One framework x batch size: its workers' commands, what they returned, its results.json entry."""
+    """One framework x mode x batch size: its workers' commands, what they returned, its results.json entry.
+    ``key``: ``frameworks.case_key`` of the framework and mode, which names its folder and logs."""
 
     def __init__(self, fw: str, decision: Decision, bs: int, train: dict[str, Any], data_json: str, run_tmp: Path,
-                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str]):
+                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str],
+                 mode: str | None = None):
         self.fw, self.decision, self.bs, self.train = fw, decision, bs, train
+        self.mode = mode or frameworks.get(fw).default_mode
+        self.key = frameworks.case_key(fw, self.mode)
         self.nsys, self.nsys_skip = nsys, nsys_skip
         self.rd = rundir.RunDir(run_tmp)
-        self.out_dir = self.rd.case(fw, bs)
-        config = dict(train, batch_size=bs, device=decision.device)
+        self.out_dir = self.rd.case(self.key, bs)
+        config = dict(train, batch_size=bs, device=decision.device, mode=self.mode)
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
                      "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
@@ -441,7 +445,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.fw} bs {self.bs}"
+        return f"{self.key} bs {self.bs}"
 
     def starts_worker(self, job: Job) -> bool:
         """Whether ``job`` starts a worker here (an nsys pass that records nothing here does not)."""
@@ -459,23 +463,23 @@ class Case:
         t0 = time.monotonic()
         try:
             run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(), forward_stderr=False,
-                       log_path=self.rd.log(self.fw, self.bs, "clean", trial))
+                       log_path=self.rd.log(self.key, self.bs, "clean", trial))
         finally:
             progress.finish()
         self.trial_walls.append(time.monotonic() - t0)
-        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.fw, self.bs, "clean", trial)))
+        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.key, self.bs, "clean", trial)))
         if repeat:
             self.repeat_trials.append(trial)
 
     def run_capture(self, p: str, progress: RunProgress, notes: list[str]) -> None:
         """One capture pass in its own process (an nsys pass that records nothing here: a note)."""
-        fw, bs, out_dir = self.fw, self.bs, self.out_dir
+        fw, key, bs, out_dir = self.fw, self.key, self.bs, self.out_dir
         if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
-            notes.append(f"{fw} bs {bs}: nsys pass skipped: {self.nsys_skip}")
+            notes.append(f"{key} bs {bs}: nsys pass skipped: {self.nsys_skip}")
             self.pass_results[p] = {"skipped": self.nsys_skip}
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        label = f"{fw} bs {bs} ({p} pass, {self.decision.device})"
+        label = f"{key} bs {bs} ({p} pass, {self.decision.device})"
         steps = PASS_STEPS[p] if self.train["steps"] is None else min(PASS_STEPS[p], self.train["steps"])
         cmd = [*self.base, "--pass", p, "--steps", str(steps), "--no-evaluate"]
         env = self._env()
@@ -486,7 +490,7 @@ class Case:
             env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
             if self.decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
-        log_path = self.rd.log(fw, bs, p)
+        log_path = self.rd.log(key, bs, p)
         progress.start(label)
         try:
             if p == "nsys":
@@ -499,7 +503,7 @@ class Case:
                            log_path=log_path)
         finally:
             progress.finish()
-        self.pass_results[p] = rundir.read_json(self.rd.pass_result(fw, bs, p))
+        self.pass_results[p] = rundir.read_json(self.rd.pass_result(key, bs, p))
 
     def drop(self) -> None:
         """Leave this case out of the run: its folder goes (and its framework's, once empty)."""
@@ -512,7 +516,7 @@ class Case:
     def entry(self, notes: list[str]) -> dict[str, Any]:
         """This case's results.json entry (and its notes: trials left out, disagreement, contention)."""
         return case_entry(self.fw, self.bs, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
-                          self.out_dir, rundir.case_dir(self.fw, self.bs), notes)
+                          self.out_dir, rundir.case_dir(self.key, self.bs), notes)
 
 
 def _trial_ids(trials: list[dict[str, Any]]) -> str:
@@ -672,7 +676,7 @@ def run_repeats(cases: dict[tuple[str, int], Case], trials: int, max_repeats: in
     r = trials
     while True:
         live = [c for c in cases.values() if not c.failed]
-        order = round_order([(c.fw, c.bs) for c in live], r)
+        order = round_order([(c.key, c.bs) for c in live], r)
         want = [(cases[k], why) for k in order
                 if not cases[k].repeats_over
                 and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats))]
@@ -765,7 +769,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "data": args.data,
         "data_dir": args.data_dir,
-        "hybridize": args.hybridize,
+        "hybridize": False,  # the modes of every framework: Case.mode (--mode, and the descriptors' mode_flags)
         "math": args.math,
     }
     if train["steps"] is not None and train["steps"] < 1:
@@ -814,14 +818,30 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError("--max-repeats must be at least 0")
     if args.repeat_budget is not None and args.repeat_budget < 0:
         raise KernelmapError("--repeat-budget must be at least 0 seconds")
-    progress = RunProgress(planned_workers(runnable, len(args.batch_size), args.trials, passes, skips))
-    notes: list[str] = []
+    modes: dict[str, list[str]] = {}
+    mode_skips: dict[str, str] = {}  # case key -> why that mode does not run here
+    for fw in runnable:
+        try:
+            modes[fw], skipped_modes = frameworks.modes_to_run(fw, args.mode, decisions[fw].device)
+        except ValueError as exc:
+            raise KernelmapError(str(exc)) from None
+        mode_skips.update({frameworks.case_key(fw, m): why for m, why in skipped_modes.items()})
+    for line in said_once(mode_skips, "mode skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
+    mode_notes = [f"{key}: mode skipped: {why}" for key, why in mode_skips.items()]
+    keys = {frameworks.case_key(fw, m): (fw, m) for fw in runnable for m in modes[fw]}
+    if not keys:
+        raise KernelmapError(f"no mode of {', '.join(runnable)} can run here: " + "; ".join(mode_notes))
+    progress = RunProgress(planned_workers(list(keys), len(args.batch_size), args.trials, passes,
+                                           {k: skips[fw] for k, (fw, _) in keys.items() if fw in skips}))
+    notes: list[str] = list(mode_notes)
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
     with atomic_dir(out, replace=args.replace) as tmp:
         failed: list[str] = []
-        cases = {(fw, bs): Case(fw, decisions[fw], bs, train, data_json, tmp, nsys, skips.get(fw), threads, python)
-                 for fw in runnable for bs in args.batch_size}
+        cases = {(key, bs): Case(fw, decisions[fw], bs, train, data_json, tmp, nsys, skips.get(fw), threads, python,
+                                 mode=mode)
+                 for key, (fw, mode) in keys.items() for bs in args.batch_size}
         # Interleaved rounds (``schedule``), then extra clean trials where trials were contended or disagree.
         run_schedule(cases, schedule(list(cases), args.trials, tuple(p for p in passes if p != "clean")),
                      args.trials, progress, notes, failed)
@@ -853,7 +873,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
             versions = next((r["versions"] for r in results if r["framework"] == fw), None)
             fw_entries[fw] = {**d.to_manifest(), "versions": versions, "skipped": d.device is None}
         config = {"cli": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                  "train": train, "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
+                  "train": train, "modes": {fw: modes[fw] for fw in runnable}, "modes_skipped": mode_skips,
+                  "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
                   "out": str(out), "trials": args.trials, "threads": threads,
                   "timing": {"step": timing.STEP_METHOD, "end_to_end": timing.E2E_METHOD,
                              "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
@@ -934,7 +955,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     rows = summary["results"]
     print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
           " e2e: with the loader")
-    head = (f"{'framework':<10} {'mode':<10} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
+    head = (f"{'framework':<10} {'mode':<14} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
             f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  {'contention':<10}  capture overhead")
     print(head)
     for r in rows:
@@ -947,12 +968,12 @@ def _print_table(summary: dict[str, Any]) -> None:
             ci += " disagree"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
-        print(f"{r['framework']:<10} {r['mode']:<10} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
+        print(f"{r['framework']:<10} {r['mode']:<14} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
               f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  "
               f"{contention_cell(r.get('contention')):<10}  {over}")
     busy = [(r, p, o) for r in rows for p, o in r["overheads"].items() if (o.get("contention") or {}).get("contended")]
     for r, p, o in busy:
-        print(f"{r['framework']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
+        print(f"{r['framework']} {r['mode']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")
     print(summary["run_dir"])
@@ -971,7 +992,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="directory of the IDX files for --data mnist/fashion-mnist")
     parser.add_argument("--out", help="run directory (default runs/<UTC timestamp>)")
     parser.add_argument("--profile", choices=tuple(PROFILES), default="none", help="capture passes after the clean one")
-    parser.add_argument("--hybridize", action="store_true", help="Gluon: hybridize the network")
+    parser.add_argument("--mode", action="extend", nargs="+", choices=frameworks.mode_choices(), metavar="MODE",
+                        help="execution modes to run, each in the frameworks that have it (a framework with none of "
+                             "them runs its default, the first); all: every mode of every framework; modes that need "
+                             "a GPU are skipped on the CPU with a note. Modes: " + "; ".join(
+                                 f"{d.name} {m}" + (f" ({d.mode_help[m]})" if m in d.mode_help else "")
+                                 for d in frameworks.REGISTRY.values() for m in d.modes))
+    for d in frameworks.REGISTRY.values():  # older switches that name one mode (--hybridize)
+        for flag, mode in d.mode_flags.items():
+            parser.add_argument(flag, dest="mode", action="append_const", const=mode, help=f"the same as --mode {mode}")
     parser.add_argument("--math", choices=[m.value for m in Math], default=MATH_DEFAULT.value,
                         help="GPU convs and matmuls of every framework: fp32 (TF32 off everywhere, the default: "
                              "like with like) or tf32 (TF32 allowed everywhere)")

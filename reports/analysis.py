@@ -32,6 +32,11 @@ from .analyses.coverage import (  # noqa: F401
     ATTRIBUTION_COLUMNS,
     coverage,
 )
+from .analyses.launch import (  # noqa: F401
+    best_mode_lines,
+    best_modes,
+    launch_bound,
+)
 from .analyses.linked import (  # noqa: F401
     linked_calls,
     linked_libraries,

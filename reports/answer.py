@@ -77,7 +77,7 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
         return pd.DataFrame(columns=list(KEY)), []
     states = states or {}
     present = set(layers["framework"])
-    fws = [f for f in frameworks.FRAMEWORKS if f in present] + sorted(present - set(frameworks.FRAMEWORKS))
+    fws = frameworks.key_order(present)  # frameworks, each in its modes (case keys)
     ref = frameworks.REFERENCE
     rows: list[dict[str, Any]] = []
     for key, g in layers.groupby(list(KEY), sort=False, dropna=False):

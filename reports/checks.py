@@ -40,6 +40,12 @@ Checks (``Check``):
   widened to one more process's 95% prediction interval from its trials where it ran quiet
   (``timing.PROCESS_RULE``: the benchmark is another process), overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
   McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``.
+* ``launch-bound figures`` (``analyses.launch``), per framework x mode x batch size of a GPU run: the
+  GPU-busy time per step (union of kernel intervals) is at most the summed kernel time (a union
+  cannot exceed its parts) and at most the clean step's 95% upper bound (else the idle share would
+  be negative: the kernels of the capture pass outlast the step they are set against); and the
+  busy-share table states the same clean step and summed kernel time as the launch-bound table (one
+  basis: the clean pass, never the capture pass's synchronised step).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import adapters, timing
+from kernelmap import adapters, frameworks, timing
 from kernelmap.rundir import RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
@@ -82,6 +88,7 @@ class Check(enum.StrEnum):
     CAPTURE_NOT_FASTER = "capture not faster"
     LAYER_VS_BATCH = "layer time vs batch size"
     CLEAN_VS_BENCH = "clean vs step benchmark"
+    LAUNCH_BOUND = "launch-bound figures"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -148,7 +155,12 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         fw, bs = t.framework, t.batch_size
         source = adapters.FORMATS.get(t.source)
         # calls per step
-        if not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
+        name, mode = frameworks.split_key(fw)
+        uncounted = frameworks.REGISTRY[name].uncounted_call_modes.get(mode) if name in frameworks.REGISTRY else None
+        if uncounted:
+            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+                             f"mode {mode}: {uncounted}"))
+        elif not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
             rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
         elif t.ops is None or t.ops.empty:
@@ -332,6 +344,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
     rows = []
     for r in run.results:
         fw, bs, mode, dev = (field_at(r, k) for k in ("framework", "batch_size", "mode", "device"))
+        fw = field_at(r, "framework_name") or fw  # history keys the framework and its mode apart
         subject = f"{fw} {mode} {dev} bs {bs}"
         if mode is None or dev is None:
             rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
@@ -398,9 +411,55 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)
         rows += _layer_vs_batch(run, series)
+        rows += launch_bound_checks(A.launch_bound([run]), A.busy_share([run]), A.summary_table([run]))
     out = pd.DataFrame(rows, columns=COLUMNS)
     out["batch_size"] = out["batch_size"].astype("Int64")  # rows of a whole run have none
     return out
+
+
+SAME_FIGURE = 1e-9  # ms: two tables state one figure
+
+
+def launch_bound_checks(lb: pd.DataFrame, busy: pd.DataFrame, summ: pd.DataFrame) -> list[dict[str, Any]]:
+    """``launch-bound figures`` (module docstring) from ``launch_bound``, ``busy_share`` and
+    ``summary_table`` of the same runs."""
+    rows = []
+    for _, r in lb.iterrows():
+        run, fw, bs = r["run"], r["framework"], r["batch_size"]
+        busy_ms, ksum, clean = r["gpu_busy_ms"], r["kernel_sum_ms"], r["clean_step_ms"]
+        if pd.isna(busy_ms):
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum", None, None, NOT_CHECKED,
+                             "no counted step holds kernels: no GPU-busy figure"))
+            continue
+        ok = busy_ms <= ksum + SAME_FIGURE
+        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum (ms/step)", ksum, busy_ms,
+                         PASS if ok else FAIL, "the union of the kernel intervals of a step" + (
+                             "" if ok else " exceeds their summed durations: intervals are miscounted")))
+        s = summ[(summ["run"] == run) & (summ["framework"] == fw) & (summ["batch_size"] == bs)]
+        hi = s["step_ms_ci95_high"].iloc[0] if len(s) else None
+        bound = clean if hi is None or pd.isna(hi) else hi
+        if bound is None or pd.isna(bound):
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step", None, busy_ms, NOT_CHECKED,
+                             "no clean-pass step for this framework x mode x batch size"))
+        else:
+            ok = busy_ms <= bound
+            why = "" if ok else "; the kernels of the capture pass outlast the clean step: the idle share would be negative"
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step (ms, 95% upper bound)", bound,
+                             busy_ms, PASS if ok else FAIL, f"clean step {clean:.4f} ms (median){why}"))
+        b = busy[(busy["run"] == run) & (busy["framework"] == fw) & (busy["batch_size"] == bs)
+                 & (busy["level"] == "kernel")]
+        if b.empty:
+            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures", None, None, FAIL,
+                             "the busy-share table has no kernel row for it"))
+            continue
+        step, kb = b["step_ms"].iloc[0], b["busy_ms_per_step"].iloc[0]
+        same = (pd.notna(step) and clean is not None and pd.notna(clean) and abs(step - clean) <= SAME_FIGURE
+                and abs(kb - ksum) <= SAME_FIGURE)
+        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures (step ms, kernel ms)",
+                         f"{clean} / {ksum}", f"{step} / {kb}", PASS if same else FAIL,
+                         "the busy share is kernel time over the clean step" + (
+                             "" if same else f"; the busy-share table divides by another step ({b['step_basis'].iloc[0]})")))
+    return rows
 
 
 def failed(checks: pd.DataFrame) -> pd.DataFrame:

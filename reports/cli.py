@@ -49,6 +49,7 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
 
 ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
 NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
+LAUNCH_BS = 64  # the first screen's launch-bound line: each framework's fastest mode at this batch size
 BANNER_ITEMS = 3  # the banner names this many busy figures (the rest are counted)
 
 
@@ -82,6 +83,9 @@ TABLES = {
     "library_mix": "figure data: library mix",
     "kernel_count": "figure data: kernels per op",
     "busy_share": "figure data: busy share",
+    "launch_bound": "launch-bound: clean step, GPU busy (union of kernel intervals), summed kernel time, idle share, "
+                    "per framework x mode x batch size",
+    "best_modes": "launch-bound: each framework's fastest mode per batch size 64",
     "overhead": "figure data: profiler overhead",
     "roofline": "figure data: achieved FLOP/s",
     "coverage": "coverage: unattributed timed time",
@@ -358,6 +362,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     tl = A.timeline_events(runs[0]) if len(runs) == 1 else pd.concat(
         [A.timeline_events(r) for r in runs], ignore_index=True)
     busy = A.busy_share(runs)
+    launch = A.launch_bound(runs)
+    best = A.best_modes(launch, LAUNCH_BS)
     ov = A.profiler_overhead(runs)
     roof, peaks = A.roofline(runs)
     cov, cov_top, attr, not_read = A.coverage(runs)
@@ -391,7 +397,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
                     "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
                     F.timeline_figure, None, tl, libcalls),
             _figure(tmp, "busy_share", "Busy share",
-                    "Summed kernel time (GPU) or outermost op time (CPU) per step over the step's wall time. "
+                    "Summed kernel time (GPU) or outermost op time (CPU) per step of the capture pass over the clean "
+                    "pass's median step (not the capture pass's own, slowed by its profiler). "
                     "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
                     F.busy_share_figure, busy, busy),
             _figure(tmp, "overhead", "Profiler overhead",
@@ -444,6 +451,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "answer": ans, "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
             "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
             "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
+            "launch_bound": launch, "best_modes": best,
             "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
             "trend": hist})
         procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
@@ -453,6 +461,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
             "fallbacks": fallbacks, "problems": problems,
             "summary_html": _summary_html(summ),
+            "launch_lines": A.best_mode_lines(best), "launch_bs": LAUNCH_BS,
+            "launch_html": H.table(launch) if len(launch) else "",
             "answers": _answer_tables(ans, ans_fws, fallbacks, summ), "no_capture": no_capture,
             "only_clean": bool(runs) and len(no_capture) == len(runs),
             "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),

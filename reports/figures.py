@@ -33,7 +33,7 @@ DPI = 110
 
 
 def _fw_color(fw: str) -> str:
-    return FW_COLOR.get(fw, "#495057")
+    return FW_COLOR.get(fw) or frameworks.key_color(fw) or "#495057"
 
 
 def _save(fig, path: Path) -> Path:

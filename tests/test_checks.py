@@ -93,7 +93,8 @@ def test_untouched_copies_fail_nothing(runs):
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
         (C.Check.LAYERS_WITHIN_STEP, C.PASS): 1, (C.Check.CAPTURE_NOT_FASTER, C.PASS): 3,
-        (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 1, (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1}
+        (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 1, (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1,
+        (C.Check.LAUNCH_BOUND, C.PASS): 3}  # busy <= kernel sum, busy <= clean step, busy-share table agrees
     rc = _counts(_checks(runs["report_cpu_run"]))
     # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
     assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28

@@ -601,7 +601,7 @@ def test_the_noxfile_job_end_to_end(tmp_path, capsys):
     require_framework("pytorch")
     part = tmp_path / "pytorch.json"
     argv = nf.step_benchmark_argv("pytorch", part, "--benchmark-max-time=0.01", "--benchmark-min-rounds=3",
-                                  "--bench-data=synthetic", "-k", "cpu-64", "-q")
+                                  "--bench-data=synthetic", "-k", "eager-cpu-64", "-q")
     assert argv[0] == "pytest" and f"--benchmark-json={part}" in argv and "--benchmark-autosave" not in argv
     proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -8,6 +8,7 @@ package's own modules; importing ``a.b.c`` imports ``a`` and ``a.b`` too (their 
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 from pathlib import Path
 
@@ -204,8 +205,7 @@ def _mode_words() -> dict[str, str]:
 # Execution modes are not a registry vocabulary yet: issue 30 removes these (history.Mode members,
 # --hybridize, TrainConfig.hybridize); then this list is emptied.
 ISSUE_30_MODES = {
-    "kernelmap.history": {"eager", "imperative", "hybridized", "jit"},
-    "kernelmap.parity": {"hybridize"},
+    "kernelmap.parity": {"hybridize"},  # parity compares default modes; its --hybridize switch remains
     "kernelmap.runner": {"hybridize"},
 }
 # Files other issues are rewriting, where a framework is still named: the op-name vocabularies and
@@ -213,6 +213,7 @@ ISSUE_30_MODES = {
 # the CPU-library linking by profiler source (issue 25: attribution.py). Each entry must still occur
 # (a stale one fails), so the list only shrinks.
 PENDING = {
+    "kernelmap.adapters.inductor": {"torch"},  # Inductor's own span names ("Torch-Compiled Region"): a format
     "kernelmap.adapters": {"mxnet", "jax"},
     "kernelmap.adapters.canonical": {"pytorch", "mxnet", "torch"},
     "kernelmap.adapters.kineto": {"pytorch", "mxnet"},
@@ -221,6 +222,9 @@ PENDING = {
     "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
     "kernelmap.attribution": {"kineto", "mxnet_profiler"},  # derive from the registry's trace_source
 }
+
+
+BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 def framework_names_outside(root: Path = ROOT) -> dict[str, set[str]]:
@@ -263,6 +267,10 @@ def framework_names_outside(root: Path = ROOT) -> dict[str, set[str]]:
             else:
                 continue
             for text in texts:
+                # a mode word that Python itself defines (compile) is a name of its own as an identifier
+                # (re.compile, builtins.compile); as a string it still names the mode
+                if not (isinstance(node, ast.Constant)) and text in BUILTIN_NAMES:
+                    continue
                 if module.startswith(f"{PACKAGE}.adapters"):
                     for source in sources:  # the format it reads
                         text = re.sub(rf"(?<![a-z]){re.escape(source)}(?![a-z])", " ", text, flags=re.IGNORECASE)

@@ -7,6 +7,9 @@ from ..registry import CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
                "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet")
 
+IMPERATIVE = "imperative"  # Gluon, op by op
+HYBRIDIZED = "hybridized"  # Gluon after ``net.hybridize()``
+
 PROBE = r"""
 import json
 import os
@@ -83,7 +86,9 @@ def nsys_window(env: dict[str, str] | None) -> NsysWindow | None:
 
 DESCRIPTOR = Framework(
     name="mxnet", label="MXNet", color="#1864ab", import_names=("mxnet",), install_fix=INSTALL_FIX, probe=PROBE,
-    gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=("imperative", "hybridized"),
+    gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=(IMPERATIVE, HYBRIDIZED),
+    mode_flags={"--hybridize": HYBRIDIZED},
+    mode_help={IMPERATIVE: "Gluon op by op", HYBRIDIZED: "Gluon after net.hybridize(): one CachedOp graph a step"},
     # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
     pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
     cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,

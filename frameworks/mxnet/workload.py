@@ -18,6 +18,7 @@ from kernelmap.errors import KernelmapError, MissingToolError
 from .. import spec
 from ..data import file_digest, synthetic_arrays
 from . import built, cuda11
+from .descriptor import HYBRIDIZED
 
 # Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
 # environment, and has put its python/ first on PYTHONPATH) gets its CUDA/cuDNN/BLAS libraries
@@ -117,7 +118,7 @@ class Workload(spec.WorkloadBase):
             self.compute_capability = None
         self.net = build_net()
         self.net.initialize(ctx=self.ctx)
-        if config.hybridize:
+        if self.mode == HYBRIDIZED:
             self.net.hybridize()
         self._layers = {"conv1": self.net[0], "conv2": self.net[2], "fc1": self.net[5], "fc2": self.net[6]}
         self.set_weights(spec.init_weights(config.seed))
@@ -219,7 +220,8 @@ class Workload(spec.WorkloadBase):
 
     @property
     def mode(self) -> str:
-        return "hybridized" if self.config.hybridize else "imperative"
+        """``config.mode``, else hybridized where ``config.hybridize`` (the older switch), else imperative."""
+        return HYBRIDIZED if self.config.hybridize and self.config.mode is None else super().mode
 
     def synchronize(self) -> None:
         mx.nd.waitall()

@@ -8,6 +8,18 @@ INSTALL_FIX = "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see http
 CUDA_FIX = ("install a CUDA build of torch, e.g. pip install torch --index-url "
             "https://download.pytorch.org/whl/cu130, on a machine with an NVIDIA GPU and driver")
 
+EAGER = "eager"  # op by op
+CUDA_GRAPH = "cuda-graph"  # the whole step captured once with torch.cuda.graph after warm-up, then replayed
+COMPILE = "compile"  # torch.compile (default mode) of the model and loss; optimizer eager
+COMPILE_GRAPHS = "compile-graphs"  # torch.compile mode="reduce-overhead" of the model and loss and of the optimizer step
+MODE_HELP = {
+    EAGER: "op by op",
+    CUDA_GRAPH: "the whole training step captured with torch.cuda.graph after warm-up, replayed each step "
+                "(static input buffers filled from the loader)",
+    COMPILE: "torch.compile (default mode) of model + loss (forward and backward); the optimizer step eager",
+    COMPILE_GRAPHS: "torch.compile mode='reduce-overhead' (CUDA graph trees) of model + loss and of the optimizer step",
+}
+
 PROBE = r"""
 import json, torch
 d = {"version": torch.__version__, "cuda_build": torch.version.cuda,
@@ -37,6 +49,13 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
 
 DESCRIPTOR = Framework(
     name="pytorch", label="PyTorch", color="#d9480f", import_names=("torch", "torchvision"),
-    install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto", modes=("eager",),
+    install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto",
+    modes=(EAGER, CUDA_GRAPH, COMPILE, COMPILE_GRAPHS), gpu_only_modes=frozenset({CUDA_GRAPH, COMPILE_GRAPHS}),
+    mode_help=MODE_HELP,
+    uncounted_call_modes={
+        CUDA_GRAPH: "a replayed CUDA graph launches no framework op (its kernels are attributed from the reference "
+                    "step: adapters/graph_replay.py)",
+        **{m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
+           for m in (COMPILE, COMPILE_GRAPHS)}},
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
 )

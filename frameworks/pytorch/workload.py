@@ -1,4 +1,6 @@
-"""The MNIST CNN in PyTorch: an ``nn.Module`` run eagerly, SGD with momentum, torchvision data."""
+"""The MNIST CNN in PyTorch: an ``nn.Module``, SGD with momentum, torchvision data; run in one of the
+descriptor's modes: eager, the whole step as one CUDA graph (``cuda-graph``), ``torch.compile`` default
+(``compile``) or reduce-overhead with the optimizer step compiled too (``compile-graphs``)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision import transforms
 
 from kernelmap.errors import KernelmapError
+from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 
 from .. import spec
 from ..data import synthetic_arrays
+from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH
+
+GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
+GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager reference step (GRAPH_REFERENCE_FILE)
 
 
 class Net(nn.Module):
@@ -54,6 +61,22 @@ class Workload(spec.WorkloadBase):
         self.model = Net().to(self.device)
         self.set_weights(spec.init_weights(config.seed))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
+        mode = self.mode
+        if mode in (CUDA_GRAPH, COMPILE_GRAPHS) and self.device.type != "cuda":
+            raise KernelmapError(f"PyTorch mode {mode} needs a GPU; this worker runs on the CPU")
+        self._graph: torch.cuda.CUDAGraph | None = None  # cuda-graph: the captured step
+        self._static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # its images, labels, loss
+        self._eager_steps = 0  # cuda-graph: warm-up steps run before the capture
+        self._loss_fn = self._loss
+        self._compiled = False  # compile modes: whether the first (compiling) call was made
+        self._twins = None  # compile-graphs: default-mode twins of the compiled loss and optimizer step
+        self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._opt_step = self.optimizer.step
+        if mode in (COMPILE, COMPILE_GRAPHS):
+            compile_mode = "reduce-overhead" if mode == COMPILE_GRAPHS else None
+            self._loss_fn = torch.compile(self._loss, mode=compile_mode)
+            if mode == COMPILE_GRAPHS:  # the optimizer step inside a compiled region, replayed as graphs too
+                self._opt_step = torch.compile(self.optimizer.step, mode=compile_mode)
 
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
@@ -74,6 +97,11 @@ class Workload(spec.WorkloadBase):
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        if self.mode in (CUDA_GRAPH, COMPILE_GRAPHS):  # the replayed kernels' twins under their ops (graph_replay)
+            self._prepare_reference()  # outside the profiler: nothing but the reference step in its file
+            with profile(activities=activities, record_shapes=True) as ref:
+                self.graph_reference_step()
+            ref.export_chrome_trace(str(Path(out_dir) / GRAPH_REFERENCE_FILE))
         with profile(activities=activities, record_shapes=True) as prof:
             yield
         prof.export_chrome_trace(str(Path(out_dir) / "trace.json.gz"))
@@ -158,18 +186,110 @@ class Workload(spec.WorkloadBase):
                 stack.enter_context(torch.cuda.nvtx.range(name))
             yield
 
+    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.nll_loss(F.log_softmax(self.model(images), dim=1), labels)
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor, zero_grad: bool = True) -> torch.Tensor:
+        """Forward, backward and the optimizer step (eager, or the compiled loss and optimizer step)."""
+        with self.region("kernelmap:forward"):
+            loss = self._loss_fn(images, labels)
+        with self.region("kernelmap:backward"):
+            if zero_grad:
+                self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with self.region("kernelmap:optimizer"):
+            self._opt_step()
+        return loss
+
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if not self.model.training:  # evaluate() leaves it in eval mode; a per-step train() walks every module
             self.model.train()
+        if self.mode == CUDA_GRAPH:
+            return self._graph_step(images, labels)
+        if self.mode in (COMPILE, COMPILE_GRAPHS) and not self._compiled:
+            # the first call compiles: on the CPU, a capture pass's generated kernels each get a
+            # profiler span (their names say the ops they fuse: adapters/inductor.py); the clean pass none
+            import torch._inductor.config as inductor_config
+
+            inductor_config.cpp.enable_kernel_profile = self.trace_regions
+            self._compiled = True
+        if self.mode == COMPILE_GRAPHS:
+            self._last_batch = (images, labels)  # the reference step's batch (graph_reference_step)
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
+        return self._step(images, labels).detach()
+
+    def _prepare_reference(self) -> None:
+        """What ``graph_reference_step`` needs, done before its profiler starts: compile-graphs' twins
+        compiled and run once; cuda-graph's graph captured (by the warm-up)."""
+        if self.mode == COMPILE_GRAPHS:
+            if self._last_batch is None:
+                raise KernelmapError(f"PyTorch {COMPILE_GRAPHS}: no step ran before the profiler started")
+            if self._twins is None:
+                self._twins = (torch.compile(self._loss), torch.compile(self.optimizer.step))
+                self._twin_step(*self._last_batch)
+                self.synchronize()
+        elif self._graph is None:
+            raise KernelmapError(f"PyTorch {CUDA_GRAPH}: no graph captured before the profiler started (the "
+                                 f"capture is warm-up step {GRAPH_WARMUP + 1}: give at least {GRAPH_WARMUP + 1} "
+                                 "warm-up steps)")
+
+    def _twin_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        loss_fn, opt_step = self._twins
         with self.region("kernelmap:forward"):
-            logits = self.model(images)
-            loss = F.nll_loss(F.log_softmax(logits, dim=1), labels)
+            loss = loss_fn(images, labels)
         with self.region("kernelmap:backward"):
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         with self.region("kernelmap:optimizer"):
-            self.optimizer.step()
-        return loss.detach()
+            opt_step()
+
+    def _graph_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """cuda-graph: the first ``GRAPH_WARMUP`` steps run eagerly on a side stream (on the static
+        buffers), the next is captured with ``torch.cuda.graph`` and replayed, as is every later one; each
+        step first copies its batch into the static buffers."""
+        if self._static is None:
+            self._static = (images.clone(), labels.clone(), torch.zeros((), device=self.device))
+        x, y, _ = self._static
+        x.copy_(images)
+        y.copy_(labels)
+        if self._graph is None and self._eager_steps < GRAPH_WARMUP:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                loss = self._step(x, y)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._eager_steps += 1
+            return loss.detach()
+        if self._graph is None:
+            self.optimizer.zero_grad(set_to_none=True)  # the backward in the graph makes its own gradients
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                loss = self._step(x, y, zero_grad=False)
+            self._static = (x, y, loss)
+            self._graph = graph
+        self._graph.replay()
+        return self._static[2].detach()
+
+    def graph_reference_step(self) -> None:
+        """Inside the framework profiler, one step that launches the graphs' kernels one by one, in a
+        ``GRAPH_REFERENCE`` region; the Kineto adapter attributes each replayed kernel to the op that
+        launched its twin here. cuda-graph: an eager step on the static buffers, the same kernels in the
+        same order as the captured graph. compile-graphs: a step of twins of the compiled loss and
+        optimizer step compiled in the default mode (the same generated kernels, no CUDA graphs), compiled
+        and run once first, outside the profiler."""
+        self.synchronize()
+        if self.mode == COMPILE_GRAPHS:
+            with self._ranges(GRAPH_REFERENCE):
+                self._twin_step(*self._last_batch)
+                self.synchronize()
+            return
+        x, y, _ = self._static
+        self.synchronize()
+        with self._ranges(GRAPH_REFERENCE):
+            # gradients set to None first, as before the capture: the backward makes fresh ones (no
+            # accumulation kernels), in eager memory; the graph keeps writing its own
+            self._step(x, y, zero_grad=True)
+            self.synchronize()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

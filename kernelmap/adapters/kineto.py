@@ -20,7 +20,7 @@ import pandas as pd
 from .. import strings
 from ..errors import ParseError
 from ..strings import object_array
-from . import _trace
+from . import _trace, graph_replay, inductor
 from ._common import (
     GZIP_MAGIC,
     XZ_MAGIC,
@@ -463,6 +463,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     is_dev = np.isin(kind_of_cat, kinds.codes_of(_trace.DEVICE_KINDS))[cat_codes]
     step_u = np.array([n.startswith(("ProfilerStep#", "kernelmap:step#")) for n in names_u] or [False])
     kind[(kind == kinds.codes_of(["annotation"])[0]) & step_u[name_codes]] = kinds.code("step")
+    inductor.mark_wrappers(kind, names_u, kinds, name_codes)  # torch.compile's region spans: not ops
     cols = {
         "kind": kinds.strings(kind),
         "op_name": strings.from_codes(np.where(is_dev, -1, name_codes), names_u),
@@ -485,7 +486,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
     _trace.label(df, dims, "pytorch", on_device=on_device)
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
+    inductor.attribute(df)  # kernels torch.compile generated: the ops they fuse (adapters/inductor.py)
     kernel_library(df)
+    graph_replay.attribute(df, path, read)  # kernels replayed from a CUDA graph: from the reference step
     return finish(df, path, SOURCE)
 
 

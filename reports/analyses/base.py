@@ -60,10 +60,18 @@ def expected_calls_per_step(layers: Iterable[Layer] = LAYERS) -> dict[tuple[str,
 
 
 def fw_label(fw: str) -> str:
-    return FRAMEWORK_LABEL.get(str(fw), str(fw))
+    """A framework or case key (``frameworks.case_key``: pytorch-cuda-graph) for people."""
+    return FRAMEWORK_LABEL.get(str(fw)) or frameworks.key_label(str(fw))
 
 
 # --- loading ---------------------------------------------------------------------------------
+def case_key_of(result: dict) -> str | None:
+    """The case key of a results.json entry (``frameworks.case_key``): the first part of its ``dir``
+    (``pytorch-cuda-graph/bs64``), the folder its records were normalised from; None without one."""
+    d = result.get("dir") if isinstance(result, dict) else None
+    return Path(d).parts[0] if isinstance(d, str) and Path(d).parts else None
+
+
 @dataclass
 class Run:
     path: Path
@@ -93,6 +101,10 @@ def load_run(path: str | Path) -> Run:
         if not req.is_file():
             raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
     run = Run(path, rd.read_manifest(), rd.read_results())
+    for r in run.results:  # reports key a result as its records are keyed: by its folder's case key
+        key = case_key_of(r)
+        if key is not None and key != r.get("framework"):
+            r["framework_name"], r["framework"] = r.get("framework"), key
     for fw, info in (field_at(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")

@@ -62,26 +62,33 @@ def kernel_counts(runs: list[Run]) -> pd.DataFrame:
                                        "distinct_kernels", "launches_per_step"])
 
 
+CLEAN_STEP_BASIS = "clean-pass median step"
+
+
 def busy_share(runs: list[Run]) -> pd.DataFrame:
-    """Sum of timed event time per step / step wall time (median step in the same trace, or,
-    when the trace has no step events, the clean pass's median step time from results.json)."""
+    """Sum of timed event time per step (a capture pass's trace) / the clean pass's median step (the
+    step without a profiler: a capture pass's own step is slowed by it and by its per-step
+    synchronisation); ``capture_step_ms``: the capture pass's step, for reference. Without a clean
+    step (a run without one) no share."""
     summ = summary_table(runs)
     rows = []
     for run in runs:
         for t in timed_events(run):
             busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
-            step_ms, basis = (t.step_ns / 1e6, t.step_basis) if t.step_ns else (None, None)
-            if step_ms is None:
-                m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
-                         & (summ["batch_size"] == t.batch_size)]
-                if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
-                    step_ms, basis = float(m["step_ms_median"].iloc[0]), "clean-pass median step"
+            step_ms, basis = None, None
+            m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
+                     & (summ["batch_size"] == t.batch_size)]
+            if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
+                step_ms, basis = float(m["step_ms_median"].iloc[0]), CLEAN_STEP_BASIS
             rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
                          "level": t.level, "source": t.source, "busy_ms_per_step": busy_ms,
                          "step_ms": step_ms, "step_basis": basis,
-                         "busy_share": busy_ms / step_ms if step_ms else None})
+                         "busy_share": busy_ms / step_ms if step_ms else None,
+                         "capture_step_ms": t.step_ns / 1e6 if t.step_ns else None,
+                         "capture_step_basis": t.step_basis})
     return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "level", "source",
-                                       "busy_ms_per_step", "step_ms", "step_basis", "busy_share"])
+                                       "busy_ms_per_step", "step_ms", "step_basis", "busy_share", "capture_step_ms",
+                                       "capture_step_basis"])
 
 
 def profiler_overhead(runs: list[Run]) -> pd.DataFrame:

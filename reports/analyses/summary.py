@@ -84,7 +84,8 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
             med = c.get("median_step_s")
             lo, hi = c.get("ci95_low_s"), c.get("ci95_high_s")
             e2e = c.get("e2e_step_s")
-            dev = devs.loc[fw] if fw in devs.index else None
+            name = field_at(r, "framework_name") or fw  # the framework of a case key (base.load_run)
+            dev = devs.loc[name] if name in devs.index else None
             rows.append({
                 "run": run.name, "framework": fw, "mode": field_at(r, "mode"), "math": field_at(r, "math"),
                 "device": field_at(r, "device", default=None if dev is None else dev["device"]),
