@@ -46,6 +46,13 @@ def _match(calls: pd.DataFrame, occ: pd.DataFrame, keys: list[str]) -> list[tupl
 
 
 LOG_SOURCES = ("cudnn_log", "cublas_log", "cublaslt_log")
+# Sources whose own records name the library call that launched each kernel (same pass, same process):
+# XLA's trace (the custom call of the kernel's ``hlo_op``, adapters/xla_trace.py). Their links are
+# ``LINK_IN_TRACE``; a link of a kernel to a library-log call of another pass is ``LINK_SIGNATURE``.
+IN_TRACE_SOURCES = ("xla_trace",)
+LINK_IN_TRACE = "in_trace"
+LINK_SIGNATURE = "signature"
+
 SIGNATURE = ["canonical_op", "layer", "direction"]
 # The model's weightless ops (frameworks/spec.py) that a GPU library runs (MXNet's cuDNN activation,
 # pooling and softmax calls): neither their calls nor their kernels have a layer, so their signature
@@ -207,11 +214,13 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
             {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
              "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
                        "inside another library's call)"} for (a, b, c, d), n in g.items()]
-    k = _keyed(_rows(df, _kind(df, "kernel"), ["library", "kernel_name", *SIGNATURE]))
+    k = _keyed(_rows(df, _kind(df, "kernel"), ["library", "kernel_name", "call_event_id", *SIGNATURE]))
     k = k[np.logical_and.reduce([S.notna(k[c]) for c in SIGNATURE])]
     k = k[~_native(k)]
     if k.empty or targets.empty:
         return info
+    # a kernel its own trace already links to the call that launched it (``IN_TRACE_SOURCES``) keeps it
+    k = k[k["call_event_id"].isna().to_numpy()]
     m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
     rows = m.index.to_numpy()
     S.set_rows(df, "call_event_id", rows, m["call_event_id"].astype("Int64"))
@@ -271,9 +280,12 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
 
 
 def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
-    """Per run, source and linked call: the call (library, API, algo, math mode), how many times
-    the log has it (and per logged step, when ``log_steps`` is known), and the kernels linked to
-    it in that source (count, time, per traced step, launching ops per step)."""
+    """Per run, source and kind of linked call (library, API, op signature, algo, math mode): how
+    the kernels are linked (``link``: ``LINK_IN_TRACE``, the trace names each kernel's call;
+    ``LINK_SIGNATURE``, a library-log call of the libs pass with the kernels' signature), how many
+    times the log has the call (and per logged step, when ``log_steps`` is known; warm-up included),
+    the calls of that kind the trace itself records per traced step (in-trace links only), and the
+    kernels linked to it in that source (count, time, per traced step, launching ops per step)."""
     k = S.plain(df[_kind(df, "kernel") & df["call_event_id"].notna().to_numpy()])
     if k.empty:
         return []
@@ -281,21 +293,29 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
     n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
     all_calls = S.plain(df[_kind(df, "library_call")])
     by_id = all_calls.assign(key_layer=_keyed(all_calls)["layer"]).set_index("event_id")
+    key_cols = ["source", "library", "library_call", "canonical_op", "key_layer", "direction", "algo", "math_mode"]
+    info = by_id.reindex(k["call_event_id"].astype("int64").to_numpy())[key_cols].rename(
+        columns={"source": "call_source"}).fillna("").astype(str)
+    k = k.assign(**{c: info[c].to_numpy() for c in info.columns})
     out = []
-    for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
-        c = by_id.loc[cid]
+    groups = ["run", "source", "call_source", *key_cols[1:]]
+    for key, g in k.groupby(groups, dropna=False, sort=True):
+        run, src, call_src, lib, api, op, key_layer, direction, algo, math = key
+        c = by_id.loc[int(g["call_event_id"].iloc[-1])]
         c = c.iloc[0] if isinstance(c, pd.DataFrame) else c
         steps = max(int(g["iteration"].nunique()), 1)
         layer = None if pd.isna(c["layer"]) else c["layer"]
-        key_layer = None if pd.isna(c["key_layer"]) else c["key_layer"]
-        logged = int(n_calls.get((run, c["canonical_op"], key_layer, c["direction"]), 0))
+        in_trace = call_src in IN_TRACE_SOURCES
+        logged = None if in_trace else int(n_calls.get((run, op, key_layer or None, direction), 0))
         out.append({
-            "run": run, "source": src, "library": c["library"], "library_call": c["library_call"],
-            "canonical_op": c["canonical_op"], "layer": layer, "direction": c["direction"],
-            "algo": None if pd.isna(c["algo"]) else c["algo"],
-            "math_mode": None if pd.isna(c["math_mode"]) else c["math_mode"],
-            "call_event_id": int(cid), "log_calls": logged,
-            "log_calls_per_step": (logged / log_steps) if log_steps else None,
+            "run": run, "source": src, "library": lib, "library_call": api,
+            "canonical_op": op, "layer": layer, "direction": direction,
+            "algo": algo or None, "math_mode": math or None,
+            "link": LINK_IN_TRACE if in_trace else LINK_SIGNATURE,
+            "call_event_id": int(g["call_event_id"].iloc[-1]),
+            "log_calls": logged,
+            "log_calls_per_step": (logged / log_steps) if logged is not None and log_steps else None,
+            "traced_calls_per_step": int(g["call_event_id"].nunique()) / steps if in_trace else None,
             "kernels": len(g), "kernel_time_ns": int(g["dur_ns"].sum()),
             "traced_steps": int(g["iteration"].nunique()),
             "kernels_per_step": len(g) / steps,
