@@ -71,6 +71,12 @@ def _native(k: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def native_kernels(k: pd.DataFrame) -> np.ndarray:
+    """The framework's own kernels among ``k`` (never a library kernel): library ``native`` or a name
+    with one of ``adapters.kineto.NATIVE_KERNEL_MARKS``."""
+    return _native(k)
+
+
 def _rows(df: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
     """``df.loc[mask, cols]``, a column's rows at a time: pandas' ``loc`` copies each column whole
     before it takes the rows (on a 1M-row table, ~9 MB a column alive at once, for a few rows).
@@ -183,7 +189,7 @@ def _agreeing(signed: pd.DataFrame, steady_calls: int | None) -> tuple[pd.DataFr
     return t[t["variants"].eq(1)].drop(columns="variants"), t[t["variants"].gt(1)].drop(columns="variants")
 
 
-def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dict:
+def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None, exclude=None) -> dict:
     """Link library kernels to the GPU library-log calls of the same run, by signature.
 
     The logs come from their own capture pass (another process, other steps), so a kernel is not
@@ -193,8 +199,9 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
     algo/engine and math mode (else the signature is ambiguous and nothing links to it); the
     kernel gets the last of them as ``call_event_id`` and the call's library, API function, algo
     and math mode. ``steady_calls``: only the last that many calls of a signature must agree (the
-    timed steps of the log's pass: ``_targets``). Sets those columns in place; returns what could not
-    be used."""
+    timed steps of the log's pass: ``_targets``). ``exclude``: row labels of kernels not to link
+    (``calllink.carry`` found that their pass ran other kernels than the libs pass's call). Sets those
+    columns in place; returns what could not be used."""
     calls = _log_calls(df)
     info: dict = {"library_call_signatures": 0, "library_calls_without_signature": [],
                   "ambiguous_signatures": []}
@@ -221,6 +228,8 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
         return info
     # a kernel its own trace already links to the call that launched it (``IN_TRACE_SOURCES``) keeps it
     k = k[k["call_event_id"].isna().to_numpy()]
+    if exclude:
+        k = k[~k.index.isin(list(exclude))]
     m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
     rows = m.index.to_numpy()
     S.set_rows(df, "call_event_id", rows, m["call_event_id"].astype("Int64"))
@@ -233,11 +242,12 @@ _LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "
                         "dur_ns"]
 
 
-def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.DataFrame:
+def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: dict | None = None) -> pd.DataFrame:
     """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
-    signature a log call has."""
+    signature a log call has. ``reasons``: row label -> the reason an unlinked kernel was given where it was
+    looked at (``calllink.carry``: the timing pass ran other kernels than the libs pass), before the rules."""
     # which kernels are library kernels is worked out on the few columns it reads, and the rows
     # are taken once, for those kernels only (peak memory of a large trace: not the kernels' whole
     # rows copied at each step)
@@ -259,7 +269,9 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     _, ambiguous = _targets(calls, steady_calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
     amb = set(_sig(ambiguous))
     canon = k["canonical_op"]
+    given = np.array([(reasons or {}).get(i) for i in k.index], dtype=object) if reasons else None
     rules = [  # the first rule that holds gives an unlinked kernel its reason
+        *([(pd.notna(given), given)] if given is not None else []),
         (S.isna(canon) | S.eq(canon, "other") | k["op_event_id"].isna().to_numpy(),
          "not launched inside a framework op of its trace (outside the op ranges)"),
         (np.full(len(k), calls.empty), "no GPU library log in this run"),
@@ -273,7 +285,7 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     open_ = k["call_event_id"].isna().to_numpy()
     for cond, text in rules:
         hit = open_ & cond
-        reason[hit] = text
+        reason[hit] = text[hit] if isinstance(text, np.ndarray) else text
         open_ = open_ & ~hit  # to_numpy() may be read-only (pandas 3 copy-on-write)
     k["reason"] = pd.array(reason, dtype=STRING)  # k is this function's own frame: no copy of it
     return k
@@ -489,23 +501,25 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     return out
 
 
-def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None) -> dict:
+def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None,
+              reasons: dict | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
     _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"], small=True)))  # kinds coded once, not per test
     try:
-        return _summarise(df, log_steps, steady_calls)
+        return _summarise(df, log_steps, steady_calls, reasons)
     finally:
         _KIND_CODES.pop()
 
 
-def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None) -> dict:
+def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None,
+               reasons: dict | None = None) -> dict:
     calls = S.plain(df[_kind(df, "library_call")])
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]
     is_op = _kind(df, "op")
-    lk = library_kernels(df, steady_calls)
+    lk = library_kernels(df, steady_calls, reasons)
     return {
         "events": len(df),
         **_kernel_figures(_rows(df, _kind(df, "kernel"), ["dur_ns", "canonical_op", "kernel_name"])),  # what it reads

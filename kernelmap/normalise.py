@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, frameworks, heap, schema, strings
+from . import adapters, attribution, calllink, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import RunDir, case_dir
+from .rundir import LIBS_TRACE, LIBS_TRACE_DIR, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,27 +45,29 @@ def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
 
 def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
               batch_size: int | None = None, log_steps: int | None = None,
-              steady_calls: int | None = None) -> tuple[pd.DataFrame, dict]:
+              steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes.
     ``log_steps``: the training steps the library logs cover (for calls per step), where known;
     ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
-    many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
-    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+    many log calls must agree for its kernels to link (``attribution.link_library_calls``);
+    ``libs_trace``: the libs pass's own kernel trace, where it recorded one (``kernelmap/calllink.py``:
+    the logged calls own their kernels there, and the links are carried to these records first)."""
+    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
     summary = summary()
     return schema.in_schema_dtypes(df), summary
 
 
 def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
             batch_size: int | None = None, log_steps: int | None = None,
-            steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
+            steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
     them: ``main`` runs it before the records are written). The records are compact
     (``schema.compact_records``: strings as Categoricals, some integer columns narrow)."""
     with schema.compact_records():
-        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
 
 
-def _records(paths, run, framework, device, batch_size, log_steps, steady_calls):
+def _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace=None):
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
@@ -93,9 +95,16 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
         rdf = schema.concat(parts)
         parts = df = None  # rdf is the only copy of the records from here (peak memory)
         rdf = schema.conform(rdf, copy=False)
-        links = attribution.link_library_calls(rdf, steady_calls)
+        reasons: dict = {}
+        pre: dict = {}
+        if libs_trace is not None:
+            pre = calllink.link_in_libs_pass(rdf, adapters.read(libs_trace), calllink.base_ns(libs_trace))
+            reasons = pre.pop("reasons")
+            pre["libs_trace"] = str(libs_trace)
+        links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
-        linked.append((name, rdf, links))
+        links.update(pre)
+        linked.append((name, rdf, links, reasons))
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
         df = schema.validate(schema.conform(frames[0], copy=False))
@@ -105,8 +114,8 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
 
     def summary() -> dict:
         runs = {}
-        for name, rdf, links in linked:
-            own = attribution.summarise(rdf, log_steps, steady_calls)
+        for name, rdf, links, reasons in linked:
+            own = attribution.summarise(rdf, log_steps, steady_calls, reasons)
             runs[name] = {**own, **links}
         top = own if len(linked) == 1 else attribution.summarise(df, log_steps, steady_calls)
         return {**top, "runs": runs, "files": files}
@@ -246,9 +255,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         if not files:
             continue
         name = str(case_dir(fw, bs))
+        libs_trace = bs_dir / LIBS_TRACE_DIR / LIBS_TRACE
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
                           batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")),
-                          steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False))
+                          steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False),
+                          libs_trace=libs_trace if libs_trace.is_file() else None)
         df["framework"] = fw
         frames.append(df)
         per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}
