@@ -61,8 +61,9 @@ LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "can
                 "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode"}
 LIBCALL_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "library": "library",
                   "library_call": "library call", "canonical_op": "op", "layer": "layer", "direction": "direction",
-                  "linked": "linked to an op", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
-                  "basis": "per step of"}
+                  "linked_to_op": "linked to an op", "kernels_linked": "kernels linked to it",
+                  "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
+                  "calls_outside_steps": "calls outside the steps (warm-up, autotuning)", "basis": "per step of"}
 CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "check": "check",
                 "subject": "subject", "expected": "expected", "measured": "measured", "status": "status",
                 "detail": "detail"}
