@@ -421,7 +421,8 @@ def test_library_calls_per_step_fails_on_a_call_of_another_direction(jax_run, tm
     shutil.copytree(jax_run, d)
     rec = schema.read_parquet(d / "records.parquet")
     calls = rec.index[(rec["framework"] == "jax") & (rec["kind"] == "library_call") & (rec["layer"] == "conv1")
-                      & (rec["direction"] == "bwd_weight")]
+                      & (rec["direction"] == "bwd_weight") & (rec["source"] == "xla_trace")]
+    assert len(calls) == 10
     rec.loc[calls[:1], "direction"] = "bwd_data"  # one step's filter-gradient call made a data-gradient call
     schema.write_parquet(rec, d / "records.parquet")
     ch = _checks(d)
