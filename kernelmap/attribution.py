@@ -430,16 +430,27 @@ def _top_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return table.sort_index().sort_values("sum", ascending=False).head(TOP_N)
 
 
+_KERNEL_FIGURE_COLS = ["dur_ns", "canonical_op", "kernel_name", "op_event_id", "op_name"]
+
+
 def _kernel_figures(k: pd.DataFrame) -> dict:
+    """Kernel figures of two kinds, named for what they count: ``attributed_*``, kernels whose op is in
+    the model's vocabulary (a canonical op other than ``other``); ``launch_op_known_*``, kernels whose
+    launching op is known (an op row of their trace, ``op_event_id``; XLA: the HLO instruction,
+    ``op_name``), whatever that op is."""
     t = int(k["dur_ns"].sum()) if len(k) else 0
     attributed = S.notna(k["canonical_op"]) & ~S.eq(k["canonical_op"], "other")
     t_attr = int(k.loc[attributed, "dur_ns"].sum())
+    known = k["op_event_id"].notna().to_numpy() | S.notna(k["op_name"])
+    t_known = int(k.loc[known, "dur_ns"].sum())
     top = _top_groups(_rows(k, ~attributed, ["kernel_name", "dur_ns"]), ["kernel_name"])  # what it reads
     return {
         "kernels": len(k),
         "kernel_time_ns": t,
         "attributed_kernel_time_ns": t_attr,
         "attributed_kernel_time_share": (t_attr / t) if t else None,
+        "launch_op_known_kernels": int(known.sum()),
+        "launch_op_known_kernel_time_share": (t_known / t) if t else None,
         "unattributed_kernels": int((~attributed).sum()),
         "unattributed_top": [{"kernel_name": n, "count": int(r["size"]), "time_ns": int(r["sum"])}
                              for n, r in top.iterrows()],
@@ -470,7 +481,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
     is_kernel = _kind(df, "kernel")
-    k = _rows(df, is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"])  # what is read here
+    k = _rows(df, is_kernel, ["source", "iteration", *_KERNEL_FIGURE_COLS])  # what is read here
     lk = library_kernels(df) if lk is None else lk
     out = {}
     is_op = _kind(df, "op")
@@ -492,6 +503,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
             "kernels_in_op_steps": fw["kernels"],
             "kernel_time_in_op_steps_ns": fw["kernel_time_ns"],
             "attributed_kernel_time_share_in_op_steps": fw["attributed_kernel_time_share"],
+            "launch_op_known_kernel_time_share_in_op_steps": fw["launch_op_known_kernel_time_share"],
             **_library_figures(_some(lk, lk["source"].eq(src).to_numpy())),
         }
         lw = _some(lk, (lk["source"].eq(src) & lk["iteration"].isin(op_steps)).to_numpy())
@@ -522,7 +534,7 @@ def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None
     lk = library_kernels(df, steady_calls, reasons)
     return {
         "events": len(df),
-        **_kernel_figures(_rows(df, _kind(df, "kernel"), ["dur_ns", "canonical_op", "kernel_name"])),  # what it reads
+        **_kernel_figures(_rows(df, _kind(df, "kernel"), _KERNEL_FIGURE_COLS)),  # what it reads
         "ops": int((is_op & S.isin(df["source"], ["kineto", "mxnet_profiler"])).sum()),
         "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
         "canonical_ops": sorted(S.distinct(df["canonical_op"])),

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import gzip
 import re
+import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from . import strings as S
+from .errors import ParseError
 
 OWN_BY_TIME = ("cudnn_log",)
 OWN_BY_SEQUENCE = ("cublas_log", "cublaslt_log")
@@ -60,10 +63,34 @@ def kineto_base_ns(path: Path) -> int:
     return int(m.group(1)) if m else 0
 
 
-def base_ns(path: Path) -> int:
+def nsys_base_ns(path: Path) -> int:
+    """The session start of an nsys SQLite export (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; its
+    timestamps count from it), gzip looked through; ParseError where the file has none."""
+    raw = Path(path).read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "n.sqlite"
+        db.write_bytes(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            row = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ParseError(path, f"no session start time (TARGET_INFO_SESSION_START_TIME): {exc}") from None
+        finally:
+            con.close()
+    if not row or row[0] is None:
+        raise ParseError(path, "TARGET_INFO_SESSION_START_TIME has no utcEpochNs")
+    return int(row[0])
+
+
+def base_ns(path: Path, trace: pd.DataFrame) -> int:
     """What to add to a libs trace's ``start_ns`` to read it as Unix time (ns): Kineto's
-    ``baseTimeNanoseconds``."""
-    return kineto_base_ns(path)
+    ``baseTimeNanoseconds``, nsys' session start."""
+    sources = set(S.distinct(trace["source"])) if len(trace) else set()
+    if sources == {"nsys"}:
+        return nsys_base_ns(path)
+    if sources == {"kineto"}:
+        return kineto_base_ns(path)
+    raise ParseError(path, f"a libs-pass trace must be a Kineto trace or an nsys export, not {sorted(sources)}")
 
 
 def short_name(name: str) -> str:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import adapters, attribution, calllink, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import LIBS_TRACE, LIBS_TRACE_DIR, RunDir, case_dir
+from .rundir import LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,7 +98,9 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
         reasons: dict = {}
         pre: dict = {}
         if libs_trace is not None:
-            pre = calllink.link_in_libs_pass(rdf, adapters.read(libs_trace), calllink.base_ns(libs_trace))
+            trace = adapters.read(libs_trace)
+            pre = calllink.link_in_libs_pass(rdf, trace, calllink.base_ns(libs_trace, trace))
+            trace = None
             reasons = pre.pop("reasons")
             pre["libs_trace"] = str(libs_trace)
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
@@ -193,8 +195,9 @@ def _print_runs(s: dict) -> None:
         w(f"run {name}: {r['kernels']} kernels read, {r['ops']} framework ops\n")
         for src, b in r["by_source"].items():
             w(f"  {src}: {b['kernels']} kernels, {b['kernel_time_ns'] / 1e6:.3f} ms over {b['steps']} step(s), "
-              f"{_pct(b['attributed_kernel_time_share'])} of kernel time attributed to an op "
-              f"({_pct(b['attributed_kernel_time_share_in_op_steps'])} in the {b['op_steps']} step(s) with ops); "
+              f"{_pct(b['attributed_kernel_time_share'])} of kernel time in a model op (the CNN's vocabulary) "
+              f"({_pct(b['attributed_kernel_time_share_in_op_steps'])} in the {b['op_steps']} step(s) with ops), "
+              f"{_pct(b['launch_op_known_kernel_time_share'])} with its launching op known; "
               f"library kernels linked to a call {b['library_kernels_linked']}/{b['library_kernels']} "
               f"({_pct(b['library_kernel_time_linked_share'])} of their time)\n")
             for u in b["library_unlinked_top"][:3]:
@@ -255,11 +258,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         if not files:
             continue
         name = str(case_dir(fw, bs))
-        libs_trace = bs_dir / LIBS_TRACE_DIR / LIBS_TRACE
+        libs_trace = next((p for p in (bs_dir / LIBS_TRACE_DIR / n for n in LIBS_TRACES) if p.is_file()), None)
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
                           batch_size=bs, log_steps=_log_steps(rd.pass_result(fw, bs, "libs")),
                           steady_calls=_log_steps(rd.pass_result(fw, bs, "libs"), warmup=False),
-                          libs_trace=libs_trace if libs_trace.is_file() else None)
+                          libs_trace=libs_trace)
         df["framework"] = fw
         frames.append(df)
         per[name] = {**s["runs"][name], "files": s["files"], "framework": fw, "batch_size": bs}

@@ -9,7 +9,7 @@ from .timed import timed_events
 
 # --- coverage ----------------------------------------------------------------------------------
 ATTRIBUTION_COLUMNS = ("framework", "batch_size", "source", "steps", "kernels", "kernel_time_ns",
-                       "attributed_kernel_time_share", "library_kernels", "library_kernels_linked",
+                       "attributed_kernel_time_share", "launch_op_known_kernel_time_share", "library_kernels", "library_kernels_linked",
                        "library_kernel_time_linked_share", "ops", "onednn_primitives", "onednn_linked",
                        "onednn_linked_share")
 
@@ -35,8 +35,8 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
                 top.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
                             "event": nm, "count_per_step": len(g) / t.n_steps,
                             "ms_per_step": float(g["dur_ns"].sum()) / t.n_steps / 1e6,
-                            "linked_op": "yes" if g["op_event_id"].notna().any() else "no",
-                            "linked_call": "yes" if g["call_event_id"].notna().any() else "no"})
+                            "launch_op_known": "yes" if g["op_event_id"].notna().any() else "no",
+                            "linked_to_call": "yes" if g["call_event_id"].notna().any() else "no"})
     attr, skipped_files = [], []
     for run in runs:
         a = run.attribution
@@ -57,7 +57,7 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
         for nr in a.get("not_records") or []:
             skipped_files.append({"run": run.name, "file": nr.get("file"), "reason": nr.get("reason")})
     top_df = pd.DataFrame(top, columns=["run", "framework", "batch_size", "event", "count_per_step",
-                                        "ms_per_step", "linked_op", "linked_call"])
+                                        "ms_per_step", "launch_op_known", "linked_to_call"])
     top_df = top_df.sort_values("ms_per_step", ascending=False).groupby(
         ["run", "framework", "batch_size"], dropna=False).head(10).reset_index(drop=True)
     return (pd.DataFrame(summ, columns=["run", "framework", "batch_size", "level", "source", "events",
