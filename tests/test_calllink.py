@@ -145,3 +145,14 @@ def test_signature_join_leaves_excluded_kernels_alone():
     assert schema.validate(df) is not None
     assert np.isin(df.loc[linked[1:], "call_event_id"].astype("int64"),
                    df.loc[df["kind"].eq("library_call"), "event_id"].astype("int64")).all()
+
+
+@pytest.mark.parametrize("name", ["gpu_kineto.json.gz", "gpu_kineto_bs1024_fft.json.gz"])
+def test_the_gpu_run_tests_reader_counts_what_attribution_counts(name):
+    """tests/test_gpu_link_run.py counts library kernels from the raw Kineto JSON; on the fixtures at hand
+    it agrees with attribution's library kernels (count and time), so its exact counts test something."""
+    from test_gpu_link_run import _kineto_library_kernels
+
+    _, s = normalise([*LOGS, DATA / name], run="r")
+    b = s["runs"]["r"]["by_source"]["kineto"]
+    assert _kineto_library_kernels(DATA / name) == (b["library_kernels"], b["library_kernel_time_ns"])

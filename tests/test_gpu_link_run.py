@@ -79,14 +79,19 @@ def test_library_calls_per_step_are_the_models(runs):
 
 
 # --- independent readers ------------------------------------------------------------------------
+# PyTorch's entry points into cuDNN and cuBLAS: a kernel whose innermost launching op is one of these
+LIBRARY_ENTRY_OPS = ("aten::cudnn_convolution", "aten::convolution_backward", "aten::addmm", "aten::mm")
+
+
 def _kineto_library_kernels(path: Path) -> tuple[int, int]:
-    """(count, total ns) of the kernels launched inside a framework op that are not PyTorch's own
-    (``at::native``), from the raw Chrome trace: kernel -> runtime (correlation) -> enclosing cpu_op."""
+    """(count, total ns) of the library kernels of a PyTorch Kineto trace, from the raw Chrome trace:
+    kernel -> runtime call (correlation) -> the innermost cpu_op around it on its thread is a library entry
+    point (``LIBRARY_ENTRY_OPS``), and the kernel is not PyTorch's own (``at::native``)."""
     ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     ops: dict = {}
     for e in ev:
         if e.get("ph") == "X" and e.get("cat") == "cpu_op":
-            ops.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e.get("dur", 0)))
+            ops.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
     launch = {e["args"]["correlation"]: e for e in ev if e.get("ph") == "X"
               and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     n = t = 0
@@ -94,7 +99,8 @@ def _kineto_library_kernels(path: Path) -> tuple[int, int]:
         if e.get("ph") != "X" or e.get("cat") != "kernel" or "at::native" in e["name"]:
             continue
         r = launch.get(e["args"].get("correlation"))
-        if r is None or not any(a <= r["ts"] <= b for a, b in ops.get((r["pid"], r["tid"]), [])):
+        around = [o for o in ops.get((r["pid"], r["tid"]), []) if o[0] <= r["ts"] <= o[1]] if r else []
+        if not around or max(around)[2] not in LIBRARY_ENTRY_OPS:
             continue
         n += 1
         t += round(e["dur"] * 1000)
