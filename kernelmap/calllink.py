@@ -281,7 +281,14 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
     t["op_nth"] = 0
     for _, g in t.groupby("source", sort=False):  # each source's ops counted in its own steps
         t.loc[g.index, "op_nth"] = _nth(g)
-    t = t.sort_values(["source", "start_ns", "event_id"], kind="stable")
+    # in launch order (the libs trace's order), not the GPU's: kernels of several streams (cuDNN's FFT) start
+    # out of the order they were launched in
+    rt = S.plain(df[S.eq(df["kind"], "runtime") & df["correlation_id"].notna().to_numpy()])
+    rt = rt.drop_duplicates(["source_file", "correlation_id"]).set_index(["source_file", "correlation_id"])["start_ns"]
+    at = rt.reindex(pd.MultiIndex.from_arrays([t["source_file"], t["correlation_id"]])).to_numpy(dtype="float64",
+                                                                                                  na_value=np.nan)
+    t["launch_ns"] = np.where(np.isnan(at), t["start_ns"].to_numpy(dtype="float64", na_value=np.nan), at)
+    t = t.sort_values(["source", "launch_ns", "event_id"], kind="stable")
     rows, ids = [], []
     differs: dict[tuple, dict] = {}
     for (src, op_id), g in t.groupby(["source", "op_event_id"], sort=False):
