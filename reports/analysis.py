@@ -32,6 +32,7 @@ from .analyses.base import (  # noqa: F401
 from .analyses.coverage import (  # noqa: F401
     ATTRIBUTION_COLUMNS,
     coverage,
+    unlinked_library_kernels,
 )
 from .analyses.linked import (  # noqa: F401
     _SIG,

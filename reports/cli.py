@@ -89,6 +89,7 @@ TABLES = {
     "coverage_top": "coverage: largest unattributed events",
     "attribution": "coverage: attribution.json per part",
     "not_read": "files normalise did not read",
+    "unlinked_library_kernels": "coverage: library kernels not linked to the call that launched them, with the reason",
     "trend": "history: saved benchmarks (with --storage)",
 }
 
@@ -351,6 +352,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     ov = A.profiler_overhead(runs)
     roof, peaks = A.roofline(runs)
     cov, cov_top, attr, not_read = A.coverage(runs)
+    unlinked = A.unlinked_library_kernels(runs)
     raw_hist = None
     if storage:
         from kernelmap.history import load_history
@@ -435,7 +437,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
             "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
             "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
-            "trend": hist})
+            "unlinked_library_kernels": unlinked, "trend": hist})
         procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
         problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
         context = {
@@ -460,7 +462,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "csvs": csvs,
             "figures": figs,
             "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
-            "not_read_html": H.table(not_read),
+            "not_read_html": H.table(not_read), "unlinked_html": H.table(unlinked),
             "timeline_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X"),
             "timeline_processes": procs, "trend": trend,
         }

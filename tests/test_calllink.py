@@ -156,3 +156,22 @@ def test_the_gpu_run_tests_reader_counts_what_attribution_counts(name):
     _, s = normalise([*LOGS, DATA / name], run="r")
     b = s["runs"]["r"]["by_source"]["kineto"]
     assert _kineto_library_kernels(DATA / name) == (b["library_kernels"], b["library_kernel_time_ns"])
+
+
+def test_report_lists_every_unlinked_library_kernel_with_its_reason():
+    """The report's table of unlinked library kernels (reports/analyses/coverage.py) is attribution.json's
+    ``library_unlinked_top`` per source: at bs 1024 with the bs-64 logs, PyTorch's FFT conv2 backward
+    kernels (not split by name, no libs-pass trace of their own) with the signature join's reason."""
+    from types import SimpleNamespace
+
+    from kernelmap.reports import analysis as A
+
+    _, s = normalise([*LOGS, DATA / "gpu_kineto_bs1024_fft.json.gz"], run="r")
+    run = {**s["runs"]["r"], "framework": "pytorch", "batch_size": 1024}
+    t = A.unlinked_library_kernels([SimpleNamespace(name="x", attribution={"runs": {"r": run}})])
+    top = run["by_source"]["kineto"]["library_unlinked_top"]
+    assert len(t) == len(top) > 0
+    assert t[["kernel_name", "reason", "count", "time_ns"]].to_dict("records") == top
+    fft = t[t["kernel_name"].str.contains("fft2d_r2c_32x32")]
+    assert len(fft) and set(fft["reason"]) == {"convolution backward kernel not split into bwd_data/bwd_weight"}
+    assert int(t["count"].sum()) == run["by_source"]["kineto"]["library_kernels_unlinked"]

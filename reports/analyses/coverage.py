@@ -67,3 +67,22 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
             pd.DataFrame(skipped_files, columns=["run", "file", "reason"]))
 
 
+
+
+UNLINKED_COLUMNS = ("run", "framework", "batch_size", "source", "kernel_name", "reason", "count", "time_ns")
+
+
+def unlinked_library_kernels(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x source, the library kernels not linked to the call that launched
+    them (attribution.json's ``library_unlinked_top``: the largest by time), each with its reason; where a
+    timing pass ran other kernels than the libs pass, the reason names both (``calllink.carry``)."""
+    rows = []
+    for run in runs:
+        a = run.attribution if isinstance(run.attribution, dict) else {}
+        for entry in (a.get("runs") or {}).values():
+            for src, fig in (entry.get("by_source") or {}).items():
+                for u in fig.get("library_unlinked_top") or []:
+                    rows.append({"run": run.name, "framework": entry.get("framework"),
+                                 "batch_size": entry.get("batch_size"), "source": src,
+                                 **{k: u.get(k) for k in UNLINKED_COLUMNS[4:]}})
+    return pd.DataFrame(rows, columns=list(UNLINKED_COLUMNS))
