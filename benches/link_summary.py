@@ -33,7 +33,7 @@ def summary(run_dirs: list[Path]) -> list[dict]:
     rows = []
     for d in run_dirs:
         attr = json.loads((d / "attribution.json").read_text())
-        for name, run in sorted(attr.get("runs", {}).items()):
+        for _, run in sorted(attr.get("runs", {}).items()):
             fw, bs = run.get("framework"), run.get("batch_size")
             libs = {k: run.get(k) for k in ("libs_trace", "libs_trace_library_kernels", "libs_trace_kernels_owned",
                                             "libs_trace_kernels_owned_by_time", "libs_trace_kernels_owned_by_order",

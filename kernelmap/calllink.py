@@ -291,7 +291,7 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
     t = t.sort_values(["source", "launch_ns", "event_id"], kind="stable")
     rows, ids = [], []
     differs: dict[tuple, dict] = {}
-    for (src, op_id), g in t.groupby(["source", "op_event_id"], sort=False):
+    for (src, _op), g in t.groupby(["source", "op_event_id"], sort=False):
         key = tuple(None if pd.isna(g[c].iloc[0]) else g[c].iloc[0] for c in OP_KEY)
         tp = tpl.get(key)
         if tp is None:
