@@ -244,7 +244,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
                     "direction": d, "framework": t.framework, "level": t.level,
                     "libraries": _uniq(pd.concat([g["library"], calls["library"]])) or ["native"],
-                    "library_calls": _uniq(pd.concat([calls["library_call"], g["library_call"]])),
+                    # on the GPU the calls its kernels link to (not another pass's log of the same calls)
+                    "library_calls": _uniq(pd.concat([(calls if t.level == "op" else algo_calls)["library_call"],
+                                                      g["library_call"]])),
                     "algos": _uniq(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": _uniq(kernels.map(short_kernel, na_action="ignore")) or _uniq(onednn["kernel_name"]),
