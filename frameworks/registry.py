@@ -67,6 +67,9 @@ class Framework:
     # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
     # opens no window (its nsys pass is skipped)
     nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
+    # its libs pass runs under nsys (its own profiler records no kernels): the kernels the logged calls
+    # launch are recorded in the same process, in its nsys window (RUN_DIR/<fw>/bs<N>/libs/nsys.sqlite)
+    libs_under_nsys: bool = False
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

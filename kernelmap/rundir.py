@@ -22,10 +22,11 @@ RESULTS = "results.json"
 RECORDS = "records.parquet"
 ATTRIBUTION = "attribution.json"
 LOGS = Path("logs")
-# the libs pass's own kernel trace (beside its logs, one process): RUN_DIR/<fw>/bs<N>/libs/trace.json.gz;
-# a folder, so that it is not read as records of the run (kernelmap/calllink.py reads it)
+# the libs pass's own kernel trace (beside its logs, one process): RUN_DIR/<fw>/bs<N>/libs/trace.json.gz
+# (Kineto) or libs/nsys.sqlite (a framework whose libs pass runs under nsys); a folder, so that it is not
+# read as records of the run (kernelmap/calllink.py reads it)
 LIBS_TRACE_DIR = "libs"
-LIBS_TRACE = "trace.json.gz"
+LIBS_TRACES = ("trace.json.gz", "nsys.sqlite", "nsys.sqlite.gz")
 LEGACY_PARITY = "parity.json"  # runs made before parity was recorded per framework
 _BS = re.compile(r"^bs(\d+)$")
 

@@ -83,6 +83,7 @@ DESCRIPTOR = Framework(
     name="mxnet", label="MXNet", color="#1864ab", import_names=("mxnet",), install_fix=INSTALL_FIX, probe=PROBE,
     gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=("imperative", "hybridized"),
     # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
-    pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
-    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,
+    # (and in the libs pass, which runs under nsys: its kernels are linked to its logged calls in-process)
+    pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV, "libs": PROFILE_ENV},
+    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window, libs_under_nsys=True,
 )
