@@ -182,8 +182,11 @@ def own(df: pd.DataFrame, lk: pd.DataFrame) -> Ownership:
             n = int(got.notna().sum())
             if n > best:
                 best, offset, owner = n, step * CLOCK_STEP_NS, got
-        res.clock_offset_ns = offset
         res.by_time = best
+        res.clock_offset_ns = offset if best > 0 else None
+        if best == 0:
+            res.notes.append(f"no logged cuDNN call owns a kernel of the libs trace under any clock offset within "
+                             f"+-{CLOCK_STEPS // 4} h: the log's threads or times do not meet the trace's launches")
     # by sequence: per signature, the last N calls <-> the last N launching ops whose kernels have it
     seq = calls[calls["source"].isin(OWN_BY_SEQUENCE) & calls[SIGNATURE].notna().all(axis=1)]
     free = lk[owner.isna().to_numpy() & lk[SIGNATURE].notna().all(axis=1).to_numpy()]
