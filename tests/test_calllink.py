@@ -175,3 +175,20 @@ def test_report_lists_every_unlinked_library_kernel_with_its_reason():
     fft = t[t["kernel_name"].str.contains("fft2d_r2c_32x32")]
     assert len(fft) and set(fft["reason"]) == {"convolution backward kernel not split into bwd_data/bwd_weight"}
     assert int(t["count"].sum()) == run["by_source"]["kineto"]["library_kernels_unlinked"]
+
+
+def test_a_log_of_another_process_owns_no_kernel_by_time():
+    """Ownership by thread and time links only a log and a trace of one process: the fixtures' cuDNN log
+    (libs pass, pid 573) and Kineto trace (framework pass, pid 527) are of two; no kernel is owned by time,
+    no clock offset is claimed, and the summary says why. (cuBLAS' order-based ownership still pairs calls
+    and ops of one signature: it assumes one process, which the libs pass's own trace is.)"""
+    df, _ = normalise([*LOGS, DATA / "gpu_kineto.json.gz"], run="r")
+    trace = adapters.read(DATA / "gpu_kineto.json.gz")
+    lk = calllink.launches(trace, calllink.base_ns(DATA / "gpu_kineto.json.gz", trace))
+    assert set(lk["tid"].dropna().astype(int)) == {527, 569}
+    cudnn = df[(df["kind"] == "library_call") & (df["source"] == "cudnn_log")]
+    # the libs process's main thread and its autograd thread (zcat gpu_cudnn.log.gz | grep -o "Thread=[0-9]*")
+    assert set(cudnn["tid"].dropna().astype(int)) == {573, 615}
+    ow = calllink.own(df, lk)
+    assert ow.by_time == 0 and ow.clock_offset_ns is None
+    assert any("no logged cuDNN call owns a kernel" in n for n in ow.notes)
