@@ -133,6 +133,13 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
     expected = expected_library_calls_per_step()
     conv = libcalls[(libcalls["run"] == run.name) & (libcalls["canonical_op"] == "conv2d")
                     & (libcalls["library"] == CONV_LIBRARY)]
+    have = set(zip(conv["framework"], conv["batch_size"], strict=True))
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        if (fw, bs) not in have:
+            rows.append(_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
+                             NOT_CHECKED, f"no {CONV_LIBRARY} convolution call recorded (device: "
+                                          f"{field_at(r, 'device') or 'unknown'})"))
     for (fw, bs), g in conv.groupby(["framework", "batch_size"], dropna=False):
         bs_v = None if pd.isna(bs) else int(bs)
         # calls counted in their steps where there are any (XLA's own; log calls owned in the libs pass's
