@@ -16,7 +16,8 @@ Checks (``Check``):
   none) (``expected_library_calls_per_step``). Warm-up and autotuning calls are not the model's: where
   the steps of the calls are known (the libs pass's own trace, XLA's own calls) they are counted
   apart; where they are not (an older run: every logged call over the logged steps) the check still
-  applies and fails where the framework's autotuning adds calls.
+  applies and fails where the framework's autotuning adds calls. A framework x batch size without cuDNN
+  convolution calls (the CPU) is not checked.
 * ``traced steps``: the steps the report divides by (iterations of the trace holding timed model
   ops) equal the steps the capture pass timed (results.json).
 * ``time within step``: summed op time (CPU) or kernel time (GPU) per step is at most the
