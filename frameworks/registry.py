@@ -69,6 +69,9 @@ class Framework:
     # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
     # opens no window (its nsys pass is skipped)
     nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
+    # its libs pass runs under nsys (its own profiler records no kernels): the kernels the logged calls
+    # launch are recorded in the same process, in its nsys window (RUN_DIR/<fw>/bs<N>/libs/nsys.sqlite)
+    libs_under_nsys: bool = False
     # `kernelmap` subcommands of its own: name -> (module with add_arguments/main, one-line help)
     commands: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # extra environment of its workers that must run on the CPU (a GPU build told to stay off the GPU)

@@ -169,6 +169,15 @@ class WorkloadBase(abc.ABC):
         """Context manager: the framework profiler around the timed steps of the framework pass; on
         exit it writes ``out_dir/trace.json.gz`` (and any companion file its adapter reads)."""
 
+    def libs_trace(self, out_dir):
+        """Context manager: in the libs pass (library logs on), the framework's own record of the kernels
+        its timed steps launch, written under ``out_dir`` (``rundir.LIBS_TRACE_DIR``) on exit, so that each
+        logged call owns its kernels in one process (``kernelmap/calllink.py``). The default records
+        nothing: such a framework's kernels link to the logs by signature only."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def nsys_window(self):
         """Context manager: the nsys capture window around the timed steps, of the kind its descriptor's
         ``nsys_window`` names (``registry.NsysWindow``: cudaProfilerStart/Stop, or a ``kernelmap:capture``

@@ -46,6 +46,13 @@ def _match(calls: pd.DataFrame, occ: pd.DataFrame, keys: list[str]) -> list[tupl
 
 
 LOG_SOURCES = ("cudnn_log", "cublas_log", "cublaslt_log")
+# Sources whose own records name the library call that launched each kernel (same pass, same process):
+# XLA's trace (the custom call of the kernel's ``hlo_op``, adapters/xla_trace.py). Their links are
+# ``LINK_IN_TRACE``; a link of a kernel to a library-log call of another pass is ``LINK_SIGNATURE``.
+IN_TRACE_SOURCES = ("xla_trace",)
+LINK_IN_TRACE = "in_trace"
+LINK_SIGNATURE = "signature"
+
 SIGNATURE = ["canonical_op", "layer", "direction"]
 # The model's weightless ops (frameworks/spec.py) that a GPU library runs (MXNet's cuDNN activation,
 # pooling and softmax calls): neither their calls nor their kernels have a layer, so their signature
@@ -62,6 +69,12 @@ def _native(k: pd.DataFrame) -> np.ndarray:
     for mark in NATIVE_KERNEL_MARKS:
         out = out | S.contains(k["kernel_name"], mark)
     return out
+
+
+def native_kernels(k: pd.DataFrame) -> np.ndarray:
+    """The framework's own kernels among ``k`` (never a library kernel): library ``native`` or a name
+    with one of ``adapters.kineto.NATIVE_KERNEL_MARKS``."""
+    return _native(k)
 
 
 def _rows(df: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
@@ -176,7 +189,7 @@ def _agreeing(signed: pd.DataFrame, steady_calls: int | None) -> tuple[pd.DataFr
     return t[t["variants"].eq(1)].drop(columns="variants"), t[t["variants"].gt(1)].drop(columns="variants")
 
 
-def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dict:
+def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None, exclude=None) -> dict:
     """Link library kernels to the GPU library-log calls of the same run, by signature.
 
     The logs come from their own capture pass (another process, other steps), so a kernel is not
@@ -186,8 +199,9 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
     algo/engine and math mode (else the signature is ambiguous and nothing links to it); the
     kernel gets the last of them as ``call_event_id`` and the call's library, API function, algo
     and math mode. ``steady_calls``: only the last that many calls of a signature must agree (the
-    timed steps of the log's pass: ``_targets``). Sets those columns in place; returns what could not
-    be used."""
+    timed steps of the log's pass: ``_targets``). ``exclude``: row labels of kernels not to link
+    (``calllink.carry`` found that their pass ran other kernels than the libs pass's call). Sets those
+    columns in place; returns what could not be used."""
     calls = _log_calls(df)
     info: dict = {"library_call_signatures": 0, "library_calls_without_signature": [],
                   "ambiguous_signatures": []}
@@ -207,11 +221,15 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None) -> dic
             {"library": a, "library_call": b, "shapes": c or None, "algo": d or None, "count": int(n),
              "reason": "no model layer and direction in its arguments (e.g. a matmul one library runs "
                        "inside another library's call)"} for (a, b, c, d), n in g.items()]
-    k = _keyed(_rows(df, _kind(df, "kernel"), ["library", "kernel_name", *SIGNATURE]))
+    k = _keyed(_rows(df, _kind(df, "kernel"), ["library", "kernel_name", "call_event_id", *SIGNATURE]))
     k = k[np.logical_and.reduce([S.notna(k[c]) for c in SIGNATURE])]
     k = k[~_native(k)]
     if k.empty or targets.empty:
         return info
+    # a kernel its own trace already links to the call that launched it (``IN_TRACE_SOURCES``) keeps it
+    k = k[k["call_event_id"].isna().to_numpy()]
+    if exclude:
+        k = k[~k.index.isin(list(exclude))]
     m = k[SIGNATURE].reset_index().merge(targets, on=SIGNATURE, how="inner").set_index("index")
     rows = m.index.to_numpy()
     S.set_rows(df, "call_event_id", rows, m["call_event_id"].astype("Int64"))
@@ -224,11 +242,12 @@ _LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "
                         "dur_ns"]
 
 
-def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.DataFrame:
+def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: dict | None = None) -> pd.DataFrame:
     """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
     linked). A kernel is a library kernel when it is linked to a log call, when its name says its
     library, or when it is a non-native kernel of a convolution/linear op or of an op whose
-    signature a log call has."""
+    signature a log call has. ``reasons``: row label -> the reason an unlinked kernel was given where it was
+    looked at (``calllink.carry``: the timing pass ran other kernels than the libs pass), before the rules."""
     # which kernels are library kernels is worked out on the few columns it reads, and the rows
     # are taken once, for those kernels only (peak memory of a large trace: not the kernels' whole
     # rows copied at each step)
@@ -250,7 +269,9 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     _, ambiguous = _targets(calls, steady_calls) if len(calls) else (None, pd.DataFrame(columns=SIGNATURE))
     amb = set(_sig(ambiguous))
     canon = k["canonical_op"]
+    given = np.array([(reasons or {}).get(i) for i in k.index], dtype=object) if reasons else None
     rules = [  # the first rule that holds gives an unlinked kernel its reason
+        *([(pd.notna(given), given)] if given is not None else []),
         (S.isna(canon) | S.eq(canon, "other") | k["op_event_id"].isna().to_numpy(),
          "not launched inside a framework op of its trace (outside the op ranges)"),
         (np.full(len(k), calls.empty), "no GPU library log in this run"),
@@ -264,16 +285,19 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None) -> pd.Dat
     open_ = k["call_event_id"].isna().to_numpy()
     for cond, text in rules:
         hit = open_ & cond
-        reason[hit] = text
+        reason[hit] = text[hit] if isinstance(text, np.ndarray) else text
         open_ = open_ & ~hit  # to_numpy() may be read-only (pandas 3 copy-on-write)
     k["reason"] = pd.array(reason, dtype=STRING)  # k is this function's own frame: no copy of it
     return k
 
 
 def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
-    """Per run, source and linked call: the call (library, API, algo, math mode), how many times
-    the log has it (and per logged step, when ``log_steps`` is known), and the kernels linked to
-    it in that source (count, time, per traced step, launching ops per step)."""
+    """Per run, source and kind of linked call (library, API, op signature, algo, math mode): how
+    the kernels are linked (``link``: ``LINK_IN_TRACE``, the trace names each kernel's call;
+    ``LINK_SIGNATURE``, a library-log call of the libs pass with the kernels' signature), how many
+    times the log has the call (and per logged step, when ``log_steps`` is known; warm-up included),
+    the calls of that kind the trace itself records per traced step (in-trace links only), and the
+    kernels linked to it in that source (count, time, per traced step, launching ops per step)."""
     k = S.plain(df[_kind(df, "kernel") & df["call_event_id"].notna().to_numpy()])
     if k.empty:
         return []
@@ -281,21 +305,29 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
     n_calls = calls[_signed(calls)].groupby(["run", *SIGNATURE], dropna=False).size()
     all_calls = S.plain(df[_kind(df, "library_call")])
     by_id = all_calls.assign(key_layer=_keyed(all_calls)["layer"]).set_index("event_id")
+    key_cols = ["source", "library", "library_call", "canonical_op", "key_layer", "direction", "algo", "math_mode"]
+    info = by_id.reindex(k["call_event_id"].astype("int64").to_numpy())[key_cols].rename(
+        columns={"source": "call_source"}).fillna("").astype(str)
+    k = k.assign(**{c: info[c].to_numpy() for c in info.columns})
     out = []
-    for (run, src, cid), g in k.groupby(["run", "source", "call_event_id"], dropna=False, sort=True):
-        c = by_id.loc[cid]
+    groups = ["run", "source", "call_source", *key_cols[1:]]
+    for key, g in k.groupby(groups, dropna=False, sort=True):
+        run, src, call_src, lib, api, op, key_layer, direction, algo, math = key
+        c = by_id.loc[int(g["call_event_id"].iloc[-1])]
         c = c.iloc[0] if isinstance(c, pd.DataFrame) else c
         steps = max(int(g["iteration"].nunique()), 1)
         layer = None if pd.isna(c["layer"]) else c["layer"]
-        key_layer = None if pd.isna(c["key_layer"]) else c["key_layer"]
-        logged = int(n_calls.get((run, c["canonical_op"], key_layer, c["direction"]), 0))
+        in_trace = call_src in IN_TRACE_SOURCES
+        logged = None if in_trace else int(n_calls.get((run, op, key_layer or None, direction), 0))
         out.append({
-            "run": run, "source": src, "library": c["library"], "library_call": c["library_call"],
-            "canonical_op": c["canonical_op"], "layer": layer, "direction": c["direction"],
-            "algo": None if pd.isna(c["algo"]) else c["algo"],
-            "math_mode": None if pd.isna(c["math_mode"]) else c["math_mode"],
-            "call_event_id": int(cid), "log_calls": logged,
-            "log_calls_per_step": (logged / log_steps) if log_steps else None,
+            "run": run, "source": src, "library": lib, "library_call": api,
+            "canonical_op": op, "layer": layer, "direction": direction,
+            "algo": algo or None, "math_mode": math or None,
+            "link": LINK_IN_TRACE if in_trace else LINK_SIGNATURE,
+            "call_event_id": int(g["call_event_id"].iloc[-1]),
+            "log_calls": logged,
+            "log_calls_per_step": (logged / log_steps) if logged is not None and log_steps else None,
+            "traced_calls_per_step": int(g["call_event_id"].nunique()) / steps if in_trace else None,
             "kernels": len(g), "kernel_time_ns": int(g["dur_ns"].sum()),
             "traced_steps": int(g["iteration"].nunique()),
             "kernels_per_step": len(g) / steps,
@@ -398,16 +430,27 @@ def _top_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return table.sort_index().sort_values("sum", ascending=False).head(TOP_N)
 
 
+_KERNEL_FIGURE_COLS = ["dur_ns", "canonical_op", "kernel_name", "op_event_id", "op_name"]
+
+
 def _kernel_figures(k: pd.DataFrame) -> dict:
+    """Kernel figures of two kinds, named for what they count: ``attributed_*``, kernels whose op is in
+    the model's vocabulary (a canonical op other than ``other``); ``launch_op_known_*``, kernels whose
+    launching op is known (an op row of their trace, ``op_event_id``; XLA: the HLO instruction,
+    ``op_name``), whatever that op is."""
     t = int(k["dur_ns"].sum()) if len(k) else 0
     attributed = S.notna(k["canonical_op"]) & ~S.eq(k["canonical_op"], "other")
     t_attr = int(k.loc[attributed, "dur_ns"].sum())
+    known = k["op_event_id"].notna().to_numpy() | S.notna(k["op_name"])
+    t_known = int(k.loc[known, "dur_ns"].sum())
     top = _top_groups(_rows(k, ~attributed, ["kernel_name", "dur_ns"]), ["kernel_name"])  # what it reads
     return {
         "kernels": len(k),
         "kernel_time_ns": t,
         "attributed_kernel_time_ns": t_attr,
         "attributed_kernel_time_share": (t_attr / t) if t else None,
+        "launch_op_known_kernels": int(known.sum()),
+        "launch_op_known_kernel_time_share": (t_known / t) if t else None,
         "unattributed_kernels": int((~attributed).sum()),
         "unattributed_top": [{"kernel_name": n, "count": int(r["size"]), "time_ns": int(r["sum"])}
                              for n, r in top.iterrows()],
@@ -438,7 +481,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
     the ``..._in_op_steps`` figures count only kernels of those steps."""
     is_kernel = _kind(df, "kernel")
-    k = _rows(df, is_kernel, ["source", "iteration", "dur_ns", "canonical_op", "kernel_name"])  # what is read here
+    k = _rows(df, is_kernel, ["source", "iteration", *_KERNEL_FIGURE_COLS])  # what is read here
     lk = library_kernels(df) if lk is None else lk
     out = {}
     is_op = _kind(df, "op")
@@ -460,6 +503,7 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
             "kernels_in_op_steps": fw["kernels"],
             "kernel_time_in_op_steps_ns": fw["kernel_time_ns"],
             "attributed_kernel_time_share_in_op_steps": fw["attributed_kernel_time_share"],
+            "launch_op_known_kernel_time_share_in_op_steps": fw["launch_op_known_kernel_time_share"],
             **_library_figures(_some(lk, lk["source"].eq(src).to_numpy())),
         }
         lw = _some(lk, (lk["source"].eq(src) & lk["iteration"].isin(op_steps)).to_numpy())
@@ -469,26 +513,28 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
     return out
 
 
-def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None) -> dict:
+def summarise(df: pd.DataFrame, log_steps: int | None = None, steady_calls: int | None = None,
+              reasons: dict | None = None) -> dict:
     """The figures of one run (or of any records table). Top-level kernel figures count every
     kernel event read (all sources together); ``by_source`` has them per source."""
     _KIND_CODES.append((df["kind"].array, *S.factorize(df["kind"], small=True)))  # kinds coded once, not per test
     try:
-        return _summarise(df, log_steps, steady_calls)
+        return _summarise(df, log_steps, steady_calls, reasons)
     finally:
         _KIND_CODES.pop()
 
 
-def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None) -> dict:
+def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None = None,
+               reasons: dict | None = None) -> dict:
     calls = S.plain(df[_kind(df, "library_call")])
     gpu_calls = calls[calls["library"].isin(GPU_LIBS)]
     prims = calls[calls["library"].eq("oneDNN")]
     blas = calls[calls["library"].eq("BLAS")]
     is_op = _kind(df, "op")
-    lk = library_kernels(df, steady_calls)
+    lk = library_kernels(df, steady_calls, reasons)
     return {
         "events": len(df),
-        **_kernel_figures(_rows(df, _kind(df, "kernel"), ["dur_ns", "canonical_op", "kernel_name"])),  # what it reads
+        **_kernel_figures(_rows(df, _kind(df, "kernel"), _KERNEL_FIGURE_COLS)),  # what it reads
         "ops": int((is_op & S.isin(df["source"], ["kineto", "mxnet_profiler"])).sum()),
         "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
         "canonical_ops": sorted(S.distinct(df["canonical_op"])),

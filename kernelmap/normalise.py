@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, frameworks, heap, schema, strings
+from . import adapters, attribution, calllink, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import GRAPH_REFERENCE, RunDir, case_dir
+from .rundir import GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,27 +45,29 @@ def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
 
 def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
               batch_size: int | None = None, log_steps: int | None = None,
-              steady_calls: int | None = None) -> tuple[pd.DataFrame, dict]:
+              steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes.
     ``log_steps``: the training steps the library logs cover (for calls per step), where known;
     ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
-    many log calls must agree for its kernels to link (``attribution.link_library_calls``)."""
-    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+    many log calls must agree for its kernels to link (``attribution.link_library_calls``);
+    ``libs_trace``: the libs pass's own kernel trace, where it recorded one (``kernelmap/calllink.py``:
+    the logged calls own their kernels there, and the links are carried to these records first)."""
+    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
     summary = summary()
     return schema.in_schema_dtypes(df), summary
 
 
 def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
             batch_size: int | None = None, log_steps: int | None = None,
-            steady_calls: int | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
+            steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
     them: ``main`` runs it before the records are written). The records are compact
     (``schema.compact_records``: strings as Categoricals, some integer columns narrow)."""
     with schema.compact_records():
-        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
+        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
 
 
-def _records(paths, run, framework, device, batch_size, log_steps, steady_calls):
+def _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace=None):
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
@@ -93,9 +95,18 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
         rdf = schema.concat(parts)
         parts = df = None  # rdf is the only copy of the records from here (peak memory)
         rdf = schema.conform(rdf, copy=False)
-        links = attribution.link_library_calls(rdf, steady_calls)
+        reasons: dict = {}
+        pre: dict = {}
+        if libs_trace is not None:
+            trace = adapters.read(libs_trace)
+            pre = calllink.link_in_libs_pass(rdf, trace, calllink.base_ns(libs_trace, trace))
+            trace = None
+            reasons = pre.pop("reasons")
+            pre["libs_trace"] = str(libs_trace)
+        links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
-        linked.append((name, rdf, links))
+        links.update(pre)
+        linked.append((name, rdf, links, reasons))
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
         df = schema.validate(schema.conform(frames[0], copy=False))
@@ -105,8 +116,8 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls)
 
     def summary() -> dict:
         runs = {}
-        for name, rdf, links in linked:
-            own = attribution.summarise(rdf, log_steps, steady_calls)
+        for name, rdf, links, reasons in linked:
+            own = attribution.summarise(rdf, log_steps, steady_calls, reasons)
             runs[name] = {**own, **links}
         top = own if len(linked) == 1 else attribution.summarise(df, log_steps, steady_calls)
         return {**top, "runs": runs, "files": files}
@@ -184,8 +195,9 @@ def _print_runs(s: dict) -> None:
         w(f"run {name}: {r['kernels']} kernels read, {r['ops']} framework ops\n")
         for src, b in r["by_source"].items():
             w(f"  {src}: {b['kernels']} kernels, {b['kernel_time_ns'] / 1e6:.3f} ms over {b['steps']} step(s), "
-              f"{_pct(b['attributed_kernel_time_share'])} of kernel time attributed to an op "
-              f"({_pct(b['attributed_kernel_time_share_in_op_steps'])} in the {b['op_steps']} step(s) with ops); "
+              f"{_pct(b['attributed_kernel_time_share'])} of kernel time in a model op (the CNN's vocabulary) "
+              f"({_pct(b['attributed_kernel_time_share_in_op_steps'])} in the {b['op_steps']} step(s) with ops), "
+              f"{_pct(b['launch_op_known_kernel_time_share'])} with its launching op known; "
               f"library kernels linked to a call {b['library_kernels_linked']}/{b['library_kernels']} "
               f"({_pct(b['library_kernel_time_linked_share'])} of their time)\n")
             for u in b["library_unlinked_top"][:3]:
@@ -252,9 +264,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
             continue
         name = str(case_dir(fw, bs))
         key, (fw, _mode) = fw, frameworks.split_key(fw)  # the folder: a framework, or framework-mode (case_key)
+        libs_trace = next((p for p in (bs_dir / LIBS_TRACE_DIR / n for n in LIBS_TRACES) if p.is_file()), None)
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
                           batch_size=bs, log_steps=_log_steps(rd.pass_result(key, bs, "libs")),
-                          steady_calls=_log_steps(rd.pass_result(key, bs, "libs"), warmup=False))
+                          steady_calls=_log_steps(rd.pass_result(key, bs, "libs"), warmup=False),
+                          libs_trace=libs_trace)
         df["framework"] = key
         frames.append(df)
         per[name] = {**s["runs"][name], "files": s["files"], "framework": key, "batch_size": bs}

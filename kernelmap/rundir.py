@@ -22,10 +22,15 @@ RESULTS = "results.json"
 RECORDS = "records.parquet"
 ATTRIBUTION = "attribution.json"
 LOGS = Path("logs")
-LEGACY_PARITY = "parity.json"
+LEGACY_PARITY = "parity.json"  # runs made before parity was recorded per framework
 # beside a framework pass's trace.json.gz where its steps replay a CUDA graph: one profiled eager step
 # with the graph's kernels (adapters/graph_replay.py reads it with the trace; not records of its own)
-GRAPH_REFERENCE = "graph-reference.json.gz"  # runs made before parity was recorded per framework
+GRAPH_REFERENCE = "graph-reference.json.gz"
+# the libs pass's own kernel trace (beside its logs, one process): RUN_DIR/<fw>/bs<N>/libs/trace.json.gz
+# (Kineto) or libs/nsys.sqlite (a framework whose libs pass runs under nsys); a folder, so that it is not
+# read as records of the run (kernelmap/calllink.py reads it)
+LIBS_TRACE_DIR = "libs"
+LIBS_TRACES = ("trace.json.gz", "nsys.sqlite", "nsys.sqlite.gz")
 _BS = re.compile(r"^bs(\d+)$")
 
 

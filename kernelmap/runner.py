@@ -493,8 +493,17 @@ class Case:
         log_path = self.rd.log(key, bs, p)
         progress.start(label)
         try:
-            if p == "nsys":
-                cmd, export = _nsys_commands(self.nsys, out_dir, cmd, self.descriptor.nsys_window(self.own_env))
+            window = self.descriptor.nsys_window(self.own_env)
+            if p == "libs" and self.descriptor.libs_under_nsys and self.nsys_skip is None and window is not None:
+                # the libs pass's own kernels (kernelmap/calllink.py), recorded by nsys in the same process
+                libs_dir = out_dir / rundir.LIBS_TRACE_DIR
+                libs_dir.mkdir(parents=True, exist_ok=True)
+                cmd, export = _nsys_commands(self.nsys, libs_dir, cmd, window)
+                run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
+                run_worker([*export, str(_nsys_report(libs_dir))], label=f"{label}: nsys export", batch_size=bs,
+                           forward_stderr=False, log_path=log_path)
+            elif p == "nsys":
+                cmd, export = _nsys_commands(self.nsys, out_dir, cmd, window)
                 run_worker(cmd, label=label, batch_size=bs, env=env, forward_stderr=False, log_path=log_path)
                 run_worker([*export, str(_nsys_report(out_dir))], label=f"{label}: nsys export", batch_size=bs,
                            forward_stderr=False, log_path=log_path)

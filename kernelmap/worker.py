@@ -139,6 +139,8 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
         capture = workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
     elif pass_name == "nsys":
         capture = workload.nsys_window()
+    elif pass_name == "libs":
+        capture = workload.libs_trace(out_dir / rundir.LIBS_TRACE_DIR)  # the logs' own kernels (calllink)
     block_steps = timing.BLOCK_STEPS if clean else 1
     reuse = clean and reuse_batches
     on_gpu = cfg.device == "gpu"

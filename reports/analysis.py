@@ -31,6 +31,7 @@ from .analyses.base import (  # noqa: F401
 from .analyses.coverage import (  # noqa: F401
     ATTRIBUTION_COLUMNS,
     coverage,
+    unlinked_library_kernels,
 )
 from .analyses.launch import (  # noqa: F401
     best_mode_lines,

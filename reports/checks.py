@@ -10,6 +10,14 @@ Checks (``Check``):
 
 * ``calls per step``: framework-op calls per step of each canonical op x direction (fwd, bwd)
   of the model's layers equal the counts the model spec implies (``expected_calls_per_step``).
+* ``library calls per step``: on the GPU, the cuDNN convolution calls per step of each conv layer
+  (library-call table, ``analysis.library_calls``) equal the model's: one forward, one filter-gradient
+  and one data-gradient call per step, none for the first conv layer's data gradient (its input needs
+  none) (``expected_library_calls_per_step``). Warm-up and autotuning calls are not the model's: where
+  the steps of the calls are known (the libs pass's own trace, XLA's own calls) they are counted
+  apart; where they are not (an older run: every logged call over the logged steps) the check still
+  applies and fails where the framework's autotuning adds calls. A framework x batch size without cuDNN
+  convolution calls (the CPU) is not checked.
 * ``traced steps``: the steps the report divides by (iterations of the trace holding timed model
   ops) equal the steps the capture pass timed (results.json).
 * ``time within step``: summed op time (CPU) or kernel time (GPU) per step is at most the
@@ -52,10 +60,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, frameworks, timing
 from kernelmap.rundir import RunDir, read_json
@@ -82,6 +92,7 @@ class Check(enum.StrEnum):
     """The self-checks, by the name the report prints (the module docstring says what each tests)."""
 
     CALLS = "calls per step"
+    LIBRARY_CALLS = "library calls per step"
     TRACED_STEPS = "traced steps"
     TIME_WITHIN_STEP = "time within step"
     LAYERS_WITHIN_STEP = "layer times within step"
@@ -98,6 +109,55 @@ COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "me
 BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the machine was busier then, or, where "
                 "both were measured quiet, its process ran slower)")
 NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
+
+
+CONV_CALL_DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+CONV_LIBRARY = "cuDNN"
+
+
+def expected_library_calls_per_step(layers: Iterable = LAYERS) -> dict[tuple[str, str], int]:
+    """(conv layer, direction) -> cuDNN convolution calls per training step: a forward, a filter-gradient
+    and a data-gradient call per conv layer, but no data gradient for the first layer (the model's input
+    needs none)."""
+    convs = [x.name for x in layers if x.kind == "conv2d"]
+    return {(name, d): 0 if (d == "bwd_data" and i == 0) else 1
+            for i, name in enumerate(convs) for d in CONV_CALL_DIRECTIONS}
+
+
+def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any]]:
+    """``library calls per step`` of every framework x batch size with cuDNN convolution calls."""
+    rows: list[dict[str, Any]] = []
+    expected = expected_library_calls_per_step()
+    conv = libcalls[(libcalls["run"] == run.name) & (libcalls["canonical_op"] == "conv2d")
+                    & (libcalls["library"] == CONV_LIBRARY)]
+    have = set(zip(conv["framework"], conv["batch_size"], strict=True))
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        if (fw, bs) not in have:
+            rows.append(_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
+                             NOT_CHECKED, f"no {CONV_LIBRARY} convolution call recorded (device: "
+                                          f"{field_at(r, 'device') or 'unknown'})"))
+    for (fw, bs), g in conv.groupby(["framework", "batch_size"], dropna=False):
+        bs_v = None if pd.isna(bs) else int(bs)
+        # calls counted in their steps where there are any (XLA's own; log calls owned in the libs pass's
+        # trace): another pass's log of the same calls (JAX's libs pass) is not counted twice
+        if g["calls_outside_steps"].notna().any():
+            g = g[g["calls_outside_steps"].notna()]
+        for (layer, d), n in expected.items():
+            sub = g[(g["layer"] == layer) & (g["direction"] == d)]
+            if sub["calls_per_step"].isna().any():
+                rows.append(_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None, NOT_CHECKED,
+                                 "; ".join(sorted(set(sub["basis"].astype(str))))))
+                continue
+            got = float(sub["calls_per_step"].sum())
+            outside = sub["calls_outside_steps"].dropna()
+            calls = ", ".join(f"{c} {v:.4g}/step" for c, v in zip(sub["library_call"], sub["calls_per_step"],
+                                                                    strict=True)) or "no call"
+            apart = f"; {int(outside.sum())} call(s) outside the steps counted apart" if len(outside) and outside.sum() else ""
+            basis = "; ".join(sorted(set(sub["basis"].astype(str)))) or "no call of this layer and direction"
+            rows.append(_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, got,
+                             PASS if math.isclose(got, n) else FAIL, f"{calls}{apart}; {basis}"))
+    return rows
 
 
 def _row(run: str, fw: str | None, bs: Any, check: str, subject: str, expected: Any, measured: Any, status: str,
@@ -407,6 +467,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
                              + " not checked"))
             continue
         rows += _record_checks(run, expected)
+        rows += _library_call_checks(run, A.library_calls([run]))
         lt = A.layer_table([run]) if layers is None else layers[layers["run"] == run.name]
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)

@@ -62,8 +62,9 @@ LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "can
                 "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode"}
 LIBCALL_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "library": "library",
                   "library_call": "library call", "canonical_op": "op", "layer": "layer", "direction": "direction",
-                  "linked": "linked to an op", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
-                  "basis": "per step of"}
+                  "linked_to_op": "linked to an op", "kernels_linked": "kernels linked to it",
+                  "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
+                  "calls_outside_steps": "calls outside the steps (warm-up, autotuning)", "basis": "per step of"}
 CHECK_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "check": "check",
                 "subject": "subject", "expected": "expected", "measured": "measured", "status": "status",
                 "detail": "detail"}
@@ -92,6 +93,7 @@ TABLES = {
     "coverage_top": "coverage: largest unattributed events",
     "attribution": "coverage: attribution.json per part",
     "not_read": "files normalise did not read",
+    "unlinked_library_kernels": "coverage: library kernels not linked to the call that launched them, with the reason",
     "trend": "history: saved benchmarks (with --storage)",
 }
 
@@ -367,6 +369,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     ov = A.profiler_overhead(runs)
     roof, peaks = A.roofline(runs)
     cov, cov_top, attr, not_read = A.coverage(runs)
+    unlinked = A.unlinked_library_kernels(runs)
     raw_hist = None
     if storage:
         from kernelmap.history import load_history
@@ -453,7 +456,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
             "launch_bound": launch, "best_modes": best,
             "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
-            "trend": hist})
+            "unlinked_library_kernels": unlinked, "trend": hist})
         procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
         problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
         context = {
@@ -480,7 +483,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "csvs": csvs,
             "figures": figs,
             "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
-            "not_read_html": H.table(not_read),
+            "not_read_html": H.table(not_read), "unlinked_html": H.table(unlinked),
             "timeline_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X"),
             "timeline_processes": procs, "trend": trend,
         }

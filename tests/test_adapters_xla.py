@@ -170,3 +170,73 @@ def test_iteration_is_the_last_step_started(gpu):
         mine = k[k["iteration"].eq(s["iteration"])]
         assert (mine["start_ns"] >= s["start_ns"]).all()
     assert np.isfinite(k["iteration"].astype(float)).all()
+
+
+def _hlo_library_calls() -> dict[str, str]:
+    """HLO instruction -> custom-call target of the library calls, read from the module text with one regex."""
+    import re
+
+    text = gzip.decompress((DATA / "jax_gpu" / "jit__train_step.hlo.txt.gz").read_bytes()).decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'\s*(?:ROOT )?%([\w.\-]+) = .*custom_call_target="(__cu(?:dnn|blas)\$[^"]*)"', line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def test_gpu_library_kernels_linked_to_the_custom_call_that_launched_them(gpu):
+    """Issue 25: XLA names each library call in the HLO (the custom call of the kernel's hlo_op); every
+    kernel of such a call is linked to one library_call row per execution, in the trace itself."""
+    targets = _hlo_library_calls()
+    assert sorted(targets.values()) == ["__cublas$lt$matmul", "__cudnn$convBackwardFilter",
+                                        "__cudnn$convBackwardFilter", "__cudnn$convBackwardInput",
+                                        "__cudnn$convBiasActivationForward", "__cudnn$convBiasActivationForward"]
+    x, pname = _raw(GPU)
+    steps = sorted(int(e["name"].split("#")[1]) for e in x if e["name"].startswith("kernelmap:step#"))
+    calls = gpu[gpu["kind"].eq("library_call")]
+    # one call per library custom call per traced step: 6 x 10
+    assert len(calls) == len(targets) * len(steps) == gpu.attrs["library_calls_in_trace"] == 60
+    assert calls.groupby("iteration").size().to_dict() == dict.fromkeys(steps, len(targets))
+    assert calls.groupby("op_name")["library_call"].first().to_dict() == targets
+    # conv1 has no data gradient: the model's structure, per step
+    per = calls.groupby(["layer", "direction"]).size().div(len(steps)).to_dict()
+    assert per == {("conv1", "fwd"): 1, ("conv1", "bwd_weight"): 1, ("conv2", "fwd"): 1, ("conv2", "bwd_data"): 1,
+                   ("conv2", "bwd_weight"): 1, ("fc1", "bwd_data"): 1}
+    k = gpu[gpu["kind"].eq("kernel")]
+    lib = k[k["library"].isin(["cuDNN", "cuBLASLt"])]
+    assert len(lib) == 180 and lib["call_event_id"].notna().all()
+    assert k.loc[~k["library"].isin(["cuDNN", "cuBLASLt"]), "call_event_id"].isna().all()
+    # each kernel's call is the execution of its own instruction in its own step, and spans it
+    by_id = calls.set_index("event_id")
+    c = by_id.loc[lib["call_event_id"].astype("int64").to_numpy()]
+    assert (c["op_name"].to_numpy() == lib["op_name"].to_numpy()).all()
+    assert (c["iteration"].to_numpy() == lib["iteration"].to_numpy()).all()
+    assert (lib["library_call"].to_numpy() == c["library_call"].to_numpy()).all()
+    assert (c["start_ns"].to_numpy() <= lib["start_ns"].to_numpy()).all()
+    assert ((c["start_ns"] + c["dur_ns"]).to_numpy() >= (lib["start_ns"] + lib["dur_ns"]).to_numpy()).all()
+    # from the raw trace: the kernels whose hlo_op names a library call, and the one library kernel replayed in
+    # a CUDA graph (the cuBLASLt gemm, hlo_op command_buffer_N)
+    kern = [e for e in x if pname[e["pid"]].startswith("/device:") and "memcpy_details" not in e["args"]
+            and "Memset_details" not in e["args"]]
+    own = [e for e in kern if e["args"].get("hlo_op") in targets
+           or (e["args"]["hlo_op"].startswith("command_buffer") and e["name"].startswith("sm80_xmma_gemm"))]
+    assert len(lib) == len(own)
+    assert int(lib["dur_ns"].sum()) == sum(round(e["dur"] * 1000) for e in own)
+
+
+def test_gpu_in_trace_links_kept_by_the_signature_join_and_summarised(gpu):
+    from kernelmap import attribution
+
+    df = gpu.copy()
+    before = df["call_event_id"].copy()
+    attribution.link_library_calls(df)
+    assert df["call_event_id"].equals(before)
+    s = attribution.summarise(df)
+    assert (s["library_kernels"], s["library_kernels_linked"], s["library_kernel_time_linked_share"]) == (180, 180, 1.0)
+    links = s["library_links"]
+    assert {lk["link"] for lk in links} == {attribution.LINK_IN_TRACE}
+    assert sorted((lk["layer"], lk["direction"], lk["traced_calls_per_step"]) for lk in links) == [
+        ("conv1", "bwd_weight", 1.0), ("conv1", "fwd", 1.0), ("conv2", "bwd_data", 1.0), ("conv2", "bwd_weight", 1.0),
+        ("conv2", "fwd", 1.0), ("fc1", "bwd_data", 1.0)]
+    assert sum(lk["kernels"] for lk in links) == 180

@@ -63,8 +63,17 @@ def _checks(d: Path, history: pd.DataFrame | None = None) -> pd.DataFrame:
     return C.self_checks([A.load_run(d)], history)
 
 
+# gpu_mxnet_run was recorded before issue 25: its cuDNN calls per step count MXNet's autotuning trials, and
+# these four rows of `library calls per step` fail on the untouched copy (asserted exactly in
+# test_library_calls_per_step_fails_where_autotuning_calls_are_counted_as_the_models); the other tests'
+# doctoring is judged by what it adds to them
+KNOWN_FAILS = {(C.Check.LIBRARY_CALLS, "mxnet", s)
+               for s in ("conv1 bwd_data", "conv1 bwd_weight", "conv2 bwd_data", "conv2 bwd_weight")}
+
+
 def _failed(checks: pd.DataFrame) -> list[tuple[str, str, str]]:
     f = C.failed(checks)
+    f = f[[k not in KNOWN_FAILS for k in zip(f["check"], f["framework"], f["subject"], strict=True)]]
     return list(zip(f["check"], f["framework"], f["subject"], strict=True))
 
 
@@ -89,12 +98,16 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.CAPTURE_NOT_FASTER, C.NOT_CHECKED): 4,
         (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 2,  # one batch size
         (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1,  # no history
+        (C.Check.LIBRARY_CALLS, C.NOT_CHECKED): 2,  # the CPU: no cuDNN call, per framework x batch size
     }
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
         (C.Check.LAYERS_WITHIN_STEP, C.PASS): 1, (C.Check.CAPTURE_NOT_FASTER, C.PASS): 3,
         (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 1, (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1,
-        (C.Check.LAUNCH_BOUND, C.PASS): 3}  # busy <= kernel sum, busy <= clean step, busy-share table agrees
+        (C.Check.LAUNCH_BOUND, C.PASS): 3,  # busy <= kernel sum, busy <= clean step, busy-share table agrees
+        # this run (recorded before issue 25) counts MXNet's cuDNN autotuning trials as the model's calls:
+        # conv1/conv2 bwd_data/bwd_weight fail, the forward calls pass (test_library_calls_per_step_*)
+        (C.Check.LIBRARY_CALLS, C.PASS): 2, (C.Check.LIBRARY_CALLS, C.FAIL): 4}
     rc = _counts(_checks(runs["report_cpu_run"]))
     # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
     assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28
@@ -403,7 +416,8 @@ def test_report_with_storage_runs_the_benchmark_check(runs, tmp_path, monkeypatc
     assert rc == C.EXIT_CHECK_FAILED
     assert "FAIL gpu_mxnet_run MXNet bs 64: clean vs step benchmark" in capsys.readouterr().err
     page = (tmp_path / "rep" / "report.html").read_text()
-    assert page.index("1 self-check(s) failed") < page.index('<section id="answer">')
+    # the benchmark check, and the run's four known library-call rows (KNOWN_FAILS)
+    assert page.index(f"{1 + len(KNOWN_FAILS)} self-check(s) failed") < page.index('<section id="answer">')
 
 
 def test_layer_time_vs_batch_size_leaves_microsecond_falls_unjudged():
@@ -424,3 +438,53 @@ def test_layer_time_vs_batch_size_leaves_microsecond_falls_unjudged():
     assert under["status"] == C.PASS and "not below" in under["detail"]
     (over,) = rows(C.LAYER_FALL_FLOOR_MS * 1.5)
     assert over["status"] == C.FAIL and "falls below" in over["detail"]
+
+
+# --- library calls per step (issue 25) ---------------------------------------------------------
+def test_library_calls_per_step_fails_where_autotuning_calls_are_counted_as_the_models(runs):
+    """The GPU MXNet run (recorded before the libs pass traced its own kernels): every logged cuDNN call
+    over the 21 logged steps; MXNet's autotuning in the warm-up step adds 12 calls of each backward kind
+    (conv1 has no data gradient in the model, yet 12 BackwardData calls were logged)."""
+    ch = _checks(runs["gpu_mxnet_run"])
+    lib = ch[ch["check"] == C.Check.LIBRARY_CALLS].set_index("subject")
+    assert lib.loc["conv1 fwd", "status"] == lib.loc["conv2 fwd", "status"] == C.PASS
+    assert {s: (r["expected"], round(r["measured"] * 21), r["status"]) for s, r in lib.iterrows() if "bwd" in s} == {
+        "conv1 bwd_data": (0, 12, C.FAIL), "conv1 bwd_weight": (1, 33, C.FAIL),
+        "conv2 bwd_data": (1, 33, C.FAIL), "conv2 bwd_weight": (1, 33, C.FAIL)}
+    assert "21 logged steps (1 warm-up + 20 timed)" in lib.loc["conv1 bwd_weight", "detail"]
+
+
+@pytest.fixture(scope="module")
+def jax_run(runs, tmp_path_factory) -> Path:
+    """The real JAX GPU trace (tests/data/jax_gpu: XLA trace, HLO text, its libs pass's logs) as
+    jax/bs64 of a copy of the GPU run directory, normalised: XLA's own library calls, in their steps."""
+    d = tmp_path_factory.mktemp("jaxrun") / "run"
+    shutil.copytree(DATA / "gpu_mxnet_run", d)
+    shutil.copytree(DATA / "jax_gpu", d / "jax" / "bs64")
+    normalise_run_dir(d)
+    return d
+
+
+def test_library_calls_per_step_pass_on_calls_counted_in_their_steps(jax_run):
+    ch = _checks(jax_run)
+    lib = ch[(ch["check"] == C.Check.LIBRARY_CALLS) & (ch["framework"] == "jax")].set_index("subject")
+    assert {s: (r["expected"], r["measured"], r["status"]) for s, r in lib.iterrows()} == {
+        "conv1 fwd": (1, 1.0, C.PASS), "conv1 bwd_data": (0, 0.0, C.PASS), "conv1 bwd_weight": (1, 1.0, C.PASS),
+        "conv2 fwd": (1, 1.0, C.PASS), "conv2 bwd_data": (1, 1.0, C.PASS), "conv2 bwd_weight": (1, 1.0, C.PASS)}
+    assert lib.drop(index="conv1 bwd_data")["detail"].str.contains("10 traced step").all()
+    assert lib.loc["conv1 bwd_data", "detail"].startswith("no call;")
+
+
+def test_library_calls_per_step_fails_on_a_call_of_another_direction(jax_run, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(jax_run, d)
+    rec = schema.read_parquet(d / "records.parquet")
+    calls = rec.index[(rec["framework"] == "jax") & (rec["kind"] == "library_call") & (rec["layer"] == "conv1")
+                      & (rec["direction"] == "bwd_weight") & (rec["source"] == "xla_trace")]
+    assert len(calls) == 10
+    rec.loc[calls[:1], "direction"] = "bwd_data"  # one step's filter-gradient call made a data-gradient call
+    schema.write_parquet(rec, d / "records.parquet")
+    ch = _checks(d)
+    lib = ch[(ch["check"] == C.Check.LIBRARY_CALLS) & (ch["framework"] == "jax")].set_index("subject")
+    assert lib.loc["conv1 bwd_data", ["measured", "status"]].tolist() == [0.1, C.FAIL]
+    assert lib.loc["conv1 bwd_weight", ["measured", "status"]].tolist() == [0.9, C.FAIL]

@@ -136,7 +136,7 @@ def test_reorders_are_counted(run, out):
         ro = calls[(calls["framework"] == fw) & (calls["library_call"] == "reorder undef")]
         assert n > 0 and ro["logged_calls"].sum() == n
         assert ro["calls_per_step"].sum() == pytest.approx(n / _logged_steps(fw), rel=1e-12)
-        assert ro["linked"].all()  # each under the op of the primitive it feeds
+        assert ro["linked_to_op"].all()  # each under the op of the primitive it feeds
     lt = A.layer_table([run])
     pt = calls[(calls["framework"] == "pytorch") & (calls["library_call"] == "reorder undef")]
     assert lt[lt["framework"] == "pytorch"]["reorders_per_step"].sum() == pytest.approx(

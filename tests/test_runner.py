@@ -714,3 +714,36 @@ def test_run_help_lists_the_repeat_options(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert done.value.code == 0
     assert "--max-repeats N" in text and "--repeat-budget SECONDS" in text and "(default: 30% of the run's" in text
+
+
+@pytest.mark.parametrize("fw, wrapped", [("mxnet", True), ("pytorch", False)])
+def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeypatch, fw, wrapped):
+    """Issue 25: MXNet's profiler records no kernels, so its libs pass (library logs on) runs under nsys in its
+    capture window, writing RUN_DIR/<fw>/bs<N>/libs/nsys.sqlite beside the logs; PyTorch's records its own
+    (Kineto, in the worker): no nsys around it."""
+    from kernelmap.frameworks.mxnet.built import ENV_TREE
+
+    calls = []
+
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+        calls.append(list(cmd))
+        if cmd[1] == "profile":
+            out = Path(cmd[cmd.index("-o") + 1])
+            out.with_suffix(".nsys-rep").write_text("")
+        if "kernelmap.worker" in cmd:
+            d = Path(cmd[cmd.index("--dir") + 1])
+            (d / "libs.json").write_text("{}")
+
+    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    case = runner.Case(fw, runner.Decision(fw, "gpu", "gpu", None), 64, {"steps": 20, "warmup_steps": 5, "math": "fp32"},
+                       "{}", tmp_path, "/opt/nsys/bin/nsys", None, 1, {})
+    case.own_env = {ENV_TREE: "/tree"} if fw == "mxnet" else {}
+    case.run_capture("libs", runner.RunProgress(1, enabled=False), [])
+    libs_dir = case.out_dir / "libs"
+    if wrapped:
+        assert [c[:2] for c in calls] == [["/opt/nsys/bin/nsys", "profile"], ["/opt/nsys/bin/nsys", "export"]]
+        assert calls[0][calls[0].index("-o") + 1] == str(libs_dir / "nsys")
+        assert "--pass" in calls[0] and calls[0][calls[0].index("--pass") + 1] == "libs"
+        assert calls[1][-1] == str(libs_dir / "nsys.nsys-rep") and str(libs_dir / "nsys.sqlite") in calls[1]
+    else:
+        assert len(calls) == 1 and calls[0][0] != "/opt/nsys/bin/nsys" and not libs_dir.exists()

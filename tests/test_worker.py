@@ -42,6 +42,9 @@ class FakeWorkload:
     def threads(self):
         return {}
 
+    def libs_trace(self, out_dir):
+        return contextlib.nullcontext()
+
 
 def _run(workload, tmp_path, **kw):
     kw.setdefault("steps", None if "epochs" in kw else 20)
@@ -199,3 +202,25 @@ def test_regions_are_traced_only_in_capture_passes(tmp_path):
         worker.run_pass(wl, framework="fake", pass_name=pass_name, out_dir=tmp_path, steps=3, epochs=None,
                         warmup=1, progress=False)
         assert wl.trace_regions is traced, pass_name
+
+
+def test_libs_pass_traces_its_own_timed_steps(tmp_path):
+    """Issue 25: the libs pass opens the workload's ``libs_trace`` (its own kernels, beside the logs) around
+    its timed steps only, writing under RUN_DIR/<fw>/bs<N>/libs/."""
+    seen = {"steps": 0, "at_enter": None, "at_exit": None, "dir": None}
+
+    class Traced(FakeWorkload):
+        @contextlib.contextmanager
+        def libs_trace(self, out_dir):
+            seen["dir"], seen["at_enter"] = out_dir, seen["steps"]
+            yield
+            seen["at_exit"] = seen["steps"]
+
+    wl = Traced(n_train=10_000, on_step=lambda: seen.__setitem__("steps", seen["steps"] + 1))
+    worker.run_pass(wl, framework="fake", pass_name="libs", out_dir=tmp_path, steps=7, epochs=None, warmup=2,
+                    progress=False)
+    assert (seen["at_enter"], seen["at_exit"], seen["dir"]) == (2, 9, tmp_path / "libs")
+    seen.update(at_enter=None)
+    worker.run_pass(wl, framework="fake", pass_name="clean", out_dir=tmp_path, steps=3,
+                    epochs=None, warmup=1, progress=False)
+    assert seen["at_enter"] is None  # no other pass opens it

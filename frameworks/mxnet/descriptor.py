@@ -90,8 +90,9 @@ DESCRIPTOR = Framework(
     mode_flags={"--hybridize": HYBRIDIZED},
     mode_help={IMPERATIVE: "Gluon op by op", HYBRIDIZED: "Gluon after net.hybridize(): one CachedOp graph a step"},
     # bulk execution off in the framework and nsys passes: their traces and NVTX ranges name each operator
-    pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV},
-    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window,
+    # (and in the libs pass, which runs under nsys: its kernels are linked to its logged calls in-process)
+    pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV, "libs": PROFILE_ENV},
+    cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window, libs_under_nsys=True,
     commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
     recorded_env=("MXNET_ENGINE_TYPE",),

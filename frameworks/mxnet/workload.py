@@ -256,6 +256,11 @@ class Workload(spec.WorkloadBase):
         finally:
             mx.profiler.set_state("stop")
 
+    def libs_trace(self, out_dir):
+        """The libs pass runs under nsys (descriptor ``libs_under_nsys``): the same window as the nsys
+        pass, so that its kernels and operator ranges are recorded beside the library logs."""
+        return self.nsys_window()
+
     @contextlib.contextmanager
     def profile(self, out_dir):
         out_dir = Path(out_dir)

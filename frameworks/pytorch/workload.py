@@ -106,6 +106,14 @@ class Workload(spec.WorkloadBase):
             yield
         prof.export_chrome_trace(str(Path(out_dir) / "trace.json.gz"))
 
+    def libs_trace(self, out_dir):
+        """On the GPU, Kineto over the libs pass's timed steps (``out_dir/trace.json.gz``): its kernels and
+        the cuDNN/cuBLAS log of the same process are linked call by call (kernelmap/calllink.py)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return self.profile(out_dir)
+
     @contextlib.contextmanager
     def nsys_window(self):
         """cudaProfilerStart/Stop around the timed steps, and per-op NVTX ranges from emit_nvtx."""

@@ -63,11 +63,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import schema
 from ..errors import ParseError
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
 from . import canonical as C
-from ._common import finish, int64_array, ns_from_us, parse_exact, read_bytes
+from ._common import finish, frame, int64_array, ns_from_us, parse_exact, read_bytes
 
 # What the report's self-checks may ask of this source (reports/checks.py reads these):
 # an XLA op is a fused kernel or thunk of the compiled program, not one call of a framework op, so its
@@ -240,6 +241,7 @@ class OpInfo:
     library: str | None
     algo: str | None
     position: int
+    target: str | None = None  # a custom call's target (``__cudnn$convForward``, ``__cublas$lt$matmul``)
 
 
 def classify_module(text: str) -> dict[str, OpInfo]:
@@ -285,7 +287,8 @@ def classify_module(text: str) -> dict[str, OpInfo]:
         cans = cans or {label.canonical}
         name = ins.name if len(cans) == 1 else f"{ins.name} [{'+'.join(sorted(cans, key=_rank))}]"
         out[ins.name] = OpInfo(name, label.canonical, label.direction, label.layer, _library(ins),
-                               f"eng{ins.algo}" if ins.algo and (ins.target or "").startswith("__cudnn") else None, pos)
+                               f"eng{ins.algo}" if ins.algo and (ins.target or "").startswith("__cudnn") else None, pos,
+                               ins.target)
     return out
 
 
@@ -462,7 +465,57 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df.attrs["hlo_text"] = sorted(hlo)
     df.attrs["hlo_ops_unresolved"] = int(sum(1 for j in range(n) if hlo_op[j] is not None and info[j] is None))
     _label_steps(df)
-    return df
+    return _with_library_calls(df, [inf.target if inf and inf.library in GPU_LIBRARIES else None for inf in info],
+                               resolved, module, path)
+
+
+GPU_LIBRARIES = ("cuDNN", "cuBLAS", "cuBLASLt")
+
+
+def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: list, path: Path) -> pd.DataFrame:
+    """``df`` with one ``library_call`` row per execution of a library custom call (the HLO
+    instruction whose target names cuDNN/cuBLAS/cuBLASLt, run once per step: its device events of one
+    iteration), and each of those events linked to it (``call_event_id``; ``library_call`` = the
+    target). The call's start and duration are the span of its device events (GPU time, from the
+    first kernel's start to the last one's end): XLA traces no host-side library call."""
+    it = df["iteration"].to_numpy(dtype=object, na_value=None)
+    groups: dict[tuple, list[int]] = {}
+    for j, t in enumerate(target):
+        if t is not None and df["kind"].iat[j] in ("kernel", "memcpy", "memset"):
+            groups.setdefault((module[j], resolved[j], it[j]), []).append(j)
+    if not groups:
+        return df
+    start = df["start_ns"].to_numpy(dtype="int64")
+    end = start + df["dur_ns"].to_numpy(dtype="int64")
+    keys = sorted(groups, key=lambda g: int(start[groups[g]].min()))
+    first = [groups[g][0] for g in keys]
+    n = len(df)
+    call_ids = np.full(n, -1, dtype="int64")
+    for k, g in enumerate(keys):
+        call_ids[groups[g]] = n + k
+    span0 = np.array([start[groups[g]].min() for g in keys], dtype="int64")
+    span1 = np.array([end[groups[g]].max() for g in keys], dtype="int64")
+    pick = df.iloc[first]
+    cols = {
+        "kind": "library_call",
+        "op_name": pd.array([g[1] for g in keys], dtype=STRING),
+        "library_call": pd.array([target[j] for j in first], dtype=STRING),
+        "start_ns": span0, "dur_ns": span1 - span0,
+        **{c: pick[c].array for c in ("canonical_op", "direction", "layer", "library", "algo", "iteration", "phase")},
+        "framework": "jax", "device": "gpu",
+    }
+    calls = frame(cols, path, SOURCE)
+    calls["event_id"] = np.arange(n, n + len(keys), dtype="int64")
+    linked = call_ids >= 0
+    df["call_event_id"] = pd.array(np.where(linked, call_ids, 0), dtype="Int64")
+    df.loc[~linked, "call_event_id"] = pd.NA
+    lc = df["library_call"].astype(object).to_numpy()
+    lc[linked] = [target[j] for j in np.flatnonzero(linked)]
+    df["library_call"] = pd.array(lc, dtype=STRING)
+    attrs = dict(df.attrs)
+    out = finish(schema.concat([df, schema.conform(calls, copy=False)]), path, SOURCE)
+    out.attrs.update(attrs, library_calls_in_trace=len(keys))
+    return out
 
 
 def _device_index(process: str) -> int | None:

@@ -9,7 +9,7 @@ from .timed import timed_events
 
 # --- coverage ----------------------------------------------------------------------------------
 ATTRIBUTION_COLUMNS = ("framework", "batch_size", "source", "steps", "kernels", "kernel_time_ns",
-                       "attributed_kernel_time_share", "library_kernels", "library_kernels_linked",
+                       "attributed_kernel_time_share", "launch_op_known_kernel_time_share", "library_kernels", "library_kernels_linked",
                        "library_kernel_time_linked_share", "ops", "onednn_primitives", "onednn_linked",
                        "onednn_linked_share")
 
@@ -35,8 +35,8 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
                 top.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
                             "event": nm, "count_per_step": len(g) / t.n_steps,
                             "ms_per_step": float(g["dur_ns"].sum()) / t.n_steps / 1e6,
-                            "linked_op": "yes" if g["op_event_id"].notna().any() else "no",
-                            "linked_call": "yes" if g["call_event_id"].notna().any() else "no"})
+                            "launch_op_known": "yes" if g["op_event_id"].notna().any() else "no",
+                            "linked_to_call": "yes" if g["call_event_id"].notna().any() else "no"})
     attr, skipped_files = [], []
     for run in runs:
         a = run.attribution
@@ -57,7 +57,7 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
         for nr in a.get("not_records") or []:
             skipped_files.append({"run": run.name, "file": nr.get("file"), "reason": nr.get("reason")})
     top_df = pd.DataFrame(top, columns=["run", "framework", "batch_size", "event", "count_per_step",
-                                        "ms_per_step", "linked_op", "linked_call"])
+                                        "ms_per_step", "launch_op_known", "linked_to_call"])
     top_df = top_df.sort_values("ms_per_step", ascending=False).groupby(
         ["run", "framework", "batch_size"], dropna=False).head(10).reset_index(drop=True)
     return (pd.DataFrame(summ, columns=["run", "framework", "batch_size", "level", "source", "events",
@@ -67,3 +67,22 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
             pd.DataFrame(skipped_files, columns=["run", "file", "reason"]))
 
 
+
+
+UNLINKED_COLUMNS = ("run", "framework", "batch_size", "source", "kernel_name", "reason", "count", "time_ns")
+
+
+def unlinked_library_kernels(runs: list[Run]) -> pd.DataFrame:
+    """Per run x framework x batch size x source, the library kernels not linked to the call that launched
+    them (attribution.json's ``library_unlinked_top``: the largest by time), each with its reason; where a
+    timing pass ran other kernels than the libs pass, the reason names both (``calllink.carry``)."""
+    rows = []
+    for run in runs:
+        a = run.attribution if isinstance(run.attribution, dict) else {}
+        for entry in (a.get("runs") or {}).values():
+            for src, fig in (entry.get("by_source") or {}).items():
+                for u in fig.get("library_unlinked_top") or []:
+                    rows.append({"run": run.name, "framework": entry.get("framework"),
+                                 "batch_size": entry.get("batch_size"), "source": src,
+                                 **{k: u.get(k) for k in UNLINKED_COLUMNS[4:]}})
+    return pd.DataFrame(rows, columns=list(UNLINKED_COLUMNS))

@@ -244,7 +244,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                     "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
                     "direction": d, "framework": t.framework, "level": t.level,
                     "libraries": distinct_values(pd.concat([g["library"], calls["library"]])) or ["native"],
-                    "library_calls": distinct_values(pd.concat([calls["library_call"], g["library_call"]])),
+                    # on the GPU the calls its kernels link to (not another pass's log of the same calls)
+                    "library_calls": distinct_values(pd.concat([(calls if t.level == "op" else algo_calls)["library_call"],
+                                                      g["library_call"]])),
                     "algos": distinct_values(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
                     "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore")) or distinct_values(onednn["kernel_name"]),
@@ -266,15 +268,30 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
 
 
 LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
-                        "direction", "linked", "calls_per_step", "ms_per_step", "logged_calls", "logged_steps",
-                        "basis")
+                        "direction", "linked_to_op", "kernels_linked", "calls_per_step", "ms_per_step",
+                        "logged_calls", "logged_steps", "calls_outside_steps", "basis")
+
+
+def _step_basis(c: pd.DataFrame) -> tuple[pd.Series, dict[str, int]]:
+    """Per call row, whether it ran in a traced step, and per source the number of traced steps its calls
+    ran in (the per-step denominators)."""
+    in_step = c["iteration"].notna()
+    steps = {str(src): int(g["iteration"].nunique()) for src, g in c[in_step].groupby("source")}
+    return in_step, steps
 
 
 def library_calls(runs: list[Run]) -> pd.DataFrame:
-    """Every library-log call kind per framework x batch size: library, call, the framework op it
-    is linked to (canonical op, layer, direction group; a oneDNN layout reorder is counted under
-    the op of the primitive it feeds, as its own row), calls and time per logged step. Calls not
-    linked to an op are listed under their own canonical op, with ``linked`` False."""
+    """Every library call kind per framework x batch size: library, call, the framework op it is linked
+    to (``linked_to_op``: CPU library logs, by canonical op, layer, direction group; a oneDNN layout
+    reorder is counted under the op of the primitive it feeds, as its own row; calls not linked to an op
+    are listed under their own canonical op), how many kernels are linked to calls of the row
+    (``kernels_linked``, GPU), and calls and time per step.
+
+    Calls per step are the model's where the steps of the calls are known (``iteration``: XLA's own
+    custom calls; GPU log calls that owned kernels in the libs pass's own trace): the calls in those
+    steps over their number; calls of the log outside them (warm-up, the framework's autotuning trials)
+    are ``calls_outside_steps``, never per step. Otherwise (a run without the libs pass's trace; the
+    CPU) every logged call over the logged steps, as ``basis`` says."""
     rows = []
     for run in runs:
         rec = records_of(run)
@@ -283,20 +300,43 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
             bs_v = None if pd.isna(bs) else int(bs)
             c = linked_calls(run, str(fw), bs_v)
             n_log, basis = log_steps(run, str(fw), bs_v)
+            in_step, steps = _step_basis(c)
+            by_steps = set(steps)  # sources whose calls per step come from their traced steps
+            kern = framework_rows(rec, str(fw), bs_v)
+            kern = kern[(kern["kind"] == "kernel") & kern["call_event_id"].notna()]
+            per_call = kern.groupby("call_event_id").size()
             linked = c["op_canonical"].notna()
             c = c.assign(_op=c["op_canonical"].fillna(c["canonical_op"]).fillna(schema.UNATTRIBUTED),
                          _layer=c["op_layer"].where(linked, c["layer"]).fillna(schema.UNKNOWN),
-                         _dir=c["op_dgroup"].where(linked, c["dgroup"]).fillna("none"), _linked=linked)
+                         # a call not linked to an op keeps its own direction (a conv's bwd_data and
+                         # bwd_weight calls are two rows: cuDNN's two calls)
+                         _dir=c["op_dgroup"].where(linked, c["direction"]).fillna("none"), _linked=linked,
+                         _in_step=in_step)
             for (lib, call, op, layer, d, lk), g in c.groupby(
                     [c["library"].fillna(schema.UNKNOWN), c["library_call"].fillna(schema.UNKNOWN), "_op", "_layer", "_dir", "_linked"]):
                 timed = g["dur_ns"].notna().all()
+                srcs = sorted(set(g["source"].dropna().astype(str)))
+                stepped = bool(srcs) and all(s in by_steps for s in srcs)
+                if stepped:
+                    inside = g[g["_in_step"]]
+                    n_steps = max(steps[s] for s in srcs)
+                    per_step = len(inside) / n_steps if n_steps else None
+                    ms = float(inside["dur_ns"].sum()) / n_steps / 1e6 if n_steps and timed else None
+                    why = (f"{n_steps} traced step(s) of the {'/'.join(srcs)} calls (calls outside them: warm-up, "
+                           "autotuning, counted apart)")
+                    outside = int((~g["_in_step"]).sum())
+                else:
+                    per_step = len(g) / n_log if n_log else None
+                    ms = float(g["dur_ns"].sum()) / n_log / 1e6 if n_log and timed else None
+                    why, outside = basis, None
                 rows.append({"run": run.name, "framework": fw, "batch_size": bs_v, "library": lib,
                              "library_call": call, "canonical_op": op, "layer": None if layer == "-" else layer,
-                             "direction": d, "linked": bool(lk),
-                             "calls_per_step": len(g) / n_log if n_log else None,
-                             "ms_per_step": float(g["dur_ns"].sum()) / n_log / 1e6 if n_log and timed else None,
-                             "logged_calls": len(g), "logged_steps": n_log,
-                             "basis": basis if timed else f"{basis}; the log records no durations"})
+                             "direction": d, "linked_to_op": bool(lk),
+                             "kernels_linked": int(per_call.reindex(g["event_id"].to_numpy()).fillna(0).sum()),
+                             "calls_per_step": per_step, "ms_per_step": ms,
+                             "logged_calls": len(g), "logged_steps": n_steps if stepped else n_log,
+                             "calls_outside_steps": outside,
+                             "basis": why if timed else f"{why}; no durations recorded"})
     df = pd.DataFrame(rows, columns=list(LIBRARY_CALL_COLUMNS))
     if len(df):
         order = {o: i for i, o in enumerate(schema.CANONICAL_OPS)}

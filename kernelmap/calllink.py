@@ -1,0 +1,358 @@
+"""Library calls linked to the kernels they launched, in the pass that logged them (issue 25).
+
+The libs pass logs the cuDNN/cuBLAS/cuBLASLt calls and, in the same process, records the kernels
+(``rundir.LIBS_TRACE_DIR``: PyTorch's Kineto profiler over its timed steps; the framework's
+``Workload.libs_trace``). There each logged call owns the kernels it launched:
+
+* cuDNN (``OWN_BY_TIME``): the log stamps every call with the wall clock (microseconds) and the OS
+  thread; the trace stamps each kernel's launch (its runtime call) with the host clock and thread.
+  A kernel is owned by the last cuDNN call on its launch's thread that started at or before the
+  launch and inside the launching framework op. The two clocks are one (the system clock), the log
+  written in local time: the offset is searched in whole quarter hours (``CLOCK_STEP_NS``), the one
+  under which most kernels find an owner.
+* cuBLAS, cuBLASLt (``OWN_BY_SEQUENCE``): their logs stamp whole seconds only, so by order: per
+  signature (canonical op, layer, direction), the n-th of the last N logged calls owns the kernels of
+  the n-th of the N launching ops in the trace whose kernels have that signature (the trace covers
+  the pass's last steps; the log runs from process start).
+
+An owning call's ``iteration`` (and ``phase``) become its kernels' step: a logged call without one
+ran outside the traced steps (warm-up, the framework's autotuning), which the report counts apart.
+
+The mapping is carried to the timing passes (Kineto, nsys) by the launching op: per op kind
+(op name, canonical op, layer, direction) the libs pass gives the sequence of its library kernels
+and each one's call (``template``); an op of a timing pass that launched the same kernels in the
+same order links each kernel to that call. Where the kernels differ (the timing pass ran another
+algorithm), its kernels stay unlinked with a reason that names both: what the libs pass's call ran
+and what this pass ran.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import strings as S
+from .errors import ParseError
+
+OWN_BY_TIME = ("cudnn_log",)
+OWN_BY_SEQUENCE = ("cublas_log", "cublaslt_log")
+CLOCK_STEP_NS = 15 * 60 * 10**9  # time zones are whole quarter hours from UTC
+CLOCK_STEPS = 14 * 4  # up to +-14 h
+SIGNATURE = ["canonical_op", "layer", "direction"]
+# a launching op's kind, and which of the ops of that kind in its step it is (PyTorch's two aten::mm of a
+# linear backward share name, layer and direction: the first is the data gradient, the second the weight's)
+OP_KEY = ["op_name", "op_canonical", "op_layer", "op_direction", "op_nth"]
+_CALL_COLS = ["library", "library_call", "algo", "math_mode"]
+LIBRARY_OPS = ("conv2d", "linear")  # the ops whose kernels are library kernels, owned or not
+_BASE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+
+
+def kineto_base_ns(path: Path) -> int:
+    """``baseTimeNanoseconds`` of a PyTorch Kineto trace: its ``ts`` (µs) plus this are Unix time.
+    Read from the head of the file (PyTorch writes it before ``traceEvents``); 0 where absent."""
+    raw = Path(path).read_bytes()
+    head = gzip.decompress(raw)[: 1 << 20] if raw[:2] == b"\x1f\x8b" else raw[: 1 << 20]
+    m = _BASE.search(head)
+    return int(m.group(1)) if m else 0
+
+
+def nsys_base_ns(path: Path) -> int:
+    """The session start of an nsys SQLite export (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; its
+    timestamps count from it), gzip looked through; ParseError where the file has none."""
+    raw = Path(path).read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "n.sqlite"
+        db.write_bytes(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            row = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ParseError(path, f"no session start time (TARGET_INFO_SESSION_START_TIME): {exc}") from None
+        finally:
+            con.close()
+    if not row or row[0] is None:
+        raise ParseError(path, "TARGET_INFO_SESSION_START_TIME has no utcEpochNs")
+    return int(row[0])
+
+
+def base_ns(path: Path, trace: pd.DataFrame) -> int:
+    """What to add to a libs trace's ``start_ns`` to read it as Unix time (ns): Kineto's
+    ``baseTimeNanoseconds``, nsys' session start."""
+    sources = set(S.distinct(trace["source"])) if len(trace) else set()
+    if sources == {"nsys"}:
+        return nsys_base_ns(path)
+    if sources == {"kineto"}:
+        return kineto_base_ns(path)
+    raise ParseError(path, f"a libs-pass trace must be a Kineto trace or an nsys export, not {sorted(sources)}")
+
+
+def short_name(name: str) -> str:
+    """A kernel name without its template and argument lists (``void fft2d_r2c_32x32<...>(...)`` ->
+    ``fft2d_r2c_32x32``): what two profilers' demanglings agree on."""
+    s = str(name)
+    s = s[5:] if s.startswith("void ") else s
+    for anon in ("<unnamed>::", "(anonymous namespace)::"):
+        s = s.replace(anon, "")
+    return re.split(r"[<(]", s, maxsplit=1)[0].strip() or str(name)
+
+
+def _nth(frame: pd.DataFrame) -> np.ndarray:
+    """Per row, which occurrence of its op kind (``OP_KEY`` but ``op_nth``) in its step its launching op
+    is, counting ops by their start."""
+    ops = frame.drop_duplicates("op_event_id").sort_values(["op_start_ns", "op_event_id"], kind="stable")
+    keys = [ops[c].astype(object).where(ops[c].notna(), "\0").astype(str) for c in (*OP_KEY[:-1], "iteration")]
+    nth = pd.DataFrame({f"k{i}": k.to_numpy() for i, k in enumerate(keys)}).groupby(
+        [f"k{i}" for i in range(len(keys))], sort=False).cumcount().to_numpy()
+    return pd.Series(nth, index=ops["op_event_id"].to_numpy()).reindex(frame["op_event_id"].to_numpy()).to_numpy()
+
+
+def launches(trace: pd.DataFrame, base_ns: int) -> pd.DataFrame:
+    """The trace's library kernels (not native, launched inside an op) with their launch: the runtime
+    call of the same correlation id (thread, start in Unix ns), the launching op (name, signature, start)
+    and their order. Index: the kernel rows' labels in ``trace``."""
+    from .attribution import native_kernels
+
+    t = S.plain(trace)
+    k = t[t["kind"].eq("kernel") & t["op_event_id"].notna()]
+    k = k[~native_kernels(k)]
+    rt = t[t["kind"].eq("runtime") & t["correlation_id"].notna()].drop_duplicates("correlation_id")
+    rt = rt.set_index("correlation_id")
+    ops = t[t["kind"].eq("op")].drop_duplicates("event_id").set_index("event_id")
+    corr = k["correlation_id"]
+    out = pd.DataFrame({
+        "kernel_name": k["kernel_name"], "short": k["kernel_name"].map(short_name),
+        **{c: k[c] for c in SIGNATURE}, "iteration": k["iteration"], "phase": k["phase"],
+        "op_event_id": k["op_event_id"],
+        "tid": rt["tid"].reindex(corr).to_numpy(),
+        "launch_ns": (rt["start_ns"].reindex(corr).to_numpy(dtype="float64", na_value=np.nan) + base_ns),
+    }, index=k.index)
+    op = ops.reindex(k["op_event_id"].astype("int64").to_numpy())
+    out["op_name"] = op["op_name"].to_numpy()
+    out["op_canonical"] = op["canonical_op"].to_numpy()
+    out["op_layer"] = op["layer"].to_numpy()
+    out["op_direction"] = op["direction"].to_numpy()
+    out["op_start_ns"] = op["start_ns"].to_numpy(dtype="float64", na_value=np.nan) + base_ns
+    out["op_nth"] = _nth(out)
+    return out.sort_values(["launch_ns", "kernel_name"], kind="stable")
+
+
+@dataclass
+class Ownership:
+    """Which logged call launched each library kernel of the libs pass's own trace."""
+    owner: pd.Series  # kernel label (in the libs trace) -> the log call's event_id (NA: no owner)
+    clock_offset_ns: int | None  # added to a log time to read it on the trace's clock
+    by_time: int = 0
+    by_sequence: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _own_by_time(calls: pd.DataFrame, lk: pd.DataFrame, offset: int) -> pd.Series:
+    out = pd.Series(pd.NA, index=lk.index, dtype="Int64")
+    for tid, g in lk.groupby("tid", dropna=True):
+        c = calls[calls["tid"].eq(tid)]
+        if c.empty:
+            continue
+        c = c.sort_values(["start_ns", "event_id"], kind="stable")
+        st = c["start_ns"].to_numpy(dtype="int64") + offset
+        pos = np.searchsorted(st, g["launch_ns"].to_numpy(dtype="float64"), side="right") - 1
+        ok = pos >= 0
+        ok[ok] &= st[pos[ok]] >= g["op_start_ns"].to_numpy(dtype="float64")[ok]
+        ids = c["event_id"].to_numpy(dtype="int64")
+        out.loc[g.index[ok]] = ids[pos[ok]]
+    return out
+
+
+def own(df: pd.DataFrame, lk: pd.DataFrame) -> Ownership:
+    """Owners of the libs trace's library kernels ``lk`` (``launches``) among the log calls of ``df``."""
+    calls = S.plain(df[S.eq(df["kind"], "library_call") & S.isin(df["source"], [*OWN_BY_TIME, *OWN_BY_SEQUENCE])])
+    owner = pd.Series(pd.NA, index=lk.index, dtype="Int64")
+    res = Ownership(owner, None)
+    timed = calls[calls["source"].isin(OWN_BY_TIME) & calls["start_ns"].notna() & calls["tid"].notna()]
+    if len(timed) and len(lk):
+        best, offset = -1, 0
+        for step in sorted(range(-CLOCK_STEPS, CLOCK_STEPS + 1), key=abs):
+            got = _own_by_time(timed, lk, step * CLOCK_STEP_NS)
+            n = int(got.notna().sum())
+            if n > best:
+                best, offset, owner = n, step * CLOCK_STEP_NS, got
+        res.by_time = best
+        res.clock_offset_ns = offset if best > 0 else None
+        if best == 0:
+            res.notes.append(f"no logged cuDNN call owns a kernel of the libs trace under any clock offset within "
+                             f"+-{CLOCK_STEPS // 4} h: the log's threads or times do not meet the trace's launches")
+    # by sequence: per signature, the last N calls <-> the last N launching ops whose kernels have it
+    seq = calls[calls["source"].isin(OWN_BY_SEQUENCE) & calls[SIGNATURE].notna().all(axis=1)]
+    free = lk[owner.isna().to_numpy() & lk[SIGNATURE].notna().all(axis=1).to_numpy()]
+    for sig, c in seq.sort_values("event_id").groupby(SIGNATURE, sort=False):
+        k = free[(free[SIGNATURE] == pd.Series(sig, index=SIGNATURE)).all(axis=1)]
+        if k.empty:
+            continue
+        if c["library"].nunique() > 1:
+            res.notes.append(f"{'/'.join(map(str, sig))}: calls of {sorted(c['library'].unique())} in the logs; "
+                             "not linked by order")
+            continue
+        occ = list(dict.fromkeys(k["op_event_id"].tolist()))  # launching ops in launch order
+        n = min(len(c), len(occ))
+        ids = c["event_id"].to_numpy(dtype="int64")[len(c) - n:]
+        for op_id, call_id in zip(occ[len(occ) - n:], ids, strict=True):
+            rows = k.index[k["op_event_id"].eq(op_id).to_numpy()]
+            owner.loc[rows] = call_id
+            res.by_sequence += len(rows)
+    res.owner = owner
+    return res
+
+
+def mark_calls(df: pd.DataFrame, lk: pd.DataFrame, ownership: Ownership) -> None:
+    """Give each owning log call the step (``iteration``, ``phase``) of its kernels in the libs trace."""
+    got = lk.assign(owner=ownership.owner).dropna(subset=["owner"])
+    if got.empty:
+        return
+    first = got.groupby("owner", sort=True).first()
+    ids = first.index.to_numpy(dtype="int64")
+    rows = np.flatnonzero(np.isin(df["event_id"].to_numpy(dtype="int64", na_value=-1), ids)
+                          & S.eq(df["kind"], "library_call"))
+    at = pd.Series(np.arange(len(ids)), index=ids).reindex(df["event_id"].array.take(rows).astype("int64")).to_numpy()
+    S.set_rows(df, "iteration", rows, pd.array(first["iteration"].to_numpy()[at], dtype="Int64"))
+    S.set_rows(df, "phase", rows, pd.array(first["phase"].astype(object).to_numpy()[at], dtype=S.STRING))
+
+
+@dataclass
+class Template:
+    """The library kernels one kind of launching op ran in the libs pass, in launch order, and the call
+    that launched each (NA: none of the logged calls)."""
+    names: tuple[str, ...]
+    owners: tuple
+    variants: int  # distinct kernel sequences among the op's occurrences in the libs trace
+
+
+def templates(lk: pd.DataFrame, owner: pd.Series) -> dict[tuple, Template]:
+    """Per launching op kind (``OP_KEY``) of the libs trace: its library kernels and their calls, where
+    the op is a convolution or linear op or some logged call owned one of its kernels (an op that runs
+    no library call has none)."""
+    out: dict[tuple, Template] = {}
+    lk = lk.assign(owner=owner)
+    for key, g in lk.groupby(OP_KEY, dropna=False, sort=False):
+        if g["owner"].isna().all() and key[1] not in LIBRARY_OPS:
+            continue
+        seqs = {}
+        for op_id, o in g.groupby("op_event_id", sort=False):
+            seqs[op_id] = (tuple(o["short"]), tuple(o["owner"]))
+        last = seqs[list(seqs)[-1]]
+        out[tuple(None if pd.isna(v) else v for v in key)] = Template(
+            last[0], last[1], len({s for s, _ in seqs.values()}))
+    return out
+
+
+def _describe(t: Template, calls: pd.DataFrame) -> str:
+    parts = []
+    for cid in dict.fromkeys(t.owners):
+        if pd.isna(cid) or int(cid) not in calls.index:
+            continue
+        c = calls.loc[int(cid)]
+        names = [n for n, o in zip(t.names, t.owners, strict=True) if not pd.isna(o) and int(o) == int(cid)]
+        algo = "" if pd.isna(c["algo"]) else f" {c['algo']}"
+        parts.append(f"{c['library_call']}{algo} ({c['direction']}: {', '.join(dict.fromkeys(names))})")
+    return "; ".join(parts) or "no logged call"
+
+
+def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
+    """Link the timing passes' library kernels of ``df`` (every trace source in it) to the libs
+    pass's calls through ``tpl``; returns the figures, the per-layer differences and, per kernel row
+    left unlinked for a known reason, that reason (``reasons``: row label -> text)."""
+    from .attribution import native_kernels
+
+    calls = S.plain(df[S.eq(df["kind"], "library_call")]).drop_duplicates("event_id").set_index("event_id")
+    t = S.plain(df[S.eq(df["kind"], "kernel") & df["op_event_id"].notna().to_numpy()
+                   & df["call_event_id"].isna().to_numpy()])
+    t = t[~native_kernels(t)]
+    info = {"linked": 0, "differs": [], "reasons": {}}
+    if t.empty or not tpl:
+        return info
+    ops = S.plain(df[S.eq(df["kind"], "op")]).drop_duplicates(["source", "event_id"]).set_index("event_id")
+    op = ops.reindex(t["op_event_id"].astype("int64").to_numpy())
+    t = t.assign(op_name=op["op_name"].to_numpy(), op_canonical=op["canonical_op"].to_numpy(),
+                 op_layer=op["layer"].to_numpy(), op_direction=op["direction"].to_numpy(),
+                 op_start_ns=op["start_ns"].to_numpy(dtype="float64", na_value=np.nan),
+                 short=t["kernel_name"].map(short_name))
+    t["op_nth"] = 0
+    for _, g in t.groupby("source", sort=False):  # each source's ops counted in its own steps
+        t.loc[g.index, "op_nth"] = _nth(g)
+    # in launch order (the libs trace's order), not the GPU's: kernels of several streams (cuDNN's FFT) start
+    # out of the order they were launched in
+    rt = S.plain(df[S.eq(df["kind"], "runtime") & df["correlation_id"].notna().to_numpy()])
+    rt = rt.drop_duplicates(["source_file", "correlation_id"]).set_index(["source_file", "correlation_id"])["start_ns"]
+    at = rt.reindex(pd.MultiIndex.from_arrays([t["source_file"], t["correlation_id"]])).to_numpy(dtype="float64",
+                                                                                                  na_value=np.nan)
+    t["launch_ns"] = np.where(np.isnan(at), t["start_ns"].to_numpy(dtype="float64", na_value=np.nan), at)
+    t = t.sort_values(["source", "launch_ns", "event_id"], kind="stable")
+    rows, ids = [], []
+    differs: dict[tuple, dict] = {}
+    for (src, _op), g in t.groupby(["source", "op_event_id"], sort=False):
+        key = tuple(None if pd.isna(g[c].iloc[0]) else g[c].iloc[0] for c in OP_KEY)
+        tp = tpl.get(key)
+        if tp is None:
+            continue
+        names = tuple(g["short"])
+        if names == tp.names and tp.variants == 1:
+            for label, cid in zip(g.index, tp.owners, strict=True):
+                if not pd.isna(cid):
+                    rows.append(label)
+                    ids.append(int(cid))
+            continue
+        libs = _describe(tp, calls)
+        why = (f"the libs pass's {key[0]} ({key[2] or '-'} {key[3]}) launched other kernels in its own steps"
+               if tp.variants > 1 else
+               f"the libs pass ran {libs}; this pass ran {', '.join(dict.fromkeys(names))}")
+        for label in g.index:
+            info["reasons"][label] = why
+        d = differs.setdefault((src, *key), {"source": src, "op_name": key[0], "canonical_op": key[1],
+                                              "layer": key[2], "direction": key[3], "libs_pass": libs,
+                                              "this_pass": sorted(set(names)), "ops": 0})
+        d["ops"] += 1
+    if rows:
+        labels = np.asarray(rows)
+        pos = df.index.get_indexer(labels)
+        cids = np.asarray(ids, dtype="int64")
+        S.set_rows(df, "call_event_id", pos, pd.array(cids, dtype="Int64"))
+        c = calls.reindex(cids)
+        for col in _CALL_COLS:
+            S.set_rows(df, col, pos, pd.array(c[col].astype(object).to_numpy(), dtype=S.STRING))
+        # a convolution backward kernel not split by its name (FFT) takes the direction of its call
+        unsplit = np.flatnonzero(S.eq(df["direction"].array.take(pos), "bwd"))
+        if len(unsplit):
+            S.set_rows(df, "direction", pos[unsplit],
+                       pd.array(c["direction"].astype(object).to_numpy()[unsplit], dtype=S.STRING))
+    info["linked"] = len(rows)
+    info["differs"] = list(differs.values())
+    return info
+
+
+def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int) -> dict:
+    """Own the libs trace's kernels by the log calls of ``df``, mark the owning calls' steps, and carry
+    the links to ``df``'s own kernels (``carry``). Returns what the summary reports."""
+    lk = launches(trace, base_ns)
+    ow = own(df, lk)
+    mark_calls(df, lk, ow)
+    tpl = templates(lk, ow.owner)
+    info = carry(df, tpl)
+    owned = ow.owner.notna()
+    return {
+        "libs_trace_library_kernels": len(lk),
+        "libs_trace_kernels_owned": int(owned.sum()),
+        "libs_trace_kernels_owned_by_time": ow.by_time,
+        "libs_trace_kernels_owned_by_order": ow.by_sequence,
+        "libs_trace_unowned_top": [{"kernel_name": n, "count": int(c)} for n, c in
+                                   lk.loc[~owned.to_numpy(), "short"].value_counts().head(10).items()],
+        "log_clock_offset_ns": ow.clock_offset_ns,
+        "libs_pass_notes": ow.notes,
+        "carried_kernels_linked": info["linked"],
+        "algorithm_differs": info["differs"],
+        "reasons": info["reasons"],
+    }
