@@ -43,6 +43,21 @@ class NsysWindow(enum.Enum):
         return []
 
 
+@dataclass(frozen=True)
+class Option:
+    """A framework's own option of ``kernelmap run``: a variant of its workload (e.g. PyTorch's
+    ``--custom-op jit|setuptools|cmake``). The runner makes one command-line flag of each descriptor's
+    options and hands the value to that framework's workers only (``TrainConfig.options[name]``)."""
+
+    name: str  # the key in TrainConfig.options and in the run's config; the flag is --<name, - for _>
+    choices: tuple[str, ...]
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
 
 
@@ -67,6 +82,7 @@ class Framework:
     # how its Workload bounds the nsys capture on the GPU, given its worker environment; None: it
     # opens no window (its nsys pass is skipped)
     nsys_window: Callable[[Mapping[str, str] | None], NsysWindow | None] = lambda worker_env: None
+    options: tuple[Option, ...] = ()  # its own options of `kernelmap run` (workload variants)
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("kernelmap.history", "compare saved pytest-benchmark runs like with like"),
     "save-job": ("kernelmap.savejob", "save one bench job's per-framework step benchmarks as one numbered run"),
     "build-mxnet": ("kernelmap.frameworks.mxnet.build", "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90)"),
+    "custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
+                  "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, check parity"),
 }
 
 

@@ -101,6 +101,7 @@ class Library(enum.StrEnum):
     ONEDNN = "oneDNN"
     BLAS = "BLAS"
     NATIVE = "native"
+    CUSTOM = "custom"  # the user's own kernels: kernelmap's custom op (frameworks/pytorch/custom_op)
 
 
 KINDS = tuple(k.value for k in Kind)
