@@ -69,7 +69,7 @@ def train(route: str, device: str = "cpu", n: int = N, epochs: int = EPOCHS, eve
             loss.backward()
             opt.step()
         if epoch % every == 0 or epoch == epochs - 1:
-            losses.append({"epoch": epoch, "loss": float(loss)})
+            losses.append({"epoch": epoch, "loss": float(loss.detach())})
     if cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0

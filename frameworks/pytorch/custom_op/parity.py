@@ -10,7 +10,7 @@ import numpy as np
 
 from kernelmap.parity import TOLERANCES, compare
 
-from .. import spec
+from ... import spec
 from . import OPTION
 
 
@@ -37,7 +37,7 @@ def custom_parity(route: str, device: str = "cpu", steps: int = 20, batch_size: 
     base = spec.TrainConfig(batch_size=batch_size, steps=steps, seed=seed, data=data, device=device,
                             math=spec.Math.FP32.value)
     custom = spec.TrainConfig(**{**base.to_dict(), "options": {OPTION: route}})
-    from ..data import resolve_data
+    from ...data import resolve_data
 
     info = resolve_data(base)
     order = spec.training_order(info.n_train, seed, steps * batch_size)
