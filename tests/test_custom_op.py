@@ -75,6 +75,12 @@ def test_build_key_follows_sources_torch_and_route(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(build, "SOURCES", (*build.SOURCES[:-1],))  # one file fewer hashed
     assert build.build_key("cmake", False) != key
+    monkeypatch.undo()
+    # a route's own build file is in its key only: editing CMakeLists.txt rebuilds no jit module
+    monkeypatch.setitem(build.ROUTE_FILES, Route.JIT, ("CMakeLists.txt",))
+    jit = build.build_key("jit", False)
+    monkeypatch.undo()
+    assert build.build_key("jit", False) != jit
 
 
 # --- a missing tool: one line naming it -----------------------------------------------------

@@ -99,3 +99,23 @@ def test_built_in_run_has_no_custom_op(tmp_path):
     lt = A.layer_table([A.load_run(d)])
     assert not any("custom" in libs for libs in lt["libraries"])
     assert not any(custom_op.NAMESPACE in k for ks in lt["kernels"] for k in ks)
+
+
+def test_compare_bench_times_fc1_ops_as_the_raw_trace(run_dirs):
+    """benches/custom_op_compare.py on the cmake run: the custom ops' time per step is the raw trace's
+    sum of their durations / the traced steps (6), read with json alone."""
+    from conftest import bench_module
+
+    cmp = bench_module("custom_op_compare")
+    t = cmp.fc1_table(run_dirs["cmake"])
+    k = t[t["source"] == "kineto"]
+    assert set(k["route"]) == {"cmake"} and set(k["level"]) == {"op"}
+    doc = json.loads(gzip.decompress((DATA / "cmake" / "pytorch" / "bs64" / "trace.json.gz").read_bytes()))
+    for op in ("bias_add", "bias_grad"):
+        name = custom_op.OP_NAMES[op]
+        raw_us = sum(e["dur"] for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("name") == name)
+        row = k[k["name"] == name]
+        assert len(row) == 1 and row["library"].iloc[0] == "custom" and row["per_step"].iloc[0] == 1
+        assert row["us_per_step"].iloc[0] == pytest.approx(raw_us / 6, rel=1e-6)
+    assert "aten::addmm" not in set(k["name"])  # fc1 runs mm + our bias add
+    assert "cmake (cmake), kineto, 6 steps:" in cmp.format_table(t)

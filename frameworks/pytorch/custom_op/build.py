@@ -34,7 +34,8 @@ from . import NAMESPACE, OP_NAMES, Route, cuda_headers, cuda_home, nvcc, tools_m
 CSRC = Path(__file__).resolve().parent / "csrc"
 CPP_SOURCES = ("kernelmap_custom.cpp",)
 CUDA_SOURCES = ("kernelmap_custom_cuda.cu",)
-SOURCES = ("kernelmap_custom.h", *CPP_SOURCES, *CUDA_SOURCES, "CMakeLists.txt", "setup_ext.py")
+SOURCES = ("kernelmap_custom.h", *CPP_SOURCES, *CUDA_SOURCES)  # what every route compiles
+ROUTE_FILES = {Route.JIT: (), Route.SETUPTOOLS: ("setup_ext.py",), Route.CMAKE: ("CMakeLists.txt",)}
 CMAKE_LIBRARY = f"lib{NAMESPACE}.so"
 BUILD_LOG = "build.log"
 
@@ -56,9 +57,10 @@ def cuda_arch_list() -> str | None:
 
 
 def build_key(route: str, cuda: bool) -> str:
-    """What a build depends on, hashed: sources, torch, Python ABI, route, CUDA architectures."""
+    """What a build depends on, hashed: sources (and the route's own build file), torch, Python ABI,
+    route, CUDA architectures."""
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in (*SOURCES, *ROUTE_FILES[Route(route)]):
         h.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
     arch = cuda_arch_list() if cuda else None
     for part in (torch.__version__, sysconfig.get_config_var("SOABI") or "", route, str(cuda), arch or ""):
