@@ -112,13 +112,14 @@ def test_missing_tool_is_one_line_naming_it(tmp_path, route, lacks):
 
 
 def test_missing_compiler_and_nvcc_named(tmp_path, monkeypatch):
+    tools = _bin_with(tmp_path, "c++", "ninja")
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing at all
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     missing = custom_op.tools_missing("jit", cuda=True)
     assert [m.split(" ")[0] for m in missing] == ["C++", "nvcc", "ninja"]
     with pytest.raises(MissingToolError, match=r"missing C\+\+ compiler.*; nvcc.*; ninja"):
         build.check_tools("jit", True)
-    monkeypatch.setenv("PATH", _bin_with(tmp_path, "c++", "ninja"))
+    monkeypatch.setenv("PATH", tools)
     assert custom_op.tools_missing("jit", cuda=False) == []
 
 
@@ -248,3 +249,37 @@ def test_cnn_without_the_option_has_no_custom_op(tmp_path):
     df = kineto.read(tmp_path / "trace.json.gz")
     assert not (df["library"] == "custom").any()
     assert set(df.loc[df["op_name"] == "aten::addmm", "layer"]) == {"fc1", "fc2"}
+
+
+# --- the option: one flag made from PyTorch's descriptor --------------------------------------
+def test_run_option_comes_from_the_descriptor(tmp_path):
+    import argparse
+
+    from kernelmap import frameworks, runner
+    from kernelmap.errors import KernelmapError
+
+    (opt,) = frameworks.get("pytorch").options
+    assert (opt.name, opt.flag, opt.choices) == (custom_op.OPTION, "--custom-op", ROUTES)
+    assert all(not d.options for n, d in frameworks.REGISTRY.items() if n != "pytorch")
+    p = argparse.ArgumentParser()
+    runner.add_arguments(p)
+    assert p.parse_args(["--custom-op", "cmake"]).custom_op == "cmake"
+    assert p.parse_args([]).custom_op is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["--custom-op", "nvrtc"])
+    args = p.parse_args(["--framework", "mxnet", "--custom-op", "jit", "--out", str(tmp_path / "r")])
+    with pytest.raises(KernelmapError, match="--custom-op is PyTorch's option, and pytorch does not run"):
+        runner.execute(args)
+    assert not (tmp_path / "r").exists()
+
+
+def test_doctor_says_what_each_route_lacks(tmp_path, monkeypatch):
+    from kernelmap import doctor
+
+    monkeypatch.setenv("PATH", _bin_with(tmp_path, "c++", "cmake"))
+    tools = doctor.custom_op_tools(gpu=False)
+    assert tools["cmake"] == {"cpu": [], "gpu": None}
+    assert tools["jit"]["cpu"] == ["ninja (pip install ninja)"]
+    lines = doctor.custom_op_lines(tools)
+    assert lines[0].startswith("custom op   --custom-op jit: CPU missing ninja")
+    assert "--custom-op cmake: CPU ready" in lines[2]
