@@ -49,8 +49,8 @@ def fc1_table(run_dir: str | Path) -> pd.DataFrame:
 
 
 def format_table(t: pd.DataFrame) -> str:
-    lines = [f"fc1 of PyTorch per run: time per traced step (µs; GPU kernels on the device clock, CPU ops on "
-             f"the host clock), the capture pass of each source"]
+    lines = ["fc1 of PyTorch per run: time per traced step (µs; GPU kernels on the device clock, CPU ops on "
+             "the host clock), the capture pass of each source"]
     for (run, route, source), g in t.groupby(["run", "route", "source"], sort=False):
         lines.append(f"{run} ({route}), {source}, {int(g['steps'].iloc[0])} steps:")
         for _, r in g.sort_values(["direction", "library"]).iterrows():

@@ -133,7 +133,7 @@ def test_addmodel_converges(ops):
     assert r["converged"] and r["a_max_abs"] < 1e-3 and r["b_max_abs"] < 1e-3
     assert [x["epoch"] for x in r["losses"]] == [*range(0, 500, 25), 499]
     losses = [x["loss"] for x in r["losses"]]
-    assert all(b < a for a, b in zip(losses, losses[1:]))
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False))
     # loss = sum(a² + b²) shrinks by 0.98² an epoch
     assert losses[1] / losses[0] == pytest.approx(0.98 ** 50, rel=1e-3)
     text = addmodel.format_text(r)

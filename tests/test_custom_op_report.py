@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from conftest import report
-from kernelmap.reports import analysis as A
 
 from kernelmap import schema
 from kernelmap.frameworks.pytorch import custom_op
 from kernelmap.normalise import normalise_run_dir
+from kernelmap.reports import analysis as A
 
 DATA = Path(__file__).parent / "data" / "cpu_custom_op"
 ROUTES = ("cmake", "jit")
