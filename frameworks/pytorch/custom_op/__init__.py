@@ -65,6 +65,8 @@ LAYER = "fc1"  # the layer whose bias add the op does
 FUNCTION = "KernelmapLinear"  # the autograd.Function (its forward's record name; position 1: the weight)
 FUNCTION_BACKWARD = f"{FUNCTION}Backward"  # its backward node's record name
 ADD2_FUNCTION = "KernelmapAdd2"  # the seed example's autograd.Function
+ADDMODEL_N = 1 << 20  # the seed example's vector length (addmodel.py)
+ADDMODEL_EPOCHS = 500  # its epochs
 
 
 def needs(route: str, cuda: bool) -> tuple[str, ...]:

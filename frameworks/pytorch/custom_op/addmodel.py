@@ -18,11 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import ADDMODEL_EPOCHS, ADDMODEL_N
 from .build import load
 from .function import KernelmapAdd2
 
-N = 1 << 20  # the seed's vector length
-EPOCHS = 500
+N = ADDMODEL_N  # the seed's vector length
+EPOCHS = ADDMODEL_EPOCHS
 EVERY = 25
 LR = 0.01
 CONVERGED = 1e-3  # both parameters' largest |element| after training must be below it

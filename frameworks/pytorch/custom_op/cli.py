@@ -14,7 +14,11 @@ import argparse
 import json
 import sys
 
-from . import ROUTES, addmodel
+from . import (  # (torch is imported by the actions only: `kernelmap --help`)
+    ADDMODEL_EPOCHS,
+    ADDMODEL_N,
+    ROUTES,
+)
 
 ACTIONS = ("build", "addmodel", "parity")
 
@@ -24,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--route", choices=ROUTES, required=True, help="how the op is built and called")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: the C++ kernel; gpu: the CUDA kernel (needs nvcc)")
-    parser.add_argument("--epochs", type=int, default=addmodel.EPOCHS, help="addmodel: epochs (default 500)")
-    parser.add_argument("--n", type=int, default=addmodel.N, help="addmodel: vector length (default 2^20)")
+    parser.add_argument("--epochs", type=int, default=ADDMODEL_EPOCHS, help="addmodel: epochs (default 500)")
+    parser.add_argument("--n", type=int, default=ADDMODEL_N, help="addmodel: vector length (default 2^20)")
     parser.add_argument("--trace-dir", help="addmodel: profile the last epochs into DIR/trace.json.gz")
     parser.add_argument("--steps", type=int, default=20, help="parity: SGD steps (default 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="parity: batch size (default 64)")
@@ -42,6 +46,8 @@ def compute(args: argparse.Namespace) -> tuple[dict, bool]:
         info = load(args.route, args.device == "gpu").info()
         return info, True
     if args.action == "addmodel":
+        from . import addmodel
+
         r = addmodel.train(args.route, args.device, n=args.n, epochs=args.epochs, trace_dir=args.trace_dir)
         return r, r["converged"]
     from .parity import custom_parity
@@ -55,6 +61,8 @@ def format_text(action: str, result: dict) -> str:
         how = f"built in {result['build_s']:.1f} s" if result["built"] else "found in the cache (nothing compiled)"
         return f"custom op ({result['route']} route, {'CUDA' if result['cuda'] else 'CPU'}): {how}: {result['artifact']}"
     if action == "addmodel":
+        from . import addmodel
+
         return addmodel.format_text(result)
     from .parity import format_text as parity_text
 
