@@ -45,6 +45,23 @@ class NsysWindow(enum.Enum):
 
 
 MODE_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A framework's own option of ``kernelmap run``: a variant of its workload (e.g. PyTorch's
+    ``--custom-op jit|setuptools|cmake``). The runner makes one command-line flag of each descriptor's
+    options and hands the value to that framework's workers only (``TrainConfig.options[name]``)."""
+
+    name: str  # the key in TrainConfig.options and in the run's config; the flag is --<name, - for _>
+    choices: tuple[str, ...]
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
 
 
@@ -105,6 +122,9 @@ class Framework:
     def modes_on(self, device: str) -> tuple[str, ...]:
         """Its modes that can run on ``device`` (cpu | gpu)."""
         return tuple(m for m in self.modes if device == "gpu" or m not in self.gpu_only_modes)
+
+
+    options: tuple[Option, ...] = ()  # its own options of `kernelmap run` (workload variants)
 
     def own_env(self) -> dict[str, str]:
         """Its own environment on this machine's GPU (``worker_env``), {} where it has none."""

@@ -17,7 +17,7 @@ import abc
 import dataclasses
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -106,6 +106,8 @@ class TrainConfig:
     mode: str | None = None  # execution mode, one of the framework's descriptor's modes; None: its default
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
     math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
+    # this framework's own options (its descriptor's registry.Option names -> value), e.g. {"custom_op": "cmake"}
+    options: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -63,10 +63,11 @@ _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
 
 def _native(k: pd.DataFrame) -> np.ndarray:
-    from .adapters.kineto import NATIVE_KERNEL_MARKS
+    """Kernels of no GPU library: the framework's own (native) and the user's own (custom op)."""
+    from .adapters.kineto import CUSTOM_MARKS, NATIVE_KERNEL_MARKS
 
-    out = S.eq(k["library"], "native")
-    for mark in NATIVE_KERNEL_MARKS:
+    out = S.eq(k["library"], "native") | S.eq(k["library"], "custom")
+    for mark in (*NATIVE_KERNEL_MARKS, *CUSTOM_MARKS):
         out = out | S.contains(k["kernel_name"], mark)
     return out
 

@@ -430,7 +430,8 @@ class Case:
         self.nsys, self.nsys_skip = nsys, nsys_skip
         self.rd = rundir.RunDir(run_tmp)
         self.out_dir = self.rd.case(self.key, bs)
-        config = dict(train, batch_size=bs, device=decision.device, mode=self.mode)
+        config = dict(train, batch_size=bs, device=decision.device, mode=self.mode,
+                      options=train["options"].get(fw, {}))
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
                      "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
@@ -726,7 +727,7 @@ def _resolve_data(train: dict[str, Any]):
     from kernelmap.frameworks import spec
     from kernelmap.frameworks.data import prepare_dir, resolve_data
 
-    info = resolve_data(spec.TrainConfig(**train))
+    info = resolve_data(spec.TrainConfig(**{**train, "options": {}}))
     if not info.synthetic:
         prepare_dir(info)  # once here, so that workers never race to lay the files out
     return info
@@ -780,7 +781,15 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "data_dir": args.data_dir,
         "hybridize": False,  # the modes of every framework: Case.mode (--mode, and the descriptors' mode_flags)
         "math": args.math,
+        # each framework's own options (registry.Option) that were given: {framework: {name: value}}
+        "options": {fw: vals for fw, d in frameworks.REGISTRY.items()
+                    if (vals := {o.name: getattr(args, o.name) for o in d.options
+                                 if getattr(args, o.name, None) is not None})},
     }
+    for fw in set(train["options"]) - set(chosen):
+        flags = ", ".join(o.flag for o in frameworks.get(fw).options if o.name in train["options"][fw])
+        raise KernelmapError(f"{flags} is {frameworks.get(fw).label}'s option, and {fw} does not run "
+                             f"(--framework {args.framework})")
     if train["steps"] is not None and train["steps"] < 1:
         raise KernelmapError("--steps must be at least 1")
     if train["epochs"] is not None and train["epochs"] < 1:
@@ -1010,6 +1019,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for d in frameworks.REGISTRY.values():  # older switches that name one mode (--hybridize)
         for flag, mode in d.mode_flags.items():
             parser.add_argument(flag, dest="mode", action="append_const", const=mode, help=f"the same as --mode {mode}")
+    for d in frameworks.REGISTRY.values():  # each framework's own options (registry.Option)
+        for o in d.options:
+            parser.add_argument(o.flag, dest=o.name, choices=o.choices, help=f"{d.label}: {o.help}")
     parser.add_argument("--math", choices=[m.value for m in Math], default=MATH_DEFAULT.value,
                         help="GPU convs and matmuls of every framework: fp32 (TF32 off everywhere, the default: "
                              "like with like) or tf32 (TF32 allowed everywhere)")

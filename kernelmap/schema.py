@@ -108,6 +108,7 @@ class Library(enum.StrEnum):
     BLAS = "BLAS"
     NCCL = "NCCL"  # collective kernels (NCCL, and AMD's RCCL, which keeps NCCL's kernel names)
     NATIVE = "native"
+    CUSTOM = "custom"  # the user's own kernels: kernelmap's custom op (frameworks/pytorch/custom_op)
 
 
 KINDS = tuple(k.value for k in Kind)

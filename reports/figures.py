@@ -28,7 +28,7 @@ FW_COLOR = {name: d.color for name, d in frameworks.REGISTRY.items()}
 PHASE_COLOR = {"forward": "#4dabf7", "backward": "#f76707", "optimizer": "#37b24d", "data": "#ae3ec9",
                "other": "#adb5bd"}
 LIB_COLOR = {"cuDNN": "#5c940d", "cuBLAS": "#1971c2", "cuBLASLt": "#4dabf7", "oneDNN": "#e8590c",
-             "BLAS": "#f59f00", "native": "#868e96", UNATTRIBUTED: "#dee2e6"}
+             "BLAS": "#f59f00", "native": "#868e96", "custom": "#c2255c", UNATTRIBUTED: "#dee2e6"}
 DPI = 110
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..registry import Framework, GpuVerdict, NsysWindow, no_gpu
+from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
+from . import custom_op
 
 INSTALL_FIX = "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)"
 CUDA_FIX = ("install a CUDA build of torch, e.g. pip install torch --index-url "
@@ -58,4 +59,10 @@ DESCRIPTOR = Framework(
         **{m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
            for m in (COMPILE, COMPILE_GRAPHS)}},
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
+    options=(Option(custom_op.OPTION, custom_op.ROUTES,
+                    f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "
+                    "default: the built-in op"),),
+    commands={"custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
+                            "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, "
+                            "check parity")},
 )

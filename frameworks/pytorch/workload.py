@@ -22,6 +22,7 @@ from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 
 from .. import spec
 from ..data import synthetic_arrays
+from . import custom_op
 from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH
 
 GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
@@ -29,11 +30,18 @@ GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager referen
 
 
 class Net(nn.Module):
-    def __init__(self):
+    def __init__(self, custom=None):
+        """``custom``: the loaded custom op (``custom_op.build.Ops``): fc1 then does its bias add and
+        bias gradient by our kernels (``custom_op.function.CustomLinear``, same parameters)."""
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, kernel_size=3, padding=1)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        if custom is None:
+            self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        else:
+            from .custom_op.function import CustomLinear
+
+            self.fc1 = CustomLinear(64 * 7 * 7, 128, custom)
         self.fc2 = nn.Linear(128, spec.NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +66,14 @@ class Workload(spec.WorkloadBase):
             torch.backends.cudnn.allow_tf32 = tf32
         else:
             self.device = torch.device("cpu")
-        self.model = Net().to(self.device)
+        # issue 26: --custom-op ROUTE builds (once, cached) and loads kernelmap's own op for fc1
+        route = config.options.get(custom_op.OPTION)
+        self.custom = None
+        if route:
+            from .custom_op.build import load
+
+            self.custom = load(route, cuda=self.device.type == "cuda")
+        self.model = Net(self.custom).to(self.device)
         self.set_weights(spec.init_weights(config.seed))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         mode = self.mode
@@ -90,6 +105,7 @@ class Workload(spec.WorkloadBase):
             "allow_tf32": {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32},
             "cublas": None,  # torch exposes no cuBLAS version
             "mkldnn": torch.backends.mkldnn.is_available(),
+            "custom_op": self.custom.info() if self.custom is not None else None,
         }
 
     @contextlib.contextmanager

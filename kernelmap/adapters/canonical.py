@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .. import strings as S
+from ..frameworks.pytorch import custom_op
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
 
@@ -85,6 +86,15 @@ _add(_PT, "aten::batch_norm aten::_batch_norm_impl_index aten::cudnn_batch_norm 
 _add(_PT, "CudnnBatchNormBackward0 NativeBatchNormBackward0 MiopenBatchNormBackward0 "
           "aten::cudnn_batch_norm_backward aten::native_batch_norm_backward", "batch_norm", "bwd")
 _add(_PT, "record_param_comms", COLLECTIVE, "none")
+# kernelmap's own op (frameworks/pytorch/custom_op): its autograd.Function is the linear layer it replaces
+# (its forward record holds the weight at position 1, as aten::linear), its dispatcher ops (cmake route)
+# or record_function ranges (jit, setuptools) what they compute where nothing maps them from above
+_add(_PT, custom_op.FUNCTION, "linear", "fwd")
+_add(_PT, custom_op.FUNCTION_BACKWARD, "linear", "bwd")
+_add(_PT, custom_op.OP_NAMES["bias_add"], "linear", "fwd")
+_add(_PT, custom_op.OP_NAMES["bias_grad"], "linear", "bwd")
+_add(_PT, f"{custom_op.ADD2_FUNCTION} {custom_op.OP_NAMES['add2']}", "add", "fwd")
+_add(_PT, f"{custom_op.ADD2_FUNCTION}Backward", "add", "bwd")
 
 # --- MXNet (operator names of the profiler's `operator` category) ----------------------------
 _MX: dict[str, tuple[str, str]] = {}
@@ -391,6 +401,7 @@ _WEIGHT_ARG = {
     "aten::conv2d": (1, False), "aten::convolution": (1, False), "aten::_convolution": (1, False),
     "aten::cudnn_convolution": (1, False), "aten::mkldnn_convolution": (1, False),
     "aten::convolution_backward": (2, False), "aten::linear": (1, False), "aten::addmm": (2, True),
+    custom_op.FUNCTION: (1, False),  # KernelmapLinear(x, weight, bias)
 }
 WEIGHT_ARG_OPS = tuple(_WEIGHT_ARG)  # the only op names ``layer_from_inputs`` can give a layer for
 

@@ -19,6 +19,8 @@ import pandas as pd
 
 from .. import strings
 from ..errors import ParseError
+from ..frameworks.pytorch import custom_op
+from ..schema import Library
 from ..strings import object_array
 from . import _trace, graph_replay, inductor
 from ._common import (
@@ -540,6 +542,8 @@ _CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
 
 # a framework's own kernels, by a namespace in their name: PyTorch's ATen, MXNet's operators
 NATIVE_KERNEL_MARKS = ("at::native", "mxnet::op::")
+# the user's own kernels and ops (library "custom"): kernelmap's custom op's namespace
+CUSTOM_MARKS = (custom_op.KERNEL_MARK,)
 
 
 def kernel_library(df: pd.DataFrame) -> None:
@@ -556,7 +560,8 @@ def kernel_library(df: pd.DataFrame) -> None:
     codes, uniq = strings.factorize(df["kernel_name"])
     by_name = np.array([libs.code("NCCL" if is_collective_kernel(n) else
                                   "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
-                                  else "native" if any(m in n for m in NATIVE_KERNEL_MARKS) else None)
+                                  else "native" if any(m in n for m in NATIVE_KERNEL_MARKS)
+                                  else Library.CUSTOM.value if any(m in n for m in CUSTOM_MARKS) else None)
                         for n in uniq] + [-1], dtype="int64")[codes]
     named = k & (by_name >= 0)
     lib[named] = by_name[named]
@@ -576,4 +581,9 @@ def kernel_library(df: pd.DataFrame) -> None:
             launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
         from_cudnn_op = k & launcher & (lib != libs.codes_of(["native"])[0])
         lib[from_cudnn_op & (lib < 0)] = libs.code("cuDNN")
+    # the custom op's own ops (a dispatcher op, or the record_function around a pybind11 call): its
+    # library, as its kernels' (on the CPU the op is all there is of it)
+    op_codes, op_names = strings.factorize(df["op_name"])
+    custom_name = np.array([n.startswith(CUSTOM_MARKS) for n in op_names] + [False], dtype=bool)[op_codes]
+    lib[custom_name & strings.isin(df["kind"], ["op", "annotation"]) & (lib < 0)] = libs.code(Library.CUSTOM.value)
     df["library"] = libs.strings(lib)

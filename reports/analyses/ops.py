@@ -199,6 +199,9 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 algo_calls = calls if t.level == "op" else calls[calls["event_id"].isin(
                     set(a.loc[a["kind"] == "kernel", "call_event_id"].dropna()))]
                 onednn = calls[calls["library"] == "oneDNN"]
+                # the user's own op inside the layer's (kernelmap's custom op): on the CPU it is all there
+                # is of its kernel, so it is named where oneDNN names its implementation
+                custom = a[a["kind"].isin(["op", "annotation"]) & (a["library"] == schema.Library.CUSTOM)]
                 op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
                 op_steps = iteration_sums_ms(g, t.iterations)
                 reorders_ps = reorder_ms = None
@@ -243,13 +246,15 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
                 rows.append({
                     "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
                     "direction": d, "framework": t.framework, "level": t.level,
-                    "libraries": distinct_values(pd.concat([g["library"], calls["library"]])) or ["native"],
+                    "libraries": distinct_values(pd.concat([g["library"], calls["library"], custom["library"]]))
+                    or ["native"],
                     # on the GPU the calls its kernels link to (not another pass's log of the same calls)
                     "library_calls": distinct_values(pd.concat([(calls if t.level == "op" else algo_calls)["library_call"],
-                                                      g["library_call"]])),
+                                                                g["library_call"]])),
                     "algos": distinct_values(algo_calls["algo"]),
                     # oneDNN names its implementation (its "kernel") in the verbose line
-                    "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore")) or distinct_values(onednn["kernel_name"]),
+                    "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore"))
+                    or distinct_values(onednn["kernel_name"]) + distinct_values(custom["op_name"]),
                     "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source,
                     "time_kind": None if kind is None else str(kind), "pass": pass_, "op_ms_per_step": op_ms,
                     "op_pass": t.pass_name,
