@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kernelmap import adapters, schema
@@ -240,3 +241,12 @@ def test_gpu_in_trace_links_kept_by_the_signature_join_and_summarised(gpu):
         ("conv1", "bwd_weight", 1.0), ("conv1", "fwd", 1.0), ("conv2", "bwd_data", 1.0), ("conv2", "bwd_weight", 1.0),
         ("conv2", "fwd", 1.0), ("fc1", "bwd_data", 1.0)]
     assert sum(lk["kernels"] for lk in links) == 180
+
+
+def test_gpu_trace_reads_the_same_under_copy_on_write(gpu):
+    """pandas 3 (the GPU machine's) hands out read-only views of a column's values (copy-on-write);
+    the adapter wrote into one and failed there ("assignment destination is read-only", an H200 run).
+    pandas 2's copy-on-write mode gives the same views: the records read under it equal the default's."""
+    with pd.option_context("mode.copy_on_write", True):
+        cow = adapters.read(GPU)
+    pd.testing.assert_frame_equal(cow, gpu)

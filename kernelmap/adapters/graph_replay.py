@@ -15,6 +15,7 @@ iteration stays the step whose ``cudaGraphLaunch`` they replay.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -43,11 +44,18 @@ def replayed_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return rows, corr.to_numpy(dtype="float64", na_value=np.nan)[rows].astype("int64")
 
 
+# a memset node of a replayed graph, recorded by Kineto as a kernel (category "kernel") of this name
+MEMSET_NODE = re.compile(r"^memset(8|16|32|64)?$")
+
+
 def _device_name(df: pd.DataFrame, rows: np.ndarray) -> list[str]:
-    """The name of each device row: the kernel's, else (memcpy, memset) the event's."""
+    """The name of each device row: the kernel's; a memcpy or memset by its kind alone, since Kineto names
+    the same memset "Memset (Device)" when run eagerly and "memset32" when replayed as a graph node (an
+    H200 capture, torch 2.11: one of a step's memsets replayed as a kernel "memset32")."""
+    kind = df["kind"].to_numpy(dtype=object)[rows]
     kn = df["kernel_name"].to_numpy(dtype=object)[rows]
-    on = df["op_name"].to_numpy(dtype=object)[rows]
-    return [str(k) if isinstance(k, str) else str(o) for k, o in zip(kn, on, strict=True)]
+    return [str(c) if c != "kernel" or not isinstance(k, str) else
+            "memset" if MEMSET_NODE.match(k) else str(k) for c, k in zip(kind, kn, strict=True)]
 
 
 def _occurrences(names: list[str]) -> list[tuple[str, int]]:

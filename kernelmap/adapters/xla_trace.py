@@ -509,7 +509,7 @@ def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: 
     linked = call_ids >= 0
     df["call_event_id"] = pd.array(np.where(linked, call_ids, 0), dtype="Int64")
     df.loc[~linked, "call_event_id"] = pd.NA
-    lc = df["library_call"].astype(object).to_numpy()
+    lc = df["library_call"].astype(object).to_numpy(copy=True)  # pandas 3 (copy-on-write) hands out read-only views
     lc[linked] = [target[j] for j in np.flatnonzero(linked)]
     df["library_call"] = pd.array(lc, dtype=STRING)
     attrs = dict(df.attrs)
