@@ -431,7 +431,7 @@ class Case:
         self.rd = rundir.RunDir(run_tmp)
         self.out_dir = self.rd.case(self.key, bs)
         config = dict(train, batch_size=bs, device=decision.device, mode=self.mode,
-                      options=train["options"].get(fw, {}))
+                      options=(train.get("options") or {}).get(fw, {}))
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
                      "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]

@@ -5,8 +5,8 @@ Without a GPU here, the replay traces are made from a real eager PyTorch GPU tra
 memsets (names, times, streams) but they correlate with one ``cudaGraphLaunch`` in place of their ops
 and launches, as in a graph replay; the reference file is one eager step of the same trace. What each
 replayed kernel must get is what the eager trace itself says for it (the adapter's eager path).
-``test_real_graph_replay_capture`` reads the real capture of benches/gpu_modes.sh once it is in
-tests/data (GRAPH_FIXTURE)."""
+``test_real_graph_replay_capture`` and the tests after it read real captures (an H200, torch 2.11+cu130),
+trimmed to 3 steps by tests/data/gpu_cuda_graph/trim.py, whose stdlib reader wrote their expected.json."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -23,8 +24,8 @@ from kernelmap.rundir import GRAPH_REFERENCE
 
 DATA = Path(__file__).parent / "data"
 EAGER = DATA / "gpu_kineto.json.gz"
-# the follow-up drops the trimmed framework pass of PyTorch's cuda-graph mode here (benches/gpu_modes.sh
-# writes it as $OUT/graph_fixture/{trace.json.gz,graph-reference.json.gz,expected.json})
+# the trimmed framework passes of PyTorch's cuda-graph mode, bs 64 (here) and bs 1024 (bs1024/): trace.json.gz,
+# graph-reference.json.gz, expected.json (trim.py beside them made them from the run directory)
 GRAPH_FIXTURE = DATA / "gpu_cuda_graph"
 HOST = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
@@ -109,21 +110,112 @@ def test_a_replay_without_its_reference_file_is_an_error(tmp_path):
         kineto.read(path)
 
 
-@pytest.mark.skipif(not (GRAPH_FIXTURE / "trace.json.gz").is_file(),
-                    reason="the real cuda-graph capture of benches/gpu_modes.sh is not in tests/data yet")
-def test_real_graph_replay_capture():
-    """The trimmed framework pass of PyTorch's cuda-graph mode on the H100: every replayed kernel
-    attributed, counts and totals as expected.json (written by an independent stdlib reader on the
-    GPU machine: the device events correlating with cudaGraphLaunch, their count and summed duration)."""
-    expected = json.loads((GRAPH_FIXTURE / "expected.json").read_text())
-    df = kineto.read(GRAPH_FIXTURE / "trace.json.gz")
-    rows, _ = __import__("kernelmap.adapters.graph_replay", fromlist=["x"]).replayed_rows(df)
+def _old_device_name(df, rows):
+    """graph_replay._device_name before the memset-node fix: a device row by its kernel name, as Kineto writes it."""
+    kn = df["kernel_name"].to_numpy(dtype=object)[rows]
+    on = df["op_name"].to_numpy(dtype=object)[rows]
+    return [str(k) if isinstance(k, str) else str(o) for k, o in zip(kn, on, strict=True)]
+
+
+def _check_real_capture(fx: Path) -> pd.DataFrame:
+    """A real capture (tests/data/gpu_cuda_graph/trim.py: the first steps of a framework pass of PyTorch's
+    cuda-graph mode on an H200, torch 2.11+cu130) against its expected.json, written by trim.py's own
+    stdlib reader (the device events correlating with cudaGraphLaunch: their count and summed duration;
+    the launches whose events, in start order, are the reference step's in start order). Each replayed
+    event's twin is the reference step's event at its position in its launch (the stdlib reader found
+    every launch in the reference's order): it must carry that twin's labels as the eager reference
+    read by kineto.read gives them. Returns the replayed rows."""
+    from kernelmap.adapters import graph_replay
+    from kernelmap.adapters._trace import DEVICE_KINDS
+
+    expected = json.loads((fx / "expected.json").read_text())
+    df = kineto.read(fx / "trace.json.gz")
+    rows, launches = graph_replay.replayed_rows(df)
     rep = df.iloc[rows]
+    assert len(np.unique(launches)) == expected["graph_launches"]
     assert len(rep) == expected["replayed_device_events"]
     assert int(rep["dur_ns"].sum()) == expected["replayed_device_ns"]
     kern = rep[rep["kind"] == "kernel"]
     assert len(kern) == expected["replayed_kernels"]
     assert kern["canonical_op"].notna().all() and not (kern["canonical_op"] == "other").any()
+    assert rep["canonical_op"].notna().all() and rep["direction"].notna().all()
+    # the twin of each replayed event: the reference step's event at its position
+    ref = kineto.read(fx / GRAPH_REFERENCE)
+    rdev = ref[ref["kind"].isin(list(DEVICE_KINDS))].sort_values("start_ns", kind="stable")
+    assert len(rdev) == expected["reference_device_events"]
+    assert expected["launches_in_reference_order"] == expected["graph_launches"]
+    for corr in np.unique(launches):
+        got = rep[launches == corr].sort_values("start_ns", kind="stable")
+        assert len(got) == len(rdev)
+        node = (got["kind"] == "kernel").to_numpy() & got["kernel_name"].str.fullmatch(r"memset(8|16|32|64)?").to_numpy()
+        kinds = np.where(node, "memset", got["kind"].to_numpy(dtype=object))
+        assert kinds.tolist() == rdev["kind"].astype(object).tolist()
+        assert got["kernel_name"][~node].tolist() == rdev["kernel_name"][~node].tolist()
+        for col in ("canonical_op", "direction", "layer", "phase", "library"):
+            assert got[col].astype(object).tolist() == rdev[col].astype(object).tolist(), (col, corr)
+    # the iteration: the steps kept, whose cudaGraphLaunch they replay
+    steps = sorted(int(s.rsplit("#", 1)[1]) for s in expected["source"]["steps_kept"])
+    assert sorted(rep["iteration"].unique().tolist()) == steps
+    return rep
+
+
+@pytest.mark.skipif(not (GRAPH_FIXTURE / "trace.json.gz").is_file(),
+                    reason="the real cuda-graph capture of benches/gpu_modes.sh is not in tests/data yet")
+def test_real_graph_replay_capture():
+    """bs 64: 3 replayed steps of 47 device events (44 kernels, 3 memsets), all attributed."""
+    rep = _check_real_capture(GRAPH_FIXTURE)
+    assert len(rep) == 3 * 47 and (rep["kind"] == "kernel").sum() == 3 * 44
+
+
+@pytest.mark.skipif(not (GRAPH_FIXTURE / "bs1024" / "trace.json.gz").is_file(), reason="no bs 1024 capture")
+def test_real_graph_replay_with_a_memset_node(monkeypatch):
+    """bs 1024: one memset of each step (conv2's weight gradient) is replayed as a kernel "memset32" where the
+    eager reference step has a gpu_memset "Memset (Device)" (53 device events a step: 45 kernels and 8
+    memsets eagerly, 46 kernels and 7 memsets replayed). Every replayed event, the memset node included, takes
+    its twin's labels; matching by the kernel name alone (before the fix) fails on it."""
+    fx = GRAPH_FIXTURE / "bs1024"
+    expected = json.loads((fx / "expected.json").read_text())
+    assert expected["replayed_memset_nodes"] == expected["graph_launches"] == 3
+    assert expected["reference_memsets"] == 8 and expected["reference_memset_kernels"] == 0
+    rep = _check_real_capture(fx)
+    node = rep[(rep["kind"] == "kernel") & (rep["kernel_name"] == "memset32")]
+    assert len(node) == expected["replayed_memset_nodes"]
+    assert set(zip(node["canonical_op"], node["direction"], node["layer"], strict=True)) == {("conv2d", "bwd", "conv2")}
+    ref = kineto.read(fx / GRAPH_REFERENCE)
+    assert not (ref["kernel_name"] == "memset32").any()
+    assert (ref["kind"] == "memset").sum() == 8 and set(ref.loc[ref["kind"] == "memset", "kernel_name"]) == {"Memset (Device)"}
+    # the name matching of before: the memset node is "not in the reference", a reference memset is missing
+    from kernelmap.adapters import graph_replay
+
+    monkeypatch.setattr(graph_replay, "_device_name", _old_device_name)
+    with pytest.raises(ParseError, match=r"not in the reference \[\('memset32', 1\)\]"):
+        kineto.read(fx / "trace.json.gz")
+
+
+@pytest.mark.skipif(not (GRAPH_FIXTURE / "bs1024" / "trace.json.gz").is_file(), reason="no bs 1024 capture")
+def test_real_capture_normalises(tmp_path):
+    """Both real captures as a run directory's pytorch-cuda-graph/bs{64,1024}: normalised, each reference
+    listed under not_records, the replayed device time in the records as the stdlib reader summed it."""
+    import shutil
+
+    from kernelmap.normalise import normalise_run_dir
+    from kernelmap.schema import read_parquet
+
+    total = 0
+    for bs, fx in ((64, GRAPH_FIXTURE), (1024, GRAPH_FIXTURE / "bs1024")):
+        case = tmp_path / "pytorch-cuda-graph" / f"bs{bs}"
+        case.mkdir(parents=True)
+        for f in ("trace.json.gz", GRAPH_REFERENCE):
+            shutil.copyfile(fx / f, case / f)
+        total += json.loads((fx / "expected.json").read_text())["replayed_device_ns"]
+    summary = normalise_run_dir(tmp_path)
+    assert sorted(n["file"] for n in summary["not_records"]) == [
+        f"pytorch-cuda-graph/bs1024/{GRAPH_REFERENCE}", f"pytorch-cuda-graph/bs64/{GRAPH_REFERENCE}"]
+    rec = read_parquet(tmp_path / "records.parquet")
+    assert set(rec["framework"]) == {"pytorch-cuda-graph"}
+    dev = rec[rec["kind"].isin(["kernel", "memset"])]  # the memcpys run eagerly, outside the graphs
+    assert int(dev["dur_ns"].sum()) == total
+    assert dev["canonical_op"].notna().all() and not (dev["canonical_op"] == "other").any()
 
 
 def test_normalise_keys_the_mode_and_reads_the_reference_once(tmp_path):
