@@ -63,54 +63,12 @@ echo "report --strict exit $?"; tail -n 30 "$out/report.log"
 stamp "bare loops"
 NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
 echo "bare exit $?"; cat "$out/bare_modes.jsonl"
-python3 - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-bare = {}
-for line in (out / "bare_modes.jsonl").read_text().splitlines():
-    try:
-        r = json.loads(line)
-    except ValueError:
-        continue
-    if r.get("mode") == "cuda-graph":
-        bare[r["bs"]] = r
-rows = []
-try:
-    results = json.loads(Path("/tmp/modes/results.json").read_text())
-except (OSError, ValueError) as exc:
-    results = []
-    print("no results.json:", exc)
-for r in results:
-    if r["framework"] == "pytorch" and r["mode"] == "cuda-graph" and r["batch_size"] in bare:
-        b = bare[r["batch_size"]]
-        k = r["median_step_s"] * 1e3
-        rows.append({"bs": r["batch_size"], "kernelmap_ms": k, "kernelmap_ci95_ms": [r["ci95_low_s"] * 1e3 if r["ci95_low_s"] else None,
-                     r["ci95_high_s"] * 1e3 if r["ci95_high_s"] else None], "kernelmap_trials": r["n_trials"],
-                     "bare_ms": b["median_ms"], "bare_iqr_ms": b["iqr_ms"], "ratio": k / b["median_ms"],
-                     "within_10pct": abs(k / b["median_ms"] - 1) <= 0.10})
-(out / "graph_vs_bare.json").write_text(json.dumps(rows, indent=1))
-print(json.dumps(rows, indent=1))
-PY
+python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
 stamp "fixture"
 fx="$out/graph_fixture"; src=/tmp/modes/pytorch-cuda-graph/bs64
 if [ -f "$src/trace.json.gz" ] && [ -f "$src/graph-reference.json.gz" ]; then
   mkdir -p "$fx" && cp "$src/trace.json.gz" "$src/graph-reference.json.gz" "$fx/"
-  python3 - "$fx" <<'PY'
-import gzip, json, sys
-from pathlib import Path
-fx = Path(sys.argv[1])
-ev = json.loads(gzip.open(fx / "trace.json.gz").read())["traceEvents"]
-launch = {e["args"]["correlation"] for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
-          and e.get("name") in ("cudaGraphLaunch", "cuGraphLaunch") and "correlation" in e.get("args", {})}
-dev = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
-       and e.get("args", {}).get("correlation") in launch]
-exp = {"graph_launches": len(launch), "replayed_device_events": len(dev),
-       "replayed_kernels": sum(1 for e in dev if e["cat"] == "kernel"),
-       "replayed_device_ns": sum(round(e["dur"] * 1000) for e in dev)}
-(fx / "expected.json").write_text(json.dumps(exp, indent=1))
-print("fixture:", exp)
-PY
+  python3 "$repo/benches/graph_vs_bare.py" fixture "$fx"
 fi
 stamp "pack"
 (cd /tmp/modes 2>/dev/null && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' \

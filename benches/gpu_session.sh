@@ -71,56 +71,11 @@ python3 -m kernelmap.cli run --framework pytorch --mode cuda-graph --device gpu 
 stamp "run graph exit $?: $(tail -n 3 "$out/run-graph.err" | tr '\n' ' ')"
 NVIDIA_TF32_OVERRIDE=0 timeout 400 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
 stamp "bare loops exit $?"; cat "$out/bare_modes.jsonl"
-python3 - "$out" "$job/graph" <<'PY'
-import json, sys
-from pathlib import Path
-out, run = Path(sys.argv[1]), Path(sys.argv[2])
-bare = {}
-for line in (out / "bare_modes.jsonl").read_text().splitlines():
-    try:
-        r = json.loads(line)
-    except ValueError:
-        continue
-    bare.setdefault(r.get("bs"), {})[r.get("mode")] = r
-rows = []
-try:
-    results = json.loads((run / "results.json").read_text())
-except (OSError, ValueError) as exc:
-    results = []
-    print("no results.json:", exc)
-for r in results:
-    b = bare.get(r["batch_size"], {}).get("cuda-graph")
-    if b is None:
-        continue
-    k = r["median_step_s"] * 1e3
-    rows.append({"bs": r["batch_size"], "kernelmap_ms": k, "kernelmap_ci95_ms": [
-        None if r.get("ci95_low_s") is None else r["ci95_low_s"] * 1e3,
-        None if r.get("ci95_high_s") is None else r["ci95_high_s"] * 1e3],
-        "kernelmap_trial_medians_ms": [x * 1e3 for x in r.get("trial_medians_s", [])],
-        "bare_ms": b["median_ms"], "bare_iqr_ms": b["iqr_ms"], "ratio": k / b["median_ms"],
-        "within_10pct": abs(k / b["median_ms"] - 1) <= 0.10,
-        "bare_eager_ms": bare[r["batch_size"]].get("eager", {}).get("median_ms")})
-(out / "graph_vs_bare.json").write_text(json.dumps(rows, indent=1))
-print(json.dumps(rows, indent=1))
-PY
+python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$job/graph"
 fx="$out/graph_fixture"; src="$job/graph/pytorch-cuda-graph/bs64"
 if [ -f "$src/trace.json.gz" ] && [ -f "$src/graph-reference.json.gz" ]; then
   mkdir -p "$fx" && cp "$src/trace.json.gz" "$src/graph-reference.json.gz" "$fx/"
-  python3 - "$fx" <<'PY'
-import gzip, json, sys
-from pathlib import Path
-fx = Path(sys.argv[1])
-ev = json.loads(gzip.open(fx / "trace.json.gz").read())["traceEvents"]
-launch = {e["args"]["correlation"] for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
-          and e.get("name") in ("cudaGraphLaunch", "cuGraphLaunch") and "correlation" in e.get("args", {})}
-dev = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
-       and e.get("args", {}).get("correlation") in launch]
-exp = {"graph_launches": len(launch), "replayed_device_events": len(dev),
-       "replayed_kernels": sum(1 for e in dev if e["cat"] == "kernel"),
-       "replayed_device_ns": sum(round(e["dur"] * 1000) for e in dev)}
-(fx / "expected.json").write_text(json.dumps(exp, indent=1))
-print("graph fixture:", exp)
-PY
+  python3 "$repo/benches/graph_vs_bare.py" fixture "$fx"
 fi
 
 stamp "3. issue 26: custom op"
