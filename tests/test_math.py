@@ -10,7 +10,7 @@ import sys
 import pytest
 from kernelmap.frameworks import spec
 
-from kernelmap import parity
+from kernelmap import frameworks, parity
 from kernelmap.adapters import nsys
 
 
@@ -40,7 +40,11 @@ def test_parity_worker_environment(framework):
     assert gpu["NVIDIA_TF32_OVERRIDE"] == "0" and "CUDA_VISIBLE_DEVICES" not in {
         k for k, v in gpu.items() if v == ""}
     cpu = parity.worker_env(framework, "cpu")
-    assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["JAX_PLATFORMS"] == "cpu"
+    # no GPU visible, and the framework's own CPU environment (its descriptor's cpu_env: JAX_PLATFORMS for JAX)
+    assert cpu["CUDA_VISIBLE_DEVICES"] == ""
+    own = frameworks.get(framework).cpu_env
+    assert {k: cpu[k] for k in own} == dict(own)
+    assert (own.get("JAX_PLATFORMS") == "cpu") == (framework == "jax")
 
 
 def test_run_and_parity_take_the_math_option():
