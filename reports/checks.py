@@ -520,6 +520,11 @@ def launch_bound_checks(lb: pd.DataFrame, busy: pd.DataFrame, summ: pd.DataFrame
                          f"{clean} / {ksum}", f"{step} / {kb}", PASS if same else FAIL,
                          "the busy share is kernel time over the clean step" + (
                              "" if same else f"; the busy-share table divides by another step ({b['step_basis'].iloc[0]})")))
+    have = set(lb["run"]) if len(lb) else set()
+    for run in (summ["run"].unique() if len(summ) else ()):
+        if run not in have:  # a CPU run: no kernels, so no launch-bound figure (said, not left out)
+            rows.append(_row(run, None, None, Check.LAUNCH_BOUND, "all frameworks", None, None, NOT_CHECKED,
+                             "no GPU kernels in this run: no GPU-busy or idle-share figure"))
     return rows
 
 

@@ -99,6 +99,7 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.LAYER_VS_BATCH, C.NOT_CHECKED): 2,  # one batch size
         (C.Check.CLEAN_VS_BENCH, C.NOT_CHECKED): 1,  # no history
         (C.Check.LIBRARY_CALLS, C.NOT_CHECKED): 2,  # the CPU: no cuDNN call, per framework x batch size
+        (C.Check.LAUNCH_BOUND, C.NOT_CHECKED): 1,  # the CPU: no kernels, no GPU-busy figure (said once per run)
     }
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
