@@ -118,7 +118,7 @@ def _chunks(path: str | os.PathLike, read: dict | None = None) -> list[dict]:
             seen.clear()  # the general path below decides (and finds any error)
     try:  # numbers with their decimal text (ts/dur: exact nanoseconds)
         return [_columns(path, first, events, seen) for first, events in
-                trace_event_chunks(data, CHUNK_BYTES, loads=loads_exact, invalid=(json.JSONDecodeError,))]
+                trace_event_chunks(data, CHUNK_BYTES, loads=loads_exact, invalid=(json.JSONDecodeError, UnicodeDecodeError))]
     except NoFastPath:
         pass
     events = _trace_events(parse_exact(data, path), path)
