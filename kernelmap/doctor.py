@@ -87,6 +87,10 @@ def probe_with(name: str, exe: str, timeout: float = 180.0) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"installed": False, "error": f"importing {name} took more than {timeout:.0f} s", "fix": FIX[name]}
+    except OSError as exc:  # a --python or $KERNELMAP_PYTHON_<NAME> that is not an interpreter
+        return {"installed": False, "error": f"{exe}: cannot run it ({exc.strerror or exc})",
+                "fix": f"point --python {name}=PATH or ${frameworks.get(name).python_env_var} at a python "
+                       f"executable, or unset it; {FIX[name]}"}
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     if out.returncode != 0 or not lines:
         err = [line for line in out.stderr.splitlines() if line.strip()]
@@ -157,9 +161,9 @@ def collect(python: dict[str, str] | None = None) -> dict[str, Any]:
     for name, facts in report["frameworks"].items():
         if not facts["installed"]:
             report["missing"].append({"what": name, "fix": facts["fix"], "error": facts["error"]})
-        elif facts.get("python", sys.executable) != (frameworks.get(name).python(python) or sys.executable):
-            report["notes"].append({"what": name, "note": f"found in {facts['python']}: `kernelmap run` outside nox "
-                                                          f"needs --python {name}={facts['python']}"})
+        elif (found := facts.get("python", sys.executable)) != (frameworks.get(name).python(python) or sys.executable):
+            report["notes"].append({"what": name, "note": f"found in {found}: `kernelmap run` outside nox "
+                                                          f"needs --python {name}={found}"})
     if not gpus.gpus:
         report["notes"].append(
             {"what": "NVIDIA GPU", "note": "none here, so every framework runs on the CPU (oneDNN/BLAS calls, no "

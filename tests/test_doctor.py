@@ -128,6 +128,8 @@ def _doctor_text(monkeypatch, capsys, gpus: tuple[gpuinfo.Gpu, ...]) -> tuple[di
     monkeypatch.setattr(doctor.gpuinfo, "query", lambda: gpuinfo.GpuReport(
         gpus, "nvidia-smi" if gpus else None, None if gpus else "nvidia-smi not on PATH", None))
     monkeypatch.setattr(doctor, "find_tool", lambda name: None)
+    for name in doctor.frameworks.FRAMEWORKS:  # nox's test session names the workers' interpreters
+        monkeypatch.delenv(doctor.frameworks.get(name).python_env_var, raising=False)
     monkeypatch.setattr(doctor, "probe_framework", lambda name, **kw: {"installed": True, "version": "1.0"})
     report = doctor.collect()
     doctor._print_text(report)
@@ -142,3 +144,24 @@ def test_without_a_gpu_absent_gpu_profilers_are_not_missing(monkeypatch, capsys)
     gpu = gpuinfo.Gpu(0, "NVIDIA H100", "9.0", "570.86.15", 81559, "nvidia-smi")
     report, text = _doctor_text(monkeypatch, capsys, (gpu,))  # with a GPU they are: each with its fix
     assert {"nsys", "ncu"} <= {m["what"] for m in report["missing"]} and "missing:" in text
+
+
+def test_a_framework_found_in_this_interpreter_while_another_is_named(monkeypatch, capsys):
+    """$KERNELMAP_PYTHON_<NAME> names another interpreter, and the probe found the framework in this one
+    (its facts name no interpreter): a note that says where it was found (this once raised KeyError)."""
+    name = doctor.frameworks.FRAMEWORKS[0]
+    _doctor_text(monkeypatch, capsys, ())
+    monkeypatch.setenv(doctor.frameworks.get(name).python_env_var, "/elsewhere/bin/python")
+    report = doctor.collect()
+    notes = [n["note"] for n in report["notes"] if n["what"] == name]
+    assert notes == [f"found in {sys.executable}: `kernelmap run` outside nox needs --python {name}={sys.executable}"]
+
+
+def test_a_named_interpreter_that_does_not_exist_is_reported_not_raised(monkeypatch):
+    """$KERNELMAP_PYTHON_<NAME> naming a missing file made `kernelmap doctor` die with a traceback."""
+    name = frameworks.FRAMEWORKS[0]
+    monkeypatch.setenv(frameworks.get(name).python_env_var, "/no/such/python")
+    facts = doctor.probe_framework(name, look_in_nox=True)
+    assert facts["installed"] is False
+    assert facts["error"].startswith("/no/such/python: cannot run it (No such file or directory")
+    assert frameworks.get(name).python_env_var in facts["fix"]
