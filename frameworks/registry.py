@@ -101,6 +101,12 @@ class Framework:
     mode_flags: Mapping[str, str] = field(default_factory=dict)
     # one line per mode, for --help and the docs: what the mode runs
     mode_help: Mapping[str, str] = field(default_factory=dict)
+    # the environment that makes every process of one case (its clean trials and capture passes) run the
+    # same library algorithms, given the case's file of them (``RunDir.algorithm_file``) and its worker
+    # environment: the first process chooses (autotunes) and writes them, the others read them. {} where
+    # the framework cannot share them (each process then chooses its own; kernelmap/calllink.py names
+    # the kernels of a pass whose choice differs from the libs pass's)
+    shared_algorithms_env: Callable[[str, Mapping[str, str] | None], Mapping[str, str]] = lambda path, worker_env: {}
     # modes whose traced steps do not call the model's ops one by one: {mode: why} (a compiler fuses them
     # into generated kernels; a replayed graph launches none); the report does not count op calls there
     uncounted_call_modes: Mapping[str, str] = field(default_factory=dict)

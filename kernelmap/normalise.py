@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import adapters, attribution, calllink, frameworks, heap, schema, strings
 from .errors import KernelmapError, ParseError
-from .rundir import GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
+from .rundir import ALGORITHM_FILE, GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,6 +103,11 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
             trace = None
             reasons = pre.pop("reasons")
             pre["libs_trace"] = str(libs_trace)
+            # the case's processes ran one set of library algorithms (Framework.shared_algorithms_env)
+            pre["algorithms_shared"] = (libs_trace.parent.parent / ALGORITHM_FILE).is_file()
+            if not pre["algorithms_shared"]:
+                reasons = {k: f"{why} (each process of this case chose its own algorithms)" if "the libs pass ran" in why
+                           else why for k, why in reasons.items()}
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
         links.update(pre)

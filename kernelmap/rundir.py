@@ -31,6 +31,8 @@ GRAPH_REFERENCE = "graph-reference.json.gz"
 # read as records of the run (kernelmap/calllink.py reads it)
 LIBS_TRACE_DIR = "libs"
 LIBS_TRACES = ("trace.json.gz", "nsys.sqlite", "nsys.sqlite.gz")
+# the library algorithms every process of a case ran (Framework.shared_algorithms_env), in the case folder
+ALGORITHM_FILE = "algorithms.tsv"
 _BS = re.compile(r"^bs(\d+)$")
 
 
@@ -101,6 +103,10 @@ class RunDir:
 
     def pass_result(self, framework: str, batch_size: int, pass_name: str, trial: int | None = None) -> Path:
         return self.case(framework, batch_size) / pass_result_name(pass_name, trial)
+
+    def algorithm_file(self, framework: str, batch_size: int) -> Path:
+        """The library algorithms shared by the case's processes (a framework that can share them)."""
+        return self.case(framework, batch_size) / ALGORITHM_FILE
 
     def log(self, framework: str, batch_size: int, pass_name: str, trial: int | None = None) -> Path:
         return self.path / worker_log(framework, batch_size, pass_name, trial)

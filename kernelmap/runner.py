@@ -453,7 +453,8 @@ class Case:
         return not (job.pass_name == "nsys" and self.nsys_skip is not None)
 
     def _env(self) -> dict[str, str]:
-        return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env)
+        shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key, self.bs)), self.own_env)
+        return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env, shared)
 
     def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
         """One clean trial in its own process; the first measures accuracy and times the loader, the

@@ -148,6 +148,9 @@ def test_the_unlinked_remainder_is_conv2_backward_with_its_reason(runs, tmp_path
             for u in top:
                 assert u["reason"].startswith("the libs pass ran ") and filt in u["reason"] and data in u["reason"]
                 assert "this pass ran " in u["reason"]
+                # this run predates patch 0008: no algorithm file in the case, and the reason says so
+                assert u["reason"].endswith("(each process of this case chose its own algorithms)")
+            assert run["algorithms_shared"] is False
             # every unlinked kernel, and no other, is one conv2's backward launched in the nsys pass
             raw = _kernels_in_conv2_backward(next((d / fw / f"bs{bs}").glob("nsys.sqlite*")), tmp_path)
             assert {u["kernel_name"]: u["count"] for u in top} == dict(raw)

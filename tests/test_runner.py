@@ -747,3 +747,55 @@ def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeyp
         assert calls[1][-1] == str(libs_dir / "nsys.nsys-rep") and str(libs_dir / "nsys.sqlite") in calls[1]
     else:
         assert len(calls) == 1 and calls[0][0] != "/opt/nsys/bin/nsys" and not libs_dir.exists()
+
+
+def _tree(path: Path, patches: list[str]) -> Path:
+    from kernelmap.frameworks.mxnet.built import INFO_FILE
+
+    path.mkdir(parents=True)
+    (path / INFO_FILE).write_text(json.dumps({"version": "1.9.1", "sm": 90, "patches": patches}))
+    return path
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monkeypatch, patched):
+    """Issue 25: MXNet autotunes its cuDNN algorithms per process; at bs 1024 the libs and nsys passes ran
+    different conv2 backward kernels, which no call of the libs pass could own. An MXNet built with patch
+    0008 reads them from the case's file (the first process writes it): every worker of the case, clean
+    trials and capture passes alike, is given the same file. An older tree (or the cu11x wheel) is not."""
+    from kernelmap import rundir
+    from kernelmap.frameworks.mxnet import descriptor
+    from kernelmap.frameworks.mxnet.built import ENV_TREE
+
+    envs = []
+
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+        envs.append((cmd[cmd.index("--pass") + 1], env))
+        d = Path(cmd[cmd.index("--dir") + 1])
+        name = rundir.pass_result_name("clean", 1) if "clean" in cmd else rundir.pass_result_name("framework")
+        (d / name).write_text("{}")
+
+    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    patches = ["0007-profiler-nvtx-ranges-end.patch"] + ([descriptor.ALGO_FILE_PATCH] if patched else [])
+    tree = _tree(tmp_path / "tree", patches)
+    case = runner.Case("mxnet", runner.Decision("mxnet", "gpu", "gpu", None), 1024,
+                       {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path / "run", None, None, 1, {},
+                       mode="hybridized")
+    case.own_env = {ENV_TREE: str(tree)}
+    case.run_clean(1, "clean", runner.RunProgress(1, enabled=False))
+    case.run_capture("framework", runner.RunProgress(1, enabled=False), [])
+    want = str(tmp_path / "run" / "mxnet-hybridized" / "bs1024" / rundir.ALGORITHM_FILE)
+    assert [(p, env.get(descriptor.ALGO_FILE_ENV)) for p, env in envs] == [
+        ("clean", want if patched else None), ("framework", want if patched else None)]
+    # a framework without a way to share them: none
+    assert runner.frameworks.get("pytorch").shared_algorithms_env(want, {}) == {}
+    assert descriptor.shared_algorithms_env(want, None) == {}  # no built tree: the cu11x wheel
+
+
+def test_the_algorithm_file_patch_is_the_one_the_descriptor_names():
+    from kernelmap.frameworks.mxnet import build, descriptor
+
+    names = [p.name for p in build.patch_files()]
+    assert descriptor.ALGO_FILE_PATCH in names
+    text = next(p for p in build.patch_files() if p.name == descriptor.ALGO_FILE_PATCH).read_text()
+    assert f'dmlc::GetEnv("{descriptor.ALGO_FILE_ENV}"' in text

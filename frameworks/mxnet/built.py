@@ -193,6 +193,16 @@ def runtime_lib_dirs(tree: BuiltTree) -> list[Path]:
     return list(seen.values())
 
 
+def tree_patches(tree_path: str | os.PathLike | None) -> list[str]:
+    """The patches a built tree was built with (its build info), [] where there is no tree or no info."""
+    if not tree_path:
+        return []
+    try:
+        return list(json.loads((Path(tree_path) / INFO_FILE).read_text()).get("patches", []))
+    except (OSError, ValueError):
+        return []
+
+
 def preload(tree_path: str | os.PathLike) -> Preloaded:
     """Load what the tree's libmxnet.so needs, by path and RTLD_GLOBAL, before ``import mxnet``.
 

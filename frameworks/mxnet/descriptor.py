@@ -84,6 +84,21 @@ def nsys_window(env: dict[str, str] | None) -> NsysWindow | None:
     return NsysWindow.NVTX_RANGE if env and env.get(ENV_TREE) else None
 
 
+# kernelmap's patch 0008 of the built MXNet: its cuDNN convolution algorithms, read from this file where it
+# holds the layer's, else chosen (autotuned) and appended to it
+ALGO_FILE_ENV = "MXNET_CUDNN_ALGO_FILE"
+ALGO_FILE_PATCH = "0008-cudnn-algo-file-shared-by-processes.patch"
+
+
+def shared_algorithms_env(path: str, env: dict[str, str] | None) -> dict[str, str]:
+    """Only an MXNet built by build-mxnet with patch 0008 reads and writes the file; the cu11x wheels and
+    older built trees choose per process (MXNet's autotune: at bs 1024 on the H200 the libs and nsys
+    passes ran different conv2 backward algorithms)."""
+    from .built import ENV_TREE, tree_patches
+
+    return {ALGO_FILE_ENV: path} if env and ALGO_FILE_PATCH in tree_patches(env.get(ENV_TREE)) else {}
+
+
 DESCRIPTOR = Framework(
     name="mxnet", label="MXNet", color="#1864ab", import_names=("mxnet",), install_fix=INSTALL_FIX, probe=PROBE,
     gpu_verdict=gpu_verdict, trace_source="mxnet_profiler", modes=(IMPERATIVE, HYBRIDIZED),
@@ -93,6 +108,7 @@ DESCRIPTOR = Framework(
     # (and in the libs pass, which runs under nsys: its kernels are linked to its logged calls in-process)
     pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV, "libs": PROFILE_ENV},
     cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window, libs_under_nsys=True,
+    shared_algorithms_env=shared_algorithms_env,
     commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
     recorded_env=("MXNET_ENGINE_TYPE",),
