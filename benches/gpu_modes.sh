@@ -3,6 +3,7 @@
 #   OUT=... benches/gpu_modes.sh        starts the job detached (it may outlast one 10-minute call), then
 #                                       waits up to WAIT_S (default 540 s); call again on the same warm
 #                                       machine to wait more. Each call copies what is done so far to $OUT.
+# FRAMEWORKS (default all) and BS (default "64 1024") are the run's --framework and --batch-size lists.
 # The job (about 8 minutes on an H100 at the default STEPS, mostly torch.compile's compilations):
 # 1. installs kernelmap, unpacks the carried sm_90 MXNet tree (benches/gpu_mxnet_session.sh unpack .mxtree)
 # 2. kernelmap run --framework all --device gpu --mode all --profile all --batch-size 64 1024
@@ -26,6 +27,7 @@
 # Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
 set -uo pipefail
 final=${OUT:?set OUT}; job=/tmp/modes-job; steps=${STEPS:-20}; data=${DATA:-synthetic}
+frameworks=${FRAMEWORKS:-all}; batch_sizes=${BS:-64 1024}  # kernelmap run's --framework and --batch-size
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 mkdir -p "$final"
 running() { pgrep -f "gpu-modes-job.sh job" >/dev/null; }
@@ -53,7 +55,8 @@ bash benches/gpu_mxnet_session.sh unpack .mxtree "$out/mx" 2>&1 | tail -n 3   # 
 cd /tmp || exit 3
 stamp "run"
 rm -rf /tmp/modes
-python3 -m kernelmap.cli run --framework all --device gpu --mode all --profile all --batch-size 64 1024 \
+# shellcheck disable=SC2086  # word-split on purpose: lists of frameworks and batch sizes
+python3 -m kernelmap.cli run --framework $frameworks --device gpu --mode all --profile all --batch-size $batch_sizes \
   --steps "$steps" --trials 1 --max-repeats 0 --data "$data" --out /tmp/modes --json >"$out/run.json" 2>"$out/run.err"
 echo "run exit $?"; tail -n 20 "$out/run.err"
 stamp "report"
@@ -61,9 +64,11 @@ python3 -m kernelmap.cli report /tmp/modes --out /tmp/modes-report --replace --s
 echo "report --strict exit $?"; tail -n 30 "$out/report.log"
 (cd /tmp/modes-report 2>/dev/null && tar cJf "$out/report.tar.xz" .)
 stamp "bare loops"
-NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
-echo "bare exit $?"; cat "$out/bare_modes.jsonl"
-python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
+if [ "${BARE:-1}" = 1 ]; then  # BARE=0: no bare loops (a run made only to check the modes end to end)
+  NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
+  echo "bare exit $?"; cat "$out/bare_modes.jsonl"
+  python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
+fi
 stamp "fixture"
 fx="$out/graph_fixture"; src=/tmp/modes/pytorch-cuda-graph/bs64
 if [ -f "$src/trace.json.gz" ] && [ -f "$src/graph-reference.json.gz" ]; then
