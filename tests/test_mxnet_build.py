@@ -3,8 +3,8 @@
 The fatbin fixtures in tests/data are real nvcc 13.0 output of tests/data/cuda_fatbin_fixture.cu:
 ``cuda_sm90_nvcc13.so`` (``-gencode arch=compute_90,code=sm_90 -shared -cudart shared``) and
 ``cuda_sm80_sm90_ptx90_nvcc13.so`` (sm_80 and sm_90 cubins plus compute_90 PTX). The patch and
-source tests use the MXNet 1.9.1 source of the probe kit (shared/mxnet-sm90/src beside the
-checkout, or /work/shared) and skip, saying so, where it is absent.
+source tests use the probe kit's MXNet 1.9.1 source trimmed into tests/data/mxnet_kit_trim (its
+make_fixture.py says what is kept).
 """
 
 from __future__ import annotations
@@ -30,17 +30,10 @@ MULTI = DATA / "cuda_sm80_sm90_ptx90_nvcc13.so"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _kit_src() -> Path | None:
-    for cand in (ROOT.parent / "shared" / "mxnet-sm90" / "src", ROOT / "shared" / "mxnet-sm90" / "src",
-                 Path("/work/shared/mxnet-sm90/src")):
-        if (cand / "mxnet-1.9.1-slim.tar.gz").is_file():
-            return cand
-    return None
-
-
-KIT = _kit_src()
-needs_kit = pytest.mark.skipif(KIT is None, reason="MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found "
-                                                   "beside the checkout (../shared) or at /work/shared")
+# The probe kit's MXNet 1.9.1 source (shared/mxnet-sm90/src), trimmed by its make_fixture.py: every file
+# a patch touches byte for byte, the other sources as empty files of the same names (what the counts
+# and the cmake command read), the OpenBLAS tree's headers and library names
+KIT = DATA / "mxnet_kit_trim"
 
 
 # --- fatbin reader ------------------------------------------------------------------------------
@@ -173,14 +166,11 @@ def test_prepare_source_not_a_tarball(tmp_path):
 
 @pytest.fixture(scope="module")
 def kit_source(tmp_path_factory):
-    if KIT is None:
-        pytest.skip("MXNet 1.9.1 source kit (shared/mxnet-sm90/src) not found beside the checkout or at /work/shared")
     work = tmp_path_factory.mktemp("kit")
     root, deps = build.prepare_source(str(KIT), work)
     return root, deps
 
 
-@needs_kit
 def test_prepare_source_from_kit(kit_source):
     root, deps = kit_source
     assert build.source_version(root) == "1.9.1"
@@ -198,10 +188,9 @@ def test_patch_files_are_package_data():
     assert names == ["0001-cxx17-cudnn9-cuda12-graphs-thrust.patch", "0002-python-numpy-py312.patch",
                      "0003-cccl3-mshadow-cuda-namespace.patch", "0004-nvtx3-header-only.patch",
                      "0005-gpu-operator-subset.patch", "0006-cpu-source-subset.patch",
-                     "0007-profiler-nvtx-ranges-end.patch"]
+                     "0007-profiler-nvtx-ranges-end.patch", "0008-cudnn-algo-file-shared-by-processes.patch"]
 
 
-@needs_kit
 @pytest.mark.parametrize("patch", build.patch_files(), ids=lambda p: p.name)
 def test_each_patch_dry_runs_on_pristine_source(kit_source, patch):
     root, _ = kit_source
@@ -210,12 +199,11 @@ def test_each_patch_dry_runs_on_pristine_source(kit_source, patch):
     assert "FAILED" not in out
 
 
-@needs_kit
 def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     root = tmp_path / "mxnet"
     shutil.copytree(kit_source[0], root, symlinks=True)
     names = build.apply_patches(root)
-    assert len(names) == 7
+    assert len(names) == 8
     assert (root / ".kernelmap-patched").read_text().split() == names
     cmake = (root / "CMakeLists.txt").read_text()
     assert "set(CMAKE_CXX_STANDARD 17)" in cmake
@@ -239,6 +227,9 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     profiler_h = (root / "src/profiler/profiler.h").read_text()
     assert profiler_h.count("NVTX_ONLY_CODE(if (nvtx_duration_) nvtx_duration_->stop());") == 1
     assert "NVTX_ONLY_CODE(nvtx_duration_.reset());" in profiler_h
+    # patch 0008: the cuDNN algorithm registry reads and appends MXNET_CUDNN_ALGO_FILE under a file lock
+    algoreg = (root / "src/operator/nn/cudnn/cudnn_algoreg-inl.h").read_text()
+    assert 'dmlc::GetEnv("MXNET_CUDNN_ALGO_FILE", std::string())' in algoreg and "flock(fd, LOCK_EX)" in algoreg
     # applied twice: the dry run of the first patch fails, and nothing is changed
     before = (root / "CMakeLists.txt").read_bytes()
     with pytest.raises(build.BuildError) as err:
@@ -249,7 +240,6 @@ def test_apply_patches_then_again_fails_naming_the_patch(kit_source, tmp_path):
     assert (root / "CMakeLists.txt").read_bytes() == before
 
 
-@needs_kit
 def test_cmake_command_names_arch_and_operator_subset(kit_source, tmp_path):
     root, deps = kit_source
     openblas = build.find_openblas(deps)
@@ -628,7 +618,6 @@ def test_unresolved_symbols_names_a_missing_library(tmp_path):
     assert build.unresolved_symbols(lib, tmp_path, tc) == []
 
 
-@needs_kit
 def test_prepare_source_from_a_source_directory(kit_source, tmp_path):
     root, _ = kit_source
     copy, deps = build.prepare_source(str(root), tmp_path / "w")
@@ -705,7 +694,6 @@ def test_scipy_stub_turns_the_host_scipy_into_an_import_error(tmp_path, monkeypa
     assert proc.stdout.startswith("ImportError: scipy is hidden from this MXNet tree (kernelmap build-mxnet)")
 
 
-@needs_kit
 def test_resume_applies_only_the_patches_added_since(kit_source, tmp_path):
     """A source prepared before a patch joined the project: the resumed build applies the new one
     alone and the stamp lists all of them; a stamp naming a patch the project lost is an error."""
