@@ -708,3 +708,40 @@ def test_resume_applies_only_the_patches_added_since(kit_source, tmp_path):
     (root / build.PATCHED_STAMP).write_text("0000-gone.patch\n" + (root / build.PATCHED_STAMP).read_text())
     with pytest.raises(build.BuildError, match="0000-gone.patch, which the project no longer has"):
         build.new_patches(root)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["imperative", "hybridized"])
+def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mode):
+    """Issue 25: at bs 1024 MXNet's autotune chose other conv2 backward algorithms in the libs pass than in
+    the nsys pass (each process tuned for itself), so 27-30% of the nsys pass's library-kernel time had no
+    call. With patch 0008 the first process of the case writes its choice to the case's algorithms.tsv and
+    every later one reads it: one line per conv layer, no cudnnFind in the libs pass's log, and every library
+    kernel of every pass linked to its call."""
+    import subprocess
+    import sys
+
+    from kernelmap import gpuinfo, rundir
+    from kernelmap.frameworks.mxnet import descriptor
+
+    gpus = gpuinfo.query()
+    cc = gpus.gpus[0].compute_capability if gpus.gpus else None
+    tree = built.tree_for_gpu(cc)
+    if tree is None or descriptor.ALGO_FILE_PATCH not in built.tree_patches(tree.path):
+        pytest.skip(f"no MXNet built with {descriptor.ALGO_FILE_PATCH} for this GPU in {built.mxnet_home()}")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "mxnet", "--mode", mode, "--device", "gpu",
+           "--profile", "all", "--steps", "10", "--trials", "2", "--max-repeats", "0", "--batch-size", "1024",
+           "--data", "synthetic", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    key = "mxnet" if mode == "imperative" else f"mxnet-{mode}"
+    case = rundir.RunDir(out).case(key, 1024)
+    lines = rundir.RunDir(out).algorithm_file(key, 1024).read_text().splitlines()
+    assert len(lines) == 2 and all(line.startswith("Convolution|") for line in lines)  # conv1, conv2
+    assert len({line.split("\t")[0] for line in lines}) == 2
+    assert "cudnnFindConvolution" not in (case / "cudnn.log").read_text()  # the libs pass read them
+    run = json.loads((out / "attribution.json").read_text())["runs"][f"{key}/bs1024"]
+    assert run["algorithms_shared"] is True
+    for src, b in run["by_source"].items():
+        assert b["library_kernels"] > 0 and b["library_kernels_linked"] == b["library_kernels"], (src, b)
