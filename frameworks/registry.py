@@ -107,6 +107,10 @@ class Framework:
     # the framework cannot share them (each process then chooses its own; kernelmap/calllink.py names
     # the kernels of a pass whose choice differs from the libs pass's)
     shared_algorithms_env: Callable[[str, Mapping[str, str] | None], Mapping[str, str]] = lambda path, worker_env: {}
+    # `kernelmap doctor`'s report on what its own options need here (JSON-able), given whether this machine
+    # has a GPU, and its lines of text for that report; None where it has no such options
+    option_tools: Callable[[bool], Any] | None = None
+    option_tool_lines: Callable[[Any], list[str]] = lambda report: []
     # modes whose traced steps do not call the model's ops one by one: {mode: why} (a compiler fuses them
     # into generated kernels; a replayed graph launches none); the report does not count op calls there
     uncounted_call_modes: Mapping[str, str] = field(default_factory=dict)

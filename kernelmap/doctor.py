@@ -179,31 +179,11 @@ def collect(python: dict[str, str] | None = None) -> dict[str, Any]:
         report["gpu_use"][name] = {"usable": v.usable, "why": v.why, "fix": v.fix}
         if gpus.gpus and not v.usable and v.fix:  # a GPU is here and this framework cannot use it
             report["missing"].append({"what": f"{name} on the GPU", "fix": v.fix, "error": v.why})
-    report["custom_op"] = custom_op_tools(bool(gpus.gpus))
+    # what each framework's own options (PyTorch's --custom-op routes) need here: optional variants, so
+    # nothing in them is counted as missing for kernelmap itself
+    report["options"] = {name: d.option_tools(bool(gpus.gpus)) for name, d in frameworks.REGISTRY.items()
+                         if d.option_tools is not None}
     return report
-
-
-def custom_op_tools(gpu: bool) -> dict[str, dict[str, list[str] | None]]:
-    """What each build route of PyTorch's custom-op variant (``kernelmap run --custom-op ROUTE``,
-    ``kernelmap custom-op``) lacks here: {route: {"cpu": [missing], "gpu": [missing] or None without a GPU}}.
-    An optional variant: nothing here is counted as missing for kernelmap itself."""
-    from kernelmap.frameworks.pytorch import custom_op
-
-    return {r: {"cpu": custom_op.tools_missing(r, False), "gpu": custom_op.tools_missing(r, True) if gpu else None}
-            for r in custom_op.ROUTES}
-
-
-def custom_op_lines(tools: dict[str, dict[str, list[str] | None]]) -> list[str]:
-    """One line per route: what it needs and whether this machine has it."""
-    from kernelmap.frameworks.pytorch import custom_op
-
-    out = []
-    for route, where in tools.items():
-        parts = [f"{dev.upper()} " + (f"missing {'; '.join(m)}" if m else "ready")
-                 for dev, m in where.items() if m is not None]
-        out.append(f"custom op   --custom-op {route}: {', '.join(parts)} "
-                   f"(needs {', '.join(custom_op.needs(route, where['gpu'] is not None))})")
-    return out
 
 
 def _print_text(r: dict[str, Any]) -> None:
@@ -230,8 +210,9 @@ def _print_text(r: dict[str, Any]) -> None:
         print(f"{name:<11} {f['version']}  ({facts}{gpu}){where}")
     for tool, path in r["profilers"].items():
         print(f"{tool:<11} {path or 'not found'}")
-    for line in custom_op_lines(r["custom_op"]):
-        print(line)
+    for name, tools in r["options"].items():
+        for line in frameworks.get(name).option_tool_lines(tools):
+            print(line)
     if r["notes"]:
         print("\non this machine:")
         for item in r["notes"]:

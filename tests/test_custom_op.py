@@ -278,10 +278,12 @@ def test_doctor_says_what_each_route_lacks(tmp_path, monkeypatch):
     from kernelmap import doctor
 
     monkeypatch.setenv("PATH", _bin_with(tmp_path, "c++", "cmake"))
-    tools = doctor.custom_op_tools(gpu=False)
+    monkeypatch.setattr(doctor.gpuinfo, "query", lambda: doctor.gpuinfo.GpuReport((), None, "no GPU here", None))
+    monkeypatch.setattr(doctor, "probe_framework", lambda name, **kw: {"installed": True, "version": "1.0"})
+    tools = doctor.collect()["options"]["pytorch"]  # the descriptor's hook, as doctor reports it
     assert tools["cmake"] == {"cpu": [], "gpu": None}
     assert tools["jit"]["cpu"] == ["ninja (pip install ninja)"]
-    lines = doctor.custom_op_lines(tools)
+    lines = doctor.frameworks.get("pytorch").option_tool_lines(tools)
     assert lines[0].startswith("custom op   --custom-op jit: CPU missing ninja")
     assert "--custom-op cmake: CPU ready" in lines[2]
 

@@ -127,3 +127,20 @@ def tools_missing(route: str, cuda: bool) -> list[str]:
     if route == Route.CMAKE and shutil.which("cmake") is None:
         missing.append(want[-1])
     return missing
+
+
+def doctor_tools(gpu: bool) -> dict[str, dict[str, list[str] | None]]:
+    """What each build route lacks here (``kernelmap doctor``, the descriptor's ``option_tools``):
+    {route: {"cpu": [missing], "gpu": [missing] or None without a GPU}}."""
+    return {r: {"cpu": tools_missing(r, False), "gpu": tools_missing(r, True) if gpu else None} for r in ROUTES}
+
+
+def doctor_lines(tools: dict[str, dict[str, list[str] | None]]) -> list[str]:
+    """One line per route: what it needs and whether this machine has it."""
+    out = []
+    for route, where in tools.items():
+        parts = [f"{dev.upper()} " + (f"missing {'; '.join(m)}" if m else "ready")
+                 for dev, m in where.items() if m is not None]
+        out.append(f"custom op   --custom-op {route}: {', '.join(parts)} "
+                   f"(needs {', '.join(needs(route, where['gpu'] is not None))})")
+    return out
