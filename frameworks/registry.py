@@ -107,6 +107,9 @@ class Framework:
     # the framework cannot share them (each process then chooses its own; kernelmap/calllink.py names
     # the kernels of a pass whose choice differs from the libs pass's)
     shared_algorithms_env: Callable[[str, Mapping[str, str] | None], Mapping[str, str]] = lambda path, worker_env: {}
+    # marks in the names of kernels of its own (its workload variants', e.g. PyTorch's custom op) that compute
+    # a bias gradient: such a kernel's direction is bwd_bias, as the libraries' (adapters/_trace.py)
+    bias_grad_kernel_marks: tuple[str, ...] = ()
     # `kernelmap doctor`'s report on what its own options need here (JSON-able), given whether this machine
     # has a GPU, and its lines of text for that report; None where it has no such options
     option_tools: Callable[[bool], Any] | None = None

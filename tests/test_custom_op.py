@@ -21,12 +21,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kernelmap import frameworks  # noqa: E402
+from kernelmap.adapters import kineto  # noqa: E402
+from kernelmap.errors import MissingToolError  # noqa: E402
 from kernelmap.frameworks import spec  # noqa: E402
 from kernelmap.frameworks.pytorch import custom_op  # noqa: E402
 from kernelmap.frameworks.pytorch.custom_op import Route, build  # noqa: E402
-
-from kernelmap.adapters import kineto  # noqa: E402
-from kernelmap.errors import MissingToolError  # noqa: E402
 
 ROUTES = custom_op.ROUTES
 
@@ -300,3 +300,12 @@ def test_sources_ship_as_package_data():
     files = {*build.SOURCES, *(f for fs in build.ROUTE_FILES.values() for f in fs)}
     assert {f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)} == set()
     assert files == {p.name for p in build.CSRC.iterdir() if p.is_file()}
+
+
+def test_the_bias_gradient_kernel_is_a_bias_gradient_through_the_registry():
+    """The trace labeller reads the custom op's bias-gradient kernel mark from PyTorch's descriptor (it no
+    longer imports the custom op): its kernel in fc1's backward is bwd_bias."""
+    from kernelmap.adapters import _trace
+
+    assert custom_op.BIAS_GRAD_KERNEL in _trace.BIAS_GRAD_MARKS
+    assert frameworks.get("pytorch").bias_grad_kernel_marks == (custom_op.BIAS_GRAD_KERNEL,)

@@ -221,10 +221,8 @@ PENDING = {
     "kernelmap.adapters.nsys": {"pytorch", "mxnet"},
     "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
     "kernelmap.attribution": {"kineto", "mxnet_profiler", "xla_trace"},  # derive from the registry's trace_source
-    # issue 25: the libs pass's own trace is read by format name; issue 26: the custom op's kernel marks are
-    # imported from frameworks/pytorch/custom_op directly (to move behind a descriptor hook)
+    # issue 25: the libs pass's own trace is read by format name
     "kernelmap.calllink": {"kineto"},
-    "kernelmap.adapters._trace": {"pytorch"},
 }
 
 

@@ -19,10 +19,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 from kernelmap import cli, frameworks, runner
 from kernelmap.errors import KernelmapError, MissingToolError, ParseError
+from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 DATA = Path(__file__).parent / "data"
 SM90 = DATA / "cuda_sm90_nvcc13.so"

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import require_framework
-from kernelmap.frameworks import spec
-from kernelmap.frameworks.registry import NsysWindow
 
 from kernelmap import frameworks, manifest, rundir, runner, timing
 from kernelmap.errors import KernelmapError
+from kernelmap.frameworks import spec
+from kernelmap.frameworks.registry import NsysWindow
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
 MX_CPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": False, "num_gpus": 0}
@@ -476,10 +476,9 @@ def _quick_run_args(out: Path, framework: str, profile: str) -> argparse.Namespa
 def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
     """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
     worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
-    from kernelmap.reports.analyses.base import load_run
-
     from kernelmap import parity as parity_mod
     from kernelmap.errors import MissingToolError
+    from kernelmap.reports.analyses.base import load_run
 
     why = "parity: the second worker cannot start; fix: install it"
 

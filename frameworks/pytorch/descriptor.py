@@ -62,6 +62,7 @@ DESCRIPTOR = Framework(
     options=(Option(custom_op.OPTION, custom_op.ROUTES,
                     f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "
                     "default: the built-in op"),),
+    bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,),
     option_tools=custom_op.doctor_tools, option_tool_lines=custom_op.doctor_lines,
     commands={"custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
                             "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, "

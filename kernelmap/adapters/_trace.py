@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .. import frameworks
 from .. import strings as S
-from ..frameworks.pytorch import custom_op
 from ..schema import DTYPES, phase_of
 from . import canonical as C
 
@@ -364,7 +364,8 @@ def refine_direction(df: pd.DataFrame) -> None:
 # kernel names of a bias gradient within a conv2d/linear backward op: cuDNN legacy API's
 # cudnnConvolutionBackwardBias, MXNet FullyConnected's, PyTorch's (at::native::reduce_kernel: the
 # only reduction in ConvolutionBackward0 and in linear's backward), kernelmap's custom op's
-BIAS_GRAD_MARKS = ("calc_bias_diff", "AddBiasGradKernel", "at::native::reduce_kernel", custom_op.BIAS_GRAD_KERNEL)
+BIAS_GRAD_MARKS = ("calc_bias_diff", "AddBiasGradKernel", "at::native::reduce_kernel",
+                   *(m for d in frameworks.REGISTRY.values() for m in d.bias_grad_kernel_marks))
 # unnamed kernels that belong to the named kernel next to them: layout conversions and scaling
 LAYOUT_MARKS = ("tonhwc", "tonchw", "converttensor", "scalepackedtensor")
 
