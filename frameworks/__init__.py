@@ -15,6 +15,7 @@ import re
 from .jax.descriptor import DESCRIPTOR as _JAX
 from .mxnet.descriptor import DESCRIPTOR as _MXNET
 from .pytorch.descriptor import DESCRIPTOR as _PYTORCH
+from .registry import ANY_OP as ANY_OP
 from .registry import Framework
 
 # The registry: one line per framework. Order = column order in reports; the first is parity's reference.

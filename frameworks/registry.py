@@ -63,6 +63,7 @@ class Option:
 
 
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
+ANY_OP = ("*",)  # Framework.cpu_library_entry_ops: every op of its trace runs its own library calls
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,16 @@ class Framework:
     # the framework cannot share them (each process then chooses its own; kernelmap/calllink.py names
     # the kernels of a pass whose choice differs from the libs pass's)
     shared_algorithms_env: Callable[[str, Mapping[str, str] | None], Mapping[str, str]] = lambda path, worker_env: {}
+    # per CPU library (oneDNN, BLAS): the ops of its profiler trace that run that library's calls (the n-th
+    # call of a layer and direction is the n-th such op: attribution.link_onednn); ANY_OP where its ops are
+    # flat; {} where its trace has no such ops
+    cpu_library_entry_ops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # its profiler trace names the library call that launched each kernel (XLA's custom calls): links made
+    # in the trace itself (attribution.LINK_IN_TRACE), not by joining a library log of another pass
+    library_calls_in_trace: bool = False
+    # its profiler trace's op records are the framework's ops (False: XLA's are the compiled program's HLO
+    # operations), counted as the run's "ops"
+    trace_ops_are_framework_ops: bool = True
     # marks in the names of kernels of its own (its workload variants', e.g. PyTorch's custom op) that compute
     # a bias gradient: such a kernel's direction is bwd_bias, as the libraries' (adapters/_trace.py)
     bias_grad_kernel_marks: tuple[str, ...] = ()

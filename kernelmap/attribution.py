@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import frameworks
 from . import strings as S
 from .strings import STRING
 
@@ -49,7 +50,9 @@ LOG_SOURCES = ("cudnn_log", "cublas_log", "cublaslt_log")
 # Sources whose own records name the library call that launched each kernel (same pass, same process):
 # XLA's trace (the custom call of the kernel's ``hlo_op``, adapters/xla_trace.py). Their links are
 # ``LINK_IN_TRACE``; a link of a kernel to a library-log call of another pass is ``LINK_SIGNATURE``.
-IN_TRACE_SOURCES = ("xla_trace",)
+IN_TRACE_SOURCES = tuple(d.trace_source for d in frameworks.REGISTRY.values() if d.library_calls_in_trace)
+# the profiler traces whose op records are framework ops (the run's "ops" figure)
+FRAMEWORK_OP_SOURCES = [d.trace_source for d in frameworks.REGISTRY.values() if d.trace_ops_are_framework_ops]
 LINK_IN_TRACE = "in_trace"
 LINK_SIGNATURE = "signature"
 
@@ -64,17 +67,17 @@ _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
 def _native(k: pd.DataFrame) -> np.ndarray:
     """Kernels of no GPU library: the framework's own (native) and the user's own (custom op)."""
-    from .adapters.kineto import CUSTOM_MARKS, NATIVE_KERNEL_MARKS
+    from .adapters import OWN_KERNEL_MARKS
 
     out = S.eq(k["library"], "native") | S.eq(k["library"], "custom")
-    for mark in (*NATIVE_KERNEL_MARKS, *CUSTOM_MARKS):
+    for mark in OWN_KERNEL_MARKS:
         out = out | S.contains(k["kernel_name"], mark)
     return out
 
 
 def native_kernels(k: pd.DataFrame) -> np.ndarray:
     """The framework's own kernels among ``k`` (never a library kernel): library ``native`` or a name
-    with one of ``adapters.kineto.NATIVE_KERNEL_MARKS``."""
+    with one of ``adapters.OWN_KERNEL_MARKS``."""
     return _native(k)
 
 
@@ -339,11 +342,8 @@ def library_links(df: pd.DataFrame, log_steps: int | None = None) -> list[dict]:
 
 
 CPU_LIBS = ("oneDNN", "BLAS")
-# the framework op that runs a CPU library call: MXNet ops are flat; in PyTorch the entry points
-# of oneDNN (convolutions, and linear/pooling where torch sends them there) and of BLAS (addmm, mm)
-_CPU_ENTRY = {"oneDNN": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mkldnn_linear",
-                         "aten::mkldnn_max_pool2d"),
-              "BLAS": ("aten::addmm", "aten::mm")}
+# the framework ops that run a CPU library's calls, per trace source (Framework.cpu_library_entry_ops)
+_CPU_ENTRY = {d.trace_source: d.cpu_library_entry_ops for d in frameworks.REGISTRY.values() if d.cpu_library_entry_ops}
 
 
 def link_onednn(df: pd.DataFrame) -> dict:
@@ -353,13 +353,18 @@ def link_onednn(df: pd.DataFrame) -> dict:
     prims = S.plain(df[_kind(df, "library_call") & S.isin(df["library"], CPU_LIBS)])
     if prims.empty:
         return {}
-    ops = S.plain(df[_kind(df, "op") & S.isin(df["source"], ["kineto", "mxnet_profiler"])])
+    ops = S.plain(df[_kind(df, "op") & S.isin(df["source"], list(_CPU_ENTRY))])
     if ops.empty:
         return {"onednn_linked_share": 0.0, "onednn_link_reason": "no profiler trace of this run to link to"}
     name = ops["op_name"]
     pairs = []
     for lib in CPU_LIBS:
-        entry = ops[(ops["source"].eq("mxnet_profiler")) | name.isin(_CPU_ENTRY[lib])]
+        runs = np.zeros(len(ops), dtype=bool)
+        for source, entry_ops in _CPU_ENTRY.items():
+            names = entry_ops.get(lib, ())
+            runs |= ops["source"].eq(source).to_numpy(dtype=bool) & (
+                True if names == frameworks.ANY_OP else name.isin(names).to_numpy(dtype=bool))
+        entry = ops[runs]
         occ = entry.assign(dgroup=_dir_group(entry["direction"]), layer_k=entry["layer"].fillna("-"))
         lp = prims[prims["library"].eq(lib)]
         p = lp.assign(dgroup=_dir_group(lp["direction"]), layer_k=lp["layer"].fillna("-"))
@@ -536,7 +541,7 @@ def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None
     return {
         "events": len(df),
         **_kernel_figures(_rows(df, _kind(df, "kernel"), _KERNEL_FIGURE_COLS)),  # what it reads
-        "ops": int((is_op & S.isin(df["source"], ["kineto", "mxnet_profiler"])).sum()),
+        "ops": int((is_op & S.isin(df["source"], FRAMEWORK_OP_SOURCES)).sum()),
         "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
         "canonical_ops": sorted(S.distinct(df["canonical_op"])),
         "library_calls": {str(n): int(c) for n, c in gpu_calls["library_call"].value_counts().sort_index().items()},

@@ -220,7 +220,6 @@ PENDING = {
     "kernelmap.adapters.mxnet_profiler": {"mxnet"},
     "kernelmap.adapters.nsys": {"pytorch", "mxnet"},
     "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
-    "kernelmap.attribution": {"kineto", "mxnet_profiler", "xla_trace"},  # derive from the registry's trace_source
     # issue 25: the libs pass's own trace is read by format name
     "kernelmap.calllink": {"kineto"},
 }

@@ -35,4 +35,6 @@ DESCRIPTOR = Framework(
     # The libs pass turns it off, so its calls are the default algorithms, not necessarily the traced ones.
     pass_env={"libs": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}},
     cpu_env={"JAX_PLATFORMS": "cpu"},  # jax's CPU backend, even where a CUDA plugin is installed
+    # its kernels' hlo_op names the custom call (__cudnn$conv..., __cublas$lt$matmul) that launched them
+    library_calls_in_trace=True, trace_ops_are_framework_ops=False,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..registry import CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
+from ..registry import ANY_OP, CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
 
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
                "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet")
@@ -109,6 +109,7 @@ DESCRIPTOR = Framework(
     pass_env={"framework": PROFILE_ENV, "nsys": PROFILE_ENV, "libs": PROFILE_ENV},
     cudnn_log_env=cudnn_log_env, worker_env=worker_env, nsys_window=nsys_window, libs_under_nsys=True,
     shared_algorithms_env=shared_algorithms_env,
+    cpu_library_entry_ops={"oneDNN": ANY_OP, "BLAS": ANY_OP},  # its profiler's operators are flat
     commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
     recorded_env=("MXNET_ENGINE_TYPE",),

@@ -5,6 +5,12 @@ from __future__ import annotations
 from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
 from . import custom_op
 
+# the ops of its Kineto trace that run CPU library calls: oneDNN's (convolutions, and linear/pooling where
+# torch sends them there) and BLAS' (addmm, mm)
+CPU_LIBRARY_ENTRY_OPS = {"oneDNN": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mkldnn_linear",
+                                    "aten::mkldnn_max_pool2d"),
+                         "BLAS": ("aten::addmm", "aten::mm")}
+
 INSTALL_FIX = "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)"
 CUDA_FIX = ("install a CUDA build of torch, e.g. pip install torch --index-url "
             "https://download.pytorch.org/whl/cu130, on a machine with an NVIDIA GPU and driver")
@@ -62,7 +68,7 @@ DESCRIPTOR = Framework(
     options=(Option(custom_op.OPTION, custom_op.ROUTES,
                     f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "
                     "default: the built-in op"),),
-    bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,),
+    bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,), cpu_library_entry_ops=CPU_LIBRARY_ENTRY_OPS,
     option_tools=custom_op.doctor_tools, option_tool_lines=custom_op.doctor_lines,
     commands={"custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
                             "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, "

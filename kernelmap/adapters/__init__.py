@@ -26,6 +26,10 @@ from . import (
 )
 from ._common import head
 
+# marks in the names of kernels that no GPU library launched: a framework's own (native) and kernelmap's
+# custom op's (attribution never links them to a library call)
+OWN_KERNEL_MARKS = (*kineto.NATIVE_KERNEL_MARKS, *kineto.CUSTOM_MARKS)
+
 # order matters: the most specific sniffers first
 FORMATS = {
     "nsys": nsys,
