@@ -760,17 +760,8 @@ def _normalise(run_tmp: Path) -> None:
     normalise_run_dir(run_tmp)
 
 
-def execute(args: argparse.Namespace) -> dict[str, Any]:
-    """Do the run; return the summary (also what ``--json`` prints)."""
-    chosen = list(FRAMEWORK_CHOICES) if args.framework == "all" else [args.framework]
-    try:
-        python = frameworks.parse_python(args.python)
-    except ValueError as exc:
-        raise KernelmapError(str(exc)) from None
-    passes = PROFILES[args.profile]
-    out = Path(args.out) if args.out else _default_out()
-    if out.exists() and not args.replace:
-        raise KernelmapError(f"{out}: already exists; choose another --out or pass --replace")
+def _train_config(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
+    """The workers' training configuration from the command line (its bad values refused)."""
     train = {
         "lr": args.lr,
         "momentum": 0.9,
@@ -795,28 +786,121 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError("--steps must be at least 1")
     if train["epochs"] is not None and train["epochs"] < 1:
         raise KernelmapError("--epochs must be at least 1")
+    return train
 
-    load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    # Decide devices before any work, so that every downgrade is said first.
-    gpus = gpuinfo.query()
+
+def _decide_devices(chosen: list[str], device: str, python: dict[str, str],
+                    gpus: gpuinfo.GpuReport) -> dict[str, Decision]:
+    """Each framework's device, decided before any work, every downgrade said on stderr."""
     cc = gpus.gpus[0].compute_capability if gpus.gpus else None
     decisions: dict[str, Decision] = {}
     no_gpu_said = False
     for fw in chosen:
         # Only a GPU question needs the framework imported (in a subprocess); the CPU needs it installed.
-        probe = (doctor.find_framework(fw, python) if args.device == "cpu"
+        probe = (doctor.find_framework(fw, python) if device == "cpu"
                  else doctor.probe_framework(fw, python=python))
-        d = decide_device(fw, args.device, probe, cc, gpus.problem)
+        d = decide_device(fw, device, probe, cc, gpus.problem)
         decisions[fw] = d
         if d.device is None:
             print(f"kernelmap run: {fw} will not run: {d.note}", file=sys.stderr)
-        elif d.note and not gpus.gpus and d.device == "cpu" and args.device == "auto":
+        elif d.note and not gpus.gpus and d.device == "cpu" and device == "auto":
             if not no_gpu_said:  # the same reason for every framework: said once
                 print(f"kernelmap run: no NVIDIA GPU here ({gpus.problem}): every framework runs on the CPU",
                       file=sys.stderr)
                 no_gpu_said = True
         elif d.note:
             print(f"kernelmap run: {fw} runs on the {d.device.upper()}: {d.note}", file=sys.stderr)
+    return decisions
+
+
+def _modes(runnable: list[str], asked: list[str] | None, decisions: dict[str, Decision]
+           ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({framework: its modes that run here}, {case key: why that mode does not run here})."""
+    modes: dict[str, list[str]] = {}
+    mode_skips: dict[str, str] = {}
+    for fw in runnable:
+        try:
+            modes[fw], skipped_modes = frameworks.modes_to_run(fw, asked, decisions[fw].device)
+        except ValueError as exc:
+            raise KernelmapError(str(exc)) from None
+        mode_skips.update({frameworks.case_key(fw, m): why for m, why in skipped_modes.items()})
+    for line in said_once(mode_skips, "mode skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
+    return modes, mode_skips
+
+
+def _write_parity(tmp: Path, train: dict[str, Any], batch_size: int, ran: dict[str, str],
+                  python: dict[str, str], notes: list[str]) -> tuple[dict[str, dict], str | None]:
+    """Parity of each framework that ran against the reference, written into the run; (figures, why it
+    could not be computed or None). A failure keeps the run, said in ``notes``."""
+    parity_failed: str | None = None
+    try:
+        parities = _parity(train, batch_size, ran, python)
+    except KernelmapError as exc:  # MissingToolError included: the finished run is kept, the failure said
+        parities, parity_failed = {}, str(exc)
+        msg = f"parity failed: {parity_failed}; the run is kept without parity figures"
+        print(f"kernelmap run: {msg}", file=sys.stderr)
+        notes.append(msg)
+    for fw, parity in parities.items():
+        rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
+        if not parity["passed"]:
+            msg = (f"parity: {fw} differs from {frameworks.REFERENCE} beyond tolerance: "
+                   f"{'; '.join(parity['failures'])}")
+            print(f"kernelmap run: {msg}", file=sys.stderr)
+            notes.append(msg)
+    return parities, parity_failed
+
+
+def _timing_config(args: argparse.Namespace, budget: float, budget_said: str) -> dict[str, Any]:
+    """The manifest's record of how every figure of the run is timed and judged."""
+    return {"step": timing.STEP_METHOD, "end_to_end": timing.E2E_METHOD,
+            "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
+            "window_steps": timing.WINDOW_STEPS, "confidence": timing.CONFIDENCE,
+            "noise_threshold": timing.NOISE_THRESHOLD,
+            "min_capture_steps": timing.MIN_CAPTURE_STEPS,
+            "contention": contention.RULE, "trials_disagree": timing.TRIALS_DISAGREE_RULE,
+            "max_repeats": args.max_repeats, "repeat_budget_s": budget,
+            "repeat_budget": budget_said}
+
+
+def _summary(out: Path, results: list[dict[str, Any]], decisions: dict[str, Decision], notes: list[str],
+             parities: dict[str, dict], parity_failed: str | None) -> dict[str, Any]:
+    """What ``--json`` prints (exit code aside)."""
+    return {
+        "run_dir": str(out),
+        "results": [
+            {k: r[k] for k in ("framework", "mode", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
+                               "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
+                               "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy", "contention",
+                               "trials_disagree", "repeats")}
+            | {"overheads": {p: {"overhead": v.get("overhead"), "verdict": v.get("overhead_verdict"),
+                                 "skipped": v.get("skipped"), "contention": v.get("contention")}
+                             for p, v in r["passes"].items() if p != "clean"}}
+            for r in results
+        ],
+        "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
+        "notes": notes,
+        "parity_passed": {fw: p["passed"] for fw, p in parities.items()} or None,
+        "parity_failed": parity_failed,
+    }
+
+
+def execute(args: argparse.Namespace) -> dict[str, Any]:
+    """Do the run; return the summary (also what ``--json`` prints)."""
+    chosen = list(FRAMEWORK_CHOICES) if args.framework == "all" else [args.framework]
+    try:
+        python = frameworks.parse_python(args.python)
+    except ValueError as exc:
+        raise KernelmapError(str(exc)) from None
+    passes = PROFILES[args.profile]
+    out = Path(args.out) if args.out else _default_out()
+    if out.exists() and not args.replace:
+        raise KernelmapError(f"{out}: already exists; choose another --out or pass --replace")
+    train = _train_config(args, chosen)
+
+    load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    gpus = gpuinfo.query()
+    decisions = _decide_devices(chosen, args.device, python, gpus)
     runnable = [fw for fw in chosen if decisions[fw].device is not None]
     if not runnable:
         notes_ = list(dict.fromkeys(d.note or "" for d in decisions.values()))  # same reason once
@@ -837,16 +921,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         raise KernelmapError("--max-repeats must be at least 0")
     if args.repeat_budget is not None and args.repeat_budget < 0:
         raise KernelmapError("--repeat-budget must be at least 0 seconds")
-    modes: dict[str, list[str]] = {}
-    mode_skips: dict[str, str] = {}  # case key -> why that mode does not run here
-    for fw in runnable:
-        try:
-            modes[fw], skipped_modes = frameworks.modes_to_run(fw, args.mode, decisions[fw].device)
-        except ValueError as exc:
-            raise KernelmapError(str(exc)) from None
-        mode_skips.update({frameworks.case_key(fw, m): why for m, why in skipped_modes.items()})
-    for line in said_once(mode_skips, "mode skipped"):
-        print(f"kernelmap run: {line}", file=sys.stderr)
+    modes, mode_skips = _modes(runnable, args.mode, decisions)
     mode_notes = [f"{key}: mode skipped: {why}" for key, why in mode_skips.items()]
     keys = {frameworks.case_key(fw, m): (fw, m) for fw in runnable for m in modes[fw]}
     if not keys:
@@ -872,21 +947,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(failed)))
         ran = {r["framework"]: r["device"] for r in results}
-        parity_failed: str | None = None
-        try:
-            parities = _parity(train, args.batch_size[0], ran, python)
-        except KernelmapError as exc:  # MissingToolError included: the finished run is kept, the failure said
-            parities, parity_failed = {}, str(exc)
-            msg = f"parity failed: {parity_failed}; the run is kept without parity figures"
-            print(f"kernelmap run: {msg}", file=sys.stderr)
-            notes.append(msg)
-        for fw, parity in parities.items():
-            rundir.RunDir(tmp).write_json(rundir.RunDir(tmp).parity(fw), parity)
-            if not parity["passed"]:
-                msg = (f"parity: {fw} differs from {frameworks.REFERENCE} beyond tolerance: "
-                       f"{'; '.join(parity['failures'])}")
-                print(f"kernelmap run: {msg}", file=sys.stderr)
-                notes.append(msg)
+        parities, parity_failed = _write_parity(tmp, train, args.batch_size[0], ran, python, notes)
         fw_entries = {}
         for fw, d in decisions.items():
             versions = next((r["versions"] for r in results if r["framework"] == fw), None)
@@ -895,14 +956,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                   "train": train, "modes": {fw: modes[fw] for fw in runnable}, "modes_skipped": mode_skips,
                   "passes": list(passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
                   "out": str(out), "trials": args.trials, "threads": threads,
-                  "timing": {"step": timing.STEP_METHOD, "end_to_end": timing.E2E_METHOD,
-                             "capture": timing.CAPTURE_METHOD, "block_steps": timing.BLOCK_STEPS,
-                             "window_steps": timing.WINDOW_STEPS, "confidence": timing.CONFIDENCE,
-                             "noise_threshold": timing.NOISE_THRESHOLD,
-                             "min_capture_steps": timing.MIN_CAPTURE_STEPS,
-                             "contention": contention.RULE, "trials_disagree": timing.TRIALS_DISAGREE_RULE,
-                             "max_repeats": args.max_repeats, "repeat_budget_s": budget,
-                             "repeat_budget": budget_said}}
+                  "timing": _timing_config(args, budget, budget_said)}
         man = manifest.build(config=config, gpus=gpus, frameworks=fw_entries, data=data_info.to_dict(),
                              job=manifest.job_id(out))
         man["host"]["load_average_start"] = load_start
@@ -922,23 +976,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                 # (on the H100 a ValueError in the cuDNN log adapter discarded a whole GPU run's captures)
                 traceback.print_exc(file=sys.stderr)
                 normalise_error = KernelmapError(f"{type(exc).__name__}: {exc} (a kernelmap defect: traceback above)")
-    summary = {
-        "run_dir": str(out),
-        "results": [
-            {k: r[k] for k in ("framework", "mode", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
-                               "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
-                               "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy", "contention",
-                               "trials_disagree", "repeats")}
-            | {"overheads": {p: {"overhead": v.get("overhead"), "verdict": v.get("overhead_verdict"),
-                                 "skipped": v.get("skipped"), "contention": v.get("contention")}
-                             for p, v in r["passes"].items() if p != "clean"}}
-            for r in results
-        ],
-        "skipped": {fw: d.note for fw, d in decisions.items() if d.device is None},
-        "notes": notes,
-        "parity_passed": {fw: p["passed"] for fw, p in parities.items()} or None,
-        "parity_failed": parity_failed,
-    }
+    summary = _summary(out, results, decisions, notes, parities, parity_failed)
     if normalise_error is not None:
         raise KernelmapError(f"{out}: the run is complete but normalising its captures failed: {normalise_error}; "
                              f"fix and rerun `kernelmap normalise {out}`")
