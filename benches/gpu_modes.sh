@@ -3,7 +3,8 @@
 #   OUT=... benches/gpu_modes.sh        starts the job detached (it may outlast one 10-minute call), then
 #                                       waits up to WAIT_S (default 540 s); call again on the same warm
 #                                       machine to wait more. Each call copies what is done so far to $OUT.
-# FRAMEWORKS (default all) and BS (default "64 1024") are the run's --framework and --batch-size lists.
+# FRAMEWORKS (default all) and BS (default "64 1024") are the run's --framework and --batch-size lists;
+# GPU_TESTS=1 also runs tests/test_mxnet_build.py's GPU tests (against the installed package).
 # The job (about 8 minutes on an H100 at the default STEPS, mostly torch.compile's compilations):
 # 1. installs kernelmap, unpacks the carried sm_90 MXNet tree (benches/gpu_mxnet_session.sh unpack .mxtree)
 # 2. kernelmap run --framework all --device gpu --mode all --profile all --batch-size 64 1024
@@ -68,6 +69,16 @@ if [ "${BARE:-1}" = 1 ]; then  # BARE=0: no bare loops (a run made only to check
   NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
   echo "bare exit $?"; cat "$out/bare_modes.jsonl"
   python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
+fi
+stamp "links"  # issue 25's table: library-kernel time linked to its call, per framework x mode x bs x source
+python3 "$repo/benches/link_summary.py" /tmp/modes --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
+echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
+if [ "${GPU_TESTS:-0}" = 1 ]; then  # the GPU tests that need a built MXNet (patch 0008) and the GPU
+  stamp "gpu tests"
+  # from /tmp: the checkout's kernelmap/ (without its frameworks/ link) would shadow the installed package
+  (cd /tmp && timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append \
+     "$repo/tests/test_mxnet_build.py" >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?")
+  tail -n 15 "$out/gpu_tests.log"
 fi
 stamp "fixture"
 fx="$out/graph_fixture"; src=/tmp/modes/pytorch-cuda-graph/bs64
