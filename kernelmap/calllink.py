@@ -28,16 +28,14 @@ and what this pass ran.
 
 from __future__ import annotations
 
-import gzip
 import re
-import sqlite3
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from . import adapters
 from . import strings as S
 from .errors import ParseError
 
@@ -51,46 +49,18 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 OP_KEY = ["op_name", "op_canonical", "op_layer", "op_direction", "op_nth"]
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 LIBRARY_OPS = ("conv2d", "linear")  # the ops whose kernels are library kernels, owned or not
-_BASE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
-
-
-def kineto_base_ns(path: Path) -> int:
-    """``baseTimeNanoseconds`` of a PyTorch Kineto trace: its ``ts`` (µs) plus this are Unix time.
-    Read from the head of the file (PyTorch writes it before ``traceEvents``); 0 where absent."""
-    raw = Path(path).read_bytes()
-    head = gzip.decompress(raw)[: 1 << 20] if raw[:2] == b"\x1f\x8b" else raw[: 1 << 20]
-    m = _BASE.search(head)
-    return int(m.group(1)) if m else 0
-
-
-def nsys_base_ns(path: Path) -> int:
-    """The session start of an nsys SQLite export (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; its
-    timestamps count from it), gzip looked through; ParseError where the file has none."""
-    raw = Path(path).read_bytes()
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "n.sqlite"
-        db.write_bytes(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            row = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise ParseError(path, f"no session start time (TARGET_INFO_SESSION_START_TIME): {exc}") from None
-        finally:
-            con.close()
-    if not row or row[0] is None:
-        raise ParseError(path, "TARGET_INFO_SESSION_START_TIME has no utcEpochNs")
-    return int(row[0])
 
 
 def base_ns(path: Path, trace: pd.DataFrame) -> int:
     """What to add to a libs trace's ``start_ns`` to read it as Unix time (ns): Kineto's
     ``baseTimeNanoseconds``, nsys' session start."""
     sources = set(S.distinct(trace["source"])) if len(trace) else set()
-    if sources == {"nsys"}:
-        return nsys_base_ns(path)
-    if sources == {"kineto"}:
-        return kineto_base_ns(path)
-    raise ParseError(path, f"a libs-pass trace must be a Kineto trace or an nsys export, not {sorted(sources)}")
+    read_base = getattr(adapters.FORMATS.get(next(iter(sources))), "base_ns", None) if len(sources) == 1 else None
+    if read_base is None:
+        clocked = [f for f, m in adapters.FORMATS.items() if hasattr(m, "base_ns")]
+        raise ParseError(path, f"a libs-pass trace must be one of {', '.join(clocked)} (a format whose clock reads "
+                               f"as Unix time), not {sorted(sources)}")
+    return read_base(path)
 
 
 def short_name(name: str) -> str:

@@ -56,8 +56,8 @@ def test_trace_clocks_read_as_unix_time(tmp_path):
     kineto_start = int(trace["start_ns"].min()) + doc["baseTimeNanoseconds"]
     assert 0 < first_call - kineto_start < 60 * 10**9
     with pytest.raises(ParseError, match="TARGET_INFO_SESSION_START_TIME"):
-        calllink.nsys_base_ns(LOGS[0])
-    with pytest.raises(ParseError, match="Kineto trace or an nsys export"):
+        adapters.nsys.base_ns(LOGS[0])
+    with pytest.raises(ParseError, match=r"must be one of nsys, kineto \(a format whose clock reads as Unix time\)"):
         calllink.base_ns(LOGS[0], log)
 
 

@@ -208,10 +208,9 @@ ISSUE_30_MODES = {
     "kernelmap.parity": {"hybridize"},  # parity compares default modes; its --hybridize switch remains
     "kernelmap.runner": {"hybridize"},
 }
-# Files other issues are rewriting, where a framework is still named: the op-name vocabularies and
-# the framework a trace format implies (issue 27: canonical.py, kineto.py, the adapters' formats),
-# the CPU-library linking by profiler source (issue 25: attribution.py). Each entry must still occur
-# (a stale one fails), so the list only shrinks.
+# The adapters, where a framework is still named: the op-name vocabularies and the framework a trace
+# format implies (canonical.py, kineto.py, the adapters' formats). Each entry must still occur (a stale
+# one fails), so the list only shrinks.
 PENDING = {
     "kernelmap.adapters.inductor": {"torch"},  # Inductor's own span names ("Torch-Compiled Region"): a format
     "kernelmap.adapters": {"mxnet", "jax"},
@@ -220,8 +219,6 @@ PENDING = {
     "kernelmap.adapters.mxnet_profiler": {"mxnet"},
     "kernelmap.adapters.nsys": {"pytorch", "mxnet"},
     "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
-    # issue 25: the libs pass's own trace is read by format name
-    "kernelmap.calllink": {"kineto"},
 }
 
 

@@ -587,3 +587,13 @@ def kernel_library(df: pd.DataFrame) -> None:
     custom_name = np.array([n.startswith(CUSTOM_MARKS) for n in op_names] + [False], dtype=bool)[op_codes]
     lib[custom_name & strings.isin(df["kind"], ["op", "annotation"]) & (lib < 0)] = libs.code(Library.CUSTOM.value)
     df["library"] = libs.strings(lib)
+
+
+_BASE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+
+
+def base_ns(path: str | os.PathLike) -> int:
+    """``baseTimeNanoseconds`` of a PyTorch Kineto trace: its ``ts`` (µs) plus this are Unix time.
+    Read from the head of the file (PyTorch writes it before ``traceEvents``); 0 where absent."""
+    m = _BASE.search(read_bytes(path)[: 1 << 20])
+    return int(m.group(1)) if m else 0

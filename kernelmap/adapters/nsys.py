@@ -22,6 +22,7 @@ needs; a missing required table/column raises ParseError naming it. Everything i
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -409,3 +410,22 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
         "seq": pd.Series(seq_rows, index=nv.index), "shapes": rows(shapes), "dims": rows(dims),
         "gtid": nv["gtid"],
     }, copy=False)
+
+
+def base_ns(path: str | os.PathLike) -> int:
+    """The session start of an nsys SQLite export (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; its
+    timestamps count from it), gzip looked through; ParseError where the file has none."""
+    raw = Path(path).read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "n.sqlite"
+        db.write_bytes(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            row = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ParseError(path, f"no session start time (TARGET_INFO_SESSION_START_TIME): {exc}") from None
+        finally:
+            con.close()
+    if not row or row[0] is None:
+        raise ParseError(path, "TARGET_INFO_SESSION_START_TIME has no utcEpochNs")
+    return int(row[0])
