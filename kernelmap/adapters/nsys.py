@@ -22,7 +22,6 @@ needs; a missing required table/column raises ParseError naming it. Everything i
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -414,11 +413,14 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
 
 def base_ns(path: str | os.PathLike) -> int:
     """The session start of an nsys SQLite export (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; its
-    timestamps count from it), gzip looked through; ParseError where the file has none."""
-    raw = Path(path).read_bytes()
+    timestamps count from it), gzip or xz looked through; ParseError where the file has none."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(16)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "n.sqlite"
-        db.write_bytes(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        if not decompressed_copy(path, head, db):
+            db = path
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             row = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
