@@ -232,10 +232,12 @@ def _describe(t: Template, calls: pd.DataFrame) -> str:
     return "; ".join(parts) or "no logged call"
 
 
-def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
+def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool = True) -> dict:
     """Link the timing passes' library kernels of ``df`` (every trace source in it) to the libs
     pass's calls through ``tpl``; returns the figures, the per-layer differences and, per kernel row
-    left unlinked for a known reason, that reason (``reasons``: row label -> text)."""
+    left unlinked for a known reason, that reason (``reasons``: row label -> text). Where the case's
+    processes did not share their algorithms (``algorithms_shared`` False), an algorithm difference
+    says so."""
     from .attribution import native_kernels
 
     calls = S.plain(df[S.eq(df["kind"], "library_call")]).drop_duplicates("event_id").set_index("event_id")
@@ -279,7 +281,8 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
         libs = _describe(tp, calls)
         why = (f"the libs pass's {key[0]} ({key[2] or '-'} {key[3]}) launched other kernels in its own steps"
                if tp.variants > 1 else
-               f"the libs pass ran {libs}; this pass ran {', '.join(dict.fromkeys(names))}")
+               f"the libs pass ran {libs}; this pass ran {', '.join(dict.fromkeys(names))}"
+               + ("" if algorithms_shared else " (each process of this case chose its own algorithms)"))
         for label in g.index:
             info["reasons"][label] = why
         d = differs.setdefault((src, *key), {"source": src, "op_name": key[0], "canonical_op": key[1],
@@ -304,14 +307,14 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template]) -> dict:
     return info
 
 
-def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int) -> dict:
+def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int, algorithms_shared: bool = True) -> dict:
     """Own the libs trace's kernels by the log calls of ``df``, mark the owning calls' steps, and carry
     the links to ``df``'s own kernels (``carry``). Returns what the summary reports."""
     lk = launches(trace, base_ns)
     ow = own(df, lk)
     mark_calls(df, lk, ow)
     tpl = templates(lk, ow.owner)
-    info = carry(df, tpl)
+    info = carry(df, tpl, algorithms_shared)
     owned = ow.owner.notna()
     return {
         "libs_trace_library_kernels": len(lk),

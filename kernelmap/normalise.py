@@ -99,15 +99,13 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
         pre: dict = {}
         if libs_trace is not None:
             trace = adapters.read(libs_trace)
-            pre = calllink.link_in_libs_pass(rdf, trace, calllink.base_ns(libs_trace, trace))
+            # the case's processes ran one set of library algorithms (Framework.shared_algorithms_env)
+            shared = (libs_trace.parent.parent / ALGORITHM_FILE).is_file()
+            pre = calllink.link_in_libs_pass(rdf, trace, calllink.base_ns(libs_trace, trace), shared)
             trace = None
             reasons = pre.pop("reasons")
             pre["libs_trace"] = str(libs_trace)
-            # the case's processes ran one set of library algorithms (Framework.shared_algorithms_env)
-            pre["algorithms_shared"] = (libs_trace.parent.parent / ALGORITHM_FILE).is_file()
-            if not pre["algorithms_shared"]:
-                reasons = {k: f"{why} (each process of this case chose its own algorithms)" if "the libs pass ran" in why
-                           else why for k, why in reasons.items()}
+            pre["algorithms_shared"] = shared
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
         links.update(pre)
