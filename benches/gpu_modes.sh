@@ -87,8 +87,11 @@ if [ -f "$src/trace.json.gz" ] && [ -f "$src/graph-reference.json.gz" ]; then
   python3 "$repo/benches/graph_vs_bare.py" fixture "$fx"
 fi
 stamp "pack"
-(cd /tmp/modes 2>/dev/null && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' \
+# Kineto traces at bs 64 only, and the cuda-graph mode's at every bs (keeps the tar under 16 MB). A run
+# whose normalise failed is left in its .partial folder: that one is packed (without nsys), to mend at home.
+run_dir=/tmp/modes; [ -d "$run_dir" ] || run_dir=$(ls -d /tmp/.modes.*.partial 2>/dev/null | head -n 1)
+(cd "$run_dir" 2>/dev/null && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' \
    manifest.json results.json parity-*.json records.parquet attribution.json logs */bs*/*.json \
-   pytorch*/bs*/trace.json.gz pytorch*/bs*/graph-reference.json.gz 2>/dev/null)
+   pytorch*/bs64/*.json.gz pytorch-cuda-graph/bs*/*.json.gz 2>/dev/null)
 ls -l "$out"; du -sh "$out"
 stamp "done"

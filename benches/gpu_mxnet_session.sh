@@ -20,7 +20,8 @@ phase=$1; src=$(realpath "$2"); out=$(realpath -m "$3"); arg4=${4:-}
 data=$src  # run, times: DATA is the second argument; session: $DATA, default synthetic
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 mkdir -p "$out"; repo=$(pwd)
-python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
+# KERNELMAP_SKIP_INSTALL=1: kernelmap is installed already (a caller that runs other jobs beside this one)
+[ "${KERNELMAP_SKIP_INSTALL:-0}" = 1 ] || python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
 cd /tmp && python3 -c "import kernelmap.frameworks" || exit 3
 tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
 MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}  # parts staged by earlier calls on this machine
