@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,20 @@ from mxnet.gluon import nn  # noqa: E402
 from mxnet.gluon.data.vision import transforms  # noqa: E402
 
 _SPLIT_ATTRS = ("_train_data", "_train_label", "_test_data", "_test_label")
+
+
+@contextlib.contextmanager
+def profiler_scratch_file() -> Iterator[Path]:
+    """A file for MXNet's profiler output where none is kept (the nsys and libs passes: nsys records the
+    operator ranges), in a fresh private folder removed afterwards. Never ``os.devnull``: MXNet's
+    ``profiler.set_config`` unlinks the file it is given (``Profiler::SetConfig``: ``::unlink(filename_)``),
+    so as root it deleted /dev/null, and every process that opened /dev/null then failed (seen on the
+    GPU machine: a torch.compile worker's ``FileNotFoundError: '/dev/null'``)."""
+    folder = Path(tempfile.mkdtemp(prefix="kernelmap-mxprofile-"))
+    try:
+        yield folder / "profile.json"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def offline_dataset(cls, root: str, train: bool):
@@ -246,15 +261,16 @@ class Workload(spec.WorkloadBase):
             yield  # no window: the runner skips MXNet's nsys pass without a built tree (descriptor)
             return
 
-        mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=os.devnull)
-        mx.nd.waitall()
-        mx.profiler.set_state("run")
-        try:
-            with self._event(CAPTURE_RANGE):  # the window itself, whatever trace_regions says
-                yield
-                mx.nd.waitall()
-        finally:
-            mx.profiler.set_state("stop")
+        with profiler_scratch_file() as sink:
+            mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=str(sink))
+            mx.nd.waitall()
+            mx.profiler.set_state("run")
+            try:
+                with self._event(CAPTURE_RANGE):  # the window itself, whatever trace_regions says
+                    yield
+                    mx.nd.waitall()
+            finally:
+                mx.profiler.set_state("stop")
 
     def libs_trace(self, out_dir):
         """The libs pass runs under nsys (descriptor ``libs_under_nsys``): the same window as the nsys
