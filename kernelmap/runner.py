@@ -306,6 +306,21 @@ class RunProgress:
         self.done += 1
 
 
+def libs_warmup(descriptor: frameworks.Framework, mode: str, warmup_steps: int) -> int:
+    """The libs pass's warm-up: LIBS_WARMUP (its logs stay short), or fewer where the run asked for fewer,
+    but never below what the mode needs (``min_warmup``: a CUDA graph is captured at its last warm-up step)."""
+    return max(min(LIBS_WARMUP, warmup_steps), descriptor.min_warmup.get(mode, 0))
+
+
+def check_warmup(warmup_steps: int, cases) -> None:
+    """Refuse a --warmup below what a chosen mode needs, before anything runs (its worker would fail)."""
+    short = [f"{frameworks.get(fw).label}'s {mode} mode needs at least {frameworks.get(fw).min_warmup[mode]}"
+             for fw, mode in cases if warmup_steps < frameworks.get(fw).min_warmup.get(mode, 0)]
+    if short:
+        raise KernelmapError(f"--warmup {warmup_steps}: too few warm-up steps: " + "; ".join(dict.fromkeys(short))
+                             + " (a CUDA graph is captured at the last warm-up step)")
+
+
 def planned_workers(runnable: list[str], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
                     nsys_skipped: dict[str, str]) -> int:
     """How many worker processes the run starts (the progress line's N): per framework x batch size, the
@@ -488,7 +503,7 @@ class Case:
         env.update(self.descriptor.pass_env.get(p, {}))
         stdout_path = None
         if p == "libs":
-            cmd += ["--warmup", str(min(LIBS_WARMUP, self.train["warmup_steps"]))]
+            cmd += ["--warmup", str(libs_warmup(self.descriptor, self.mode, self.train["warmup_steps"]))]
             env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
             if self.decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
@@ -926,6 +941,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     keys = {frameworks.case_key(fw, m): (fw, m) for fw in runnable for m in modes[fw]}
     if not keys:
         raise KernelmapError(f"no mode of {', '.join(runnable)} can run here: " + "; ".join(mode_notes))
+    check_warmup(train["warmup_steps"], keys.values())
     progress = RunProgress(planned_workers(list(keys), len(args.batch_size), args.trials, passes,
                                            {k: skips[fw] for k, (fw, _) in keys.items() if fw in skips}))
     notes: list[str] = list(mode_notes)

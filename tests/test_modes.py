@@ -189,3 +189,52 @@ def test_calls_per_step_are_not_counted_where_a_mode_fuses_or_replays(key):
     name, mode = frameworks.split_key(key)
     why = f"mode {mode}: {frameworks.get(name).uncounted_call_modes[mode]}"
     assert got[["status", "detail"]].values.tolist() == [[C.NOT_CHECKED, why]] * eager["batch_size"].nunique()
+
+
+def test_the_libs_pass_warms_up_as_long_as_the_mode_needs():
+    """On the GPU the libs pass (1 warm-up step, to keep its logs short) of pytorch-cuda-graph failed at
+    every batch size: the graph is captured at warm-up step 4. The descriptor says so, and the runner
+    gives that pass what the mode needs; other modes keep LIBS_WARMUP, or fewer where the run asked."""
+    from kernelmap import runner
+    from kernelmap.errors import KernelmapError
+
+    pt, mx = frameworks.get("pytorch"), frameworks.get("mxnet")
+    assert pt.min_warmup == {"cuda-graph": 4}
+    assert runner.libs_warmup(pt, "cuda-graph", 5) == 4
+    assert runner.libs_warmup(pt, "eager", 5) == runner.LIBS_WARMUP == 1
+    assert runner.libs_warmup(pt, "eager", 0) == 0
+    assert runner.libs_warmup(mx, "hybridized", 5) == 1
+    runner.check_warmup(4, [("pytorch", "cuda-graph"), ("mxnet", "imperative")])
+    with pytest.raises(KernelmapError, match=r"--warmup 3: .*PyTorch's cuda-graph mode needs at least 4"):
+        runner.check_warmup(3, [("pytorch", "eager"), ("pytorch", "cuda-graph")])
+    runner.check_warmup(0, [("pytorch", "eager"), ("jax", "jit")])
+
+
+def test_a_descriptor_cannot_name_a_warmup_for_a_mode_it_lacks():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="not among its modes"):
+        dataclasses.replace(frameworks.get("pytorch"), min_warmup={"no-such-mode": 2})
+
+
+def test_zero_momentum_buffers_give_sgds_own_steps_bit_for_bit():
+    """compile-graphs makes SGD's momentum buffers before the first step (workload.init_momentum_buffers):
+    three steps with them equal three steps of plain SGD exactly (real torch, CPU, in a subprocess)."""
+    from conftest import run_framework
+
+    script = (
+        "import json, torch\n"
+        "from kernelmap.frameworks.pytorch.workload import init_momentum_buffers\n"
+        "def run(pre):\n"
+        "    torch.manual_seed(0); m = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))\n"
+        "    o = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)\n"
+        "    if pre: init_momentum_buffers(o)\n"
+        "    g = torch.Generator().manual_seed(1)\n"
+        "    for _ in range(3):\n"
+        "        o.zero_grad(set_to_none=True); m(torch.randn(4, 7, generator=g)).square().sum().backward(); o.step()\n"
+        "    return [p.detach().clone() for p in m.parameters()]\n"
+        "a, b = run(False), run(True)\n"
+        "print(json.dumps({'equal': all(torch.equal(x, y) for x, y in zip(a, b)), 'n': len(a)}))\n"
+    )
+    out = run_framework("pytorch", ["-c", script])
+    assert out == {"equal": True, "n": 4}

@@ -19,6 +19,7 @@ EAGER = "eager"  # op by op
 CUDA_GRAPH = "cuda-graph"  # the whole step captured once with torch.cuda.graph after warm-up, then replayed
 COMPILE = "compile"  # torch.compile (default mode) of the model and loss; optimizer eager
 COMPILE_GRAPHS = "compile-graphs"  # torch.compile mode="reduce-overhead" of the model and loss and of the optimizer step
+GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
 MODE_HELP = {
     EAGER: "op by op",
     CUDA_GRAPH: "the whole training step captured with torch.cuda.graph after warm-up, replayed each step "
@@ -64,6 +65,7 @@ DESCRIPTOR = Framework(
                     "step: adapters/graph_replay.py)",
         **{m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
            for m in (COMPILE, COMPILE_GRAPHS)}},
+    min_warmup={CUDA_GRAPH: GRAPH_WARMUP + 1},  # the capture is the warm-up step after the eager ones
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
     options=(Option(custom_op.OPTION, custom_op.ROUTES,
                     f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "

@@ -23,10 +23,23 @@ from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 from .. import spec
 from ..data import synthetic_arrays
 from . import custom_op
-from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH
-
-GRAPH_WARMUP = 3  # eager steps on a side stream before the capture (torch.cuda.graph's documented recipe)
+from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH, GRAPH_WARMUP
 GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager reference step (GRAPH_REFERENCE_FILE)
+
+
+def init_momentum_buffers(optimizer: torch.optim.SGD) -> None:
+    """SGD's momentum buffers made before the first step, as zeros. SGD makes them lazily
+    (``clone(grad)`` in the first step); inside a reduce-overhead compiled step that made them outputs
+    of a CUDA graph, which the next step's replay overwrote, and the recompiled step then failed on the
+    GPU ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"). The
+    arithmetic is the same: with dampening 0 the first step's ``buf * momentum + grad`` is ``grad``."""
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0:
+            continue
+        if group["dampening"] != 0:
+            raise KernelmapError("init_momentum_buffers: zero buffers match SGD's first step only without dampening")
+        for p in group["params"]:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 class Net(nn.Module):
@@ -92,6 +105,7 @@ class Workload(spec.WorkloadBase):
             self._loss_fn = torch.compile(self._loss, mode=compile_mode)
             if mode == COMPILE_GRAPHS:  # the optimizer step inside a compiled region, replayed as graphs too
                 self._opt_step = torch.compile(self.optimizer.step, mode=compile_mode)
+                init_momentum_buffers(self.optimizer)
 
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
