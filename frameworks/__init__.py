@@ -104,6 +104,12 @@ def split_key(key: str) -> tuple[str, str | None]:
     return key, None
 
 
+def replay_reason(key: str) -> str | None:
+    """Why case ``key``'s timed steps replay CUDA graphs (its descriptor's ``replay_modes``), else None."""
+    name, mode = split_key(key)
+    return REGISTRY[name].replay_modes.get(mode) if name in REGISTRY and mode else None
+
+
 def key_label(key: str) -> str:
     """A case key for people: ``PyTorch``, ``PyTorch cuda-graph``."""
     name, mode = split_key(key)

@@ -128,6 +128,9 @@ class Framework:
     # modes whose traced steps do not call the model's ops one by one: {mode: why} (a compiler fuses them
     # into generated kernels; a replayed graph launches none); the report does not count op calls there
     uncounted_call_modes: Mapping[str, str] = field(default_factory=dict)
+    # modes whose timed steps replay CUDA graphs captured before them: {mode: why}. Their library calls are made
+    # while warming up and capturing, none in a replayed step: the report counts them, never per step
+    replay_modes: Mapping[str, str] = field(default_factory=dict)
     # modes that need this many untimed warm-up steps in every pass (a CUDA graph is captured at the last of
     # them): {mode: steps}; the runner gives the libs pass at least that many, and refuses a smaller --warmup
     min_warmup: Mapping[str, int] = field(default_factory=dict)
@@ -136,7 +139,7 @@ class Framework:
         if not self.modes:
             raise ValueError(f"{self.name}: a framework has at least one mode")
         bad = [m for m in (*self.gpu_only_modes, *self.mode_flags.values(), *self.uncounted_call_modes, *self.mode_help,
-                           *self.min_warmup)
+                           *self.min_warmup, *self.replay_modes)
                if m not in self.modes]
         if bad:
             raise ValueError(f"{self.name}: {bad} are not among its modes {self.modes}")

@@ -65,6 +65,8 @@ DESCRIPTOR = Framework(
                     "step: adapters/graph_replay.py)",
         **{m: "TorchInductor fuses the model's ops into generated kernels (adapters/inductor.py)"
            for m in (COMPILE, COMPILE_GRAPHS)}},
+    replay_modes={CUDA_GRAPH: "the whole step is one CUDA graph, captured at the last warm-up step",
+                  COMPILE_GRAPHS: "CUDA graph trees record the compiled step's graphs in its first calls"},
     min_warmup={CUDA_GRAPH: GRAPH_WARMUP + 1},  # the capture is the warm-up step after the eager ones
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
     options=(Option(custom_op.OPTION, custom_op.ROUTES,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import schema
+from kernelmap import frameworks, schema
 from kernelmap.flops import layer_flops
 
 from .base import Run, fw_label
@@ -322,7 +322,12 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
                 timed = g["dur_ns"].notna().all()
                 srcs = sorted(set(g["source"].dropna().astype(str)))
                 stepped = bool(srcs) and all(s in by_steps for s in srcs)
-                if stepped:
+                replay = frameworks.replay_reason(str(fw))
+                if replay:  # calls made while warming up and capturing; a replayed step makes none
+                    per_step, ms, outside = None, None, None
+                    why = (f"{len(g)} call(s) while warming up and capturing, none in a replayed step "
+                           f"({replay})")
+                elif stepped:
                     inside = g[g["_in_step"]]
                     n_steps = max(steps[s] for s in srcs)
                     per_step = len(inside) / n_steps if n_steps else None
