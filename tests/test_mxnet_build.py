@@ -718,10 +718,13 @@ def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mo
     call. With patch 0008 the first process of the case writes its choice to the case's algorithms.tsv and
     every later one reads it: one line per conv layer, no cudnnFind in the libs pass's log, and every library
     kernel of every pass linked to its call."""
+    import inspect
+    import re
     import subprocess
     import sys
 
     from kernelmap import gpuinfo, rundir
+    from kernelmap.frameworks import spec
     from kernelmap.frameworks.mxnet import descriptor
 
     gpus = gpuinfo.query()
@@ -738,8 +741,13 @@ def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mo
     key = "mxnet" if mode == "imperative" else f"mxnet-{mode}"
     case = rundir.RunDir(out).case(key, 1024)
     lines = rundir.RunDir(out).algorithm_file(key, 1024).read_text().splitlines()
-    assert len(lines) == 2 and all(line.startswith("Convolution|") for line in lines)  # conv1, conv2
-    assert len({line.split("\t")[0] for line in lines}) == 2
+    keys = [line.split("\t")[0] for line in lines]
+    assert all(k.startswith("Convolution|") for k in keys) and len(set(keys)) == len(keys)
+    # conv1 and conv2 at the training batch, and again at evaluate()'s batch (its forward is tuned too:
+    # on the H200 the file held 4 lines, the first ``...|[1000,32,14,14]|[64,32,3,3]|[1000,64,14,14]|...``)
+    eval_bs = inspect.signature(spec.WorkloadBase.evaluate).parameters["batch_size"].default
+    batches = sorted({int(re.search(r"\|\[(\d+),", k).group(1)) for k in keys})
+    assert batches == sorted({1024, eval_bs}) and len(keys) == 2 * len(batches), keys
     assert "cudnnFindConvolution" not in (case / "cudnn.log").read_text()  # the libs pass read them
     run = json.loads((out / "attribution.json").read_text())["runs"][f"{key}/bs1024"]
     assert run["algorithms_shared"] is True
