@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import re
 import signal
 import statistics
 import subprocess
@@ -96,6 +97,18 @@ def decide_device(framework: str, requested: str, probe: dict[str, Any], compute
 
 
 # --- workers -------------------------------------------------------------------------------------
+# a line that states an error: a Python exception's (``torch._dynamo.exc.InternalTorchDynamoError: ...``) or ours
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)|kernelmap-worker: error)\b.*:")
+
+
+def error_line(text: str) -> str:
+    """The line of a worker's stderr tail that says what went wrong: the last exception or error line
+    (torch.compile prints advice after its traceback: "Set TORCHDYNAMO_VERBOSE=1 ..."), else the last line."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if ERROR_LINE.match(line)]
+    return errors[-1] if errors else (lines[-1] if lines else "")
+
+
 class _StderrTee(threading.Thread):
     """Copy a worker's stderr into its log file (and to ours where asked) as it arrives, keeping a tail."""
 
@@ -120,9 +133,7 @@ class _StderrTee(threading.Thread):
                     sys.stderr.write(chunk.decode(errors="replace"))
 
     def last_line(self) -> str:
-        text = b"".join(self.tail).decode(errors="replace")
-        lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
-        return lines[-1] if lines else ""
+        return error_line(b"".join(self.tail).decode(errors="replace"))
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:

@@ -54,6 +54,10 @@ Checks (``Check``):
   be negative: the kernels of the capture pass outlast the step they are set against); and the
   busy-share table states the same clean step and summed kernel time as the launch-bound table (one
   basis: the clean pass, never the capture pass's synchronised step).
+* ``every case ran``: each framework x mode x batch size the run set out to run (manifest ``config``:
+  ``modes`` of the frameworks that could run, ``cli.batch_size``) has its results; a case a failed pass
+  left out fails, with the run's note that says why (a report of the rest reads as if the mode was never
+  asked for, while ``kernelmap run`` exited 3).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class Check(enum.StrEnum):
     LAYER_VS_BATCH = "layer time vs batch size"
     CLEAN_VS_BENCH = "clean vs step benchmark"
     LAUNCH_BOUND = "launch-bound figures"
+    CASES_RAN = "every case ran"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -465,6 +470,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
     rows: list[dict[str, Any]] = []
     expected = expected_calls_per_step()
     for run in runs:
+        rows += cases_ran(run)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):
@@ -484,6 +490,31 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
     out = pd.DataFrame(rows, columns=COLUMNS)
     out["batch_size"] = out["batch_size"].astype("Int64")  # rows of a whole run have none
     return out
+
+
+def cases_ran(run: Run) -> list[dict[str, Any]]:
+    """``every case ran`` (module docstring): one failed row per case asked for without results, else one
+    passed row for the run; not checked where the manifest does not say what was asked (older runs)."""
+    config = run.manifest.get("config") or {}
+    modes, sizes = config.get("modes"), (config.get("cli") or {}).get("batch_size")
+    if not isinstance(modes, dict) or not sizes:
+        return [_row(run.name, None, None, Check.CASES_RAN, "run", None, None, NOT_CHECKED,
+                     "the manifest does not list the modes and batch sizes asked for")]
+    asked = [(frameworks.case_key(fw, m), int(bs)) for fw, ms in modes.items() if fw in frameworks.REGISTRY
+             for m in ms for bs in sizes]
+    have = {(field_at(r, "framework"), field_at(r, "batch_size")) for r in run.results}
+    notes = [str(n) for n in run.manifest.get("notes") or []]
+    rows = []
+    for key, bs in asked:
+        if (key, bs) in have:
+            continue
+        why = [n for n in notes if n.startswith(f"{key} bs {bs} ")]
+        rows.append(_row(run.name, key, bs, Check.CASES_RAN, "results", "results", "none", FAIL,
+                         "; ".join(why) or "no results and no note of why"))
+    if not rows:
+        rows.append(_row(run.name, None, None, Check.CASES_RAN, "run", len(asked), len(asked), PASS,
+                         f"{len(asked)} case(s) asked (framework x mode x batch size), each has results"))
+    return rows
 
 
 SAME_FIGURE = 1e-9  # ms: two tables state one figure
