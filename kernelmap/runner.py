@@ -20,8 +20,8 @@ import collections
 import contextlib
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import statistics
 import subprocess

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from kernelmap.reports import analysis as A
-from kernelmap.reports.analyses.launch import best_modes, union_ns
-from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks
 
 from kernelmap import frameworks
 from kernelmap.adapters import inductor, kineto
 from kernelmap.history import Mode
+from kernelmap.reports import analysis as A
+from kernelmap.reports.analyses.launch import best_modes, union_ns
+from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks
 
 DATA = Path(__file__).parent / "data"
 # torch 2.14.1 on the CPU, mode compile, bs 16, synthetic data, Inductor's cpp.enable_kernel_profile on

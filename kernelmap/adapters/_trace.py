@@ -303,25 +303,10 @@ def _refine_linear(df: pd.DataFrame, inner_op: np.ndarray, dims: list | None) ->
         d = dims[op]
         key = (layer, id(d))
         if key not in known:
-            known[key] = _linear_half(w.get(layer) if isinstance(layer, str) else None, d)
+            known[key] = C.linear_half(w.get(layer) if isinstance(layer, str) else None, d)
         if known[key] is not None:
             changed[i] = known[key]
     S.set_rows(df, "direction", np.fromiter(changed, dtype="int64", count=len(changed)), list(changed.values()))
-
-
-def _linear_half(weight, d) -> str | None:
-    """The half of a linear layer's backward (``weight``: its (out, in) shape) that an
-    ``aten::mm`` with input shapes ``d`` computes, or None."""
-    if weight is None or not isinstance(d, list) or len(d) < 2 \
-            or not all(isinstance(x, list) and len(x) == 2 for x in d[:2]):
-        return None
-    out_f, in_f = weight
-    (p, q), (_, r) = d[0], d[1]
-    if (q, r) == (out_f, in_f):
-        return "bwd_data"
-    if (p, r) == (out_f, in_f):
-        return "bwd_weight"
-    return None
 
 
 def refine_direction(df: pd.DataFrame) -> None:

@@ -396,6 +396,12 @@ def conv_layer_from_bias(dims) -> str | None:
     if not isinstance(dims, list) or len(dims) != 4 or dims[0] != 1 or dims[2:] != [1, 1]:
         return None
     return _CONV_BIASES.get((dims[1],))
+
+
+# gemm ops with no weight argument of their own: ``aten::mm(a, b)`` where torch.compile's generated code
+# calls it directly (no linear or autograd node above it to name the layer); the layer whose two weight
+# dims are among a's and b's (``linear_layer``: a unique match only)
+GEMM_OPS = ("aten::mm",)
 # (op name -> position of the weight among the inputs, transposed?)
 _WEIGHT_ARG = {
     "aten::conv2d": (1, False), "aten::convolution": (1, False), "aten::_convolution": (1, False),
@@ -403,11 +409,51 @@ _WEIGHT_ARG = {
     "aten::convolution_backward": (2, False), "aten::linear": (1, False), "aten::addmm": (2, True),
     custom_op.FUNCTION: (1, False),  # KernelmapLinear(x, weight, bias)
 }
-WEIGHT_ARG_OPS = tuple(_WEIGHT_ARG)  # the only op names ``layer_from_inputs`` can give a layer for
+WEIGHT_ARG_OPS = (*_WEIGHT_ARG, *GEMM_OPS)  # the only op names ``layer_from_inputs`` can give a layer for
+
+
+_LINEAR = [(layer.name, sorted(layer.weight_shape)) for layer in LAYERS if layer.kind == "linear"]
+
+
+def linear_layer(dims: list[int]) -> str | None:
+    """The spec linear layer whose two weight dims are among ``dims`` (unique match only)."""
+    hits = []
+    for name, w in _LINEAR:
+        rest = list(dims)
+        ok = True
+        for d in w:
+            if d in rest:
+                rest.remove(d)
+            else:
+                ok = False
+                break
+        if ok:
+            hits.append(name)
+    return hits[0] if len(hits) == 1 else None
+
+
+def linear_half(weight, d) -> str | None:
+    """The half of a linear layer's backward (``weight``: its (out, in) shape) that an ``aten::mm`` with
+    input shapes ``d`` computes — [B,out] x [out,in] the input gradient (bwd_data), [out,B] x [B,in] the
+    weight's (bwd_weight) — or None."""
+    if weight is None or not isinstance(d, list) or len(d) < 2 \
+            or not all(isinstance(x, list) and len(x) == 2 for x in d[:2]):
+        return None
+    out_f, in_f = weight
+    (p, q), (_, r) = d[0], d[1]
+    if (q, r) == (out_f, in_f):
+        return "bwd_data"
+    if (p, r) == (out_f, in_f):
+        return "bwd_weight"
+    return None
 
 
 def layer_from_inputs(name: str, dims) -> str | None:
-    """The spec layer whose weight is the op's weight argument (by position), or None."""
+    """The spec layer whose weight is the op's weight argument (by position), or for a ``GEMM_OPS`` op
+    the linear layer its two matrices' dims name; None where neither says."""
+    if name in GEMM_OPS:
+        mats = [d for d in (dims[:2] if isinstance(dims, list) else []) if isinstance(d, list) and len(d) == 2]
+        return linear_layer([*mats[0], *mats[1]]) if len(mats) == 2 else None
     rule = _WEIGHT_ARG.get(name)
     if rule is None or not isinstance(dims, list) or len(dims) <= rule[0]:
         return None

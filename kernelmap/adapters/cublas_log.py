@@ -27,6 +27,7 @@ from ..flops import gemm_call_flops
 from ..frameworks.spec import LAYERS
 from ..schema import phase_of
 from ._common import api_log_blocks, finish
+from .canonical import linear_layer as linear_layer  # shared with the trace adapters' aten::mm
 
 SOURCE = "cublas_log"
 _HEAD = re.compile(r"^I! cuBLAS \(v([\d.]+)\) function (?:[\w\s\*]+?\s)?(\w+)\((.*)\) called:\s*$")
@@ -36,28 +37,10 @@ _PROC = re.compile(r"^i!\s*Process=(\d+); Thread=(\d+); GPU=([^;]*);(.*)$")
 _MATH = re.compile(r"MathMode=(\w+)")
 COMPUTE = re.compile(r"^cublas\w*?(gemm|gemv|ger|axpy|scal|dot|nrm2|geam|dgmm|trsm|syrk|herk|symm|asum|copy)\w*$",
                      re.I)
-_LINEAR = [(layer.name, sorted(layer.weight_shape)) for layer in LAYERS if layer.kind == "linear"]
 
 
 def sniff(head: bytes) -> bool:
     return re.search(rb"^I! cuBLAS \(v", head, re.M) is not None
-
-
-def linear_layer(dims: list[int]) -> str | None:
-    """The spec linear layer whose two weight dims are among ``dims`` (unique match only)."""
-    hits = []
-    for name, w in _LINEAR:
-        rest = list(dims)
-        ok = True
-        for d in w:
-            if d in rest:
-                rest.remove(d)
-            else:
-                ok = False
-                break
-        if ok:
-            hits.append(name)
-    return hits[0] if len(hits) == 1 else None
 
 
 def gemm_direction(layer: str | None, m: int, n: int, k: int) -> str | None:

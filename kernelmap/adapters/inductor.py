@@ -10,7 +10,8 @@
   for fusions, it is attributed to ONE canonical op, the first of ``PRIORITY`` among those it fuses;
   its direction is the phase region's it runs in (the forward graph's kernels are forward work even
   where Inductor names one after a backward op; the backward graph's are backward); the optimizer
-  region's kernels are ``sgd_update``; outside a phase region, bwd where it fuses a backward op.
+  region's kernels are ``sgd_update``; outside a phase region, bwd where it fuses a backward op. Its
+  library is ``native`` (the framework's own kernel, as XLA's fusions are).
   ``op_name`` keeps the kernel's name. The backward graph's extern calls (``aten::mm`` in the backward
   region, outside any autograd node) are backward. Layers: a generated kernel's name does not say which layer it
   belongs to; its layer stays NA unless the trace says so otherwise.
@@ -18,12 +19,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
 import pandas as pd
 
 from .. import strings
+from ..frameworks.spec import LAYERS
+from . import canonical
 
 WRAPPER = re.compile(r"^(Torch-Compiled Region: .*|CompiledFunction|CompiledFunctionBackward|"
                      r"autograd::engine::evaluate_function: CompiledFunctionBackward|TorchDynamo Cache Lookup|"
@@ -86,6 +90,30 @@ def mark_wrappers(kind: np.ndarray, names: list, kinds: strings.Vocab, name_code
     kind[(kind == op) & wrap[name_codes]] = kinds.code("annotation")
 
 
+def _linear_halves(df: pd.DataFrame, flipped: np.ndarray) -> None:
+    """The backward graph's extern ``aten::mm`` of a linear layer, and the kernels it launched: which half of
+    the layer's backward it computes (``canonical.linear_half`` of its input shapes), in place. In eager
+    traces the kineto adapter does this under the autograd node; here the rows were forward until now."""
+    mm = np.flatnonzero(flipped & strings.isin(df["kind"], ["op"]) & strings.isin(df["op_name"], canonical.GEMM_OPS)
+                        & df["layer"].notna().to_numpy())
+    if not len(mm):
+        return
+    weights = {x.name: x.weight_shape for x in LAYERS if x.kind == "linear"}
+    half: dict[int, str] = {}  # op event id -> bwd_data | bwd_weight
+    for eid, layer, shapes in zip(df["event_id"].to_numpy()[mm].tolist(), df["layer"].array[mm].tolist(),
+                                  df["shapes"].array[mm].tolist(), strict=True):
+        h = canonical.linear_half(weights.get(layer), json.loads(shapes) if isinstance(shapes, str) else None)
+        if h is not None:
+            half[eid] = h
+    if not half:
+        return
+    ops = df["op_event_id"].to_numpy(dtype="float64", na_value=np.nan)
+    own = df["event_id"].to_numpy()
+    key = np.where(strings.isin(df["kind"], ["op"]), own, ops)  # an op row is its own launcher
+    rows = np.flatnonzero(flipped & pd.Series(key).isin(list(half)).to_numpy())
+    strings.set_rows(df, "direction", rows, [half[int(k)] for k in key[rows]])
+
+
 def attribute(df: pd.DataFrame) -> int:
     """Set canonical op and direction of generated-kernel rows (their spans and their kernels) in place;
     and, in a trace of a compiled step, make the backward graph's extern calls (an ``aten::mm`` run in
@@ -94,6 +122,7 @@ def attribute(df: pd.DataFrame) -> int:
         return 0
     fwd_in_bwd = strings.isin(df["phase"], ["backward"]) & strings.isin(df["direction"], ["fwd"])
     strings.set_rows(df, "direction", np.flatnonzero(fwd_in_bwd), "bwd")
+    _linear_halves(df, fwd_in_bwd)
     is_op = strings.isin(df["kind"], ["op"])
     is_k = strings.isin(df["kind"], ["kernel"])
     name = df["op_name"].where(is_op, df["kernel_name"])
@@ -102,6 +131,9 @@ def attribute(df: pd.DataFrame) -> int:
     rows = np.flatnonzero(gen & (is_op | is_k))
     if not len(rows):
         return 0
+    # a generated kernel is the framework's own, as XLA's fusions are: no GPU library launched it (a triton
+    # kernel fusing a convolution's bias and ReLU is not a cuDNN kernel waiting for its call)
+    strings.set_rows(df, "library", np.flatnonzero(gen & is_k), "native")
     phases = df["phase"].to_numpy(dtype=object)[rows]
     names = name.to_numpy(dtype=object)[rows]
     cache: dict = {}

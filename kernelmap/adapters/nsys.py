@@ -379,7 +379,7 @@ def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:
     seq = [m.group(1) if (m := _SEQ.search(t)) else None for t in text]
     sizes = [one.setdefault(m.group(1), m.group(1)) if o and (m := _SIZES.search(t)) else None
              for t, o in zip(text, is_op, strict=True)]
-    want = {*WEIGHT_ARG_OPS, "aten::mm"}
+    want = set(WEIGHT_ARG_OPS)
     dims = [None] * len(text)
     parsed: dict = {}  # per unique sizes text (rows share the list: it is only read)
     for i, (n, z) in enumerate(zip(name, sizes, strict=True)):
