@@ -90,6 +90,16 @@ def mark_wrappers(kind: np.ndarray, names: list, kinds: strings.Vocab, name_code
     kind[(kind == op) & wrap[name_codes]] = kinds.code("annotation")
 
 
+def mark_wrapper_rows(df: pd.DataFrame) -> None:
+    """``mark_wrappers`` on a records frame (the nsys adapter's NVTX ranges), in place: the compiled region's
+    wrapper ops become annotations."""
+    names = strings.distinct(df["op_name"])
+    wrappers = [n for n in names if isinstance(n, str) and WRAPPER.match(n)]
+    if wrappers:
+        rows = np.flatnonzero(strings.isin(df["kind"], ["op"]) & strings.isin(df["op_name"], wrappers))
+        strings.set_rows(df, "kind", rows, "annotation")
+
+
 def _linear_halves(df: pd.DataFrame, flipped: np.ndarray) -> None:
     """The backward graph's extern ``aten::mm`` of a linear layer, and the kernels it launched: which half of
     the layer's backward it computes (``canonical.linear_half`` of its input shapes), in place. In eager
