@@ -269,6 +269,26 @@ def nsys_skips(decisions: dict[str, Decision], nsys: str | None) -> dict[str, st
     return out
 
 
+# nsys traces a CUDA graph's replay as one launch unless told otherwise, and even per node it has no
+# reference step to give replayed kernels the ops that launched them at capture: the framework pass does
+REPLAY_NSYS_SKIP = ("{label} replays CUDA graphs ({why}): nsys would record each replay's kernels without "
+                    "the ops that launched them at capture; the framework pass attributes them "
+                    "(adapters/graph_replay.py)")
+
+
+def case_nsys_skips(keys: dict[str, tuple[str, str]], skips: dict[str, str]) -> dict[str, str]:
+    """Why each case's nsys pass records nothing ({case key: reason}): its framework's reason
+    (``nsys_skips``), else, for a mode that replays CUDA graphs (``Framework.replay_modes``), that."""
+    out = {}
+    for key, (fw, _mode) in keys.items():
+        why = skips.get(fw)
+        if why is None and frameworks.replay_reason(key):
+            why = REPLAY_NSYS_SKIP.format(label=frameworks.key_label(key), why=frameworks.replay_reason(key))
+        if why is not None:
+            out[key] = why
+    return out
+
+
 def said_once(skips: dict[str, str], what: str) -> list[str]:
     """One line per distinct reason of ``skips`` ({framework: reason}), naming the frameworks it
     holds for: a reason every framework shares (no GPU) is said once, not per framework x batch size."""
@@ -953,15 +973,17 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     if not keys:
         raise KernelmapError(f"no mode of {', '.join(runnable)} can run here: " + "; ".join(mode_notes))
     check_warmup(train["warmup_steps"], keys.values())
-    progress = RunProgress(planned_workers(list(keys), len(args.batch_size), args.trials, passes,
-                                           {k: skips[fw] for k, (fw, _) in keys.items() if fw in skips}))
+    case_skips = case_nsys_skips(keys, skips) if "nsys" in passes else {}
+    for line in said_once({k: v for k, v in case_skips.items() if keys[k][0] not in skips}, "nsys pass skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
+    progress = RunProgress(planned_workers(list(keys), len(args.batch_size), args.trials, passes, case_skips))
     notes: list[str] = list(mode_notes)
     results: list[dict[str, Any]] = []
     normalise_error: KernelmapError | None = None
     with atomic_dir(out, replace=args.replace) as tmp:
         failed: list[str] = []
-        cases = {(key, bs): Case(fw, decisions[fw], bs, train, data_json, tmp, nsys, skips.get(fw), threads, python,
-                                 mode=mode)
+        cases = {(key, bs): Case(fw, decisions[fw], bs, train, data_json, tmp, nsys, case_skips.get(key), threads,
+                                 python, mode=mode)
                  for key, (fw, mode) in keys.items() for bs in args.batch_size}
         # Interleaved rounds (``schedule``), then extra clean trials where trials were contended or disagree.
         run_schedule(cases, schedule(list(cases), args.trials, tuple(p for p in passes if p != "clean")),

@@ -238,3 +238,20 @@ def test_zero_momentum_buffers_give_sgds_own_steps_bit_for_bit():
     )
     out = run_framework("pytorch", ["-c", script])
     assert out == {"equal": True, "n": 4}
+
+
+def test_the_nsys_pass_of_a_graph_replay_mode_is_skipped_with_its_reason():
+    """On the H200, compile-graphs' nsys pass recorded 40 kernels (the replays' were not there) and 38.5% of
+    their time had an op; cuda-graph's recorded none. The framework pass attributes replays; nsys is skipped."""
+    from kernelmap import runner
+
+    keys = {"pytorch": ("pytorch", "eager"), "pytorch-cuda-graph": ("pytorch", "cuda-graph"),
+            "pytorch-compile": ("pytorch", "compile"), "pytorch-compile-graphs": ("pytorch", "compile-graphs"),
+            "jax": ("jax", "jit")}
+    skips = runner.case_nsys_skips(keys, {"jax": "no window"})
+    assert set(skips) == {"pytorch-cuda-graph", "pytorch-compile-graphs", "jax"}
+    assert skips["jax"] == "no window"
+    assert skips["pytorch-cuda-graph"].startswith("PyTorch cuda-graph replays CUDA graphs (the whole step is one")
+    assert "the framework pass attributes them" in skips["pytorch-compile-graphs"]
+    # the progress line counts them out: 5 keys x (1 trial + nsys) less 3 skipped nsys passes
+    assert runner.planned_workers(list(keys), 1, 1, ("clean", "nsys"), skips) == 5 * 2 - 3
