@@ -69,9 +69,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, frameworks, timing
+from kernelmap.frameworks.spec import LAYERS
 from kernelmap.rundir import RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 

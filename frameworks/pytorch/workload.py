@@ -24,6 +24,7 @@ from .. import spec
 from ..data import synthetic_arrays
 from . import custom_op
 from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH, GRAPH_WARMUP
+
 GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager reference step (GRAPH_REFERENCE_FILE)
 
 
