@@ -27,7 +27,7 @@ from ..flops import gemm_call_flops
 from ..frameworks.spec import LAYERS
 from ..schema import phase_of
 from ._common import api_log_blocks, finish
-from .canonical import linear_layer as linear_layer  # shared with the trace adapters' aten::mm
+from .canonical import linear_layer
 
 SOURCE = "cublas_log"
 _HEAD = re.compile(r"^I! cuBLAS \(v([\d.]+)\) function (?:[\w\s\*]+?\s)?(\w+)\((.*)\) called:\s*$")

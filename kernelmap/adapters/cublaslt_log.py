@@ -24,7 +24,8 @@ from ..errors import ParseError
 from ..flops import gemm_call_flops
 from ..schema import phase_of
 from ._common import finish, read_text
-from .cublas_log import gemm_direction, linear_layer
+from .canonical import linear_layer
+from .cublas_log import gemm_direction
 
 SOURCE = "cublaslt_log"
 _LINE = re.compile(r"^\[([^\]]+)\]\[cublasLt\]\[(\d+)\]\[(\w+)\]\[(\w+)\]\s?(.*)$")

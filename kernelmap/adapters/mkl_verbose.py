@@ -13,7 +13,7 @@ The first is the version banner (counted in ``df.attrs["info_lines"]``, version 
 time (``ns``/``us``/``ms``/``s``), no start (MKL logs none). For the gemm family the arguments are
 ``(transa, transb, m, n, k, ...)`` in BLAS's column-major view: ``shapes`` is ``[[m, k], [k, n]]``
 (op(A), op(B)), ``flops`` ``2·m·n·k``, and layer and direction come from the spec's linear
-layers as for cuBLAS (``cublas_log.linear_layer`` / ``gemm_direction``). Other functions are
+layers as for cuBLAS (``canonical.linear_layer``, ``cublas_log.gemm_direction``). Other functions are
 recorded with their name and time only. ``NThr`` (MKL threads) is kept in ``attrs["threads"]``;
 ``TID`` is MKL's own thread index, not an OS id, and is not kept.
 
@@ -33,7 +33,8 @@ import pandas as pd
 from ..errors import ParseError
 from ..flops import gemm_call_flops
 from ._common import finish, read_text
-from .cublas_log import gemm_direction, linear_layer
+from .canonical import linear_layer
+from .cublas_log import gemm_direction
 
 SOURCE = "mkl_verbose"
 PREFIX = "MKL_VERBOSE "
