@@ -2,30 +2,20 @@
 # Issue 30 on the GPU machine (from the repo root; the lead carries .mxtree/ and .gpu/):
 #   OUT=... benches/gpu_modes.sh        starts the job detached (it may outlast one 10-minute call), then
 #                                       waits up to WAIT_S (default 540 s); call again on the same warm
-#                                       machine to wait more. Each call copies what is done so far to $OUT.
+#                                       machine to wait more. Each call packs what is done so far into $OUT.
 # FRAMEWORKS (default all) and BS (default "64 1024") are the run's --framework and --batch-size lists;
 # GPU_TESTS=1 also runs tests/test_mxnet_build.py's GPU tests (against the installed package).
-# The job (about 8 minutes on an H100 at the default STEPS, mostly torch.compile's compilations):
-# 1. installs kernelmap, unpacks the carried sm_90 MXNet tree (benches/gpu_mxnet_session.sh unpack .mxtree)
-# 2. kernelmap run --framework all --device gpu --mode all --profile all --batch-size 64 1024
+# The job (about 20 minutes on one H200 at the default STEPS and BS, mostly torch.compile's compilations):
+# 1. the bare loops of the same model (.gpu/torch_modes.py: eager, one CUDA graph, compile default and
+#    reduce-overhead; one JSON line per mode x bs), first: they need neither kernelmap nor MXNet, and a
+#    hold that runs out during the run still has them
+# 2. installs kernelmap, unpacks the carried sm_90 MXNet tree (benches/gpu_mxnet_session.sh unpack .mxtree);
+#    MX_PARTS=N: first waits for N tree parts between .mxtree/ and /tmp/mxparts/ (a later call stages the
+#    last ones: the tree and the checkout together are over one call's carry)
+# 3. kernelmap run --framework all --device gpu --mode all --profile all --batch-size 64 1024
 #    (STEPS timed steps, default 20; 1 clean trial, no repeats), nsys from .gpu/nsys-env.sh
-# 3. kernelmap report --strict on it
-# 4. the bare loops of the same model in the same session, after the run (.gpu/torch_modes.py: eager, one
-#    CUDA graph, compile default and reduce-overhead; it prints each bs's lines once all its modes ran),
-#    and the cuda-graph clean step against the bare replay
-# Back in $OUT:
-#   job.log                   the job's console (each phase stamped with its elapsed seconds)
-#   run.json / run.err        kernelmap run's --json summary and its console
-#   report.log, report.tar.xz the report's console (self-checks, --strict exit) and the report (html + tables/)
-#   run.tar.xz                the run dir trimmed (< 40 MB): manifest, results, parity, records.parquet,
-#                             attribution.json, logs/, every */bs*/*.json, the PyTorch modes' Kineto traces
-#   bare_modes.jsonl          one JSON line per mode x bs of .gpu/torch_modes.py
-#   graph_vs_bare.json        kernelmap's pytorch-cuda-graph clean step (median, 95% CI) / the bare replay's
-#                             (median, IQR) per bs: the "within 10%" figure
-#   graph_fixture/            tests/data/gpu_cuda_graph for tests/test_graph_replay.py: the cuda-graph bs 64
-#                             framework pass (trace.json.gz, graph-reference.json.gz) and expected.json, counted
-#                             by an independent stdlib reader (device events correlating with cudaGraphLaunch)
-# Everything runs from /tmp with the installed package: the checkout's kernelmap/ would shadow it.
+# 4. kernelmap report --strict on it; the cuda-graph clean step against the bare replay (graph_vs_bare)
+# Back in $OUT, packed as modes.tar.NN (15 MB parts, at most 8 files come back: cat modes.tar.* | tar x):
 set -uo pipefail
 final=${OUT:?set OUT}; job=/tmp/modes-job; steps=${STEPS:-20}; data=${DATA:-synthetic}
 frameworks=${FRAMEWORKS:-all}; batch_sizes=${BS:-64 1024}  # kernelmap run's --framework and --batch-size
@@ -43,7 +33,9 @@ if [ "${1:-}" != job ]; then
   t0=$(date +%s)
   while [ ! -e "$job/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "${WAIT_S:-540}" ]; do sleep 5; done
   tail -n 60 "$job/job.log"
-  cp -r "$job"/. "$final"/ 2>/dev/null
+  rm -f "$final"/modes.tar.*
+  (cd "$job" && tar cf - --exclude='*.nsys-rep' --exclude='*.sqlite' . | split -b 15M -d - "$final/modes.tar.")
+  ls -l "$final"
   [ -e "$job/DONE" ] || echo "still running: call again (same warm machine)"
   exit 0
 fi
@@ -51,6 +43,16 @@ fi
 repo=$(pwd); out=$final
 trap 'touch "$out/DONE"' EXIT  # a job that stops early still ends the wait
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi --query-gpu=index,name,compute_cap,driver_version --format=csv,noheader; nproc
+stamp "bare loops"
+if [ "${BARE:-1}" = 1 ]; then  # BARE=0: no bare loops (a run made only to check the modes end to end)
+  (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 \
+     >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"; echo "bare exit $?")
+  cat "$out/bare_modes.jsonl"
+fi
+have_parts() { for f in .mxtree/mxtree.tar.xz.* /tmp/mxparts/mxtree.tar.xz.*; do [ -e "$f" ] && basename "$f"; done | sort -u | wc -l; }
+w=0; while [ "$(have_parts)" -lt "${MX_PARTS:-0}" ] && [ $w -lt 600 ]; do sleep 2; w=$((w+2)); done
+stamp "install, unpack ($(have_parts) tree parts)"
 bash benches/gpu_mxnet_session.sh unpack .mxtree "$out/mx" 2>&1 | tail -n 3   # installs kernelmap too
 [ -f .gpu/nsys-env.sh ] && source .gpu/nsys-env.sh
 cd /tmp || exit 3
@@ -64,12 +66,8 @@ stamp "report"
 python3 -m kernelmap.cli report /tmp/modes --out /tmp/modes-report --replace --strict >"$out/report.log" 2>&1
 echo "report --strict exit $?"; tail -n 30 "$out/report.log"
 (cd /tmp/modes-report 2>/dev/null && tar cJf "$out/report.tar.xz" .)
-stamp "bare loops"
-if [ "${BARE:-1}" = 1 ]; then  # BARE=0: no bare loops (a run made only to check the modes end to end)
-  NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/torch_modes.py" 64 1024 >"$out/bare_modes.jsonl" 2>"$out/bare_modes.err"
-  echo "bare exit $?"; cat "$out/bare_modes.jsonl"
-  python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
-fi
+stamp "graph vs bare"
+[ -s "$out/bare_modes.jsonl" ] && python3 "$repo/benches/graph_vs_bare.py" compare "$out" /tmp/modes
 stamp "links"  # issue 25's table: library-kernel time linked to its call, per framework x mode x bs x source
 python3 "$repo/benches/link_summary.py" /tmp/modes --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
 echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
