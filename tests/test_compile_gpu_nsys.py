@@ -8,13 +8,16 @@ wrapper ranges nor its generated kernels (the Kineto adapter did). ``nsys.label_
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
+import sqlite3
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from kernelmap import attribution
+from kernelmap import attribution, strings
 from kernelmap.adapters import _trace, inductor, nsys
 
 ROWS = Path(__file__).parent / "data" / "gpu_compile_nsys_bs64_rows.parquet"
@@ -59,3 +62,32 @@ def test_label_rows_attributes_every_kernel_of_the_compiled_step():
     assert (triton["library"] == "native").all() and triton["phase"].isin(["forward", "backward"]).all()
     lk = attribution.library_kernels(df.assign(call_event_id=pd.array([pd.NA] * len(df), dtype="Int64")))
     assert len(lk) == 360 and lk["layer"].notna().all() and not lk["direction"].isin(["bwd"]).any()
+
+
+# The same case's whole nsys export from a later run (H200, 2026-11-26, `kernelmap run --framework all --mode all
+# --profile all --batch-size 64 1024 --steps 20`): read as the run reads it. There ``op_name`` and ``kernel_name``
+# are categoricals of different categories (``strings.categorical_columns``, as ``normalise`` holds its records),
+# and ``label_rows`` stopped that run's normalise with "Cannot set a Categorical with another, without identical
+# categories" (the rows above are strings).
+EXPORT = Path(__file__).parent / "data" / "gpu_compile_nsys_bs64.sqlite.gz"
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("nsys") / "nsys.sqlite"
+    p.write_bytes(gzip.decompress(EXPORT.read_bytes()))
+    return p
+
+
+@pytest.mark.parametrize("categorical", [False, True], ids=["string-columns", "normalise-categoricals"])
+def test_the_whole_export_of_a_compiled_step_reads_with_every_kernel_attributed(export, categorical):
+    with sqlite3.connect(export) as con:  # an independent reader: the export's own kernel table
+        n, total = con.execute('SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+    assert (n, total) == (760, 4805272)
+    with strings.categorical_columns() if categorical else contextlib.nullcontext():
+        df = nsys.read(export)
+    assert isinstance(df["kernel_name"].dtype, pd.CategoricalDtype) == categorical
+    k = df[df["kind"] == "kernel"]
+    assert len(k) == n and int(k["dur_ns"].sum()) == total
+    assert _unattributed_share(df) == (0, 0.0)
+    assert (k["kernel_name"].astype(str).str.startswith("triton_")).sum() == 320

@@ -135,7 +135,8 @@ def attribute(df: pd.DataFrame) -> int:
     _linear_halves(df, fwd_in_bwd)
     is_op = strings.isin(df["kind"], ["op"])
     is_k = strings.isin(df["kind"], ["kernel"])
-    name = df["op_name"].where(is_op, df["kernel_name"])
+    # as objects: an nsys export's names are categoricals of different categories
+    name = df["op_name"].astype(object).where(is_op, df["kernel_name"].astype(object))
     codes, uniq = strings.factorize(name)
     gen = np.array([bool(GENERATED.match(u)) for u in uniq] + [False], dtype=bool)[codes]
     rows = np.flatnonzero(gen & (is_op | is_k))
