@@ -88,9 +88,11 @@ stamp "pack"
 # Kineto traces at bs 64 only, and the cuda-graph mode's at every bs (keeps the tar under 16 MB). A run
 # whose normalise failed is left in its .partial folder: that one is packed (without nsys), to mend at home.
 run_dir=/tmp/modes; [ -d "$run_dir" ] || run_dir=$(ls -d /tmp/.modes.*.partial 2>/dev/null | head -n 1)
-# and the compile modes' whole bs 64 case (nsys export, library logs, the libs pass's trace): fixtures to come
+# and the compile modes' whole bs 64 case (nsys export, library logs, the libs pass's trace), the replay modes'
+# whole bs 1024 case (cuDNN's FFT backward, linked through the libs pass's reference step): fixtures to come
 (cd "$run_dir" 2>/dev/null && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' \
    manifest.json results.json parity-*.json records.parquet attribution.json logs */bs*/*.json \
-   pytorch*/bs64/*.json.gz pytorch-cuda-graph/bs*/*.json.gz pytorch-compile*/bs64 2>/dev/null)
+   pytorch*/bs64/*.json.gz pytorch-cuda-graph/bs*/*.json.gz pytorch-compile*/bs64 \
+   pytorch-cuda-graph/bs1024 pytorch-compile-graphs/bs1024 2>/dev/null)
 ls -l "$out"; du -sh "$out"
 stamp "done"

@@ -83,14 +83,15 @@ def _nth(frame: pd.DataFrame) -> np.ndarray:
     return pd.Series(nth, index=ops["op_event_id"].to_numpy()).reindex(frame["op_event_id"].to_numpy()).to_numpy()
 
 
-def launches(trace: pd.DataFrame, base_ns: int) -> pd.DataFrame:
+def launches(trace: pd.DataFrame, base_ns: int, kinds: tuple[str, ...] = ("kernel",)) -> pd.DataFrame:
     """The trace's library kernels (not native, launched inside an op) with their launch: the runtime
     call of the same correlation id (thread, start in Unix ns), the launching op (name, signature, start)
-    and their order. Index: the kernel rows' labels in ``trace``."""
+    and their order. Index: the kernel rows' labels in ``trace``. ``kinds``: the device rows taken (a
+    graph reference step's memsets too: ``link_replayed``)."""
     from .attribution import native_kernels
 
     t = S.plain(trace)
-    k = t[t["kind"].eq("kernel") & t["op_event_id"].notna()]
+    k = t[t["kind"].isin(list(kinds)) & t["op_event_id"].notna()]
     k = k[~native_kernels(k)]
     rt = t[t["kind"].eq("runtime") & t["correlation_id"].notna()].drop_duplicates("correlation_id")
     rt = rt.set_index("correlation_id")
@@ -329,3 +330,67 @@ def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int, algor
         "algorithm_differs": info["differs"],
         "reasons": info["reasons"],
     }
+
+
+REPLAY_UNSPLIT = ("conv2d", "bwd")  # the replayed rows linked here: a convolution backward not split by its name
+
+
+def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
+    """Replay modes (a CUDA graph replays the step, so no kernel of it is launched inside an op or a call):
+    the libs pass profiled one reference step that launches the graph's kernels one by one
+    (``rundir.GRAPH_REFERENCE`` in its trace folder, ``ref``), while its library calls were logged. There the
+    calls own their kernels as in ``link_in_libs_pass``; each replayed row of ``df``'s traces takes the call
+    of its twin, the reference row of the same device name and occurrence in its step
+    (``graph_replay.twin_keys``, the pairing that gave it its op).
+
+    Only the rows a signature cannot link are linked so: a convolution backward's kernels that their names
+    do not split into data and weight gradient (cuDNN's FFT: ``_trace.refine_direction``). They take their
+    call's direction. A row whose twin the libs pass's reference step lacks or no logged call owns stays
+    unlinked, with the reason. Returns the figures and ``reasons`` (row label -> text)."""
+    from .adapters import graph_replay
+    from .attribution import native_kernels
+
+    lk = launches(ref, base_ns, kinds=("kernel", "memset"))
+    ow = own(df, lk)
+    rdev = graph_replay.reference_rows(ref)
+    owner_at = ow.owner.reindex(ref.index[rdev]).to_numpy()
+    twin = dict(zip(graph_replay.twin_keys(ref, rdev), owner_at, strict=True))
+    calls = S.plain(df[S.eq(df["kind"], "library_call")]).drop_duplicates("event_id").set_index("event_id")
+    info = {"replayed_linked": 0, "replayed_unowned": 0, "reasons": {}}
+    rows, ids = [], []
+    for _src, pos in pd.Series(np.arange(len(df))).groupby(df["source_file"].astype(object).to_numpy(),
+                                                            sort=False):
+        sub = df.iloc[pos.to_numpy()]
+        rep, _ = graph_replay.replayed_rows(sub)
+        if not len(rep):
+            continue
+        it = sub["iteration"].to_numpy(dtype="float64", na_value=np.nan)[rep]
+        want = (S.eq(sub["canonical_op"], REPLAY_UNSPLIT[0]) & S.eq(sub["direction"], REPLAY_UNSPLIT[1])
+                & sub["call_event_id"].isna().to_numpy())[rep]
+        want &= ~native_kernels(S.plain(sub.iloc[rep]))  # a generated kernel fusing a convolution's epilogue
+        for g in np.unique(it[~np.isnan(it)]).tolist():
+            at = rep[it == g]  # one step's replayed rows, in start order
+            for r, key, w in zip(at, graph_replay.twin_keys(sub, at), want[it == g], strict=True):
+                if not w:
+                    continue
+                cid = twin.get(key, pd.NA)
+                label = sub.index[r]
+                if pd.isna(cid):
+                    info["replayed_unowned"] += 1
+                    info["reasons"][label] = ("replayed from a CUDA graph; its twin in the libs pass's reference "
+                                              f"step ({key[0]} #{key[1] + 1}) " + ("has no logged call that owns it"
+                                              if key in twin else "is not there (that step ran other kernels)"))
+                    continue
+                rows.append(label)
+                ids.append(int(cid))
+    if rows:
+        pos = df.index.get_indexer(np.asarray(rows))
+        cids = np.asarray(ids, dtype="int64")
+        c = calls.reindex(cids)
+        S.set_rows(df, "call_event_id", pos, pd.array(cids, dtype="Int64"))
+        for col in _CALL_COLS:
+            S.set_rows(df, col, pos, pd.array(c[col].astype(object).to_numpy(), dtype=S.STRING))
+        S.set_rows(df, "direction", pos, pd.array(c["direction"].astype(object).to_numpy(), dtype=S.STRING))
+    info["replayed_linked"] = len(rows)
+    info["replay_reference_kernels_owned"] = int(ow.owner.notna().sum())
+    return info

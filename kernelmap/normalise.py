@@ -104,6 +104,13 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
             pre = calllink.link_in_libs_pass(rdf, trace, calllink.base_ns(libs_trace, trace), shared)
             trace = None
             reasons = pre.pop("reasons")
+            ref_path = libs_trace.parent / GRAPH_REFERENCE  # a replay mode's libs pass: its reference step
+            if ref_path.is_file():
+                ref = adapters.read(ref_path)
+                replayed = calllink.link_replayed(rdf, ref, calllink.base_ns(ref_path, ref))
+                ref = None
+                reasons.update(replayed.pop("reasons"))
+                pre.update(replayed)
             pre["libs_trace"] = str(libs_trace)
             pre["algorithms_shared"] = shared
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)

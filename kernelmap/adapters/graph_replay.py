@@ -67,6 +67,18 @@ def _occurrences(names: list[str]) -> list[tuple[str, int]]:
     return out
 
 
+def twin_keys(df: pd.DataFrame, rows: np.ndarray) -> list[tuple[str, int]]:
+    """(device name, its occurrence among ``rows``) per row: what pairs a replayed device row with its twin
+    in a reference step (``rows`` in start order, one step's)."""
+    return _occurrences(_device_name(df, rows))
+
+
+def reference_rows(ref: pd.DataFrame) -> np.ndarray:
+    """A reference step's device rows (positions), in start order: the twins of one step's replayed rows."""
+    rdev = np.flatnonzero(strings.isin(ref["kind"], list(DEVICE_KINDS)))
+    return rdev[np.argsort(ref["start_ns"].to_numpy(dtype="int64", na_value=0)[rdev], kind="stable")]
+
+
 def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
     """Attribute ``df``'s graph-replayed device rows in place from the reference step beside ``path``
     (``read_reference(file) -> DataFrame``: the adapter's own reader). Returns how many rows were
@@ -82,9 +94,8 @@ def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
     ref = read_reference(ref_path)
     if len(replayed_rows(ref)[0]):
         raise ParseError(ref_path, "the graph reference step itself replays a CUDA graph")
-    rdev = np.flatnonzero(strings.isin(ref["kind"], list(DEVICE_KINDS)))
-    rdev = rdev[np.argsort(ref["start_ns"].to_numpy(dtype="int64", na_value=0)[rdev], kind="stable")]
-    ref_index = dict(zip(_occurrences(_device_name(ref, rdev)), rdev.tolist(), strict=True))
+    rdev = reference_rows(ref)
+    ref_index = dict(zip(twin_keys(ref, rdev), rdev.tolist(), strict=True))
     want = Counter(_device_name(ref, rdev))
     src = np.empty(len(rows), dtype="int64")
     names = _device_name(df, rows)
