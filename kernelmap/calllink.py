@@ -345,8 +345,8 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
 
     Only the rows a signature cannot link are linked so: a convolution backward's kernels that their names
     do not split into data and weight gradient (cuDNN's FFT: ``_trace.refine_direction``). They take their
-    call's direction. A row whose twin the libs pass's reference step lacks or no logged call owns stays
-    unlinked, with the reason. Returns the figures and ``reasons`` (row label -> text)."""
+    call's direction. A kernel whose twin the libs pass's reference step lacks or no logged call owns stays
+    unlinked, with the reason (a memset no call owns is the framework's own: left as it is). Returns the figures and ``reasons`` (row label -> text)."""
     from .adapters import graph_replay
     from .attribution import native_kernels
 
@@ -375,6 +375,8 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
                     continue
                 cid = twin.get(key, pd.NA)
                 label = sub.index[r]
+                if pd.isna(cid) and key[0] == "memset" and key in twin:
+                    continue  # a memset the framework launched outside any library call: no library row
                 if pd.isna(cid):
                     info["replayed_unowned"] += 1
                     info["reasons"][label] = ("replayed from a CUDA graph; its twin in the libs pass's reference "
