@@ -22,8 +22,8 @@ def _mode(run_dir: Path, fw: str, bs: int) -> str:
         results = json.loads((run_dir / "results.json").read_text())
     except (OSError, ValueError):
         return "?"
-    for r in results:
-        if r.get("framework") == fw and r.get("batch_size") == bs:
+    for r in results:  # the case's folder is its key (framework-mode/bsN): attribution's "framework"
+        if str(r.get("dir", "")).split("/")[0] == fw and r.get("batch_size") == bs:
             return str(r.get("mode") or "?")
     return "?"
 
