@@ -290,22 +290,28 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
                                               "layer": key[2], "direction": key[3], "libs_pass": libs,
                                               "this_pass": sorted(set(names)), "ops": 0})
         d["ops"] += 1
-    if rows:
-        labels = np.asarray(rows)
-        pos = df.index.get_indexer(labels)
-        cids = np.asarray(ids, dtype="int64")
-        S.set_rows(df, "call_event_id", pos, pd.array(cids, dtype="Int64"))
-        c = calls.reindex(cids)
-        for col in _CALL_COLS:
-            S.set_rows(df, col, pos, pd.array(c[col].astype(object).to_numpy(), dtype=S.STRING))
-        # a convolution backward kernel not split by its name (FFT) takes the direction of its call
-        unsplit = np.flatnonzero(S.eq(df["direction"].array.take(pos), "bwd"))
-        if len(unsplit):
-            S.set_rows(df, "direction", pos[unsplit],
-                       pd.array(c["direction"].astype(object).to_numpy()[unsplit], dtype=S.STRING))
+    _set_links(df, rows, ids, calls)
     info["linked"] = len(rows)
     info["differs"] = list(differs.values())
     return info
+
+
+def _set_links(df: pd.DataFrame, rows: list, ids: list[int], calls: pd.DataFrame) -> None:
+    """Link the kernel rows labelled ``rows`` to the log calls ``ids`` (``calls``: the log calls by event id):
+    the call's id, library, API, algo and math mode; a convolution backward kernel not split by its name
+    (FFT: direction ``bwd``) takes the direction of its call."""
+    if not rows:
+        return
+    pos = df.index.get_indexer(np.asarray(rows))
+    cids = np.asarray(ids, dtype="int64")
+    S.set_rows(df, "call_event_id", pos, pd.array(cids, dtype="Int64"))
+    c = calls.reindex(cids)
+    for col in _CALL_COLS:
+        S.set_rows(df, col, pos, pd.array(c[col].astype(object).to_numpy(), dtype=S.STRING))
+    unsplit = np.flatnonzero(S.eq(df["direction"].array.take(pos), "bwd"))
+    if len(unsplit):
+        S.set_rows(df, "direction", pos[unsplit],
+                   pd.array(c["direction"].astype(object).to_numpy()[unsplit], dtype=S.STRING))
 
 
 def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int, algorithms_shared: bool = True) -> dict:
@@ -346,7 +352,8 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
     Only the rows a signature cannot link are linked so: a convolution backward's kernels that their names
     do not split into data and weight gradient (cuDNN's FFT: ``_trace.refine_direction``). They take their
     call's direction. A kernel whose twin the libs pass's reference step lacks or no logged call owns stays
-    unlinked, with the reason (a memset no call owns is the framework's own: left as it is). Returns the figures and ``reasons`` (row label -> text)."""
+    unlinked, with the reason (a memset no call owns is the framework's own: left as it is). Returns the
+    figures and ``reasons`` (row label -> text)."""
     from .adapters import graph_replay
     from .attribution import native_kernels
 
@@ -385,14 +392,7 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
                     continue
                 rows.append(label)
                 ids.append(int(cid))
-    if rows:
-        pos = df.index.get_indexer(np.asarray(rows))
-        cids = np.asarray(ids, dtype="int64")
-        c = calls.reindex(cids)
-        S.set_rows(df, "call_event_id", pos, pd.array(cids, dtype="Int64"))
-        for col in _CALL_COLS:
-            S.set_rows(df, col, pos, pd.array(c[col].astype(object).to_numpy(), dtype=S.STRING))
-        S.set_rows(df, "direction", pos, pd.array(c["direction"].astype(object).to_numpy(), dtype=S.STRING))
+    _set_links(df, rows, ids, calls)
     info["replayed_linked"] = len(rows)
     info["replay_reference_kernels_owned"] = int(ow.owner.notna().sum())
     return info
