@@ -14,7 +14,7 @@ Run one framework per process: ``pytest benches/bench_train_step.py --framework=
 --benchmark-json=pytorch.json`` (see benches/conftest.py; ``nox -s bench`` saves the frameworks'
 files as one job, ``kernelmap save-job``).
 
-Each benchmark is named and recorded by its key (``kernelmap.history.BenchKey``):
+Each benchmark is named and recorded by its key (``kernelmap.history.keys.BenchKey``):
 ``test_train_step[pytorch-eager-cpu-64]``, with framework, mode, device and batch size in its params
 and ``extra_info``, so that ``kernelmap compare`` pairs only like with like."""
 
@@ -28,7 +28,7 @@ import pytest
 from conftest import _VERSIONS, bench_batch_sizes, bench_modes, block_rounds, decision
 
 from kernelmap import contention, frameworks, timing
-from kernelmap.history import CONTENTION, STEPS_PER_ROUND, BenchKey, Mode
+from kernelmap.history.keys import CONTENTION, STEPS_PER_ROUND, BenchKey, Mode
 
 WARMUP_STEPS = 3
 

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from kernelmap import doctor, frameworks, gpuinfo, runner
-from kernelmap.history import FRAMEWORK_MODES, Mode
+from kernelmap.history.keys import FRAMEWORK_MODES, Mode
 
 BATCH_SIZES = (64, 256, 1024)
 

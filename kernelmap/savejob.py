@@ -2,7 +2,7 @@
 
 ``nox -s bench`` and ``nox -s benchmarks`` run each framework's step benchmarks in a pytest process of
 its own, each writing ``--benchmark-json`` to a scratch file; this merges those files into the
-pytest-benchmark storage (``kernelmap.history.save_job``: the next ``NNNN_<commit>_<date>.json`` of this
+pytest-benchmark storage (``kernelmap.history.job.save_job``: the next ``NNNN_<commit>_<date>.json`` of this
 machine, never overwriting, with the job id as ``"kernelmap_job"``) and prints the saved file's path.
 A file that is missing, empty or broken is an error naming it, and nothing is written.
 """
@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .history import JOB_ENV, default_storage, save_job
+from .history.job import save_job
+from .history.keys import JOB_ENV
+from .history.storage import default_storage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

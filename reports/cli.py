@@ -25,7 +25,7 @@ import pandas as pd
 from kernelmap import __version__, frameworks
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
-from kernelmap.history import flagged
+from kernelmap.history.keys import flagged
 
 from . import analysis as A
 from . import answer as ANS
@@ -372,7 +372,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
     unlinked = A.unlinked_library_kernels(runs)
     raw_hist = None
     if storage:
-        from kernelmap.history import load_history
+        from kernelmap.history.trend import load_history
 
         raw_hist = load_history(storage)
     layers = A.layer_table(runs)
@@ -422,7 +422,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
         ]
         trend, hist = None, None
         if raw_hist is not None:
-            from kernelmap.history import TIME_STATS
+            from kernelmap.history.keys import TIME_STATS
 
             hist = raw_hist
             p = F.trend_figure(hist, tmp / "trend.png")

@@ -414,7 +414,8 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     (timed in blocks of steps like the clean pass). A point measured under contention (another process
     used the machine, ``kernelmap.contention``) is ringed in red. None when no saved benchmark carries
     a key."""
-    from kernelmap.history import flagged, trend_series
+    from kernelmap.history.keys import flagged
+    from kernelmap.history.trend import trend_series
 
     series = trend_series(history, stat)
     if not series:

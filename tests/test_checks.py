@@ -22,7 +22,7 @@ import pytest
 from conftest import report
 
 from kernelmap import schema
-from kernelmap.history import HISTORY_COLUMNS
+from kernelmap.history.trend import HISTORY_COLUMNS
 from kernelmap.normalise import normalise_run_dir
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
@@ -408,12 +408,12 @@ def test_clean_vs_step_benchmark_allows_for_one_more_process(runs, tmp_path):
 def test_report_with_storage_runs_the_benchmark_check(runs, tmp_path, monkeypatch, capsys):
     """``kernelmap report --storage``: build() hands the history to the checks; --strict fails on a
     step benchmark of the same job that disagrees with the clean pass."""
-    import kernelmap.history as history
+    from kernelmap.history import trend
 
     d = _copy(runs, "gpu_mxnet_run", tmp_path)
     _edit(d / "manifest.json", lambda m: m.update(job="job-1"))
     med = json.loads((d / "results.json").read_text())[0]["median_step_s"]
-    monkeypatch.setattr(history, "load_history", lambda storage: _history("job-1", 3 * med, 1e-4, 25))
+    monkeypatch.setattr(trend, "load_history", lambda storage: _history("job-1", 3 * med, 1e-4, 25))
     (tmp_path / "st").mkdir()
     rc = report(str(d), "-o", str(tmp_path / "rep"), "--strict", "--storage", str(tmp_path / "st"))
     assert rc == C.EXIT_CHECK_FAILED

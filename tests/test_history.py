@@ -21,20 +21,14 @@ import numpy as np
 import pytest
 from conftest import require_framework
 
-from kernelmap import history
 from kernelmap.cli import main as cli_main
 from kernelmap.errors import KernelmapError
-from kernelmap.history import (
-    BenchKey,
-    Threshold,
-    compare_runs,
-    compare_storage,
-    format_comparison,
-    list_runs,
-    load_history,
-    pick_runs,
-    trend_series,
-)
+from kernelmap.history import compare as history_compare
+from kernelmap.history.compare import Threshold, compare_runs, compare_storage, format_comparison
+from kernelmap.history.job import save_job
+from kernelmap.history.keys import JOB_ENV, BenchKey
+from kernelmap.history.storage import BenchStorage, list_runs, machine_id, pick_runs
+from kernelmap.history.trend import load_history, trend_series
 
 pytest.importorskip("pytest_benchmark")
 
@@ -42,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TINY = '''
 import pytest
-from kernelmap.history import BenchKey
+from kernelmap.history.keys import BenchKey
 
 @pytest.mark.parametrize("batch_size", [8, 16])
 def test_step(benchmark, batch_size):
@@ -85,8 +79,8 @@ def storage(tmp_path_factory) -> Path:
 def compare(*argv: str) -> int:
     """``kernelmap compare ARGV`` through the module's own parser (as kernelmap.cli dispatches it)."""
     parser = argparse.ArgumentParser()
-    history.add_arguments(parser)
-    return history.main(parser.parse_args(argv))
+    history_compare.add_arguments(parser)
+    return history_compare.main(parser.parse_args(argv))
 
 
 def test_slowdown_is_flagged(storage, capsys):
@@ -244,7 +238,7 @@ def test_the_fixtures_are_the_step_benchmark_as_it_is_now():
 
 def test_save_job_merges_every_framework_into_one_run(parts, tmp_path):
     st = tmp_path / "st"
-    path = history.save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
+    path = save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
     assert _saved_files(st) == [f"{MACHINE}/0001_{_tag(1)}.json"] and path == st / _saved_files(st)[0]
     saved = json.loads(path.read_text())
     inputs = [_part(1, fw) for fw in FRAMEWORK_ORDER]
@@ -271,18 +265,18 @@ def test_numbering_continues_and_nothing_is_overwritten(parts, tmp_path, monkeyp
     for name, body in older.items():
         (st / name).parent.mkdir(parents=True, exist_ok=True)
         (st / name).write_bytes(body)
-    first = history.save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
+    first = save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
     assert first.name == f"0004_{_tag(1)}.json"  # after this machine's highest, not the other machine's
     # a writer that took the number in between: the next one is taken, nothing replaced
-    real = history.BenchStorage.next_number
+    real = BenchStorage.next_number
     asked = []
 
     def stale(self, machine):
         asked.append(machine)
         return "0003" if len(asked) == 1 else real(self, machine)
 
-    monkeypatch.setattr(history.BenchStorage, "next_number", stale)
-    second = history.save_job(st, parts[2], JOB_IDS[1], machine=MACHINE)
+    monkeypatch.setattr(BenchStorage, "next_number", stale)
+    second = save_job(st, parts[2], JOB_IDS[1], machine=MACHINE)
     assert second.name == f"0005_{_tag(2)}.json" and asked == [MACHINE, MACHINE]
     for name, body in older.items():
         assert (st / name).read_bytes() == body
@@ -296,8 +290,8 @@ def test_numbering_continues_and_nothing_is_overwritten(parts, tmp_path, monkeyp
         asked.append(machine)
         return "0004" if len(asked) == 1 else real(self, machine)
 
-    monkeypatch.setattr(history.BenchStorage, "next_number", same_name)
-    third = history.save_job(st, parts[1], "again", machine=MACHINE)
+    monkeypatch.setattr(BenchStorage, "next_number", same_name)
+    third = save_job(st, parts[1], "again", machine=MACHINE)
     assert third.name == f"0006_{_tag(1)}.json" and asked == [MACHINE, MACHINE]
     assert first.read_bytes() == before and json.loads(third.read_text())["kernelmap_job"] == "again"
 
@@ -326,7 +320,7 @@ def test_a_broken_part_is_an_error_naming_it_and_nothing_is_written(parts, tmp_p
         del data["benchmarks"][1]["stats"]
         bad.write_text(json.dumps(data))
     with pytest.raises(KernelmapError, match=re.escape(str(bad)) + ".*" + says):
-        history.save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
+        save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
     assert not st.exists() or _saved_files(st) == []
     assert cli_main(["save-job", "--job", JOB_IDS[0], "--storage", str(st), "--machine", MACHINE,
                      *map(str, parts[1])]) == 2
@@ -338,18 +332,18 @@ def test_a_broken_part_is_an_error_naming_it_and_nothing_is_written(parts, tmp_p
 def test_a_key_in_two_parts_is_an_error_naming_both(parts, tmp_path):
     with pytest.raises(KernelmapError, match=re.escape(f"{parts[1][2]} and {parts[2][2]} both hold benchmark "
                                                        "'test_train_step[pytorch-eager-cpu-64]'")):
-        history.save_job(tmp_path / "st", [parts[1][2], parts[2][2]], JOB_IDS[0], machine=MACHINE)
+        save_job(tmp_path / "st", [parts[1][2], parts[2][2]], JOB_IDS[0], machine=MACHINE)
     assert not (tmp_path / "st").exists()
 
 
 def test_save_job_cli_takes_the_job_from_the_environment(parts, tmp_path, capsys, monkeypatch):
     st = tmp_path / "st"
-    monkeypatch.setenv(history.JOB_ENV, JOB_IDS[0])
+    monkeypatch.setenv(JOB_ENV, JOB_IDS[0])
     assert cli_main(["save-job", "--storage", str(st), "--machine", MACHINE, *map(str, parts[1])]) == 0
     path = st / MACHINE / f"0001_{_tag(1)}.json"
     assert capsys.readouterr().out == f"saved job {JOB_IDS[0]}: {path}\n"
     assert json.loads(path.read_text())["kernelmap_job"] == JOB_IDS[0]
-    monkeypatch.delenv(history.JOB_ENV)
+    monkeypatch.delenv(JOB_ENV)
     assert cli_main(["save-job", "--storage", str(st), *map(str, parts[2])]) == 2
     assert "a job id is required" in capsys.readouterr().err
 
@@ -357,19 +351,19 @@ def test_save_job_cli_takes_the_job_from_the_environment(parts, tmp_path, capsys
 def test_machine_id_is_pytest_benchmarks():
     from pytest_benchmark.utils import get_machine_id
 
-    assert history.machine_id() == get_machine_id()
+    assert machine_id() == get_machine_id()
 
 
 @pytest.fixture
 def one_job(parts, tmp_path) -> Path:
     st = tmp_path / "st"
-    history.save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
+    save_job(st, parts[1], JOB_IDS[0], machine=MACHINE)
     return st
 
 
 @pytest.fixture
 def two_jobs(one_job, parts) -> Path:
-    history.save_job(one_job, parts[2], JOB_IDS[1], machine=MACHINE)
+    save_job(one_job, parts[2], JOB_IDS[1], machine=MACHINE)
     return one_job
 
 
@@ -515,7 +509,7 @@ def test_an_old_per_framework_run_against_a_job(tmp_path, parts):
     """Old runs and jobs in one storage: each key's latest two runs, whichever kind."""
     st = tmp_path / "st"
     _old_storage(st, jobs=(1,))
-    history.save_job(st, parts[2], JOB_IDS[1], machine=MACHINE)
+    save_job(st, parts[2], JOB_IDS[1], machine=MACHINE)
     cmp = compare_storage(st)
     assert sorted(zip(cmp.table["framework"], cmp.table["base_run"], cmp.table["new_run"], strict=True)) == [
         ("jax", "0001", "0004"), ("mxnet", "0002", "0004"), ("mxnet", "0002", "0004"), ("pytorch", "0003", "0004")]

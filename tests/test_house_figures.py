@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 from kernelmap.reports import figures as F
 
-from kernelmap import history, timing
+from kernelmap import timing
+from kernelmap.history.job import save_job
+from kernelmap.history.trend import load_history
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_jobs"
 
@@ -77,8 +79,8 @@ def _history_of_two_batch_sizes(tmp_path) -> pd.DataFrame:
         path.write_text(json.dumps(d))
         parts.append(path)
     st = tmp_path / "st"
-    history.save_job(st, parts, "job-1", machine="m")
-    return history.load_history(st)
+    save_job(st, parts, "job-1", machine="m")
+    return load_history(st)
 
 
 def test_trend_tells_batch_sizes_apart_and_its_ticks_do_not_collide(drawn, tmp_path):

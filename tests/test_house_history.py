@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from test_history import storage  # noqa: F401  (real pytest-benchmark runs, samples saved)
 
-from kernelmap import history
+from kernelmap.history import compare as history
+from kernelmap.history.storage import list_runs, pick_runs
 
 pytest.importorskip("pytest_benchmark")
 
@@ -41,8 +42,8 @@ def test_a_change_within_the_samples_noise_is_not_called(storage, tmp_path):  # 
     shutil.copytree(storage, st)
     # the mean 10% higher, the samples the same (reordered): past mean:5%, but no change in the samples
     _variant(st, "0002", "0005", 1.1, lambda d: d[::-1])
-    runs = history.list_runs(st)
-    cmp = history.compare_runs(history.pick_runs(runs, "0002"), history.pick_runs(runs, "0005"),
+    runs = list_runs(st)
+    cmp = history.compare_runs(pick_runs(runs, "0002"), pick_runs(runs, "0005"),
                                [history.Threshold.parse("mean:5%")])
     assert not cmp.failed and len(cmp.within_noise) == 2
     assert all("within the samples' noise (Mann-Whitney U p=1" in w for w in cmp.within_noise)
@@ -50,11 +51,11 @@ def test_a_change_within_the_samples_noise_is_not_called(storage, tmp_path):  # 
     out = history.format_comparison(cmp)
     assert "ok: no benchmark beyond mean:5%" in out and "not called a change" in out
     # every sample 20% slower (0003): called
-    slow = history.compare_runs(history.pick_runs(runs, "0002"), history.pick_runs(runs, "0003"),
+    slow = history.compare_runs(pick_runs(runs, "0002"), pick_runs(runs, "0003"),
                                 [history.Threshold.parse("mean:5%")])
     assert slow.failed and not slow.within_noise and (slow.table["p_value"] < history.NOISE_ALPHA).all()
     # too few samples to judge: the threshold alone decides, and the failure says so
     _variant(st, "0002", "0006", 1.1, lambda d: d[:2])
-    few = history.compare_runs(history.pick_runs(history.list_runs(st), "0002"),
-                               history.pick_runs(history.list_runs(st), "0006"), [history.Threshold.parse("mean:5%")])
+    few = history.compare_runs(pick_runs(list_runs(st), "0002"),
+                               pick_runs(list_runs(st), "0006"), [history.Threshold.parse("mean:5%")])
     assert few.failed and all("noise not judged (" in f for f in few.failures)

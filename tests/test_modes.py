@@ -13,7 +13,7 @@ import pytest
 
 from kernelmap import frameworks
 from kernelmap.adapters import inductor, kineto
-from kernelmap.history import Mode
+from kernelmap.history.keys import Mode
 from kernelmap.reports import analysis as A
 from kernelmap.reports.analyses.launch import best_modes, union_ns
 from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks

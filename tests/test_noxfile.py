@@ -146,10 +146,10 @@ def test_readme_says_where_nox_installs_kernelmap():
 
 # --- one bench job, one saved run ---------------------------------------------------------------
 def test_job_variable_and_storage_are_kernelmaps():
-    from kernelmap import history
+    from kernelmap.history import keys, storage
 
     nf = _noxfile()
-    assert nf.JOB_ENV == history.JOB_ENV and Path(nf.BENCH_STORAGE) == history.default_storage()
+    assert nf.JOB_ENV == keys.JOB_ENV and Path(nf.BENCH_STORAGE) == storage.default_storage()
 
 
 def test_job_parts_leave_out_a_framework_that_wrote_nothing(tmp_path):
@@ -211,7 +211,7 @@ def _bench_session(monkeypatch, tmp_path, session):
 
 
 def test_bench_saves_one_run_per_job_named_as_its_run_directory(monkeypatch, tmp_path):
-    from kernelmap.history import list_runs
+    from kernelmap.history.storage import list_runs
 
     session = FakeSession(silent={"mxnet"})
     nf, scratch = _bench_session(monkeypatch, tmp_path, session)
@@ -242,7 +242,7 @@ def test_bench_saves_one_run_per_job_named_as_its_run_directory(monkeypatch, tmp
 
 
 def test_benchmarks_session_is_one_job_too(monkeypatch, tmp_path):
-    from kernelmap.history import list_runs
+    from kernelmap.history.storage import list_runs
 
     session = FakeSession(posargs=["--benchmark-max-time=0.1"])
     nf, scratch = _bench_session(monkeypatch, tmp_path, session)

@@ -262,7 +262,8 @@ def test_trend_from_benchmark_storage(tmp_path):
     import pandas as pd
     from test_report_answer import _report_texts
 
-    from kernelmap.history import TIME_STATS, load_history
+    from kernelmap.history.keys import TIME_STATS
+    from kernelmap.history.trend import load_history
 
     saved = load_history(st)
     table = pd.read_csv(d / "tables" / "trend.csv")
