@@ -52,6 +52,36 @@ CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace
                   "all its batches fetched before the capture; garbage collector off during the timed "
                   "steps (collected before them)")
 
+# The workers' own CPU time (CPU_RULE): a kind of time another process barely moves, beside wall time.
+CPU_CLOCK = "process CPU time"
+CPU_METHOD = ("the worker process's own CPU time (time.process_time: user + system time of all its threads: "
+              "the framework's intra-op and engine threads included) over the same blocks of steps as the wall "
+              "time, / their steps; beside it the main thread's own (time.thread_time)")
+CPU_RULE = ("CPU time counts the work a process does, not the time it waits for a core, so a neighbour that takes "
+            "cores stretches wall time and barely moves it; it is not latency: threads working at once add up "
+            "(above the wall time on a quiet machine where the framework runs several), and OpenMP threads that "
+            "spin while they wait count as working (OMP_WAIT_POLICY=PASSIVE makes them sleep: WAIT_ENV)")
+# Measured on the project's 2-core VM at load 8-12 (PyTorch CNN, bs 64, 2 intra-op threads): with GNU
+# OpenMP's default wait policy a step took 310-710 ms wall and 120-207 ms CPU (threads spinning while
+# their sibling waited for a core); with OMP_WAIT_POLICY=PASSIVE 78-93 ms wall and 30-31 ms CPU, the
+# CPU time of the same step on one thread (26-30 ms). The runner sets it for every framework's worker.
+WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+CPU_SAMPLES = "cpu_step_times_s"  # a worker result's per-sample process CPU time (seconds per step)
+MAIN_THREAD_SAMPLES = "main_thread_cpu_step_times_s"
+
+
+def cpu_figure(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The CPU-time figure of worker results (the used clean trials, or one capture pass): ``step_stats``
+    of their per-sample process CPU times, as wall time's (same trials, same intervals), with the main
+    thread's median beside it; None where no result records CPU time (workers older than CPU_SAMPLES)."""
+    trials = [list(r[CPU_SAMPLES]) for r in results if r.get(CPU_SAMPLES)]
+    if not trials or len(trials) < len(results):
+        return None
+    main = [x for r in results for x in r.get(MAIN_THREAD_SAMPLES) or ()]
+    return {**step_stats(trials).to_dict(), "clock": CPU_CLOCK, "method": CPU_METHOD,
+            "main_thread_median_step_s": float(np.median(main)) if main else None,
+            "wait_policy": (results[0].get("threads") or {}).get("env", {}).get("OMP_WAIT_POLICY")}
+
 
 class OverheadVerdict(enum.StrEnum):
     """What a capture pass's median says against the clean pass's interval."""

@@ -92,7 +92,7 @@ def _progress(total: int, enabled: bool, desc: str):
 
 def _threads(workload) -> dict[str, Any]:
     """CPU thread settings this worker ran with: the environment the runner set, and the framework's own."""
-    env = {k: os.environ.get(k) for k in timing.THREAD_ENV}
+    env = {k: os.environ.get(k) for k in (*timing.THREAD_ENV, *timing.WAIT_ENV)}
     return {"env": env, "framework": workload.threads()}
 
 
@@ -148,6 +148,8 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     gpu_states: list[dict[str, Any] | None] = []
 
     samples: list[float] = []  # seconds per step, one per timed block
+    cpu_samples: list[float] = []  # the process's CPU seconds per step over the same blocks (timing.CPU_METHOD)
+    main_samples: list[float] = []  # the main thread's own CPU seconds per step
     sample_steps: list[int] = []
     loader_times: list[float] = []  # seconds per batch fetched onto the device
     loss = None
@@ -194,6 +196,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                         fetched = prefetched[i - warmup : i - warmup + window]
                     k = 0
                     for block in timing.blocks(window, block_steps):
+                        c0, m0 = time.process_time(), time.thread_time()  # outside the wall clock's reads
                         t0 = time.perf_counter()
                         for _ in range(block):
                             images, labels = fetched[k]
@@ -203,6 +206,8 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                             i += 1
                         workload.synchronize()
                         samples.append((time.perf_counter() - t0) / block)
+                        cpu_samples.append((time.process_time() - c0) / block)
+                        main_samples.append((time.thread_time() - m0) / block)
                         sample_steps.append(block)
                         bar.update(block)
                     del fetched
@@ -218,6 +223,8 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed, "block_steps": block_steps,
               "step_times_s": samples, "sample_steps": sample_steps,
               "timing": timing.STEP_METHOD if clean else timing.CAPTURE_METHOD,
+              timing.CPU_SAMPLES: cpu_samples, timing.MAIN_THREAD_SAMPLES: main_samples,
+              "cpu_timing": timing.CPU_METHOD,
               **summarise(samples, bs)}
     if loader_times:
         result["loader_batch_s"] = float(np.median(loader_times))
