@@ -75,8 +75,8 @@ from kernelmap.frameworks.spec import LAYERS
 from kernelmap.rundir import RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
-from .analyses.base import Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
-from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state
+from .analyses.base import NOT_MEASURED, Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
+from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
 from .analyses.summary import clean_stats
 
 EXIT_CHECK_FAILED = 4
@@ -105,6 +105,7 @@ class Check(enum.StrEnum):
     CLEAN_VS_BENCH = "clean vs step benchmark"
     LAUNCH_BOUND = "launch-bound figures"
     CASES_RAN = "every case ran"
+    QUIET = "first-screen figures quiet"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -460,17 +461,96 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
     return rows
 
 
-def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None) -> pd.DataFrame:
+# --- first-screen figures measured quiet (issue 41) ---------------------------------------------
+def _trials_said(ids: Iterable[Any]) -> str:
+    ids = list(ids)
+    return f"trial{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids)}"
+
+
+def _quiet_row(run: str, fw: str, bs: Any, subject: str, figure: str, busy: Busy, how: str,
+               quiet_after: str = "") -> dict[str, Any]:
+    """One ``first-screen figures quiet`` row: FAIL where ``busy`` was contended, not checked where it was
+    not measured; ``figure``: the figure in words, ``how``: the trials or pass it comes from."""
+    if busy.contended is None:
+        return _row(run, fw, bs, Check.QUIET, subject, "quiet", NOT_MEASURED, NOT_CHECKED,
+                    f"{figure} ({how}): contention {busy.text}")
+    if busy.contended:
+        return _row(run, fw, bs, Check.QUIET, subject, "quiet", busy.marked, FAIL,
+                    f"{figure} ({how}) was measured under contention: {busy.text}")
+    return _row(run, fw, bs, Check.QUIET, subject, "quiet", "quiet", PASS,
+                f"{figure} ({how}): {busy.text}{quiet_after}")
+
+
+def _answer_passes(answer: pd.DataFrame | None, run: str) -> dict[tuple[str, Any, str], list[str]]:
+    """(framework, batch size, pass) -> the kinds of time of the answer's cells that pass measured."""
+    out: dict[tuple[str, Any, str], list[str]] = {}
+    if answer is None or answer.empty:
+        return out
+    a = answer[answer["run"] == run]
+    fws = sorted({c.split(".")[0] for c in a.columns if c.endswith(".pass")})
+    for _, row in a.iterrows():
+        for fw in fws:
+            p, ms = row.get(f"{fw}.pass"), row.get(f"{fw}.ms_per_step")
+            if isinstance(p, str) and ms is not None and pd.notna(ms):
+                kinds = out.setdefault((fw, int(row["batch_size"]), p), [])
+                kind = str(row.get(f"{fw}.time_kind"))
+                if kind not in kinds:
+                    kinds.append(kind)
+    return out
+
+
+def quiet_figures(run: Run, answer: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """``first-screen figures quiet`` (module docstring): per framework x batch size, the summary's clean
+    step (its used trials' contention: trials run under contention and left out, or repeated until a quiet
+    one ran, do not count), the summary's end-to-end step (the contention of the trials it comes from) and
+    every capture pass whose figures fill the answer's time cells (``answer``: ``answer.answer_table``)."""
+    rows: list[dict[str, Any]] = []
+    used_passes = _answer_passes(answer, run.name)
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        med = clean_stats(r).get("median_step_s")
+        trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
+        used = field_at(r, "contention.trials_used") or [t["trial"] for t in trials if t.get("used")]
+        left = [t["trial"] for t in trials if t.get("contended") is True and t["trial"] not in used]
+        after = (f"; {_trials_said(left)} ran under contention and {'were' if len(left) > 1 else 'was'} left out "
+                 f"({field_at(r, 'repeats', default=0)} repeat(s) run until quiet)") if left else ""
+        how = f"median over {_trials_said(used)}" if used else "clean pass"
+        rows.append(_quiet_row(run.name, fw, bs, "summary: clean step", f"clean step {_ms(med)}", Busy.of(r), how,
+                               after))
+        e2e, e2e_ids = field_at(r, "e2e_step_s"), field_at(r, "e2e_trials") or []
+        if e2e is not None and e2e_ids:
+            ts = [t for t in trials if t.get("trial") in e2e_ids]
+            busy = [Busy.of(t) for t in ts] or [Busy(None, NOT_MEASURED)]
+            worst = (next((b for b in busy if b.contended), None) or next((b for b in busy if b.contended is None),
+                                                                          None) or busy[0])
+            rows.append(_quiet_row(run.name, fw, bs, "summary: end to end with the loader",
+                                   f"end-to-end step {_ms(e2e)}", worst, _trials_said(e2e_ids)))
+        for name, p in passes_of(r).items():
+            kinds = used_passes.get((fw, bs, name))
+            if name == "clean" or not kinds or field_at(p, "skipped") is not None:
+                continue
+            rows.append(_quiet_row(run.name, fw, bs, f"answer: {name} pass",
+                                   f"the answer's {' and '.join(kinds)}", Busy.of(p), f"{name} pass"))
+    return rows
+
+
+def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None,
+                answer: pd.DataFrame | None = None) -> pd.DataFrame:
     """All checks of all runs, one row each (see the module docstring). ``history``:
     ``kernelmap.history.load_history`` of the step benchmarks' storage, for ``clean vs step
     benchmark`` (without it that check is not checked). ``layers``: ``layer_table(runs)`` where the
-    caller has it (computed here otherwise)."""
+    caller has it (computed here otherwise); ``answer``: ``answer.answer_table`` of the same layers (computed
+    here otherwise)."""
     from . import analysis as A
+    from . import answer as ANS
 
     rows: list[dict[str, Any]] = []
     expected = expected_calls_per_step()
     for run in runs:
         rows += cases_ran(run)
+        lt = A.layer_table([run]) if layers is None else layers[layers["run"] == run.name]
+        ans = ANS.answer_table(lt, pass_states([run]))[0] if answer is None else answer
+        rows += quiet_figures(run, ans)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):
@@ -482,7 +562,6 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
             continue
         rows += _record_checks(run, expected)
         rows += _library_call_checks(run, A.library_calls([run]))
-        lt = A.layer_table([run]) if layers is None else layers[layers["run"] == run.name]
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)
         rows += _layer_vs_batch(run, series)

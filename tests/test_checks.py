@@ -101,6 +101,8 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.LIBRARY_CALLS, C.NOT_CHECKED): 2,  # the CPU: no cuDNN call, per framework x batch size
         (C.Check.LAUNCH_BOUND, C.NOT_CHECKED): 1,  # the CPU: no kernels, no GPU-busy figure (said once per run)
         (C.Check.CASES_RAN, C.NOT_CHECKED): 1,  # recorded before modes: the manifest lists no modes asked
+        # recorded before contention was measured: each framework's clean step and the answer's libs pass
+        (C.Check.QUIET, C.NOT_CHECKED): 4,
     }
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
@@ -110,7 +112,8 @@ def test_untouched_copies_fail_nothing(runs):
         # this run (recorded before issue 25) counts MXNet's cuDNN autotuning trials as the model's calls:
         # conv1/conv2 bwd_data/bwd_weight fail, the forward calls pass (test_library_calls_per_step_*)
         (C.Check.LIBRARY_CALLS, C.PASS): 2, (C.Check.LIBRARY_CALLS, C.FAIL): 4,
-        (C.Check.CASES_RAN, C.NOT_CHECKED): 1}
+        (C.Check.CASES_RAN, C.NOT_CHECKED): 1,
+        (C.Check.QUIET, C.NOT_CHECKED): 2}  # no contention recorded: the clean step, the answer's nsys pass
     rc = _counts(_checks(runs["report_cpu_run"]))
     # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
     assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28
