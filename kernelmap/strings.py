@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from . import native
 
 # The records' string dtype: one Python object per row, shared by the rows of one value (what the
 # codes below rely on). pandas 3's default "string" is Arrow-backed, where every test here would
@@ -157,10 +157,10 @@ def category_ranks(col, small: bool = False) -> tuple[np.ndarray, np.ndarray] | 
 def _first_seen(codes: np.ndarray, n: int) -> np.ndarray:
     """The codes 0..n-1 that occur in ``codes`` (-1: NA), in order of first appearance: by the
     native helper where it is built (one pass, which ends once all n are seen), else by pandas."""
-    native = _native()
-    if native is not None and codes.dtype.kind == "i" and codes.dtype.itemsize in (1, 2, 4) \
+    helpers = _NATIVE
+    if helpers is not None and codes.dtype.kind == "i" and codes.dtype.itemsize in (1, 2, 4) \
             and codes.flags.c_contiguous:
-        return np.frombuffer(native.first_seen(codes, codes.dtype.itemsize, n), dtype=np.int64)
+        return np.frombuffer(helpers.first_seen(codes, codes.dtype.itemsize, n), dtype=np.int64)
     seen = pd.unique(codes)
     return seen[seen >= 0].astype(np.int64)
 
@@ -203,9 +203,9 @@ def _gather(code_of_obj: np.ndarray, obj_codes: np.ndarray, uniques, small: bool
 def _object_codes(address: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``pd.factorize(address)`` and the first row of each distinct address: by the native helper
     where it is built (one pass), else by pandas."""
-    native = _native()
-    if native is not None:
-        codes, distinct, first = native.objcodes(address)
+    helpers = _NATIVE
+    if helpers is not None:
+        codes, distinct, first = helpers.objcodes(address)
         return tuple(np.frombuffer(x, dtype=np.int64) for x in (codes, distinct, first))
     obj_codes, distinct = pd.factorize(address)
     first = np.empty(len(distinct), dtype=np.int64)
@@ -216,44 +216,13 @@ def _object_codes(address: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def _same_objects(address: np.ndarray, obj_codes: np.ndarray, distinct: np.ndarray) -> bool:
     """Whether ``distinct[obj_codes]`` is ``address``, row for row: by the native helper where it
     is built (one pass, no temporary), else by numpy."""
-    native = _native()
-    if native is not None and obj_codes.dtype.kind == "u" and obj_codes.flags.c_contiguous:
-        return native.same_objects(address, obj_codes, distinct)
+    helpers = _NATIVE
+    if helpers is not None and obj_codes.dtype.kind == "u" and obj_codes.flags.c_contiguous:
+        return helpers.same_objects(address, obj_codes, distinct)
     return bool(np.array_equal(distinct[obj_codes], address))
 
 
-NATIVE_MODULE = "kernelmap.adapters._native"  # the optional C helpers (setup.py builds them there)
-
-
-def _native():
-    """The native helpers, loaded from their file: importing them by name would import the adapters
-    package first, every adapter, which imports this module (an import circle)."""
-    global _NATIVE
-    if _NATIVE is False:
-        _NATIVE = sys.modules.get(NATIVE_MODULE) or _load_native()
-    return _NATIVE
-
-
-def _load_native():
-    import importlib.machinery
-    import importlib.util
-
-    folder = Path(__file__).resolve().parent / "adapters"
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = folder / f"_native{suffix}"
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(NATIVE_MODULE, path)
-            mod = importlib.util.module_from_spec(spec)
-            try:
-                spec.loader.exec_module(mod)
-            except ImportError:  # pragma: no cover - a build for another interpreter
-                return None
-            # the same module object for the adapters' own `from . import _native`
-            return sys.modules.setdefault(NATIVE_MODULE, mod)
-    return None  # pragma: no cover - depends on the build
-
-
-_NATIVE = False  # not looked for yet
+_NATIVE = native.helpers  # the optional C helpers (kernelmap/native.py), None where not built
 
 
 class _Answers:

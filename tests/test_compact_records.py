@@ -214,7 +214,7 @@ def test_first_seen_native_and_pandas_agree(monkeypatch, dtype, codes):
     want = [c for c in pd.unique(arr) if c >= 0]
     native = S._first_seen(arr, 5)
     assert native.tolist() == want
-    if S._native() is None:
+    if S._NATIVE is None:
         pytest.skip("the native helper is not built")
     monkeypatch.setattr(S, "_NATIVE", None)
     assert S._first_seen(arr, 5).tolist() == want

@@ -132,7 +132,7 @@ def _is_private(name: str) -> bool:
 def private_imports(root: Path = ROOT) -> list[str]:
     """``from x import _y`` (and ``x._y`` through an imported package module) across modules of the
     package, as ``module:line name``. A private *module* imported by a module of its own package
-    (``from . import _native`` inside adapters/) is that package's own business and allowed."""
+    (``from . import _native`` inside kernelmap/) is that package's own business and allowed."""
     mods = package_modules(root)
     found = []
     for module, path in mods.items():
@@ -161,7 +161,7 @@ def private_imports(root: Path = ROOT) -> list[str]:
 
 
 def _extension(root: Path, dotted: str) -> bool:
-    """Whether ``dotted`` names a C extension module's source of the package (adapters/_native.c)."""
+    """Whether ``dotted`` names a C extension module's source of the package (kernelmap/_native.c)."""
     return (root / Path(*dotted.split("."))).with_suffix(".c").is_file()
 
 

@@ -120,7 +120,7 @@ def test_string_array_result_factorises_as_pandas():
 def test_object_codes_native_and_pandas_agree(values, monkeypatch):
     values = np.ascontiguousarray(values, dtype="int64")
     want_codes, want_distinct = pd.factorize(values)
-    built = S._native()
+    built = S._NATIVE
     answers = []
     for native in ([built] if built is not None else []) + [None]:
         monkeypatch.setattr(S, "_NATIVE", native)
@@ -176,7 +176,7 @@ def test_same_objects_native_and_numpy_agree(width, monkeypatch):
     address = distinct[codes]
     changed = address.copy()
     changed[-1] += 8
-    built = S._native()
+    built = S._NATIVE
     for native in ([built] if built is not None else []) + [None]:
         monkeypatch.setattr(S, "_NATIVE", native)
         assert S._same_objects(address, codes, distinct)

@@ -14,12 +14,8 @@ import pandas as pd
 from .. import strings as S
 from ..frameworks.pytorch import custom_op
 from ..frameworks.spec import LAYERS
+from ..native import helpers as _native  # optional C helpers: forest's loop, the same answers
 from ..strings import STRING
-
-try:  # optional (setup.py builds it where a C compiler is found): forest's loop, the same answers
-    from . import _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
 
 
 def tree_depth(parent: np.ndarray) -> np.ndarray:

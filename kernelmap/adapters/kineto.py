@@ -20,6 +20,7 @@ import pandas as pd
 from .. import strings
 from ..errors import ParseError
 from ..frameworks.pytorch import custom_op
+from ..native import helpers as _scan  # the native path (below); kernelmap/native.py
 from ..schema import Library
 from ..strings import object_array
 from . import _trace, graph_replay, inductor
@@ -343,11 +344,7 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
 # _native.c's scan() reads the traceEvents array in one pass straight into columns (names, categories
 # and shape texts interned: one object per distinct value), for exactly the files the typed path
 # reads itself (see the C file's head); it returns None for any other, which then takes the paths
-# above. Optional: built by setup.py where a C compiler is found.
-try:
-    from . import _native as _scan
-except ImportError:  # pragma: no cover - depends on the build
-    _scan = None
+# above. Optional: built by setup.py where a C compiler is found (``_scan``: None where not).
 
 _INTS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 

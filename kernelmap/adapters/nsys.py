@@ -36,17 +36,11 @@ import pandas as pd
 
 from .. import schema, strings
 from ..errors import ParseError
+from ..native import sqlite as _native  # optional C helpers: SQLite columns read natively
 from ..strings import STRING
 from . import _trace
 from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, frame, int64_array
 from .canonical import CAPTURE_RANGE
-
-try:  # optional (setup.py builds it where a C compiler is found): SQLite columns read natively
-    from . import _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
-if _native is not None and not hasattr(_native, "query"):  # pragma: no cover - not built on Windows
-    _native = None
 
 SOURCE = "nsys"
 SQLITE_MAGIC = b"SQLite format 3\x00"
