@@ -122,6 +122,13 @@ def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tup
     integer could overflow it. ``digits=False`` (the native scanner, which reads no such integer):
     the document around the array is checked by orjson, else by the standard library (as
     ``parse_json`` would parse it), so the scanner does not need orjson."""
+    start, end, _ = trace_events_shell(data, tries, digits)
+    return start, end
+
+
+def trace_events_shell(data: bytes, tries: int = 8, digits: bool = True) -> tuple[int, int, dict]:
+    """``trace_events_extent`` and the document around the array, parsed (its ``traceEvents`` is
+    ``[]``): the trace's other members (``distributedInfo``...) without a second read of the file."""
     if digits and (_orjson is None or _long_digit_run(data)):
         raise NoFastPath
     loads, invalid = (_orjson.loads, _orjson.JSONDecodeError) if _orjson is not None else (json.loads, ValueError)
@@ -145,7 +152,7 @@ def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tup
         break
     if end is None:
         raise NoFastPath
-    return start, end
+    return start, end, shell
 
 
 def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,

@@ -41,7 +41,7 @@ from ._common import (
     parse_json,
     read_bytes,
     trace_event_chunks,
-    trace_events_extent,
+    trace_events_shell,
 )
 from .canonical import is_collective_kernel
 
@@ -101,13 +101,13 @@ def _chunks(path: str | os.PathLike, read: dict | None = None) -> list[dict]:
     ``trace_event_chunks``), or one for the whole array where that is not possible: by the native
     scanner where it is built and vouches for the file, else by the typed msgspec decoder, else
     by the general path (which also finds any error)."""
-    scanned, tried = _scanned_file(path)
+    scanned, tried = _scanned_file(path, read)
     if scanned is not None:
         return [scanned]
     data = read_bytes(path)
     if read is not None:
         read["data"] = data  # the document's other members are read from it (_rank), not a second read
-    scanned = None if tried else _scanned(data)  # a compressed file's content
+    scanned = None if tried else _scanned(data, read)  # a compressed file's content
     if scanned is not None:
         return [scanned]
     seen: dict = {}  # one object per distinct name, category and shape list, not one per event
@@ -349,7 +349,7 @@ def _raw_shapes(raws: list, seen: dict) -> tuple[list, list]:
 _INTS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 
 
-def _scanned_file(path) -> tuple[dict | None, bool]:
+def _scanned_file(path, read: dict | None = None) -> tuple[dict | None, bool]:
     """``_scanned`` of an uncompressed file, mapped rather than read into memory (no copy of it),
     and whether it was tried (not for a compressed file, or one that cannot be mapped)."""
     import mmap
@@ -363,23 +363,26 @@ def _scanned_file(path) -> tuple[dict | None, bool]:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 if data[:6] == XZ_MAGIC:
                     return None, False
-                return _scanned(data), True
+                return _scanned(data, read), True
     except (OSError, ValueError):
         return None, False  # read_bytes says why, if the file cannot be read
 
 
-def _scanned(data: bytes) -> dict | None:
+def _scanned(data: bytes, read: dict | None = None) -> dict | None:
     """``_typed_columns`` of the whole array by the native scanner, or None where it is not built
     or does not vouch for the file: the same values, some already in the form ``read`` makes of
-    them (ts/dur as int64 ns, the integer columns as Int64 arrays, shapes as a string column)."""
+    them (ts/dur as int64 ns, the integer columns as Int64 arrays, shapes as a string column).
+    ``read["shell"]``: the document around the array, parsed (for ``_rank``)."""
     if _scan is None:
         return None
     try:
         # the scanner reads no integer beyond 18 digits (it returns None) and stdlib json, which
         # the other paths take for longer ones, reads every other value as orjson does
-        start, end = trace_events_extent(data, digits=False)
+        start, end, shell = trace_events_shell(data, digits=False)
     except NoFastPath:
         return None
+    if read is not None:
+        read["shell"] = shell
     got = _scan.scan(data, start, end)
     if got is None or got[0] == 0:
         return None
@@ -478,8 +481,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     # device rows of a Kineto trace sit in the process of their GPU: pid = device index
     cols["device_index"] = pd.arrays.IntegerArray(np.where(is_dev, cols["pid"].to_numpy(dtype="int64", na_value=0), 0),
                                                   ~is_dev | cols["pid"].isna())
-    rank = _rank(path, read_once.pop("data", None))
-    cols["rank"] = pd.array([rank] * len(idx), dtype="Int64")
+    rank = _rank(path, read_once)
+    cols["rank"] = pd.arrays.IntegerArray(np.full(len(idx), rank or 0, dtype="int64"),  # not a list of n objects
+                                          np.full(len(idx), rank is None))
     df = frame(cols, path, SOURCE)
     del cols
     on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
@@ -491,17 +495,20 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     return finish(df, path, SOURCE)
 
 
-def _rank(path, data: bytes | None = None) -> int | None:
+def _rank(path, read: dict) -> int | None:
     """``distributedInfo.rank`` of the trace document (None where it has none): the document
     around the ``traceEvents`` array, parsed without the array where its extent is certain
-    (``data``: the file's content where it was read already)."""
-    if data is None:
-        data = read_bytes(path)
-    try:
-        start, end = trace_events_extent(data, digits=False)
-        doc = parse_json(data[:start] + b"]" + data[end + 1:], path)
-    except NoFastPath:
-        doc = parse_json(data, path)
+    (``read``: ``_chunks``' ``shell``, that document already parsed, or ``data``, the file's
+    content, where either was read already; the file is read again only where neither was)."""
+    doc = read.pop("shell", None)
+    if doc is None:
+        data = read.pop("data", None)
+        if data is None:
+            data = read_bytes(path)
+        try:
+            doc = trace_events_shell(data, digits=False)[2]
+        except NoFastPath:
+            doc = parse_json(data, path)
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
     if rank is not None and (type(rank) is not int or not -(2**63) <= rank < 2**63):
