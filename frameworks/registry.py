@@ -134,6 +134,9 @@ class Framework:
     # modes that need this many untimed warm-up steps in every pass (a CUDA graph is captured at the last of
     # them): {mode: steps}; the runner gives the libs pass at least that many, and refuses a smaller --warmup
     min_warmup: Mapping[str, int] = field(default_factory=dict)
+    # its training step's memory per image, in float32 values of the model's forward
+    # (spec.activation_floats_per_image): kernelmap/options.py refuses a batch size whose estimate does not fit
+    train_memory_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.modes:

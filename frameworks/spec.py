@@ -47,6 +47,24 @@ LAYERS: tuple[Layer, ...] = (
 )
 PARAM_COUNT = 421_642
 assert sum(int(np.prod(x.weight_shape)) + int(np.prod(x.bias_shape)) for x in LAYERS) == PARAM_COUNT
+POOL = 2  # each conv is followed by relu and a 2x2 max pool; each linear layer by relu (the last: log-softmax)
+
+
+def activation_floats_per_image() -> int:
+    """Values the forward pass makes per image: the input, each layer's output and its relu's, each pool's
+    output and argmax indices (int64: two float32s each), the log-softmax. The base of the memory estimate
+    of ``kernelmap/options.py`` (autograd keeps most of them for the backward, which makes their gradients)."""
+    c, h, w = INPUT_SHAPE
+    total = c * h * w
+    for layer in LAYERS:
+        if layer.kind == "conv2d":
+            c = layer.weight_shape[0]
+            total += 2 * c * h * w  # conv, relu
+            h, w = h // POOL, w // POOL
+            total += 3 * c * h * w  # pool output, its int64 indices
+        else:
+            total += 2 * layer.weight_shape[0]
+    return total
 
 # Normalisation applied to pixels after scaling to [0, 1] (the usual MNIST constants).
 PIXEL_MEAN = 0.1307
@@ -332,8 +350,43 @@ def sample_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def training_order(n: int, seed: int, n_samples: int) -> np.ndarray:
-    """The first ``n_samples`` sample indices of training: epoch 0's order, then epoch 1's, ..."""
+    """The first ``n_samples`` sample indices of training: epoch 0's order, then epoch 1's, ... Within epoch
+    0's full batches the same samples as ``training_batches``, which runs and parity train on (it drops each
+    epoch's partial batch); this one is for a first batch or a few."""
     if n <= 0:
         raise KernelmapError("the training set is empty")
     epochs = -(-n_samples // n)
     return np.concatenate([sample_order(n, seed, e) for e in range(max(epochs, 1))])[:n_samples]
+
+
+# The partial-batch rule, one for every framework and mode (so that all see the same batches):
+PARTIAL_BATCH_RULE = "dropped"
+PARTIAL_BATCH_NOTE = ("each epoch's last partial batch is dropped, as DataLoader(drop_last=True) does: every step "
+                      "trains on exactly --batch-size images, the shape CUDA graphs and compiled steps were made for")
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Full batches of ``batch_size`` in an epoch of ``n`` samples; KernelmapError where there is none."""
+    if n <= 0:
+        raise KernelmapError("the training set is empty")
+    if not 1 <= batch_size <= n:
+        raise KernelmapError(f"batch size {batch_size}: an epoch of {n:,} training images holds no full batch")
+    return n // batch_size
+
+
+def epoch_plan(n: int, batch_size: int) -> dict[str, Any]:
+    """What the partial-batch rule makes of an epoch of ``n`` samples at ``batch_size`` (the manifest's record)."""
+    per = steps_per_epoch(n, batch_size)
+    return {"batch_size": batch_size, "steps_per_epoch": per, "images_per_epoch": per * batch_size,
+            "dropped_per_epoch": n - per * batch_size, "train_images": n}
+
+
+def training_batches(n: int, seed: int, batch_size: int, n_batches: int) -> np.ndarray:
+    """The sample indices of the first ``n_batches`` training batches, one row each ((n_batches, batch_size)
+    int64): epoch e's order (``sample_order``) cut into ``steps_per_epoch`` full batches, the last
+    ``n % batch_size`` samples of each epoch dropped (``PARTIAL_BATCH_NOTE``); then epoch e + 1's."""
+    per = steps_per_epoch(n, batch_size)
+    used = per * batch_size
+    epochs = max(-(-n_batches // per), 1)
+    rows = [sample_order(n, seed, e)[:used].reshape(per, batch_size) for e in range(epochs)]
+    return np.concatenate(rows)[:n_batches]

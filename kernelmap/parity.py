@@ -329,7 +329,8 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     workload = cls(config, cache_dir=cache_dir)
     workload.set_weights(spec.load_weights(weights_path))
     info = workload.data_info
-    order = spec.training_order(info.n_train, config.seed, config.steps * config.batch_size)
+    # the runs' batches (every one full, each epoch's partial batch dropped: spec.PARTIAL_BATCH_NOTE)
+    order = spec.training_batches(info.n_train, config.seed, config.batch_size, config.steps).ravel()
     logits = None
     losses = []
     for images, labels in workload.batches("train", config.batch_size, order):

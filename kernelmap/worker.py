@@ -118,20 +118,12 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     cfg = workload.config
     info = workload.data_info
     bs = cfg.batch_size
-    if epochs is not None:
-        total = epochs * -(-info.n_train // bs)  # batches() keeps a last partial batch
-        n_samples = epochs * info.n_train
-        warmup = min(warmup, max(total - 1, 0))
-    else:
-        total = warmup + steps
-        n_samples = total * bs
-    order = spec.training_order(info.n_train, cfg.seed, n_samples)
-    # Epoch boundaries must not carry a partial batch into the next epoch.
-    chunks = [order[i : i + info.n_train] for i in range(0, len(order), info.n_train)]
-
-    def batch_iter():
-        for chunk in chunks:
-            yield from workload.batches("train", bs, chunk)
+    # spec.PARTIAL_BATCH_NOTE: every step a full batch, each epoch's partial batch dropped (kernelmap/options.py
+    # refuses what leaves no step to time before any worker starts)
+    total = epochs * spec.steps_per_epoch(info.n_train, bs) if epochs is not None else warmup + steps
+    if total <= warmup:
+        raise KernelmapError(f"{total} steps of {bs} images, no more than the {warmup} warm-up steps: nothing to time")
+    order = spec.training_batches(info.n_train, cfg.seed, bs, total).ravel()
 
     clean = pass_name == "clean"
     capture: contextlib.AbstractContextManager = contextlib.nullcontext()
@@ -153,7 +145,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     sample_steps: list[int] = []
     loader_times: list[float] = []  # seconds per batch fetched onto the device
     loss = None
-    batches = batch_iter()
+    batches = iter(workload.batches("train", bs, order))
 
     def fetch(n: int) -> list[Any]:
         out = []

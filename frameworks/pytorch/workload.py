@@ -289,6 +289,10 @@ class Workload(spec.WorkloadBase):
         if self._static is None:
             self._static = (images.clone(), labels.clone(), torch.zeros((), device=self.device))
         x, y, _ = self._static
+        if images.shape != x.shape:  # the worker never sends one (spec.training_batches); a caller that did
+            raise KernelmapError(f"PyTorch {CUDA_GRAPH}: a batch of {images.shape[0]} images, and the step's static "
+                                 f"buffers hold {x.shape[0]}: the graph replays one batch size "
+                                 f"(spec.training_batches: {spec.PARTIAL_BATCH_NOTE})")
         x.copy_(images)
         y.copy_(labels)
         if self._graph is None and self._eager_steps < GRAPH_WARMUP:

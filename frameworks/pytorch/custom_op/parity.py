@@ -40,7 +40,7 @@ def custom_parity(route: str, device: str = "cpu", steps: int = 20, batch_size: 
     from ...data import resolve_data
 
     info = resolve_data(base)
-    order = spec.training_order(info.n_train, seed, steps * batch_size)
+    order = spec.training_batches(info.n_train, seed, batch_size, steps).ravel()
     a, b = _train(base, order), _train(custom, order)
     figures = compare(a, b, spec.weight_names())
     return {"reference": "built-in", "variant": f"custom op ({route})", "route": route, "device": device,

@@ -1,0 +1,196 @@
+"""``kernelmap run``'s options checked together, before any work: a bad value or combination is refused with one
+line naming the option and why (exit 2), instead of a worker failing minutes into the run.
+
+Pure functions of the parsed arguments and of what they are handed (the training set's size, the memory free
+where the run will train): ``validate`` is what the runner calls, after listing the GPUs and before it probes a
+framework. ``free_memory`` is the one function here that looks at the machine (/proc/meminfo, nvidia-smi).
+
+What is checked:
+- the counts (``--batch-size``, ``--steps``, ``--epochs``, ``--warmup``, ``--trials``, ``--threads``,
+  ``--max-repeats``, ``--repeat-budget``): each at least its least value;
+- each batch size against the training set: every step trains on a full batch (``spec.PARTIAL_BATCH_NOTE``), so
+  a batch larger than the training set is refused, and so is ``--epochs`` that leaves no step after the warm-up;
+- each batch size against the memory free: a training step's estimated memory (``estimate_bytes``) against the
+  GPU's free memory (nvidia-smi) or the host's available RAM (``MemAvailable``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from kernelmap import frameworks
+from kernelmap.errors import KernelmapError
+from kernelmap.frameworks import spec
+
+GIB = 1 << 30
+MIB = 1 << 20
+# The memory estimate of a training step: the forward's values per image (spec.activation_floats_per_image, as
+# float32) times the framework's train_memory_factor (its descriptor: what the backward adds, gradients and
+# workspaces, measured on the CPU), times the batch size, plus a fixed part: the framework and its libraries and
+# the data set in memory (host), the CUDA context and libraries (GPU).
+FIXED_BYTES = {"cpu": 2 * GIB, "gpu": 1 * GIB}
+DEVICES = tuple(FIXED_BYTES)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory free where the run trains, as read before the run."""
+
+    device: str  # cpu | gpu
+    where: str  # what was read: "host RAM (MemAvailable)", "GPU 0 (NVIDIA H100 ..., nvidia-smi memory.free)"
+    free_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "where": self.where, "free_bytes": self.free_bytes}
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def chosen(args: argparse.Namespace) -> list[str]:
+    """The frameworks ``--framework`` names (all of them for ``all``)."""
+    return list(frameworks.FRAMEWORKS) if args.framework == "all" else [args.framework]
+
+
+# --- the counts -------------------------------------------------------------------------------
+def least_values(args: argparse.Namespace) -> list[tuple[str, float | None, float]]:
+    """(flag, value given, least value) of every count ``kernelmap run`` takes (None: not given)."""
+    counts: list[tuple[str, float | None, float]] = [("--batch-size", bs, 1) for bs in args.batch_size]
+    counts += [("--steps", args.steps if args.epochs is None else None, 1), ("--epochs", args.epochs, 1),
+               ("--warmup", args.warmup, 0), ("--trials", args.trials, 1), ("--threads", args.threads, 1),
+               ("--max-repeats", args.max_repeats, 0), ("--repeat-budget", args.repeat_budget, 0)]
+    return counts
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """KernelmapError naming the first count below its least value."""
+    for flag, value, least in least_values(args):
+        if value is not None and value < least:
+            raise KernelmapError(f"{flag} {value:g}: must be at least {least:g}")
+
+
+# --- batch sizes against the data and the memory ------------------------------------------------
+def bytes_per_image(framework: str) -> float:
+    """Estimated memory of one training step of ``framework`` per image of the batch."""
+    return spec.activation_floats_per_image() * 4 * frameworks.get(framework).train_memory_factor
+
+
+def estimate_bytes(framework: str, batch_size: int, device: str) -> int:
+    """Estimated memory of one training step of ``framework`` at ``batch_size`` on ``device`` (cpu | gpu)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    return int(FIXED_BYTES[device] + bytes_per_image(framework) * batch_size)
+
+
+def largest_fitting(framework: str, memory: Memory) -> int:
+    """The largest batch size whose estimate for ``framework`` fits ``memory`` (0 where none does)."""
+    return max(int((memory.free_bytes - FIXED_BYTES[memory.device]) // bytes_per_image(framework)), 0)
+
+
+def memory_problem(batch_size: int, names: list[str], memory: Memory) -> str | None:
+    """Why ``batch_size`` does not fit ``memory`` in one of the frameworks ``names`` (None where it fits all)."""
+    over = [fw for fw in names if estimate_bytes(fw, batch_size, memory.device) > memory.free_bytes]
+    if not over:
+        return None
+    needs = ", ".join(f"{gib(estimate_bytes(fw, batch_size, memory.device))} in {frameworks.get(fw).label} "
+                      f"({bytes_per_image(fw) / MIB:.2f} MiB an image, at most {largest_fitting(fw, memory):,} "
+                      "images fit)" for fw in over)
+    fits = [frameworks.get(fw).label for fw in names if fw not in over]
+    return (f"a training step needs about {needs}, estimated with {gib(FIXED_BYTES[memory.device])} fixed, and "
+            f"{memory.where} had {gib(memory.free_bytes)} free" + (f" ({', '.join(fits)} would fit)" if fits else ""))
+
+
+def batch_problems(batch_size: int, n_train: int, data: str, names: list[str], memory: Memory | None) -> list[str]:
+    """Why ``batch_size`` cannot train here ([] where it can): too large for the memory free, for the data."""
+    why = []
+    if memory is not None and (problem := memory_problem(batch_size, names, memory)):
+        why.append(problem)
+    if batch_size > n_train:
+        why.append(f"larger than the {n_train:,} training images of the {data} data (every step trains on a full "
+                   "batch; each epoch's last partial batch is dropped)")
+    return why
+
+
+def check_epochs(batch_size: int, n_train: int, epochs: int, warmup: int) -> None:
+    """KernelmapError where ``epochs`` epochs at ``batch_size`` leave no step after the ``warmup`` steps."""
+    total = epochs * spec.steps_per_epoch(n_train, batch_size)
+    if total <= warmup:
+        raise KernelmapError(
+            f"--epochs {epochs} at --batch-size {batch_size}: {total} step{'s' * (total != 1)} (full batches of the "
+            f"{n_train:,} training images), no more than the {warmup} warm-up steps (--warmup): nothing would be "
+            "timed; give more epochs, a smaller batch or fewer warm-up steps")
+
+
+def batch_plan(batch_sizes: list[int], n_train: int) -> dict[str, Any]:
+    """The manifest's record of the partial-batch rule and what it makes of an epoch at each batch size."""
+    return {"partial_batch": spec.PARTIAL_BATCH_RULE, "note": spec.PARTIAL_BATCH_NOTE,
+            "per_batch_size": [spec.epoch_plan(n_train, bs) for bs in batch_sizes]}
+
+
+def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory | None) -> dict[str, Any]:
+    """Refuse (KernelmapError, one line naming the option and why) any option or combination that cannot run;
+    return the batch plan for the manifest (``batch_plan``, with the memory read). ``n_train``: training images
+    of the data ``data`` (its kind); ``memory``: ``free_memory``'s reading, None where it could not be read."""
+    check_counts(args)
+    for bs in args.batch_size:
+        why = batch_problems(bs, n_train, data, chosen(args), memory)
+        if why:
+            raise KernelmapError(f"--batch-size {bs}: " + "; and ".join(why))
+        if args.epochs is not None:
+            check_epochs(bs, n_train, args.epochs, args.warmup)
+    return {**batch_plan(args.batch_size, n_train), "memory": None if memory is None else memory.to_dict(),
+            "memory_estimate": {"fixed_bytes": FIXED_BYTES, "floats_per_image": spec.activation_floats_per_image(),
+                                "bytes_per_image": {fw: bytes_per_image(fw) for fw in chosen(args)}}}
+
+
+# --- what is free -------------------------------------------------------------------------------
+def host_available(meminfo: str = "/proc/meminfo") -> Memory | None:
+    """The host's available RAM (``MemAvailable``), None where it cannot be read."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return Memory("cpu", "host RAM (MemAvailable)", int(line.split()[1]) * 1024)
+    except OSError:
+        return None
+    return None
+
+
+def parse_smi_free(text: str, visible: str | None) -> Memory | None:
+    """The first visible GPU's free memory from ``nvidia-smi --query-gpu=index,uuid,name,memory.free
+    --format=csv,noheader,nounits`` output; ``visible``: $CUDA_VISIBLE_DEVICES (an index or a UUID first)."""
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
+    if not rows:
+        return None
+    first = (visible or "").split(",")[0].strip()
+    chosen = next((r for r in rows if first and first in (r[0], r[1])), None) if first else rows[0]
+    if chosen is None or not chosen[3].replace(".", "").isdigit():
+        return None
+    return Memory("gpu", f"GPU {chosen[0]} ({chosen[2]}, nvidia-smi memory.free)", int(float(chosen[3]) * MIB))
+
+
+def gpu_free(smi: str | None = None) -> Memory | None:
+    """The free memory of the GPU a worker will use (nvidia-smi), None without nvidia-smi or a reading."""
+    smi = smi or shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_smi_free(out.stdout, os.environ.get("CUDA_VISIBLE_DEVICES")) if out.returncode == 0 else None
+
+
+def free_memory(device: str, has_gpu: bool) -> Memory | None:
+    """What is free where ``--device`` (auto | cpu | gpu) trains: the GPU's memory for gpu (and for auto where a
+    GPU is listed: ``has_gpu``), else the host's available RAM."""
+    if device == "gpu" or (device == "auto" and has_gpu):
+        return gpu_free()
+    return host_available()
