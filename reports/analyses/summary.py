@@ -157,6 +157,19 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+def batch_rule(manifest: dict) -> str | None:
+    """What the run's partial-batch rule made of an epoch at each batch size (``config.batches``, written by
+    kernelmap/options.py); None for a run made before it (whose epochs kept their last partial batch)."""
+    b = field_at(manifest, "config.batches")
+    if not b:
+        return None
+    per = "; ".join(f"bs {p['batch_size']}: {p['steps_per_epoch']:,} steps, {p['images_per_epoch']:,} of "
+                    f"{p['train_images']:,} images an epoch" + (f" ({p['dropped_per_epoch']:,} dropped)"
+                                                                if p["dropped_per_epoch"] else "")
+                    for p in b["per_batch_size"])
+    return f"each epoch's last partial batch {b['partial_batch']}: {per}"
+
+
 def environment_table(runs: list[Run]) -> pd.DataFrame:
     """Rows: item (GPU, driver, CUDA, cuDNN, cuBLAS, framework versions, commit...); one column per run."""
     table: dict[str, dict[str, Any]] = {}
@@ -167,6 +180,8 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
             v = field_at(m, key)
             if v is not None:
                 col[label] = _scalar(v)
+        if (rule := batch_rule(m)) is not None:
+            col["batches"] = rule
         for fw, info in (field_at(m, "frameworks", default={}) or {}).items():
             versions = field_at(info, "versions", default={}) or {}
             for label, key in _FW_VERSION_KEYS:

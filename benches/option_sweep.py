@@ -1,0 +1,216 @@
+"""The option sweep (issue 37): every mode of every framework x batch sizes 1, 64, 1000, 1024 and one that does not
+fit in memory x steps within one epoch, steps past it, --epochs 1 x synthetic and real data, each combination one
+`kernelmap run` in its own process (one clean trial, no capture pass).
+
+Each combination must either run (exit 0, or 3 where a framework ran on another device than asked; every case it
+asked for in results.json, in its mode, with the timed steps the options make) or be refused before any work (a
+non-zero exit with one `error:` line, no worker started, no run directory left). Anything else fails the sweep
+(exit 1): a traceback anywhere in the output, a worker that failed, a refusal after work began, a combination that
+ran where it should have been refused (or the reverse: a batch size the estimate says fits, a mode this device
+has), a wrong number of timed steps.
+
+    python benches/option_sweep.py --device cpu|gpu [--quick] [--out DIR] [--framework NAME] [--shard K/N]
+                                   [--kernelmap "python -m kernelmap.cli"] [--python jax=PATH] [--real-dir DIR]
+    python benches/option_sweep.py --table DIR      # the markdown table of the rows DIR/sweep.jsonl holds
+
+Rows are appended to OUT/sweep.jsonl as each combination finishes, and a combination already there is not run
+again: a sweep cut off (a 10-minute command limit) goes on where it stopped when run again with the same --out.
+Each combination's stderr is kept under OUT/logs/. The batch size that does not fit is twice the largest the
+estimate of kernelmap/options.py fits in what is free at the start (per framework)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernelmap.frameworks import data as kdata
+
+from kernelmap import frameworks, options
+
+BATCH_SIZES = (1, 64, 1000, 1024)
+NOFIT = "nofit"
+LENGTHS = ("within", "beyond", "epochs")  # --steps within epoch 0, --steps past it, --epochs 1
+DATA = ("synthetic", "real")
+WARMUP = 5  # `kernelmap run`'s default --warmup
+WITHIN_STEPS = 20
+N_TRAIN = kdata.SYNTHETIC_SIZES[0]  # 60,000: Fashion-MNIST's training set holds as many
+QUICK = {"batch_sizes": (64, 1024, NOFIT), "real_lengths": ("within",)}
+OUTCOMES = ("ran", "refused", "FAIL", "not run")
+
+
+def length_args(length: str, bs: int) -> tuple[list[str], int | None]:
+    """(the `kernelmap run` arguments of ``length`` at ``bs``, the timed steps they make: None where there is no
+    full batch, or --epochs 1 leaves nothing after the warm-up)."""
+    per = N_TRAIN // bs  # steps an epoch (spec.steps_per_epoch); 0: no full batch, refused whatever the length
+    if length == "epochs":
+        return ["--epochs", "1"], (per - WARMUP if per > WARMUP else None)
+    if length == "within":
+        steps = max(min(WITHIN_STEPS, per - WARMUP), 1)
+    else:  # past epoch 0: the warm-up and the steps end in epoch 1
+        steps = per + 1 if per else N_TRAIN + 1
+    return ["--steps", str(steps)], (steps if per else None)
+
+
+def combos(device: str, quick: bool, only: str | None, nofit: dict[str, int]) -> list[dict]:
+    """Every combination, in order: framework, mode, batch size, length, data."""
+    out = []
+    for fw, d in frameworks.REGISTRY.items():
+        if only and fw != only:
+            continue
+        for mode in d.modes:
+            for bs_key in QUICK["batch_sizes"] if quick else (*BATCH_SIZES, NOFIT):
+                bs = nofit[fw] if bs_key == NOFIT else bs_key
+                for data in DATA:
+                    for length in LENGTHS:
+                        if quick and data == "real" and length not in QUICK["real_lengths"]:
+                            continue
+                        out.append({"framework": fw, "mode": mode, "batch_size": bs, "nofit": bs_key == NOFIT,
+                                    "length": length, "data": data, "device": device})
+    return out
+
+
+def key(c: dict) -> str:
+    return f"{c['framework']}-{c['mode']}-bs{c['batch_size']}-{c['length']}-{c['data']}"
+
+
+def expectation(c: dict, memory: options.Memory | None) -> str:
+    """``run`` or ``refuse``: what the combination should do here."""
+    if c["mode"] not in frameworks.get(c["framework"]).modes_on(c["device"]):
+        return "refuse"
+    bs = c["batch_size"]
+    if bs > N_TRAIN or (memory and options.memory_problem(bs, [c["framework"]], memory)):
+        return "refuse"
+    return "run" if length_args(c["length"], bs)[1] else "refuse"
+
+
+def classify(c: dict, rc: int, stderr: str, stdout: str, out: Path) -> tuple[str, str]:
+    """(outcome, what it says) of one finished combination."""
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    errors = [x for x in lines if " error: " in x or x.startswith("kernelmap run: error")]
+    first_error = errors[0] if errors else next((x for x in lines if "error" in x.lower()), "")
+    if "Traceback" in stderr + stdout:
+        return "FAIL", "traceback: " + (first_error or lines[-1] if lines else "")
+    if rc in (0, 3) and (out / "results.json").is_file():
+        results = json.loads((out / "results.json").read_text())
+        _, timed = length_args(c["length"], c["batch_size"])
+        got = [(r["mode"], r["batch_size"], r["steps"]) for r in results]
+        if got != [(c["mode"], c["batch_size"], timed)]:
+            return "FAIL", f"results {got}, expected {[(c['mode'], c['batch_size'], timed)]}"
+        dev = results[0]["device"]
+        return "ran", f"{timed} steps timed on the {dev.upper()}" + (f" (exit {rc}: asked {c['device']})" if rc else "")
+    worker_started = any(x.startswith("kernelmap run: [") for x in lines)
+    if rc != 0 and len(errors) == 1 and not worker_started and not out.exists():
+        return "refused", errors[0].removeprefix("kernelmap run: error: ")
+    return "FAIL", f"exit {rc}: {first_error or (lines[-1] if lines else '(no output)')}"
+
+
+def run_one(c: dict, kernelmap: list[str], python: list[str], out_dir: Path, real_dir: str | None,
+            timeout: float) -> dict:
+    run_out = out_dir / "runs" / key(c)
+    data = ["--data", "synthetic"] if c["data"] == "synthetic" else ["--data", "fashion-mnist"] + (
+        ["--data-dir", real_dir] if real_dir else [])
+    argv = [*kernelmap, "run", "--framework", c["framework"], "--mode", c["mode"], "--device", c["device"],
+            "--batch-size", str(c["batch_size"]), *length_args(c["length"], c["batch_size"])[0], *data,
+            "--trials", "1", "--max-repeats", "0", "--profile", "none", "--out", str(run_out), *python]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        rc, stderr, stdout = proc.returncode, proc.stderr, proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        rc, stderr, stdout = None, (exc.stderr or b"").decode(errors="replace"), ""
+    wall = time.monotonic() - t0
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (out_dir / "logs" / f"{key(c)}.stderr").write_text(stderr)
+    if rc is None:
+        outcome, said = "FAIL", f"timed out after {timeout:.0f} s"
+    else:
+        outcome, said = classify(c, rc, stderr, stdout, run_out)
+    if outcome == "ran":
+        subprocess.run(["rm", "-rf", str(run_out)], check=False)  # the figures are not the sweep's point
+    return {**c, "argv": shlex.join(argv), "exit": rc, "outcome": outcome, "said": said, "wall_s": round(wall, 1)}
+
+
+def nofit_sizes(device: str) -> tuple[dict[str, int], options.Memory | None]:
+    memory = options.free_memory(device, has_gpu=device == "gpu")
+    if memory is None:
+        return {fw: 10**9 for fw in frameworks.FRAMEWORKS}, None
+    return {fw: 2 * max(options.largest_fitting(fw, memory), 1) for fw in frameworks.FRAMEWORKS}, memory
+
+
+def table(rows: list[dict]) -> str:
+    head = "| framework | mode | batch | length | data | expected | outcome | exit | s | what it said |"
+    lines = [head, "|" + " --- |" * 10]
+    for r in rows:
+        bs = f"{r['batch_size']:,}" + (" (no fit)" if r["nofit"] else "")
+        said = r["said"].replace("|", "\\|")
+        lines.append(f"| {r['framework']} | {r['mode']} | {bs} | {r['length']} | {r['data']} | {r['expected']} | "
+                     f"**{r['outcome']}** | {r['exit']} | {r['wall_s']} | {said} |")
+    counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
+    lines.append("")
+    lines.append(", ".join(f"{n} {o}" for o, n in counts.items()) + f" of {len(rows)} combinations")
+    return "\n".join(lines)
+
+
+def read_rows(out: Path) -> list[dict]:
+    path = out / "sweep.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--quick", action="store_true", help=f"batch sizes {QUICK['batch_sizes']}; real data: "
+                                                        f"{', '.join(QUICK['real_lengths'])} only")
+    p.add_argument("--out", default="option-sweep", help="rows (sweep.jsonl), logs; a sweep there goes on")
+    p.add_argument("--framework", choices=frameworks.FRAMEWORKS, help="this framework's combinations only")
+    p.add_argument("--shard", default="1/1", help="K/N: every N-th combination from the K-th")
+    p.add_argument("--kernelmap", default=f"{shlex.quote(sys.executable)} -m kernelmap.cli",
+                   help="the command that is `kernelmap`")
+    p.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH", help="passed to kernelmap run")
+    p.add_argument("--real-dir", help="the real data's directory (default: kernelmap's, Fashion-MNIST)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one combination may take")
+    p.add_argument("--table", metavar="DIR", help="print the table of DIR/sweep.jsonl and exit")
+    a = p.parse_args(argv)
+    if a.table:
+        rows = read_rows(Path(a.table))
+        print(table(rows))
+        return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    k, n = (int(x) for x in a.shard.split("/"))
+    nofit, memory = nofit_sizes(a.device)
+    real = Path(a.real_dir or kdata.DEFAULT_DIRS["fashion-mnist"])
+    real_missing = None if real.is_dir() else f"no real data at {real} ({kdata.FIX})"
+    done = {key(r) for r in read_rows(out)}
+    todo = [c for i, c in enumerate(combos(a.device, a.quick, a.framework, nofit)) if i % n == k - 1]
+    print(f"option sweep on the {a.device.upper()}: {len(todo)} combinations ({len(done)} already in {out}); memory "
+          f"read: {memory.to_dict() if memory else 'none'}; no-fit batch sizes {nofit}", file=sys.stderr)
+    python = [x for item in a.python for x in ("--python", item)]
+    for c in todo:
+        if key(c) in done:
+            continue
+        c["expected"] = expectation(c, memory)
+        if c["data"] == "real" and real_missing:
+            row = {**c, "argv": "", "exit": None, "outcome": "not run", "said": real_missing, "wall_s": 0.0}
+        else:
+            row = run_one(c, shlex.split(a.kernelmap), python, out, a.real_dir, a.timeout)
+            if row["outcome"] != "FAIL" and row["outcome"] != {"run": "ran", "refuse": "refused"}[c["expected"]]:
+                row["said"] = f"expected to {c['expected']}: {row['said']}"
+                row["outcome"] = "FAIL"
+        with open(out / "sweep.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(f"{row['outcome']:8} {row['wall_s']:7.1f} s  {key(c)}: {row['said'][:160]}", file=sys.stderr)
+    rows = [r for r in read_rows(out) if r["device"] == a.device]
+    print(table(rows))
+    return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
