@@ -16,6 +16,17 @@ Kineto, nsys or XLA traces, files or directories of them): a page per set of tra
 * library mix: per file, kernel time per step by library (NCCL, cuDNN, cuBLASLt, native; unknown
   where neither the name nor the launching op says).
 
+A file with framework ops and no kernels (a CPU trace) gets the CPU tables instead (``cpu_tables``), on the
+host clock (wall time of each op as the profiler recorded it):
+
+* CPU steps: per file x step, the step's wall time, its ops, their self time summed over threads, and
+  the time of the step's thread outside any op.
+* CPU time by op: per op name, calls and self time per step (its own time, its children's taken out),
+  so that the rows of a file sum to the ops' time; and the outermost ops (those no other op encloses)
+  with their whole time per step and share of the step.
+* CPU library mix: self time per step by the library of the nearest enclosing op that enters one (the
+  framework's ``cpu_library_entry_ops``: oneDNN, BLAS), native otherwise.
+
 Per step figures are means over the steps the file holds (the steps column says how many). The
 CNN-specific sections of a run's report (layers, library logs, parity) are not on this page.
 """
@@ -28,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kernelmap import adapters, schema
+from kernelmap import adapters, frameworks, schema
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 
@@ -36,6 +47,7 @@ from . import html as H
 
 NO_OP = "(no launching op)"
 UNKNOWN_LIB = "unknown"
+NATIVE_LIB = "native"  # a CPU op no library entry op encloses: the framework's own code
 TOP = 25  # rows of the by-op and by-kernel tables per file (the CSVs hold every row)
 TRACE_SUFFIXES = (".json", ".json.gz", ".json.xz", ".sqlite", ".sqlite.gz", ".sqlite.xz", ".nsys-rep")
 
@@ -115,6 +127,90 @@ def _launchers(df: pd.DataFrame) -> pd.Series:
     return out
 
 
+# --- CPU traces: ops on the host clock, no kernels -------------------------------------------------
+def self_and_library(ops: pd.DataFrame, entry: dict[str, str], any_op: str | None) -> pd.DataFrame:
+    """Per op row (index kept): ``self_ns`` (its duration less its direct children's, clipped to it),
+    ``outermost`` (no op encloses it on its thread) and ``library`` (the library of the nearest enclosing
+    op, itself included, named in ``entry``: op name -> library; ``any_op``: every op is that library's
+    where the framework's ops are flat; else ``NATIVE_LIB``)."""
+    out = pd.DataFrame({"self_ns": 0, "outermost": False, "library": NATIVE_LIB}, index=ops.index)
+    self_ns, outer, lib = {}, {}, {}
+    keys = [ops["pid"].fillna(-1), ops["tid"].fillna(-1)]
+    for _, g in ops.sort_values(["start_ns", "dur_ns"], ascending=[True, False], kind="stable").groupby(
+            keys, sort=False):
+        stack: list[tuple[object, int]] = []  # (row, end_ns)
+        for idx, name, s, d in zip(g.index, g["op_name"].astype(object), g["start_ns"].to_numpy("int64"),
+                                   g["dur_ns"].to_numpy("int64"), strict=True):
+            while stack and stack[-1][1] <= s:
+                stack.pop()
+            own = any_op or entry.get(name)
+            if stack:
+                parent, pend = stack[-1]
+                self_ns[parent] -= min(s + d, pend) - s
+                lib[idx] = own or lib[parent]
+            else:
+                lib[idx] = own or NATIVE_LIB
+            outer[idx] = not stack
+            self_ns[idx] = d
+            stack.append((idx, s + d))
+    out["self_ns"] = pd.Series(self_ns, dtype="int64").clip(lower=0)
+    out["outermost"] = pd.Series(outer, dtype=bool)
+    out["library"] = pd.Series(lib, dtype=object)
+    return out
+
+
+def _entry_ops(fw: str) -> tuple[dict[str, str], str | None]:
+    """(op name -> library, the library of every op or None) from the framework's registry entry."""
+    if fw not in frameworks.REGISTRY:
+        return {}, None
+    entry: dict[str, str] = {}
+    for library, names in frameworks.get(fw).cpu_library_entry_ops.items():
+        if tuple(names) == frameworks.ANY_OP:
+            return {}, UNKNOWN_LIB  # flat ops: each runs its own calls, the trace does not say of which library
+        entry.update(dict.fromkeys(names, library))
+    return entry, None
+
+
+def cpu_tables(df: pd.DataFrame, f: str) -> dict[str, list[dict]]:
+    """The CPU tables' rows of file ``f`` (see the module docstring): ops of the file's steps only."""
+    d = df[df["source_file"] == f]
+    steps = d[(d["kind"] == "step") & d["iteration"].notna()]
+    ops = d[(d["kind"] == "op") & d["iteration"].isin(steps["iteration"]) & d["dur_ns"].notna()]
+    out: dict[str, list[dict]] = {"cpu_steps": [], "cpu_by_op": [], "cpu_top_ops": [], "cpu_library_mix": []}
+    if ops.empty:
+        return out
+    fws = d["framework"].dropna().unique()
+    entry, any_op = _entry_ops(str(fws[0])) if len(fws) == 1 else ({}, None)
+    ops = ops.drop(columns="library").join(self_and_library(ops, entry, any_op))
+    name = Path(f).name
+    its = sorted(int(i) for i in ops["iteration"].unique())
+    n = len(its)
+    for it in its:
+        st = steps[steps["iteration"] == it].sort_values("dur_ns", ascending=False).iloc[0]
+        o = ops[ops["iteration"] == it]
+        mine = o[(o["tid"] == st["tid"]) & o["outermost"]]
+        lo, hi = int(st["start_ns"]), int(st["start_ns"] + st["dur_ns"])
+        covered = length_ns(union_ns(mine["start_ns"].to_numpy("int64").clip(lo, hi),
+                                     (mine["start_ns"] + mine["dur_ns"]).to_numpy("int64").clip(lo, hi)))
+        out["cpu_steps"].append({"file": name, "iteration": it, "step_ms": st["dur_ns"] / 1e6, "ops": len(o),
+                                 "threads": int(o["tid"].nunique()), "op_self_ms": o["self_ns"].sum() / 1e6,
+                                 "outside_ops_ms": (hi - lo - covered) / 1e6})
+    total = ops["self_ns"].sum()
+    step_total = sum(r["step_ms"] for r in out["cpu_steps"]) * 1e6
+    filled = ops.assign(**{c: ops[c].astype(object).where(ops[c].notna(), "–")
+                           for c in ("op_name", "canonical_op", "direction")})
+    for keys, rows, col, top in ((["op_name", "canonical_op", "direction"], out["cpu_by_op"], "self_ns", False),
+                                 (["op_name", "canonical_op", "direction"], out["cpu_top_ops"], "dur_ns", True),
+                                 (["library"], out["cpu_library_mix"], "self_ns", False)):
+        src = filled[filled["outermost"]] if top else filled
+        g = src.groupby(keys, sort=False)[col].agg(["size", "sum"]).reset_index()
+        for r in g.sort_values("sum", ascending=False, kind="stable").to_dict("records"):
+            rows.append({"file": name, **{c: r[c] for c in keys}, "calls_per_step": r["size"] / n,
+                         "ms_per_step": r["sum"] / n / 1e6,
+                         "share": r["sum"] / (step_total if top else total) if (step_total if top else total) else None})
+    return out
+
+
 def analyse(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The page's tables (see the module docstring)."""
     df = df.copy()
@@ -126,12 +222,17 @@ def analyse(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     k["is_coll"] = (k["canonical_op"] == "collective").fillna(False).astype(bool)
     steps = df[df["kind"] == "step"]
     overview, per_step, by_op, by_kernel, mix = [], [], [], [], []
+    cpu_rows: dict[str, list[dict]] = {name: [] for name in CPU_TABLES}
     for f in files:
         d = df[df["source_file"] == f]
         kf = k[k["source_file"] == f]
         sf = steps[steps["source_file"] == f]
         its = sorted(int(i) for i in kf["iteration"].dropna().unique())
         n_steps = max(len(its), 1)
+        if kf.empty:  # a CPU trace: its ops on the host clock
+            for name, rows in cpu_tables(df, f).items():
+                cpu_rows[name] += rows
+            its = sorted({r["iteration"] for r in cpu_rows["cpu_steps"] if r["file"] == Path(f).name})
         rank = d["rank"].dropna().unique()
         counts = d["kind"].value_counts()
         overview.append({
@@ -144,7 +245,10 @@ def analyse(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             "runtime": int(counts.get("runtime", 0)), "memcpy": int(counts.get("memcpy", 0)),
             "memset": int(counts.get("memset", 0)),
             "kernels_without_step": int(kf["iteration"].isna().sum()),
+            "ops_without_step": int((d["kind"].eq("op") & d["iteration"].isna()).sum()),
         })
+        if kf.empty:
+            continue
         for it in its:
             ks = kf[kf["iteration"] == it]
             cpu = sf[(sf["iteration"] == it)]
@@ -177,14 +281,15 @@ def analyse(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             "library_mix": ["file", "library", "kernels_per_step", "ms_per_step", "share"]}
     return {"overview": pd.DataFrame(overview), "steps": pd.DataFrame(per_step),
             "by_op": pd.DataFrame(by_op, columns=cols["by_op"]), "by_kernel": pd.DataFrame(by_kernel, columns=cols["by_kernel"]),
-            "library_mix": pd.DataFrame(mix, columns=cols["library_mix"])}
+            "library_mix": pd.DataFrame(mix, columns=cols["library_mix"]),
+            **{name: pd.DataFrame(cpu_rows[name], columns=list(CPU_HEADERS[name])) for name in CPU_TABLES}}
 
 
 HEADERS = {
     "overview": {"file": "file", "format": "format", "framework": "framework", "rank": "rank", "gpus": "GPU index",
                  "steps": "steps", "kernels": "kernels", "kernel_ms": "kernel time (ms, summed)", "ops": "ops",
                  "runtime": "runtime calls", "memcpy": "memcpy", "memset": "memset",
-                 "kernels_without_step": "kernels outside any step"},
+                 "kernels_without_step": "kernels outside any step", "ops_without_step": "ops outside any step"},
     "steps": {"file": "file", "iteration": "step", "cpu_step_ms": "CPU step (ms, wall)", "kernels": "kernels",
               "kernel_ms": "kernel time (ms, summed)", "gpu_busy_ms": "GPU busy (ms, union)",
               "collective_kernels": "collective kernels", "collective_ms": "collective time (ms, summed)",
@@ -196,6 +301,35 @@ HEADERS = {
                   "kernels_per_step": "kernels/step", "ms_per_step": "kernel time/step (ms)", "share": "share"},
     "library_mix": {"file": "file", "library": "library", "kernels_per_step": "kernels/step",
                     "ms_per_step": "kernel time/step (ms)", "share": "share"},
+}
+CPU_HEADERS = {
+    "cpu_steps": {"file": "file", "iteration": "step", "step_ms": "step (ms, wall)", "ops": "ops",
+                  "threads": "threads with ops", "op_self_ms": "op time (ms, self times summed over threads)",
+                  "outside_ops_ms": "step's thread outside any op (ms)"},
+    "cpu_by_op": {"file": "file", "op_name": "op", "canonical_op": "canonical op", "direction": "direction",
+                  "calls_per_step": "calls/step", "ms_per_step": "self time/step (ms)", "share": "share of op time"},
+    "cpu_top_ops": {"file": "file", "op_name": "outermost op", "canonical_op": "canonical op",
+                    "direction": "direction", "calls_per_step": "calls/step", "ms_per_step": "time/step (ms)",
+                    "share": "share of step"},
+    "cpu_library_mix": {"file": "file", "library": "library", "calls_per_step": "ops/step",
+                        "ms_per_step": "self time/step (ms)", "share": "share of op time"},
+}
+CPU_TABLES = tuple(CPU_HEADERS)
+CPU_TITLES = {
+    "cpu_steps": ("Per step: CPU ops", "A CPU trace (no kernels): its framework ops on the host clock, each op's "
+                  "wall time as the profiler recorded it. Op time sums each op's self time (its children's taken "
+                  "out) over every thread; the last column is the step's own thread outside any op (Python, "
+                  "the profiler). One trace, no trials: no spread."),
+    "cpu_by_op": ("CPU time by op (self)", f"Mean per step of each op name's self time; a file's rows sum to its op "
+                  f"time. Top {TOP} per file on the page; every row in tables/cpu_by_op.csv."),
+    "cpu_top_ops": ("CPU time by outermost op", f"Ops no other op encloses on their thread, with their whole time "
+                    f"(children included), mean per step, and their share of the step's wall time. Top {TOP} per "
+                    "file on the page."),
+    "cpu_library_mix": ("CPU library mix", "Self time per step by the library of the nearest enclosing op that "
+                        "enters one (the CPU-library entry ops of the framework's registry entry, e.g. "
+                        "aten::mkldnn_convolution for oneDNN, aten::addmm for BLAS); native: the framework's own "
+                        "code; unknown: a framework "
+                        "whose trace does not say. From the op names alone: no library log was read."),
 }
 TITLES = {
     "overview": ("Traces read", "Every event of each file is a record (or the file is refused with the reason). "
@@ -212,6 +346,15 @@ TITLES = {
 }
 
 
+def nothing_timed(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """A line per file with no per-step figure at all (no kernel and no op inside a step), saying why."""
+    ov = tables["overview"]
+    timed = set(tables["steps"].get("file", ())) | set(tables["cpu_steps"].get("file", ()))
+    return [f"{r['file']}: nothing per step: {r['kernels']} kernels and {r['ops']} ops, "
+            f"{'none of them inside a step (no ProfilerStep#N around them)' if r['kernels'] + r['ops'] else 'none'}"
+            for _, r in ov.iterrows() if r["file"] not in timed]
+
+
 def render(tables: dict[str, pd.DataFrame], sources: list[str]) -> str:
     """The page (one HTML string) of ``analyse``'s tables."""
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>kernelmap: traces</title>",
@@ -220,14 +363,16 @@ def render(tables: dict[str, pd.DataFrame], sources: list[str]) -> str:
              "max-width:50em;overflow-wrap:anywhere}th{background:#eee}p.note{color:#444;max-width:80em}</style>",
              "</head><body><h1>kernelmap report: traces (not a kernelmap run)</h1>",
              "<p class='note'>Read from: " + ", ".join(_html.escape(s) for s in sources) + "</p>"]
-    for name, (title, note) in TITLES.items():
+    for name, (title, note) in {**TITLES, **CPU_TITLES}.items():
         t = tables[name]
         if t.empty:
-            continue  # a section with nothing to show is left out
-        if name in ("by_op", "by_kernel"):
+            continue  # a section with nothing to show is left out (nothing_timed says where a file has none)
+        if name in ("by_op", "by_kernel", "cpu_by_op", "cpu_top_ops"):
             t = t.groupby("file", sort=False, group_keys=False).head(TOP)
         parts.append(f"<h2>{_html.escape(title)}</h2><p class='note'>{_html.escape(note)}</p>")
-        parts.append(H.table(t, HEADERS[name]))
+        parts.append(H.table(t, {**HEADERS, **CPU_HEADERS}[name]))
+        if name == "overview":
+            parts += [f"<p class='note'><b>{_html.escape(line)}</b></p>" for line in nothing_timed(tables)]
     parts.append("</body></html>")
     return "\n".join(parts)
 
