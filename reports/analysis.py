@@ -10,26 +10,22 @@ Kineto trace and an nsys capture both list the kernels). For each framework x ba
 source is chosen to time from, in ``TRACE_SOURCES`` order, at the finest level it has: kernels
 where the source has any (GPU), else the outermost framework ops (CPU, where ops nest).
 
-The analyses live in ``reports/analyses/``, one module per topic (base, summary, timed, linked,
-ops, mix, roofline, coverage, timeline); this module is their one import point."""
+The analyses live in ``reports/analyses/``, one module per topic (base, basis, summary, timed,
+linked, ops, mix, launch, roofline, coverage, timeline). This module re-exports the names the
+report's renderers use (``A.summary_table``), and only those: every name here is used elsewhere
+(``tests/test_house.py``). A module may as well import a topic module directly."""
 
 from __future__ import annotations
 
 from .analyses.base import (  # noqa: F401
-    FRAMEWORK_LABEL,
-    PEAK_FLOPS,
     PHASE_ORDER,
-    TRACE_SOURCES,
     Run,
-    field_at,
-    flatten,
     fw_label,
     load_run,
     passes_of,
     peak_flops,
 )
 from .analyses.coverage import (  # noqa: F401
-    ATTRIBUTION_COLUMNS,
     coverage,
     unlinked_library_kernels,
 )
@@ -38,11 +34,6 @@ from .analyses.launch import (  # noqa: F401
     best_modes,
     launch_bound,
 )
-from .analyses.linked import (  # noqa: F401
-    linked_calls,
-    linked_libraries,
-    log_steps,
-)
 from .analyses.mix import (  # noqa: F401
     busy_share,
     kernel_counts,
@@ -50,35 +41,26 @@ from .analyses.mix import (  # noqa: F401
     profiler_overhead,
 )
 from .analyses.ops import (  # noqa: F401
-    LAYER_COLUMNS,
-    LIBRARY_CALL_COLUMNS,
     TIME_GAP,
     differences,
     layer_table,
     library_calls,
     op_table,
     op_time,
-    short_kernel,
 )
 from .analyses.roofline import (  # noqa: F401
-    gpu_name,
     roofline,
 )
 from .analyses.summary import (  # noqa: F401
-    clean_stats,
     environment_table,
     framework_devices,
     parity_table,
     summary_table,
 )
 from .analyses.timed import (  # noqa: F401
-    Timed,
-    direction_group,
-    model_ops,
     op_calls,
     timed_events,
 )
 from .analyses.timeline import (  # noqa: F401
-    LANES,
     timeline_events,
 )

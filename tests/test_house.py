@@ -297,3 +297,162 @@ def test_the_framework_name_check_finds_them(tmp_path):
                                 'def build_mxnet():\n    pass\nMODE = "hybridized"\nS = ["kineto"]\n')
     assert framework_names_outside(tmp_path) == {f"{PACKAGE}.bad": {"pytorch", "jax", "mxnet", "hybridized",
                                                                      "kineto"}}
+
+
+# --- sizes: no file over 800 lines, no function over 100 -----------------------------------------
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 100
+SOURCE_FOLDERS = ("kernelmap", "frameworks", "reports")
+BIG_FILES = {"kernelmap/_native.c"}  # the C scanner: one pass per format, each with its Python twin
+# Functions still over the limit while their owners split them (issue 36, 2026-11-27): empty this at
+# the end of the session. Each entry must still be over the limit (a stale one fails).
+LONG_FUNCTIONS_PENDING = {
+    "kernelmap.adapters._trace.label": "H4 (label stages)",
+    "kernelmap.worker.run_pass": "H1 (run contract)",
+}
+
+
+def source_files(root: Path = ROOT) -> list[Path]:
+    """Every text file of kernelmap/, frameworks/ and reports/ (no caches, no built libraries)."""
+    out = []
+    for folder in SOURCE_FOLDERS:
+        for dirpath, dirs, files in os.walk(root / folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__" and not d.endswith(".egg-info")]
+            out += [Path(dirpath) / f for f in files if not f.endswith((".so", ".pyc", ".pyd"))]
+    return sorted(out)
+
+
+def long_files(root: Path = ROOT) -> dict[str, int]:
+    """Relative path -> lines, for the files over MAX_FILE_LINES (BIG_FILES aside)."""
+    found = {}
+    for path in source_files(root):
+        rel = path.relative_to(root).as_posix()
+        n = len(path.read_bytes().splitlines())
+        if n > MAX_FILE_LINES and rel not in BIG_FILES:
+            found[rel] = n
+    return found
+
+
+def long_functions(root: Path = ROOT) -> dict[str, int]:
+    """``module.function`` (``module.Class.method``, nested ones dotted too) -> lines, for every
+    function of the package over MAX_FUNCTION_LINES (its decorators and docstring included)."""
+    found = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}.{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    if child.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                        found[name] = child.end_lineno - first + 1
+                visit(child, name)
+            else:
+                visit(child, prefix)
+
+    for module, path in package_modules(root).items():
+        visit(ast.parse(path.read_text()), module)
+    return found
+
+
+def test_no_file_over_800_lines():
+    assert long_files() == {}, f"split these files (at most {MAX_FILE_LINES} lines)"
+
+
+def test_no_function_over_100_lines():
+    found = long_functions()
+    assert sorted(set(found) - set(LONG_FUNCTIONS_PENDING)) == [], \
+        f"split these into named stages (at most {MAX_FUNCTION_LINES} lines): {found}"
+    stale = sorted(set(LONG_FUNCTIONS_PENDING) - set(found))
+    assert stale == [], "split: remove these from LONG_FUNCTIONS_PENDING"
+
+
+def test_the_size_checks_find_them(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))  # with its def: 100 lines
+    method = body.replace("    ", "        ")
+    (pkg / "a.py").write_text(f"def short():\n{body}\n\nclass C:\n    def long(self):\n{method}        pass\n")
+    assert long_functions(tmp_path) == {f"{PACKAGE}.a.C.long": MAX_FUNCTION_LINES + 1}
+    assert long_files(tmp_path) == {}
+    (pkg / "b.j2").write_text("x\n" * (MAX_FILE_LINES + 1))
+    assert long_files(tmp_path) == {f"{PACKAGE}/b.j2": MAX_FILE_LINES + 1}
+
+
+# --- no module loaded by file path (to dodge the import order) -----------------------------------
+# Loads of files that are not modules of the package, each with its reason.
+FILE_LOADS_ALLOWED = {
+    "kernelmap.frameworks.pytorch.custom_op.build": "the op library it has just built in its cache "
+                                                    "(~/.cache/kernelmap), not a module of the package",
+}
+
+
+def file_path_loads(root: Path = ROOT) -> dict[str, list[int]]:
+    """Module -> the lines where it calls ``importlib``'s ``spec_from_file_location``."""
+    found: dict[str, list[int]] = {}
+    for module, path in package_modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                    else node.names[0].name if isinstance(node, ast.ImportFrom) and len(node.names) == 1 else None)
+            if name == "spec_from_file_location":
+                found.setdefault(module, []).append(node.lineno)
+    return found
+
+
+def test_no_module_is_loaded_by_file_path():
+    found = file_path_loads()
+    assert sorted(set(found) - set(FILE_LOADS_ALLOWED)) == [], f"import it by name, downward: {found}"
+    assert sorted(set(FILE_LOADS_ALLOWED) - set(found)) == [], "gone: remove it from FILE_LOADS_ALLOWED"
+
+
+def test_the_file_load_check_finds_one(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import importlib.util\nspec = importlib.util.spec_from_file_location('x', 'x.so')\n")
+    (pkg / "b.py").write_text("from importlib.util import spec_from_file_location\n")
+    assert file_path_loads(tmp_path) == {f"{PACKAGE}.a": [2], f"{PACKAGE}.b": [1]}
+
+
+# --- reports/analysis.py re-exports only what is used -------------------------------------------
+ANALYSIS = f"{PACKAGE}.reports.analysis"
+
+
+def unused_re_exports(root: Path = ROOT) -> list[str]:
+    """The names ``reports/analysis.py`` imports that no other file (of the package, tests/ or
+    benches/) takes from it: ``from ...analysis import NAME`` or ``A.NAME`` where ``A`` is it."""
+    mods = package_modules(root)
+    exported = {a.asname or a.name for node in ast.parse(mods[ANALYSIS].read_text()).body
+                if isinstance(node, ast.ImportFrom) and node.module != "__future__" for a in node.names}
+    others = [(m, p) for m, p in mods.items() if m != ANALYSIS]
+    others += [(None, p) for folder in ("tests", "benches") for p in sorted((root / folder).glob("**/*.py"))]
+    used = set()
+    for module, path in others:
+        tree = ast.parse(path.read_text())
+        aliases = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _targets(module, path, node)[-1] if module else node.module or ""
+            if base == ANALYSIS:
+                used |= {a.name for a in node.names}
+            aliases |= {a.asname or a.name for a in node.names if f"{base}.{a.name}" == ANALYSIS}
+        used |= {n.attr for n in ast.walk(tree)
+                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases}
+    return sorted(exported - used)
+
+
+def test_reports_analysis_re_exports_only_what_is_used():
+    assert unused_re_exports() == [], "drop these re-exports from reports/analysis.py"
+
+
+def test_the_re_export_check_finds_one(tmp_path):
+    rep = tmp_path / PACKAGE / "reports"
+    (rep / "analyses").mkdir(parents=True)
+    for f in ("__init__.py", "reports/__init__.py", "reports/analyses/__init__.py"):
+        (tmp_path / PACKAGE / f).write_text("")
+    (rep / "analyses" / "ops.py").write_text("def a(): pass\ndef b(): pass\ndef c(): pass\n")
+    (rep / "analysis.py").write_text("from .analyses.ops import a, b, c  # noqa: F401\n")
+    (rep / "html.py").write_text("from . import analysis as A\nfrom .analysis import b\nA.a()\n")
+    assert unused_re_exports(tmp_path) == ["c"]

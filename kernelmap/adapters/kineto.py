@@ -86,10 +86,6 @@ def sniff(head: bytes) -> bool:
         or b'"cpu_op"' in head or b'"ProfilerStep' in head or _KINETO_CAT.search(head) is not None)
 
 
-def load_events(path: str | os.PathLike) -> list:
-    return _trace_events(parse_json(read_bytes(path), path), path)
-
-
 def _trace_events(doc, path) -> list:
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ParseError(path, "not a Chrome trace: no traceEvents list")

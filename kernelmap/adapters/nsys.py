@@ -151,8 +151,9 @@ def _resolve(con, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: Path | None = None) -> pd.DataFrame:
-    frames = []
-
+    """The export's records: its CUDA activity, NVTX ranges and library calls read table by table
+    (``_cuda_frames``, ``_nvtx_frame``, ``_library_frames``), then stacked in start order inside the
+    capture window and labelled (``_records``)."""
     def sql(q: str) -> pd.DataFrame:
         return _query(con, db, q)
 
@@ -160,6 +161,24 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
             and "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         raise ParseError(path, "no CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_RUNTIME or NVTX_EVENTS "
                                "table: not an nsys export with CUDA or NVTX trace")
+    frames = _cuda_frames(con, tables, path, sql)
+    nvtx, window, framework = _nvtx_frame(con, tables, path, sql, framework)
+    frames += ([nvtx] if nvtx is not None else []) + _library_frames(con, tables, path, sql)
+    del nvtx
+    for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
+        if "gtid" in f:
+            f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
+    kernels = frames[0] if frames and "kernel_name" in frames[0] else None
+    bad = int(strings.isna(kernels["kernel_name"]).sum()) if kernels is not None else 0
+    if bad:
+        raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
+    del kernels
+    return _records(frames, window, framework, path)
+
+
+def _cuda_frames(con, tables: set[str], path: Path, sql) -> list[pd.DataFrame]:
+    """The kernels (first, where the export has them), memory copies and sets, and CUDA runtime calls."""
+    frames = []
     t = "CUPTI_ACTIVITY_KIND_KERNEL"
     if t in tables:
         have = _columns(con, t)
@@ -192,22 +211,33 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
         frames.append(_resolve(con, sql(
             f"SELECT 'runtime' AS kind, r.start AS start_ns, r.\"end\" - r.start AS dur_ns, r.correlationId AS correlation_id, "
             f"{name}, r.globalTid AS gtid FROM {t} r")))
+    return frames
+
+
+def _nvtx_frame(con, tables: set[str], path: Path, sql, framework: str | None):
+    """(the NVTX push/pop ranges as records or None, the capture window, the framework: as given, else
+    as the ranges' texts tell it)."""
     t = "NVTX_EVENTS"
-    dims = nv = window = None
-    if t in tables:
-        have = _columns(con, t)
-        _need(path, t, have, ("start", "end", "eventType", "globalTid"))
-        text = 'n."text"' if "text" in have else "NULL"
-        text_id = "n.textId" if "textId" in have and "StringIds" in tables else "NULL"
-        nv = sql(
-            f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, {text_id} AS text_id, "
-            f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL")
-        ids = nv.pop("text_id")
-        if ids.notna().any():  # the text itself where the row has one, else its StringIds value
-            nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
-        window, nv = _capture_window(nv, path)
-        framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
-        frames.append(_nvtx(nv, framework))
+    if t not in tables:
+        return None, None, framework
+    have = _columns(con, t)
+    _need(path, t, have, ("start", "end", "eventType", "globalTid"))
+    text = 'n."text"' if "text" in have else "NULL"
+    text_id = "n.textId" if "textId" in have and "StringIds" in tables else "NULL"
+    nv = sql(
+        f"SELECT n.start AS start_ns, n.\"end\" - n.start AS dur_ns, {text} AS text, {text_id} AS text_id, "
+        f"n.globalTid AS gtid FROM {t} n WHERE n.eventType IN (59, 60) AND n.\"end\" IS NOT NULL")
+    ids = nv.pop("text_id")
+    if ids.notna().any():  # the text itself where the row has one, else its StringIds value
+        nv["text"] = nv["text"].astype(object).where(nv["text"].notna(), _strings(con, ids))
+    window, nv = _capture_window(nv, path)
+    framework = framework or nvtx_framework(pd.unique(nv["text"].dropna()))
+    return _nvtx(nv, framework), window, framework
+
+
+def _library_frames(con, tables: set[str], path: Path, sql) -> list[pd.DataFrame]:
+    """The cuDNN and cuBLAS calls nsys traced (``--trace cudnn,cublas``)."""
+    frames = []
     for t, lib in (("CUDNN_EVENTS", "cuDNN"), ("CUBLAS_EVENTS", "cuBLAS")):
         if t in tables:
             have = _columns(con, t)
@@ -216,18 +246,14 @@ def _read_tables(con, tables: set[str], path: Path, framework: str | None, db: P
             frames.append(_resolve(con, sql(
                 f"SELECT 'library_call' AS kind, '{lib}' AS library, l.start AS start_ns, l.\"end\" - l.start AS dur_ns, "
                 f"{name}, l.globalTid AS gtid FROM {t} l")))
-    for f in frames:  # numbers per table (NULL AS gtid: NaN), not one object column after the concat
-        if "gtid" in f:
-            f["gtid"] = pd.to_numeric(f["gtid"], errors="coerce")
-    kernels = frames[0] if frames and "kernel_name" in frames[0] else None
-    bad = int(strings.isna(kernels["kernel_name"]).sum()) if kernels is not None else 0
-    if bad:
-        raise ParseError(path, f"{bad} kernels have a name id that StringIds does not hold")
-    del kernels, nv
-    # the tables' rows in start order, inside the capture window: each record column converted as
-    # it is stacked (one column's raw rows alive at a time, not a frame of them)
+    return frames
+
+
+def _records(frames: list[pd.DataFrame], window, framework: str | None, path: Path) -> pd.DataFrame:
+    """The tables' rows in start order, inside the capture window, as labelled records: each record
+    column converted as it is stacked (one column's raw rows alive at a time, not a frame of them)."""
     df = _stacked(frames, window, lambda c, v: _record_column(c, v, path))
-    del frames
+    del frames[:]  # the tables, the caller's list included: freed as the records are built
     gtid = pd.to_numeric(df.pop("gtid"), errors="coerce") if "gtid" in df else pd.Series(np.nan, index=df.index)
     gpid = pd.to_numeric(df.pop("gpid"), errors="coerce") if "gpid" in df else None
     dims = df.pop("dims").tolist() if "dims" in df else None

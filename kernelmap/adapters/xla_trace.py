@@ -363,8 +363,9 @@ _GRID = re.compile(r"grid:(\d+),(\d+),(\d+) block:(\d+),(\d+),(\d+)")
 _KERNEL_SUFFIX = re.compile(r"^(.*)_(\d+)$")
 
 
-def read(path: str | os.PathLike) -> pd.DataFrame:
-    path = Path(path)
+def _complete_events(path: Path) -> tuple[list, dict, dict]:
+    """The trace's complete (``ph: X``) events as (index, event, args), and the process and thread
+    names its metadata events give (pid -> name, (pid, tid) -> name)."""
     doc = parse_exact(read_bytes(path), path)  # ts/dur with their decimal text: exact nanoseconds
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
@@ -388,6 +389,12 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         if not isinstance(args, dict):
             raise ParseError(path, "args is not an object", record=i)
         rows.append((i, e, args))
+    return rows, pname, tname
+
+
+def read(path: str | os.PathLike) -> pd.DataFrame:
+    path = Path(path)
+    rows, pname, tname = _complete_events(path)
     idx = [r[0] for r in rows]
     try:
         start = ns_from_us([r[1]["ts"] for r in rows])

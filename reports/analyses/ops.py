@@ -179,97 +179,117 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         rec = records_of(run)
         for t in timed_events(run):
-            ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
-            if ev.empty:
-                continue
-            allrows = fill_from_links(framework_rows(rec, t.framework, t.batch_size), framework_rows(rec, t.framework, t.batch_size))
-            lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
-            n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
-            for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
-                # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
-                # a kernel-level "bwd": kernels of the backward op not split into their halves
-                split = d == "bwd" and t.level == "op"
-                dirs = {"bwd", "bwd_data", "bwd_weight"} if split else {d}
-                a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
-                            & allrows["direction"].fillna("none").isin(dirs)]
-                calls = a[a["kind"] == "library_call"]
-                kernels = a[a["kind"] == "kernel"]["kernel_name"]
-                # on the GPU the algorithm is the one of the calls the kernels link to: a log also
-                # holds a framework's autotuning calls (MXNet tries every algorithm once per process)
-                algo_calls = calls if t.level == "op" else calls[calls["event_id"].isin(
-                    set(a.loc[a["kind"] == "kernel", "call_event_id"].dropna()))]
-                onednn = calls[calls["library"] == "oneDNN"]
-                # the user's own op inside the layer's (kernelmap's custom op): on the CPU it is all there
-                # is of its kernel, so it is named where oneDNN names its implementation
-                custom = a[a["kind"].isin(["op", "annotation"]) & (a["library"] == schema.Library.CUSTOM)]
-                op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
-                op_steps = iteration_sums_ms(g, t.iterations)
-                reorders_ps = reorder_ms = None
-                if t.level == "op":
-                    ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
-                    kind, pass_, steps_ms = None, None, None
-                    if len(calls) and n_log:
-                        calls_ps = len(calls) / n_log
-                        log = f"{'/'.join(sorted(set(calls['library'].dropna())))} log"
-                        source = f"{log}, {log_basis}; the log records no durations"
-                        if calls["dur_ns"].notna().all():
-                            kind, pass_ = TimeKind.LIBRARY, LIBS_PASS
-                            logged = logged_step_sums_ms(calls, n_log)
-                            w = libs_warmup(run, t.framework, t.batch_size)
-                            if logged is not None and w is not None and 0 <= w < n_log:
-                                # the timed steps only, like the steps the libs pass timed: a warm-up
-                                # step holds the libraries' first-call work (oneDNN's JIT)
-                                steps_ms = logged[w:]
-                                ms = float(np.mean(steps_ms))
-                                source = (f"{log}, libs pass: its {n_log - w} timed steps ({w} warm-up step(s) "
-                                          f"left out; each log's calls cut into its {n_log} logged steps in log order)")
-                            else:
-                                steps_ms = logged
-                                ms = float(calls["dur_ns"].sum()) / n_log / 1e6
-                                source = (f"{log}, {log_basis}, warm-up included (its calls do not cut into "
-                                          "its logged steps)")
-                    elif len(calls):
-                        source = f"library log: {log_basis}"
-                    ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
-                                & lcalls["op_layer"].eq(layer) & lcalls["op_dgroup"].eq(direction_group(d))]
-                    if n_log and len(calls):
-                        reorders_ps = len(ro) / n_log
-                        reorder_ms = float(ro["dur_ns"].sum()) / n_log / 1e6
-                else:
-                    ms, calls_ps = op_ms, None
-                    source = f"{t.level}s of the {t.source} trace ({t.pass_name} pass)"
-                    kind, pass_, steps_ms = TimeKind.KERNEL, t.pass_name, op_steps
-                # FLOPs of an op-level "bwd": the gradients its library calls computed
-                parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
-                flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
-                    if t.batch_size is not None else None
-                rows.append({
-                    "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
-                    "direction": d, "framework": t.framework, "level": t.level,
-                    "libraries": distinct_values(pd.concat([g["library"], calls["library"], custom["library"]]))
-                    or ["native"],
-                    # on the GPU the calls its kernels link to (not another pass's log of the same calls)
-                    "library_calls": distinct_values(pd.concat([(calls if t.level == "op" else algo_calls)["library_call"],
-                                                                g["library_call"]])),
-                    "algos": distinct_values(algo_calls["algo"]),
-                    # oneDNN names its implementation (its "kernel") in the verbose line
-                    "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore"))
-                    or distinct_values(onednn["kernel_name"]) + distinct_values(custom["op_name"]),
-                    "calls_per_step": calls_ps, "ms_per_step": ms, "time_source": source,
-                    "time_kind": None if kind is None else str(kind), "pass": pass_, "op_ms_per_step": op_ms,
-                    "op_pass": t.pass_name,
-                    "reorders_per_step": reorders_ps, "reorder_ms_per_step": reorder_ms,
-                    "flops_per_step": flops,
-                    "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
-                    "math_modes": distinct_values(pd.concat([g["math_mode"], calls["math_mode"]])),
-                    "steps_ms": steps_ms, "op_steps_ms": op_steps,
-                })
+            rows += _layer_rows(run, rec, t)
     df = pd.DataFrame(rows, columns=list(LAYER_COLUMNS))
     if len(df):
         dorder = {o: i for i, o in enumerate(schema.DIRECTIONS)}
         df = df.assign(_d=df["direction"].map(dorder)).sort_values(
             ["run", "batch_size", "layer", "_d", "framework"]).drop(columns="_d").reset_index(drop=True)
     return df
+
+
+def _layer_rows(run: Run, rec: pd.DataFrame, t) -> list[dict]:
+    """``layer_table``'s rows of one timed framework x batch size: one per layer x op x direction."""
+    ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
+    if ev.empty:
+        return []
+    allrows = fill_from_links(framework_rows(rec, t.framework, t.batch_size), framework_rows(rec, t.framework, t.batch_size))
+    lcalls = linked_calls(run, t.framework, t.batch_size) if t.level == "op" else None
+    n_log, log_basis = log_steps(run, t.framework, t.batch_size) if t.level == "op" else (None, "")
+    rows = []
+    for (layer, op, d), g in ev.groupby(["layer", "canonical_op", ev["direction"].fillna("none")]):
+        # an op-level "bwd" (CPU traces do not split a backward op) covers both gradients;
+        # a kernel-level "bwd": kernels of the backward op not split into their halves
+        split = d == "bwd" and t.level == "op"
+        dirs = {"bwd", "bwd_data", "bwd_weight"} if split else {d}
+        a = allrows[(allrows["canonical_op"] == op) & (allrows["layer"] == layer)
+                    & allrows["direction"].fillna("none").isin(dirs)]
+        calls = a[a["kind"] == "library_call"]
+        kernels = a[a["kind"] == "kernel"]["kernel_name"]
+        # on the GPU the algorithm is the one of the calls the kernels link to: a log also
+        # holds a framework's autotuning calls (MXNet tries every algorithm once per process)
+        algo_calls = calls if t.level == "op" else calls[calls["event_id"].isin(
+            set(a.loc[a["kind"] == "kernel", "call_event_id"].dropna()))]
+        onednn = calls[calls["library"] == "oneDNN"]
+        # the user's own op inside the layer's (kernelmap's custom op): on the CPU it is all there
+        # is of its kernel, so it is named where oneDNN names its implementation
+        custom = a[a["kind"].isin(["op", "annotation"]) & (a["library"] == schema.Library.CUSTOM)]
+        op_ms = float(g["dur_ns"].sum()) / t.n_steps / 1e6
+        op_steps = iteration_sums_ms(g, t.iterations)
+        if t.level == "op":
+            time = _library_time(run, t, calls, n_log, log_basis)
+            time.update(_reorders(lcalls, calls, n_log, layer, op, d))
+        else:
+            time = {"ms": op_ms, "calls_ps": None, "kind": TimeKind.KERNEL, "pass": t.pass_name,
+                    "steps_ms": op_steps, "source": f"{t.level}s of the {t.source} trace ({t.pass_name} pass)",
+                    "reorders_ps": None, "reorder_ms": None}
+        ms = time["ms"]
+        # FLOPs of an op-level "bwd": the gradients its library calls computed
+        parts = sorted(set(calls["direction"].dropna()) & {"bwd_data", "bwd_weight"}) if split else [d]
+        flops = sum(layer_flops(layer, x, int(t.batch_size)) or 0 for x in parts) or None \
+            if t.batch_size is not None else None
+        rows.append({
+            "run": run.name, "batch_size": t.batch_size, "layer": layer, "canonical_op": op,
+            "direction": d, "framework": t.framework, "level": t.level,
+            "libraries": distinct_values(pd.concat([g["library"], calls["library"], custom["library"]]))
+            or ["native"],
+            # on the GPU the calls its kernels link to (not another pass's log of the same calls)
+            "library_calls": distinct_values(pd.concat([(calls if t.level == "op" else algo_calls)["library_call"],
+                                                        g["library_call"]])),
+            "algos": distinct_values(algo_calls["algo"]),
+            # oneDNN names its implementation (its "kernel") in the verbose line
+            "kernels": distinct_values(kernels.map(short_kernel, na_action="ignore"))
+            or distinct_values(onednn["kernel_name"]) + distinct_values(custom["op_name"]),
+            "calls_per_step": time["calls_ps"], "ms_per_step": ms, "time_source": time["source"],
+            "time_kind": None if time["kind"] is None else str(time["kind"]), "pass": time["pass"],
+            "op_ms_per_step": op_ms, "op_pass": t.pass_name,
+            "reorders_per_step": time["reorders_ps"], "reorder_ms_per_step": time["reorder_ms"],
+            "flops_per_step": flops,
+            "achieved_flops": flops / (ms / 1e3) if flops and ms else None,
+            "math_modes": distinct_values(pd.concat([g["math_mode"], calls["math_mode"]])),
+            "steps_ms": time["steps_ms"], "op_steps_ms": op_steps,
+        })
+    return rows
+
+
+def _library_time(run: Run, t, calls: pd.DataFrame, n_log: int | None, log_basis: str) -> dict:
+    """A CPU layer's time per step from its library calls' own durations (the libs pass's log; see
+    ``layer_table``): ms, calls_ps, kind, pass, steps_ms and source (what it is, or why none)."""
+    ms, calls_ps, source = None, None, f"no library log for this layer ({t.framework})"
+    kind, pass_, steps_ms = None, None, None
+    if len(calls) and n_log:
+        calls_ps = len(calls) / n_log
+        log = f"{'/'.join(sorted(set(calls['library'].dropna())))} log"
+        source = f"{log}, {log_basis}; the log records no durations"
+        if calls["dur_ns"].notna().all():
+            kind, pass_ = TimeKind.LIBRARY, LIBS_PASS
+            logged = logged_step_sums_ms(calls, n_log)
+            w = libs_warmup(run, t.framework, t.batch_size)
+            if logged is not None and w is not None and 0 <= w < n_log:
+                # the timed steps only, like the steps the libs pass timed: a warm-up
+                # step holds the libraries' first-call work (oneDNN's JIT)
+                steps_ms = logged[w:]
+                ms = float(np.mean(steps_ms))
+                source = (f"{log}, libs pass: its {n_log - w} timed steps ({w} warm-up step(s) "
+                          f"left out; each log's calls cut into its {n_log} logged steps in log order)")
+            else:
+                steps_ms = logged
+                ms = float(calls["dur_ns"].sum()) / n_log / 1e6
+                source = (f"{log}, {log_basis}, warm-up included (its calls do not cut into "
+                          "its logged steps)")
+    elif len(calls):
+        source = f"library log: {log_basis}"
+    return {"ms": ms, "calls_ps": calls_ps, "kind": kind, "pass": pass_, "steps_ms": steps_ms, "source": source}
+
+
+def _reorders(lcalls: pd.DataFrame, calls: pd.DataFrame, n_log: int | None, layer, op: str, d: str) -> dict:
+    """The oneDNN layout reorders feeding a CPU layer's primitives, per logged step (None where the
+    layer has no logged calls)."""
+    ro = lcalls[lcalls["canonical_op"].eq("reorder") & lcalls["op_canonical"].eq(op)
+                & lcalls["op_layer"].eq(layer) & lcalls["op_dgroup"].eq(direction_group(d))]
+    if n_log and len(calls):
+        return {"reorders_ps": len(ro) / n_log, "reorder_ms": float(ro["dur_ns"].sum()) / n_log / 1e6}
+    return {"reorders_ps": None, "reorder_ms": None}
 
 
 LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
