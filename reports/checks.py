@@ -72,7 +72,7 @@ import pandas as pd
 
 from kernelmap import adapters, frameworks, timing
 from kernelmap.frameworks.spec import LAYERS
-from kernelmap.rundir import RunDir, read_json
+from kernelmap.rundir import ATTRIBUTION, RECORDS, RunDir, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
 from .analyses.base import NOT_MEASURED, Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
@@ -106,6 +106,7 @@ class Check(enum.StrEnum):
     LAUNCH_BOUND = "launch-bound figures"
     CASES_RAN = "every case ran"
     QUIET = "first-screen figures quiet"
+    RUN_COMPLETE = "run files present"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
@@ -534,6 +535,30 @@ def quiet_figures(run: Run, answer: pd.DataFrame | None) -> list[dict[str, Any]]
     return rows
 
 
+def run_complete(run: Run, layers: pd.DataFrame) -> list[dict[str, Any]]:
+    """``run files present`` (module docstring): where a capture pass ran, the files the report reads besides
+    results.json (records.parquet, attribution.json) and rows of the layer table (without them the report
+    says nothing per layer)."""
+    rd = RunDir(run.path)
+    captured = any(k != "clean" for r in run.results for k, p in passes_of(r).items()
+                   if field_at(p, "skipped") is None)
+    rows: list[dict[str, Any]] = []
+    if not captured:
+        rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, "records and layers", None, None, NOT_CHECKED,
+                         "only the clean pass ran (--profile none): no records or layers to expect"))
+        return rows
+    for name, path in ((RECORDS, rd.records), (ATTRIBUTION, rd.attribution)):
+        rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, name, "present",
+                         "present" if path.is_file() else "missing", PASS if path.is_file() else FAIL,
+                         "written by kernelmap normalise" + ("" if path.is_file() else
+                                                             f": run `kernelmap normalise` on {run.name}")))
+    n = len(layers)
+    rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, "layer table rows", ">0", n, PASS if n else FAIL,
+                     f"{n} row(s) of conv and linear layers" if n else
+                     "a capture pass ran but the report has no layer: no per-layer answer"))
+    return rows
+
+
 def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None,
                 answer: pd.DataFrame | None = None) -> pd.DataFrame:
     """All checks of all runs, one row each (see the module docstring). ``history``:
@@ -551,6 +576,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         lt = A.layer_table([run]) if layers is None else layers[layers["run"] == run.name]
         ans = ANS.answer_table(lt, pass_states([run]))[0] if answer is None else answer
         rows += quiet_figures(run, ans)
+        rows += run_complete(run, lt)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):

@@ -16,6 +16,7 @@ import argparse
 import html as _html
 import json
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -350,146 +351,209 @@ def _figure(out: Path, stem: str, title: str, caption: str, draw, data: pd.DataF
             "table_html": H.table(data, table_cols) if data is not None and not data.empty else ""}
 
 
-def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | None = None,
-          all_iterations: bool = False) -> Path:
+@dataclass
+class Analysed:
+    """Every table and figure input of one report, computed once (``analyse``) before anything is written."""
+
+    runs: list[A.Run]
+    fallbacks: list[dict]
+    summ: pd.DataFrame
+    ot: pd.DataFrame
+    mix: pd.DataFrame
+    kc: pd.DataFrame
+    tl: pd.DataFrame
+    busy: pd.DataFrame
+    launch: pd.DataFrame
+    best: pd.DataFrame
+    ov: pd.DataFrame
+    roof: pd.DataFrame
+    peaks: dict
+    cov: pd.DataFrame
+    cov_top: pd.DataFrame
+    attr: pd.DataFrame
+    not_read: pd.DataFrame
+    unlinked: pd.DataFrame
+    raw_hist: pd.DataFrame | None
+    layers: pd.DataFrame
+    ans: pd.DataFrame
+    ans_fws: list[str]
+    checks: pd.DataFrame
+    libcalls: pd.DataFrame
+    contended: list[str]
+    no_capture: list[str]
+    parity: pd.DataFrame
+    env: pd.DataFrame
+    trace: dict
+
+
+def load_runs(run_dirs: list[str]) -> list[A.Run]:
+    """The run directories, each read once; two of one name are refused (the page keys runs by name)."""
     runs = [A.load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise KernelmapError(f"two run directories share a name ({names}); rename one")
-    fallbacks = _fallbacks(runs)
-    summ = A.summary_table(runs)
-    ot = A.op_time(runs)
-    mix = A.library_mix(runs)
-    kc = A.kernel_counts(runs)
-    tl = A.timeline_events(runs[0]) if len(runs) == 1 else pd.concat(
-        [A.timeline_events(r) for r in runs], ignore_index=True)
-    busy = A.busy_share(runs)
-    launch = A.launch_bound(runs)
-    best = A.best_modes(launch, LAUNCH_BS)
-    ov = A.profiler_overhead(runs)
-    roof, peaks = A.roofline(runs)
-    cov, cov_top, attr, not_read = A.coverage(runs)
-    unlinked = A.unlinked_library_kernels(runs)
+    return runs
+
+
+def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool = False) -> Analysed:
+    """Every analysis of the page, the answer and the self-checks (which read the same layer and answer
+    tables the page shows)."""
     raw_hist = None
     if storage:
-        from kernelmap.history.trend import load_history
+        from kernelmap.history import load_history
 
         raw_hist = load_history(storage)
+    summ, ov = A.summary_table(runs), A.profiler_overhead(runs)
+    launch = A.launch_bound(runs)
+    roof, peaks = A.roofline(runs)
+    cov, cov_top, attr, not_read = A.coverage(runs)
     layers = A.layer_table(runs)
-    checks = C.self_checks(runs, raw_hist, layers)
-    libcalls = A.library_calls(runs)
     ans, ans_fws = ANS.answer_table(layers, B.pass_states(runs))
-    contended = busy_notes(summ, ov, raw_hist)
-    no_capture = ANS.no_capture_runs(runs)
-    parity, env = A.parity_table(runs), A.environment_table(runs)
-    trace = chrome_trace(runs, all_iterations=all_iterations)
-    with atomic_dir(out, replace=replace) as tmp:
-        figs = [
-            _figure(tmp, "op_time", "Time per canonical op",
-                    "Per framework, time per training step spent in each canonical op, stacked by phase "
-                    "(forward / backward / optimizer). GPU runs sum kernel time; CPU runs sum outermost framework-op time.",
-                    F.op_time_figure, ot, ot),
-            _figure(tmp, "library_mix", "Library mix",
-                    "Share of the timed time per step that runs in each library (cuDNN, cuBLAS, cuBLASLt, oneDNN, "
-                    "native framework code).", F.library_mix_figure, mix, mix),
-            _figure(tmp, "kernel_count", "Kernels per op",
-                    "Distinct kernels each canonical op launches, per framework; launches per step on each bar.",
-                    F.kernel_count_figure, kc, kc, why_empty="no kernels recorded (CPU runs have none)"),
-            _figure(tmp, "timeline", "One iteration",
-                    "One traced iteration per framework: lanes for the step and its phases, framework ops, library "
-                    "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
-                    F.timeline_figure, None, tl, libcalls),
-            _figure(tmp, "busy_share", "Busy share",
-                    "Summed kernel time (GPU) or outermost op time (CPU) per step of the capture pass over the clean "
-                    "pass's median step (not the capture pass's own, slowed by its profiler). "
-                    "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
-                    F.busy_share_figure, busy, busy),
-            _figure(tmp, "overhead", "Profiler overhead",
-                    "Median step time of each capture pass (clean, framework profiler, library logs, nsys) and "
-                    "its change against the clean pass, stated only where it lies outside the clean pass's 95% "
-                    "interval ('noise' otherwise; 'too few steps' under 20 timed steps). Capture passes synchronise "
-                    "after every step (their traces need step boundaries), the clean pass every 10 steps, so a "
-                    "capture pass's change includes that. The data lists each pass against its clean pass "
-                    "(against_clean) and what else used the machine meanwhile (contention, BUSY where flagged).", F.overhead_figure, ov, ov,
-                    why_empty="results.json records no capture passes"),
-            _figure(tmp, "roofline", "Achieved FLOP/s vs peak",
-                    "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
-                    "direction, against the GPU's dense FP32 and TF32 peak from the datasheet table in "
-                    "reports/analysis.py. " + " ".join(
-                        f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p) + " " + " ".join(
-                        f"{r}: {p['not_shown']}." for r, p in peaks.items() if "not_shown" in p),
-                    F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
-        ]
-        trend, hist = None, None
-        if raw_hist is not None:
-            from kernelmap.history.keys import TIME_STATS
+    return Analysed(
+        runs=runs, fallbacks=_fallbacks(runs), summ=summ, ot=A.op_time(runs), mix=A.library_mix(runs),
+        kc=A.kernel_counts(runs),
+        tl=A.timeline_events(runs[0]) if len(runs) == 1 else pd.concat(
+            [A.timeline_events(r) for r in runs], ignore_index=True),
+        busy=A.busy_share(runs), launch=launch, best=A.best_modes(launch, LAUNCH_BS), ov=ov, roof=roof, peaks=peaks,
+        cov=cov, cov_top=cov_top, attr=attr, not_read=not_read, unlinked=A.unlinked_library_kernels(runs),
+        raw_hist=raw_hist, layers=layers, ans=ans, ans_fws=ans_fws,
+        checks=C.self_checks(runs, raw_hist, layers, ans), libcalls=A.library_calls(runs),
+        contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
+        parity=A.parity_table(runs), env=A.environment_table(runs),
+        trace=chrome_trace(runs, all_iterations=all_iterations))
 
-            hist = raw_hist
-            p = F.trend_figure(hist, tmp / "trend.png")
-            # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure, in
-            # columns named by their unit (no unitless seconds beside them)
-            hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in TIME_STATS}).drop(
-                columns=list(TIME_STATS))
-            extra = {}  # the job and what else used the machine, where the storage records them
-            if "job" in hist.columns:
-                extra["job"] = "job"
-            if "contended" in hist.columns:
-                hist = hist.assign(contention=[
-                    BUSY_NOT_MEASURED if c is None or (not isinstance(c, bool) and pd.isna(c)) else
-                    f"BUSY: {t or 'contended'}" if bool(c) else str(t or "quiet")
-                    for c, t in zip(hist["contended"], hist.get("contention_text", [None] * len(hist)),
-                                    strict=True)])
-                extra["contention"] = "machine during the benchmark"
-            # the storage by its folder's name, as runs are: no path of this machine on the page
-            trend = {"storage": Path(storage).name or str(storage),
-                     "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
-                     "why_empty": "no saved benchmark records framework, mode, device and batch size",
-                     "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
-                                                                     "device", "batch_size", "unpaired")},
-                                                  **{f"{c}_ms": f"{c} (ms)" for c in ("median", "mean", "min")},
-                                                  "rounds": "rounds", **extra})}
+
+def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
+    """The page's PNG figures, drawn into ``out``, each with its caption and data table."""
+    ot, mix, kc, tl, libcalls, busy, ov, roof, peaks = (a.ot, a.mix, a.kc, a.tl, a.libcalls, a.busy, a.ov, a.roof,
+                                                        a.peaks)
+    return [
+        _figure(out, "op_time", "Time per canonical op",
+                "Per framework, time per training step spent in each canonical op, stacked by phase "
+                "(forward / backward / optimizer). GPU runs sum kernel time; CPU runs sum outermost framework-op time.",
+                F.op_time_figure, ot, ot),
+        _figure(out, "library_mix", "Library mix",
+                "Share of the timed time per step that runs in each library (cuDNN, cuBLAS, cuBLASLt, oneDNN, "
+                "native framework code).", F.library_mix_figure, mix, mix),
+        _figure(out, "kernel_count", "Kernels per op",
+                "Distinct kernels each canonical op launches, per framework; launches per step on each bar.",
+                F.kernel_count_figure, kc, kc, why_empty="no kernels recorded (CPU runs have none)"),
+        _figure(out, "timeline", "One iteration",
+                "One traced iteration per framework: lanes for the step and its phases, framework ops, library "
+                "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
+                F.timeline_figure, None, tl, libcalls),
+        _figure(out, "busy_share", "Busy share",
+                "Summed kernel time (GPU) or outermost op time (CPU) per step of the capture pass over the clean "
+                "pass's median step (not the capture pass's own, slowed by its profiler). "
+                "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
+                F.busy_share_figure, busy, busy),
+        _figure(out, "overhead", "Profiler overhead",
+                "Median step time of each capture pass (clean, framework profiler, library logs, nsys) and "
+                "its change against the clean pass, stated only where it lies outside the clean pass's 95% "
+                "interval ('noise' otherwise; 'too few steps' under 20 timed steps). Capture passes synchronise "
+                "after every step (their traces need step boundaries), the clean pass every 10 steps, so a "
+                "capture pass's change includes that. The data lists each pass against its clean pass "
+                "(against_clean) and what else used the machine meanwhile (contention, BUSY where flagged).", F.overhead_figure, ov, ov,
+                why_empty="results.json records no capture passes"),
+        _figure(out, "roofline", "Achieved FLOP/s vs peak",
+                "FLOPs of each conv and linear op (from its shapes) over its summed kernel time, per layer and "
+                "direction, against the GPU's dense FP32 and TF32 peak from the datasheet table in "
+                "reports/analysis.py. " + " ".join(
+                    f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p) + " " + " ".join(
+                    f"{r}: {p['not_shown']}." for r, p in peaks.items() if "not_shown" in p),
+                F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
+    ]
+
+
+def _trend(out: Path, raw_hist: pd.DataFrame | None, storage: str | None) -> tuple[dict | None, pd.DataFrame | None]:
+    """The saved step benchmarks (``--storage``): the trend figure and its table, in ms; (None, None) without."""
+    trend, hist = None, None
+    if raw_hist is None:
+        return trend, hist
+    from kernelmap.history.keys import TIME_STATS
+
+    hist = raw_hist
+    p = F.trend_figure(hist, out / "trend.png")
+    # pytest-benchmark keeps seconds; the page and the CSV say ms, like the trend figure, in
+    # columns named by their unit (no unitless seconds beside them)
+    hist = hist.assign(**{f"{c}_ms": hist[c] * 1e3 for c in TIME_STATS}).drop(
+        columns=list(TIME_STATS))
+    extra = {}  # the job and what else used the machine, where the storage records them
+    if "job" in hist.columns:
+        extra["job"] = "job"
+    if "contended" in hist.columns:
+        hist = hist.assign(contention=[
+            BUSY_NOT_MEASURED if c is None or (not isinstance(c, bool) and pd.isna(c)) else
+            f"BUSY: {t or 'contended'}" if bool(c) else str(t or "quiet")
+            for c, t in zip(hist["contended"], hist.get("contention_text", [None] * len(hist)),
+                            strict=True)])
+        extra["contention"] = "machine during the benchmark"
+    # the storage by its folder's name, as runs are: no path of this machine on the page
+    trend = {"storage": Path(storage).name or str(storage),
+             "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,
+             "why_empty": "no saved benchmark records framework, mode, device and batch size",
+             "table_html": H.table(hist, {**{c: c for c in ("run", "datetime", "name", "framework", "mode",
+                                                             "device", "batch_size", "unpaired")},
+                                          **{f"{c}_ms": f"{c} (ms)" for c in ("median", "mean", "min")},
+                                          "rounds": "rounds", **extra})}
+    return trend, hist
+
+
+def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]) -> dict[str, Any]:
+    """What the page's template reads."""
+    runs, checks, contended, trace, best, summ, fallbacks = (a.runs, a.checks, a.contended, a.trace, a.best,
+                                                             a.summ, a.fallbacks)
+    procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+    problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
+    return {
+        "runs": [r.name for r in runs], "run_info": [{"name": r.name, "path": str(r.path)} for r in runs],
+        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
+        "fallbacks": fallbacks, "problems": problems,
+        "summary_html": _summary_html(summ),
+        "launch_lines": A.best_mode_lines(best), "launch_bs": LAUNCH_BS,
+        "launch_html": H.table(a.launch) if len(a.launch) else "",
+        "answers": _answer_tables(a.ans, a.ans_fws, fallbacks, summ), "no_capture": a.no_capture,
+        "only_clean": bool(runs) and len(a.no_capture) == len(runs),
+        "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
+        "parity_html": H.table(a.parity),
+        "env_html": H.table(a.env),
+        "op_tables": _op_tables(runs, fallbacks),
+        "layer_html": H.table(a.layers, LAYER_FIELDS, compact=True),
+        "libcalls_html": H.table(a.libcalls, LIBCALL_FIELDS, compact=True),
+        "checks_html": H.table(checks, CHECK_FIELDS, cell_class={"status": "status"}),
+        "checks_failed": int((checks["status"] == C.FAIL).sum()),
+        "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
+        "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
+        "check_causes": C.causes(checks), "contended": contended[:BANNER_ITEMS],
+        "contended_total": len(contended),
+        "csvs": csvs,
+        "figures": figs,
+        "coverage_html": H.table(a.cov), "coverage_top_html": H.table(a.cov_top), "attribution_html": H.table(a.attr),
+        "not_read_html": H.table(a.not_read), "unlinked_html": H.table(a.unlinked),
+        "timeline_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X"),
+        "timeline_processes": procs, "trend": trend,
+    }
+
+
+def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | None = None,
+          all_iterations: bool = False) -> tuple[Path, pd.DataFrame]:
+    """Write the report of ``run_dirs`` into ``out`` (atomically); returns (out, the self-checks)."""
+    a = analyse(load_runs(run_dirs), storage, all_iterations)
+    with atomic_dir(out, replace=replace) as tmp:
+        figs = _figures(tmp, a)
+        trend, hist = _trend(tmp, a.raw_hist, storage)
         with atomic_file(tmp / "timeline.json") as fh:
-            json.dump(trace, fh)
+            json.dump(a.trace, fh)
         csvs = write_tables(tmp, {
-            "answer": ans, "summary": summ, "parity": parity, "environment": env, "op_table": op_table_long(runs),
-            "layer_table": layers, "library_calls": libcalls, "self_checks": checks,
-            "op_time": ot, "library_mix": mix, "kernel_count": kc, "busy_share": busy, "overhead": ov,
-            "launch_bound": launch, "best_modes": best,
-            "roofline": roof, "coverage": cov, "coverage_top": cov_top, "attribution": attr, "not_read": not_read,
-            "unlinked_library_kernels": unlinked, "trend": hist})
-        procs = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
-        problems = [f"{r.name}: {p}" for r in runs for p in r.problems]
-        context = {
-            "runs": names, "run_info": [{"name": r.name, "path": str(r.path)} for r in runs],
-            "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "version": __version__,
-            "fallbacks": fallbacks, "problems": problems,
-            "summary_html": _summary_html(summ),
-            "launch_lines": A.best_mode_lines(best), "launch_bs": LAUNCH_BS,
-            "launch_html": H.table(launch) if len(launch) else "",
-            "answers": _answer_tables(ans, ans_fws, fallbacks, summ), "no_capture": no_capture,
-            "only_clean": bool(runs) and len(no_capture) == len(runs),
-            "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
-            "parity_html": H.table(parity),
-            "env_html": H.table(env),
-            "op_tables": _op_tables(runs, fallbacks),
-            "layer_html": H.table(layers, LAYER_FIELDS, compact=True),
-            "libcalls_html": H.table(libcalls, LIBCALL_FIELDS, compact=True),
-            "checks_html": H.table(checks, CHECK_FIELDS, cell_class={"status": "status"}),
-            "checks_failed": int((checks["status"] == C.FAIL).sum()),
-            "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
-            "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
-            "check_causes": C.causes(checks), "contended": contended[:BANNER_ITEMS],
-            "contended_total": len(contended),
-            "csvs": csvs,
-            "figures": figs,
-            "coverage_html": H.table(cov), "coverage_top_html": H.table(cov_top), "attribution_html": H.table(attr),
-            "not_read_html": H.table(not_read), "unlinked_html": H.table(unlinked),
-            "timeline_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X"),
-            "timeline_processes": procs, "trend": trend,
-        }
+            "answer": a.ans, "summary": a.summ, "parity": a.parity, "environment": a.env,
+            "op_table": op_table_long(a.runs), "layer_table": a.layers, "library_calls": a.libcalls,
+            "self_checks": a.checks, "op_time": a.ot, "library_mix": a.mix, "kernel_count": a.kc,
+            "busy_share": a.busy, "overhead": a.ov, "launch_bound": a.launch, "best_modes": a.best,
+            "roofline": a.roof, "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
+            "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist})
         with atomic_file(tmp / "report.html") as fh:
-            fh.write(H.render(context))
-    return Path(out), checks
+            fh.write(H.render(_context(a, figs, trend, csvs)))
+    return Path(out), a.checks
 
 
 def main(args: argparse.Namespace) -> int:
@@ -506,16 +570,26 @@ def main(args: argparse.Namespace) -> int:
     out, checks = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
                         all_iterations=args.all_iterations)
     print(f"wrote {out / 'report.html'}")
+    return say_checks(checks, out, args.strict)
+
+
+def say_checks(checks: pd.DataFrame, out: Path, strict: bool) -> int:
+    """The self-checks on the console: the counts, each failed row (stderr), and with ``strict`` each check
+    left unchecked with its first reason (a strict pass says what it did not check); the exit code."""
     bad = C.failed(checks)
-    unchecked = int((checks["status"] == C.NOT_CHECKED).sum())
-    print(f"self-checks: {len(checks) - len(bad) - unchecked} passed, {len(bad)} failed, {unchecked} not checked "
-          f"({out / 'tables' / 'self_checks.csv'})")
+    unchecked = checks[checks["status"] == C.NOT_CHECKED]
+    print(f"self-checks: {len(checks) - len(bad) - len(unchecked)} passed, {len(bad)} failed, "
+          f"{len(unchecked)} not checked ({out / 'tables' / 'self_checks.csv'})")
     for _, r in bad.iterrows():
         who = (f" {A.fw_label(r['framework'])}" if isinstance(r["framework"], str) else "") + (
             f" bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "")
         print(f"  FAIL {r['run']}{who}: {r['check']}: {r['subject']}: "
               f"expected {r['expected']}, measured {r['measured']} ({r['detail']})", file=sys.stderr)
-    if args.strict and len(bad):
-        print(f"kernelmap report: --strict: {len(bad)} self-check(s) failed", file=sys.stderr)
+    if strict:
+        for check, g in unchecked.groupby("check", sort=False):
+            print(f"  not checked: {check} ({len(g)} row(s)): {g['detail'].iloc[0]}", file=sys.stderr)
+    if strict and len(bad):
+        print(f"kernelmap report: --strict: {len(bad)} self-check(s) failed: "
+              + ", ".join(f"{c} ({n})" for c, n in bad.groupby("check", sort=False).size().items()), file=sys.stderr)
         return C.EXIT_CHECK_FAILED
     return 0

@@ -43,7 +43,7 @@ def busy_run(tmp_path_factory) -> Path:
     return d
 
 
-def _copy(src: Path, tmp_path: Path, edit=None) -> Path:
+def copy_run(src: Path, tmp_path: Path, edit=None) -> Path:
     d = tmp_path / src.name
     shutil.copytree(src, d)
     if edit is not None:
@@ -58,7 +58,7 @@ def _quiet_rows(d: Path) -> pd.DataFrame:
     return c[c["check"] == C.Check.QUIET].set_index("subject")
 
 
-def _all_quiet(r: dict) -> None:
+def all_quiet(r: dict) -> None:
     q = _quiet()
     r["contention"] = {**q, "trials": 1, "trials_contended": 0, "trials_used": [1]}
     for t in r["trials"]:
@@ -82,7 +82,7 @@ def test_a_real_contended_run_fails_naming_each_figure_and_its_contention(busy_r
 
 
 def test_quiet_figures_pass(busy_run, tmp_path):
-    rows = _quiet_rows(_copy(busy_run, tmp_path, _all_quiet))
+    rows = _quiet_rows(copy_run(busy_run, tmp_path, all_quiet))
     assert len(rows) == 3 and set(rows["status"]) == {C.PASS}
     assert rows.loc["summary: clean step", "detail"] == (
         "clean step 1982 ms (median over trial 1): quiet: other processes used at most 0.92 of 16 cores")
@@ -93,13 +93,13 @@ def test_a_figure_repeated_until_quiet_passes_and_says_so(busy_run, tmp_path):
     end-to-end figure still comes from trial 1 (the repeat reused its batches): it fails."""
     def repeated(r: dict) -> None:
         busy_trial = copy.deepcopy(r["trials"][0])
-        _all_quiet(r)
+        all_quiet(r)
         r["trials"] = [busy_trial, {**copy.deepcopy(busy_trial), "trial": 2, "used": True, "repeat": True,
                                     "contended": False, "contention": _quiet()}]
         r["trials"][0]["used"] = False
         r["contention"].update(trials=2, trials_contended=1, trials_used=[2])
         r["repeats"] = 1
-    rows = _quiet_rows(_copy(busy_run, tmp_path, repeated))
+    rows = _quiet_rows(copy_run(busy_run, tmp_path, repeated))
     clean = rows.loc["summary: clean step"]
     assert clean["status"] == C.PASS
     assert clean["detail"].endswith("trial 1 ran under contention and was left out (1 repeat(s) run until quiet)")
@@ -114,7 +114,7 @@ def test_contention_not_measured_is_not_checked(busy_run, tmp_path):
     def unmeasured(r: dict) -> None:
         for d in (r, *r["trials"], *r["passes"].values()):
             d.pop("contention", None)
-    rows = _quiet_rows(_copy(busy_run, tmp_path, unmeasured))
+    rows = _quiet_rows(copy_run(busy_run, tmp_path, unmeasured))
     assert len(rows) == 3 and set(rows["status"]) == {C.NOT_CHECKED}
     assert rows.loc["answer: libs pass", "detail"] == (
         "the answer's library-call time (libs pass): contention not measured")
@@ -124,9 +124,10 @@ def test_strict_exits_4_naming_the_contended_figures_and_0_when_quiet(busy_run, 
     rc = report(str(busy_run), "-o", str(tmp_path / "busy"), "--strict")
     err = capsys.readouterr().err
     assert rc == C.EXIT_CHECK_FAILED
-    fails = [line for line in err.splitlines() if "first-screen figures quiet" in line]
+    fails = [line for line in err.splitlines() if line.startswith("  FAIL") and "first-screen figures quiet" in line]
     assert len(fails) == 3, err
     assert any("summary: clean step" in f and BUSY in f for f in fails)
     assert any("answer: libs pass" in f and BUSY_LIBS in f for f in fails)
-    quiet = _copy(busy_run, tmp_path, _all_quiet)
+    assert "--strict: 3 self-check(s) failed: first-screen figures quiet (3)" in err
+    quiet = copy_run(busy_run, tmp_path, all_quiet)
     assert report(str(quiet), "-o", str(tmp_path / "quiet"), "--strict") == 0
