@@ -4,7 +4,7 @@ PyTorch's CUDA 13 and MXNet's CUDA 11 must never share a process, so a pytest in
 benchmarks exactly one framework: ``pytest benches/bench_train_step.py --framework=mxnet
 --benchmark-json=mxnet.json`` (the ``bench`` and ``benchmarks`` nox sessions run it once per framework
 and save the frameworks' files as one job: ``kernelmap save-job``). Device
-decisions are made as ``kernelmap run`` makes them (``runner.decide_device``), before the framework
+decisions are made as ``kernelmap run`` makes them (``run_devices.decide_device``), before the framework
 is imported here.
 """
 
@@ -16,21 +16,22 @@ import os
 
 import pytest
 
-from kernelmap import doctor, frameworks, gpuinfo, runner
+from kernelmap import doctor, frameworks, gpuinfo
 from kernelmap.history.keys import FRAMEWORK_MODES, Mode
+from kernelmap.run import devices as run_devices
 
 BATCH_SIZES = (64, 256, 1024)
 
-# The CPU thread settings `kernelmap run` gives every worker (runner.thread_env: the physical cores), set
+# The CPU thread settings `kernelmap run` gives every worker (run_devices.thread_env: the physical cores), set
 # before any framework loads here, so that a step benchmark and its clean pass run with the same threads.
 # A variable already set is kept (as the runner's --threads would say it).
-for _name, _value in runner.thread_env(runner.physical_cores()).items():
+for _name, _value in run_devices.thread_env(run_devices.physical_cores()).items():
     os.environ.setdefault(_name, _value)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("kernelmap")
-    group.addoption("--framework", choices=runner.FRAMEWORK_CHOICES, default="pytorch",
+    group.addoption("--framework", choices=frameworks.FRAMEWORKS, default="pytorch",
                     help="the one framework this pytest process benchmarks (default pytorch)")
     group.addoption("--mode", action="append", choices=[m.value for m in Mode], default=None,
                     help="execution mode(s) to benchmark (may be repeated; default: every mode of the framework: "
@@ -97,10 +98,10 @@ def probe(framework: str) -> dict:
 
 
 @functools.cache
-def decision(framework: str, device: str) -> runner.Decision:
+def decision(framework: str, device: str) -> run_devices.Decision:
     report = gpu_report()
     cc = report.gpus[0].compute_capability if report.gpus else None
-    return runner.decide_device(framework, device, probe(framework), cc, report.problem)
+    return run_devices.decide_device(framework, device, probe(framework), cc, report.problem)
 
 
 @pytest.fixture(scope="session")

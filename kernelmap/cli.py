@@ -24,7 +24,7 @@ FRAMEWORK_LIST = ", ".join(LABELS[:-1]) + f" and {LABELS[-1]}" if len(LABELS) > 
 
 # name -> (module, one-line help); then the commands a framework brings (its descriptor's ``commands``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("kernelmap.runner", "train and time one framework or all of them into a run directory"),
+    "run": ("kernelmap.run.cli", "train and time one framework or all of them into a run directory"),
     "parity": ("kernelmap.parity", "check that two frameworks compute the same model (fp32, CPU or GPU)"),
     "doctor": ("kernelmap.doctor", "say what is installed and usable here"),
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),

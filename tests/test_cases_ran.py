@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from kernelmap import runner
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
+
+from kernelmap.run import processes as run_processes
 
 DATA = Path(__file__).parent / "data"
 RUN = DATA / "gpu_replay_modes_run"
@@ -66,13 +66,13 @@ def test_a_manifest_without_what_was_asked_is_not_checked(tmp_path):
 ])
 def test_a_workers_error_line_is_its_error_not_the_advice_after_it(log, expected):
     text = gzip.decompress((DATA / "worker_stderr" / log).read_bytes()).decode()
-    assert runner.error_line(text).startswith(expected)
+    assert run_processes.error_line(text).startswith(expected)
     if "TORCHDYNAMO" in text:  # torch.compile's advice is its last line
         assert text.strip().splitlines()[-1].startswith("Set TORCHDYNAMO_VERBOSE=1")
 
 
 def test_without_an_error_line_the_last_line_is_said():
-    assert runner.error_line("a\n  b  \n\n") == "b"
-    assert runner.error_line("kernelmap-worker: error: no graph captured\nlater\n") == \
+    assert run_processes.error_line("a\n  b  \n\n") == "b"
+    assert run_processes.error_line("kernelmap-worker: error: no graph captured\nlater\n") == \
         "kernelmap-worker: error: no graph captured"
-    assert runner.error_line("") == ""
+    assert run_processes.error_line("") == ""

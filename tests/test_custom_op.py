@@ -21,12 +21,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernelmap import frameworks  # noqa: E402
-from kernelmap.adapters import kineto  # noqa: E402
-from kernelmap.errors import MissingToolError  # noqa: E402
 from kernelmap.frameworks import spec  # noqa: E402
 from kernelmap.frameworks.pytorch import custom_op  # noqa: E402
 from kernelmap.frameworks.pytorch.custom_op import Route, build  # noqa: E402
+
+from kernelmap import frameworks  # noqa: E402
+from kernelmap.adapters import kineto  # noqa: E402
+from kernelmap.errors import MissingToolError  # noqa: E402
 
 ROUTES = custom_op.ROUTES
 
@@ -256,21 +257,22 @@ def test_cnn_without_the_option_has_no_custom_op(tmp_path):
 def test_run_option_comes_from_the_descriptor(tmp_path):
     import argparse
 
-    from kernelmap import frameworks, runner
+    from kernelmap import frameworks
     from kernelmap.errors import KernelmapError
+    from kernelmap.run import cli as run_cli
 
     (opt,) = frameworks.get("pytorch").options
     assert (opt.name, opt.flag, opt.choices) == (custom_op.OPTION, "--custom-op", ROUTES)
     assert all(not d.options for n, d in frameworks.REGISTRY.items() if n != "pytorch")
     p = argparse.ArgumentParser()
-    runner.add_arguments(p)
+    run_cli.add_arguments(p)
     assert p.parse_args(["--custom-op", "cmake"]).custom_op == "cmake"
     assert p.parse_args([]).custom_op is None
     with pytest.raises(SystemExit):
         p.parse_args(["--custom-op", "nvrtc"])
     args = p.parse_args(["--framework", "mxnet", "--custom-op", "jit", "--out", str(tmp_path / "r")])
     with pytest.raises(KernelmapError, match="--custom-op is PyTorch's option, and pytorch does not run"):
-        runner.execute(args)
+        run_cli.execute(args)
     assert not (tmp_path / "r").exists()
 
 

@@ -206,7 +206,7 @@ def _mode_words() -> dict[str, str]:
 # --hybridize, TrainConfig.hybridize); then this list is emptied.
 ISSUE_30_MODES = {
     "kernelmap.parity": {"hybridize"},  # parity compares default modes; its --hybridize switch remains
-    "kernelmap.runner": {"hybridize"},
+    "kernelmap.run.cli": {"hybridize"},
 }
 # The adapters, where a framework is still named: the op-name vocabularies and the framework a trace
 # format implies (canonical.py, kineto.py, the adapters' formats). Each entry must still occur (a stale

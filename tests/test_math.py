@@ -24,14 +24,14 @@ def test_fp32_turns_tf32_off_in_every_library_and_tf32_drops_an_inherited_overri
 
 @pytest.mark.parametrize("framework", ["pytorch", "mxnet", "jax"])
 def test_run_worker_environment_under_an_inherited_override(framework, monkeypatch):
-    from kernelmap import runner
+    from kernelmap.run import devices as run_devices
 
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
-    own = runner.worker_own_env(framework, "gpu")
-    assert "NVIDIA_TF32_OVERRIDE" not in runner.worker_environ("gpu", "tf32", {"OMP_NUM_THREADS": "2"}, own)
-    fp32 = runner.worker_environ("gpu", "fp32", {"OMP_NUM_THREADS": "2"}, own)
+    own = run_devices.worker_own_env(framework, "gpu")
+    assert "NVIDIA_TF32_OVERRIDE" not in run_devices.worker_environ("gpu", "tf32", {"OMP_NUM_THREADS": "2"}, own)
+    fp32 = run_devices.worker_environ("gpu", "fp32", {"OMP_NUM_THREADS": "2"}, own)
     assert fp32["NVIDIA_TF32_OVERRIDE"] == "0" and fp32["OMP_NUM_THREADS"] == "2"
-    assert runner.worker_environ("cpu", "tf32")["NVIDIA_TF32_OVERRIDE"] == "0"  # the CPU: left as inherited
+    assert run_devices.worker_environ("cpu", "tf32")["NVIDIA_TF32_OVERRIDE"] == "0"  # the CPU: left as inherited
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "mxnet", "jax"])

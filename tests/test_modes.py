@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from kernelmap.reports import analysis as A
+from kernelmap.reports.analyses.launch import best_modes, union_ns
+from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks
 
 from kernelmap import frameworks
 from kernelmap.adapters import inductor, kineto
 from kernelmap.history.keys import Mode
-from kernelmap.reports import analysis as A
-from kernelmap.reports.analyses.launch import best_modes, union_ns
-from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks
 
 DATA = Path(__file__).parent / "data"
 # torch 2.14.1 on the CPU, mode compile, bs 16, synthetic data, Inductor's cpp.enable_kernel_profile on
@@ -53,10 +53,10 @@ def test_modes_to_run():
 
 
 def test_the_run_options_come_from_the_registry():
-    from kernelmap import runner
+    from kernelmap.run import cli as run_cli
 
     p = argparse.ArgumentParser()
-    runner.add_arguments(p)
+    run_cli.add_arguments(p)
     assert p.parse_args(["--hybridize"]).mode == ["hybridized"]  # MXNet's descriptor's mode_flags
     assert p.parse_args(["--mode", "all"]).mode == ["all"]
     assert p.parse_args(["--mode", "cuda-graph", "jit"]).mode == ["cuda-graph", "jit"]
@@ -155,15 +155,16 @@ def test_busy_share_divides_by_the_clean_step():
 
 
 def test_a_case_is_keyed_by_framework_and_mode(tmp_path):
-    from kernelmap import runner
+    from kernelmap.run import case as run_case
+    from kernelmap.run import devices as run_devices
 
-    d = runner.Decision("pytorch", "gpu", "gpu", None)
-    case = runner.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {},
+    d = run_devices.Decision("pytorch", "gpu", "gpu", None)
+    case = run_case.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {},
                        mode="cuda-graph")
     assert case.key == "pytorch-cuda-graph" and case.out_dir == tmp_path / "pytorch-cuda-graph" / "bs64"
     assert json.loads(case.base[case.base.index("--config") + 1])["mode"] == "cuda-graph"
     assert case.name == "pytorch-cuda-graph bs 64"
-    default = runner.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
+    default = run_case.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
     assert default.key == "pytorch" and default.out_dir == tmp_path / "pytorch" / "bs64"
 
 
@@ -195,19 +196,19 @@ def test_the_libs_pass_warms_up_as_long_as_the_mode_needs():
     """On the GPU the libs pass (1 warm-up step, to keep its logs short) of pytorch-cuda-graph failed at
     every batch size: the graph is captured at warm-up step 4. The descriptor says so, and the runner
     gives that pass what the mode needs; other modes keep LIBS_WARMUP, or fewer where the run asked."""
-    from kernelmap import runner
     from kernelmap.errors import KernelmapError
+    from kernelmap.run import schedule as run_schedule
 
     pt, mx = frameworks.get("pytorch"), frameworks.get("mxnet")
     assert pt.min_warmup == {"cuda-graph": 4}
-    assert runner.libs_warmup(pt, "cuda-graph", 5) == 4
-    assert runner.libs_warmup(pt, "eager", 5) == runner.LIBS_WARMUP == 1
-    assert runner.libs_warmup(pt, "eager", 0) == 0
-    assert runner.libs_warmup(mx, "hybridized", 5) == 1
-    runner.check_warmup(4, [("pytorch", "cuda-graph"), ("mxnet", "imperative")])
+    assert run_schedule.libs_warmup(pt, "cuda-graph", 5) == 4
+    assert run_schedule.libs_warmup(pt, "eager", 5) == run_schedule.LIBS_WARMUP == 1
+    assert run_schedule.libs_warmup(pt, "eager", 0) == 0
+    assert run_schedule.libs_warmup(mx, "hybridized", 5) == 1
+    run_schedule.check_warmup(4, [("pytorch", "cuda-graph"), ("mxnet", "imperative")])
     with pytest.raises(KernelmapError, match=r"--warmup 3: .*PyTorch's cuda-graph mode needs at least 4"):
-        runner.check_warmup(3, [("pytorch", "eager"), ("pytorch", "cuda-graph")])
-    runner.check_warmup(0, [("pytorch", "eager"), ("jax", "jit")])
+        run_schedule.check_warmup(3, [("pytorch", "eager"), ("pytorch", "cuda-graph")])
+    run_schedule.check_warmup(0, [("pytorch", "eager"), ("jax", "jit")])
 
 
 def test_a_descriptor_cannot_name_a_warmup_for_a_mode_it_lacks():
@@ -243,15 +244,15 @@ def test_zero_momentum_buffers_give_sgds_own_steps_bit_for_bit():
 def test_the_nsys_pass_of_a_graph_replay_mode_is_skipped_with_its_reason():
     """On the H200, compile-graphs' nsys pass recorded 40 kernels (the replays' were not there) and 38.5% of
     their time had an op; cuda-graph's recorded none. The framework pass attributes replays; nsys is skipped."""
-    from kernelmap import runner
+    from kernelmap.run import schedule as run_schedule
 
     keys = {"pytorch": ("pytorch", "eager"), "pytorch-cuda-graph": ("pytorch", "cuda-graph"),
             "pytorch-compile": ("pytorch", "compile"), "pytorch-compile-graphs": ("pytorch", "compile-graphs"),
             "jax": ("jax", "jit")}
-    skips = runner.case_nsys_skips(keys, {"jax": "no window"})
+    skips = run_schedule.case_nsys_skips(keys, {"jax": "no window"})
     assert set(skips) == {"pytorch-cuda-graph", "pytorch-compile-graphs", "jax"}
     assert skips["jax"] == "no window"
     assert skips["pytorch-cuda-graph"].startswith("PyTorch cuda-graph replays CUDA graphs (the whole step is one")
     assert "the framework pass attributes them" in skips["pytorch-compile-graphs"]
     # the progress line counts them out: 5 keys x (1 trial + nsys) less 3 skipped nsys passes
-    assert runner.planned_workers(list(keys), 1, 1, ("clean", "nsys"), skips) == 5 * 2 - 3
+    assert run_schedule.planned_workers(list(keys), 1, 1, ("clean", "nsys"), skips) == 5 * 2 - 3

@@ -19,10 +19,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from kernelmap import cli, frameworks, runner
-from kernelmap.errors import KernelmapError, MissingToolError, ParseError
 from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
+
+from kernelmap import cli, frameworks
+from kernelmap.errors import KernelmapError, MissingToolError, ParseError
+from kernelmap.run import devices as run_devices
 
 DATA = Path(__file__).parent / "data"
 SM90 = DATA / "cuda_sm90_nvcc13.so"
@@ -382,19 +383,19 @@ def test_doctor_and_runner_use_the_built_tree(tmp_path, monkeypatch):
     assert env[built.ENV_TREE] == str(tree)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tree / "python")
     probe = {"installed": True, "cuda_build": True, "num_gpus": 2, "version": "1.9.1"}
-    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    d = run_devices.decide_device("mxnet", "gpu", probe, "9.0")
     assert (d.device, d.note) == ("gpu", None)
     monkeypatch.setenv(built.ENV_HOME, str(tmp_path / "empty"))
-    d = runner.decide_device("mxnet", "gpu", probe, "9.0")
+    d = run_devices.decide_device("mxnet", "gpu", probe, "9.0")
     assert d.device == "cpu" and "MXNet runs on the CPU here" in d.note
     assert frameworks.get("mxnet").worker_env("9.0") is None
 
 
 def test_libs_env_cudnn9_for_built_mxnet(tmp_path):
     tree_env = {built.ENV_TREE: str(tmp_path)}
-    assert runner.libs_env("gpu", tmp_path, "mxnet", tree_env)["CUDNN_LOGLEVEL_DBG"] == "3"
-    assert "CUDNN_LOGLEVEL_DBG" not in runner.libs_env("gpu", tmp_path, "mxnet")
-    assert runner.libs_env("gpu", tmp_path, "mxnet")["CUDNN_LOGINFO_DBG"] == "1"
+    assert run_devices.libs_env("gpu", tmp_path, "mxnet", tree_env)["CUDNN_LOGLEVEL_DBG"] == "3"
+    assert "CUDNN_LOGLEVEL_DBG" not in run_devices.libs_env("gpu", tmp_path, "mxnet")
+    assert run_devices.libs_env("gpu", tmp_path, "mxnet")["CUDNN_LOGINFO_DBG"] == "1"
 
 
 def test_preload_names_a_missing_library(tmp_path):
@@ -723,9 +724,10 @@ def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mo
     import subprocess
     import sys
 
-    from kernelmap import doctor, gpuinfo, rundir
     from kernelmap.frameworks import spec
     from kernelmap.frameworks.mxnet import descriptor
+
+    from kernelmap import doctor, gpuinfo, rundir
 
     # MXNet's libs pass records its kernels with nsys (Workload.libs_trace): without nsys no call can own a
     # kernel there, and the case has no algorithms_shared figure (an H200 run without nsys: KeyError below)

@@ -123,10 +123,10 @@ def test_nox_waits_for_kernelmap_run_to_stop_its_workers():
     """nox's own 0.3 s + 0.2 s before SIGKILL left a worker running and the .partial directory."""
     import inspect
 
-    from kernelmap import runner
+    from kernelmap.run import processes as run_processes
 
     nf = _noxfile()
-    grace = inspect.signature(runner.stop_group).parameters["grace_s"].default
+    grace = inspect.signature(run_processes.stop_group).parameters["grace_s"].default
     assert min(nf.STOP_TIMEOUTS.values()) > grace
     assert "**STOP_TIMEOUTS" in inspect.getsource(nf.bench)
 

@@ -176,11 +176,12 @@ def test_gpu_workers_each_get_the_whole_timeout(tmp_path):
 def test_parity_on_the_gpu_fp32(hybridize):
     """PyTorch and MXNet on this GPU (fp32, TF32 off) from the same weights and batches stay within
     the tolerances (measured on an H100: 8.9e-8 forward, 2.2e-7 loss, 3.5e-7 weights)."""
-    from kernelmap import doctor, gpuinfo, runner
+    from kernelmap import doctor, gpuinfo
+    from kernelmap.run import devices as run_devices
 
     report = gpuinfo.query()
     cc = report.gpus[0].compute_capability if report.gpus else None
-    d = runner.decide_device("mxnet", "gpu", doctor.probe_framework("mxnet"), cc, report.problem)
+    d = run_devices.decide_device("mxnet", "gpu", doctor.probe_framework("mxnet"), cc, report.problem)
     if d.device != "gpu":
         pytest.skip(f"MXNet cannot run on this GPU: {d.note}")
     result = parity.compute_parity(data="synthetic", steps=20, batch_size=64, device="gpu", hybridize=hybridize)

@@ -201,7 +201,7 @@ def test_help_imports_no_subcommand_module():
             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()) as o:\n"
             "    c.main(['--help'])\n"
             "assert 'report' in o.getvalue(), o.getvalue()\n"
-            "bad = [m for m in ('pandas', 'matplotlib', 'numpy', 'kernelmap.reports.cli', 'kernelmap.runner')"
+            "bad = [m for m in ('pandas', 'matplotlib', 'numpy', 'kernelmap.reports.cli', 'kernelmap.run.cli')"
             " if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -19,11 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import require_framework
-
-from kernelmap import frameworks, manifest, rundir, runner, timing
-from kernelmap.errors import KernelmapError
 from kernelmap.frameworks import spec
 from kernelmap.frameworks.registry import NsysWindow
+
+from kernelmap import doctor, frameworks, manifest, rundir, timing
+from kernelmap.errors import KernelmapError
+from kernelmap.run import case as run_case
+from kernelmap.run import cli as run_cli
+from kernelmap.run import devices as run_devices
+from kernelmap.run import processes as run_processes
+from kernelmap.run import results as run_results
+from kernelmap.run import schedule as run_schedule
 
 MX_GPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": True, "num_gpus": 1}
 MX_CPU_PROBE = {"installed": True, "version": "1.9.1", "cuda_build": False, "num_gpus": 0}
@@ -34,7 +40,7 @@ TORCH_CPU = {"installed": True, "version": "2.14.1+cpu", "cuda_build": None, "cu
 # --- device decisions (the real gpu_verdict, with an injected compute capability) -------------------
 @pytest.mark.parametrize("requested", ["auto", "gpu"])
 def test_mxnet_on_hopper_runs_on_cpu_labelled(requested):
-    d = runner.decide_device("mxnet", requested, MX_GPU_PROBE, "9.0")
+    d = run_devices.decide_device("mxnet", requested, MX_GPU_PROBE, "9.0")
     assert d.device == "cpu"
     assert "sm_90" in d.note and "CPU" in d.note
     assert d.to_manifest() == {"device_requested": requested, "device": "cpu", "device_note": d.note}
@@ -42,29 +48,29 @@ def test_mxnet_on_hopper_runs_on_cpu_labelled(requested):
 
 @pytest.mark.parametrize("cc", ["8.0", "8.6", "8.9", "7.0"])
 def test_mxnet_gpu_where_the_wheel_has_code(cc):
-    d = runner.decide_device("mxnet", "auto", MX_GPU_PROBE, cc)
+    d = run_devices.decide_device("mxnet", "auto", MX_GPU_PROBE, cc)
     assert (d.device, d.note) == ("gpu", None)
 
 
 def test_mxnet_blackwell_and_cpu_wheel():
-    assert runner.decide_device("mxnet", "auto", MX_GPU_PROBE, "10.0").device == "cpu"
-    auto = runner.decide_device("mxnet", "auto", MX_CPU_PROBE, "8.0")
+    assert run_devices.decide_device("mxnet", "auto", MX_GPU_PROBE, "10.0").device == "cpu"
+    auto = run_devices.decide_device("mxnet", "auto", MX_CPU_PROBE, "8.0")
     assert auto.device == "cpu" and "CPU build" in auto.note
-    explicit = runner.decide_device("mxnet", "gpu", MX_CPU_PROBE, "8.0")
+    explicit = run_devices.decide_device("mxnet", "gpu", MX_CPU_PROBE, "8.0")
     assert explicit.device is None and explicit.explicit and "mxnet-gpu" in explicit.note
 
 
 def test_torch_without_cuda():
-    auto = runner.decide_device("pytorch", "auto", TORCH_CPU, None, "nvidia-smi not on PATH")
+    auto = run_devices.decide_device("pytorch", "auto", TORCH_CPU, None, "nvidia-smi not on PATH")
     assert auto.device == "cpu" and "CPU-only build" in auto.note
-    gpu = runner.decide_device("pytorch", "gpu", TORCH_CPU, "9.0")
+    gpu = run_devices.decide_device("pytorch", "gpu", TORCH_CPU, "9.0")
     assert gpu.device is None and gpu.explicit and "download.pytorch.org" in gpu.note
-    assert runner.decide_device("pytorch", "gpu", TORCH_CUDA, "9.0").device == "gpu"
-    assert runner.decide_device("pytorch", "cpu", TORCH_CUDA, "9.0").device == "cpu"
+    assert run_devices.decide_device("pytorch", "gpu", TORCH_CUDA, "9.0").device == "gpu"
+    assert run_devices.decide_device("pytorch", "cpu", TORCH_CUDA, "9.0").device == "cpu"
 
 
 def test_missing_framework_is_skipped_with_fix():
-    d = runner.decide_device("mxnet", "auto", {"installed": False, "error": "No module named 'mxnet'",
+    d = run_devices.decide_device("mxnet", "auto", {"installed": False, "error": "No module named 'mxnet'",
                                                 "fix": "pip install x"}, None)
     assert d.device is None and not d.explicit and "pip install x" in d.note
 
@@ -73,30 +79,30 @@ def test_missing_framework_is_skipped_with_fix():
 def test_worker_failure_is_one_line_naming_the_pass():
     cmd = [sys.executable, "-c", "import sys; print('progress\\r', file=sys.stderr); sys.exit('boom: bad thing')"]
     with pytest.raises(KernelmapError) as exc:
-        runner.run_worker(cmd, label="pytorch bs 64 (clean pass, cpu)", batch_size=64, forward_stderr=False)
+        run_processes.run_worker(cmd, label="pytorch bs 64 (clean pass, cpu)", batch_size=64, forward_stderr=False)
     assert str(exc.value) == "pytorch bs 64 (clean pass, cpu): worker exited 1: boom: bad thing"
 
 
 def test_worker_oom_names_the_batch_size():
-    cmd = [sys.executable, "-c", f"import sys; sys.exit({runner.EXIT_OOM})"]
+    cmd = [sys.executable, "-c", f"import sys; sys.exit({run_processes.EXIT_OOM})"]
     with pytest.raises(KernelmapError, match="out of memory at batch size 1024"):
-        runner.run_worker(cmd, label="mxnet bs 1024 (clean pass, gpu)", batch_size=1024, forward_stderr=False)
+        run_processes.run_worker(cmd, label="mxnet bs 1024 (clean pass, gpu)", batch_size=1024, forward_stderr=False)
 
 
 def test_worker_exit_oom_matches():
     from kernelmap import worker
 
-    assert worker.EXIT_OOM == runner.EXIT_OOM
+    assert worker.EXIT_OOM == run_processes.EXIT_OOM
 
 
 def test_libs_env():
-    gpu = runner.libs_env("gpu", Path("/x"), "pytorch")
+    gpu = run_devices.libs_env("gpu", Path("/x"), "pytorch")
     assert gpu["CUDNN_LOGDEST_DBG"] == "/x/cudnn.log" and gpu["CUDNN_LOGLEVEL_DBG"] == "3"
     assert gpu["CUBLAS_LOGINFO_DBG"] == "1" and gpu["CUBLAS_LOGDEST_DBG"] == "/x/cublas.log"
-    mx = runner.libs_env("gpu", Path("/x"), "mxnet")
+    mx = run_devices.libs_env("gpu", Path("/x"), "mxnet")
     assert mx["CUDNN_LOGINFO_DBG"] == "1" and "CUDNN_LOGLEVEL_DBG" not in mx
     assert gpu["CUBLASLT_LOG_FILE"] == "/x/cublaslt.log"
-    cpu = runner.libs_env("cpu", Path("/x"))
+    cpu = run_devices.libs_env("cpu", Path("/x"))
     assert cpu["ONEDNN_VERBOSE"] == "1"
     # oneMKL's own verbose log (torch's CPU sgemm) goes to its own file, not the oneDNN stdout capture
     assert cpu["MKL_VERBOSE"] == "1" and cpu["MKL_VERBOSE_OUTPUT_FILE"] == "/x/blas.log"
@@ -129,9 +135,9 @@ def test_nsys_command_path(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     worker = [sys.executable, "-c", f"open({str(out / 'nsys.json')!r}, 'w').write('{{}}')"]
-    profile, export = runner._nsys_commands(str(nsys), out, worker, NsysWindow.PROFILER_API)
-    runner.run_worker(profile, label="pytorch bs 64 (nsys pass, gpu)", batch_size=64, forward_stderr=False)
-    runner.run_worker([*export, str(runner._nsys_report(out))], label="export", batch_size=64)
+    profile, export = run_processes.nsys_commands(str(nsys), out, worker, NsysWindow.PROFILER_API)
+    run_processes.run_worker(profile, label="pytorch bs 64 (nsys pass, gpu)", batch_size=64, forward_stderr=False)
+    run_processes.run_worker([*export, str(run_processes.nsys_report(out))], label="export", batch_size=64)
     assert (out / "nsys.json").is_file() and (out / "nsys.sqlite").read_text().endswith("nsys.nsys-rep")
     calls = [json.loads(line) for line in (tmp_path / "bin" / "calls.jsonl").read_text().splitlines()]
     assert calls[0][:2] == ["profile", "--trace=cuda,nvtx"] and calls[0][-len(worker):] == worker
@@ -143,8 +149,8 @@ def test_nsys_window_kind_sets_the_capture_flags(tmp_path):
     """cudaProfilerStart/Stop: nsys records only the window; an NVTX range (MXNet built for sm_90, whose
     nsys agent died when a capture started mid-run): nsys records the whole process, no capture range."""
     worker = ["python", "-m", "kernelmap.worker"]
-    api, _ = runner._nsys_commands("nsys", tmp_path, worker, NsysWindow.PROFILER_API)
-    nvtx, _ = runner._nsys_commands("nsys", tmp_path, worker, NsysWindow.NVTX_RANGE)
+    api, _ = run_processes.nsys_commands("nsys", tmp_path, worker, NsysWindow.PROFILER_API)
+    nvtx, _ = run_processes.nsys_commands("nsys", tmp_path, worker, NsysWindow.NVTX_RANGE)
     assert api[api.index("--capture-range=cudaProfilerApi") + 1] == "--capture-range-end=stop"
     assert not any(a.startswith("--capture-range") for a in nvtx)
     assert nvtx[-len(worker):] == worker and api[-len(worker):] == worker
@@ -157,20 +163,20 @@ def test_nsys_window_kind_sets_the_capture_flags(tmp_path):
 def test_nsys_skip_is_said_once_per_reason():
     """On a machine without a GPU the nsys pass was skipped with the same line, and nsys's install
     advice, once per framework x batch size: now one line per reason, naming the frameworks."""
-    cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU found; running on the CPU") for fw in frameworks.FRAMEWORKS}
-    skips = runner.nsys_skips(cpu, None)
+    cpu = {fw: run_devices.Decision(fw, "auto", "cpu", "no NVIDIA GPU found; running on the CPU") for fw in frameworks.FRAMEWORKS}
+    skips = run_devices.nsys_skips(cpu, None)
     assert set(skips) == set(frameworks.FRAMEWORKS)
-    (line,) = runner.said_once(skips, "nsys pass skipped")
+    (line,) = run_devices.said_once(skips, "nsys pass skipped")
     assert line.startswith(f"nsys pass skipped ({', '.join(frameworks.FRAMEWORKS)}): ")
     assert "no CUDA work" in line and "not found" not in line  # installing nsys would not help on the CPU
-    gpu = {fw: runner.Decision(fw, "auto", "gpu", None) for fw in frameworks.FRAMEWORKS}
-    (line,) = runner.said_once(runner.nsys_skips(gpu, None), "nsys pass skipped")
+    gpu = {fw: run_devices.Decision(fw, "auto", "gpu", None) for fw in frameworks.FRAMEWORKS}
+    (line,) = run_devices.said_once(run_devices.nsys_skips(gpu, None), "nsys pass skipped")
     assert "nsys not found" in line and "nsight-systems" in line  # on a GPU machine: the fix, once
-    with_nsys = runner.nsys_skips(gpu, "/opt/nsys")  # only a framework that opens no capture window
+    with_nsys = run_devices.nsys_skips(gpu, "/opt/nsys")  # only a framework that opens no capture window
     assert set(with_nsys) == {fw for fw in frameworks.FRAMEWORKS
-                              if not frameworks.get(fw).nsys_window(runner.worker_own_env(fw, "gpu"))}
-    skipped = {**cpu, "jax": runner.Decision("jax", "gpu", None, "--device gpu: ...", explicit=True)}
-    assert "jax" not in runner.nsys_skips(skipped, None)  # a framework that does not run has no pass
+                              if not frameworks.get(fw).nsys_window(run_devices.worker_own_env(fw, "gpu"))}
+    skipped = {**cpu, "jax": run_devices.Decision("jax", "gpu", None, "--device gpu: ...", explicit=True)}
+    assert "jax" not in run_devices.nsys_skips(skipped, None)  # a framework that does not run has no pass
 
 
 def test_progress_is_one_plain_line_per_worker_that_starts():
@@ -178,14 +184,14 @@ def test_progress_is_one_plain_line_per_worker_that_starts():
     carriage return (a log without a terminal reads it); N leaves out the nsys passes skipped here."""
     import io
 
-    cpu = {fw: runner.Decision(fw, "auto", "cpu", "no NVIDIA GPU") for fw in frameworks.FRAMEWORKS}
-    passes, trials, n_bs = runner.PROFILES["all"], 3, 2
-    n = runner.planned_workers(list(cpu), n_bs, trials, passes, runner.nsys_skips(cpu, None))
+    cpu = {fw: run_devices.Decision(fw, "auto", "cpu", "no NVIDIA GPU") for fw in frameworks.FRAMEWORKS}
+    passes, trials, n_bs = run_schedule.PROFILES["all"], 3, 2
+    n = run_schedule.planned_workers(list(cpu), n_bs, trials, passes, run_devices.nsys_skips(cpu, None))
     captures_that_run = [p for p in passes if p not in ("clean", "nsys")]
     assert n == n_bs * len(cpu) * (trials + len(captures_that_run))
-    assert runner.planned_workers(list(cpu), n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
+    assert run_schedule.planned_workers(list(cpu), n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
     stream = io.StringIO()
-    progress = runner.RunProgress(n, stream=stream)
+    progress = run_processes.RunProgress(n, stream=stream)
     for k in range(n):
         progress.start(f"worker {k}")
         progress.finish()
@@ -290,7 +296,7 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     console = proc.stderr.splitlines()
     assert console and all(line.startswith("kernelmap run: ") for line in console), proc.stderr[-3000:]
     assert sum("nsys pass skipped" in line for line in console) == 1 and "skipped" in entry["passes"]["nsys"]
-    captures = [p for p in runner.PROFILES["all"] if p not in ("clean", "nsys")]  # nsys: none on the CPU
+    captures = [p for p in run_schedule.PROFILES["all"] if p not in ("clean", "nsys")]  # nsys: none on the CPU
     n = TRIALS + len(captures)
     workers = [line for line in console if line.startswith("kernelmap run: [")]
     assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}]")
@@ -321,7 +327,7 @@ def test_run_pytorch_cpu_records_contention_and_repeats(tmp_path):
     proc = _run_cli("--framework", "pytorch", "--device", "cpu", "--steps", "20", "--trials", str(TRIALS),
                     "--data", "synthetic", "--out", str(out), "--json", timeout=600)
     entry = _check_run(out, "pytorch", proc)
-    assert 0 <= entry["repeats"] <= runner.DEFAULT_MAX_REPEATS
+    assert 0 <= entry["repeats"] <= run_schedule.DEFAULT_MAX_REPEATS
     assert (entry["repeats"] > 0) == any(("repeat" in line) for line in proc.stderr.splitlines()
                                          if line.startswith("kernelmap run: ["))
     assert [t["repeat"] for t in entry["trials"]] == [t > TRIALS for t in range(1, len(entry["trials"]) + 1)]
@@ -373,7 +379,7 @@ def test_run_all_gpu_all_passes(tmp_path):
 def test_parent_imports_no_framework():
     code = textwrap.dedent("""
         import sys
-        import kernelmap.cli, kernelmap.runner, kernelmap.doctor, kernelmap.manifest, kernelmap.gpuinfo
+        import kernelmap.cli, kernelmap.run.cli, kernelmap.doctor, kernelmap.manifest, kernelmap.gpuinfo
         kernelmap.cli.build_parser()
         bad = [m for m in ("torch", "mxnet") if m in sys.modules]
         assert not bad, bad
@@ -419,7 +425,7 @@ def _samples(median_s: float, n: int = 10) -> list[float]:
 
 
 class FakeWorkers:
-    """Stands in for ``runner.run_worker``: writes the result a worker would (kernelmap/worker.py's
+    """Stands in for ``run_processes.run_worker``: writes the result a worker would (kernelmap/worker.py's
     fields) with the step times and contention of ``plan[(fw, bs, pass, trial)]`` (default: quiet, 10 ms),
     or raises what the plan says; records each call as (fw, bs, pass, trial, reuse)."""
 
@@ -460,8 +466,8 @@ class FakeWorkers:
 def _workers_that_finish(monkeypatch, plan=None) -> FakeWorkers:
     """Every framework installed, and each worker finished as ``plan`` says (no subprocess)."""
     fake = FakeWorkers(plan)
-    monkeypatch.setattr(runner, "run_worker", fake)
-    monkeypatch.setattr(runner.doctor, "find_framework", lambda fw, python=None: {"installed": True})
+    monkeypatch.setattr(run_processes, "run_worker", fake)
+    monkeypatch.setattr(doctor, "find_framework", lambda fw, python=None: {"installed": True})
     return fake
 
 
@@ -476,9 +482,10 @@ def _quick_run_args(out: Path, framework: str, profile: str) -> argparse.Namespa
 def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatch, capsys):
     """A parity that cannot be computed (a KernelmapError, MissingToolError included) after every
     worker finished: the run directory is kept, its notes and manifest say why, and so does the report."""
+    from kernelmap.reports.analyses.base import load_run
+
     from kernelmap import parity as parity_mod
     from kernelmap.errors import MissingToolError
-    from kernelmap.reports.analyses.base import load_run
 
     why = "parity: the second worker cannot start; fix: install it"
 
@@ -489,7 +496,7 @@ def test_parity_failure_keeps_the_finished_run_and_says_why(tmp_path, monkeypatc
     monkeypatch.setattr(parity_mod, "compute_parity", failing_parity)
     out = tmp_path / "run"
     args = _quick_run_args(out, "all", "none")
-    summary = runner.execute(args)
+    summary = run_cli.execute(args)
     assert summary["parity_failed"] == why and summary["parity_passed"] is None
     man = json.loads((out / "manifest.json").read_text())
     assert man["parity_failed"] == why and man["parity"] is None
@@ -509,11 +516,11 @@ def test_a_normalise_defect_keeps_the_captures_and_says_what_failed(tmp_path, mo
         raise ValueError("invalid literal for int() with base 16: '0xd917110;'")
 
     _workers_that_finish(monkeypatch)
-    monkeypatch.setattr(runner, "_normalise", defect)
+    monkeypatch.setattr(run_cli, "normalise_run", defect)
     out = tmp_path / "run"
     args = _quick_run_args(out, "pytorch", "libs")
     with pytest.raises(KernelmapError) as err:
-        runner.execute(args)
+        run_cli.execute(args)
     msg = str(err.value)
     assert msg.startswith(f"{out}: the run is complete but normalising its captures failed: ValueError: invalid "
                           "literal for int() with base 16: '0xd917110;' (a kernelmap defect: traceback above)")
@@ -530,7 +537,7 @@ def _jobs(jobs):
 
 def test_schedule_interleaves_frameworks_round_by_round():
     cases = [("pytorch", 64), ("pytorch", 256), ("mxnet", 64), ("mxnet", 256), ("jax", 64), ("jax", 256)]
-    jobs = runner.schedule(cases, 3, ("framework", "libs"))
+    jobs = run_schedule.schedule(cases, 3, ("framework", "libs"))
     assert _jobs(jobs) == [
         (0, "py", 64, "clean", 1), (0, "mx", 64, "clean", 1), (0, "ja", 64, "clean", 1),
         (0, "py", 256, "clean", 1), (0, "mx", 256, "clean", 1), (0, "ja", 256, "clean", 1),
@@ -545,12 +552,12 @@ def test_schedule_interleaves_frameworks_round_by_round():
         (2, "ja", 256, "clean", 3), (2, "py", 256, "clean", 3), (2, "mx", 256, "clean", 3),
     ]
     # more capture passes than trials: the rounds run on with capture passes only
-    more = runner.schedule([("pytorch", 64), ("jax", 64)], 1, ("framework", "libs", "nsys"))
+    more = run_schedule.schedule([("pytorch", 64), ("jax", 64)], 1, ("framework", "libs", "nsys"))
     assert _jobs(more) == [(0, "py", 64, "clean", 1), (0, "ja", 64, "clean", 1), (0, "py", 64, "framework", None),
                            (0, "ja", 64, "framework", None), (1, "ja", 64, "libs", None), (1, "py", 64, "libs", None),
                            (2, "py", 64, "nsys", None), (2, "ja", 64, "nsys", None)]
     # a case missing from the run (a batch size left out of one framework) leaves a gap, not a shift
-    assert runner.round_order([("pytorch", 64), ("jax", 64), ("jax", 256)], 1) == [
+    assert run_schedule.round_order([("pytorch", 64), ("jax", 64), ("jax", 256)], 1) == [
         ("jax", 64), ("pytorch", 64), ("jax", 256)]
 
 
@@ -563,43 +570,43 @@ def _trial(n: int, median_s: float = 0.010, busy: bool = False) -> dict:
 
 def test_contended_trials_are_left_out_where_a_quiet_one_exists():
     quiet1, busy2, quiet3 = _trial(1), _trial(2, 0.014, busy=True), _trial(3)
-    assert runner.used_trials([quiet1, busy2, quiet3]) == [quiet1, quiet3]
+    assert run_schedule.used_trials([quiet1, busy2, quiet3]) == [quiet1, quiet3]
     all_busy = [_trial(1, busy=True), _trial(2, busy=True)]
-    assert runner.used_trials(all_busy) == all_busy
+    assert run_schedule.used_trials(all_busy) == all_busy
     unmeasured = {**_trial(4), "contention": {"contended": None}}
-    assert runner.used_trials([busy2, unmeasured]) == [unmeasured]  # not measured is not contended
+    assert run_schedule.used_trials([busy2, unmeasured]) == [unmeasured]  # not measured is not contended
 
 
 def test_repeat_reason():
     quiet = [_trial(1), _trial(2), _trial(3)]
-    assert runner.repeat_reason(quiet, 3, 0, 2) is None
+    assert run_schedule.repeat_reason(quiet, 3, 0, 2) is None
     one_busy = [_trial(1), _trial(2, busy=True), _trial(3)]
-    assert runner.repeat_reason(one_busy, 3, 0, 2) == "trial 2 ran under contention"
-    assert runner.repeat_reason([*one_busy, _trial(4)], 3, 1, 2) is None  # replaced by a quiet one
+    assert run_schedule.repeat_reason(one_busy, 3, 0, 2) == "trial 2 ran under contention"
+    assert run_schedule.repeat_reason([*one_busy, _trial(4)], 3, 1, 2) is None  # replaced by a quiet one
     two_busy = [_trial(1, busy=True), _trial(2, busy=True), _trial(3)]
-    assert runner.repeat_reason(two_busy, 3, 0, 2) == "trials 1, 2 ran under contention"
-    assert runner.repeat_reason(two_busy, 3, 2, 2) is None  # --max-repeats reached
-    assert runner.repeat_reason(two_busy, 3, 0, 0) is None
+    assert run_schedule.repeat_reason(two_busy, 3, 0, 2) == "trials 1, 2 ran under contention"
+    assert run_schedule.repeat_reason(two_busy, 3, 2, 2) is None  # --max-repeats reached
+    assert run_schedule.repeat_reason(two_busy, 3, 0, 0) is None
     apart = [_trial(1), _trial(2, 0.011), _trial(3)]  # 10% apart, 0.1% noise
-    assert runner.repeat_reason(apart, 3, 0, 2) == "its trials disagree beyond noise"
-    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 2, 0, 2) == "trial 2 ran under contention"
-    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 1, 0, 2) is None  # one quiet is enough
-    assert runner.repeat_reason([_trial(1), _trial(2, 0.011, busy=True), _trial(3)], 2, 1, 2) is None  # busy one not used
-    assert runner.repeat_budget_s(100.0, None) == pytest.approx(30.0) and runner.repeat_budget_s(100.0, 5.0) == 5.0
+    assert run_schedule.repeat_reason(apart, 3, 0, 2) == "its trials disagree beyond noise"
+    assert run_schedule.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 2, 0, 2) == "trial 2 ran under contention"
+    assert run_schedule.repeat_reason([_trial(1), _trial(2, 0.011, busy=True)], 1, 0, 2) is None  # one quiet is enough
+    assert run_schedule.repeat_reason([_trial(1), _trial(2, 0.011, busy=True), _trial(3)], 2, 1, 2) is None  # busy one not used
+    assert run_schedule.repeat_budget_s(100.0, None) == pytest.approx(30.0) and run_schedule.repeat_budget_s(100.0, 5.0) == 5.0
 
 
 def test_contention_cell():
     from kernelmap import contention
 
     busy = {**contention.summarise([BUSY_WINDOW]), "trials": 3, "trials_contended": 2}
-    assert runner.contention_cell(busy) == "BUSY: other processes used 1.7 of 2 cores (2/3 trials)"
+    assert run_results.contention_cell(busy) == "BUSY: other processes used 1.7 of 2 cores (2/3 trials)"
     quiet = {**contention.summarise([QUIET_WINDOW]), "trials": 3, "trials_contended": 1}
-    assert runner.contention_cell(quiet) == "quiet (1/3 trials busy, left out)"
-    assert runner.contention_cell({**quiet, "trials_contended": 0}) == "quiet"
-    assert runner.contention_cell(contention.summarise([BUSY_WINDOW])) == "BUSY: other processes used 1.7 of 2 cores"
-    assert runner.contention_cell(None) == "not recorded"
+    assert run_results.contention_cell(quiet) == "quiet (1/3 trials busy, left out)"
+    assert run_results.contention_cell({**quiet, "trials_contended": 0}) == "quiet"
+    assert run_results.contention_cell(contention.summarise([BUSY_WINDOW])) == "BUSY: other processes used 1.7 of 2 cores"
+    assert run_results.contention_cell(None) == "not recorded"
     unmeasured = contention.summarise([{**QUIET_WINDOW, "measured": False, "why_not": "no /proc/stat"}])
-    assert runner.contention_cell(unmeasured) == "not measured: no /proc/stat"
+    assert run_results.contention_cell(unmeasured) == "not measured: no /proc/stat"
 
 
 def _run_args(out: Path, *extra: str) -> argparse.Namespace:
@@ -618,11 +625,11 @@ def test_run_interleaves_repeats_and_leaves_contended_trials_out(tmp_path, monke
             ("jax", 64, "clean", 3): {"median_s": 0.014}, ("jax", 64, "clean", 4): {"median_s": 0.016},
             ("pytorch", 64, "libs", None): {"busy": True, "median_s": 0.013}}
     fake = _workers_that_finish(monkeypatch, plan)
-    monkeypatch.setattr(runner, "_parity", lambda *a: {})
-    monkeypatch.setattr(runner, "_normalise", lambda tmp: None)
+    monkeypatch.setattr(run_cli, "parity_figures", lambda *a: {})
+    monkeypatch.setattr(run_cli, "normalise_run", lambda tmp: None)
     out = tmp_path / "run"
     # an explicit budget: the default (30% of a run of stand-in workers, ~0 s) would depend on the clock
-    summary = runner.execute(_run_args(out, "--repeat-budget", "600"))
+    summary = run_cli.execute(_run_args(out, "--repeat-budget", "600"))
     assert [c[:4] for c in fake.calls] == [
         ("pytorch", 64, "clean", 1), ("mxnet", 64, "clean", 1), ("jax", 64, "clean", 1),
         ("pytorch", 64, "libs", None), ("mxnet", 64, "libs", None), ("jax", 64, "libs", None),
@@ -660,7 +667,7 @@ def test_run_interleaves_repeats_and_leaves_contended_trials_out(tmp_path, monke
     assert "pytorch bs 64: the libs pass ran under contention (other processes used up to 1.7 of 2 cores)" in notes
     man = json.loads((out / "manifest.json").read_text())
     assert man["job"] == "run" and man["host"]["ncpu"] == os.cpu_count()
-    assert man["config"]["timing"]["max_repeats"] == runner.DEFAULT_MAX_REPEATS
+    assert man["config"]["timing"]["max_repeats"] == run_schedule.DEFAULT_MAX_REPEATS
     err = capsys.readouterr().err
     n = len(fake.calls)
     workers = [line for line in err.splitlines() if line.startswith("kernelmap run: [")]
@@ -674,8 +681,8 @@ def test_run_interleaves_repeats_and_leaves_contended_trials_out(tmp_path, monke
 def test_the_repeat_budget_stops_repeats_and_says_so(tmp_path, monkeypatch, capsys):
     plan = {("jax", 64, "clean", 2): {"median_s": 0.012}}
     fake = _workers_that_finish(monkeypatch, plan)
-    monkeypatch.setattr(runner, "_parity", lambda *a: {})
-    summary = runner.execute(_run_args(tmp_path / "run", "--profile", "none", "--repeat-budget", "0"))
+    monkeypatch.setattr(run_cli, "parity_figures", lambda *a: {})
+    summary = run_cli.execute(_run_args(tmp_path / "run", "--profile", "none", "--repeat-budget", "0"))
     assert len(fake.calls) == 6  # the planned trials only
     (note,) = [n for n in summary["notes"] if n.startswith("repeats stopped")]
     assert note.startswith("repeats stopped by the repeat budget (--repeat-budget 0 s, 0 s spent; the next trial "
@@ -691,10 +698,10 @@ def test_a_failing_case_drops_its_remaining_jobs_only(tmp_path, monkeypatch, cap
     oom = KernelmapError("mxnet bs 64 (clean pass trial 2/2, cpu): out of memory at batch size 64; try a smaller "
                          "--batch-size (boom)")
     fake = _workers_that_finish(monkeypatch, {("mxnet", 64, "clean", 2): oom})
-    monkeypatch.setattr(runner, "_parity", lambda *a: {})
-    monkeypatch.setattr(runner, "_normalise", lambda tmp: None)
+    monkeypatch.setattr(run_cli, "parity_figures", lambda *a: {})
+    monkeypatch.setattr(run_cli, "normalise_run", lambda tmp: None)
     out = tmp_path / "run"
-    summary = runner.execute(_run_args(out, "--max-repeats", "0"))
+    summary = run_cli.execute(_run_args(out, "--max-repeats", "0"))
     assert [c[:4] for c in fake.calls if c[0] == "mxnet"] == [("mxnet", 64, "clean", 1), ("mxnet", 64, "libs", None),
                                                                ("mxnet", 64, "clean", 2)]
     assert len([c for c in fake.calls if c[0] != "mxnet"]) == 6
@@ -733,11 +740,11 @@ def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeyp
             d = Path(cmd[cmd.index("--dir") + 1])
             (d / "libs.json").write_text("{}")
 
-    monkeypatch.setattr(runner, "run_worker", fake_worker)
-    case = runner.Case(fw, runner.Decision(fw, "gpu", "gpu", None), 64, {"steps": 20, "warmup_steps": 5, "math": "fp32"},
+    monkeypatch.setattr(run_processes, "run_worker", fake_worker)
+    case = run_case.Case(fw, run_devices.Decision(fw, "gpu", "gpu", None), 64, {"steps": 20, "warmup_steps": 5, "math": "fp32"},
                        "{}", tmp_path, "/opt/nsys/bin/nsys", None, 1, {})
     case.own_env = {ENV_TREE: "/tree"} if fw == "mxnet" else {}
-    case.run_capture("libs", runner.RunProgress(1, enabled=False), [])
+    case.run_capture("libs", run_processes.RunProgress(1, enabled=False), [])
     libs_dir = case.out_dir / "libs"
     if wrapped:
         assert [c[:2] for c in calls] == [["/opt/nsys/bin/nsys", "profile"], ["/opt/nsys/bin/nsys", "export"]]
@@ -762,9 +769,10 @@ def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monk
     different conv2 backward kernels, which no call of the libs pass could own. An MXNet built with patch
     0008 reads them from the case's file (the first process writes it): every worker of the case, clean
     trials and capture passes alike, is given the same file. An older tree (or the cu11x wheel) is not."""
-    from kernelmap import rundir
     from kernelmap.frameworks.mxnet import descriptor
     from kernelmap.frameworks.mxnet.built import ENV_TREE
+
+    from kernelmap import rundir
 
     envs = []
 
@@ -774,20 +782,20 @@ def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monk
         name = rundir.pass_result_name("clean", 1) if "clean" in cmd else rundir.pass_result_name("framework")
         (d / name).write_text("{}")
 
-    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    monkeypatch.setattr(run_processes, "run_worker", fake_worker)
     patches = ["0007-profiler-nvtx-ranges-end.patch"] + ([descriptor.ALGO_FILE_PATCH] if patched else [])
     tree = _tree(tmp_path / "tree", patches)
-    case = runner.Case("mxnet", runner.Decision("mxnet", "gpu", "gpu", None), 1024,
+    case = run_case.Case("mxnet", run_devices.Decision("mxnet", "gpu", "gpu", None), 1024,
                        {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path / "run", None, None, 1, {},
                        mode="hybridized")
     case.own_env = {ENV_TREE: str(tree)}
-    case.run_clean(1, "clean", runner.RunProgress(1, enabled=False))
-    case.run_capture("framework", runner.RunProgress(1, enabled=False), [])
+    case.run_clean(1, "clean", run_processes.RunProgress(1, enabled=False))
+    case.run_capture("framework", run_processes.RunProgress(1, enabled=False), [])
     want = str(tmp_path / "run" / "mxnet-hybridized" / "bs1024" / rundir.ALGORITHM_FILE)
     assert [(p, env.get(descriptor.ALGO_FILE_ENV)) for p, env in envs] == [
         ("clean", want if patched else None), ("framework", want if patched else None)]
     # a framework without a way to share them: none
-    assert runner.frameworks.get("pytorch").shared_algorithms_env(want, {}) == {}
+    assert frameworks.get("pytorch").shared_algorithms_env(want, {}) == {}
     assert descriptor.shared_algorithms_env(want, None) == {}  # no built tree: the cu11x wheel
 
 

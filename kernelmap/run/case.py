@@ -1,0 +1,214 @@
+"""One case of a run (framework x mode x batch size) and the running of every case in the schedule's order.
+
+``Case`` builds its workers' commands and environments, runs its clean trials and capture passes
+(``processes.run_worker``) and turns what they returned into its results.json entry
+(``results.case_entry``); ``run_schedule`` and ``run_repeats`` run the cases' workers in the
+schedule's rounds (``schedule``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import doctor, frameworks, rundir
+from ..errors import KernelmapError
+from . import processes
+from .devices import Decision, libs_env, thread_env, worker_environ, worker_own_env
+from .processes import RunProgress, nsys_commands, nsys_report
+from .results import case_entry
+from .schedule import PASS_STEPS, Job, libs_warmup, repeat_reason, round_order
+
+
+class Case:
+    """One framework x mode x batch size: its workers' commands, what they returned, its results.json entry.
+    ``key``: ``frameworks.case_key`` of the framework and mode, which names its folder and logs."""
+
+    def __init__(self, fw: str, decision: Decision, bs: int, train: dict[str, Any], data_json: str, run_tmp: Path,
+                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str],
+                 mode: str | None = None):
+        self.fw, self.decision, self.bs, self.train = fw, decision, bs, train
+        self.mode = mode or frameworks.get(fw).default_mode
+        self.key = frameworks.case_key(fw, self.mode)
+        self.nsys, self.nsys_skip = nsys, nsys_skip
+        self.rd = rundir.RunDir(run_tmp)
+        self.out_dir = self.rd.case(self.key, bs)
+        config = dict(train, batch_size=bs, device=decision.device, mode=self.mode,
+                      options=(train.get("options") or {}).get(fw, {}))
+        self.descriptor = frameworks.get(fw)
+        self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
+                     "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
+        self.threads_env = thread_env(threads)
+        self.own_env = worker_own_env(fw, decision.device)
+        self.clean_trials: list[dict[str, Any]] = []
+        self.trial_walls: list[float] = []
+        self.pass_results: dict[str, dict[str, Any]] = {}
+        self.repeat_trials: list[int] = []  # trial numbers of the extra trials (run_repeats)
+        self.repeats_over = False  # a repeat failed: no more for this case
+        self.failed = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.key} bs {self.bs}"
+
+    def starts_worker(self, job: Job) -> bool:
+        """Whether ``job`` starts a worker here (an nsys pass that records nothing here does not)."""
+        return not (job.pass_name == "nsys" and self.nsys_skip is not None)
+
+    def _env(self) -> dict[str, str]:
+        shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key, self.bs)), self.own_env)
+        return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env, shared)
+
+    def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
+        """One clean trial in its own process; the first measures accuracy and times the loader, the
+        others reuse their batches (``--reuse-batches``: the loader dominated MXNet's clean pass)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        extra = ["--pass", "clean", "--trial", str(trial)] + (["--no-evaluate", "--reuse-batches"] if trial > 1 else [])
+        progress.start(label)
+        t0 = time.monotonic()
+        try:
+            processes.run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(),
+                                 forward_stderr=False, log_path=self.rd.log(self.key, self.bs, "clean", trial))
+        finally:
+            progress.finish()
+        self.trial_walls.append(time.monotonic() - t0)
+        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.key, self.bs, "clean", trial)))
+        if repeat:
+            self.repeat_trials.append(trial)
+
+    def run_capture(self, p: str, progress: RunProgress, notes: list[str]) -> None:
+        """One capture pass in its own process (an nsys pass that records nothing here: a note)."""
+        fw, key, bs, out_dir = self.fw, self.key, self.bs, self.out_dir
+        if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
+            notes.append(f"{key} bs {bs}: nsys pass skipped: {self.nsys_skip}")
+            self.pass_results[p] = {"skipped": self.nsys_skip}
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        label = f"{key} bs {bs} ({p} pass, {self.decision.device})"
+        steps = PASS_STEPS[p] if self.train["steps"] is None else min(PASS_STEPS[p], self.train["steps"])
+        cmd = [*self.base, "--pass", p, "--steps", str(steps), "--no-evaluate"]
+        env = self._env()
+        env.update(self.descriptor.pass_env.get(p, {}))
+        stdout_path = None
+        if p == "libs":
+            cmd += ["--warmup", str(libs_warmup(self.descriptor, self.mode, self.train["warmup_steps"]))]
+            env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
+            if self.decision.device == "cpu":
+                stdout_path = out_dir / "onednn.log"
+        log_path = self.rd.log(key, bs, p)
+        progress.start(label)
+        try:
+            window = self.descriptor.nsys_window(self.own_env)
+            if p == "libs" and self.descriptor.libs_under_nsys and self.nsys_skip is None and window is not None:
+                # the libs pass's own kernels (kernelmap/calllink.py), recorded by nsys in the same process
+                self._under_nsys(out_dir / rundir.LIBS_TRACE_DIR, cmd, window, label, env, log_path)
+            elif p == "nsys":
+                self._under_nsys(out_dir, cmd, window, label, env, log_path)
+            else:
+                processes.run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path,
+                                     forward_stderr=False, log_path=log_path)
+        finally:
+            progress.finish()
+        self.pass_results[p] = rundir.read_json(self.rd.pass_result(key, bs, p))
+
+    def _under_nsys(self, out: Path, cmd: list[str], window, label: str, env: dict[str, str],
+                    log_path: Path) -> None:
+        """Run worker ``cmd`` under nsys into ``out``, then export its report to SQLite there."""
+        out.mkdir(parents=True, exist_ok=True)
+        profile, export = nsys_commands(self.nsys, out, cmd, window)
+        processes.run_worker(profile, label=label, batch_size=self.bs, env=env, forward_stderr=False,
+                             log_path=log_path)
+        processes.run_worker([*export, str(nsys_report(out))], label=f"{label}: nsys export", batch_size=self.bs,
+                             forward_stderr=False, log_path=log_path)
+
+    def drop(self) -> None:
+        """Leave this case out of the run: its folder goes (and its framework's, once empty)."""
+        self.failed = True
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        fw_dir = self.out_dir.parent
+        if fw_dir.is_dir() and not any(fw_dir.iterdir()):
+            fw_dir.rmdir()
+
+    def entry(self, notes: list[str]) -> dict[str, Any]:
+        """This case's results.json entry (and its notes: trials left out, disagreement, contention)."""
+        return case_entry(self.fw, self.bs, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
+                          self.out_dir, rundir.case_dir(self.key, self.bs), notes)
+
+
+def fail_case(case: Case, exc: KernelmapError, notes: list[str], failed: list[str]) -> None:
+    """A worker of ``case`` failed (OOM at this batch size, a broken install): it is left out, the rest runs."""
+    msg = f"{exc}; {case.name} left out of the run"
+    if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
+        msg += f"; fix: {doctor.FIX[case.fw]}"
+    print(f"kernelmap run: {msg}", file=sys.stderr)
+    notes.append(msg)
+    failed.append(str(exc))
+    case.drop()
+
+
+def run_schedule(cases: dict[tuple[str, int], Case], jobs: list[Job], trials: int, progress: RunProgress,
+                 notes: list[str], failed: list[str]) -> None:
+    """Run ``jobs`` in order; a case whose worker fails drops its remaining jobs (and the progress line's
+    count drops them too)."""
+    for n, job in enumerate(jobs):
+        case = cases[job.case]
+        if case.failed:
+            continue
+        try:
+            if job.pass_name == "clean":
+                label = f"{case.name} (clean pass trial {job.trial}/{trials}, {case.decision.device})"
+                case.run_clean(job.trial, label, progress)
+            else:
+                case.run_capture(job.pass_name, progress, notes)
+        except KernelmapError as exc:
+            fail_case(case, exc, notes, failed)
+            progress.total -= sum(1 for j in jobs[n + 1:] if j.case == job.case and case.starts_worker(j))
+
+
+def run_repeats(cases: dict[tuple[str, int], Case], trials: int, max_repeats: int, budget_s: float,
+                budget_said: str, progress: RunProgress, notes: list[str]) -> None:
+    """Extra clean trials, one per case and round, for the cases that want one (``repeat_reason``),
+    interleaved as the rounds are, until none wants one or the next would overrun ``budget_s`` seconds
+    (its expected time: the median of the case's trials so far); a note says when the budget stopped them."""
+    spent = 0.0
+    r = trials
+    while True:
+        live = [c for c in cases.values() if not c.failed]
+        order = round_order([(c.key, c.bs) for c in live], r)
+        want = [(cases[k], why) for k in order
+                if not cases[k].repeats_over
+                and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats))]
+        if not want:
+            return
+        progress.total += len(want)
+        for i, (case, why) in enumerate(want):
+            expected = statistics.median(case.trial_walls)
+            if spent + expected > budget_s:
+                progress.total -= len(want) - i
+                left = ", ".join(f"{c.name} ({w})" for c, w in want[i:])
+                msg = (f"repeats stopped by the repeat budget ({budget_said}, {spent:.0f} s spent; the next trial "
+                       f"takes ~{expected:.0f} s): not repeated further: {left}")
+                print(f"kernelmap run: {msg}", file=sys.stderr)
+                notes.append(msg)
+                return
+            trial = len(case.clean_trials) + 1
+            label = (f"{case.name} (clean pass trial {trial}, repeat {len(case.repeat_trials) + 1}/{max_repeats}: "
+                     f"{why}, {case.decision.device})")
+            t0 = time.monotonic()
+            try:
+                case.run_clean(trial, label, progress, repeat=True)
+            except KernelmapError as exc:  # the case keeps the trials it has
+                msg = f"{exc}; {case.name} keeps its {len(case.clean_trials)} trials"
+                print(f"kernelmap run: {msg}", file=sys.stderr)
+                notes.append(msg)
+                case.repeats_over = True
+            finally:
+                spent += time.monotonic() - t0
+        r += 1
+
+

@@ -1,0 +1,171 @@
+"""The worker processes of a run: start one, tee its stderr, stop its group, say what failed.
+
+Each worker (``python -m kernelmap.worker``, or nsys wrapping it) runs in its own process group, so
+that Ctrl-C reaches only this process, which then stops the group (``stop_group``). ``RunProgress``
+prints one line per worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import interrupt
+from ..errors import KernelmapError
+from ..frameworks.registry import NsysWindow
+
+EXIT_OOM = 75  # kernelmap.worker.EXIT_OOM (not imported: the worker module imports numpy only, but stay lean)
+# a line that states an error: a Python exception's (``torch._dynamo.exc.InternalTorchDynamoError: ...``) or ours
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)|kernelmap-worker: error)\b.*:")
+
+
+def error_line(text: str) -> str:
+    """The line of a worker's stderr tail that says what went wrong: the last exception or error line
+    (torch.compile prints advice after its traceback: "Set TORCHDYNAMO_VERBOSE=1 ..."), else the last line."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if ERROR_LINE.match(line)]
+    return errors[-1] if errors else (lines[-1] if lines else "")
+
+
+class _StderrTee(threading.Thread):
+    """Copy a worker's stderr into its log file (and to ours where asked) as it arrives, keeping a tail."""
+
+    def __init__(self, stream, forward: bool, log=None):
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.forward = forward
+        self.log = log
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=64)
+
+    def run(self) -> None:
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for chunk in iter(lambda: self.stream.read1(65536), b""):
+            self.tail.append(chunk)
+            if self.log is not None:
+                self.log.write(chunk)
+            if self.forward:
+                if out is not None:
+                    out.write(chunk)
+                    out.flush()
+                else:
+                    sys.stderr.write(chunk.decode(errors="replace"))
+
+    def last_line(self) -> str:
+        return error_line(b"".join(self.tail).decode(errors="replace"))
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process group led by ``proc``, then SIGKILL it if it is not gone in ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # the leader is gone; stragglers of its group are not
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, str] | None = None,
+               stdout_path: Path | None = None, forward_stderr: bool = True, log_path: Path | None = None) -> None:
+    """Run one worker command; raise ``KernelmapError`` (one line) when it fails.
+
+    The worker's stdout goes to ``stdout_path`` (library verbose lines), else to ``log_path``, else
+    to our stderr, so that our stdout stays clean for ``--json``. Its stderr (third-party warnings,
+    library chatter) goes to ``log_path`` and, with ``forward_stderr``, to our stderr too.
+    """
+    log_fh = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fh = open(log_path, "ab")  # noqa: SIM115
+    stdout_fh = open(stdout_path, "wb") if stdout_path else None  # noqa: SIM115
+    try:
+        # Its own process group: a terminal's Ctrl-C reaches only this process, which then stops the
+        # worker (and nsys with its target) as a group. A worker that got the SIGINT itself could be
+        # mid-import and print Python's startup traceback.
+        proc = None
+        try:
+            with interrupt.deferred():  # a signal here is raised once ``proc`` is known, below
+                proc = subprocess.Popen(cmd, env=env, stdout=stdout_fh or log_fh or sys.stderr.fileno(),
+                                        stderr=subprocess.PIPE, process_group=0)
+                tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
+                tee.start()
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
+            if proc is not None:
+                tee.forward = False
+                stop_group(proc)
+            raise
+        tee.join(timeout=10)
+    finally:
+        if stdout_fh:
+            stdout_fh.close()
+        if log_fh:
+            log_fh.close()
+    if rc == EXIT_OOM:
+        raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
+                             f"try a smaller --batch-size ({tee.last_line()})")
+    if rc != 0:
+        raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
+
+
+def nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str],
+                  window: NsysWindow) -> tuple[list[str], list[str]]:
+    # Only the timed steps: the worker brackets them with cudaProfilerStart/Stop (nsys records only
+    # those) or a kernelmap:capture NVTX range (the adapter cuts the capture to it), so warm-up kernels
+    # (which no op range covers) never enter the records.
+    profile = [nsys, "profile", "--trace=cuda,nvtx", *window.nsys_flags(),
+               "-o", str(out_dir / "nsys"), "--force-overwrite", "true", *worker_cmd]
+    export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out_dir / "nsys.sqlite")]
+    return profile, export
+
+
+def nsys_report(out_dir: Path) -> Path:
+    for name in ("nsys.nsys-rep", "nsys.qdrep"):
+        if (out_dir / name).is_file():
+            return out_dir / name
+    raise KernelmapError(f"{out_dir}: nsys wrote no report (nsys.nsys-rep)")
+
+
+class RunProgress:
+    """The overall progress of a run: one plain line on stderr per worker process (pass n of N,
+    elapsed, an ETA from the mean time of the workers done so far). Plain lines, so that a log
+    without a terminal shows them too."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total = total
+        self.done = 0
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = time.monotonic()
+
+    @staticmethod
+    def _clock(seconds: float) -> str:
+        m, s = divmod(int(round(seconds)), 60)
+        return f"{m}m{s:02d}s" if m else f"{s}s"
+
+    def line(self, label: str) -> str:
+        elapsed = time.monotonic() - self.t0
+        eta = (f", ETA ~{self._clock(elapsed / self.done * (self.total - self.done))}" if self.done
+               else "")
+        return f"kernelmap run: [{self.done + 1}/{self.total}] {label} (elapsed {self._clock(elapsed)}{eta})"
+
+    def start(self, label: str) -> None:
+        if self.enabled:
+            print(self.line(label), file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        self.done += 1
+
+

@@ -1,0 +1,147 @@
+"""The round schedule of a run: which worker runs when, and which case gets another clean trial.
+
+Workers run in rounds that interleave the frameworks (``schedule``, ``round_order``), so that a busy
+minute lands on every framework alike; a case whose trials ran under contention or disagree gets
+extra clean trials within a budget (``repeat_reason``, ``repeat_budget_s``), and its step figure
+leaves contended trials out where a quiet one exists (``used_trials``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import frameworks, timing
+from ..errors import KernelmapError
+
+PROFILES = {
+    "none": ("clean",),
+    "framework": ("clean", "framework"),
+    "libs": ("clean", "libs"),
+    "nsys": ("clean", "nsys"),
+    "all": ("clean", "framework", "libs", "nsys"),
+}
+# Timed steps of each capture pass (at most the clean pass's): enough for its overhead to be judged
+# against the clean pass's interval (kernelmap.timing).
+PASS_STEPS = {"framework": timing.MIN_CAPTURE_STEPS, "libs": timing.MIN_CAPTURE_STEPS,
+              "nsys": timing.MIN_CAPTURE_STEPS}
+LIBS_WARMUP = 1
+# nsys traces a CUDA graph's replay as one launch unless told otherwise, and even per node it has no
+# reference step to give replayed kernels the ops that launched them at capture: the framework pass does
+REPLAY_NSYS_SKIP = ("{label} replays CUDA graphs ({why}): nsys would record each replay's kernels without "
+                    "the ops that launched them at capture; the framework pass attributes them "
+                    "(adapters/graph_replay.py)")
+
+
+def case_nsys_skips(keys: dict[str, tuple[str, str]], skips: dict[str, str]) -> dict[str, str]:
+    """Why each case's nsys pass records nothing ({case key: reason}): its framework's reason
+    (``nsys_skips``), else, for a mode that replays CUDA graphs (``Framework.replay_modes``), that."""
+    out = {}
+    for key, (fw, _mode) in keys.items():
+        why = skips.get(fw)
+        if why is None and frameworks.replay_reason(key):
+            why = REPLAY_NSYS_SKIP.format(label=frameworks.key_label(key), why=frameworks.replay_reason(key))
+        if why is not None:
+            out[key] = why
+    return out
+
+
+def libs_warmup(descriptor: frameworks.Framework, mode: str, warmup_steps: int) -> int:
+    """The libs pass's warm-up: LIBS_WARMUP (its logs stay short), or fewer where the run asked for fewer,
+    but never below what the mode needs (``min_warmup``: a CUDA graph is captured at its last warm-up step)."""
+    return max(min(LIBS_WARMUP, warmup_steps), descriptor.min_warmup.get(mode, 0))
+
+
+def check_warmup(warmup_steps: int, cases) -> None:
+    """Refuse a --warmup below what a chosen mode needs, before anything runs (its worker would fail)."""
+    short = [f"{frameworks.get(fw).label}'s {mode} mode needs at least {frameworks.get(fw).min_warmup[mode]}"
+             for fw, mode in cases if warmup_steps < frameworks.get(fw).min_warmup.get(mode, 0)]
+    if short:
+        raise KernelmapError(f"--warmup {warmup_steps}: too few warm-up steps: " + "; ".join(dict.fromkeys(short))
+                             + " (a CUDA graph is captured at the last warm-up step)")
+
+
+def planned_workers(runnable: list[str], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
+                    nsys_skipped: dict[str, str]) -> int:
+    """How many worker processes the run starts (the progress line's N): per framework x batch size, the
+    clean pass's trials and each capture pass, less an nsys pass that is skipped (``nsys_skips``)."""
+    per_fw = {fw: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and fw in nsys_skipped))
+              for fw in runnable}
+    return n_batch_sizes * sum(per_fw.values())
+
+
+REPEAT_BUDGET_SHARE = 0.30  # default --repeat-budget: this share of the run's wall time before the repeats
+DEFAULT_MAX_REPEATS = 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker process of the run: a clean-pass trial (``trial``) or a capture pass (``trial`` None)."""
+
+    framework: str
+    batch_size: int
+    pass_name: str
+    trial: int | None
+    round: int
+
+    @property
+    def case(self) -> tuple[str, int]:
+        return self.framework, self.batch_size
+
+
+def round_order(cases: list[tuple[str, int]], r: int) -> list[tuple[str, int]]:
+    """The cases of round ``r`` in the order they run: batch size after batch size, the frameworks
+    alternating within each, their order rotated by one place each round (each framework takes each
+    place in turn, so none always runs first or last)."""
+    fws = list(dict.fromkeys(fw for fw, _ in cases))
+    bss = list(dict.fromkeys(bs for _, bs in cases))
+    k = r % len(fws) if fws else 0
+    rotated = fws[k:] + fws[:k]
+    present = set(cases)
+    return [(fw, bs) for bs in bss for fw in rotated if (fw, bs) in present]
+
+
+def schedule(cases: list[tuple[str, int]], trials: int, capture_passes: tuple[str, ...]) -> list[Job]:
+    """Every planned worker of the run, in the order they run: ``max(trials, len(capture_passes))``
+    rounds; round r holds clean trial r + 1 of every case (framework x batch size), then capture pass
+    r of every case (``round_order``), so that a busy minute falls on every framework alike rather than
+    on one framework's clean pass."""
+    jobs: list[Job] = []
+    for r in range(max(trials, len(capture_passes))):
+        order = round_order(cases, r)
+        if r < trials:
+            jobs += [Job(fw, bs, "clean", r + 1, r) for fw, bs in order]
+        if r < len(capture_passes):
+            jobs += [Job(fw, bs, capture_passes[r], None, r) for fw, bs in order]
+    return jobs
+
+
+def trial_contended(trial: dict[str, Any]) -> bool | None:
+    """Whether a clean trial (its worker's result) ran under contention (``kernelmap.contention``)."""
+    return (trial.get("contention") or {}).get("contended")
+
+
+def used_trials(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trials the clean figure is computed from: those not run under contention where there is at
+    least one, else all of them (the figure is then flagged contended)."""
+    quiet = [t for t in trials if trial_contended(t) is not True]
+    return quiet or list(trials)
+
+
+def repeat_reason(trials: list[dict[str, Any]], wanted: int, repeats: int, max_repeats: int) -> str | None:
+    """Why a case gets one more clean trial, or None: fewer than ``wanted`` of its trials ran without
+    contention, or the trials its figure uses disagree (``timing.trials_disagree``); never more than
+    ``max_repeats`` extra trials."""
+    if repeats >= max_repeats:
+        return None
+    busy = [t["trial"] for t in trials if trial_contended(t) is True]
+    if len(trials) - len(busy) < wanted:
+        return f"trial{'s' if len(busy) > 1 else ''} {', '.join(str(b) for b in busy)} ran under contention"
+    if timing.trials_disagree([t["step_times_s"] for t in used_trials(trials)]):
+        return "its trials disagree beyond noise"
+    return None
+
+
+def repeat_budget_s(spent_s: float, budget_s: float | None) -> float:
+    """Seconds the repeats may take: ``--repeat-budget``, else ``REPEAT_BUDGET_SHARE`` of the run so far."""
+    return REPEAT_BUDGET_SHARE * spent_s if budget_s is None else budget_s
