@@ -242,8 +242,8 @@ def link_library_calls(df: pd.DataFrame, steady_calls: int | None = None, exclud
     return info
 
 
-_LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "op_event_id", "source", "iteration",
-                        "dur_ns"]
+_LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "op_event_id", "op_name", "source",
+                        "iteration", "dur_ns"]
 
 
 def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: dict | None = None) -> pd.DataFrame:
@@ -276,8 +276,10 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: 
     given = np.array([(reasons or {}).get(i) for i in k.index], dtype=object) if reasons else None
     rules = [  # the first rule that holds gives an unlinked kernel its reason
         *([(pd.notna(given), given)] if given is not None else []),
-        (S.isna(canon) | S.eq(canon, "other") | k["op_event_id"].isna().to_numpy(),
+        # as _kernel_figures counts a launching op known (an op row, or XLA's HLO instruction): never both said
+        (k["op_event_id"].isna().to_numpy() & S.isna(k["op_name"]),
          "not launched inside a framework op of its trace (outside the op ranges)"),
+        (S.isna(canon) | S.eq(canon, "other"), "its launching op is none of the model's ops (no canonical op)"),
         (np.full(len(k), calls.empty), "no GPU library log in this run"),
         (S.isna(keyed["layer"]), "no layer for its op"),
         (S.eq(k["direction"], "bwd") & S.eq(canon, "conv2d"),

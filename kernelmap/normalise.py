@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import adapters, attribution, calllink, frameworks, heap, schema, strings
+from .adapters import graph_replay
 from .errors import KernelmapError, ParseError
 from .rundir import ALGORITHM_FILE, GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
 
@@ -197,6 +198,11 @@ def _print(s: dict, out) -> None:
     w = sys.stdout.write
     w(f"{s['events']} records from {len(s['files'])} file(s) -> {out}\n")
     _print_runs(s)
+    for f in s["files"]:
+        g = f.get("graph_replays")
+        if g:  # adapters/graph_replay.py
+            w(f"  {f['file']}: {graph_replay.describe({k: g[k] for k in ('kernels', 'memsets', 'memcpys')})} replayed "
+              f"from {g['launches']} graph launch(es), attributed by the {g['attributed_by']}\n")
 
 
 def _print_runs(s: dict) -> None:

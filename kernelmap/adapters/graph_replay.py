@@ -1,7 +1,12 @@
-"""Kernels replayed from a CUDA graph, attributed to the ops that launched their twins.
+"""Kernels replayed from a CUDA (or HIP) graph, attributed to the ops that launched their twins.
 
-Every kernel (memcpy, memset) of one graph replay correlates with one ``cudaGraphLaunch``: the trace
-itself cannot say which op launched it. A framework pass whose steps replay graphs (docs/MODES.md)
+Every kernel (memcpy, memset) of one graph replay correlates with one graph launch (``cudaGraphLaunch``,
+``hipGraphLaunch``, ``GRAPH_LAUNCHES``): the trace itself cannot say which op launched it. Without a
+reference step (below), each replayed event is linked to the span that encloses its graph launch
+(``link_to_launch``: the innermost op, else the innermost framework span such as torch.compile's
+``CompiledFunction``) and keeps that launch's labels; the trace's ``graph_replays`` attribute counts
+them (kernels, memsets and memcpys apart). kernelmap's own runs never take that path: a framework pass
+whose steps replay graphs (docs/MODES.md)
 therefore profiles first, into a companion file beside its trace (``rundir.GRAPH_REFERENCE``), one
 step that launches the same kernels one by one, each under its op (the reference step). Here the
 device rows a step replays are matched to the reference step's by name and occurrence (the k-th
@@ -9,7 +14,8 @@ device rows a step replays are matched to the reference step's by name and occur
 replays a kernel the reference step lacks, or lacks one of the reference step's kernels without
 running it eagerly (outside the graphs), is a ``ParseError`` naming the difference, never a guess.
 Matched rows take the reference row's canonical op, direction, layer, phase and library; their
-iteration stays the step whose ``cudaGraphLaunch`` they replay.
+iteration stays the step whose ``cudaGraphLaunch`` they replay. A trace of kernelmap's own
+(``kernelmap:step#N`` steps) without its reference file is an error, as is a mismatch.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ from .. import strings
 from ..errors import ParseError
 from ..rundir import GRAPH_REFERENCE
 from ._trace import DEVICE_KINDS
+from .canonical import region_index
 
-GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime/driver API names of a graph launch
+# runtime/driver API names of a graph launch: CUDA's (and their per-thread default stream variants), HIP's
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_ptsz", "cuGraphLaunch_ptsz",
+                  "hipGraphLaunch", "hipGraphLaunch_spt")
+OWN_STEP_PREFIX = "kernelmap:step#"  # the worker's step regions: a trace of kernelmap's own run
 COPIED = ("canonical_op", "direction", "layer", "phase", "library")  # what a replayed row takes from its twin
 
 
@@ -79,18 +89,92 @@ def reference_rows(ref: pd.DataFrame) -> np.ndarray:
     return rdev[np.argsort(ref["start_ns"].to_numpy(dtype="int64", na_value=0)[rdev], kind="stable")]
 
 
-def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
-    """Attribute ``df``'s graph-replayed device rows in place from the reference step beside ``path``
-    (``read_reference(file) -> DataFrame``: the adapter's own reader). Returns how many rows were
-    replayed (0: the trace has no graph launch, nothing is read)."""
+def counts(df: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:
+    """How many of the device ``rows`` are kernels, memsets and memcpys (by kind: the trace's categories)."""
+    kind = np.asarray(df["kind"].array.take(rows), dtype=object)
+    return {f"{k}s": int((kind == k).sum()) for k in ("kernel", "memset", "memcpy")}
+
+
+def describe(c: dict[str, int]) -> str:
+    """``counts`` in words: "4464 kernels, 576 memsets and 6 memcpys"."""
+    parts = [f"{n} {k[:-1] if n == 1 else k}" for k, n in c.items()]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _own_run(df: pd.DataFrame) -> bool:
+    """Whether a trace is one of kernelmap's own runs (its steps are the worker's ``kernelmap:step#N``)."""
+    names = strings.distinct(df["op_name"].array.take(np.flatnonzero(strings.eq(df["kind"], "step"))))
+    return any(str(n).startswith(OWN_STEP_PREFIX) for n in names)
+
+
+def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference, context: np.ndarray | None = None) -> dict:
+    """Attribute ``df``'s graph-replayed device rows in place: from the reference step beside ``path``
+    where there is one (``read_reference(file) -> DataFrame``: the adapter's own reader), else (a trace
+    not of kernelmap's own) each linked to the span enclosing its graph launch (``link_to_launch``;
+    ``context``: the rows that may be that span). Returns what the trace's ``graph_replays`` attribute
+    says: the launches, the replayed kernels, memsets and memcpys, how they were attributed (empty: the
+    trace has no graph launch, nothing is read)."""
     rows, launches = replayed_rows(df)
     if not len(rows):
-        return 0
+        return {}
+    c = counts(df, rows)
+    info = {"launches": len(np.unique(launches)), **c}
     ref_path = Path(path).with_name(GRAPH_REFERENCE)
-    if not ref_path.is_file():
-        raise ParseError(path, f"{len(rows)} kernels were replayed from CUDA graphs ({GRAPH_LAUNCHES[0]}) and "
+    if ref_path.is_file():
+        _from_reference(df, path, ref_path, rows, launches, read_reference)
+        return {**info, "attributed_by": "reference step"}
+    if _own_run(df):
+        raise ParseError(path, f"{describe(c)} were replayed from CUDA graphs ({GRAPH_LAUNCHES[0]}) and "
                                f"there is no {GRAPH_REFERENCE} beside the trace to attribute them (the framework "
                                "pass of a mode that replays graphs writes it)")
+    linked = link_to_launch(df, context)
+    return {**info, "attributed_by": "span enclosing each graph launch", "linked_to_a_span": linked}
+
+
+def link_to_launch(df: pd.DataFrame, context: np.ndarray | None = None) -> int:
+    """Graph launches that no op encloses, and the device rows they replay: linked (``op_event_id``) to
+    the innermost span of ``context`` (default: op and annotation rows other than steps) on the launch's
+    thread that holds the launch's start (torch.compile's ``CompiledFunction``, a user annotation).
+    Returns how many device rows were linked so."""
+    is_launch = strings.eq(df["kind"], "runtime") & strings.isin(df["op_name"], list(GRAPH_LAUNCHES))
+    lrows = np.flatnonzero(is_launch & df["op_event_id"].isna().to_numpy())
+    if not len(lrows):
+        return 0
+    if context is None:
+        context = strings.isin(df["kind"], ["op", "annotation"])
+    ctx = np.flatnonzero(context)
+    start = df["start_ns"].to_numpy(dtype="int64", na_value=0)
+    end = start + df["dur_ns"].to_numpy(dtype="int64", na_value=0)
+    thread = df["pid"].to_numpy(dtype="int64", na_value=-1) * (1 << 32) + df["tid"].to_numpy(dtype="int64", na_value=-1)
+    span = np.full(len(lrows), -1, dtype="int64")
+    for t in np.unique(thread[lrows]).tolist():
+        at = thread[lrows] == t
+        cands = ctx[thread[ctx] == t]
+        found = region_index(start[lrows[at]], start[cands], end[cands])
+        span[at] = np.where(found >= 0, cands[np.maximum(found, 0)], -1)
+    ok = span >= 0
+    lrows, span = lrows[ok], span[ok]
+    if not len(lrows):
+        return 0
+    eid = df["event_id"].to_numpy(dtype="int64")
+    corr = df["correlation_id"].to_numpy(dtype="float64", na_value=np.nan)
+    target = pd.Series(eid[span], index=corr[lrows])
+    target = target[~target.index.duplicated(keep="first")]
+    dev = np.flatnonzero(strings.isin(df["kind"], list(DEVICE_KINDS)) & df["op_event_id"].isna().to_numpy()
+                         & np.isin(corr, corr[lrows]))
+    rows = np.concatenate([lrows, dev])
+    ids = np.concatenate([eid[span], target.reindex(corr[dev]).to_numpy(dtype="int64")])
+    op = df["op_event_id"].to_numpy(dtype="float64", na_value=np.nan)
+    op[rows] = ids
+    df["op_event_id"] = pd.arrays.IntegerArray(np.nan_to_num(op).astype("int64"), np.isnan(op))
+    return len(dev)
+
+
+def _from_reference(df: pd.DataFrame, path, ref_path: Path, rows: np.ndarray, launches: np.ndarray,
+                    read_reference) -> None:
+    """The replayed ``rows`` (``launches``: the correlation id of each one's launch) take their twins'
+    labels in the reference step of ``ref_path`` (module docstring); a ParseError where they are not
+    that step's events."""
     ref = read_reference(ref_path)
     if len(replayed_rows(ref)[0]):
         raise ParseError(ref_path, "the graph reference step itself replays a CUDA graph")
@@ -115,10 +199,9 @@ def attribute(df: pd.DataFrame, path: str | os.PathLike, read_reference) -> int:
         missing = sorted(((want - got) - unreplayed).items())[:3]
         if extra or missing:
             what = f"step {int(g)}" if g >= 0 else f"graph launch (correlation {int(-1 - g)})"
-            raise ParseError(path, f"{what}: its {sum(got.values())} replayed device events are not those of the "
-                                   f"reference step in {GRAPH_REFERENCE} ({sum(want.values())}): not in the reference "
-                                   f"{extra}, neither replayed nor run eagerly {missing}")
+            raise ParseError(path, f"{what}: its replayed {describe(counts(df, rows[at]))} are not those of the "
+                                   f"reference step in {GRAPH_REFERENCE} ({describe(counts(ref, rdev))}): not in the "
+                                   f"reference {extra}, neither replayed nor run eagerly {missing}")
         src[at] = [ref_index[o] for o in _occurrences([names[i] for i in at])]
     for col in COPIED:
         strings.set_rows(df, col, rows, ref[col].array[src])
-    return len(rows)

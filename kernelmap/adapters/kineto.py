@@ -44,6 +44,7 @@ from ._common import (
     trace_events_shell,
 )
 from .canonical import is_collective_kernel
+from .kernel_libraries import library_of
 
 SOURCE = "kineto"
 _KIND = {
@@ -58,6 +59,8 @@ DEVICE_ANNOTATION_CATS = ("gpu_user_annotation", "cuda_sync", "cuda_profiler_ran
 # device activity of accelerators whose events kernelmap does not read (MTIA, PyTorch's privateuse1
 # backends, Intel XPU, Gaudi): a trace with them is refused, not read as a trace without kernels
 UNSUPPORTED_DEVICE_PREFIXES = ("mtia_", "privateuse1_", "xpu_", "hpu_")
+# the host spans that may hold a graph launch (graph_replay.link_to_launch): ops and user annotations
+LAUNCH_CONTEXT_CATS = ("cpu_op", "user_annotation", "Operator")
 # the categories of PyTorch 1.8/1.9's Kineto traces (with a lower-case ``external id`` arg)
 OLD_CATEGORIES = ("Operator", "Runtime", "Kernel", "Memcpy", "Memset")
 
@@ -443,7 +446,60 @@ def _joined(parts: list[dict]) -> dict:
     return out
 
 
+# the first device event's category decides (refuse_unsupported): that of an accelerator kernelmap does not
+# read, or one it reads (CUDA and ROCm kernels, copies, sets, in both schemas)
+_DEVICE_CAT = re.compile(rb'"cat"\s*:\s*"((?:' + b"|".join(re.escape(p.encode()) for p in UNSUPPORTED_DEVICE_PREFIXES)
+                         + rb')[^"]*|kernel|gpu_memcpy|gpu_memset|Kernel|Memcpy|Memset)"')
+PEEK_BLOCK = 1 << 20  # bytes of the (decompressed) content held at a time by the peek
+
+
+def _blocks(path):
+    """The file's content (gunzipped or xz-decompressed), ``PEEK_BLOCK`` bytes at a time, each with the
+    last bytes of the one before (a category split between two blocks is still seen); ends quietly at
+    corrupt data (``read_bytes`` reports it)."""
+    import gzip
+    import lzma
+
+    with open(path, "rb") as raw:
+        magic = raw.read(6)
+        raw.seek(0)
+        fh = gzip.GzipFile(fileobj=raw) if magic[:2] == GZIP_MAGIC else lzma.LZMAFile(raw) if magic == XZ_MAGIC else raw
+        tail = b""
+        try:
+            while block := fh.read(PEEK_BLOCK):
+                yield tail + block
+                tail = block[-64:]
+        except (OSError, EOFError, lzma.LZMAError):
+            return
+
+
+def refuse_unsupported(path: str | os.PathLike) -> None:
+    """A trace of an accelerator kernelmap does not read (``UNSUPPORTED_DEVICE_PREFIXES``: MTIA,
+    privateuse1, XPU, HPU) refused from its first device event, streamed in bounded memory, before
+    the trace is parsed. A trace whose head describes CUDA or ROCm devices (``computeMajor`` in its
+    ``deviceProperties``) is not peeked at; the others (CPU traces, other accelerators) up to their
+    first device event, or to their end where they have none."""
+    first = True
+    try:
+        for block in _blocks(path):
+            if first and b'"computeMajor"' in block[:1 << 16]:
+                return
+            first = False
+            m = _DEVICE_CAT.search(block)
+            if m is None:
+                continue
+            cat = m.group(1).decode()
+            if cat.startswith(UNSUPPORTED_DEVICE_PREFIXES):
+                raise ParseError(path, f"unsupported device events: its first device event is of category {cat} "
+                                       "(an accelerator whose activity kernelmap does not read: MTIA, privateuse1, "
+                                       "XPU, HPU)")
+            return
+    except OSError:
+        return  # read_bytes says why, if the file cannot be read
+
+
 def read(path: str | os.PathLike) -> pd.DataFrame:
+    refuse_unsupported(path)
     read_once: dict = {}
     c = _coded(_joined(_chunks(path, read_once)))
     idx, dims, ext = c.pop("idx"), c.pop("dims"), c.pop("ext")
@@ -487,8 +543,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     inductor.attribute(df)  # kernels torch.compile generated: the ops they fuse (adapters/inductor.py)
     kernel_library(df)
-    graph_replay.attribute(df, path, read)  # kernels replayed from a CUDA graph: from the reference step
-    return finish(df, path, SOURCE)
+    # kernels replayed from a CUDA graph: from the reference step, else from the span around the launch
+    # (an op or annotation span of the framework, not a Python function or a step)
+    spans = np.array([k in LAUNCH_CONTEXT_CATS for k in cats_u] or [False])[cat_codes] & ~strings.eq(df["kind"], "step")
+    replays = graph_replay.attribute(df, path, read, spans)
+    out = finish(df, path, SOURCE)
+    if replays:
+        out.attrs["graph_replays"] = replays  # what normalise's summary lists per file
+    return out
 
 
 def _rank(path, read: dict) -> int | None:
@@ -547,10 +609,11 @@ CUSTOM_MARKS = (custom_op.KERNEL_MARK,)
 
 
 def kernel_library(df: pd.DataFrame) -> None:
-    """Library of a kernel where it is known: by name (``nccl`` -> NCCL, ``cudnn`` -> cuDNN, ``cublasLt`` -> cuBLASLt,
-    ``NATIVE_KERNEL_MARKS`` -> native) or because the launching op is a cuDNN entry point. A gemm kernel
-    named ``..._cublas`` may come from cuBLAS, cuBLASLt or cuDNN (which calls cuBLASLt): left NA
-    here, set by the library-log link in attribution."""
+    """Library of a kernel where it is known: by name (``nccl`` -> NCCL; the GPU libraries' names in
+    ``kernel_libraries.KERNEL_LIBRARIES``; ``NATIVE_KERNEL_MARKS`` -> native) or because the launching op
+    is a cuDNN entry point (which also takes the cuBLAS-named kernels cuDNN runs on cuBLASLt). A gemm's
+    name says the library that holds it, not the API called (cuBLAS or cuBLASLt): a library-log link in
+    attribution replaces it with its call's."""
     k = strings.eq(df["kind"], "kernel")
     # the library column as codes into its values (those it has, and those set here)
     lib, values = strings.factorize(df["library"])
@@ -558,10 +621,9 @@ def kernel_library(df: pd.DataFrame) -> None:
     libs = strings.Vocab(values)
     # by name: once per distinct kernel name
     codes, uniq = strings.factorize(df["kernel_name"])
-    by_name = np.array([libs.code("NCCL" if is_collective_kernel(n) else
-                                  "cuDNN" if "cudnn" in n.lower() else "cuBLASLt" if "cublasLt" in n
-                                  else "native" if any(m in n for m in NATIVE_KERNEL_MARKS)
-                                  else Library.CUSTOM.value if any(m in n for m in CUSTOM_MARKS) else None)
+    by_name = np.array([libs.code("NCCL" if is_collective_kernel(n) else library_of(n)
+                                  or ("native" if any(m in n for m in NATIVE_KERNEL_MARKS)
+                                      else Library.CUSTOM.value if any(m in n for m in CUSTOM_MARKS) else None))
                         for n in uniq] + [-1], dtype="int64")[codes]
     named = k & (by_name >= 0)
     lib[named] = by_name[named]
@@ -580,7 +642,9 @@ def kernel_library(df: pd.DataFrame) -> None:
             found = ~np.isnan(row)
             launcher[found] = cudnn_op[op_codes[row[found].astype("int64")]]
         from_cudnn_op = k & launcher & (lib != libs.codes_of(["native"])[0])
-        lib[from_cudnn_op & (lib < 0)] = libs.code("cuDNN")
+        # cuDNN runs gemms on cuBLASLt's kernels: inside a cuDNN op, a cuBLAS-named kernel is cuDNN's call's
+        blas = np.isin(lib, libs.codes_of([Library.CUBLAS.value, Library.CUBLASLT.value]))
+        lib[from_cudnn_op & ((lib < 0) | blas)] = libs.code("cuDNN")
     # the custom op's own ops (a dispatcher op, or the record_function around a pybind11 call): its
     # library, as its kernels' (on the CPU the op is all there is of it)
     op_codes, op_names = strings.factorize(df["op_name"])

@@ -9,8 +9,10 @@ Records (``ph: X`` events; metadata, counters and flows are not records):
 * CPU (process ``/host:CPU``): each XLA thunk (``args.hlo_op``) is an ``op`` — the CPU backend's
   unit of execution, as a oneDNN primitive or an ATen op is for the other frameworks; the
   ``end: <op>`` completion markers of asynchronous thunks are annotations. A host event with a
-  ``correlation_id`` (a CUDA API call) is ``runtime``; ``kernelmap:step#N`` is ``step``; every
-  other host span is an ``annotation``.
+  ``correlation_id`` (a CUDA or HIP API call: a launch, even where it also carries the ``hlo_op`` of
+  the kernel it launches, as ROCm's do) is ``runtime``, and its kernel, linked to it by that id, takes
+  its ``hlo_op`` where the kernel's own event has none; ``kernelmap:step#N`` is ``step``; every other
+  host span is an ``annotation``.
 
 **What an XLA op is.** The trace names the HLO op (``hlo_op``, ``hlo_module``), not what it
 computes. ``frameworks/jax/capture.py`` writes the optimised HLO text of the module beside the
@@ -45,7 +47,7 @@ is used; ``df.attrs["hlo_text"]`` says which modules had it.
 Library: cuDNN / cuBLAS / cuBLASLt from the custom-call target (``__cudnn$...``,
 ``__cublas$gemm``, ``__cublas$lt$matmul``); ``native`` for kernels XLA generates itself (loop,
 input and Triton gemm fusions, copies); NA for CPU ``ynn_fusion`` (YNNPACK, outside the
-vocabulary) and where no HLO text is found. ``algo``: cuDNN's ``algo_id`` (``eng<N>``).
+vocabulary); where no HLO text is found, the kernel's name (``kernel_libraries``), else NA. ``algo``: cuDNN's ``algo_id`` (``eng<N>``).
 
 Iteration: the last ``kernelmap:step#N`` region that started at or before the event (the host
 region covers only the dispatch of the asynchronous step; exact as long as the loop waits for
@@ -69,6 +71,7 @@ from ..frameworks.spec import LAYERS
 from ..strings import STRING
 from . import canonical as C
 from ._common import finish, frame, int64_array, ns_from_us, parse_exact, read_bytes
+from .kernel_libraries import library_of
 
 # What the report's self-checks may ask of this source (reports/checks.py reads these):
 # an XLA op is a fused kernel or thunk of the compiled program, not one call of a framework op, so its
@@ -420,14 +423,15 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
             kind[j] = "memcpy" if "memcpy_details" in a else "memset" if "Memset_details" in a else "kernel"
         elif derived[j]:
             kind[j] = "annotation"
+        elif corr[j] is not None:  # a launch (ROCm's carry its kernel's hlo_op too): not the op itself
+            kind[j] = "runtime"
         elif hlo_op[j] is not None:
             kind[j] = "op"
         elif C.step_number(names[j]) is not None:
             kind[j] = "step"
-        elif corr[j] is not None:
-            kind[j] = "runtime"
         else:
             kind[j] = "annotation"
+    _inherit_hlo_op(kind, hlo_op, module, corr)
     grid = np.full((n, 6), np.nan)
     for j, (_, _, a) in enumerate(rows):
         m = _GRID.search(str(a.get("kernel_details", "")))
@@ -447,7 +451,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
             lab = classify_path(a["name"])
             if lab is not None:
                 canon[j], direc[j], layer[j] = lab.canonical, lab.direction, lab.layer
-    library = [inf.library if inf else None for inf in info]
+    # a kernel's own custom call says its library; without the HLO text, its name may (kernel_libraries)
+    library = [inf.library if inf else library_of(names[j]) if dev[j] else None for j, inf in enumerate(info)]
     cols = {
         "kind": kind,
         "op_name": pd.array(op_name, dtype=STRING),
@@ -523,6 +528,18 @@ def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: 
     out = finish(schema.concat([df, schema.conform(calls, copy=False)]), path, SOURCE)
     out.attrs.update(attrs, library_calls_in_trace=len(keys))
     return out
+
+
+def _inherit_hlo_op(kind, hlo_op: list, module: list, corr: list) -> None:
+    """A device event without ``hlo_op`` takes its launch's (``hlo_op``/``hlo_module`` of the host event
+    with its ``correlation_id``: ROCm's launch events carry them), in place."""
+    launch = {corr[j]: (hlo_op[j], module[j]) for j in range(len(kind))
+              if kind[j] == "runtime" and hlo_op[j] is not None}
+    if not launch:
+        return
+    for j in range(len(kind)):
+        if kind[j] in ("kernel", "memcpy", "memset") and hlo_op[j] is None and corr[j] in launch:
+            hlo_op[j], module[j] = launch[corr[j]]
 
 
 def _device_index(process: str) -> int | None:

@@ -68,12 +68,22 @@ HTA = [  # (source path in facebookresearch/HolisticTraceAnalysis, fixture, step
     ("tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "hta_mi250_train_rocm62.json.gz", None),
     ("tests/data/nccl_parser_config/nccl_data.json.gz", "hta_ddp_nccl_step5.json.gz", 5),
     ("tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz", "hta_mtia_inference_head.json.gz", "mtia"),
+    # torch.compile with CUDA graphs (cudaGraphLaunch), DDP over NCCL: V100 (2 ranks), A100 (16 ranks)
+    ("tests/data/trace_diff/test/test.json.gz", "hta_v100_ddp_cudagraph_step1010.json.gz", 1010),
+    ("tests/data/negative_queue_length_values_check/rank0.json.gz", "hta_a100_ddp_cudagraph_step551.json.gz", 551),
 ]
 
 
 TRACELENS = [  # (source path in AMD-AGI/TraceLens, fixture); the top-level "metadata" object is dropped:
     # it holds the capturing machine's environment variables (one of them a token)
     ("tests/traces/h100/gaunernst_bert-small-uncased__1016001.json.gz", "tracelens_h100_bert_inference.json.gz"),
+    # at 171dd74721ca1ec45709e5805b68ae1f65e27811: cuBLAS kernel names (H100: sm90_xmma ..._cublas,
+    # cutlass::Kernel2<cutlass_75_...>, gemvx; B200: nvjet_*), and vLLM's HIP graph replays (hipGraphLaunch)
+    ("tests/traces/h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
+     "tracelens_h100_timesformer_inference.json.gz"),
+    ("tests/traces/b200/eager_trace.json.gz", "tracelens_b200_vllm_nvjet.json.gz"),
+    ("tests/traces/inference/vllm_prefilldecode_piecewise/graph_execution.json.gz",
+     "tracelens_rocm_vllm_piecewise_hipgraph.json.gz"),
 ]
 
 
