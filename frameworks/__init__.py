@@ -32,6 +32,14 @@ def get(name: str) -> Framework:
         raise ValueError(f"unknown framework {name!r}; choose from {', '.join(FRAMEWORKS)}") from None
 
 
+def of_trace_source(source: str) -> Framework:
+    """The framework whose profiler writes the trace format ``source`` (its descriptor's ``trace_source``)."""
+    for d in REGISTRY.values():
+        if d.trace_source == source:
+            return d
+    raise KeyError(f"no framework writes {source!r} traces")
+
+
 def deprecation_filters() -> tuple[str, ...]:
     """pytest ``filterwarnings`` lines hiding the DeprecationWarnings that a framework's own modules
     raise (MXNet 1.9.1 warns 11 times at import about numpy aliases and distutils): not ours to act on,

@@ -62,6 +62,58 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
 
+def add_names(table: dict, names: str, canon: str, direction: str) -> None:
+    """``table[name] = (canon, direction)`` for each of the space-separated ``names``."""
+    for n in names.split():
+        table[n] = (canon, direction)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A framework's names as its traces spell them (kept in ``frameworks/<name>/ops.py``): the adapters
+    read traces with these rules and name no framework themselves."""
+
+    # op name -> (canonical op, direction: fwd | bwd | update | none)
+    ops: Mapping[str, tuple[str, str]]
+    # a prefix its profiler puts before an op name (PyTorch's autograd node wrapper), dropped before the
+    # lookup; a name with it is a backward context (an op run inside it is a recompute)
+    backward_prefix: str = ""
+    # op-name prefixes of its collective communication ranges (canonical op "collective")
+    collective_prefixes: tuple[str, ...] = ()
+    # op name -> (position of the weight among its inputs, transposed?): the layer from the weight's shape
+    weight_args: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
+    # matrix products with no weight argument of their own: the layer from the two matrices' dims
+    gemm_ops: tuple[str, ...] = ()
+    # forward op names that a backward op also calls (not a recompute when found inside a backward node)
+    not_recompute: frozenset[str] = frozenset()
+    # its ops run asynchronously (engine threads), after the issuing host thread left its regions
+    asynchronous: bool = False
+    # namespaces in the names of its own (native) kernels, and of its own workload variants' (the custom op)
+    native_kernel_marks: tuple[str, ...] = ()
+    custom_kernel_marks: tuple[str, ...] = ()
+    # the NVTX range texts of its ops: fields that only its op ranges carry (PyTorch's emit_nvtx ``, seq = ``),
+    # or, where empty, an op range is one whose text is an op name of ``ops`` (and not ``nvtx_not_ops``)
+    nvtx_op_fields: tuple[str, ...] = ()
+    nvtx_not_ops: str = ""  # a regular expression: its ranges that are never an op (MXNet's C API calls)
+    # op-name prefixes that only its ops have (``aten::``): an export whose ops carry them is its
+    op_prefixes: tuple[str, ...] = ()
+
+    def lookup(self, name: str) -> tuple[str, str] | None:
+        """(canonical op, direction) of one op name (its ``backward_prefix`` dropped), or None."""
+        if self.backward_prefix and name.startswith(self.backward_prefix):
+            name = name[len(self.backward_prefix):]
+        if self.collective_prefixes and name.startswith(self.collective_prefixes):
+            return ("collective", "none")
+        return self.ops.get(name)
+
+    def nvtx_op(self, text: str) -> bool:
+        """Whether an NVTX range of this text is one of its ops (``kernelmap:`` ranges never are)."""
+        if self.nvtx_op_fields:
+            return any(f in text for f in self.nvtx_op_fields)
+        return bool(text) and not text.startswith("kernelmap:") and not (
+            self.nvtx_not_ops and re.match(self.nvtx_not_ops, text))
+
+
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
 ANY_OP = ("*",)  # Framework.cpu_library_entry_ops: every op of its trace runs its own library calls
 
@@ -137,6 +189,9 @@ class Framework:
     # its training step's memory per image, in float32 values of the model's forward
     # (spec.activation_floats_per_image): kernelmap/options.py refuses a batch size whose estimate does not fit
     train_memory_factor: float = 1.0
+    # its op names, as its traces spell them (frameworks/<name>/ops.py); None where its trace's own adapter
+    # holds the rules of the format (XLA's HLO ops: adapters/xla_trace.py)
+    vocabulary: Vocabulary | None = None
 
     def __post_init__(self) -> None:
         if not self.modes:

@@ -208,17 +208,13 @@ ISSUE_30_MODES = {
     "kernelmap.parity": {"hybridize"},  # parity compares default modes; its --hybridize switch remains
     "kernelmap.run.cli": {"hybridize"},
 }
-# The adapters, where a framework is still named: the op-name vocabularies and the framework a trace
-# format implies (canonical.py, kineto.py, the adapters' formats). Each entry must still occur (a stale
-# one fails), so the list only shrinks.
-PENDING = {
-    "kernelmap.adapters.inductor": {"torch"},  # Inductor's own span names ("Torch-Compiled Region"): a format
-    "kernelmap.adapters": {"mxnet", "jax"},
-    "kernelmap.adapters.canonical": {"pytorch", "mxnet", "torch"},
-    "kernelmap.adapters.kineto": {"pytorch", "mxnet"},
-    "kernelmap.adapters.mxnet_profiler": {"mxnet"},
-    "kernelmap.adapters.nsys": {"pytorch", "mxnet"},
-    "kernelmap.adapters.xla_trace": {"jax", "jit"},  # "jit(relu)": an XLA op name
+# The adapters' formats, where a framework's name is the format's own (not a rule of the framework's: those
+# live in frameworks/<name>/, read through the registry). Each entry must still occur (a stale one fails).
+FORMAT_WORDS = {
+    "kernelmap.adapters.inductor": {"torch"},  # Inductor's own span names ("Torch-Compiled Region")
+    "kernelmap.adapters": {"mxnet", "jax"},  # the formats named in its error: "MXNet profiler", "XLA (jax.profiler)"
+    "kernelmap.adapters.mxnet_profiler": {"mxnet"},  # the format's own category "MXNET_C_API"; "an MXNet profiler trace"
+    "kernelmap.adapters.xla_trace": {"jit"},  # "jit(relu)": an XLA op name
 }
 
 
@@ -279,11 +275,29 @@ def framework_names_outside(root: Path = ROOT) -> dict[str, set[str]]:
 
 def test_framework_names_live_in_frameworks_and_the_registry():
     found = framework_names_outside()
-    allowed = {m: ISSUE_30_MODES.get(m, set()) | PENDING.get(m, set()) for m in {*ISSUE_30_MODES, *PENDING}}
+    allowed = {m: ISSUE_30_MODES.get(m, set()) | FORMAT_WORDS.get(m, set()) for m in {*ISSUE_30_MODES, *FORMAT_WORDS}}
     unexpected = {m: sorted(w - allowed.get(m, set())) for m, w in found.items() if w - allowed.get(m, set())}
     assert unexpected == {}, "name frameworks only in frameworks/<name>/ and the registry"
     stale = {m: sorted(w - found.get(m, set())) for m, w in allowed.items() if w - found.get(m, set())}
-    assert stale == {}, "fixed: remove these from ISSUE_30_MODES / PENDING"
+    assert stale == {}, "fixed: remove these from ISSUE_30_MODES / FORMAT_WORDS"
+
+
+def test_each_vocabulary_speaks_the_schema():
+    """A framework's op names (frameworks/<name>/ops.py) map to the schema's canonical ops and directions;
+    the adapters reach them through the registry only (no adapter imports a framework's folder)."""
+    from kernelmap import frameworks, schema
+
+    vocabularies = {n: d.vocabulary for n, d in frameworks.REGISTRY.items() if d.vocabulary is not None}
+    assert vocabularies, "no framework has a vocabulary"
+    for name, v in vocabularies.items():
+        assert {c for c, _ in v.ops.values()} <= set(schema.CANONICAL_OPS), name
+        assert {d for _, d in v.ops.values()} <= set(schema.DIRECTIONS), name
+        assert set(v.weight_args) | set(v.gemm_ops) <= set(v.ops), name
+    graph = import_graph()
+    reach = {m: sorted(t for t in deps if t.startswith(f"{PACKAGE}.frameworks.") and t.count(".") >= 3
+                       and t.split(".")[2] in frameworks.REGISTRY)
+             for m, deps in graph.items() if m.startswith(f"{PACKAGE}.adapters")}
+    assert {m: r for m, r in reach.items() if r} == {}, "adapters read framework rules through the registry"
 
 
 def test_the_framework_name_check_finds_them(tmp_path):
@@ -307,7 +321,6 @@ BIG_FILES = {"kernelmap/_native.c"}  # the C scanner: one pass per format, each 
 # Functions still over the limit while their owners split them (issue 36, 2026-11-27): empty this at
 # the end of the session. Each entry must still be over the limit (a stale one fails).
 LONG_FUNCTIONS_PENDING = {
-    "kernelmap.adapters._trace.label": "H4 (label stages)",
     "kernelmap.worker.run_pass": "H1 (run contract)",
 }
 

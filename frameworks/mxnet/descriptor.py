@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..registry import ANY_OP, CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
+from . import ops
 
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
                "needs Python 3.11 and numpy < 1.24; on sm_90 and newer: kernelmap build-mxnet")
@@ -114,4 +115,5 @@ DESCRIPTOR = Framework(
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
     recorded_env=("MXNET_ENGINE_TYPE",),
     train_memory_factor=2.0,  # peak RSS grew 1.71x a step's forward values an image, bs 512 -> 4096 (CPU, imperative)
+    vocabulary=ops.VOCABULARY,
 )

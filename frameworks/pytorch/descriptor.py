@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
-from . import custom_op
+from . import custom_op, ops
 
 # the ops of its Kineto trace that run CPU library calls: oneDNN's (convolutions, and linear/pooling where
 # torch sends them there) and BLAS' (addmm, mm)
@@ -74,6 +74,7 @@ DESCRIPTOR = Framework(
                     f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "
                     "default: the built-in op"),),
     bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,), cpu_library_entry_ops=CPU_LIBRARY_ENTRY_OPS,
+    vocabulary=ops.VOCABULARY,
     option_tools=custom_op.doctor_tools, option_tool_lines=custom_op.doctor_lines,
     commands={"custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
                             "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, "

@@ -1,5 +1,6 @@
-"""One op vocabulary for both frameworks: framework op name -> (canonical op, direction),
-op nesting, phase regions, and layer inference from weight shapes.
+"""Framework op name -> (canonical op, direction) by each framework's vocabulary (``frameworks/<name>/
+ops.py``, read through the registry: ``Framework.vocabulary``), op nesting, phase regions, and layer
+inference from weight shapes. No framework is named here.
 
 Everything here is vectorised over unique names or runs one pass over the ops of a trace.
 """
@@ -11,8 +12,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from .. import frameworks
 from .. import strings as S
-from ..frameworks.pytorch import custom_op
 from ..frameworks.spec import LAYERS
 from ..native import helpers as _native  # optional C helpers: forest's loop, the same answers
 from ..strings import STRING
@@ -29,14 +30,10 @@ def tree_depth(parent: np.ndarray) -> np.ndarray:
         active = p >= 0
     return depth
 
-_PT: dict[str, tuple[str, str]] = {}
-
 # Collective communication (NCCL/RCCL, gloo): a category of its own, whatever op launches it (DDP's
-# all-reduce runs inside the AccumulateGrad of a gradient hook; that is not an add). The op names:
-# ``record_param_comms`` (the table), ``nccl:<collective>`` / ``gloo:<collective>`` (PyTorch's
-# process-group ranges) and ``c10d::<collective>_`` (its dispatcher ops).
+# all-reduce runs inside the AccumulateGrad of a gradient hook; that is not an add): the ops a vocabulary
+# maps to it or names by its ``collective_prefixes``.
 COLLECTIVE = "collective"
-COLLECTIVE_PREFIXES = ("nccl:", "gloo:", "c10d::", "ProcessGroupNCCL::", "ProcessGroupGloo::")
 # kernel names of collective libraries (NCCL's ncclKernel_*/ncclDevKernel_*; RCCL keeps NCCL's names)
 COLLECTIVE_KERNEL_MARKS = ("nccl",)
 
@@ -45,111 +42,34 @@ def is_collective_kernel(name: str) -> bool:
     return any(m in name.lower() for m in COLLECTIVE_KERNEL_MARKS)
 
 
-def _add(table: dict, names: str, canon: str, direction: str) -> None:
-    for n in names.split():
-        table[n] = (canon, direction)
-
-
-# --- PyTorch (aten / autograd node / optimizer annotation names) -----------------------------
-_add(_PT, "aten::conv2d aten::convolution aten::_convolution aten::cudnn_convolution "
-          "aten::mkldnn_convolution aten::thnn_conv2d aten::_slow_conv2d_forward", "conv2d", "fwd")
-_add(_PT, "aten::convolution_backward ConvolutionBackward0 aten::cudnn_convolution_backward "
-          "aten::cudnn_convolution_backward_input aten::cudnn_convolution_backward_weight", "conv2d", "bwd")
-_add(_PT, "aten::relu aten::relu_ aten::clamp_min", "relu", "fwd")
-_add(_PT, "ReluBackward0 aten::threshold_backward", "relu", "bwd")
-_add(_PT, "aten::max_pool2d aten::max_pool2d_with_indices", "max_pool2d", "fwd")
-_add(_PT, "MaxPool2DWithIndicesBackward0 aten::max_pool2d_with_indices_backward", "max_pool2d", "bwd")
-_add(_PT, "aten::flatten aten::reshape aten::view", "flatten", "fwd")
-_add(_PT, "ViewBackward0 ReshapeAliasBackward0 UnsafeViewBackward0", "flatten", "bwd")
-_add(_PT, "aten::linear aten::addmm aten::matmul aten::mm", "linear", "fwd")
-_add(_PT, "AddmmBackward0 MmBackward0 TBackward0", "linear", "bwd")
-_add(_PT, "aten::log_softmax aten::_log_softmax", "log_softmax", "fwd")
-_add(_PT, "LogSoftmaxBackward0 aten::_log_softmax_backward_data", "log_softmax", "bwd")
-_add(_PT, "aten::nll_loss aten::nll_loss_nd aten::nll_loss2d aten::nll_loss_forward", "nll_loss", "fwd")
-_add(_PT, "NllLossBackward0 aten::nll_loss_backward", "nll_loss", "bwd")
-_add(_PT, "aten::cross_entropy_loss", "softmax_cross_entropy", "fwd")
-_add(_PT, "Optimizer.step#SGD.step", "sgd_update", "update")
-_add(_PT, "Optimizer.zero_grad#SGD.zero_grad aten::zero_", "zero_grad", "none")
-_add(_PT, "aten::fill_ aten::ones_like aten::zeros_like aten::zeros aten::ones", "fill", "none")
-# aten::_foreach_copy_: torch.compile's CUDA-graph trees copy a replayed graph's non-static inputs into
-# its static buffers with it (cudagraph_trees: _copy_inputs_and_remove_from_src)
-_add(_PT, "aten::copy_ aten::_foreach_copy_ aten::to aten::_to_copy aten::clone aten::contiguous", "copy", "none")
-_add(_PT, "torch::autograd::AccumulateGrad", "add", "bwd")
-_add(_PT, "aten::add aten::add_ aten::_foreach_add_ aten::_foreach_add", "add", "none")
-_add(_PT, "aten::mul aten::mul_ aten::_foreach_mul_ aten::_foreach_mul", "mul", "none")
-_add(_PT, "aten::sum", "sum", "none")
-_add(_PT, "aten::mean", "mean", "none")
-_add(_PT, "aten::batch_norm aten::_batch_norm_impl_index aten::cudnn_batch_norm aten::native_batch_norm "
-          "aten::_native_batch_norm_legit aten::miopen_batch_norm", "batch_norm", "fwd")
-_add(_PT, "CudnnBatchNormBackward0 NativeBatchNormBackward0 MiopenBatchNormBackward0 "
-          "aten::cudnn_batch_norm_backward aten::native_batch_norm_backward", "batch_norm", "bwd")
-_add(_PT, "record_param_comms", COLLECTIVE, "none")
-# kernelmap's own op (frameworks/pytorch/custom_op): its autograd.Function is the linear layer it replaces
-# (its forward record holds the weight at position 1, as aten::linear), its dispatcher ops (cmake route)
-# or record_function ranges (jit, setuptools) what they compute where nothing maps them from above
-_add(_PT, custom_op.FUNCTION, "linear", "fwd")
-_add(_PT, custom_op.FUNCTION_BACKWARD, "linear", "bwd")
-_add(_PT, custom_op.OP_NAMES["bias_add"], "linear", "fwd")
-_add(_PT, custom_op.OP_NAMES["bias_grad"], "linear", "bwd")
-_add(_PT, f"{custom_op.ADD2_FUNCTION} {custom_op.OP_NAMES['add2']}", "add", "fwd")
-_add(_PT, f"{custom_op.ADD2_FUNCTION}Backward", "add", "bwd")
-
-# --- MXNet (operator names of the profiler's `operator` category) ----------------------------
-_MX: dict[str, tuple[str, str]] = {}
-_add(_MX, "Convolution", "conv2d", "fwd")
-_add(_MX, "_backward_Convolution", "conv2d", "bwd")
-# Activation / Pooling carry no act_type / pool_type in the trace; in this workload they are the
-# relu and the max pool of frameworks/spec.py, which is what the mapping states.
-_add(_MX, "Activation relu", "relu", "fwd")
-_add(_MX, "_backward_Activation _backward_relu", "relu", "bwd")
-_add(_MX, "Pooling", "max_pool2d", "fwd")
-_add(_MX, "_backward_Pooling", "max_pool2d", "bwd")
-_add(_MX, "Flatten flatten Reshape reshape", "flatten", "fwd")
-_add(_MX, "_backward_copy _backward_Flatten _backward_reshape", "flatten", "bwd")
-_add(_MX, "FullyConnected", "linear", "fwd")
-_add(_MX, "_backward_FullyConnected", "linear", "bwd")
-_add(_MX, "log_softmax", "log_softmax", "fwd")
-_add(_MX, "_backward_log_softmax", "log_softmax", "bwd")
-_add(_MX, "pick", "pick", "fwd")
-_add(_MX, "_backward_pick", "pick", "bwd")
-_add(_MX, "mean", "mean", "fwd")
-_add(_MX, "_backward_mean", "mean", "bwd")
-_add(_MX, "softmax_cross_entropy", "softmax_cross_entropy", "fwd")
-_add(_MX, "_backward_softmax_cross_entropy", "softmax_cross_entropy", "bwd")
-_add(_MX, "_mul_scalar elemwise_mul broadcast_mul", "mul", "fwd")
-_add(_MX, "_backward_mul_scalar _backward_mul", "mul", "bwd")
-_add(_MX, "sgd_update sgd_mom_update multi_sgd_update multi_sgd_mom_update "
-          "preloaded_multi_sgd_update preloaded_multi_sgd_mom_update", "sgd_update", "update")
-_add(_MX, "_zeros _zeros_without_dtype SetValueOp _ones _full", "fill", "none")
-_add(_MX, "_copyto _copy", "copy", "none")
-_add(_MX, "elemwise_add _plus _grad_add add_n ElementWiseSum", "add", "none")
-_add(_MX, "sum", "sum", "none")
-
-_AUTOGRAD_PREFIX = "autograd::engine::evaluate_function: "
-
 # the loss computation, whichever way a framework spells it
 LOSS_OPS = frozenset({"log_softmax", "nll_loss", "softmax_cross_entropy", "pick", "mean"})
 
 
-# Each framework's op-name table, by the framework whose names it holds (a framework whose trace is
-# read by its own adapter, such as JAX's xla_trace, keeps its rules there). A prefix the framework's
-# profiler puts before an op name is dropped first.
-VOCABULARIES: dict[str, dict[str, tuple[str, str]]] = {"pytorch": _PT, "mxnet": _MX}
-_NAME_PREFIX = {"pytorch": _AUTOGRAD_PREFIX}
+# Each framework's op names, by the framework whose names they are (a framework whose trace is read by
+# its own adapter, such as JAX's xla_trace, keeps its rules there: its descriptor has no vocabulary).
+VOCABULARIES = {name: d.vocabulary for name, d in frameworks.REGISTRY.items() if d.vocabulary is not None}
+# an export that no framework's marks claim is read with the first registered vocabulary's rules
+FALLBACK_FRAMEWORK = next(iter(VOCABULARIES))
+# the vocabularies' marks of kernels no GPU library launched: a framework's own (native) and its workload
+# variants' (kernelmap's custom op: library "custom")
+NATIVE_KERNEL_MARKS = tuple(m for v in VOCABULARIES.values() for m in v.native_kernel_marks)
+CUSTOM_KERNEL_MARKS = tuple(m for v in VOCABULARIES.values() for m in v.custom_kernel_marks)
 
 
 def lookup(name: str, framework: str) -> tuple[str, str] | None:
     """(canonical_op, direction) for one framework op name, or None where there is no rule (also for a
-    framework without a table here)."""
-    table = VOCABULARIES.get(framework)
-    if table is None:
-        return None
-    prefix = _NAME_PREFIX.get(framework)
-    if prefix and name.startswith(prefix):
-        name = name[len(prefix):]
-    if framework == "pytorch" and name.startswith(COLLECTIVE_PREFIXES):
-        return (COLLECTIVE, "none")
-    return table.get(name)
+    framework without a vocabulary)."""
+    vocabulary = VOCABULARIES.get(framework)
+    return vocabulary.lookup(name) if vocabulary is not None else None
+
+
+def framework_of_names(names) -> str | None:
+    """The first framework (registry order) whose op-name prefixes (``aten::``) one of ``names`` carries."""
+    for name, v in VOCABULARIES.items():
+        if v.op_prefixes and any(str(n).startswith(v.op_prefixes) for n in names):
+            return name
+    return None
 
 
 # Activation-checkpoint recompute: a forward op of these canonical ops run again inside a backward
@@ -157,12 +77,13 @@ def lookup(name: str, framework: str) -> tuple[str, str] | None:
 # reentrant one runs inside CheckpointFunctionBackward) is labelled as that forward op, in the
 # backward phase. Not ``aten::mm``: linear's backward computes its gradients with it.
 RECOMPUTED_OPS = frozenset({"conv2d", "linear", "relu", "max_pool2d", "batch_norm", "log_softmax"})
-NOT_RECOMPUTE_NAMES = frozenset({"aten::mm", "aten::matmul"})
+NOT_RECOMPUTE_NAMES = frozenset().union(*(v.not_recompute for v in VOCABULARIES.values()))
 
 
 def backward_context(name: str, framework: str) -> bool:
     """Whether an op name is an autograd node's (its evaluate_function wrapper or a backward op)."""
-    if framework == "pytorch" and name.startswith(_AUTOGRAD_PREFIX):
+    vocabulary = VOCABULARIES.get(framework)
+    if vocabulary is not None and vocabulary.backward_prefix and name.startswith(vocabulary.backward_prefix):
         return True
     v = lookup(name, framework)
     return v is not None and v[1].startswith("bwd")
@@ -335,12 +256,13 @@ def phase_from_direction(direction: pd.Series, canonical: pd.Series) -> pd.Serie
 
 
 # --- frameworks whose operators run asynchronously -------------------------------------------
-# MXNet runs operators on its engine threads, after the host thread that issued them has left the
-# region (kernelmap:forward|backward|optimizer, kernelmap:step#N) around the issuing call; the loop
-# waits for each step before issuing the next. So for these frameworks an op's phase is its name's
-# (MXNet's names say fwd/bwd/update), a region's only where the name says none, and a step reaches
-# to the next step's start. Whatever source records their ops (MXNet's profiler, nsys' NVTX).
-ASYNC_FRAMEWORKS = frozenset({"mxnet"})
+# A framework whose vocabulary says ``asynchronous`` (MXNet's engine threads) runs operators after the
+# host thread that issued them has left the region (kernelmap:forward|backward|optimizer,
+# kernelmap:step#N) around the issuing call; the loop waits for each step before issuing the next. So
+# for these frameworks an op's phase is its name's (their names say fwd/bwd/update), a region's only
+# where the name says none, and a step reaches to the next step's start. Whatever source records their
+# ops (the framework's profiler, nsys' NVTX).
+ASYNC_FRAMEWORKS = frozenset(name for name, v in VOCABULARIES.items() if v.asynchronous)
 
 
 def until_next(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -396,17 +318,11 @@ def conv_layer_from_bias(dims) -> str | None:
     return _CONV_BIASES.get((dims[1],))
 
 
-# gemm ops with no weight argument of their own: ``aten::mm(a, b)`` where torch.compile's generated code
-# calls it directly (no linear or autograd node above it to name the layer); the layer whose two weight
-# dims are among a's and b's (``linear_layer``: a unique match only)
-GEMM_OPS = ("aten::mm",)
-# (op name -> position of the weight among the inputs, transposed?)
-_WEIGHT_ARG = {
-    "aten::conv2d": (1, False), "aten::convolution": (1, False), "aten::_convolution": (1, False),
-    "aten::cudnn_convolution": (1, False), "aten::mkldnn_convolution": (1, False),
-    "aten::convolution_backward": (2, False), "aten::linear": (1, False), "aten::addmm": (2, True),
-    custom_op.FUNCTION: (1, False),  # KernelmapLinear(x, weight, bias)
-}
+# gemm ops with no weight argument of their own (their layer from the two matrices' dims:
+# ``linear_layer``, a unique match only), and op name -> (position of the weight among the inputs,
+# transposed?): every vocabulary's
+GEMM_OPS = tuple(dict.fromkeys(o for v in VOCABULARIES.values() for o in v.gemm_ops))
+_WEIGHT_ARG = {op: rule for v in VOCABULARIES.values() for op, rule in v.weight_args.items()}
 WEIGHT_ARG_OPS = (*_WEIGHT_ARG, *GEMM_OPS)  # the only op names ``layer_from_inputs`` can give a layer for
 
 

@@ -17,9 +17,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from .. import strings
+from .. import frameworks, strings
 from ..errors import ParseError
-from ..frameworks.pytorch import custom_op
 from ..native import helpers as _scan  # the native path (below); kernelmap/native.py
 from ..schema import Library
 from ..strings import object_array
@@ -43,10 +42,11 @@ from ._common import (
     trace_event_chunks,
     trace_events_shell,
 )
-from .canonical import is_collective_kernel
+from .canonical import CUSTOM_KERNEL_MARKS, NATIVE_KERNEL_MARKS, is_collective_kernel
 from .kernel_libraries import library_of
 
 SOURCE = "kineto"
+FRAMEWORK = frameworks.of_trace_source(SOURCE).name  # the framework whose profiler writes it
 _KIND = {
     "cpu_op": "op", "user_annotation": "annotation", "gpu_user_annotation": "annotation",
     "cuda_runtime": "runtime", "cuda_driver": "runtime", "kernel": "kernel",
@@ -523,7 +523,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "op_name": strings.from_codes(np.where(is_dev, -1, name_codes), names_u),
         "kernel_name": strings.from_codes(np.where(is_dev, name_codes, -1), names_u),
         **c,
-        "framework": "pytorch",
+        "framework": FRAMEWORK,
         "device": "gpu" if is_dev.any() else "cpu",
     }
     del name_codes
@@ -539,7 +539,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df = frame(cols, path, SOURCE)
     del cols
     on_device = np.array([k in DEVICE_ANNOTATION_CATS for k in cats_u] or [False])[cat_codes]
-    _trace.label(df, dims, "pytorch", on_device=on_device)
+    _trace.label(df, dims, FRAMEWORK, on_device=on_device)
     _link_by_external_id(df, ext.to_numpy(dtype="float64"))
     inductor.attribute(df)  # kernels torch.compile generated: the ops they fuse (adapters/inductor.py)
     kernel_library(df)
@@ -602,10 +602,9 @@ _CUDNN_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_backward",
               "aten::cudnn_convolution_transpose")
 
 
-# a framework's own kernels, by a namespace in their name: PyTorch's ATen, MXNet's operators
-NATIVE_KERNEL_MARKS = ("at::native", "mxnet::op::")
-# the user's own kernels and ops (library "custom"): kernelmap's custom op's namespace
-CUSTOM_MARKS = (custom_op.KERNEL_MARK,)
+# a framework's own kernels, by a namespace in their name (each vocabulary's: PyTorch's ATen, MXNet's
+# operators), and the user's own kernels and ops (library "custom": kernelmap's custom op's namespace)
+CUSTOM_MARKS = CUSTOM_KERNEL_MARKS
 
 
 def kernel_library(df: pd.DataFrame) -> None:

@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from .. import frameworks
 from .. import strings as S
 from ..errors import ParseError
 from ..strings import STRING
@@ -28,6 +29,7 @@ from . import canonical as C
 from ._common import finish, load_json
 
 SOURCE = "mxnet_profiler"
+FRAMEWORK = frameworks.of_trace_source(SOURCE).name  # the framework whose profiler writes it
 _SKIP_ASYNC = {"operator", "MXNET_C_API"}
 
 
@@ -129,7 +131,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "kind": df["kind"].tolist(), "op_name": df["op_name"].tolist(),
         "start_ns": start, "dur_ns": dur,
         "pid": _int64_or_na(df["pid"]), "tid": _int64_or_na(df["tid"]),
-        "framework": "mxnet", "device": device,
+        "framework": FRAMEWORK, "device": device,
     }
     out = S.plain(finish(cols, path, SOURCE))  # labelled by pandas' own string operations
     _label(out)
@@ -146,7 +148,7 @@ def _label(df: pd.DataFrame) -> None:
     names = df["op_name"].fillna("").to_numpy(dtype=object)
     start = df["start_ns"].to_numpy(dtype="int64")
     end = start + df["dur_ns"].to_numpy(dtype="int64")
-    canon, direc = C.map_names(df["op_name"], "mxnet")
+    canon, direc = C.map_names(df["op_name"], FRAMEWORK)
     is_op = df["kind"].eq("op")
     df["canonical_op"] = canon.where(is_op).astype(STRING)
     df.loc[is_op & df["canonical_op"].isna(), "canonical_op"] = "other"

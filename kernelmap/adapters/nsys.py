@@ -40,9 +40,10 @@ from ..native import sqlite as _native  # optional C helpers: SQLite columns rea
 from ..strings import STRING
 from . import _trace
 from ._common import GZIP_MAGIC, XZ_MAGIC, decompressed_copy, finish, frame, int64_array
-from .canonical import CAPTURE_RANGE
+from .canonical import CAPTURE_RANGE, FALLBACK_FRAMEWORK, VOCABULARIES, framework_of_names
 
 SOURCE = "nsys"
+UNKNOWN = "unknown"  # the records' framework where no framework's names are seen
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _SEQ = re.compile(r", seq = (\d+)")
 _SIZES = re.compile(r", sizes = (\[(?:\[[^\]]*\](?:, )?)*\])")
@@ -259,7 +260,7 @@ def _records(frames: list[pd.DataFrame], window, framework: str | None, path: Pa
     dims = df.pop("dims").tolist() if "dims" in df else None
     names = df["op_name"] if "op_name" in df else pd.Series(pd.NA, index=df.index, dtype=STRING)
     if framework is None:
-        framework = "pytorch" if any(str(n).startswith("aten::") for n in strings.distinct(names)) else "unknown"
+        framework = framework_of_names(strings.distinct(names)) or UNKNOWN
     del names
     cols = {c: df.pop(c) for c in _RECORD_COLUMNS if c in df}
     del df
@@ -275,7 +276,7 @@ def _records(frames: list[pd.DataFrame], window, framework: str | None, path: Pa
     out = frame(cols, path, SOURCE)
     del cols  # the frame holds them
     if len(out):
-        label_rows(out, dims, framework if framework != "unknown" else "pytorch")
+        label_rows(out, dims, framework if framework != UNKNOWN else FALLBACK_FRAMEWORK)
     return finish(out, path, SOURCE)
 
 
@@ -370,31 +371,28 @@ def _query(con, db: Path | None, q: str) -> pd.DataFrame:
 
 
 def nvtx_framework(texts) -> str | None:
-    """The framework whose profiler wrote these NVTX range texts: PyTorch's ``emit_nvtx`` ranges
-    carry ``, seq = ``/``, op_id = `` fields; MXNet's (a build with NVTX, profiler running) are its
-    operator names (frameworks' vocabularies in ``canonical``). None where neither is seen."""
-    from .canonical import VOCABULARIES
-
-    mx = VOCABULARIES["mxnet"]
+    """The framework whose ranges these NVTX texts are: the first (in registry order) whose op-range
+    fields one carries (PyTorch's emit_nvtx: ``, seq = ``/``, op_id = ``), else whose op names one is (an
+    MXNet built with NVTX, profiler running); None where none is seen (``canonical.VOCABULARIES``)."""
     texts = [str(t) for t in texts]
-    if any(", seq = " in t or ", op_id = " in t for t in texts):
-        return "pytorch"
-    if any(t in mx for t in texts):
-        return "mxnet"
+    for name, v in VOCABULARIES.items():
+        if v.nvtx_op_fields and any(f in t for t in texts for f in v.nvtx_op_fields):
+            return name
+    for name, v in VOCABULARIES.items():
+        if not v.nvtx_op_fields and any(t in v.ops for t in texts):
+            return name
     return None
 
 
-# MXNet's C API calls (profile_api) are NVTX ranges too, named MX*: never an operator's
-_MX_API = re.compile(r"^MX[A-Z]")
-
-
 def _nvtx_is_op(text: list[str], framework: str | None) -> list[bool]:
-    """Which ranges are framework ops. PyTorch (emit_nvtx): the ranges with op fields. MXNet: every
-    range but the workload's (``kernelmap:*``, steps) and the C API's — an MXNet built with NVTX
-    opens one range per operator it executes, named as its profiler names it."""
-    if framework == "mxnet":
-        return [not (t.startswith("kernelmap:") or _MX_API.match(t)) and bool(t) for t in text]
-    return [", op_id = " in t or ", seq = " in t for t in text]
+    """Which ranges are framework ops, by ``framework``'s rule (``Vocabulary.nvtx_op``: PyTorch's, the
+    ranges with op fields; MXNet's, every range but the workload's (``kernelmap:*``, steps) and its C
+    API's, MX*); where the framework is not known, the ranges with any vocabulary's op fields."""
+    v = VOCABULARIES.get(framework)
+    if v is not None:
+        return [v.nvtx_op(t) for t in text]
+    fields = tuple(f for w in VOCABULARIES.values() for f in w.nvtx_op_fields)
+    return [any(f in t for f in fields) for t in text]
 
 
 def _nvtx(nv: pd.DataFrame, framework: str | None = None) -> pd.DataFrame:

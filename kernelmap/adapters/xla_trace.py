@@ -65,7 +65,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import schema
+from .. import frameworks, schema
 from ..errors import ParseError
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
@@ -81,6 +81,7 @@ OPS_ARE_FRAMEWORK_CALLS = False
 CPU_OP_TIME_IS_BUSY = False
 
 SOURCE = "xla_trace"
+FRAMEWORK = frameworks.of_trace_source(SOURCE).name  # the framework whose profiler writes it
 OPTIMIZER_SCOPE = "kernelmap:optimizer"
 HLO_SUFFIXES = (".hlo.txt.gz", ".hlo.txt")
 PRIORITY = ("conv2d", "linear", "max_pool2d", "log_softmax", "nll_loss", "mean", "relu", "flatten",
@@ -463,7 +464,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "layer": pd.array(layer, dtype=STRING),
         "library": pd.array([lib if kind[j] != "runtime" else None for j, lib in enumerate(library)], dtype=STRING),
         "algo": pd.array([inf.algo if inf else None for inf in info], dtype=STRING),
-        "framework": "jax",
+        "framework": FRAMEWORK,
         "device": "gpu" if dev.any() else "cpu",
     }
     for col, vals in (("pid", [r[1].get("pid") for r in rows]), ("tid", [r[1].get("tid") for r in rows]),
@@ -514,7 +515,7 @@ def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: 
         "library_call": pd.array([target[j] for j in first], dtype=STRING),
         "start_ns": span0, "dur_ns": span1 - span0,
         **{c: pick[c].array for c in ("canonical_op", "direction", "layer", "library", "algo", "iteration", "phase")},
-        "framework": "jax", "device": "gpu",
+        "framework": FRAMEWORK, "device": "gpu",
     }
     calls = frame(cols, path, SOURCE)
     calls["event_id"] = np.arange(n, n + len(keys), dtype="int64")
