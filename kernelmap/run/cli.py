@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, frameworks, gpuinfo, manifest, rundir, timing
+from .. import doctor, frameworks, gpuinfo, manifest, options, rundir, timing
 from ..atomic import atomic_dir
 from ..errors import KernelmapError, MissingToolError
 from ..frameworks.spec import MATH_DEFAULT, Math
@@ -162,21 +162,7 @@ class Options:
 def validate(args: argparse.Namespace) -> Options:
     """Every option's value checked on its own and against the others, before any probe, GPU query or
     worker: a bad value costs no time."""
-    for bs in args.batch_size:
-        if bs < 1:
-            raise KernelmapError(f"--batch-size {bs}: must be at least 1")
-    if args.epochs is None and args.steps < 1:
-        raise KernelmapError("--steps must be at least 1")
-    if args.epochs is not None and args.epochs < 1:
-        raise KernelmapError("--epochs must be at least 1")
-    if args.trials < 1:
-        raise KernelmapError("--trials must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise KernelmapError("--threads must be at least 1")
-    if args.max_repeats < 0:
-        raise KernelmapError("--max-repeats must be at least 0")
-    if args.repeat_budget is not None and args.repeat_budget < 0:
-        raise KernelmapError("--repeat-budget must be at least 0 seconds")
+    options.check_counts(args)  # the batch sizes against the data and the memory: options.validate in execute
     chosen = list(frameworks.FRAMEWORKS) if args.framework == "all" else [args.framework]
     try:
         python = frameworks.parse_python(args.python)
@@ -219,8 +205,9 @@ def plan(args: argparse.Namespace, opts: Options, gpus: gpuinfo.GpuReport, load_
     modes, mode_skips = modes_here(runnable, args.mode, decisions)
     keys = {frameworks.case_key(fw, m): (fw, m) for fw in runnable for m in modes[fw]}
     if not keys:
-        raise KernelmapError(f"no mode of {', '.join(runnable)} can run here: "
-                             + "; ".join(f"{key}: mode skipped: {why}" for key, why in mode_skips.items()))
+        raise KernelmapError(f"--mode {' '.join(dict.fromkeys(args.mode or ()))}: no mode of {', '.join(runnable)} "
+                             "can run here: " + "; ".join(f"{key}: mode skipped: {why}"
+                                                          for key, why in mode_skips.items()))
     check_warmup(opts.train["warmup_steps"], keys.values())
     case_skips = case_nsys_skips(keys, skips) if "nsys" in opts.passes else {}
     for line in said_once({k: v for k, v in case_skips.items() if keys[k][0] not in skips}, "nsys pass skipped"):
@@ -259,7 +246,7 @@ def run_cases(args: argparse.Namespace, opts: Options, p: Plan, data_json: str, 
 
 
 def write_run(args: argparse.Namespace, opts: Options, p: Plan, ran: Ran, results: list[dict[str, Any]],
-              data_info, tmp: Path) -> tuple[dict[str, dict], str | None]:
+              data_info, tmp: Path, batches: dict[str, Any]) -> tuple[dict[str, dict], str | None]:
     """Parity, manifest.json and results.json into ``tmp``; (parity figures, why parity failed or None)."""
     parities, parity_failed = write_parity(tmp, opts.train, args.batch_size[0],
                                            {r["framework"]: r["device"] for r in results}, opts.python, ran.notes)
@@ -270,7 +257,7 @@ def write_run(args: argparse.Namespace, opts: Options, p: Plan, ran: Ran, result
     config = {"cli": {k: v for k, v in vars(args).items() if not k.startswith("_")},
               "train": opts.train, "modes": {fw: p.modes[fw] for fw in p.runnable}, "modes_skipped": p.mode_skips,
               "passes": list(opts.passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
-              "out": str(opts.out), "trials": args.trials, "threads": opts.threads,
+              "out": str(opts.out), "trials": args.trials, "threads": opts.threads, "batches": batches,
               "timing": timing_config(args, ran.budget_s, ran.budget_said)}
     man = manifest.build(config=config, gpus=p.gpus, frameworks=fw_entries, data=data_info.to_dict(),
                          job=manifest.job_id(opts.out))
@@ -306,6 +293,9 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     data_info = resolve_data(opts.train)  # a bad --data is refused before any probe too
     load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     gpus = gpuinfo.query()  # the GPUs listed (nvidia-smi); the frameworks are probed in ``plan``
+    # each batch size against the training set and the memory free, before any probe (the partial-batch rule)
+    batches = options.validate(args, data_info.n_train, data_info.kind,
+                               options.free_memory(args.device, bool(gpus.gpus)))
     p = plan(args, opts, gpus, load_start)
     normalise_error: KernelmapError | None = None
     with atomic_dir(opts.out, replace=args.replace) as tmp:
@@ -313,7 +303,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         results = [c.entry(ran.notes) for c in ran.cases.values() if not c.failed]
         if not results:
             raise KernelmapError("nothing ran: " + "; ".join(dict.fromkeys(ran.failed)))
-        parities, parity_failed = write_run(args, opts, p, ran, results, data_info, tmp)
+        parities, parity_failed = write_run(args, opts, p, ran, results, data_info, tmp, batches)
         if any(x != "clean" for x in opts.passes):
             normalise_error = normalise_captures(tmp)
     out = summary(opts.out, results, p.decisions, ran.notes, parities, parity_failed)
