@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -39,66 +40,92 @@ LENGTHS = ("within", "beyond", "epochs")  # --steps within epoch 0, --steps past
 DATA = ("synthetic", "real")
 WARMUP = 5  # `kernelmap run`'s default --warmup
 WITHIN_STEPS = 20
-N_TRAIN = kdata.SYNTHETIC_SIZES[0]  # 60,000: Fashion-MNIST's training set holds as many
-QUICK = {"batch_sizes": (64, 1024, NOFIT), "real_lengths": ("within",)}
+# --quick: batch sizes 1, 64, 1024 and the one that does not fit; synthetic data (60,000 images) within epoch 0
+# only, real data every length (with --real-subset N on the CPU: epochs of N images)
+QUICK = {"batch_sizes": (1, 64, 1024, NOFIT), "synthetic_lengths": ("within",)}
 OUTCOMES = ("ran", "refused", "FAIL", "not run")
 
 
-def length_args(length: str, bs: int) -> tuple[list[str], int | None]:
+def length_args(length: str, bs: int, n_train: int) -> tuple[list[str], int | None]:
     """(the `kernelmap run` arguments of ``length`` at ``bs``, the timed steps they make: None where there is no
-    full batch, or --epochs 1 leaves nothing after the warm-up)."""
-    per = N_TRAIN // bs  # steps an epoch (spec.steps_per_epoch); 0: no full batch, refused whatever the length
+    full batch in ``n_train`` images, or --epochs 1 leaves nothing after the warm-up)."""
+    per = n_train // bs  # steps an epoch (spec.steps_per_epoch); 0: no full batch, refused whatever the length
     if length == "epochs":
         return ["--epochs", "1"], (per - WARMUP if per > WARMUP else None)
     if length == "within":
         steps = max(min(WITHIN_STEPS, per - WARMUP), 1)
     else:  # past epoch 0: the warm-up and the steps end in epoch 1
-        steps = per + 1 if per else N_TRAIN + 1
+        steps = per + 1 if per else n_train + 1
     return ["--steps", str(steps)], (steps if per else None)
 
 
 def combos(device: str, quick: bool, only: str | None, nofit: dict[str, int]) -> list[dict]:
-    """Every combination, in order: framework, mode, batch size, length, data."""
+    """Every combination, in order: framework, mode, batch size, data, length."""
     out = []
     for fw, d in frameworks.REGISTRY.items():
         if only and fw != only:
             continue
         for mode in d.modes:
             for bs_key in QUICK["batch_sizes"] if quick else (*BATCH_SIZES, NOFIT):
-                bs = nofit[fw] if bs_key == NOFIT else bs_key
                 for data in DATA:
                     for length in LENGTHS:
-                        if quick and data == "real" and length not in QUICK["real_lengths"]:
+                        if quick and data == "synthetic" and length not in QUICK["synthetic_lengths"]:
                             continue
-                        out.append({"framework": fw, "mode": mode, "batch_size": bs, "nofit": bs_key == NOFIT,
-                                    "length": length, "data": data, "device": device})
+                        out.append({"framework": fw, "mode": mode, "nofit": bs_key == NOFIT, "length": length,
+                                    "batch_size": nofit[fw] if bs_key == NOFIT else bs_key, "data": data,
+                                    "device": device})
     return out
+
+
+def real_subset(source: Path, n: int, dest: Path) -> Path:
+    """The first ``n`` training and ``min(n, 1000)`` test images of the IDX files in ``source``, as IDX files in
+    ``dest``: real images, epochs short enough for the CPU."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    info = kdata.resolve_data(argparse.Namespace(data=str(source), data_dir=None, seed=0))
+    dest.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", n), ("test", min(n, 1000))):
+        for base in kdata.SPLIT_FILES[split]:
+            path = source / info.files[base]
+            with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as fh:
+                head = kdata.read_idx_header(path)
+                size = 16 if head[0] == kdata.IMAGE_MAGIC else 8
+                fh.read(size)
+                per_item = 28 * 28 if head[0] == kdata.IMAGE_MAGIC else 1
+                body = np.frombuffer(fh.read(count * per_item), dtype=np.uint8)
+            with gzip.open(dest / f"{base}.gz", "wb") as out:
+                out.write(struct.pack(">II", head[0], count) + (struct.pack(">II", 28, 28) if size == 16 else b""))
+                out.write(body.tobytes())
+    return dest
 
 
 def key(c: dict) -> str:
     return f"{c['framework']}-{c['mode']}-bs{c['batch_size']}-{c['length']}-{c['data']}"
 
 
-def expectation(c: dict, memory: options.Memory | None) -> str:
+def expectation(c: dict, n_train: int, memory: options.Memory | None) -> str:
     """``run`` or ``refuse``: what the combination should do here."""
     if c["mode"] not in frameworks.get(c["framework"]).modes_on(c["device"]):
         return "refuse"
     bs = c["batch_size"]
-    if bs > N_TRAIN or (memory and options.memory_problem(bs, [c["framework"]], memory)):
+    if bs > n_train or (memory and options.memory_problem(bs, [c["framework"]], memory)):
         return "refuse"
-    return "run" if length_args(c["length"], bs)[1] else "refuse"
+    return "run" if length_args(c["length"], bs, n_train)[1] else "refuse"
 
 
-def classify(c: dict, rc: int, stderr: str, stdout: str, out: Path) -> tuple[str, str]:
+def classify(c: dict, n_train: int, rc: int, stderr: str, stdout: str, out: Path) -> tuple[str, str]:
     """(outcome, what it says) of one finished combination."""
     lines = [x for x in stderr.splitlines() if x.strip()]
-    errors = [x for x in lines if " error: " in x or x.startswith("kernelmap run: error")]
+    errors = [x for x in lines if " error: " in x]
     first_error = errors[0] if errors else next((x for x in lines if "error" in x.lower()), "")
     if "Traceback" in stderr + stdout:
-        return "FAIL", "traceback: " + (first_error or lines[-1] if lines else "")
+        return "FAIL", "traceback: " + (first_error or (lines[-1] if lines else ""))
     if rc in (0, 3) and (out / "results.json").is_file():
         results = json.loads((out / "results.json").read_text())
-        _, timed = length_args(c["length"], c["batch_size"])
+        timed = length_args(c["length"], c["batch_size"], n_train)[1]
         got = [(r["mode"], r["batch_size"], r["steps"]) for r in results]
         if got != [(c["mode"], c["batch_size"], timed)]:
             return "FAIL", f"results {got}, expected {[(c['mode'], c['batch_size'], timed)]}"
@@ -110,13 +137,12 @@ def classify(c: dict, rc: int, stderr: str, stdout: str, out: Path) -> tuple[str
     return "FAIL", f"exit {rc}: {first_error or (lines[-1] if lines else '(no output)')}"
 
 
-def run_one(c: dict, kernelmap: list[str], python: list[str], out_dir: Path, real_dir: str | None,
+def run_one(c: dict, n_train: int, kernelmap: list[str], python: list[str], out_dir: Path, real: Path,
             timeout: float) -> dict:
     run_out = out_dir / "runs" / key(c)
-    data = ["--data", "synthetic"] if c["data"] == "synthetic" else ["--data", "fashion-mnist"] + (
-        ["--data-dir", real_dir] if real_dir else [])
+    data = ["--data", "synthetic"] if c["data"] == "synthetic" else ["--data", str(real)]
     argv = [*kernelmap, "run", "--framework", c["framework"], "--mode", c["mode"], "--device", c["device"],
-            "--batch-size", str(c["batch_size"]), *length_args(c["length"], c["batch_size"])[0], *data,
+            "--batch-size", str(c["batch_size"]), *length_args(c["length"], c["batch_size"], n_train)[0], *data,
             "--trials", "1", "--max-repeats", "0", "--profile", "none", "--out", str(run_out), *python]
     t0 = time.monotonic()
     try:
@@ -130,10 +156,11 @@ def run_one(c: dict, kernelmap: list[str], python: list[str], out_dir: Path, rea
     if rc is None:
         outcome, said = "FAIL", f"timed out after {timeout:.0f} s"
     else:
-        outcome, said = classify(c, rc, stderr, stdout, run_out)
+        outcome, said = classify(c, n_train, rc, stderr, stdout, run_out)
     if outcome == "ran":
-        subprocess.run(["rm", "-rf", str(run_out)], check=False)  # the figures are not the sweep's point
-    return {**c, "argv": shlex.join(argv), "exit": rc, "outcome": outcome, "said": said, "wall_s": round(wall, 1)}
+        shutil.rmtree(run_out, ignore_errors=True)  # the figures are not the sweep's point
+    return {**c, "n_train": n_train, "argv": shlex.join(argv), "exit": rc, "outcome": outcome, "said": said,
+            "wall_s": round(wall, 1)}
 
 
 def nofit_sizes(device: str) -> tuple[dict[str, int], options.Memory | None]:
@@ -165,15 +192,16 @@ def read_rows(out: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--quick", action="store_true", help=f"batch sizes {QUICK['batch_sizes']}; real data: "
-                                                        f"{', '.join(QUICK['real_lengths'])} only")
+    p.add_argument("--quick", action="store_true", help=f"batch sizes {QUICK['batch_sizes']}; synthetic data: "
+                                                        f"{', '.join(QUICK['synthetic_lengths'])} only")
     p.add_argument("--out", default="option-sweep", help="rows (sweep.jsonl), logs; a sweep there goes on")
     p.add_argument("--framework", choices=frameworks.FRAMEWORKS, help="this framework's combinations only")
     p.add_argument("--shard", default="1/1", help="K/N: every N-th combination from the K-th")
     p.add_argument("--kernelmap", default=f"{shlex.quote(sys.executable)} -m kernelmap.cli",
                    help="the command that is `kernelmap`")
     p.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH", help="passed to kernelmap run")
-    p.add_argument("--real-dir", help="the real data's directory (default: kernelmap's, Fashion-MNIST)")
+    p.add_argument("--real-dir", help="the real data's IDX directory (default: Fashion-MNIST where kernelmap finds it)")
+    p.add_argument("--real-subset", type=int, metavar="N", help="real data: its first N training images (OUT/real-N)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one combination may take")
     p.add_argument("--table", metavar="DIR", help="print the table of DIR/sweep.jsonl and exit")
     a = p.parse_args(argv)
@@ -181,25 +209,32 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(Path(a.table))
         print(table(rows))
         return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
-    out = Path(a.out)
+    out = Path(a.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     k, n = (int(x) for x in a.shard.split("/"))
     nofit, memory = nofit_sizes(a.device)
     real = Path(a.real_dir or kdata.DEFAULT_DIRS["fashion-mnist"])
     real_missing = None if real.is_dir() else f"no real data at {real} ({kdata.FIX})"
+    if a.real_subset and not real_missing:
+        real = real_subset(real, a.real_subset, out / f"real-{a.real_subset}")
+    n_train = {"synthetic": kdata.SYNTHETIC_SIZES[0],
+               "real": None if real_missing else kdata.resolve_data(argparse.Namespace(data=str(real), data_dir=None,
+                                                                                       seed=0)).n_train}
     done = {key(r) for r in read_rows(out)}
     todo = [c for i, c in enumerate(combos(a.device, a.quick, a.framework, nofit)) if i % n == k - 1]
     print(f"option sweep on the {a.device.upper()}: {len(todo)} combinations ({len(done)} already in {out}); memory "
-          f"read: {memory.to_dict() if memory else 'none'}; no-fit batch sizes {nofit}", file=sys.stderr)
+          f"read: {memory.to_dict() if memory else 'none'}; training images {n_train}; no-fit batch sizes {nofit}",
+          file=sys.stderr)
     python = [x for item in a.python for x in ("--python", item)]
     for c in todo:
         if key(c) in done:
             continue
-        c["expected"] = expectation(c, memory)
         if c["data"] == "real" and real_missing:
-            row = {**c, "argv": "", "exit": None, "outcome": "not run", "said": real_missing, "wall_s": 0.0}
+            row = {**c, "expected": "run", "argv": "", "exit": None, "outcome": "not run", "said": real_missing,
+                   "wall_s": 0.0}
         else:
-            row = run_one(c, shlex.split(a.kernelmap), python, out, a.real_dir, a.timeout)
+            c["expected"] = expectation(c, n_train[c["data"]], memory)
+            row = run_one(c, n_train[c["data"]], shlex.split(a.kernelmap), python, out, real, a.timeout)
             if row["outcome"] != "FAIL" and row["outcome"] != {"run": "ran", "refuse": "refused"}[c["expected"]]:
                 row["said"] = f"expected to {c['expected']}: {row['said']}"
                 row["outcome"] = "FAIL"

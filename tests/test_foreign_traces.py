@@ -6,6 +6,7 @@ from __future__ import annotations
 import decimal
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,10 @@ KINETO = ["hta_pt19_inference_rank1.json.gz", "hta_mi250_train_rocm62.json.gz", 
 KERNEL_CATS = {"kernel", "Kernel"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
 OP_CATS = {"cpu_op", "Operator"}
+# torch.compile's region spans, cpu_op events that are annotations, not ops (docs/SCHEMA.md, kineto)
+COMPILE_WRAPPERS = re.compile(r"^(CompiledFunction(Backward)?|autograd::engine::evaluate_function: CompiledFunctionBackward|"
+                              r"TorchDynamo Cache Lookup|Torch-Compiled Region: .*|Pregraph bytecode|"
+                              r"AOTDispatcher Runtime Wrapper Prologue)$")
 
 
 def raw(name: str) -> dict:
@@ -53,7 +58,8 @@ def _paths(monkeypatch):
 def test_every_event_read_with_exact_nanoseconds(monkeypatch, name):
     """Every complete event is one record, on every path; start_ns and dur_ns are the JSON text's
     microseconds times 1000 exactly (epoch microseconds through a float64 miss by up to 128 ns);
-    kernel, runtime and op counts and kernel time are the independent count's."""
+    kernel, runtime and op counts and kernel time are the independent count's (torch.compile's region
+    spans, cpu_op events, are annotations)."""
     doc = raw(name)
     ev = complete(doc)
     want_start = sorted(ns(e["ts"]) for e in ev)
@@ -68,7 +74,8 @@ def test_every_event_read_with_exact_nanoseconds(monkeypatch, name):
         assert len(k) == len(kern), path
         assert int(k["dur_ns"].sum()) == sum(ns(e["dur"]) for e in kern), path
         assert (df["kind"] == "runtime").sum() == len(complete(doc, RUNTIME_CATS)), path
-        assert (df["kind"] == "op").sum() == len(complete(doc, OP_CATS)), path
+        ops = [e for e in complete(doc, OP_CATS) if not COMPILE_WRAPPERS.match(e["name"])]
+        assert (df["kind"] == "op").sum() == len(ops), path
 
 
 def test_pytorch_19_schema_is_read():
