@@ -277,9 +277,14 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
             assert "batches_reused" not in trial
         else:  # later trials reuse the batches the first one timed the loader on
             assert trial["e2e_step_s"] is None and trial["batches_reused"] == min(steps, timing.WINDOW_STEPS)
-        assert trial["threads"]["env"] == {k: str(man["config"]["threads"]) for k in timing.THREAD_ENV}
+        assert trial["threads"]["env"] == {**{k: str(man["config"]["threads"]) for k in timing.THREAD_ENV},
+                                           **timing.WAIT_ENV}
+        assert len(trial[timing.CPU_SAMPLES]) == len(trial["step_times_s"]) and min(trial[timing.CPU_SAMPLES]) > 0
         assert (trial["test_accuracy"] is None) == (t > 1)  # accuracy from the first trial only
     assert len(pids) == n_trials  # each trial its own process
+    # CPU time over the same used trials as the step figure, with its own interval (timing.cpu_figure)
+    assert entry["cpu_time"]["n_trials"] == len(used) and entry["cpu_time"]["clock"] == timing.CPU_CLOCK
+    assert entry["cpu_time"]["ci95_low_s"] <= entry["cpu_time"]["median_step_s"] <= entry["cpu_time"]["ci95_high_s"]
     return entry
 
 

@@ -150,8 +150,9 @@ def physical_cores() -> int:
 
 
 def thread_env(threads: int) -> dict[str, str]:
-    """The same CPU thread settings for every framework's worker."""
-    return {k: str(threads) for k in timing.THREAD_ENV}
+    """The same CPU thread settings for every framework's worker; OpenMP threads sleep while they wait
+    (``timing.WAIT_ENV``), so that CPU time counts work, not spinning for a sibling a neighbour preempted."""
+    return {**{k: str(threads) for k in timing.THREAD_ENV}, **timing.WAIT_ENV}
 
 
 def decide_devices(chosen: list[str], device: str, python: dict[str, str],

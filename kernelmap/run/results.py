@@ -99,6 +99,7 @@ def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str
             "overhead_verdict": str(timing.overhead_verdict(r["median_step_s"], r["steps"], clean,
                                                              between_processes=not cont.get("contended"))),
             "contention": pc,
+            "cpu_time": timing.cpu_figure([r]),  # the pass's own CPU time (timing.CPU_RULE); None before it was kept
         }
     used_ids = {t["trial"] for t in used}
     files = sorted(str(rel / f.name) for f in out_dir.iterdir() if f.is_file())
@@ -116,6 +117,7 @@ def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str
         # the samples of the trials the figure uses, trial after trial (``trials`` says which are whose)
         "step_times_s": [x for t in used for x in t["step_times_s"]],
         **clean,
+        "cpu_time": timing.cpu_figure(used),  # process CPU time over the same used trials (timing.CPU_RULE)
         "trials": [{"trial": t["trial"], "pid": t["pid"], "median_step_s": t["median_step_s"],
                     **_ci_fields(t["step_times_s"]), "e2e_step_s": t.get("e2e_step_s"),
                     "samples": len(t["step_times_s"]), "train_wall_s": t["train_wall_s"],
