@@ -288,3 +288,25 @@ def test_jit_compiles_its_step_once_across_epochs(idx_dir_gz):
                           env=dict(os.environ, **frameworks.get("jax").cpu_env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"compiled": 1}
+
+
+GPU_GRAPH_MODES = [m for m in frameworks.get("pytorch").modes if m != frameworks.get("pytorch").default_mode]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", GPU_GRAPH_MODES)
+def test_graph_and_compiled_modes_run_past_an_epoch_on_the_gpu(tmp_path, mode):
+    """Issue 37's H100 crash: cuda-graph, --steps 70 at batch 1024 of 60,000 images (58 full batches an epoch) met
+    a 608-image batch its static buffers could not take (exit 2). Every step is now a full batch: the 75 steps
+    (5 warm-up) cross into epoch 1 and all 70 are timed; the manifest says 608 images an epoch are dropped."""
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--mode", mode,
+                           "--device", "gpu", "--profile", "none", "--steps", "70", "--batch-size", "1024", "--data",
+                           "synthetic", "--trials", "1", "--max-repeats", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())
+    assert (entry["mode"], entry["device"], entry["steps"]) == (mode, "gpu", 70)
+    (plan,) = json.loads((out / "manifest.json").read_text())["config"]["batches"]["per_batch_size"]
+    assert (plan["steps_per_epoch"], plan["dropped_per_epoch"]) == (58, 608)
