@@ -3,6 +3,9 @@ op, phase, iteration, layer; kernel -> runtime launch (correlation) -> op."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 
@@ -30,194 +33,311 @@ def label(df: pd.DataFrame, dims: list | None, framework: str,
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
     worked out as codes (``strings.Vocab``) and made strings once, at the end. ``df`` may be an
-    adapter's own frame (``_common.frame``): the inputs it lacks are added as NA."""
+    adapter's own frame (``_common.frame``): the inputs it lacks are added as NA.
+
+    The stages, in order, each filling codes of one ``LabelRows`` (-1: none): ``find_regions`` (phase and
+    step regions, host spans), ``nest_host_spans`` (each host span's outermost mapped op and nearest op),
+    ``label_ops`` (canonical op and direction from the outermost op), ``label_layers`` (by weights, per
+    tree, through seq), ``label_steps`` (phase region and iteration by time), ``inherit_from_launches`` (device
+    rows take their launch's labels), ``write_labels`` (the columns; the phase rule where no region says
+    it); then the kernel names' refinements of direction (``refine_direction``, ``_refine_linear``)."""
+    r = label_inputs(df, framework)
+    find_regions(r, on_device)
+    nest_host_spans(r)
+    label_ops(r)
+    label_layers(r, dims)
+    label_steps(r, dims)
+    inherit_from_launches(r)
+    write_labels(r)
+    refine_direction(df)
+    _refine_linear(df, r.inner_op, dims)
+    return df
+
+
+@dataclass(eq=False)
+class LabelRows:
+    """What ``label``'s stages share: the rows' inputs as arrays, the label vocabularies, and the
+    labels as codes into them as the stages fill them (each stage's docstring says what it reads
+    and fills; a field a later stage no longer needs is dropped: peak memory of a large trace)."""
+
+    df: pd.DataFrame
+    framework: str
+    is_kind: Callable[..., np.ndarray]  # is_kind("op", "runtime") -> bool per row
+    name_codes: np.ndarray  # op_name codes (-1: NA) into name_u
+    name_u: list
+    start: np.ndarray  # int64 ns (NA: 0)
+    dur: tuple[np.ndarray, np.ndarray]  # (values, has one)
+    canon: S.Vocab = field(default_factory=S.Vocab)
+    direc: S.Vocab = field(default_factory=S.Vocab)
+    layer_v: S.Vocab = field(default_factory=S.Vocab)
+    phases: S.Vocab = field(default_factory=S.Vocab)
+    # regions: per distinct name (+1: NA) its region's phase code and step number; region, step and
+    # device-annotation rows; host spans (rows)
+    ph_u: np.ndarray | None = None
+    st_u: np.ndarray | None = None
+    rmask: np.ndarray | None = None
+    smask: np.ndarray | None = None
+    dev_ann: np.ndarray | None = None
+    hidx: np.ndarray | None = None
+    # nesting: per distinct name its canonical op and direction; per row the outermost mapped op
+    # (top) and nearest op (inner_op) above it, as rows; collective spans; recomputed spans and
+    # their forward ops
+    canon_u: np.ndarray | None = None
+    direc_u: np.ndarray | None = None
+    canon_a: np.ndarray | None = None
+    is_op: np.ndarray | None = None
+    top: np.ndarray | None = None
+    inner_op: np.ndarray | None = None
+    coll_rows: np.ndarray | None = None
+    recomputed: tuple[np.ndarray, np.ndarray] | None = None
+    # op_labels, layers, steps: the labels
+    out_canon: np.ndarray | None = None
+    out_dir: np.ndarray | None = None
+    ph_canon: np.ndarray | None = None  # the outermost op's labels, for the phase rule
+    ph_dir: np.ndarray | None = None
+    recompute: np.ndarray | None = None
+    layer: np.ndarray | None = None
+    phase: np.ndarray | None = None
+    it_val: np.ndarray | None = None
+    it_na: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.start)
+
+    @property
+    def asynchronous(self) -> bool:  # ops run after the issuing host left its regions
+        return self.framework in C.ASYNC_FRAMEWORKS
+
+
+def label_inputs(df: pd.DataFrame, framework: str) -> LabelRows:
+    """The inputs of ``label`` (``LABEL_INPUTS``; those ``df`` lacks added as NA) as arrays."""
     for col in LABEL_INPUTS:
         if col not in df:
             df[col] = pd.Series(pd.NA, index=df.index, dtype=DTYPES[col]).array
-    n = len(df)
     is_kind = _kinds(df["kind"])
     name_codes, name_u = S.factorize(df["op_name"], small=True)  # only indexed with and compared
     start, has_start = _ints(df["start_ns"])  # read only: the column's own values where none is NA
     start = start if has_start.all() else np.where(has_start, start, 0)
-    del has_start
-    dur = _ints(df["dur_ns"])
+    return LabelRows(df, framework, is_kind, name_codes, name_u, start, _ints(df["dur_ns"]))
 
-    # row positions in int32 where the rows allow it (half the memory of the row-length tables)
-    pos_t = np.int32 if n < 2**31 else np.int64
-    canon, direc, layers, phases = S.Vocab(), S.Vocab(), S.Vocab(), S.Vocab()
 
-    # regions: kernelmap:forward|backward|optimizer and steps (kernelmap:step#N / ProfilerStep#N)
-    # (one answer per distinct name; the last entry answers for NA, code -1)
-    ann = is_kind("annotation", "step")
-    ph_u = np.full(len(name_u) + 1, -1, dtype=np.int32)
-    st_u = np.zeros(len(name_u) + 1, dtype=np.int64)
-    is_step_u = np.zeros(len(name_u) + 1, dtype=bool)
-    for c in np.unique(name_codes[ann]).tolist():
+def find_regions(r: LabelRows, on_device: np.ndarray | None) -> None:
+    """Phase regions (kernelmap:forward|backward|optimizer) and steps (kernelmap:step#N,
+    ProfilerStep#N) among the annotation and step rows, one answer per distinct name; the
+    annotations on a device's clock (``on_device``); the host spans (rows of ``HOST_KINDS`` that
+    are none of these). Fills ph_u, st_u, rmask, smask, dev_ann, hidx."""
+    ann = r.is_kind("annotation", "step")
+    r.ph_u = np.full(len(r.name_u) + 1, -1, dtype=np.int32)  # the last entry answers for NA (code -1)
+    r.st_u = np.zeros(len(r.name_u) + 1, dtype=np.int64)
+    is_step_u = np.zeros(len(r.name_u) + 1, dtype=bool)
+    for c in np.unique(r.name_codes[ann]).tolist():
         if c >= 0:
-            ph_u[c] = phases.code(C.region_phase(name_u[c]))
-            st = C.step_number(name_u[c])
-            is_step_u[c], st_u[c] = st is not None, st or 0
-    rmask = ann & (ph_u[name_codes] >= 0)
-    smask = ann & is_step_u[name_codes]
-    dev_ann = np.zeros(n, dtype=bool) if on_device is None else (np.asarray(on_device, dtype=bool) & ann)
-    rmask &= ~dev_ann
-    host = is_kind(*HOST_KINDS) & ~(rmask | smask) & ~dev_ann
-    hidx = np.flatnonzero(host)
-    tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
+            r.ph_u[c] = r.phases.code(C.region_phase(r.name_u[c]))
+            st = C.step_number(r.name_u[c])
+            is_step_u[c], r.st_u[c] = st is not None, st or 0
+    r.rmask = ann & (r.ph_u[r.name_codes] >= 0)
+    r.smask = ann & is_step_u[r.name_codes]
+    r.dev_ann = np.zeros(r.n, dtype=bool) if on_device is None else (np.asarray(on_device, dtype=bool) & ann)
+    r.rmask &= ~r.dev_ann
+    r.hidx = np.flatnonzero(r.is_kind(*HOST_KINDS) & ~(r.rmask | r.smask) & ~r.dev_ann)
 
-    # canonical op and direction of each distinct name (mapped for op and annotation rows only)
-    table = [C.lookup(u, framework) for u in name_u]
-    canon_u = np.array([canon.code(v[0] if v else None) for v in table] + [-1], dtype=np.int32)
-    direc_u = np.array([direc.code(v[1] if v else None) for v in table] + [-1], dtype=np.int32)
-    canon_a = np.where(is_kind("op", "annotation"), canon_u[name_codes], -1)
-    mapped = canon_a >= 0
-    is_op = is_kind("op")
-    # nesting of host spans per thread, resolved over host rows only (local indices): the outermost
-    # mapped span above each (its top) and the nearest enclosing op (where a launch sits)
-    parent, top_local, op_local = C.forest(tid[hidx], start[hidx], _ends(start, dur, hidx), mapped[hidx], is_op[hidx])
-    # exceptions to "the outermost mapped op" (canonical.COLLECTIVE, canonical.RECOMPUTED_OPS): the
-    # outermost collective on the chain; a forward op re-run inside a backward node
-    coll_local, recompute_local = _launch_labels(parent, top_local, name_codes[hidx], canon_a[hidx], name_u,
-                                                 canon, direc, direc_u, framework)
+
+def nest_host_spans(r: LabelRows) -> None:
+    """Canonical op and direction of each distinct name (mapped for op and annotation rows only),
+    and the nesting of the host spans per thread: the outermost mapped span above each (``top``)
+    and the nearest enclosing op (``inner_op``: where a launch sits), as rows (-1: none); the
+    exceptions to "the outermost mapped op" (``_launch_labels``): collective spans, and spans of a
+    forward op re-run inside a backward node with that op. Fills canon_u, direc_u, canon_a, is_op,
+    top, inner_op, coll_rows, recomputed."""
+    hidx = r.hidx
+    tid = r.df["tid"].to_numpy(dtype="int64", na_value=-1)
+    table = [C.lookup(u, r.framework) for u in r.name_u]
+    r.canon_u = np.array([r.canon.code(v[0] if v else None) for v in table] + [-1], dtype=np.int32)
+    r.direc_u = np.array([r.direc.code(v[1] if v else None) for v in table] + [-1], dtype=np.int32)
+    r.canon_a = np.where(r.is_kind("op", "annotation"), r.canon_u[r.name_codes], -1)
+    mapped = r.canon_a >= 0
+    r.is_op = r.is_kind("op")
+    # over host rows only (local indices)
+    parent, top_local, op_local = C.forest(tid[hidx], r.start[hidx], _ends(r.start, r.dur, hidx), mapped[hidx],
+                                           r.is_op[hidx])
+    del tid, mapped
+    coll_local, recompute_local = _launch_labels(parent, top_local, r.name_codes[hidx], r.canon_a[hidx], r.name_u,
+                                                 r.canon, r.direc, r.direc_u, r.framework)
     del parent
-    top = np.full(n, -1, dtype=pos_t)
-    top[hidx] = np.where(top_local >= 0, hidx[np.maximum(top_local, 0)], -1)
-    inner_op = np.full(n, -1, dtype=pos_t)
-    inner_op[hidx] = np.where(op_local >= 0, hidx[np.maximum(op_local, 0)], -1)
-    # (row-length temporaries are dropped once used, here and below: peak memory of a large trace)
-    del top_local, op_local, tid, mapped
-
-    has_top = top >= 0
-    top0 = np.maximum(top, 0)
-    out_canon = np.where(has_top, canon_a[top0], -1).astype(np.int32)
-    out_dir = np.where(has_top, direc_u[name_codes[top0]], -1).astype(np.int32)
-    other = is_op & ~has_top
-    out_canon[other] = canon.code("other")
-    out_dir[other] = direc.code("none")
-    del canon_a, other
-    # the phase rule reads the outermost op's labels (a collective inside AccumulateGrad: backward)
-    ph_canon, ph_dir = out_canon.copy(), out_dir.copy()
-    recompute = np.zeros(n, dtype=bool)
+    r.top, r.inner_op = _as_rows(top_local, hidx, r.n), _as_rows(op_local, hidx, r.n)
     if coll_local is not None:
-        rows = hidx[coll_local >= 0]
-        out_canon[rows], out_dir[rows] = canon.code(C.COLLECTIVE), direc.code("none")
+        r.coll_rows = hidx[coll_local >= 0]
     if recompute_local is not None:
         sel = recompute_local >= 0
-        rows, src = hidx[sel], hidx[recompute_local[sel]]
-        out_canon[rows], out_dir[rows] = canon_u[name_codes[src]], direc.code("fwd")
-        recompute[rows] = True
-        del sel, rows, src
+        r.recomputed = hidx[sel], hidx[recompute_local[sel]]
 
-    # layers: own (weight argument by position) -> per top-level tree -> through seq for backward
-    own = np.full(n, -1, dtype=np.int32)
+
+def _as_rows(local: np.ndarray, hidx: np.ndarray, n: int) -> np.ndarray:
+    """Positions into the host rows ``hidx`` (-1: none) as positions into all ``n`` rows, in int32
+    where the rows allow it (half the memory of the row-length tables)."""
+    out = np.full(n, -1, dtype=np.int32 if n < 2**31 else np.int64)
+    out[hidx] = np.where(local >= 0, hidx[np.maximum(local, 0)], -1)
+    return out
+
+
+def label_ops(r: LabelRows) -> None:
+    """Canonical op and direction of each row from its outermost mapped op (an op outside every
+    mapped one: "other", "none"); collective spans are "collective", and a recomputed forward op's
+    spans take that op's, forward. Fills out_canon, out_dir, the outermost op's own labels for the
+    phase rule (ph_canon, ph_dir) and the recomputed rows (recompute)."""
+    has_top = r.top >= 0
+    top0 = np.maximum(r.top, 0)
+    r.out_canon = np.where(has_top, r.canon_a[top0], -1).astype(np.int32)
+    r.out_dir = np.where(has_top, r.direc_u[r.name_codes[top0]], -1).astype(np.int32)
+    other = r.is_op & ~has_top
+    r.out_canon[other] = r.canon.code("other")
+    r.out_dir[other] = r.direc.code("none")
+    r.canon_a = None
+    del other, has_top, top0
+    # the phase rule reads the outermost op's labels (a collective inside AccumulateGrad: backward)
+    r.ph_canon, r.ph_dir = r.out_canon.copy(), r.out_dir.copy()
+    r.recompute = np.zeros(r.n, dtype=bool)
+    if r.coll_rows is not None:
+        r.out_canon[r.coll_rows], r.out_dir[r.coll_rows] = r.canon.code(C.COLLECTIVE), r.direc.code("none")
+    if r.recomputed is not None:
+        rec, src = r.recomputed
+        r.out_canon[rec], r.out_dir[rec] = r.canon_u[r.name_codes[src]], r.direc.code("fwd")
+        r.recompute[rec] = True
+    r.coll_rows = r.recomputed = None
+
+
+def label_layers(r: LabelRows, dims: list | None) -> None:
+    """Layer of each row: the one its op names by its weight argument's shape (``dims``), else the
+    one layer the op tree it sits in names, else (a backward tree) its forward op's, through the
+    autograd seq (``layers_through_seq``); loss ops "loss", collectives none. Fills layer."""
+    own = np.full(r.n, -1, dtype=np.int32)
     if dims is not None:
         # only ops with a weight argument can name a layer
-        weight_ops = [c for c, u in enumerate(name_u) if u in C.WEIGHT_ARG_OPS]
-        rows = np.flatnonzero(is_op & np.isin(name_codes, weight_ops))
-        own[rows] = _own_layers(rows, name_codes, name_u, dims, layers)
-    tree_layer = _tree_layers(top, own)
-    layer = np.where(has_top, tree_layer[top0], own).astype(np.int32)
+        weight_ops = [c for c, u in enumerate(r.name_u) if u in C.WEIGHT_ARG_OPS]
+        ops = np.flatnonzero(r.is_op & np.isin(r.name_codes, weight_ops))
+        own[ops] = _own_layers(ops, r.name_codes, r.name_u, dims, r.layer_v)
+    tree_layer = _tree_layers(r.top, own)
+    r.layer = np.where(r.top >= 0, tree_layer[np.maximum(r.top, 0)], own).astype(np.int32)
     del tree_layer, own
-    seq = df["seq"].to_numpy(dtype="int64", na_value=-1)
-    fwd_rows = (seq >= 0) & (out_dir == direc.codes_of(["fwd"])[0]) & (layer >= 0)
-    if fwd_rows.any():
-        # the layer of each forward seq (the last such row's, where several have one seq)
-        seq_u, last = np.unique(seq[fwd_rows][::-1], return_index=True)
-        seq_layer = layer[fwd_rows][::-1][last]
-        # a backward tree's seq: the first seq in it, in start order (nsys' evaluate_function
-        # wrapper has none, the autograd node inside it has the forward op's)
-        with_seq = np.flatnonzero(has_top & (seq >= 0))
-        by_start = with_seq[np.argsort(start[with_seq], kind="stable")]
-        tops, first = np.unique(top[by_start], return_index=True)  # the trees with a seq, ascending
-        tree_seq = seq[by_start[first]]  # each one's first seq (>= 0)
-        # the rows still without a layer whose tree has a seq, and that seq (looked up per row
-        # among those trees: no row-length table of trees)
-        cand = np.flatnonzero((layer < 0) & has_top)
-        at = np.minimum(np.searchsorted(tops, top[cand]), len(tops) - 1)
-        in_tree = tops[at] == top[cand]
-        need, want = cand[in_tree], tree_seq[at[in_tree]]
-        hit = np.minimum(np.searchsorted(seq_u, want), len(seq_u) - 1)
-        found = seq_u[hit] == want
-        layer[need[found]] = seq_layer[hit[found]]
-        del with_seq, by_start, tops, first, tree_seq, cand, at, in_tree, need, want, hit, found
-    del seq, fwd_rows, top0
-    layer[np.isin(out_canon, canon.codes_of(C.LOSS_OPS))] = layers.code("loss")
-    layer[out_canon == canon.code(C.COLLECTIVE)] = -1
-    del hidx, coll_local, recompute_local
+    layers_through_seq(r)
+    r.layer[np.isin(r.out_canon, r.canon.codes_of(C.LOSS_OPS))] = r.layer_v.code("loss")
+    r.layer[r.out_canon == r.canon.code(C.COLLECTIVE)] = -1
 
-    # phase and iteration by time containment of the start (any thread), then name rules
-    asynchronous = framework in C.ASYNC_FRAMEWORKS  # ops run after the issuing host left its regions
-    # (for those, a phase region and a step reach to the next one's start, as in mxnet_profiler)
-    rrows, srows = np.flatnonzero(rmask), np.flatnonzero(smask)
-    region_end = C.until_next(start[rrows], _ends(start, dur, rrows)) if asynchronous else _ends(start, dur, rrows)
-    phase = np.append(ph_u[name_codes[rmask]], -1)[C.region_index(start, start[rmask], region_end)]
-    step_end = C.until_next(start[srows], _ends(start, dur, srows)) if asynchronous else _ends(start, dur, srows)
-    host_step = ~dev_ann[srows]
-    step_no = np.append(st_u[name_codes[smask]], 0)
-    step_at = C.region_index(start, start[srows[host_step]], step_end[host_step])
-    step_at = _among(host_step, step_at)
+
+def layers_through_seq(r: LabelRows) -> None:
+    """The rows still without a layer in a tree whose first seq (in start order) is a forward op's
+    take that op's layer (the last such row's, where several forward rows share a seq): nsys'
+    evaluate_function wrapper has no seq, the autograd node inside it has the forward op's."""
+    seq = r.df["seq"].to_numpy(dtype="int64", na_value=-1)
+    layer, top = r.layer, r.top
+    fwd_rows = (seq >= 0) & (r.out_dir == r.direc.codes_of(["fwd"])[0]) & (layer >= 0)
+    if not fwd_rows.any():
+        return
+    seq_u, last = np.unique(seq[fwd_rows][::-1], return_index=True)
+    seq_layer = layer[fwd_rows][::-1][last]
+    del fwd_rows, last
+    has_top = top >= 0
+    with_seq = np.flatnonzero(has_top & (seq >= 0))
+    by_start = with_seq[np.argsort(r.start[with_seq], kind="stable")]
+    tops, first = np.unique(top[by_start], return_index=True)  # the trees with a seq, ascending
+    tree_seq = seq[by_start[first]]  # each one's first seq (>= 0)
+    del with_seq, by_start, first, seq
+    # the rows still without a layer whose tree has a seq, and that seq (looked up per row among
+    # those trees: no row-length table of trees)
+    cand = np.flatnonzero((layer < 0) & has_top)
+    at = np.minimum(np.searchsorted(tops, top[cand]), len(tops) - 1)
+    in_tree = tops[at] == top[cand]
+    need, want = cand[in_tree], tree_seq[at[in_tree]]
+    hit = np.minimum(np.searchsorted(seq_u, want), len(seq_u) - 1)
+    found = seq_u[hit] == want
+    layer[need[found]] = seq_layer[hit[found]]
+
+
+def label_steps(r: LabelRows, dims: list | None) -> None:
+    """Phase region and step of each row by time containment of its start (any thread): host
+    steps for every row, a device step for device rows no host step holds (their launch's, if
+    any, replaces it in ``inherit_from_launches``). For asynchronous frameworks (ops run after the issuing
+    host left its regions) a region and a step reach to the next one's start, as in
+    mxnet_profiler. A trace without shapes (MXNet's NVTX ranges): layers by position in the step.
+    Fills phase, it_val, it_na (and layer)."""
+    start, dur = r.start, r.dur
+    rrows, srows = np.flatnonzero(r.rmask), np.flatnonzero(r.smask)
+    region_end = C.until_next(start[rrows], _ends(start, dur, rrows)) if r.asynchronous else _ends(start, dur, rrows)
+    r.phase = np.append(r.ph_u[r.name_codes[r.rmask]], -1)[C.region_index(start, start[r.rmask], region_end)]
+    step_end = C.until_next(start[srows], _ends(start, dur, srows)) if r.asynchronous else _ends(start, dur, srows)
+    host_step = ~r.dev_ann[srows]
+    step_no = np.append(r.st_u[r.name_codes[r.smask]], 0)
+    step_at = _among(host_step, C.region_index(start, start[srows[host_step]], step_end[host_step]))
     if not host_step.all():  # device rows (those without a launch keep this): the GPU's own step copy
-        dev = is_kind(*DEVICE_KINDS)
-        d_at = C.region_index(start[dev], start[srows[~host_step]], step_end[~host_step])
-        d_at = _among(~host_step, d_at)
+        dev = r.is_kind(*DEVICE_KINDS)
+        d_at = _among(~host_step, C.region_index(start[dev], start[srows[~host_step]], step_end[~host_step]))
         step_at[dev] = np.where(d_at >= 0, d_at, step_at[dev])
         del dev, d_at
-    it_na = step_at < 0  # iteration: step number (int64) where it_na is False
-    it_val = step_no[step_at]
-    del step_at, name_codes, rrows, srows
-    if not _has_shapes(dims) and is_op.any():  # a trace without shapes (MXNet's NVTX ranges): layer by position
-        pos = C.layers_by_position(is_op, canon.take(out_canon), direc.take(out_dir),
-                                   np.where(it_na, np.nan, it_val), start)
-        need = has_top & (layer < 0)
-        layer[need] = np.array([layers.code(v) for v in pos[top[need]].tolist()], dtype=np.int32)
-    del top, has_top, start
+    r.it_na = step_at < 0  # iteration: step number (int64) where it_na is False
+    r.it_val = step_no[step_at]
+    del step_at
+    r.rmask = r.smask = r.dev_ann = r.name_codes = None
+    if not _has_shapes(dims) and r.is_op.any():
+        pos = C.layers_by_position(r.is_op, r.canon.take(r.out_canon), r.direc.take(r.out_dir),
+                                   np.where(r.it_na, np.nan, r.it_val), start)
+        need = (r.top >= 0) & (r.layer < 0)
+        r.layer[need] = np.array([r.layer_v.code(v) for v in pos[r.top[need]].tolist()], dtype=np.int32)
+    r.top = None
 
-    # device rows inherit from their runtime launch (same correlation id)
-    dev = is_kind(*DEVICE_KINDS)
+
+def inherit_from_launches(r: LabelRows) -> None:
+    """Device rows (kernels, memcpys, memsets) take every label and the launching op of their
+    runtime launch (the same correlation id; the first launch of an id); those without a launch
+    keep the regions of their own (device) time. Collective kernels (NCCL/RCCL by name) are
+    collectives whatever launched them."""
+    df = r.df
+    dev = r.is_kind(*DEVICE_KINDS)
     corr, has_corr = _ints(df["correlation_id"])
     has_corr = has_corr & (corr >= 0)
-    rt = np.flatnonzero(is_kind("runtime") & has_corr)
+    rt = np.flatnonzero(r.is_kind("runtime") & has_corr)
     launch = pd.Series(rt, index=corr[rt])
     launch = launch[~launch.index.duplicated(keep="first")]
     didx = np.flatnonzero(dev & has_corr)
-    del has_corr
+    del has_corr, rt
     src = launch.reindex(corr[didx]).to_numpy(dtype="float64")
     ok = ~np.isnan(src)
     d_ok, s_ok = didx[ok], src[ok].astype("int64")
-    inner_op[d_ok] = inner_op[s_ok]
-    for arr in (out_canon, out_dir, layer, phase, it_val, it_na, ph_canon, ph_dir, recompute):
+    del launch, didx, src, ok, corr
+    for arr in (r.inner_op, r.out_canon, r.out_dir, r.layer, r.phase, r.it_val, r.it_na, r.ph_canon, r.ph_dir,
+                r.recompute):
         arr[d_ok] = arr[s_ok]
-    # collective kernels (NCCL/RCCL by name): a collective whatever launched them
+    del d_ok, s_ok
     kcodes, knames = S.factorize(df["kernel_name"], small=True)
     coll_k = np.array([C.is_collective_kernel(u) for u in knames] + [False], dtype=bool)[kcodes] & dev
     if coll_k.any():
-        out_canon[coll_k], out_dir[coll_k] = canon.code(C.COLLECTIVE), direc.code("none")
-        layer[coll_k] = -1
-    del kcodes, knames, coll_k
-    del corr, rt, launch, didx, src, ok, d_ok, s_ok
-    # device rows without a launch keep the regions of their own (device) time, found above
+        r.out_canon[coll_k], r.out_dir[coll_k] = r.canon.code(C.COLLECTIVE), r.direc.code("none")
+        r.layer[coll_k] = -1
 
+
+def write_labels(r: LabelRows) -> None:
+    """The label columns from their codes: op_event_id (the nearest op's event_id), canonical_op,
+    direction, layer, iteration, and phase: the region's, else the direction rule's
+    (``schema.phase_of``, once per distinct pair; a recomputed forward op: backward); for
+    asynchronous frameworks the name's first (``canonical.ASYNC_FRAMEWORKS``)."""
+    df = r.df
     op_ids = df["event_id"].to_numpy(dtype="int64")
-    df["op_event_id"] = pd.arrays.IntegerArray(np.where(inner_op >= 0, op_ids[np.maximum(inner_op, 0)], 0),
-                                               inner_op < 0)
-    df["canonical_op"] = canon.strings(out_canon)
-    df["direction"] = direc.strings(out_dir)
-    df["layer"] = layers.strings(layer)
-    df["iteration"] = pd.arrays.IntegerArray(np.where(it_na, 0, it_val), it_na)
-    del op_ids, it_val, it_na
-    # the region's phase, else the direction rule's (schema.phase_of, once per distinct pair);
-    # asynchronous ops: the name's first (canonical.ASYNC_FRAMEWORKS)
-    rule = np.array([[phases.code(phase_of(d, c)) for c in [None, *canon.values]] for d in [None, *direc.values]],
+    df["op_event_id"] = pd.arrays.IntegerArray(np.where(r.inner_op >= 0, op_ids[np.maximum(r.inner_op, 0)], 0),
+                                               r.inner_op < 0)
+    del op_ids
+    df["canonical_op"] = r.canon.strings(r.out_canon)
+    df["direction"] = r.direc.strings(r.out_dir)
+    df["layer"] = r.layer_v.strings(r.layer)
+    df["iteration"] = pd.arrays.IntegerArray(np.where(r.it_na, 0, r.it_val), r.it_na)
+    r.out_canon = r.out_dir = r.layer = r.it_val = r.it_na = None
+    rule = np.array([[r.phases.code(phase_of(d, c)) for c in [None, *r.canon.values]] for d in [None, *r.direc.values]],
                     dtype=np.int32)  # [direction code + 1, canonical code + 1]: a few dozen pairs
-    fallback = rule[ph_dir + 1, ph_canon + 1]
-    fallback[recompute] = phases.code("backward")  # a recomputed forward op runs in the backward pass
-    take = (fallback >= 0) if asynchronous else (phase < 0)
-    phase[take] = fallback[take]
-    df["phase"] = phases.strings(phase)
-    del out_canon, out_dir, layer, fallback, take, phase, ph_canon, ph_dir, recompute, dev
-    refine_direction(df)
-    _refine_linear(df, inner_op, dims)
-    return df
+    fallback = rule[r.ph_dir + 1, r.ph_canon + 1]
+    fallback[r.recompute] = r.phases.code("backward")  # a recomputed forward op runs in the backward pass
+    take = (fallback >= 0) if r.asynchronous else (r.phase < 0)
+    r.phase[take] = fallback[take]
+    df["phase"] = r.phases.strings(r.phase)
+    r.phase = r.ph_canon = r.ph_dir = r.recompute = None
 
 
 def _launch_labels(parent, top, name_codes, canon_a, name_u, canon: S.Vocab, direc: S.Vocab, direc_u,
