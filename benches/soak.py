@@ -66,8 +66,6 @@ def soak_one(args) -> dict:
     """Runs in the framework's own process."""
     from kernelmap.frameworks import data, load_workload, spec
 
-    from kernelmap.worker import _to_float
-
     gpu = args.device == "gpu"
     config = spec.TrainConfig(batch_size=args.batch_size, data=args.data, device=args.device, steps=None,
                               epochs=args.epochs)
@@ -82,7 +80,7 @@ def soak_one(args) -> dict:
             loss = workload.train_step(images, labels)
         workload.synchronize()
         s = sample(workload, gpu, f"epoch {epoch + 1}", t0)
-        s["loss"] = _to_float(loss)
+        s["loss"] = workload.to_float(loss)
         epochs.append(s)
         print(f"soak {args.framework}: epoch {epoch + 1}/{args.epochs} loss {s['loss']:.4f} "
               f"rss {s['rss_bytes'] / MIB:.1f} MiB device {((s['device_bytes'] or 0) / MIB):.1f} MiB",

@@ -120,7 +120,6 @@ class TrainConfig:
     seed: int = 0
     data: str = "auto"  # auto | fashion-mnist | mnist | synthetic | a directory
     data_dir: str | None = None
-    hybridize: bool = False  # Gluon only: the older switch for its hybridized mode (``mode`` wins where given)
     mode: str | None = None  # execution mode, one of the framework's descriptor's modes; None: its default
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
     math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
@@ -257,6 +256,11 @@ class WorkloadBase(abc.ABC):
     def train_step(self, images: Any, labels: Any) -> Any:
         """One SGD step, its phases wrapped in ``region('kernelmap:forward'|'kernelmap:backward'|
         'kernelmap:optimizer')``; returns the loss as a framework scalar (not synchronised)."""
+
+    def to_float(self, value: Any) -> float:
+        """A framework scalar (``train_step``'s loss) as a Python float, waiting for it: the array
+        protocol here (numpy, JAX); a framework whose scalars are not arrays overrides it."""
+        return float(np.asarray(value))
 
     @abc.abstractmethod
     def synchronize(self) -> None:

@@ -61,7 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
-    parser.add_argument("--hybridize", action="store_true", help="hybridize the Gluon model")
+    for d in registry.REGISTRY.values():  # a framework's switches that name one of its modes (descriptor.mode_flags)
+        for flag, mode in d.mode_flags.items():
+            parser.add_argument(flag, dest="modes", action="append_const", const=(d.name, mode), default=[],
+                                help=f"{d.label} in its {mode} mode (default: every framework's first mode)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="where both frameworks run (gpu: fp32 with TF32 off in every library)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
@@ -207,7 +210,7 @@ def compute_parity(
     lr: float = 0.01,
     momentum: float = 0.9,
     seed: int = 0,
-    hybridize: bool = False,
+    modes: dict[str, str] | None = None,
     device: str = "cpu",
     timeout: float = 600.0,
     cache_dir: str | None = None,
@@ -233,7 +236,6 @@ def compute_parity(
         seed=seed,
         data=data,
         data_dir=data_dir,
-        hybridize=hybridize,
         device=device,
         math=spec.Math.FP32.value,
     )
@@ -242,9 +244,10 @@ def compute_parity(
         data_mod.prepare_dir(info, cache_dir)  # once, before two workers race for it
     params = {
         k: config.to_dict()[k]
-        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "hybridize", "device", "math")
+        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "device", "math")
     }
     params["cache_dir"] = cache_dir
+    params["modes"] = {fw: m for fw, m in (modes or {}).items() if fw in frameworks}  # else its default mode
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernelmap-parity-", dir=workdir) as tmp:
         tmp = Path(tmp)
@@ -267,6 +270,7 @@ def compute_parity(
         "definitions": DEFINITIONS,
         "losses": {fw: [float(x) for x in r["losses"]] for fw, r in results.items()},
         "versions": {fw: r["meta"]["versions"] for fw, r in results.items()},
+        "modes": {fw: r["meta"]["mode"] for fw, r in results.items()},  # each worker's execution mode
         "config": params,
         "data": info.to_dict(),
         "wall_s": round(time.perf_counter() - started, 3),
@@ -301,7 +305,7 @@ def main(args: argparse.Namespace) -> int:
         momentum=args.momentum,
         seed=args.seed,
         device=args.device,
-        hybridize=args.hybridize,
+        modes=dict(args.modes),
         timeout=args.timeout,
         frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
         python=parse_python(args.python),
@@ -321,7 +325,8 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     from .frameworks import load_workload, spec
 
     cache_dir = params.pop("cache_dir", None)
-    config = spec.TrainConfig(**params)
+    mode = params.pop("modes", {}).get(framework)  # None: its default mode
+    config = spec.TrainConfig(**params, mode=mode)
     try:
         cls = load_workload(framework)
     except ImportError as exc:
@@ -336,23 +341,14 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     for images, labels in workload.batches("train", config.batch_size, order):
         if logits is None:
             logits = workload.forward(images)
-        losses.append(float(np.asarray(_scalar(workload.train_step(images, labels)))))
+        losses.append(workload.to_float(workload.train_step(images, labels)))
     workload.synchronize()
-    meta = {"versions": workload.versions(), "data_sha256": info.sha256, "framework": framework}
+    meta = {"versions": workload.versions(), "data_sha256": info.sha256, "framework": framework, "mode": workload.mode}
     arrays = {f"weight/{k}": v for k, v in workload.get_weights().items()}
     with atomic_file(result_path, "wb") as fh:
         np.savez(
             fh, logits=logits, losses=np.asarray(losses, dtype=np.float64), meta=json.dumps(meta), **arrays
         )
-
-
-def _scalar(x):
-    """A framework scalar as numpy: mxnet ``asnumpy``, torch ``detach``, else the array protocol (jax)."""
-    if hasattr(x, "asnumpy"):
-        return x.asnumpy()
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
 
 
 def _worker_main(argv: list[str] | None = None) -> int:

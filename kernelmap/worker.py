@@ -58,14 +58,6 @@ def _is_oom(exc: BaseException) -> bool:
     return any(marker in text for marker in _CPU_OOM)
 
 
-def _to_float(value: Any) -> float:
-    if hasattr(value, "asscalar"):  # mxnet NDArray
-        return float(value.asscalar())
-    if hasattr(value, "item"):  # torch tensor, numpy scalar
-        return float(value.item())
-    return float(value)
-
-
 def summarise(step_times: list[float], batch_size: int) -> dict[str, Any]:
     """Median, quartiles, IQR and images/s of per-step times (seconds)."""
     if not step_times:
@@ -230,7 +222,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     result["contention_windows"] = cpu_windows
     result["contention_gpu"] = [g for g in gpu_states if g is not None]
     result["contention"] = contention.summarise(cpu_windows, result["contention_gpu"])
-    result["final_loss"] = _to_float(loss) if loss is not None else None
+    result["final_loss"] = workload.to_float(loss) if loss is not None else None
     result["threads"] = _threads(workload)
     if loss is not None and not np.isfinite(result["final_loss"]):
         raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")

@@ -87,7 +87,7 @@ def profiled_regions(fw: str, w, x, y) -> list[str]:
 
 
 def train(fw: str, idx_dir: str, hybridize: bool = False, steps: int = 15):
-    w = load_workload(fw)(spec.TrainConfig(data=idx_dir, seed=0, batch_size=32, hybridize=hybridize))
+    w = load_workload(fw)(spec.TrainConfig(data=idx_dir, seed=0, batch_size=32, mode="hybridized" if hybridize else None))
     order = spec.training_order(w.data_info.n_train, 0, steps * 32)
     losses = [float(to_np(w.train_step(x, y))) for x, y in w.batches("train", 32, order)]
     w.synchronize()

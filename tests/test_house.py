@@ -202,12 +202,6 @@ def _mode_words() -> dict[str, str]:
     return {**words, "hybridize": "mode of mxnet"}
 
 
-# Execution modes are not a registry vocabulary yet: issue 30 removes these (history.Mode members,
-# --hybridize, TrainConfig.hybridize); then this list is emptied.
-ISSUE_30_MODES = {
-    "kernelmap.parity": {"hybridize"},  # parity compares default modes; its --hybridize switch remains
-    "kernelmap.run.cli": {"hybridize"},
-}
 # The adapters' formats, where a framework's name is the format's own (not a rule of the framework's: those
 # live in frameworks/<name>/, read through the registry). Each entry must still occur (a stale one fails).
 FORMAT_WORDS = {
@@ -275,11 +269,11 @@ def framework_names_outside(root: Path = ROOT) -> dict[str, set[str]]:
 
 def test_framework_names_live_in_frameworks_and_the_registry():
     found = framework_names_outside()
-    allowed = {m: ISSUE_30_MODES.get(m, set()) | FORMAT_WORDS.get(m, set()) for m in {*ISSUE_30_MODES, *FORMAT_WORDS}}
+    allowed = FORMAT_WORDS
     unexpected = {m: sorted(w - allowed.get(m, set())) for m, w in found.items() if w - allowed.get(m, set())}
     assert unexpected == {}, "name frameworks only in frameworks/<name>/ and the registry"
     stale = {m: sorted(w - found.get(m, set())) for m, w in allowed.items() if w - found.get(m, set())}
-    assert stale == {}, "fixed: remove these from ISSUE_30_MODES / FORMAT_WORDS"
+    assert stale == {}, "fixed: remove these from FORMAT_WORDS"
 
 
 def test_each_vocabulary_speaks_the_schema():

@@ -110,6 +110,24 @@ def test_parity_on_idx_files(idx_dir_gz):
 
 
 @pytest.mark.mxnet
+def test_a_mode_switch_reaches_its_frameworks_worker(tmp_path, capsys):
+    """``--hybridize`` (MXNet's descriptor's mode_flags) runs MXNet's worker hybridized, PyTorch's in its
+    default mode; without it both run their first mode."""
+    _require_both()
+    p = argparse.ArgumentParser()
+    parity.add_arguments(p)
+    assert p.parse_args(["--hybridize"]).modes == [("mxnet", "hybridized")] and p.parse_args([]).modes == []
+    args = p.parse_args(["--data", "synthetic", "--batch-size", "16", "--hybridize", "--json"])
+    assert parity.main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["modes"] == {"pytorch": "eager", "mxnet": "hybridized"}
+    assert printed["config"]["modes"] == {"mxnet": "hybridized"}
+    assert_within_tolerances(printed, 20)
+    default = parity.compute_parity(data="synthetic", steps=3, batch_size=16)
+    assert default["modes"] == {"pytorch": "eager", "mxnet": "imperative"}
+
+
+@pytest.mark.mxnet
 def test_parity_cli_synthetic(tmp_path, capsys):
     _require_both()
     p = argparse.ArgumentParser()
@@ -184,6 +202,7 @@ def test_parity_on_the_gpu_fp32(hybridize):
     d = run_devices.decide_device("mxnet", "gpu", doctor.probe_framework("mxnet"), cc, report.problem)
     if d.device != "gpu":
         pytest.skip(f"MXNet cannot run on this GPU: {d.note}")
-    result = parity.compute_parity(data="synthetic", steps=20, batch_size=64, device="gpu", hybridize=hybridize)
+    result = parity.compute_parity(data="synthetic", steps=20, batch_size=64, device="gpu",
+                                   modes={"mxnet": "hybridized"} if hybridize else None)
     assert result["device"] == "gpu" and result["math"].startswith("fp32 (TF32 off")
     assert_within_tolerances(result, 20)

@@ -1,5 +1,5 @@
-"""The MNIST CNN in MXNet Gluon: a ``HybridSequential`` run imperatively (``hybridize()`` when
-``config.hybridize``), SoftmaxCrossEntropyLoss, ``gluon.Trainer('sgd')``, Gluon's MNIST datasets."""
+"""The MNIST CNN in MXNet Gluon: a ``HybridSequential`` run imperatively (``hybridize()`` in its
+hybridized mode), SoftmaxCrossEntropyLoss, ``gluon.Trainer('sgd')``, Gluon's MNIST datasets."""
 
 from __future__ import annotations
 
@@ -233,10 +233,8 @@ class Workload(spec.WorkloadBase):
             self.trainer.step(images.shape[0])
         return loss.mean()
 
-    @property
-    def mode(self) -> str:
-        """``config.mode``, else hybridized where ``config.hybridize`` (the older switch), else imperative."""
-        return HYBRIDIZED if self.config.hybridize and self.config.mode is None else super().mode
+    def to_float(self, value: Any) -> float:
+        return float(value.asscalar()) if hasattr(value, "asscalar") else super().to_float(value)
 
     def synchronize(self) -> None:
         mx.nd.waitall()

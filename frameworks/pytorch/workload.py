@@ -334,6 +334,9 @@ class Workload(spec.WorkloadBase):
             self._step(x, y, zero_grad=True)
             self.synchronize()
 
+    def to_float(self, value: Any) -> float:
+        return float(value.detach().cpu().item()) if isinstance(value, torch.Tensor) else super().to_float(value)
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

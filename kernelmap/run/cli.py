@@ -71,7 +71,7 @@ def parity_figures(train: dict[str, Any], batch_size: int, ran: dict[str, str],
     steps = PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
     return {fw: compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
                                lr=train["lr"], momentum=train["momentum"], seed=train["seed"],
-                               hybridize=train["hybridize"], frameworks=(frameworks.REFERENCE, fw), python=python,
+                               frameworks=(frameworks.REFERENCE, fw), python=python,
                                device="gpu" if ran[fw] == ran[frameworks.REFERENCE] == "gpu" else "cpu")
             for fw in frameworks.FRAMEWORKS if fw in ran and fw != frameworks.REFERENCE}
 
@@ -94,7 +94,6 @@ def train_config(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
         "seed": args.seed,
         "data": args.data,
         "data_dir": args.data_dir,
-        "hybridize": False,  # the modes of every framework: Case.mode (--mode, and the descriptors' mode_flags)
         "math": args.math,
         # each framework's own options (registry.Option) that were given: {framework: {name: value}}
         "options": {fw: vals for fw, d in frameworks.REGISTRY.items()
