@@ -254,7 +254,7 @@ STOP_TIMEOUTS = {"interrupt_timeout": 20.0, "terminate_timeout": 20.0}
 
 BENCH_DEFAULTS = ("--steps", "100", "--profile", "all", "--batch-size", "64", "256")
 # The job id `nox -s bench` gives `kernelmap run` (manifest["job"]) and the step benchmarks (the saved
-# run's "kernelmap_job"): the run directory's name. kernelmap.history.JOB_ENV (nox's Python does not
+# run's "kernelmap_job"): the run directory's name. kernelmap.history.keys.JOB_ENV (nox's Python does not
 # import kernelmap; tests/test_noxfile.py holds the two equal).
 JOB_ENV = "KERNELMAP_JOB"
 BENCH_STORAGE = ".benchmarks"
@@ -402,7 +402,7 @@ def compare(session: nox.Session) -> None:
     """Compare the last two bench jobs' step benchmarks, like with like.
 
     Per framework x mode x device x batch size, the latest two saved runs holding it (see
-    kernelmap/history.py); fails past a threshold. After the first bench job: says there is nothing
+    kernelmap/history/compare.py); fails past a threshold. After the first bench job: says there is nothing
     earlier yet, and passes. Runs the kernelmap of .nox/frameworks (made by bench, tests or benchmarks,
     which save what it compares): no environment of its own."""
     kernelmap = FRAMEWORKS_ENV / "bin" / "kernelmap"
