@@ -46,6 +46,7 @@ from kernelmap.errors import KernelmapError
 from . import html as H
 
 NO_OP = "(no launching op)"
+REPLAY_MARK = " [CUDA/HIP graph replay]"  # after the launcher of a kernel replayed from a graph
 UNKNOWN_LIB = "unknown"
 NATIVE_LIB = "native"  # a CPU op no library entry op encloses: the framework's own code
 TOP = 25  # rows of the by-op and by-kernel tables per file (the CSVs hold every row)
@@ -112,8 +113,12 @@ def overlap_ns(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 def _launchers(df: pd.DataFrame) -> pd.Series:
-    """Per row, the op_name of its launching op (the row whose event_id is op_event_id, in the same file)."""
-    ops = df[df["kind"] == "op"][["source_file", "event_id", "op_name"]]
+    """Per row, the op_name of its launching op (the row whose event_id is op_event_id, in the same file: an op,
+    or for a kernel replayed from a CUDA/HIP graph the annotation span around its graph launch, such as
+    torch.compile's CompiledFunction), marked ``REPLAY_MARK`` where the row was replayed from a graph."""
+    from kernelmap.adapters import graph_replay
+
+    ops = df[df["kind"].isin(["op", "annotation"])][["source_file", "event_id", "op_name"]]
     key = pd.MultiIndex.from_arrays([ops["source_file"].astype(object), ops["event_id"].astype("int64")])
     table = pd.Series(ops["op_name"].astype(object).to_numpy(), index=key)
     table = table[~table.index.duplicated()]
@@ -124,6 +129,9 @@ def _launchers(df: pd.DataFrame) -> pd.Series:
                                        df.loc[have, "op_event_id"].astype("int64")])
         got = table.reindex(q).to_numpy()
         out[have] = np.where(pd.isna(got), NO_OP, got)
+    for _, rows in df.groupby(df["source_file"].astype(object), sort=False).indices.items():
+        replayed = rows[graph_replay.replayed_rows(df.iloc[rows])[0]]
+        out.iloc[replayed] = out.iloc[replayed] + REPLAY_MARK
     return out
 
 

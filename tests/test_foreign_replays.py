@@ -146,3 +146,19 @@ def test_replay_rows_found_on_records():
     rows, launches = graph_replay.replayed_rows(df)
     assert len(rows) == sum(FIXTURES["hta_v100_ddp_cudagraph_step1010.json.gz"][1:])
     assert len(pd.unique(launches)) == 2
+
+
+def test_report_marks_replayed_kernels_under_their_launch_span():
+    """``kernelmap report`` on the V100 trace: the kernels replayed from its graphs are listed under the span
+    around each launch (CompiledFunction, CompiledFunctionBackward) marked as a graph replay, per step as
+    many kernels as the raw trace replays under each (before: under "(no launching op)", unmarked)."""
+    from kernelmap.reports import foreign
+
+    name = "hta_v100_ddp_cudagraph_step1010.json.gz"
+    ev = raw(name)
+    launches, dev = replays(ev)
+    span_of = {e["args"]["correlation"]: enclosing(ev, e) for e in launches}
+    want = Counter(span_of[e["args"]["correlation"]] + foreign.REPLAY_MARK for e in dev if e["cat"] == "kernel")
+    by_op = foreign.analyse(foreign.read_all([DATA / name]))["by_op"]
+    marked = by_op[by_op["launcher"].str.endswith(foreign.REPLAY_MARK)]
+    assert dict(marked.groupby("launcher")["kernels_per_step"].sum()) == {k: float(v) for k, v in want.items()}
