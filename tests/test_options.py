@@ -223,21 +223,21 @@ def _python_args() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("fw, mode", CPU_MODES, ids=[f"{fw}-{m}" for fw, m in CPU_MODES])
 def test_every_cpu_mode_runs_within_and_past_an_epoch(tmp_path, idx_dir_gz, fw, mode):
-    """96 training images: batch 1 trains 3 steps within epoch 0; batch 64 is one step an epoch (32 images
-    dropped), so its 4 steps cross 3 epoch boundaries. Each timed step trains the full batch (the results'
-    steps), the manifest records the rule and what it drops; no traceback anywhere."""
+    """96 training images at batch 64: one step an epoch (32 images dropped), so the 4 steps (1 warm-up) cross 3
+    epoch boundaries, where a compiled or jitted step met a 32-image batch before. Each timed step trains the full
+    batch (the results' steps), the manifest records the rule and what it drops; no traceback anywhere."""
     require_framework(fw)
     out = tmp_path / "run"
     proc, _ = _kernelmap_run("--framework", fw, "--mode", mode, "--device", "cpu", "--data", str(idx_dir_gz),
-                             "--batch-size", "1", "64", "--steps", "3", "--warmup", "1", "--trials", "1",
+                             "--batch-size", "64", "--steps", "3", "--warmup", "1", "--trials", "1",
                              "--max-repeats", "0", "--out", str(out), *_python_args())
     assert proc.returncode == 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert [(r["mode"], r["batch_size"], r["steps"]) for r in results] == [(mode, 1, 3), (mode, 64, 3)]
+    assert [(r["mode"], r["batch_size"], r["steps"]) for r in results] == [(mode, 64, 3)]
     batches = json.loads((out / "manifest.json").read_text())["config"]["batches"]
     assert batches["partial_batch"] == "dropped"
     assert [(p["batch_size"], p["steps_per_epoch"], p["dropped_per_epoch"]) for p in batches["per_batch_size"]] == \
-        [(1, SMALL_SIZES["train"], 0), (64, 1, 32)]
+        [(64, SMALL_SIZES["train"] // 64, SMALL_SIZES["train"] % 64)] == [(64, 1, 32)]
 
 
 @pytest.mark.slow
