@@ -31,7 +31,7 @@ from kernelmap.frameworks import spec
 from kernelmap import frameworks, schema
 
 from . import analysis as A
-from .analyses.basis import PassState, StateKey, TimeKind, comparable
+from .analyses.basis import CLEAN, CpuState, PassState, StateKey, TimeKind, comparable
 
 # one answer row: which layer and direction it is, then per framework these fields
 FW_FIELDS = ("libraries", "library_calls", "algos", "kernels", "ms_per_step", "time_source", "time_kind", "pass",
@@ -44,6 +44,59 @@ KERNEL_TIME = str(TimeKind.KERNEL)
 MIXED = "mixed"  # a row whose frameworks' figures are of different kinds
 NO_RATIO = "no ratio"
 UNSPLIT_BWD = "different work per framework (a backward whose halves could not be told apart)"
+# A layer's backward rows of every kind (bwd, bwd_data, bwd_weight, bwd_bias) summed per framework: the row on
+# which frameworks that split a backward differently do the same work (merge_backward)
+BWD_ALL = "bwd (all)"
+BACKWARD = frozenset({schema.Direction.BWD, schema.Direction.BWD_DATA, schema.Direction.BWD_WEIGHT,
+                      schema.Direction.BWD_BIAS})
+_SUMMED = ("ms_per_step", "op_ms_per_step", "calls_per_step", "reorders_per_step", "reorder_ms_per_step",
+           "flops_per_step")
+_JOINED = ("libraries", "library_calls", "algos", "kernels", "math_modes")
+
+
+def _whole_backward(directions: frozenset) -> bool:
+    """Whether a framework's backward rows of a layer can be its whole backward: an unsplit ``bwd``, or split
+    rows that hold its weight gradient (a layer whose input is the model's needs no data gradient, and a
+    trace may label a data gradient as the weight's: the sum counts each backward op once either way)."""
+    return bool({schema.Direction.BWD, schema.Direction.BWD_WEIGHT} & directions)
+
+
+def one_backward_row(merged: pd.DataFrame) -> pd.DataFrame:
+    """``merge_backward``'s rows with, where a layer has a ``BWD_ALL`` row, its other backward rows left out:
+    one forward and one backward row per layer, every framework on each."""
+    if merged is None or merged.empty:
+        return merged
+    key = ["run", "batch_size", "layer"]
+    summed = merged.loc[merged["direction"] == BWD_ALL, key].drop_duplicates()
+    hit = merged[key].merge(summed.assign(_all=True), on=key, how="left")["_all"].notna().to_numpy()
+    return merged[~(hit & merged["direction"].isin(BACKWARD).to_numpy(bool))]
+
+
+def merge_backward(layers: pd.DataFrame) -> pd.DataFrame:
+    """``layers`` plus, for each run x batch size x layer whose frameworks split its backward into different
+    rows (one framework a single ``bwd``, another ``bwd_data`` + ``bwd_weight``) and each holds both halves
+    (``_whole_backward``), a ``BWD_ALL`` row per framework: the sum of its backward rows of that layer (times, calls and FLOPs summed, NaN where a part
+    has none; lists joined), so every framework's whole backward meets on one row. The split rows stay."""
+    if layers is None or layers.empty:
+        return layers
+    bwd = layers[layers["direction"].isin(BACKWARD)]
+    extra = []
+    for _, g in bwd.groupby(["run", "batch_size", "layer"], sort=False, dropna=False):
+        splits = {fw: frozenset(x["direction"]) for fw, x in g.groupby("framework")}
+        if len(set(splits.values())) < 2 or not all(map(_whole_backward, splits.values())):
+            continue  # on the same rows already, or a framework's backward is not all here: a sum would compare halves
+        for _, x in g.groupby("framework", sort=False):
+            row = x.iloc[0].to_dict()
+            row["direction"] = BWD_ALL
+            for c in _SUMMED:
+                if c in x:
+                    row[c] = x[c].sum() if x[c].notna().all() else float("nan")
+            for c in _JOINED:
+                if c in x:
+                    row[c] = list(dict.fromkeys(v for lst in x[c] if isinstance(lst, list) for v in lst))
+            row["time_source"] = f"{row.get('time_source')}; summed over {', '.join(sorted(x['direction']))}"
+            extra.append(row)
+    return pd.concat([layers, pd.DataFrame(extra)], ignore_index=True) if extra else layers
 
 
 def no_capture_runs(runs: list[A.Run]) -> list[str]:
@@ -76,6 +129,7 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
     if layers is None or layers.empty:
         return pd.DataFrame(columns=list(KEY)), []
     states = states or {}
+    layers = merge_backward(layers)
     present = set(layers["framework"])
     fws = frameworks.key_order(present)  # frameworks, each in its modes (case keys)
     ref = frameworks.REFERENCE
@@ -112,11 +166,7 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
         f"{fw}.{k}" for fw in fws for k in (*FW_FIELDS, "vs_ref", "no_ratio") if fw != ref or k not in (
             "vs_ref", "no_ratio")]
     out = out.reindex(columns=cols)
-    lorder = {layer.name: i for i, layer in enumerate(spec.LAYERS)}
-    dorder = {d: i for i, d in enumerate(schema.DIRECTIONS)}
-    out = out.assign(_l=out["layer"].map(lorder), _d=out["direction"].map(dorder)).sort_values(
-        ["run", "batch_size", "_l", "_d"], na_position="last").drop(columns=["_l", "_d"]).reset_index(drop=True)
-    return out, fws
+    return _layer_order(out), fws
 
 
 def _ratio(row: dict[str, Any], fw: str, ref: str, unsplit: bool) -> tuple[float | None, str | None]:
@@ -135,3 +185,78 @@ def _ratio(row: dict[str, Any], fw: str, ref: str, unsplit: bool) -> tuple[float
     if why:
         return None, f"{NO_RATIO}: " + "; ".join(why)
     return float(ms) / float(ref_ms), None
+
+
+# --- the comparison on CPU time (timing.CPU_RULE): ratios that hold on a busy machine ----------------
+WHOLE_STEP = "whole step"  # the CPU table's first row: the clean pass's CPU time per training step
+ALL_DIRECTIONS = "fwd + bwd + update"
+CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "comparable", "why_not")
+
+
+def _cpu_cell(st: CpuState | None, ms: Any) -> dict[str, Any]:
+    """One framework's CPU-time cell: its ms, the pass, whether it may be compared and why not."""
+    if st is None:
+        return {"cpu_ms": None, "comparable": False, "why_not": "no pass figures in results.json"}
+    why = st.why_not()
+    fig = st.figure or {}
+    ci = (fig.get("ci95_low_s"), fig.get("ci95_high_s")) if st.pass_name == CLEAN else (None, None)
+    return {"cpu_ms": ms, "ci_ms": tuple(v * 1e3 for v in ci) if None not in ci else None,
+            "pass": st.pass_name, "utilisation": st.utilisation,
+            "busy": st.busy.text if st.busy.contended else None, "comparable": not why, "why_not": why}
+
+
+def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState]) -> tuple[pd.DataFrame, list[str]]:
+    """The comparison on CPU time: per run x batch size, a whole-step row (the clean pass's CPU time per
+    step, median of its used trials, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``,
+    from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
+    ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio``.
+    Contention is marked (``busy``), never a reason: a neighbour barely moves this clock."""
+    keys = sorted({(k[0], k[2]) for k, st in states.items() if k[3] == CLEAN and st.figure},
+                  key=lambda x: (str(x[0]), x[1] is None, x[1]))
+    if not keys:
+        return pd.DataFrame(columns=list(KEY)), []
+    fws = frameworks.key_order({k[1] for k in states})
+    rows = []
+    merged = (one_backward_row(merge_backward(layers)) if layers is not None and not layers.empty
+              else pd.DataFrame(columns=list(KEY)))
+    for run, bs in keys:
+        row: dict[str, Any] = {"run": run, "batch_size": bs, "layer": WHOLE_STEP, "direction": ALL_DIRECTIONS}
+        for fw in fws:
+            st = states.get((run, fw, bs, CLEAN))
+            ms = st.cpu_median_s * 1e3 if st and st.cpu_median_s is not None else None
+            row.update({f"{fw}.{k}": v for k, v in _cpu_cell(st, ms).items()})
+        rows.append(row)
+        here = merged[(merged["run"] == run) & (merged["batch_size"] == bs)]
+        for (layer, d), g in here.groupby(["layer", "direction"], sort=False):
+            row = {"run": run, "batch_size": bs, "layer": layer, "direction": d}
+            for _, r in g.iterrows():
+                st = states.get((run, r["framework"], bs, r.get("op_pass") or ""))
+                u = st.utilisation if st else None
+                ms = r["op_ms_per_step"] * u if u is not None and pd.notna(r["op_ms_per_step"]) else None
+                row.update({f"{r['framework']}.{k}": v for k, v in _cpu_cell(st, ms).items()})
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    for fw in fws:
+        if fw != frameworks.REFERENCE:
+            out[[f"{fw}.vs_ref", f"{fw}.no_ratio"]] = [
+                _cpu_ratio(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
+    return _layer_order(out), fws
+
+
+def _cpu_ratio(row: dict[str, Any], fw: str, ref: str) -> tuple[float | None, str | None]:
+    ms, ref_ms = row.get(f"{fw}.cpu_ms"), row.get(f"{ref}.cpu_ms")
+    if ms is None or pd.isna(ms):
+        return None, None
+    if ref_ms is None or pd.isna(ref_ms) or not ref_ms > 0:
+        return None, f"{NO_RATIO}: no {A.fw_label(ref)} CPU time on this row"
+    why = [row[f"{f}.why_not"] for f in (ref, fw) if not row.get(f"{f}.comparable")]
+    return (None, f"{NO_RATIO}: " + "; ".join(why)) if why else (float(ms) / float(ref_ms), None)
+
+
+def _layer_order(out: pd.DataFrame) -> pd.DataFrame:
+    """Rows by run, batch size, the spec's layer order (the whole step first), direction order."""
+    lorder = {WHOLE_STEP: -1, **{layer.name: i for i, layer in enumerate(spec.LAYERS)}}
+    dorder = {d: i for i, d in enumerate((ALL_DIRECTIONS, *schema.DIRECTIONS, BWD_ALL))}
+    return out.assign(_l=out["layer"].map(lorder), _d=out["direction"].map(dorder)).sort_values(
+        ["run", "batch_size", "_l", "_d"], na_position="last", kind="stable").drop(
+        columns=["_l", "_d"]).reset_index(drop=True)

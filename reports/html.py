@@ -120,3 +120,63 @@ def abbr_list(values: Any, limit: int = 36, keep: int = 2) -> str:
         shown.append(f'<span class="abbr" title="{html.escape(chr(10).join(rest), quote=True)}">'
                      f"+{len(rest)} more</span>")
     return "<br>".join(shown)
+
+
+def notes_list(notes: dict[str, int], anchor: str) -> str:
+    """The numbered reasons a table's cells point at (``[n]``), each once."""
+    if not notes:
+        return ""
+    items = "".join(f'<li id="{anchor}-{n}" value="{n}">{html.escape(w)}</li>' for w, n in notes.items())
+    return f'<ol class="noratio-notes">{items}</ol>'
+
+
+def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float) -> str:
+    """A ratio cell: the ratio (marked where ``gap`` or more either way), or a pointer to why there is none."""
+    if v is not None and not pd.isna(v):
+        far = v >= gap or v <= 1 / gap
+        return f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>'
+    if not isinstance(why, str):
+        return "<td>–</td>"
+    n = notes.setdefault(why, len(notes) + 1)
+    return (f'<td class="noratio" title="{html.escape(why)}">no ratio '
+            f'<a href="#{anchor}-{n}">[{n}]</a></td>')
+
+
+def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -> list[dict[str, Any]]:
+    """``answer.cpu_table`` as one HTML table per run x batch size: per framework its CPU time per step
+    (ms; the clean pass's 95% interval on the whole-step row; the pass under it, BUSY where the machine
+    was), then each framework's CPU time over the reference's. ``label``: framework key -> its name."""
+    out: list[dict[str, Any]] = []
+    if cpu.empty:
+        return out
+    for (run, bs), g in cpu.groupby(["run", "batch_size"], sort=False, dropna=False):
+        here = [fw for fw in fws if f"{fw}.cpu_ms" in g and g[f"{fw}.cpu_ms"].notna().any()]
+        others = [fw for fw in here if fw != ref and ref in here]
+        head = "<th>layer</th><th>direction</th>" + "".join(
+            f"<th>{html.escape(label(fw))}<br><small>CPU ms/step</small></th>" for fw in here) + "".join(
+            f"<th>{html.escape(label(fw))} / {html.escape(label(ref))}<br><small>CPU time</small></th>"
+            for fw in others)
+        anchor = f"cpunote-{run}-{bs}"
+        notes: dict[str, int] = {}
+        body = []
+        for _, r in g.iterrows():
+            cells = [f'<td class="key">{html.escape(str(r["layer"]))}</td>',
+                     f'<td class="key">{html.escape(str(r["direction"]))}</td>']
+            for fw in here:
+                ms, ci, busy = r.get(f"{fw}.cpu_ms"), r.get(f"{fw}.ci_ms"), r.get(f"{fw}.busy")
+                under = f"{r.get(f'{fw}.pass')} pass" + (
+                    f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
+                mark = (f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>'
+                        if isinstance(busy, str) else "")
+                cells.append(f'<td class="num">{fmt(ms, "ms_per_step")}<br><span class="pass">'
+                             f"{html.escape(under)}</span>{mark}</td>" if ms is not None and not pd.isna(ms)
+                             else "<td>–</td>")
+            cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
+                      for fw in others]
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        n_ratio = sum(int(g[f"{fw}.vs_ref"].notna().sum()) for fw in others)
+        n_cells = sum(int(g[f"{fw}.cpu_ms"].notna().sum()) for fw in others)
+        out.append({"title": f"Run {run}, batch size {bs}", "ratios": n_ratio, "ratio_cells": n_cells,
+                    "html": f'<table class="answer cpu"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+                            f"</tbody></table>" + notes_list(notes, anchor)})
+    return out

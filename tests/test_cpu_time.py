@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 from test_worker import FakeWorkload, _run
 
@@ -45,3 +47,94 @@ def test_cpu_figure_pools_trials_like_the_wall_figure():
     # a trial without CPU time (a worker older than it): no figure rather than one from some trials
     assert timing.cpu_figure([*trials, {"step_times_s": [0.01]}]) is None
     assert timing.cpu_figure([]) is None
+
+
+# --- the report's comparison on CPU time (reports/answer.cpu_table, analyses/basis) -----------------------
+def _fig(samples: list[list[float]]) -> dict:
+    return timing.cpu_figure([{timing.CPU_SAMPLES: s} for s in samples])
+
+
+def _entry(fw: str, cpu: float, wall: float, framework_cpu: float, busy: bool, device: str = "cpu") -> dict:
+    """A results.json entry: clean trials of CPU time ``cpu`` (s/step) and wall time ``wall``, a framework
+    pass of CPU time ``framework_cpu`` and wall time 2 x ``wall``; ``busy``: every pass flagged contended."""
+    from kernelmap.timing import step_stats
+
+    cont = {"contended": busy, "text": "other processes used up to 1.9 of 2 cores" if busy else "quiet"}
+    jitter = [[x * (1 + d) for d in (-0.01, 0, 0.01, 0.005)] for x in (cpu, cpu * 1.002, cpu * 0.998)]
+    walls = [[x * (1 + d) for d in (-0.01, 0, 0.01, 0.005)] for x in (wall, wall * 1.002, wall * 0.998)]
+    fw_samples = [framework_cpu * (1 + d) for d in (-0.01, 0, 0.01, 0.005, -0.005)]
+    return {"framework": fw, "case": fw, "batch_size": 64, "device": device, **step_stats(walls).to_dict(),
+            "contention": cont, "cpu_time": _fig(jitter),
+            "passes": {"clean": {"median_step_s": wall, "contention": cont},
+                       "framework": {"median_step_s": 2 * wall, "steps": 20, "contention": cont,
+                                     "cpu_time": _fig([fw_samples])}}}
+
+
+def _layers(ms: dict[tuple[str, str, str], float]) -> pd.DataFrame:
+    return pd.DataFrame([{"run": "r", "batch_size": 64, "layer": layer, "canonical_op": "conv2d", "direction": d,
+                          "framework": fw, "level": "op", "libraries": [], "library_calls": [], "algos": [],
+                          "kernels": [], "ms_per_step": float("nan"), "time_source": "t", "op_ms_per_step": v,
+                          "pass": None, "op_pass": "framework"} for (fw, layer, d), v in ms.items()])
+
+
+def _states(entries):
+    from kernelmap.reports.analyses import basis as B
+
+    run = SimpleNamespace(name="r", results=entries, manifest={"host": {"cpu_count": 2}})
+    return B.cpu_states([run]), run
+
+
+def test_cpu_ratios_are_drawn_on_a_busy_machine_and_marked():
+    """Every pass contended: the wall-time answer withholds its ratios, the CPU table draws them (each cell
+    marked BUSY); a layer's CPU time is its op time x its pass's CPU / wall time; every framework's
+    backward meets on one row (JAX's split rows summed)."""
+    from kernelmap.reports import answer as ANS
+
+    states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, True), _entry("mxnet", 0.020, 0.080, 0.0201, True),
+                         _entry("jax", 0.030, 0.090, 0.0301, True)])
+    layers = _layers({("pytorch", "conv1", "fwd"): 20.0, ("mxnet", "conv1", "fwd"): 16.0,
+                      ("jax", "conv1", "fwd"): 9.0, ("pytorch", "conv1", "bwd"): 40.0, ("mxnet", "conv1", "bwd"): 32.0,
+                      ("jax", "conv1", "bwd_weight"): 12.0, ("jax", "conv1", "bwd_data"): 6.0})
+    cpu, fws = ANS.cpu_table(layers, states)
+    rows = cpu.set_index(["layer", "direction"])
+    assert list(rows.index) == [(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS), ("conv1", "fwd"), ("conv1", ANS.BWD_ALL)]
+    step = rows.loc[(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS)]
+    assert step["pytorch.cpu_ms"] == pytest.approx(40.0, rel=0.01)
+    assert step["mxnet.vs_ref"] == pytest.approx(0.5, rel=0.02) and step["mxnet.busy"].startswith("other processes")
+    # conv1 fwd: 20 ms of PyTorch's op time x 40.1 ms CPU / 200 ms wall of its framework pass
+    assert rows.loc[("conv1", "fwd"), "pytorch.cpu_ms"] == pytest.approx(20.0 * 0.0401 / 0.200, rel=0.01)
+    assert rows.loc[("conv1", ANS.BWD_ALL), "jax.cpu_ms"] == pytest.approx(18.0 * 0.0301 / 0.180, rel=0.01)
+    assert cpu[[f"{fw}.vs_ref" for fw in fws if fw != "pytorch"]].notna().all().all()
+    # the wall-time answer on the same contended passes: no ratio at all
+    wall = ANS.answer_table(layers, {})[0]
+    assert wall[["mxnet.vs_ref", "jax.vs_ref"]].isna().all().all()
+
+
+def test_a_pass_whose_profiler_added_cpu_time_is_not_compared():
+    """MXNet's framework pass took 2x its clean pass's CPU time beyond noise: its layers' CPU times say why
+    they have no ratio; the whole-step row (the clean pass) still has one."""
+    from kernelmap.reports import answer as ANS
+
+    states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, False), _entry("mxnet", 0.020, 0.080, 0.040, False)])
+    layers = _layers({("pytorch", "conv1", "fwd"): 20.0, ("mxnet", "conv1", "fwd"): 16.0})
+    rows = ANS.cpu_table(layers, states)[0].set_index("layer")
+    assert pd.notna(rows.loc[ANS.WHOLE_STEP, "mxnet.vs_ref"])
+    assert pd.isna(rows.loc["conv1", "mxnet.vs_ref"])
+    assert rows.loc["conv1", "mxnet.no_ratio"] == ("no ratio: MXNet's framework pass took 2x its clean pass's CPU "
+                                                   "time (its profiler's own work)")
+
+
+def test_cpu_time_against_wall_time_on_a_quiet_machine():
+    """basis.CPU_WALL_RULE: quiet, CPU time at the wall time (one thread working) agrees; quiet, CPU time a
+    third of the wall time (the step waited on something else) fails; busy: not checked."""
+    from kernelmap.reports.analyses import basis as B
+
+    _, run = _states([_entry("pytorch", 0.100, 0.100, 0.1, False), _entry("mxnet", 0.030, 0.090, 0.03, False),
+                      _entry("jax", 0.030, 0.090, 0.03, True), _entry("pytorch", 0.5, 0.100, 0.5, False)])
+    got = B.cpu_wall_agreement([run])
+    assert list(got["agrees"]) == [True, False, None, False]
+    assert got.loc[1, "why"].startswith("CPU time below the wall time beyond noise")
+    assert got.loc[2, "why"].startswith("its clean pass did not run on a quiet machine")
+    assert got.loc[3, "why"] == "CPU time above the wall time x 2 cores: not one process's CPU time"
+    gpu = B.cpu_wall_agreement([_states([_entry("pytorch", 0.01, 0.1, 0.01, False, device="gpu")])[1]])
+    assert gpu.loc[0, "agrees"] is None and gpu.loc[0, "why"].startswith("a GPU run")

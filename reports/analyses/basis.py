@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from kernelmap import timing
 
@@ -51,6 +52,7 @@ class TimeKind(enum.StrEnum):
     KERNEL = "GPU kernel time"
     OP = "framework-op time"
     LIBRARY = "library-call time"
+    CPU = "CPU time"  # the worker's own process CPU time (timing.CPU_RULE): CpuState, not PassState
 
     @property
     def host_clock(self) -> bool:
@@ -210,3 +212,130 @@ def comparable(states: dict[StateKey, PassState], run: str, framework: str, batc
                        f"{NOT_MEASURED}")
     why = s.why_not(kind)
     return not why, why
+
+
+# --- CPU time (timing.CPU_RULE): the kind of time a busy machine barely moves ---------------------------
+CPU_KEY = "cpu_time"  # results.json: a case's (its used clean trials') and each capture pass's timing.cpu_figure
+CPU_BASIS = ("the pass's process CPU time per step against its clean pass's: their 95% intervals of the median, the "
+             "clean pass's widened to one more process's 95% prediction interval from its trials (timing.PROCESS_RULE, "
+             "on CPU time whether or not the machine was busy)")
+PER_LAYER_CPU = ("a layer's CPU time per step = its framework-op time per step x the framework pass's CPU time per step "
+                 "/ its wall time per step (medians): the op's share of the pass's wall time, of the CPU time the "
+                 "process spent meanwhile (all its threads)")
+
+
+@dataclass(frozen=True)
+class CpuState:
+    """The CPU time (``CPU_KEY``) of one pass of one framework x batch size, against its clean pass's."""
+
+    run: str
+    framework: str
+    batch_size: int | None
+    pass_name: str
+    figure: dict | None  # timing.cpu_figure of the pass (None: not recorded)
+    wall_median_s: float | None  # the same pass's wall-time median
+    clean: dict | None  # the clean pass's timing.cpu_figure
+    agreement: Agreement
+    busy: Busy  # the pass's contention: marked, never a reason on this clock
+
+    @property
+    def cpu_median_s(self) -> float | None:
+        v = (self.figure or {}).get("median_step_s")
+        return float(v) if isinstance(v, int | float) else None
+
+    @property
+    def utilisation(self) -> float | None:
+        """CPU time over wall time per step of the pass (medians): 1 = one thread working all the step."""
+        c, w = self.cpu_median_s, self.wall_median_s
+        return c / w if c is not None and w else None
+
+    def why_not(self) -> str:
+        """Why this pass's CPU time may not be compared ('' where it may)."""
+        who = f"{fw_label(self.framework)}'s {self.pass_name} pass"
+        if self.figure is None or self.clean is None:
+            return f"{who} records no CPU time (a run made before kernelmap measured it)"
+        if self.agreement is Agreement.AGREES:
+            return ""
+        ratio = self.cpu_median_s / self.clean["median_step_s"] if self.clean.get("median_step_s") else None
+        ran = f"took {ratio:.3g}x its clean pass's CPU time" if ratio else "took other CPU time than its clean pass"
+        return {Agreement.SLOWER: f"{who} {ran} (its profiler's own work)",
+                Agreement.FASTER: f"{who} {ran}, less beyond noise",
+                Agreement.NO_INTERVAL: f"{who} {ran}; no interval to judge it by"}.get(
+                    self.agreement, f"{who}: {self.agreement}")
+
+
+def cpu_state(run_name: str, r: dict, pass_name: str) -> CpuState:
+    """The CPU-time state of pass ``pass_name`` (``clean`` included: it agrees with itself) of entry ``r``."""
+    clean = field_at(r, CPU_KEY)
+    clean = clean if isinstance(clean, dict) else None
+    p = passes_of(r).get(pass_name) or {}
+    fig = clean if pass_name == CLEAN else field_at(p, CPU_KEY)
+    fig = fig if isinstance(fig, dict) else None
+    wall = field_at(r, "median_step_s") if pass_name == CLEAN else field_at(p, "median_step_s")
+    agreement = Agreement.NOT_MEASURED
+    if fig is not None and clean is not None:
+        ci, judge = _ci(fig), timing.judging_interval(clean, between_processes=True)
+        agreement = (Agreement.AGREES if pass_name == CLEAN else Agreement.NO_INTERVAL if ci is None or judge is None
+                     else Agreement.AGREES if timing.intervals_overlap(ci, judge)
+                     else Agreement.SLOWER if ci[0] > judge[1] else Agreement.FASTER)
+    return CpuState(run_name, str(field_at(r, "framework")), field_at(r, "batch_size"), pass_name, fig,
+                    float(wall) if isinstance(wall, int | float) else None, clean, agreement,
+                    Busy.of(r if pass_name == CLEAN else p))
+
+
+def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
+    """Every pass's CPU-time state (the clean pass's included), by (run, framework, batch size, pass)."""
+    out: dict[StateKey, CpuState] = {}
+    for run in runs:
+        for r in run.results:
+            for name in passes_of(r) or {CLEAN: {}}:
+                if field_at(passes_of(r).get(name, {}), "skipped") is None:
+                    s = cpu_state(run.name, r, name)
+                    out[(run.name, s.framework, s.batch_size, name)] = s
+    return out
+
+
+CPU_WALL_RULE = ("on a quiet machine a CPU worker's process works through its whole step (the batches are already "
+                 "fetched; a thread that waits is waiting for another of its threads), so its CPU time per step is "
+                 "not below its wall time beyond noise (the two 95% intervals of the clean pass's medians overlap, or "
+                 "CPU time is above), and never above the wall time times the machine's cores (the most its threads "
+                 "can work at once); on a busy machine the wall time stretches and the CPU time does not, so there "
+                 "it is not checked")
+
+
+def cpu_wall_agreement(runs: list[Run]) -> pd.DataFrame:
+    """``CPU_WALL_RULE`` per run x framework x batch size (clean pass): ``agrees`` True / False, or None
+    (not checked, ``why`` says why); ``cpu_ms`` and ``wall_ms`` with their intervals, ``utilisation``
+    (CPU / wall) and ``cores``. The self-check of the CPU-time comparison (reports/checks.py draws it)."""
+    rows = []
+    for run in runs:
+        cores = field_at(field_at(run.manifest, "host", default={}) or {}, "cpu_count")
+        for r in run.results:
+            st = cpu_state(run.name, r, CLEAN)
+            clean = clean_stats(r)
+            fig, wall = st.figure or {}, _ci(clean)
+            cpu = _ci(fig)
+            row = {"run": run.name, "framework": st.framework, "batch_size": st.batch_size,
+                   "cpu_ms": None if st.cpu_median_s is None else st.cpu_median_s * 1e3,
+                   "cpu_ci_ms": None if cpu is None else tuple(v * 1e3 for v in cpu),
+                   "wall_ms": None if st.wall_median_s is None else st.wall_median_s * 1e3,
+                   "wall_ci_ms": None if wall is None else tuple(v * 1e3 for v in wall),
+                   "utilisation": st.utilisation, "cores": cores, "agrees": None, "why": ""}
+            if str(field_at(r, "device")) != "cpu":
+                row["why"] = "a GPU run: its host waits for the device while a step runs"
+            elif st.figure is None:
+                row["why"] = "the run records no CPU time (made before kernelmap measured it)"
+            elif st.busy.contended is not False:
+                row["why"] = f"its clean pass did not run on a quiet machine ({st.busy.text})"
+            elif cpu is None or wall is None:
+                row["why"] = "no interval of the CPU or the wall time (under two samples)"
+            else:
+                low = cpu[1] >= wall[0]
+                high = not isinstance(cores, int) or st.cpu_median_s <= st.wall_median_s * cores
+                row["agrees"] = bool(low and high)
+                row["why"] = "" if low and high else (
+                    "CPU time below the wall time beyond noise: the step waited on something not its own threads"
+                    if not low else f"CPU time above the wall time x {cores} cores: not one process's CPU time")
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "cpu_ms", "cpu_ci_ms", "wall_ms",
+                                       "wall_ci_ms", "utilisation", "cores", "agrees", "why"])
