@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,3 +464,84 @@ def test_the_re_export_check_finds_one(tmp_path):
     (rep / "analysis.py").write_text("from .analyses.ops import a, b, c  # noqa: F401\n")
     (rep / "html.py").write_text("from . import analysis as A\nfrom .analysis import b\nA.a()\n")
     assert unused_re_exports(tmp_path) == ["c"]
+
+
+# --- docs/ARCHITECTURE.md: one screen, naming only what exists, its layering true -----------------
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+
+def architecture_paths(text: str) -> list[str]:
+    """The paths the architecture's picture names: ``a/b.py``, ``name.py``, ``a/`` and ``<name>/x.py``
+    (``<name>``, ``<topic>``: any)."""
+    block = text.split("```", 2)[1]
+    found = re.findall(r"(?<![\w./<>*-])((?:[\w<>-]+/)*(?:[\w<>-]+\.(?:py|md|j2|c)|[\w<>-]+/))(?![\w*])", block)
+    return sorted({p for p in found if not p.split("/")[0].isupper()})  # RUN_DIR/...: a run's, not ours
+
+
+def missing_paths(paths: list[str], root: Path = ROOT) -> list[str]:
+    """Those of ``paths`` that exist nowhere: as given from the checkout, or under one of its source
+    folders (the picture's indented names are their folder's); ``<...>`` and ``*`` match any name."""
+    bases = [root, *(root / f for f in SOURCE_FOLDERS), root / "kernelmap" / "adapters", root / "docs"]
+    out = []
+    for p in paths:
+        pattern = re.sub(r"<[^>]+>", "*", p).rstrip("/")
+        if not any(list(base.glob(pattern)) for base in bases):
+            out.append(p)
+    return out
+
+
+def test_architecture_is_one_screen_naming_only_what_exists():
+    text = ARCHITECTURE.read_text()
+    assert len(text.splitlines()) <= 60
+    paths = architecture_paths(text)
+    assert {"kernelmap/run/", "kernelmap/history/", "kernelmap/native.py", "<name>/ops.py"} <= set(paths)
+    assert missing_paths(paths) == []
+
+
+def test_the_architecture_check_finds_a_missing_path(tmp_path):
+    (tmp_path / "kernelmap").mkdir()
+    (tmp_path / "kernelmap" / "a.py").write_text("")
+    text = "# A\n```\nkernelmap/a.py   x\n  b.py           y\nkernelmap/gone/  z\n```\n"
+    assert architecture_paths(text) == ["b.py", "kernelmap/a.py", "kernelmap/gone/"]
+    assert missing_paths(architecture_paths(text), tmp_path) == ["b.py", "kernelmap/gone/"]
+
+
+def _imports_of(module: str) -> set[str]:
+    """Every dotted name a package module imports (its own package's resolved), anywhere in it."""
+    path = package_modules()[module]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out |= set(_targets(module, path, node))
+    return out
+
+
+def test_the_layers_hold_as_the_architecture_says():
+    from kernelmap import frameworks
+
+    mods = package_modules()
+    graph = import_graph()
+    # the C helpers' loader is a leaf: strings and the adapters import it downward
+    assert graph[f"{PACKAGE}.native"] == set()
+    # the framework-free layer imports no framework, and nothing of the runner, the adapters or the reports
+    framework_modules = {m for d in frameworks.REGISTRY.values() for m in d.import_names}
+    free = [f"{PACKAGE}.frameworks.{m}" for m in ("registry", "spec", "data", "case")]
+    free += [f"{PACKAGE}.frameworks.{n}.{m}" for n in frameworks.REGISTRY for m in ("descriptor", "ops")
+             if f"{PACKAGE}.frameworks.{n}.{m}" in mods]
+    for module in free:
+        names = _imports_of(module)
+        assert not {n.split(".")[0] for n in names} & framework_modules, module
+        assert not [n for n in names if n.startswith((f"{PACKAGE}.run", f"{PACKAGE}.adapters", f"{PACKAGE}.reports"))], module
+    # every framework with a vocabulary keeps it in its own folder's ops.py
+    for name, d in frameworks.REGISTRY.items():
+        assert (d.vocabulary is not None) == (f"{PACKAGE}.frameworks.{name}.ops" in mods), name
+    # adapters never print; analyses draw nothing
+    for module, path in mods.items():
+        tree = ast.parse(path.read_text())
+        if module.startswith(f"{PACKAGE}.adapters"):
+            assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Name) and n.func.id == "print"], module
+        if module.startswith(f"{PACKAGE}.reports.analyses"):
+            drawn = {n for n in _imports_of(module) if n.split(".")[0] in ("matplotlib", "jinja2")
+                     or n.startswith((f"{PACKAGE}.reports.figures", f"{PACKAGE}.reports.html"))}
+            assert drawn == set(), module
