@@ -249,6 +249,22 @@ def _log_steps(path: Path, warmup: bool = True) -> int | None:
     return w + n if warmup else n
 
 
+OWN_RESULT = "kernelmap's own: the worker's result of this pass (its step timings, summarised in results.json)"
+HLO_COMPANION = "the compiled program's HLO text, read with the XLA trace beside it (adapters/xla_trace.py)"
+
+
+def own_file(f: Path) -> str | None:
+    """Why a file of a case's folder is not read on its own where it is kernelmap's own (a worker's pass
+    result) or an adapter's companion file (XLA's HLO text); None for any other file."""
+    from .adapters.xla_trace import HLO_SUFFIXES
+    from .worker import PASSES
+
+    stem, _, trial = f.name.removesuffix(".json").partition("-")
+    if f.name.endswith(".json") and stem in PASSES and (not trial or trial.isdigit()):
+        return OWN_RESULT
+    return HLO_COMPANION if f.name.endswith(HLO_SUFFIXES) else None
+
+
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     """Normalise ``RUN_DIR/<framework>/bs<N>/*`` into ``RUN_DIR/records.parquet`` and
     ``RUN_DIR/attribution.json``; returns the summary. Files no adapter recognises (clean.json,
@@ -264,6 +280,10 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
                 skipped.append({"file": str(f.relative_to(run_dir)),
                                 "reason": "the reference step of a graph-replay trace, read with that trace "
                                           "(adapters/graph_replay.py) to attribute its replayed kernels"})
+                continue
+            own = own_file(f)
+            if own:  # kernelmap's own file, or one an adapter reads with the trace beside it: not "unrecognised"
+                skipped.append({"file": str(f.relative_to(run_dir)), "reason": own})
                 continue
             if f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").is_file():
                 # The runner keeps the report for the GUI beside its SQLite export: one capture,

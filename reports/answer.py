@@ -205,9 +205,11 @@ def _cpu_cell(st: CpuState | None, ms: Any) -> dict[str, Any]:
             "busy": st.busy.text if st.busy.contended else None, "comparable": not why, "why_not": why}
 
 
-def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState]) -> tuple[pd.DataFrame, list[str]]:
+def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
+              op_totals: dict[tuple[str, str, Any], float]) -> tuple[pd.DataFrame, list[str]]:
     """The comparison on CPU time: per run x batch size, a whole-step row (the clean pass's CPU time per
-    step, median of its used trials, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``,
+    step, median of its used trials, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``:
+    ``op_totals`` is ``basis.traced_op_ms``,
     from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
     ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio``.
     Contention is marked (``busy``), never a reason: a neighbour barely moves this clock."""
@@ -231,8 +233,9 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState]) -> tuple[p
             row = {"run": run, "batch_size": bs, "layer": layer, "direction": d}
             for _, r in g.iterrows():
                 st = states.get((run, r["framework"], bs, r.get("op_pass") or ""))
-                u = st.utilisation if st else None
-                ms = r["op_ms_per_step"] * u if u is not None and pd.notna(r["op_ms_per_step"]) else None
+                total = op_totals.get((run, r["framework"], bs))
+                ms = (r["op_ms_per_step"] / total * st.cpu_median_s * 1e3 if st and st.cpu_median_s is not None
+                      and total and pd.notna(r["op_ms_per_step"]) else None)
                 row.update({f"{r['framework']}.{k}": v for k, v in _cpu_cell(st, ms).items()})
             rows.append(row)
     out = pd.DataFrame(rows)

@@ -95,15 +95,16 @@ def test_cpu_ratios_are_drawn_on_a_busy_machine_and_marked():
     layers = _layers({("pytorch", "conv1", "fwd"): 20.0, ("mxnet", "conv1", "fwd"): 16.0,
                       ("jax", "conv1", "fwd"): 9.0, ("pytorch", "conv1", "bwd"): 40.0, ("mxnet", "conv1", "bwd"): 32.0,
                       ("jax", "conv1", "bwd_weight"): 12.0, ("jax", "conv1", "bwd_data"): 6.0})
-    cpu, fws = ANS.cpu_table(layers, states)
+    totals = {("r", "pytorch", 64): 80.0, ("r", "mxnet", 64): 64.0, ("r", "jax", 64): 36.0}
+    cpu, fws = ANS.cpu_table(layers, states, totals)
     rows = cpu.set_index(["layer", "direction"])
     assert list(rows.index) == [(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS), ("conv1", "fwd"), ("conv1", ANS.BWD_ALL)]
     step = rows.loc[(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS)]
     assert step["pytorch.cpu_ms"] == pytest.approx(40.0, rel=0.01)
     assert step["mxnet.vs_ref"] == pytest.approx(0.5, rel=0.02) and step["mxnet.busy"].startswith("other processes")
-    # conv1 fwd: 20 ms of PyTorch's op time x 40.1 ms CPU / 200 ms wall of its framework pass
-    assert rows.loc[("conv1", "fwd"), "pytorch.cpu_ms"] == pytest.approx(20.0 * 0.0401 / 0.200, rel=0.01)
-    assert rows.loc[("conv1", ANS.BWD_ALL), "jax.cpu_ms"] == pytest.approx(18.0 * 0.0301 / 0.180, rel=0.01)
+    # conv1 fwd: 20 of PyTorch's 80 ms of traced op time per step, of its framework pass's 40.1 ms CPU time
+    assert rows.loc[("conv1", "fwd"), "pytorch.cpu_ms"] == pytest.approx(20.0 / 80.0 * 40.1, rel=0.01)
+    assert rows.loc[("conv1", ANS.BWD_ALL), "jax.cpu_ms"] == pytest.approx(18.0 / 36.0 * 30.1, rel=0.01)
     assert cpu[[f"{fw}.vs_ref" for fw in fws if fw != "pytorch"]].notna().all().all()
     # the wall-time answer on the same contended passes: no ratio at all
     wall = ANS.answer_table(layers, {})[0]
@@ -117,7 +118,8 @@ def test_a_pass_whose_profiler_added_cpu_time_is_not_compared():
 
     states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, False), _entry("mxnet", 0.020, 0.080, 0.040, False)])
     layers = _layers({("pytorch", "conv1", "fwd"): 20.0, ("mxnet", "conv1", "fwd"): 16.0})
-    rows = ANS.cpu_table(layers, states)[0].set_index("layer")
+    totals = {("r", "pytorch", 64): 40.0, ("r", "mxnet", 64): 40.0}
+    rows = ANS.cpu_table(layers, states, totals)[0].set_index("layer")
     assert pd.notna(rows.loc[ANS.WHOLE_STEP, "mxnet.vs_ref"])
     assert pd.isna(rows.loc["conv1", "mxnet.vs_ref"])
     assert rows.loc["conv1", "mxnet.no_ratio"] == ("no ratio: MXNet's framework pass took 2x its clean pass's CPU "

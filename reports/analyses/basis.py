@@ -219,9 +219,20 @@ CPU_KEY = "cpu_time"  # results.json: a case's (its used clean trials') and each
 CPU_BASIS = ("the pass's process CPU time per step against its clean pass's: their 95% intervals of the median, the "
              "clean pass's widened to one more process's 95% prediction interval from its trials (timing.PROCESS_RULE, "
              "on CPU time whether or not the machine was busy)")
-PER_LAYER_CPU = ("a layer's CPU time per step = its framework-op time per step x the framework pass's CPU time per step "
-                 "/ its wall time per step (medians): the op's share of the pass's wall time, of the CPU time the "
-                 "process spent meanwhile (all its threads)")
+PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU time per step (median) x the layer's "
+                 "share of the op time its trace holds per step (outermost timed ops): the process's CPU time shared "
+                 "out over its ops by their traced time. An estimate that a busy machine barely moves (a neighbour "
+                 "stretches every op alike), not each op's own CPU time, which no profiler here records; time "
+                 "outside every op (Python, the framework's dispatch) is shared out with it")
+
+
+def traced_op_ms(runs: list[Run]) -> dict[tuple[str, str, Any], float]:
+    """Per (run, framework, batch size) timed from framework ops (CPU traces): their traced op time per step
+    (the sum over ``timed.timed_events``' outermost ops / the traced steps), ``PER_LAYER_CPU``'s denominator."""
+    from .timed import timed_events
+
+    return {(run.name, t.framework, t.batch_size): float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
+            for run in runs for t in timed_events(run) if t.level == "op" and t.n_steps}
 
 
 @dataclass(frozen=True)
@@ -284,10 +295,13 @@ def cpu_state(run_name: str, r: dict, pass_name: str) -> CpuState:
 
 
 def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
-    """Every pass's CPU-time state (the clean pass's included), by (run, framework, batch size, pass)."""
+    """Every pass's CPU-time state (the clean pass's included) of the runs' CPU cases, by (run, framework,
+    batch size, pass)."""
     out: dict[StateKey, CpuState] = {}
     for run in runs:
         for r in run.results:
+            if field_at(r, "device") != "cpu":
+                continue  # on the GPU the host's CPU time is not the step's work
             for name in passes_of(r) or {CLEAN: {}}:
                 if field_at(passes_of(r).get(name, {}), "skipped") is None:
                     s = cpu_state(run.name, r, name)
