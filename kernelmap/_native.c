@@ -21,7 +21,9 @@
    in nanoseconds, exactly the decimal text times 1000 rounded half to even (ns_of_number); float64 ext, NaN for missing/null; int64 the rest, each beside "<name>_na", a
    bool mask of its missing/null rows), names the distinct names (str), cats the distinct
    categories (cats[0] is None), dims the distinct raw "Input Dims" texts (bytes), odd a list of
-   (column, row, str) for string pid/tid values. */
+   (column, row, str) for string pid/tid values, close the offset in data of the "]" that ended the
+   elements before end (a later member of the document holds an array of its own, whose "]" the
+   caller took for the array's), or -1. */
 
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -541,13 +543,15 @@ enum { C_IDX, C_NAME, C_CAT, C_TS, C_DUR, C_PID, C_TID, C_CORR, C_EXT, C_SEQ, C_
 typedef struct { int col; int64_t row; Span v; } Odd;  /* a string pid/tid */
 
 /* what one scanner thread finds: columns, distinct names/categories/dims, string ids; elements
-   read (n) and, where it was asked to stop at a position, whether it met it there (met) */
+   read (n) and, where it was asked to stop at a position, whether it met it there (met); the "]"
+   that ended the elements before the end of the range, where one did (close) */
 typedef struct {
     Buf col[NCOL];
     Intern names, cats, dims;
     Buf odd;
     int64_t n;
     int ok, met;
+    const char *close;
 } Out;
 
 #define KEY_IS(a, n, lit) ((n) == (Py_ssize_t)(sizeof(lit) - 1) && memcmp((a), (lit), sizeof(lit) - 1) == 0)
@@ -756,10 +760,11 @@ static int event(S *s, Out *o, int64_t idx) {
 }
 
 /* elements of [from, end): all of them (stop == NULL), or up to the element boundary at *stop,
-   which the scan must meet exactly (o->met) */
+   which the scan must meet exactly (o->met); a "]" after an element ends them there (o->close: the
+   array closes before the end the caller took, which it checks) */
 static void scan_range(const char *from, const char *end, const char *stop, Out *o, int64_t first) {
     S s = {from, end, 0};
-    o->ok = 1; o->met = 0; o->n = 0;
+    o->ok = 1; o->met = 0; o->n = 0; o->close = NULL;
     skip_ws(&s);
     if (s.p >= s.end) return;
     for (;;) {
@@ -767,6 +772,7 @@ static void scan_range(const char *from, const char *end, const char *stop, Out 
         o->n++;
         skip_ws(&s);
         if (s.p >= s.end) return;
+        if (*s.p == ']') { o->close = s.p; return; }
         if (*s.p != ',') { o->ok = 0; return; }
         s.p++;
         skip_ws(&s);
@@ -963,7 +969,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (err) { for (int k = c + 1; k < NCOL; k++) free(mask[k]); goto done; }
         }
     }
-    result = Py_BuildValue("(LOOOOO)", (long long)a.n, cols, names, cats, dims, odd);
+    const char *close = have_b ? b.close : a.close;
+    result = Py_BuildValue("(LOOOOOn)", (long long)a.n, cols, names, cats, dims, odd,
+                           close ? (Py_ssize_t)(close - base) : (Py_ssize_t)-1);
 done:
     Py_XDECREF(names); Py_XDECREF(cats); Py_XDECREF(dims); Py_XDECREF(odd); Py_XDECREF(cols);
     out_free(&a);

@@ -128,31 +128,60 @@ def trace_events_extent(data: bytes, tries: int = 8, digits: bool = True) -> tup
 
 def trace_events_shell(data: bytes, tries: int = 8, digits: bool = True) -> tuple[int, int, dict]:
     """``trace_events_extent`` and the document around the array, parsed (its ``traceEvents`` is
-    ``[]``): the trace's other members (``distributedInfo``...) without a second read of the file."""
+    ``[]``): the trace's other members (``distributedInfo``...) without a second read of the file.
+
+    The extent taken is the last ``]`` of the document around which it parses so: where a member
+    after the array holds an array of its own (``deviceProperties``), that member's ``]`` (its text
+    is then no list of elements, which the readers find: ``trace_events_at`` for the real end)."""
     if digits and (_orjson is None or _long_digit_run(data)):
         raise NoFastPath
-    loads, invalid = (_orjson.loads, _orjson.JSONDecodeError) if _orjson is not None else (json.loads, ValueError)
     m = _TRACE_EVENTS.search(data)
     if m is None:
         raise NoFastPath
-    start, end = m.end(), None
-    j = len(data)
+    start, j = m.end(), len(data)
     for _ in range(tries):  # the array's closing bracket, from the end of the document backwards
         j = data.rfind(b"]", start, j)
         if j < 0:
             break
         try:
-            shell = loads(data[:start] + b"]" + data[j + 1:])
-        except invalid:
+            return start, j, _shell(data, m, j)
+        except _Unparsed:
             continue
-        # the key once, at the top level: not before the array, not after it
-        once = data.find(b'"traceEvents"', 0, m.start()) < 0 and data.find(b'"traceEvents"', j + 1) < 0
-        if isinstance(shell, dict) and shell.get("traceEvents") == [] and once:
-            end = j
-        break
-    if end is None:
+    raise NoFastPath
+
+
+def trace_events_at(data: bytes, start: int, end: int) -> dict:
+    """The document around a ``traceEvents`` array whose elements are ``data[start:end]`` (its ``[``
+    just before ``start``, its ``]`` at ``end``), parsed as ``trace_events_shell`` checks it;
+    ``NoFastPath`` where that is not the document's one ``traceEvents`` array."""
+    m = _TRACE_EVENTS.search(data)
+    if m is None or m.end() != start or data[end:end + 1] != b"]":
         raise NoFastPath
-    return start, end, shell
+    try:
+        return _shell(data, m, end)
+    except _Unparsed:
+        raise NoFastPath from None
+
+
+class _Unparsed(Exception):
+    """The document around the array does not parse."""
+
+
+def _shell(data: bytes, m: re.Match, j: int) -> dict:
+    """The document with the elements between ``m`` (the ``"traceEvents": [`` match) and ``j`` (a
+    ``]``) taken out, parsed by orjson, else by the standard library (as ``parse_json`` would);
+    ``_Unparsed`` where it does not parse, ``NoFastPath`` where it parses to anything but an object
+    whose ``traceEvents`` is ``[]`` and that holds the key once, at the top level."""
+    loads, invalid = (_orjson.loads, _orjson.JSONDecodeError) if _orjson is not None else (json.loads, ValueError)
+    try:
+        shell = loads(data[:m.end()] + b"]" + data[j + 1:])
+    except invalid:
+        raise _Unparsed from None
+    # the key once, at the top level: not before the array, not after it
+    once = data.find(b'"traceEvents"', 0, m.start()) < 0 and data.find(b'"traceEvents"', j + 1) < 0
+    if isinstance(shell, dict) and shell.get("traceEvents") == [] and once:
+        return shell
+    raise NoFastPath
 
 
 def trace_event_chunks(data: bytes, chunk_bytes: int = 8 << 20, tries: int = 8, loads=None,

@@ -40,6 +40,7 @@ from ._common import (
     parse_json,
     read_bytes,
     trace_event_chunks,
+    trace_events_at,
     trace_events_shell,
 )
 from .canonical import CUSTOM_KERNEL_MARKS, NATIVE_KERNEL_MARKS, is_collective_kernel
@@ -380,12 +381,15 @@ def _scanned(data: bytes, read: dict | None = None) -> dict | None:
         start, end, shell = trace_events_shell(data, digits=False)
     except NoFastPath:
         return None
-    if read is not None:
-        read["shell"] = shell
     got = _scan.scan(data, start, end)
     if got is None or got[0] == 0:
         return None
-    _, raw, names_u, cats_u, dims_u, odd = got
+    _, raw, names_u, cats_u, dims_u, odd, close = got
+    if close >= 0:  # the array ended before the "]" taken for its end: a later member holds an array
+        try:
+            shell = trace_events_at(data, start, close)
+        except NoFastPath:
+            return None
     if any(c in OLD_CATEGORIES for c in cats_u):
         return None  # PyTorch 1.8/1.9's schema: its lower-case ``external id`` is read by the typed path
     for k in ("pid", "tid"):
@@ -407,6 +411,8 @@ def _scanned(data: bytes, read: dict | None = None) -> dict | None:
     def ints(k):  # the scanner's int64 values and missing rows, as they are (its memory, no copy)
         return pd.arrays.IntegerArray(np.frombuffer(raw[k], dtype="int64"), np.frombuffer(raw[f"{k}_na"], dtype=bool))
 
+    if read is not None:
+        read["shell"] = shell  # the document the columns are the array of
     return {
         "idx": np.frombuffer(raw["idx"], dtype="int64"),
         "name_codes": np.frombuffer(raw["name"], dtype="int32"), "names_u": names_u,
