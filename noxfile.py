@@ -343,10 +343,15 @@ def benchmarks(session: nox.Session) -> None:
 def adapter_speed(session: nox.Session) -> None:
     """Adapter speed and memory beside Holistic Trace Analysis 0.5.0.
 
-    Events/s and peak memory on >= 1M-event traces made from the real fixtures."""
+    Events/s and peak memory on >= 1M-event traces made from the real fixtures: the adapters alone
+    (benches/bench_adapters.py), then the whole `kernelmap normalise` CLI on the scaled Kineto file
+    and on a real foreign trace, beside HTA's parse of the same files in the same interleaved rounds
+    (benches/bench_normalise.py; docs/adapter-speed.md)."""
     session.install("-e", ".[dev]", "holistictraceanalysis==0.5.0")
     session.run("pytest", "benches/bench_adapters.py", "--benchmark-only", "--benchmark-autosave",
                 "--benchmark-columns=mean,rounds", "-p", "no:cacheprovider", *session.posargs)
+    session.run("python", "benches/bench_normalise.py", "--rounds", "3", "--only", "kineto", "--only", "hta",
+                "--input", "benches/data/owlv2-kineto-h100-tracelens.json.gz")
 
 
 # Every framework folder with a descriptor (frameworks/<name>/descriptor.py; the registry lists them).

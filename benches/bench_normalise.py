@@ -22,6 +22,15 @@ The host's own speed (a 256 MB memory copy and a pure-Python loop, in a fresh pr
 before and after the rounds and printed with the CPU model and library versions (and kept in
 ``--json``): instances of one VM kind differ, and figures of two runs compare only where these agree.
 
+Each kernelmap round also gives the whole process' wall time (interpreter start and imports too: what
+a user waits for ``kernelmap normalise FILE``), beside the timed part.
+
+A foreign trace (no one on this project recorded it): ``benches/data/owlv2-kineto-h100-tracelens.json.gz``
+(2.7 MB; 56 MB of JSON, 132,092 events): AMD-AGI/TraceLens ``tests/traces/h100/google_owlv2-large-patch14-
+ensemble__1016001.json.gz`` @ 171dd74721ca1ec45709e5805b68ae1f65e27811 (MIT; Copyright (c) 2024 - 2025
+Advanced Micro Devices, Inc.): OWLv2 inference on an H100 with Python stacks, its top-level ``metadata``
+member (the capturing machine's environment) cut out, the rest as written, ``gzip -9 -n``.
+
 The real model's trace: ``benches/data/resnet50-kineto-h100-25steps.json.xz`` (2.6 MB; 52 MB of JSON,
 193,193 events): torchvision ResNet-50 at bs 32 on an H100 (2026-11-23), recorded by
 ``python benches/record_resnet50_trace.py kineto OUT.json.gz --steps 40`` and cut, to stay under the
@@ -64,14 +73,16 @@ def normalise_once(path: Path, out: Path, tree: Path | None = None) -> dict:
         [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
     # run from the output's folder: ``python -c`` puts the working directory first on sys.path, and a
     # checkout's own kernelmap there would shadow ``tree``'s
+    t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _CLI, str(Path(path).resolve()), str(Path(out).resolve())],
                        capture_output=True, text=True, env=env, cwd=Path(out).resolve().parent)
+    process = time.perf_counter() - t0  # the whole process: interpreter start, imports, the command
     if p.returncode:
         raise RuntimeError(f"kernelmap normalise {path} failed:\n{p.stderr[-3000:]}")
     rc, dt, base, peak, maxrss = p.stderr.split()[-5:]
     summary = json.loads(p.stdout)
     size = path.stat().st_size
-    return {"seconds": float(dt), "records": summary["events"], "input_bytes": size,
+    return {"seconds": float(dt), "process_seconds": process, "records": summary["events"], "input_bytes": size,
             "peak_rss_bytes": int(peak), "ru_maxrss_bytes": int(maxrss), "rss_before_bytes": int(base),
             "peak_rss_ratio": int(peak) / size, "parquet_bytes": out.stat().st_size}
 
@@ -172,8 +183,11 @@ def _stats(runs: list[dict], events: int) -> dict:
     secs = [r["seconds"] for r in runs]
     eps = [events / s for s in secs]
     ratio = [r["peak_rss_ratio"] for r in runs]
+    whole = [r["process_seconds"] for r in runs if "process_seconds" in r]  # kernelmap's runs (not HTA's)
+    process = {"process_seconds_median": statistics.median(whole), "process_seconds": whole,
+               "process_events_per_s_median": events / statistics.median(whole)} if whole else {}
     return {"events": events, "records": runs[0]["records"], "input_bytes": runs[0]["input_bytes"],
-            "seconds_median": statistics.median(secs), "seconds": secs,
+            **process, "seconds_median": statistics.median(secs), "seconds": secs,
             "events_per_s_median": statistics.median(eps), "events_per_s_min": min(eps), "events_per_s_max": max(eps),
             "peak_rss_ratio_median": statistics.median(ratio), "peak_rss_ratio_min": min(ratio),
             "peak_rss_ratio_max": max(ratio), "runs": runs}
@@ -229,6 +243,7 @@ def main(argv=None) -> int:
             if not is_hta:
                 jobs[f"{what}@baseline"], events[f"{what}@baseline"] = (path, False), events[what]
                 trees[f"{what}@baseline"] = base
+    load_start = os.getloadavg()
     speed_before = host_speed()
     runs: dict[str, list] = {}
     for r in range(a.rounds):  # interleaved, so that load on the machine falls on all readers alike
@@ -246,7 +261,8 @@ def main(argv=None) -> int:
     import pandas
     import pyarrow
 
-    out = {"machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(),
+    out = {"machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_start": load_start,
+                       "loadavg_end": os.getloadavg(),
                        "python": sys.version.split()[0], "numpy": numpy.__version__, "pandas": pandas.__version__,
                        "pyarrow": pyarrow.__version__, "speed_before": speed_before, "speed_after": speed_after},
            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -268,11 +284,16 @@ def main(argv=None) -> int:
               f"({s['events_per_s_min'] / 1e3:.0f}k-{s['events_per_s_max'] / 1e3:.0f}k)  "
               f"peak RSS {s['peak_rss_ratio_median']:.2f}x file ({s['peak_rss_ratio_min']:.2f}-"
               f"{s['peak_rss_ratio_max']:.2f})  {s['input_bytes'] / 1e6:.0f} MB{plain}")
+        if "process_seconds" in s:
+            ps = s["process_seconds"]
+            print(f"{'':7s} whole process (interpreter start and imports too): {s['process_seconds_median']:.2f} s "
+                  f"({min(ps):.2f}-{max(ps):.2f})  {s['process_events_per_s_median'] / 1e3:7.0f}k events/s")
     for k in vs:
         if f"{k}_vs_hta" in out:
             print(f"kernelmap normalise / HTA parse ({k}): {out[f'{k}_vs_hta']:.1f}x")
     m = out["machine"]
-    print(f"load average at the end: {m['loadavg_end']}")
+    print(f"load average (1, 5, 15 min) at the start: {m['loadavg_start']}, at the end: {m['loadavg_end']} "
+          f"({m['cpus']} CPUs)")
     print(f"host: {m['cpu']}, {m['cpus']} CPUs; Python {m['python']}, numpy {m['numpy']}, pandas {m['pandas']}, "
           f"pyarrow {m['pyarrow']}; memory copy {speed_before['copy_gb_per_s']:.1f} -> {speed_after['copy_gb_per_s']:.1f} "
           f"GB/s, Python loop {speed_before['python_loop_m_per_s']:.0f}M -> {speed_after['python_loop_m_per_s']:.0f}M "
