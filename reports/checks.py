@@ -62,7 +62,6 @@ Checks (``Check``):
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -72,44 +71,22 @@ import pandas as pd
 
 from kernelmap import adapters, frameworks, timing
 from kernelmap.frameworks.spec import LAYERS
-from kernelmap.rundir import ATTRIBUTION, RECORDS, RunDir, read_json
+from kernelmap.rundir import pass_result_name, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
-from .analyses.base import NOT_MEASURED, Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
+from .analyses.base import Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
 from .analyses.summary import clean_stats
+from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
+    COLUMNS, CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, entry_of, exceeds, ms_text, pass_contention,
+    span_ms)
+from .relations import (busy_share_basis, call_statement_checks, call_within_op, e2e_vs_step, quiet_figures,
+                        run_complete)
 
 EXIT_CHECK_FAILED = 4
 LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (per step) is not judged
 
 
-class Status(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "FAIL"
-    NOT_CHECKED = "not checked"
-
-
-PASS, FAIL, NOT_CHECKED = Status.PASS, Status.FAIL, Status.NOT_CHECKED
-
-
-class Check(enum.StrEnum):
-    """The self-checks, by the name the report prints (the module docstring says what each tests)."""
-
-    CALLS = "calls per step"
-    LIBRARY_CALLS = "library calls per step"
-    TRACED_STEPS = "traced steps"
-    TIME_WITHIN_STEP = "time within step"
-    LAYERS_WITHIN_STEP = "layer times within step"
-    CAPTURE_NOT_FASTER = "capture not faster"
-    LAYER_VS_BATCH = "layer time vs batch size"
-    CLEAN_VS_BENCH = "clean vs step benchmark"
-    LAUNCH_BOUND = "launch-bound figures"
-    CASES_RAN = "every case ran"
-    QUIET = "first-screen figures quiet"
-    RUN_COMPLETE = "run files present"
-
-
-COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
 # A capture pass adds a profiler and synchronises every step: it cannot be faster than its clean pass, so the
 # clean pass was slowed. By the machine where contention was measured there; the contention texts that follow
 # say whether it was (on a VM measured quiet, by what else differs between the two passes' processes).
@@ -141,7 +118,7 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
     for r in run.results:
         fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
         if (fw, bs) not in have:
-            rows.append(_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
+            rows.append(check_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
                              NOT_CHECKED, f"no {CONV_LIBRARY} convolution call recorded (device: "
                                           f"{field_at(r, 'device') or 'unknown'})"))
     for (fw, bs), g in conv.groupby(["framework", "batch_size"], dropna=False):
@@ -155,13 +132,13 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
             sub = g[(g["layer"] == layer) & (g["direction"] == d)]
             if replay:  # no call per step to count: the calls of the capture, one set per layer and direction
                 got = int(sub["logged_calls"].sum())
-                rows.append(_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None,
+                rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None,
                                  PASS if (got > 0) == (n > 0) else FAIL,
                                  f"replays CUDA graphs ({replay}): checked that the capture made "
                                  f"{'calls' if n else 'no call'} of this layer and direction: {got} logged"))
                 continue
             if sub["calls_per_step"].isna().any():
-                rows.append(_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None, NOT_CHECKED,
+                rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None, NOT_CHECKED,
                                  "; ".join(sorted(set(sub["basis"].astype(str))))))
                 continue
             got = float(sub["calls_per_step"].sum())
@@ -170,22 +147,9 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
                                                                     strict=True)) or "no call"
             apart = f"; {int(outside.sum())} call(s) outside the steps counted apart" if len(outside) and outside.sum() else ""
             basis = "; ".join(sorted(set(sub["basis"].astype(str)))) or "no call of this layer and direction"
-            rows.append(_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, got,
+            rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, got,
                              PASS if math.isclose(got, n) else FAIL, f"{calls}{apart}; {basis}"))
     return rows
-
-
-def _row(run: str, fw: str | None, bs: Any, check: str, subject: str, expected: Any, measured: Any, status: str,
-         detail: str = "") -> dict[str, Any]:
-    return {"run": run, "framework": fw, "batch_size": bs, "check": check, "subject": subject,
-            "expected": expected, "measured": measured, "status": status, "detail": detail}
-
-
-def _entry(run: Run, fw: str, bs: Any) -> dict | None:
-    for r in run.results:
-        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
-            return r
-    return None
 
 
 def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tuple[list[float] | None, str]:
@@ -193,13 +157,14 @@ def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tup
     else results.json's per-pass figures (mean, else median, with a note)."""
     if not pass_name:
         return None, "no capture pass is known for this source"
-    f = RunDir(run.path).pass_result(fw, bs, pass_name)
-    if f.is_file():
+    r = entry_of(run, fw, bs)
+    folder = field_at(r, "dir")  # the case folder results.json records (kernelmap.rundir: readers take it)
+    f = run.path / folder / pass_result_name(pass_name) if isinstance(folder, str) else None
+    if f is not None and f.is_file():
         d = read_json(f)
         st = d.get("step_times_s") if isinstance(d, dict) else None
         if isinstance(st, list) and st:
             return [float(x) for x in st], f"{f.relative_to(run.path)}: step_times_s"
-    r = _entry(run, fw, bs)
     if r is not None:
         p = passes_of(r).get(pass_name, {})
         st = field_at(p, "step_times_s")
@@ -210,14 +175,6 @@ def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tup
             return [float(v)] * n, f"results.json: mean_step_s of the {pass_name} pass"
     return None, (f"the {pass_name} pass's step times (or their mean) are recorded nowhere ({pass_name}.json, "
                   "results.json); a median alone does not bound summed time")
-
-
-def _ms(x: float | None) -> str:
-    return "–" if x is None else f"{x * 1e3:.4g} ms"
-
-
-def _span_ms(ci: tuple[float, float] | None) -> str:
-    return "no interval" if ci is None else f"[{ci[0] * 1e3:.4g}–{ci[1] * 1e3:.4g}] ms"
 
 
 # --- checks of the records -------------------------------------------------------------------
@@ -233,35 +190,35 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         name, mode = frameworks.split_key(fw)
         uncounted = frameworks.REGISTRY[name].uncounted_call_modes.get(mode) if name in frameworks.REGISTRY else None
         if uncounted:
-            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"mode {mode}: {uncounted}"))
         elif not getattr(source, "OPS_ARE_FRAMEWORK_CALLS", True):
-            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"a {t.source} op is a compiled (fused) kernel or thunk, not a framework-op call"))
         elif t.ops is None or t.ops.empty:
-            rows.append(_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"the {t.source} trace records no framework ops in its steps"))
         else:
             calls = A.op_calls(t).set_index(["canonical_op", "direction"])
             for (op, d), n in expected.items():
                 got = float(calls.loc[(op, d), "calls_per_step"]) if (op, d) in calls.index else 0.0
                 basis = calls.loc[(op, d), "basis"] if (op, d) in calls.index else "no such op"
-                rows.append(_row(run.name, fw, bs, Check.CALLS, f"{op} {d}", n, got,
+                rows.append(check_row(run.name, fw, bs, Check.CALLS, f"{op} {d}", n, got,
                                  PASS if got == n else FAIL,
                                  f"{t.source}, {t.n_steps} steps; {basis}"))
         # traced steps vs the pass's timed steps
-        r = _entry(run, fw, bs)
+        r = entry_of(run, fw, bs)
         n_pass = None if r is None else field_at(passes_of(r).get(t.pass_name or "", {}), "steps")
         if not t.iterations:
-            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, n_pass, t.n_steps, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, n_pass, t.n_steps, NOT_CHECKED,
                              f"the trace has no iterations; steps taken from {t.n_steps_basis}"))
         elif n_pass is None:
-            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, None, t.n_steps, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, None, t.n_steps, NOT_CHECKED,
                              f"results.json has no step count for the {t.pass_name} pass"))
         else:
             extra = (f"; {t.outside_events} timed event(s), {t.outside_ns / 1e6:.3f} ms, in other "
                      "iterations left out") if t.outside_events else ""
-            rows.append(_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, int(n_pass), t.n_steps,
+            rows.append(check_row(run.name, fw, bs, Check.TRACED_STEPS, t.source, int(n_pass), t.n_steps,
                              PASS if t.n_steps == n_pass else FAIL,
                              f"iterations {list(t.iterations)}{extra}"))
         # timed work within the step's wall time
@@ -269,16 +226,16 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
         what = f"{t.level} time per step ({t.source})"
         if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
-            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
                              f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
         elif st is None:
-            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED, basis))
+            rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED, basis))
         elif len(st) != t.n_steps:
-            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
                              f"{basis} has {len(st)} steps, the trace {t.n_steps}: not the same steps"))
         else:
             step_ms = sum(st) / len(st) * 1e3
-            rows.append(_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, step_ms, busy_ms,
+            rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, step_ms, busy_ms,
                              PASS if busy_ms <= step_ms else FAIL,
                              f"at most the mean wall time of the {t.pass_name} pass's {len(st)} steps "
                              f"({basis})"))
@@ -313,23 +270,16 @@ def _layers_within_step(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
         what = f"{kind}, {g['layer'].nunique()} layers ({pass_} pass)"
         st, basis = _pass_step_times(run, fw, bs, pass_)
         if st is None:
-            rows.append(_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, None, total, NOT_CHECKED, basis))
+            rows.append(check_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, None, total, NOT_CHECKED, basis))
             continue
         step_ms = sum(st) / len(st) * 1e3
         per = "per step of the libs pass's log (see its time source)" if kind == TimeKind.LIBRARY else \
             "per traced step"
-        rows.append(_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, step_ms, total,
+        rows.append(check_row(run.name, fw, bs, Check.LAYERS_WITHIN_STEP, what, step_ms, total,
                          PASS if total <= step_ms else FAIL,
                          f"the layer table's {kind} {per}, summed over layers and directions, at most the mean wall "
                          f"time of the {pass_} pass's {len(st)} timed steps ({basis})"))
     return rows
-
-
-def _pass_busy(run: Run, fw: str, bs: int, pass_name: str | None) -> str:
-    """The measured contention of one capture pass, as the report marks it."""
-    r = _entry(run, fw, bs) if getattr(run, "results", None) is not None else None
-    p = passes_of(r).get(pass_name or "") if r is not None else None
-    return Busy.of(p).marked if p is not None else "not measured"
 
 
 def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
@@ -337,7 +287,7 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
     for fw, gf in series.groupby("framework", sort=False):
         sizes = sorted(int(b) for b in gf["batch_size"].dropna().unique())
         if len(sizes) < 2:
-            rows.append(_row(run.name, fw, sizes[0] if sizes else None, Check.LAYER_VS_BATCH, "all layers", None, None,
+            rows.append(check_row(run.name, fw, sizes[0] if sizes else None, Check.LAYER_VS_BATCH, "all layers", None, None,
                              NOT_CHECKED, f"one batch size ({', '.join(map(str, sizes))}): nothing to compare"))
             continue
         for (layer, d, kind), g in gf.groupby(["layer", "direction", "kind"], sort=False):
@@ -351,18 +301,21 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                     ca = mean_ci(ra["steps_ms"]) if ra["steps_ms"] else None
                     cb = mean_ci(rb["steps_ms"]) if rb["steps_ms"] else None
                     if ca is None or cb is None:
-                        rows.append(_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
+                        rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
                                          NOT_CHECKED, "no per-step times (under two steps, or a library log whose "
                                                       "calls do not divide into its logged steps): no noise figure"))
                         continue
-                    fell = cb[1] < ca[0] and ca[0] - cb[1] > LAYER_FALL_FLOOR_MS
-                    rows.append(_row(
+                    busy = [pass_contention(run, fw, a, ra["pass"]), pass_contention(run, fw, b, rb["pass"])]
+                    contended = any(x.contended for x in busy)
+                    fell = exceeds(ra["ms"], rb["ms"], ca, cb, contended, LAYER_FALL_FLOOR_MS)
+                    rows.append(check_row(
                         run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"], FAIL if fell else PASS,
                         f"ms per step; at bs {b} {'falls below' if fell else 'not below'} bs {a} beyond noise: 95% "
                         f"intervals of the mean per step [{cb[0]:.4g}–{cb[1]:.4g}] ms ({len(rb['steps_ms'])} steps) "
                         f"vs [{ca[0]:.4g}–{ca[1]:.4g}] ms ({len(ra['steps_ms'])} steps) ({ra['pass']} pass)"
-                        + (f"; bs {a}'s pass: {_pass_busy(run, fw, a, ra['pass'])}, bs {b}'s pass: "
-                           f"{_pass_busy(run, fw, b, rb['pass'])}" if fell else "")))
+                        + (f"; {CONTENDED_RULE}" if contended else "")
+                        + (f"; bs {a}'s pass: {busy[0].marked}, bs {b}'s pass: {busy[1].marked}"
+                           if fell or contended else "")))
     return rows
 
 
@@ -377,21 +330,21 @@ def _capture_not_faster(run: Run) -> list[dict[str, Any]]:
                 continue
             subject = f"{name} pass"
             if s.agreement in (Agreement.TOO_FEW_STEPS, Agreement.NO_INTERVAL, Agreement.NOT_MEASURED):
-                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, None,
+                rows.append(check_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, None,
                                  None if s.median_s is None else s.median_s * 1e3, NOT_CHECKED,
                                  f"{s.label} {s.agreement_text()}"))
                 continue
             by_ci = s.basis == BY_INTERVALS
             bound = s.clean_ci[0] * 1e3 if s.clean_ci else None
             got = (s.ci[1] if by_ci and s.ci else s.median_s) * 1e3
-            figures = (f"{name} pass {_ms(s.median_s)} {_span_ms(s.ci)} (x{s.ratio:.3g}), clean pass "
-                       f"{_ms(s.clean_median_s)} {_span_ms(s.clean_ci)}; by the {s.basis}")
+            figures = (f"{name} pass {ms_text(s.median_s)} {span_ms(s.ci)} (x{s.ratio:.3g}), clean pass "
+                       f"{ms_text(s.clean_median_s)} {span_ms(s.clean_ci)}; by the {s.basis}")
             if s.agreement is Agreement.FASTER:
-                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, FAIL,
+                rows.append(check_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, FAIL,
                                  f"{BUSIER_CLEAN}: {figures}; clean pass: {s.clean_busy.marked}; {name} pass: "
                                  f"{s.busy.marked}"))
             else:
-                rows.append(_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, PASS,
+                rows.append(check_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, PASS,
                                  f"not faster beyond noise: {figures}"))
     return rows
 
@@ -414,7 +367,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
     elif "job" not in history.columns or not (history["job"] == str(job)).any():
         no = f"the benchmark history holds no step benchmark of job {job!r}"
     if no:
-        return [_row(run.name, None, None, Check.CLEAN_VS_BENCH, "all keys", None, None, NOT_CHECKED, no)]
+        return [check_row(run.name, None, None, Check.CLEAN_VS_BENCH, "all keys", None, None, NOT_CHECKED, no)]
     h = history[history["job"] == str(job)]
     rows = []
     for r in run.results:
@@ -422,7 +375,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
         fw = field_at(r, "framework_name") or fw  # history keys the framework and its mode apart
         subject = f"{fw} {mode} {dev} bs {bs}"
         if mode is None or dev is None:
-            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
+            rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
                              "results.json records no mode or device for this entry: no key to match"))
             continue
         m = h[(h["framework"] == fw) & (h["mode"] == mode) & (h["device"] == dev) & (h["batch_size"] == bs)]
@@ -431,138 +384,45 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
         ci = timing.judging_interval(c, between_processes=Busy.of(r).contended is False)
         med, (lo, hi) = c.get("median_step_s"), ci or (None, None)
         if m.empty:
-            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None,
+            rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None,
                              None if med is None else med * 1e3, NOT_CHECKED,
                              f"job {job!r} saved no step benchmark of this key"))
             continue
         for _, b in m.iterrows():
             bmed, iqr, n = b.get("median"), b.get("iqr"), b.get("rounds")
             if med is None or lo is None or hi is None:
-                rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
+                rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
                                  "the clean pass has no 95% interval"))
                 continue
             if any(v is None or pd.isna(v) for v in (bmed, iqr, n)) or not n:
-                rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, None, NOT_CHECKED,
+                rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, None, NOT_CHECKED,
                                  "the saved benchmark lacks its median, IQR or rounds"))
                 continue
             half = NOTCH * float(iqr) / math.sqrt(float(n))
             bci = (float(bmed) - half, float(bmed) + half)
-            agree = timing.intervals_overlap((lo, hi), bci)
+            b_busy = b.get("contended")
+            contended = bool(Busy.of(r).contended) or (isinstance(b_busy, bool | np.bool_) and bool(b_busy))
+            agree = not (exceeds(med, float(bmed), (lo, hi), bci, contended)
+                         or exceeds(float(bmed), med, bci, (lo, hi), contended))
             n_tr = len(c.get("trial_medians_s") or ())
             quiet = Busy.of(r).contended
             widened = ("not widened between processes: " + ("it ran contended" if quiet else "its contention was not "
                        "measured" if quiet is None else f"{n_tr} trial, no spread between processes")
                        if quiet is not False or n_tr < 2 else f"widened between processes by its {n_tr} trials")
-            figures = (f"clean pass {_ms(med)} {_span_ms((lo, hi))} ({widened}) vs step benchmark {_ms(float(bmed))} "
-                       f"{_span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
-            busy = f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}"
-            rows.append(_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
+            figures = (f"clean pass {ms_text(med)} {span_ms((lo, hi))} ({widened}) vs step benchmark {ms_text(float(bmed))} "
+                       f"{span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
+            busy = (f"{CONTENDED_RULE}; " if contended else "") + (
+                f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}")
+            rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
                              PASS if agree else FAIL,
                              f"{'agree' if agree else 'disagree beyond their combined noise'}: {figures}; {busy}"))
-    return rows
-
-
-# --- first-screen figures measured quiet (issue 41) ---------------------------------------------
-def _trials_said(ids: Iterable[Any]) -> str:
-    ids = list(ids)
-    return f"trial{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids)}"
-
-
-def _quiet_row(run: str, fw: str, bs: Any, subject: str, figure: str, busy: Busy, how: str,
-               quiet_after: str = "") -> dict[str, Any]:
-    """One ``first-screen figures quiet`` row: FAIL where ``busy`` was contended, not checked where it was
-    not measured; ``figure``: the figure in words, ``how``: the trials or pass it comes from."""
-    if busy.contended is None:
-        return _row(run, fw, bs, Check.QUIET, subject, "quiet", NOT_MEASURED, NOT_CHECKED,
-                    f"{figure} ({how}): contention {busy.text}")
-    if busy.contended:
-        return _row(run, fw, bs, Check.QUIET, subject, "quiet", busy.marked, FAIL,
-                    f"{figure} ({how}) was measured under contention: {busy.text}")
-    return _row(run, fw, bs, Check.QUIET, subject, "quiet", "quiet", PASS,
-                f"{figure} ({how}): {busy.text}{quiet_after}")
-
-
-def _answer_passes(answer: pd.DataFrame | None, run: str) -> dict[tuple[str, Any, str], list[str]]:
-    """(framework, batch size, pass) -> the kinds of time of the answer's cells that pass measured."""
-    out: dict[tuple[str, Any, str], list[str]] = {}
-    if answer is None or answer.empty:
-        return out
-    a = answer[answer["run"] == run]
-    fws = sorted({c.split(".")[0] for c in a.columns if c.endswith(".pass")})
-    for _, row in a.iterrows():
-        for fw in fws:
-            p, ms = row.get(f"{fw}.pass"), row.get(f"{fw}.ms_per_step")
-            if isinstance(p, str) and ms is not None and pd.notna(ms):
-                kinds = out.setdefault((fw, int(row["batch_size"]), p), [])
-                kind = str(row.get(f"{fw}.time_kind"))
-                if kind not in kinds:
-                    kinds.append(kind)
-    return out
-
-
-def quiet_figures(run: Run, answer: pd.DataFrame | None) -> list[dict[str, Any]]:
-    """``first-screen figures quiet`` (module docstring): per framework x batch size, the summary's clean
-    step (its used trials' contention: trials run under contention and left out, or repeated until a quiet
-    one ran, do not count), the summary's end-to-end step (the contention of the trials it comes from) and
-    every capture pass whose figures fill the answer's time cells (``answer``: ``answer.answer_table``)."""
-    rows: list[dict[str, Any]] = []
-    used_passes = _answer_passes(answer, run.name)
-    for r in run.results:
-        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
-        med = clean_stats(r).get("median_step_s")
-        trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
-        used = field_at(r, "contention.trials_used") or [t["trial"] for t in trials if t.get("used")]
-        left = [t["trial"] for t in trials if t.get("contended") is True and t["trial"] not in used]
-        after = (f"; {_trials_said(left)} ran under contention and {'were' if len(left) > 1 else 'was'} left out "
-                 f"({field_at(r, 'repeats', default=0)} repeat(s) run until quiet)") if left else ""
-        how = f"median over {_trials_said(used)}" if used else "clean pass"
-        rows.append(_quiet_row(run.name, fw, bs, "summary: clean step", f"clean step {_ms(med)}", Busy.of(r), how,
-                               after))
-        e2e, e2e_ids = field_at(r, "e2e_step_s"), field_at(r, "e2e_trials") or []
-        if e2e is not None and e2e_ids:
-            ts = [t for t in trials if t.get("trial") in e2e_ids]
-            busy = [Busy.of(t) for t in ts] or [Busy(None, NOT_MEASURED)]
-            worst = (next((b for b in busy if b.contended), None) or next((b for b in busy if b.contended is None),
-                                                                          None) or busy[0])
-            rows.append(_quiet_row(run.name, fw, bs, "summary: end to end with the loader",
-                                   f"end-to-end step {_ms(e2e)}", worst, _trials_said(e2e_ids)))
-        for name, p in passes_of(r).items():
-            kinds = used_passes.get((fw, bs, name))
-            if name == "clean" or not kinds or field_at(p, "skipped") is not None:
-                continue
-            rows.append(_quiet_row(run.name, fw, bs, f"answer: {name} pass",
-                                   f"the answer's {' and '.join(kinds)}", Busy.of(p), f"{name} pass"))
-    return rows
-
-
-def run_complete(run: Run, layers: pd.DataFrame) -> list[dict[str, Any]]:
-    """``run files present`` (module docstring): where a capture pass ran, the files the report reads besides
-    results.json (records.parquet, attribution.json) and rows of the layer table (without them the report
-    says nothing per layer)."""
-    rd = RunDir(run.path)
-    captured = any(k != "clean" for r in run.results for k, p in passes_of(r).items()
-                   if field_at(p, "skipped") is None)
-    rows: list[dict[str, Any]] = []
-    if not captured:
-        rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, "records and layers", None, None, NOT_CHECKED,
-                         "only the clean pass ran (--profile none): no records or layers to expect"))
-        return rows
-    for name, path in ((RECORDS, rd.records), (ATTRIBUTION, rd.attribution)):
-        rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, name, "present",
-                         "present" if path.is_file() else "missing", PASS if path.is_file() else FAIL,
-                         "written by kernelmap normalise" + ("" if path.is_file() else
-                                                             f": run `kernelmap normalise` on {run.name}")))
-    n = len(layers)
-    rows.append(_row(run.name, None, None, Check.RUN_COMPLETE, "layer table rows", ">0", n, PASS if n else FAIL,
-                     f"{n} row(s) of conv and linear layers" if n else
-                     "a capture pass ran but the report has no layer: no per-layer answer"))
     return rows
 
 
 def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None,
                 answer: pd.DataFrame | None = None) -> pd.DataFrame:
     """All checks of all runs, one row each (see the module docstring). ``history``:
-    ``kernelmap.history.load_history`` of the step benchmarks' storage, for ``clean vs step
+    ``kernelmap.history.trend.load_history`` of the step benchmarks' storage, for ``clean vs step
     benchmark`` (without it that check is not checked). ``layers``: ``layer_table(runs)`` where the
     caller has it (computed here otherwise); ``answer``: ``answer.answer_table`` of the same layers (computed
     here otherwise)."""
@@ -577,21 +437,27 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         ans = ANS.answer_table(lt, pass_states([run]))[0] if answer is None else answer
         rows += quiet_figures(run, ans)
         rows += run_complete(run, lt)
+        rows += e2e_vs_step(run)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):
-            rows.append(_row(run.name, None, None, "all record checks", "run", None, None, NOT_CHECKED,
+            rows.append(check_row(run.name, None, None, "all record checks", "run", None, None, NOT_CHECKED,
                              "no records.parquet or no timed events: "
                              + ", ".join(c.value for c in (Check.CALLS, Check.TRACED_STEPS, Check.TIME_WITHIN_STEP,
                                                            Check.LAYERS_WITHIN_STEP, Check.LAYER_VS_BATCH))
                              + " not checked"))
             continue
         rows += _record_checks(run, expected)
-        rows += _library_call_checks(run, A.library_calls([run]))
+        libcalls = A.library_calls([run])
+        rows += _library_call_checks(run, libcalls)
+        rows += call_statement_checks(run, lt, libcalls)
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)
         rows += _layer_vs_batch(run, series)
-        rows += launch_bound_checks(A.launch_bound([run]), A.busy_share([run]), A.summary_table([run]))
+        busy = A.busy_share([run])
+        rows += call_within_op(run, lt)
+        rows += busy_share_basis(run, busy)
+        rows += launch_bound_checks(A.launch_bound([run]), busy, A.summary_table([run]))
     out = pd.DataFrame(rows, columns=COLUMNS)
     out["batch_size"] = out["batch_size"].astype("Int64")  # rows of a whole run have none
     return out
@@ -603,7 +469,7 @@ def cases_ran(run: Run) -> list[dict[str, Any]]:
     config = run.manifest.get("config") or {}
     modes, sizes = config.get("modes"), (config.get("cli") or {}).get("batch_size")
     if not isinstance(modes, dict) or not sizes:
-        return [_row(run.name, None, None, Check.CASES_RAN, "run", None, None, NOT_CHECKED,
+        return [check_row(run.name, None, None, Check.CASES_RAN, "run", None, None, NOT_CHECKED,
                      "the manifest does not list the modes and batch sizes asked for")]
     asked = [(frameworks.case_key(fw, m), int(bs)) for fw, ms in modes.items() if fw in frameworks.REGISTRY
              for m in ms for bs in sizes]
@@ -614,10 +480,10 @@ def cases_ran(run: Run) -> list[dict[str, Any]]:
         if (key, bs) in have:
             continue
         why = [n for n in notes if n.startswith(f"{key} bs {bs} ")]
-        rows.append(_row(run.name, key, bs, Check.CASES_RAN, "results", "results", "none", FAIL,
+        rows.append(check_row(run.name, key, bs, Check.CASES_RAN, "results", "results", "none", FAIL,
                          "; ".join(why) or "no results and no note of why"))
     if not rows:
-        rows.append(_row(run.name, None, None, Check.CASES_RAN, "run", len(asked), len(asked), PASS,
+        rows.append(check_row(run.name, None, None, Check.CASES_RAN, "run", len(asked), len(asked), PASS,
                          f"{len(asked)} case(s) asked (framework x mode x batch size), each has results"))
     return rows
 
@@ -633,41 +499,41 @@ def launch_bound_checks(lb: pd.DataFrame, busy: pd.DataFrame, summ: pd.DataFrame
         run, fw, bs = r["run"], r["framework"], r["batch_size"]
         busy_ms, ksum, clean = r["gpu_busy_ms"], r["kernel_sum_ms"], r["clean_step_ms"]
         if pd.isna(busy_ms):
-            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum", None, None, NOT_CHECKED,
+            rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum", None, None, NOT_CHECKED,
                              "no counted step holds kernels: no GPU-busy figure"))
             continue
         ok = busy_ms <= ksum + SAME_FIGURE
-        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum (ms/step)", ksum, busy_ms,
+        rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= kernel sum (ms/step)", ksum, busy_ms,
                          PASS if ok else FAIL, "the union of the kernel intervals of a step" + (
                              "" if ok else " exceeds their summed durations: intervals are miscounted")))
         s = summ[(summ["run"] == run) & (summ["framework"] == fw) & (summ["batch_size"] == bs)]
         hi = s["step_ms_ci95_high"].iloc[0] if len(s) else None
         bound = clean if hi is None or pd.isna(hi) else hi
         if bound is None or pd.isna(bound):
-            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step", None, busy_ms, NOT_CHECKED,
+            rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step", None, busy_ms, NOT_CHECKED,
                              "no clean-pass step for this framework x mode x batch size"))
         else:
             ok = busy_ms <= bound
             why = "" if ok else "; the kernels of the capture pass outlast the clean step: the idle share would be negative"
-            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step (ms, 95% upper bound)", bound,
+            rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step (ms, 95% upper bound)", bound,
                              busy_ms, PASS if ok else FAIL, f"clean step {clean:.4f} ms (median){why}"))
         b = busy[(busy["run"] == run) & (busy["framework"] == fw) & (busy["batch_size"] == bs)
                  & (busy["level"] == "kernel")]
         if b.empty:
-            rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures", None, None, FAIL,
+            rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures", None, None, FAIL,
                              "the busy-share table has no kernel row for it"))
             continue
         step, kb = b["step_ms"].iloc[0], b["busy_ms_per_step"].iloc[0]
         same = (pd.notna(step) and clean is not None and pd.notna(clean) and abs(step - clean) <= SAME_FIGURE
                 and abs(kb - ksum) <= SAME_FIGURE)
-        rows.append(_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures (step ms, kernel ms)",
+        rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "busy-share table, same figures (step ms, kernel ms)",
                          f"{clean} / {ksum}", f"{step} / {kb}", PASS if same else FAIL,
                          "the busy share is kernel time over the clean step" + (
                              "" if same else f"; the busy-share table divides by another step ({b['step_basis'].iloc[0]})")))
     have = set(lb["run"]) if len(lb) else set()
     for run in (summ["run"].unique() if len(summ) else ()):
         if run not in have:  # a CPU run: no kernels, so no launch-bound figure (said, not left out)
-            rows.append(_row(run, None, None, Check.LAUNCH_BOUND, "all frameworks", None, None, NOT_CHECKED,
+            rows.append(check_row(run, None, None, Check.LAUNCH_BOUND, "all frameworks", None, None, NOT_CHECKED,
                              "no GPU kernels in this run: no GPU-busy or idle-share figure"))
     return rows
 

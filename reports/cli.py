@@ -35,6 +35,7 @@ from . import figures as F
 from . import html as H
 from .analyses import basis as B
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
+from .relations import library_call_statement
 from .timeline import chrome_trace
 
 SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device", "math": "math",
@@ -127,7 +128,8 @@ ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels
                  "ms_per_step": "time/step (ms)"}
 
 
-def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame) -> list[dict]:
+def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame,
+                   libcalls: pd.DataFrame | None = None) -> list[dict]:
     """The answer table (``answer.answer_table``) as one HTML table per run x batch size, its title
     naming the device each framework ran on (the summary's). Each row prints the kind of time it
     compares, each time cell its pass, and each ratio cell either the ratio or why there is none."""
@@ -162,8 +164,10 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                     continue
                 calls = row[f"{fw}.library_calls"]
                 libs = row.get(f"{fw}.libraries") or []
+                said = library_call_statement(libcalls, run, fw, bs)  # the one statement of its calls
                 call_html = H.abbr_list(calls, 28) if calls else (
-                    f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call logged)</span>')
+                    f'<span class="empty">{_html.escape("/".join(libs) or "none")} '
+                    f'({_html.escape(f"no call linked: {said}" if said else "no call logged")})</span>')
                 ms = row[f"{fw}.ms_per_step"]
                 pass_ = row.get(f"{fw}.pass")
                 kind = str(row.get(f"{fw}.time_kind"))
@@ -400,7 +404,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
     tables the page shows)."""
     raw_hist = None
     if storage:
-        from kernelmap.history import load_history
+        from kernelmap.history.trend import load_history
 
         raw_hist = load_history(storage)
     summ, ov = A.summary_table(runs), A.profiler_overhead(runs)
@@ -443,8 +447,10 @@ def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
                 "calls and kernels, coloured by canonical op. Time from the start of the iteration.",
                 F.timeline_figure, None, tl, libcalls),
         _figure(out, "busy_share", "Busy share",
-                "Summed kernel time (GPU) or outermost op time (CPU) per step of the capture pass over the clean "
-                "pass's median step (not the capture pass's own, slowed by its profiler). "
+                "Summed kernel time (GPU) or outermost op time (CPU) per step of the capture pass, over the clean "
+                "pass's median step on the GPU (kernels run on the device's clock; the capture pass's own step is "
+                "slowed by its per-step synchronisation), over the same pass's mean step on the CPU (op time is "
+                "the host's clock, slowed with its own pass). "
                 "Below 100%: the device waits (launch latency, host work); above: work overlaps (several streams or threads).",
                 F.busy_share_figure, busy, busy),
         _figure(out, "overhead", "Profiler overhead",
@@ -512,7 +518,7 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "summary_html": _summary_html(summ),
         "launch_lines": A.best_mode_lines(best), "launch_bs": LAUNCH_BS,
         "launch_html": H.table(a.launch) if len(a.launch) else "",
-        "answers": _answer_tables(a.ans, a.ans_fws, fallbacks, summ), "no_capture": a.no_capture,
+        "answers": _answer_tables(a.ans, a.ans_fws, fallbacks, summ, a.libcalls), "no_capture": a.no_capture,
         "only_clean": bool(runs) and len(a.no_capture) == len(runs),
         "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
         "parity_html": H.table(a.parity),

@@ -23,6 +23,7 @@ from kernelmap.atomic import atomic_path  # noqa: E402
 from kernelmap.schema import CANONICAL_OPS, UNATTRIBUTED  # noqa: E402
 
 from .analysis import PHASE_ORDER, fw_label  # noqa: E402
+from .relations import library_call_statement  # noqa: E402
 
 FW_COLOR = {name: d.color for name, d in frameworks.REGISTRY.items()}
 PHASE_COLOR = {"forward": "#4dabf7", "backward": "#f76707", "optimizer": "#37b24d", "data": "#ae3ec9",
@@ -179,12 +180,9 @@ def _empty_lane(lane: str, sub: pd.DataFrame, libcalls: pd.DataFrame | None, run
     if lane == "kernel" and cpu:
         return "(none: on the CPU the ops run on the host, no device kernels)"
     if lane == "library_call" and libcalls is not None and len(libcalls):
-        lc = libcalls[(libcalls["run"] == run) & (libcalls["batch_size"] == bs) & (libcalls["framework"] == fw)]
-        if len(lc):
-            per = lc.groupby("library")["calls_per_step"].sum()
-            what = ", ".join(f"{n:.0f} {lib}" for lib, n in per.items())
-            return (f"(not on this trace's clock: {what} calls/step, logged in the libs pass and linked to these "
-                    "ops; see Library calls)")
+        said = library_call_statement(libcalls, run, fw, bs)  # one statement of the calls, as the answer's
+        if said:
+            return f"(not on this trace's clock: {said}; see Library calls)"
     return "(none in this trace)"
 
 

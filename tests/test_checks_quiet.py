@@ -27,7 +27,7 @@ BUSY = "other processes used 1.8 of 2 cores"  # the jit run's clean trial and fr
 BUSY_LIBS = "other processes used 1.7 of 2 cores"
 
 
-def _quiet() -> dict:
+def quiet_record() -> dict:
     """A real quiet contention record: gpu_link_run/all's PyTorch bs 64 clean pass."""
     res = json.loads((DATA / "gpu_link_run" / "all" / "results.json").read_text())
     c = next(r for r in res if r["framework"] == "pytorch" and r["batch_size"] == 64)["contention"]
@@ -59,7 +59,7 @@ def _quiet_rows(d: Path) -> pd.DataFrame:
 
 
 def all_quiet(r: dict) -> None:
-    q = _quiet()
+    q = quiet_record()
     r["contention"] = {**q, "trials": 1, "trials_contended": 0, "trials_used": [1]}
     for t in r["trials"]:
         t["contended"], t["contention"] = False, copy.deepcopy(q)
@@ -95,7 +95,7 @@ def test_a_figure_repeated_until_quiet_passes_and_says_so(busy_run, tmp_path):
         busy_trial = copy.deepcopy(r["trials"][0])
         all_quiet(r)
         r["trials"] = [busy_trial, {**copy.deepcopy(busy_trial), "trial": 2, "used": True, "repeat": True,
-                                    "contended": False, "contention": _quiet()}]
+                                    "contended": False, "contention": quiet_record()}]
         r["trials"][0]["used"] = False
         r["contention"].update(trials=2, trials_contended=1, trials_used=[2])
         r["repeats"] = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kernelmap import schema, timing
+from kernelmap import rundir, schema, timing
 from kernelmap.strings import STRING
 
 from .base import Busy, Run, field_at, passes_of, step_times_of
@@ -63,32 +63,51 @@ def kernel_counts(runs: list[Run]) -> pd.DataFrame:
 
 
 CLEAN_STEP_BASIS = "clean-pass median step"
+OWN_STEP_BASIS = "the same pass's mean step"
+
+
+def _own_step_ms(run: Run, t: Timed) -> float | None:
+    """The mean wall step (ms) of the pass that recorded ``t``: its step times in results.json, else in the
+    pass's own result file (``<case>/bs<N>/<pass>.json``, runs that kept them only there)."""
+    for r in run.results:
+        if field_at(r, "framework") == t.framework and field_at(r, "batch_size") == t.batch_size:
+            st = step_times_of(passes_of(r).get(t.pass_name or "", {}))
+            own = run.path / str(field_at(r, "dir", default="")) / rundir.pass_result_name(t.pass_name or "")
+            if st is None and t.pass_name and field_at(r, "dir") and own.is_file():
+                st = step_times_of(rundir.read_json(own))
+            return float(st.mean()) * 1e3 if st is not None else None
+    return None
 
 
 def busy_share(runs: list[Run]) -> pd.DataFrame:
-    """Sum of timed event time per step (a capture pass's trace) / the clean pass's median step (the
-    step without a profiler: a capture pass's own step is slowed by it and by its per-step
-    synchronisation); ``capture_step_ms``: the capture pass's step, for reference. Without a clean
-    step (a run without one) no share."""
+    """Sum of timed event time per step of a capture pass's trace over a step: on the GPU the clean pass's
+    median step (kernel time is the device's clock; a capture pass's own step is slowed by its per-step
+    synchronisation), on the CPU the same pass's mean step (op time is the host's clock, slowed with its
+    pass: a contended capture pass over a quiet clean step read 360%). ``pass`` and ``step_pass``: the
+    passes of the two; ``capture_step_ms``: the capture pass's step, for reference. Without a step, no share."""
     summ = summary_table(runs)
     rows = []
     for run in runs:
         for t in timed_events(run):
             busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
-            step_ms, basis = None, None
-            m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
-                     & (summ["batch_size"] == t.batch_size)]
-            if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
-                step_ms, basis = float(m["step_ms_median"].iloc[0]), CLEAN_STEP_BASIS
+            step_ms, basis, step_pass = None, None, None
+            if t.level == "op":
+                step_ms = _own_step_ms(run, t)
+                basis, step_pass = (OWN_STEP_BASIS, t.pass_name) if step_ms else (None, None)
+            else:
+                m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
+                         & (summ["batch_size"] == t.batch_size)]
+                if len(m) and pd.notna(m["step_ms_median"].iloc[0]):
+                    step_ms, basis, step_pass = float(m["step_ms_median"].iloc[0]), CLEAN_STEP_BASIS, CLEAN
             rows.append({"run": run.name, "framework": t.framework, "batch_size": t.batch_size,
-                         "level": t.level, "source": t.source, "busy_ms_per_step": busy_ms,
-                         "step_ms": step_ms, "step_basis": basis,
+                         "level": t.level, "source": t.source, "pass": t.pass_name, "busy_ms_per_step": busy_ms,
+                         "step_ms": step_ms, "step_basis": basis, "step_pass": step_pass,
                          "busy_share": busy_ms / step_ms if step_ms else None,
                          "capture_step_ms": t.step_ns / 1e6 if t.step_ns else None,
                          "capture_step_basis": t.step_basis})
-    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "level", "source",
-                                       "busy_ms_per_step", "step_ms", "step_basis", "busy_share", "capture_step_ms",
-                                       "capture_step_basis"])
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "level", "source", "pass",
+                                       "busy_ms_per_step", "step_ms", "step_basis", "step_pass", "busy_share",
+                                       "capture_step_ms", "capture_step_basis"])
 
 
 def profiler_overhead(runs: list[Run]) -> pd.DataFrame:

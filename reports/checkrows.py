@@ -1,0 +1,99 @@
+"""The self-check table's vocabulary and rows (``checks``, ``relations``): statuses, the checks by the name
+the report prints, one row, and the figures in words."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from kernelmap.timing import NOISE_THRESHOLD
+
+from .analyses.base import Busy, Run, field_at, passes_of
+
+
+class Status(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "FAIL"
+    NOT_CHECKED = "not checked"
+
+
+PASS, FAIL, NOT_CHECKED = Status.PASS, Status.FAIL, Status.NOT_CHECKED
+
+
+class Check(enum.StrEnum):
+    """The self-checks, by the name the report prints (reports/checks.py's docstring says what each tests)."""
+
+    CALLS = "calls per step"
+    LIBRARY_CALLS = "library calls per step"
+    TRACED_STEPS = "traced steps"
+    TIME_WITHIN_STEP = "time within step"
+    LAYERS_WITHIN_STEP = "layer times within step"
+    CAPTURE_NOT_FASTER = "capture not faster"
+    LAYER_VS_BATCH = "layer time vs batch size"
+    CLEAN_VS_BENCH = "clean vs step benchmark"
+    LAUNCH_BOUND = "launch-bound figures"
+    CASES_RAN = "every case ran"
+    QUIET = "first-screen figures quiet"
+    RUN_COMPLETE = "run files present"
+    E2E_VS_STEP = "end to end vs step"
+    CALL_WITHIN_OP = "library call within its op"
+    BUSY_SHARE = "busy share of one pass"
+    CALL_STATEMENT = "one statement of library calls"
+
+
+COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]
+
+
+def check_row(run: str, fw: str | None, bs: Any, check: str, subject: str, expected: Any, measured: Any,
+              status: str, detail: str = "") -> dict[str, Any]:
+    return {"run": run, "framework": fw, "batch_size": bs, "check": check, "subject": subject,
+            "expected": expected, "measured": measured, "status": status, "detail": detail}
+
+
+def entry_of(run: Run, fw: str, bs: Any) -> dict | None:
+    """The results.json entry of ``fw`` x ``bs`` (None: no such case)."""
+    for r in run.results:
+        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+            return r
+    return None
+
+
+def ms_text(x: float | None) -> str:
+    return "–" if x is None else f"{x * 1e3:.4g} ms"
+
+
+def span_ms(ci: tuple[float, float] | None) -> str:
+    return "no interval" if ci is None else f"[{ci[0] * 1e3:.4g}–{ci[1] * 1e3:.4g}] ms"
+
+
+def pass_contention(run: Run, fw: str, bs: Any, pass_name: str | None) -> Busy:
+    """The measured contention of one pass (the clean pass: its used trials'), ``Busy`` "not measured" where
+    results.json records none."""
+    r = entry_of(run, fw, bs) if getattr(run, "results", None) is not None else None
+    if r is None:
+        return Busy(None, "not measured")
+    if pass_name == "clean":
+        return Busy.of(r)
+    p = passes_of(r).get(pass_name or "")
+    return Busy.of(p) if p is not None else Busy(None, "not measured")
+
+
+def pass_busy(run: Run, fw: str, bs: int, pass_name: str | None) -> str:
+    """The measured contention of one pass, as the report marks it."""
+    return pass_contention(run, fw, bs, pass_name).marked
+
+
+# Two figures of which either was measured under contention: their intervals are not their noise (what else ran
+# slowed them, not chance), so a relation between them holds only within this share of the smaller.
+CONTENDED_RULE = (f"measured under contention: intervals are not noise there, so the figures must hold the relation "
+                  f"within {NOISE_THRESHOLD:.0%} of the smaller")
+
+
+def exceeds(a: float, b: float, a_ci: tuple[float, float] | None, b_ci: tuple[float, float] | None,
+            contended: bool, floor: float = 0.0) -> bool:
+    """``a`` above ``b`` beyond noise: where neither was contended, ``a``'s 95% interval wholly above ``b``'s;
+    where either was (``CONTENDED_RULE``) or either has no interval, ``a`` above ``b`` by more than
+    ``timing.NOISE_THRESHOLD`` of the smaller. Either way by more than ``floor``."""
+    if contended or a_ci is None or b_ci is None:
+        return a - b > max(NOISE_THRESHOLD * min(a, b), floor)
+    return a_ci[0] > b_ci[1] and a_ci[0] - b_ci[1] > floor

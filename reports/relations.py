@@ -1,0 +1,286 @@
+"""Self-checks of figures against each other and against how they were measured: the relations between
+the page's sections that must hold for the page not to contradict itself (docs/checks.md lists them).
+``checks.self_checks`` runs them; each returns rows of the self-check table (``checkrows``).
+
+* ``first-screen figures quiet`` (``quiet_figures``, issue 41): the summary's clean step and end-to-end
+  step and every capture pass whose figures fill the answer's time cells were measured on a quiet machine
+  (or repeated until quiet: trials run under contention left out); FAIL naming the figure and what else
+  used the machine; not checked where contention was not measured.
+* ``run files present`` (``run_complete``): where a capture pass ran, records.parquet, attribution.json and
+  rows of the layer table.
+* ``end to end vs step`` (``e2e_vs_step``): the summary's end-to-end step (loader included) is of the same
+  trials as its step figure and not below the step's 95% interval (the loader adds time, never takes it).
+* ``library call within its op`` (``call_within_op``): a layer's library-call time per step (libs pass) is
+  not above its framework op's time per step (framework pass) beyond noise: the call runs inside the op.
+* ``one statement of library calls`` (``call_statement_checks``): on the CPU, the library calls the
+  answer and layer table show, the library-call table's calls linked to an op and attribution.json's linked
+  count say one thing (JAX: the timeline said "10 oneDNN calls/step ... linked", the answer "native (no call
+  logged)", the attribution 0 linked); ``library_call_statement`` is that one statement, in words, which the
+  answer's cells and the timeline print.
+* ``busy share of one pass`` (``busy_share_basis``): the busy share divides a pass's busy time by that
+  pass's own step, or by the clean step where both passes ran alike (neither or both contended).
+
+Beyond noise (``checkrows.exceeds``): 95% intervals apart where neither figure's pass ran contended; where
+either did, by more than ``timing.NOISE_THRESHOLD`` of the smaller (``checkrows.CONTENDED_RULE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from kernelmap import schema
+from kernelmap.rundir import ATTRIBUTION, RECORDS
+from kernelmap.timing import mean_ci
+
+from .analyses.base import NOT_MEASURED, Busy, Run, field_at, passes_of
+from .analyses.basis import CLEAN, TimeKind
+from .analyses.summary import clean_stats
+from .checkrows import (CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, exceeds, ms_text,
+                        pass_contention, span_ms)
+
+
+def _trials_said(ids: Iterable[Any]) -> str:
+    ids = list(ids)
+    return f"trial{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in ids)}"
+
+
+def _quiet_row(run: str, fw: str, bs: Any, subject: str, figure: str, busy: Busy, how: str,
+               quiet_after: str = "") -> dict[str, Any]:
+    """One ``first-screen figures quiet`` row: FAIL where ``busy`` was contended, not checked where it was
+    not measured; ``figure``: the figure in words, ``how``: the trials or pass it comes from."""
+    if busy.contended is None:
+        return check_row(run, fw, bs, Check.QUIET, subject, "quiet", NOT_MEASURED, NOT_CHECKED,
+                         f"{figure} ({how}): contention {busy.text}")
+    if busy.contended:
+        return check_row(run, fw, bs, Check.QUIET, subject, "quiet", busy.marked, FAIL,
+                         f"{figure} ({how}) was measured under contention: {busy.text}")
+    return check_row(run, fw, bs, Check.QUIET, subject, "quiet", "quiet", PASS,
+                     f"{figure} ({how}): {busy.text}{quiet_after}")
+
+
+def _answer_passes(answer: pd.DataFrame | None, run: str) -> dict[tuple[str, Any, str], list[str]]:
+    """(framework, batch size, pass) -> the kinds of time of the answer's cells that pass measured."""
+    out: dict[tuple[str, Any, str], list[str]] = {}
+    if answer is None or answer.empty:
+        return out
+    a = answer[answer["run"] == run]
+    fws = sorted({c.split(".")[0] for c in a.columns if c.endswith(".pass")})
+    for _, row in a.iterrows():
+        for fw in fws:
+            p, ms = row.get(f"{fw}.pass"), row.get(f"{fw}.ms_per_step")
+            if isinstance(p, str) and ms is not None and pd.notna(ms):
+                kinds = out.setdefault((fw, int(row["batch_size"]), p), [])
+                kind = str(row.get(f"{fw}.time_kind"))
+                if kind not in kinds:
+                    kinds.append(kind)
+    return out
+
+
+def quiet_figures(run: Run, answer: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """``first-screen figures quiet`` (module docstring): per framework x batch size, the summary's clean
+    step (its used trials' contention: trials run under contention and left out, or repeated until a quiet
+    one ran, do not count), the summary's end-to-end step (the contention of the trials it comes from) and
+    every capture pass whose figures fill the answer's time cells (``answer``: ``answer.answer_table``)."""
+    rows: list[dict[str, Any]] = []
+    used_passes = _answer_passes(answer, run.name)
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        med = clean_stats(r).get("median_step_s")
+        trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
+        used = field_at(r, "contention.trials_used") or [t["trial"] for t in trials if t.get("used")]
+        left = [t["trial"] for t in trials if t.get("contended") is True and t["trial"] not in used]
+        after = (f"; {_trials_said(left)} ran under contention and {'were' if len(left) > 1 else 'was'} left out "
+                 f"({field_at(r, 'repeats', default=0)} repeat(s) run until quiet)") if left else ""
+        how = f"median over {_trials_said(used)}" if used else "clean pass"
+        rows.append(_quiet_row(run.name, fw, bs, "summary: clean step", f"clean step {ms_text(med)}", Busy.of(r), how,
+                               after))
+        e2e, e2e_ids = field_at(r, "e2e_step_s"), field_at(r, "e2e_trials") or []
+        if e2e is not None and e2e_ids:
+            ts = [t for t in trials if t.get("trial") in e2e_ids]
+            busy = [Busy.of(t) for t in ts] or [Busy(None, NOT_MEASURED)]
+            worst = (next((b for b in busy if b.contended), None) or next((b for b in busy if b.contended is None),
+                                                                          None) or busy[0])
+            rows.append(_quiet_row(run.name, fw, bs, "summary: end to end with the loader",
+                                   f"end-to-end step {ms_text(e2e)}", worst, _trials_said(e2e_ids)))
+        for name, p in passes_of(r).items():
+            kinds = used_passes.get((fw, bs, name))
+            if name == "clean" or not kinds or field_at(p, "skipped") is not None:
+                continue
+            rows.append(_quiet_row(run.name, fw, bs, f"answer: {name} pass",
+                                   f"the answer's {' and '.join(kinds)}", Busy.of(p), f"{name} pass"))
+    return rows
+
+
+def run_complete(run: Run, layers: pd.DataFrame) -> list[dict[str, Any]]:
+    """``run files present`` (module docstring): where a capture pass ran, the files the report reads besides
+    results.json (records.parquet, attribution.json) and rows of the layer table (without them the report
+    says nothing per layer)."""
+    captured = any(k != "clean" for r in run.results for k, p in passes_of(r).items()
+                   if field_at(p, "skipped") is None)
+    rows: list[dict[str, Any]] = []
+    if not captured:
+        rows.append(check_row(run.name, None, None, Check.RUN_COMPLETE, "records and layers", None, None, NOT_CHECKED,
+                         "only the clean pass ran (--profile none): no records or layers to expect"))
+        return rows
+    for name, path in ((RECORDS, run.path / RECORDS), (ATTRIBUTION, run.path / ATTRIBUTION)):
+        rows.append(check_row(run.name, None, None, Check.RUN_COMPLETE, name, "present",
+                         "present" if path.is_file() else "missing", PASS if path.is_file() else FAIL,
+                         "written by kernelmap normalise" + ("" if path.is_file() else
+                                                             f": run `kernelmap normalise` on {run.name}")))
+    n = len(layers)
+    rows.append(check_row(run.name, None, None, Check.RUN_COMPLETE, "layer table rows", ">0", n, PASS if n else FAIL,
+                     f"{n} row(s) of conv and linear layers" if n else
+                     "a capture pass ran but the report has no layer: no per-layer answer"))
+    return rows
+
+
+def _used_trials(r: dict) -> list[Any]:
+    trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
+    return list(field_at(r, "contention.trials_used") or [t["trial"] for t in trials if t.get("used")])
+
+
+def e2e_vs_step(run: Run) -> list[dict[str, Any]]:
+    """``end to end vs step`` (module docstring), per framework x batch size with an end-to-end figure."""
+    rows: list[dict[str, Any]] = []
+    for r in run.results:
+        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        c = clean_stats(r)
+        e2e, step, lo, hi = (c.get(k) for k in ("e2e_step_s", "median_step_s", "ci95_low_s", "ci95_high_s"))
+        if e2e is None or step is None:
+            rows.append(check_row(run.name, fw, bs, Check.E2E_VS_STEP, "end to end >= step", None, None,
+                                  NOT_CHECKED, "no end-to-end figure" if e2e is None else "no step figure"))
+            continue
+        ids, used = list(field_at(r, "e2e_trials") or []), _used_trials(r)
+        busy = Busy.of(r)
+        ci = (lo, hi) if lo is not None and hi is not None else None
+        below = exceeds(step, e2e, ci, (e2e, e2e), bool(busy.contended))
+        figures = (f"end to end {ms_text(e2e)} ({_trials_said(ids) if ids else 'trials not recorded'}) vs the step "
+                   f"alone {ms_text(step)} {span_ms(ci)} ({_trials_said(used) if used else 'clean pass'})")
+        rows.append(check_row(run.name, fw, bs, Check.E2E_VS_STEP, "end to end >= step", step * 1e3, e2e * 1e3,
+                              FAIL if below else PASS,
+                              f"{'below' if below else 'not below'} the step beyond noise: {figures}"
+                              + (f"; {CONTENDED_RULE}; clean pass: {busy.marked}" if busy.contended else "")))
+        if not ids or not used:
+            rows.append(check_row(run.name, fw, bs, Check.E2E_VS_STEP, "same trials", None, None, NOT_CHECKED,
+                                  "results.json records no trials of the end-to-end or the step figure"))
+            continue
+        same = sorted(ids) == sorted(used)
+        rows.append(check_row(run.name, fw, bs, Check.E2E_VS_STEP, "same trials", _trials_said(used),
+                              _trials_said(ids), PASS if same else FAIL,
+                              "the end-to-end figure is of the step figure's trials" if same else
+                              "the end-to-end figure is of other trials than the step figure beside it "
+                              f"({field_at(r, 'e2e_timing') or 'no method recorded'})"))
+    return rows
+
+
+def _ci_ms(steps: Any) -> tuple[float, float] | None:
+    return mean_ci(steps) if isinstance(steps, list) and len(steps) > 1 else None
+
+
+def call_within_op(run: Run, layers: pd.DataFrame) -> list[dict[str, Any]]:
+    """``library call within its op`` (module docstring), per layer-table row with library-call time."""
+    rows: list[dict[str, Any]] = []
+    lib = layers[(layers["time_kind"] == str(TimeKind.LIBRARY)) & layers["ms_per_step"].notna()
+                 & layers["op_ms_per_step"].notna()] if len(layers) else layers
+    for _, x in lib.iterrows():
+        fw, bs = x["framework"], int(x["batch_size"])
+        subject = f"{x['layer']} {x['direction']}"
+        busy = [pass_contention(run, fw, bs, x["pass"]), pass_contention(run, fw, bs, x["op_pass"])]
+        contended = any(b.contended for b in busy)
+        call_ci, op_ci = _ci_ms(x["steps_ms"]), _ci_ms(x["op_steps_ms"])
+        above = exceeds(float(x["ms_per_step"]), float(x["op_ms_per_step"]), call_ci, op_ci, contended)
+        cis = ", ".join(f"{w} [{c[0]:.4g}–{c[1]:.4g}] ms" for w, c in (("call", call_ci), ("op", op_ci)) if c)
+        rows.append(check_row(
+            run.name, fw, bs, Check.CALL_WITHIN_OP, subject, float(x["op_ms_per_step"]), float(x["ms_per_step"]),
+            FAIL if above else PASS,
+            f"library-call time {x['ms_per_step']:.4g} ms/step ({x['pass']} pass) "
+            f"{'above' if above else 'not above'} its op's {x['op_ms_per_step']:.4g} ms/step ({x['op_pass']} pass) "
+            f"beyond noise ({cis or 'no intervals'})" + (f"; {CONTENDED_RULE}" if contended else "")
+            + (f"; {x['pass']} pass: {busy[0].marked}, {x['op_pass']} pass: {busy[1].marked}"
+               if above or contended else "")))
+    return rows
+
+
+def busy_share_basis(run: Run, busy: pd.DataFrame) -> list[dict[str, Any]]:
+    """``busy share of one pass`` (module docstring), per busy-share row of the run."""
+    rows: list[dict[str, Any]] = []
+    for _, b in busy[busy["run"] == run.name].iterrows():
+        fw, bs, p = b["framework"], b["batch_size"], b.get("pass")
+        share = b["busy_share"]
+        subject = f"{b['level']} time over {b['step_basis']}"
+        if pd.isna(share) or not isinstance(p, str):
+            rows.append(check_row(run.name, fw, bs, Check.BUSY_SHARE, subject, None, None, NOT_CHECKED,
+                                  "no busy share (no step to divide by, or its pass is not known)"))
+            continue
+        own = b["step_pass"] == p
+        cap, clean = pass_contention(run, fw, bs, p), pass_contention(run, fw, bs, CLEAN)
+        if not own and (cap.contended is None or clean.contended is None):
+            rows.append(check_row(run.name, fw, bs, Check.BUSY_SHARE, subject, p, b["step_pass"], NOT_CHECKED,
+                                  f"{p} pass: {cap.marked}, clean pass: {clean.marked}: contention not measured"))
+            continue
+        alike = own or cap.contended == clean.contended
+        rows.append(check_row(
+            run.name, fw, bs, Check.BUSY_SHARE, subject, p, b["step_pass"], PASS if alike else FAIL,
+            f"busy share {share:.1%}: {b['busy_ms_per_step']:.4g} ms/step of the {p} pass over a "
+            f"{b['step_ms']:.4g} ms step of the {b['step_pass']} pass"
+            + ("" if own else f"; {p} pass: {cap.marked}, clean pass: {clean.marked}")
+            + ("" if alike else ": a pass run under contention over a step that was not (or the reverse)")))
+    return rows
+
+
+def library_call_statement(libcalls: pd.DataFrame, run: str, fw: str, bs: Any) -> str | None:
+    """What the library-call table says of one framework x batch size's logged calls, in words every section
+    prints: "9 oneDNN calls/step logged in the libs pass, 0 linked to an op"; None where it lists none."""
+    if libcalls is None or libcalls.empty:
+        return None
+    lc = libcalls[(libcalls["run"] == run) & (libcalls["framework"] == fw) & (libcalls["batch_size"] == bs)]
+    if lc.empty:
+        return None
+    parts = []
+    for lib, g in lc.groupby("library", sort=True):
+        n = float(g["calls_per_step"].fillna(0).sum())
+        linked = float(g.loc[g["linked_to_op"].fillna(False).astype(bool), "calls_per_step"].fillna(0).sum())
+        parts.append(f"{n:.4g} {lib} calls/step logged in the libs pass, {linked:.4g} linked to an op")
+    return "; ".join(parts)
+
+
+def _attribution_linked(run: Run, r: dict) -> int | None:
+    """oneDNN primitives and BLAS calls attribution.json counts as linked to an op for one results entry."""
+    part = field_at(run.attribution, "runs", default={}).get(str(field_at(r, "dir", default="")))
+    if not isinstance(part, dict) or "onednn_linked" not in part:
+        return None
+    return int(part.get("onednn_linked") or 0) + int(part.get("blas_linked") or 0)
+
+
+def call_statement_checks(run: Run, layers: pd.DataFrame, libcalls: pd.DataFrame) -> list[dict[str, Any]]:
+    """``one statement of library calls`` (module docstring), per CPU framework x batch size with logged calls."""
+    rows: list[dict[str, Any]] = []
+    cpu = libcalls[(libcalls["run"] == run.name) & libcalls["kernels_linked"].fillna(0).eq(0)] if len(
+        libcalls) else libcalls
+    for (fw, bs), g in cpu.groupby(["framework", "batch_size"], sort=False):
+        bs = int(bs)
+        lt = layers[(layers["framework"] == fw) & (layers["batch_size"] == bs)] if len(layers) else layers
+        if len(lt) and (lt["level"] != "op").any():
+            continue  # kernel-level (GPU) rows: calls own kernels, not ops
+        linked = g[g["linked_to_op"].fillna(False).astype(bool)]
+        layer_linked = linked[linked["layer"].notna() & (linked["layer"] != schema.UNKNOWN)]
+        shown = int(sum(bool(isinstance(c, list) and c) for c in lt["library_calls"])) if len(lt) else 0
+        r = next((x for x in run.results if field_at(x, "framework") == fw and field_at(x, "batch_size") == bs), {})
+        attr = _attribution_linked(run, r)
+        said = library_call_statement(libcalls, run.name, fw, bs)
+        problems = []
+        if bool(shown) != bool(len(layer_linked)):
+            problems.append(f"the layer table shows library calls on {shown} row(s) while the library-call table "
+                            f"links {len(layer_linked)} call kind(s) to a layer's op")
+        if attr is not None and bool(attr) != bool(len(linked)):
+            problems.append(f"attribution.json links {attr} call(s) to an op while the library-call table links "
+                            f"{len(linked)} call kind(s)")
+        rows.append(check_row(run.name, fw, bs, Check.CALL_STATEMENT, "library calls linked to ops",
+                              len(linked), shown, FAIL if problems else PASS,
+                              ("; ".join(problems) + f" (the library-call table: {said})") if problems else
+                              f"every section says: {said}; {shown} layer row(s) show a call; attribution.json: "
+                              f"{'not recorded' if attr is None else f'{attr} linked'}"))
+    return rows
