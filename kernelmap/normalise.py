@@ -250,19 +250,18 @@ def _log_steps(path: Path, warmup: bool = True) -> int | None:
 
 
 OWN_RESULT = "kernelmap's own: the worker's result of this pass (its step timings, summarised in results.json)"
-HLO_COMPANION = "the compiled program's HLO text, read with the XLA trace beside it (adapters/xla_trace.py)"
+HLO_COMPANION = adapters.HLO_COMPANION  # the reason of an adapter's companion file
 
 
 def own_file(f: Path) -> str | None:
     """Why a file of a case's folder is not read on its own where it is kernelmap's own (a worker's pass
     result) or an adapter's companion file (XLA's HLO text); None for any other file."""
-    from .adapters.xla_trace import HLO_SUFFIXES
     from .worker import PASSES
 
     stem, _, trial = f.name.removesuffix(".json").partition("-")
     if f.name.endswith(".json") and stem in PASSES and (not trial or trial.isdigit()):
         return OWN_RESULT
-    return HLO_COMPANION if f.name.endswith(HLO_SUFFIXES) else None
+    return adapters.companion(f)
 
 
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:

@@ -44,6 +44,16 @@ FORMATS = {
 }
 
 
+# files an adapter reads beside a trace, never on their own: XLA's HLO text (the compiled program the
+# trace's op names refer to), read with the trace beside it
+HLO_COMPANION = "the compiled program's HLO text, read with the XLA trace beside it (adapters/xla_trace.py)"
+
+
+def companion(path: str | os.PathLike) -> str | None:
+    """Why a file is an adapter's companion file, not a record source of its own; None for any other."""
+    return HLO_COMPANION if str(path).endswith(xla_trace.HLO_SUFFIXES) else None
+
+
 def detect(path: str | os.PathLike) -> str:
     """The format name of a file (a key of ``FORMATS``), from its first bytes."""
     try:
