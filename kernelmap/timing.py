@@ -9,8 +9,9 @@ launch gaps. ``kernelmap run`` repeats the clean pass in ``trials`` separate pro
 figure is the median of all samples of its trials (a trial run under contention, ``kernelmap.contention``,
 left out where a quiet one exists; trials that disagree, ``trials_disagree``, repeated within a budget), with a 95% confidence interval from a two-level bootstrap
 (trials, then samples within a trial), so that a trial-to-trial shift widens the interval as it
-should. Trials after the first fetch at most ``WINDOW_STEPS`` batches once and cycle through them
-(``REUSE_METHOD``): their step times are the same kind, the loader is timed by the first trial only.
+should. Every trial fetches its own batches (the end-to-end figure is over the step figure's trials); a
+worker given ``--reuse-batches`` fetches at most ``WINDOW_STEPS`` batches once and cycles through them
+(``REUSE_METHOD``): its step times are the same kind, it has no end-to-end figure.
 Capture passes synchronise after every step (their traces need step boundaries), and their
 overhead is called an overhead only where their median lies outside the clean pass's interval,
 widened to what one more process may give (``PROCESS_RULE``): each capture pass runs in its own
@@ -47,7 +48,7 @@ STEP_METHOD = (f"training step only, batches already on the device; one sample =
 E2E_METHOD = (f"end to end with the loader: wall time of the timed windows, each fetching its batches onto "
               f"the device ({WINDOW_STEPS} at a time) then running its steps, / steps; {GC_RULE}")
 REUSE_METHOD = (f"not measured in this trial: it fetched at most {WINDOW_STEPS} batches once, before its timed steps, "
-                f"and cycled through them (a repeat trial; the end-to-end and loader figures are the first trial's)")
+                f"and cycled through them (--reuse-batches: no end-to-end or loader figure of its own)")
 CAPTURE_METHOD = ("capture pass: device synchronised after every step (its trace needs step boundaries); "
                   "all its batches fetched before the capture; garbage collector off during the timed "
                   "steps (collected before them)")

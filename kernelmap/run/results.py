@@ -24,18 +24,21 @@ def _trial_ids(trials: list[dict[str, Any]]) -> str:
 
 def _clean_summary(trials: list[dict[str, Any]], used: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
     """The clean pass's figures: the step figure over the ``used`` trials (``kernelmap.timing``); the
-    end-to-end and loader figures over the trials that fetched their own batches (the first), used
-    ones where any."""
+    end-to-end and loader figures over the same used trials (each fetches its own batches). A used trial
+    that reused its batches (``--reuse-batches``) has no end-to-end figure: the others' are taken, and the
+    method says which; none where no used trial fetched (never another trial's: a figure beside the step
+    must be of the step's trials)."""
     stats = timing.step_stats([t["step_times_s"] for t in used])
-    fetched = [t for t in trials if not t.get("batches_reused")]
-    fetched = [t for t in fetched if t in used] or fetched
+    fetched = [t for t in used if not t.get("batches_reused")]
     e2e = [t["e2e_step_s"] for t in fetched if t.get("e2e_step_s")]
     loader = [t["loader_batch_s"] for t in fetched if t.get("loader_batch_s")]
     e2e_step = float(statistics.median(e2e)) if e2e else None
-    e2e_timing = trials[0].get("e2e_timing")
-    if len(fetched) < len(trials):
+    e2e_timing = (fetched or trials)[0].get("e2e_timing")
+    if not fetched:
+        e2e_timing = f"not measured: every used trial reused {timing.WINDOW_STEPS} batches ({e2e_timing})"
+    elif len(fetched) < len(used):
         e2e_timing = (f"{e2e_timing}; from trial{'s' if len(fetched) > 1 else ''} {_trial_ids(fetched)} only "
-                      f"(the other trials reused {timing.WINDOW_STEPS} batches)")
+                      f"(the other used trials reused {timing.WINDOW_STEPS} batches)")
     return {
         **stats.to_dict(),
         "images_per_s": batch_size / stats.median_s if stats.median_s > 0 else None,
