@@ -22,7 +22,7 @@ import pandas as pd
 from . import adapters, attribution, calllink, frameworks, heap, schema, strings
 from .adapters import graph_replay
 from .errors import KernelmapError, ParseError
-from .rundir import ALGORITHM_FILE, GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, case_dir
+from .rundir import ALGORITHM_FILE, GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, pass_result_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -265,14 +265,19 @@ def own_file(f: Path) -> str | None:
 
 
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
-    """Normalise ``RUN_DIR/<framework>/bs<N>/*`` into ``RUN_DIR/records.parquet`` and
-    ``RUN_DIR/attribution.json``; returns the summary. Files no adapter recognises (clean.json,
-    step timings) are listed under ``not_records``."""
+    """Normalise the captures of every case results.json records (``RunDir.read_cases``: its typed key and
+    its folder, ``RUN_DIR/<case>/bs<N>/*``) into ``RUN_DIR/records.parquet`` and ``RUN_DIR/attribution.json``;
+    returns the summary. Each record carries its case's key (framework, mode, math, devices, batch size) as
+    recorded, never read from a folder's name. Files no adapter recognises (clean.json, step timings) are
+    listed under ``not_records``."""
     rd = RunDir(run_dir)
     run_dir = rd.path
     manifest = rd.read_manifest() if rd.manifest.is_file() else {}
     frames, per, skipped, sources = [], {}, [], []
-    for fw, bs, bs_dir in rd.cases():
+    for entry in sorted(rd.read_cases(), key=lambda e: e.dir.parts):  # folder order, as the records always were
+        key, bs_dir = entry.key, run_dir / entry.dir
+        if not bs_dir.is_dir():
+            continue  # a case whose captures were removed (kept for its report), or a clean-only run
         files = []
         for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
             if f.name == GRAPH_REFERENCE:  # the Kineto adapter reads it with the trace beside it
@@ -297,18 +302,18 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
                 skipped.append({"file": str(f.relative_to(run_dir)), "reason": exc.cause})
         if not files:
             continue
-        name = str(case_dir(fw, bs))
-        key, (fw, _mode) = fw, frameworks.split_key(fw)  # the folder: a framework, or framework-mode (case_key)
+        name, fw, bs = str(entry.dir), key.framework, key.batch_size
         libs_trace = next((p for p in (bs_dir / LIBS_TRACE_DIR / n for n in LIBS_TRACES) if p.is_file()), None)
+        libs = bs_dir / pass_result_name("libs")
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
-                          batch_size=bs, log_steps=_log_steps(rd.pass_result(key, bs, "libs")),
-                          steady_calls=_log_steps(rd.pass_result(key, bs, "libs"), warmup=False),
+                          batch_size=bs, log_steps=_log_steps(libs), steady_calls=_log_steps(libs, warmup=False),
                           libs_trace=libs_trace)
-        df["framework"] = key
+        case_cols = {c: key.to_fields()[c] for c in schema.CASE_COLUMNS}
+        df = df.assign(**case_cols)
         frames.append(df)
-        per[name] = {**s["runs"][name], "files": s["files"], "framework": key, "batch_size": bs}
-        sources += [{"framework": key, "batch_size": bs, "source": src,
-                     **{k: v for k, v in b.items() if not isinstance(v, list)}}
+        fields = {**key.to_fields(), "case": key.name}  # attribution.json names each case by its typed key
+        per[name] = {**s["runs"][name], "files": s["files"], **fields}
+        sources += [{**fields, "source": src, **{k: v for k, v in b.items() if not isinstance(v, list)}}
                     for src, b in s["runs"][name]["by_source"].items()]
     if not frames and rd.records.is_file():
         # a run whose captures were removed (kept for its report): its records stay, not emptied

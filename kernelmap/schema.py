@@ -22,12 +22,18 @@ import pandas as pd
 from .errors import SchemaError
 from .strings import STRING
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# v3 (issue 36): the case's columns mode, math and devices beside framework, which holds the framework's
+# name alone (v2 held the case's name there: pytorch-cuda-graph); read_parquet's ``upgrade`` reads a v2 file
+CASE_COLUMNS = ("mode", "math", "devices")
 
 # column -> pandas dtype. Nullable extension dtypes so that "unknown" is NA, never a magic value.
 COLUMNS: dict[str, str] = {
     "run": "string",  # run id (run directory name, or the file stem for loose files)
     "framework": "string",  # a frameworks.REGISTRY name (pytorch | mxnet | jax) or unknown
+    "mode": "string",  # the framework's execution mode (its descriptor's modes: eager | cuda-graph | ...)
+    "math": "string",  # the run's math mode for the GPU's convs and matmuls (spec.Math: fp32 | tf32)
+    "devices": "Int64",  # devices the case trained on (1 until multi-device cases)
     "device": "string",  # gpu | cpu
     "batch_size": "Int64",
     "source": "string",  # adapter: kineto | mxnet_profiler | nsys | cudnn_log | cublas_log | cublaslt_log | onednn_verbose | mkl_verbose
@@ -67,7 +73,7 @@ COLUMNS: dict[str, str] = {
     "device_index": "Int64",  # the GPU's index, for device rows (Kineto: the device process id; nsys: deviceId)
 }
 
-# columns added at the end within v2; a file without them reads with them NA
+# columns added at the end within v2; a v2 file without them reads with them NA
 ADDED_COLUMNS = ("rank", "device_index")
 
 
@@ -458,8 +464,14 @@ def _arrow(col: pd.Series, type_, pool=None, coded=None, lo: int = 0, as_diction
     return pc.take(uniques, rows, memory_pool=pool)  # null row: null
 
 
-def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
-    """Read records, refusing files without or with another ``schema_version``."""
+def read_parquet(path: str | os.PathLike, upgrade=None) -> pd.DataFrame:
+    """Read records, refusing files without or with another ``schema_version``; a v2 file (written before the
+    case's columns) is read through ``upgrade``: a function of a v2 ``framework`` value (the case's name then)
+    to the v3 values of framework, mode, math and devices (``frameworks.case.legacy_columns``; the run loader
+    gives it the run's math, ``kernelmap.rundir.RunDir.read_records``; read alone, the math is unknown)."""
+    from .frameworks.case import legacy_columns
+
+    upgrade = upgrade or legacy_columns
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -477,21 +489,39 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
         version = int(raw)
     except ValueError:
         raise SchemaError(f"{path}: schema_version {raw!r} is not a number") from None
-    if version != SCHEMA_VERSION:
+    if version not in (SCHEMA_VERSION, SCHEMA_VERSION - 1):
         newer = "newer than" if version > SCHEMA_VERSION else "older than"
-        raise SchemaError(f"{path}: schema_version {version} is {newer} this kernelmap's {SCHEMA_VERSION}")
+        fix = ": read it with the kernelmap that wrote it" if version > SCHEMA_VERSION else (
+            ": re-normalise its run (`kernelmap normalise RUN_DIR`) to write it anew")
+        raise SchemaError(f"{path}: schema_version {version} is {newer} this kernelmap's {SCHEMA_VERSION}{fix}")
     try:
         df = table.to_pandas()
     except Exception as exc:  # pandas metadata that disagrees with the columns (pyarrow and pandas errors)
         raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
-    if list(df.columns) == list(COLUMNS)[:-len(ADDED_COLUMNS)]:  # a file from before rank/device_index
-        for c in ADDED_COLUMNS:
-            df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
+    if version < SCHEMA_VERSION:
+        df = _upgrade_v2(df, upgrade)
     try:
         df = df.astype(DTYPES) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"{path}: {exc}") from None
     return validate(df, str(path))
+
+
+def _upgrade_v2(df: pd.DataFrame, upgrade) -> pd.DataFrame:
+    """A v2 frame in v3's columns: rank and device_index NA where the file is older than them; the case's
+    columns from ``upgrade`` of each distinct ``framework`` value (once per value, not per row)."""
+    v2 = [c for c in COLUMNS if c not in CASE_COLUMNS]
+    if list(df.columns) == v2[:-len(ADDED_COLUMNS)]:  # a file from before rank/device_index
+        for c in ADDED_COLUMNS:
+            df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
+    if list(df.columns) != v2:
+        return df  # validate names what differs
+    codes, names = pd.factorize(df["framework"].astype(object), use_na_sentinel=True)
+    values = [upgrade(n) for n in names]
+    for col in ("framework", *CASE_COLUMNS):
+        table = np.array([v[col] for v in values] + [None], dtype=object)  # code -1 (NA) -> None
+        df[col] = pd.array(table[codes], dtype=COLUMNS[col])
+    return df[list(COLUMNS)]
 
 
 def read_meta(path: str | os.PathLike) -> dict:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 from kernelmap.frameworks import spec
+from kernelmap.frameworks.case import order_names
 
 from kernelmap import frameworks, schema
 
@@ -131,7 +132,7 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
     states = states or {}
     layers = merge_backward(layers)
     present = set(layers["framework"])
-    fws = frameworks.key_order(present)  # frameworks, each in its modes (case keys)
+    fws = order_names(present)  # frameworks, each in its modes (cases' names)
     ref = frameworks.REFERENCE
     rows: list[dict[str, Any]] = []
     for key, g in layers.groupby(list(KEY), sort=False, dropna=False):
@@ -217,7 +218,7 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
                   key=lambda x: (str(x[0]), x[1] is None, x[1]))
     if not keys:
         return pd.DataFrame(columns=list(KEY)), []
-    fws = frameworks.key_order({k[1] for k in states})
+    fws = order_names({k[1] for k in states})
     rows = []
     merged = (one_backward_row(merge_backward(layers)) if layers is not None and not layers.empty
               else pd.DataFrame(columns=list(KEY)))

@@ -8,7 +8,7 @@ from typing import Any
 
 from kernelmap.timing import NOISE_THRESHOLD
 
-from .analyses.base import Busy, Run, field_at, passes_of
+from .analyses.base import Busy, Run, case_of, field_at, passes_of
 
 
 class Status(enum.StrEnum):
@@ -53,7 +53,7 @@ def check_row(run: str, fw: str | None, bs: Any, check: str, subject: str, expec
 def entry_of(run: Run, fw: str, bs: Any) -> dict | None:
     """The results.json entry of ``fw`` x ``bs`` (None: no such case)."""
     for r in run.results:
-        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+        if case_of(r) == fw and field_at(r, "batch_size") == bs:
             return r
     return None
 

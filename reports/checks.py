@@ -71,10 +71,19 @@ import pandas as pd
 
 from kernelmap import adapters, frameworks, timing
 from kernelmap.frameworks.spec import LAYERS
-from kernelmap.rundir import pass_result_name, read_json
+from kernelmap.rundir import MANIFEST, asked_cases, pass_result_name, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
-from .analyses.base import Busy, Run, expected_calls_per_step, field_at, fw_label, passes_of
+from .analyses.base import (
+    Busy,
+    Run,
+    case_of,
+    expected_calls_per_step,
+    field_at,
+    fw_label,
+    passes_of,
+    replay_reason,
+)
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
 from .analyses.summary import clean_stats
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
@@ -116,7 +125,7 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
                     & (libcalls["library"] == CONV_LIBRARY)]
     have = set(zip(conv["framework"], conv["batch_size"], strict=True))
     for r in run.results:
-        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        fw, bs = case_of(r), field_at(r, "batch_size")
         if (fw, bs) not in have:
             rows.append(check_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
                              NOT_CHECKED, f"no {CONV_LIBRARY} convolution call recorded (device: "
@@ -127,7 +136,7 @@ def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any
         # trace): another pass's log of the same calls (JAX's libs pass) is not counted twice
         if g["calls_outside_steps"].notna().any():
             g = g[g["calls_outside_steps"].notna()]
-        replay = frameworks.replay_reason(str(fw))
+        replay = replay_reason(run, str(fw))
         for (layer, d), n in expected.items():
             sub = g[(g["layer"] == layer) & (g["direction"] == d)]
             if replay:  # no call per step to count: the calls of the capture, one set per layer and direction
@@ -187,8 +196,9 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         fw, bs = t.framework, t.batch_size
         source = adapters.FORMATS.get(t.source)
         # calls per step
-        name, mode = frameworks.split_key(fw)
-        uncounted = frameworks.REGISTRY[name].uncounted_call_modes.get(mode) if name in frameworks.REGISTRY else None
+        case = run.cases.get(fw)  # the typed case (load_run)
+        mode = case.mode if case is not None else None
+        uncounted = frameworks.get(case.framework).uncounted_call_modes.get(mode) if case is not None else None
         if uncounted:
             rows.append(check_row(run.name, fw, bs, Check.CALLS, "all model ops", None, None, NOT_CHECKED,
                              f"mode {mode}: {uncounted}"))
@@ -323,7 +333,7 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
 def _capture_not_faster(run: Run) -> list[dict[str, Any]]:
     rows = []
     for r in run.results:
-        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        fw, bs = case_of(r), field_at(r, "batch_size")
         for name in passes_of(r):
             s = pass_state(run.name, r, name)
             if s is None:
@@ -371,8 +381,8 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
     h = history[history["job"] == str(job)]
     rows = []
     for r in run.results:
+        # history keys the framework and its mode apart, as results.json's typed key does
         fw, bs, mode, dev = (field_at(r, k) for k in ("framework", "batch_size", "mode", "device"))
-        fw = field_at(r, "framework_name") or fw  # history keys the framework and its mode apart
         subject = f"{fw} {mode} {dev} bs {bs}"
         if mode is None or dev is None:
             rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, None, None, NOT_CHECKED,
@@ -466,14 +476,12 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
 def cases_ran(run: Run) -> list[dict[str, Any]]:
     """``every case ran`` (module docstring): one failed row per case asked for without results, else one
     passed row for the run; not checked where the manifest does not say what was asked (older runs)."""
-    config = run.manifest.get("config") or {}
-    modes, sizes = config.get("modes"), (config.get("cli") or {}).get("batch_size")
-    if not isinstance(modes, dict) or not sizes:
+    keys = asked_cases(run.manifest, run.path / MANIFEST)  # typed (kernelmap.rundir), an older run's translated
+    if keys is None:
         return [check_row(run.name, None, None, Check.CASES_RAN, "run", None, None, NOT_CHECKED,
                      "the manifest does not list the modes and batch sizes asked for")]
-    asked = [(frameworks.case_key(fw, m), int(bs)) for fw, ms in modes.items() if fw in frameworks.REGISTRY
-             for m in ms for bs in sizes]
-    have = {(field_at(r, "framework"), field_at(r, "batch_size")) for r in run.results}
+    asked = [(k.name, k.batch_size) for k in keys]
+    have = {(case_of(r), field_at(r, "batch_size")) for r in run.results}
     notes = [str(n) for n in run.manifest.get("notes") or []]
     rows = []
     for key, bs in asked:

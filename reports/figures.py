@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from kernelmap.frameworks.case import color_of  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from kernelmap import frameworks, timing  # noqa: E402
@@ -34,7 +35,7 @@ DPI = 110
 
 
 def _fw_color(fw: str) -> str:
-    return FW_COLOR.get(fw) or frameworks.key_color(fw) or "#495057"
+    return FW_COLOR.get(fw) or color_of(fw) or "#495057"
 
 
 def _save(fig, path: Path) -> Path:

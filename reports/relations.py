@@ -35,7 +35,7 @@ from kernelmap import schema
 from kernelmap.rundir import ATTRIBUTION, RECORDS
 from kernelmap.timing import mean_ci
 
-from .analyses.base import NOT_MEASURED, Busy, Run, field_at, passes_of
+from .analyses.base import NOT_MEASURED, Busy, Run, case_of, field_at, passes_of
 from .analyses.basis import CLEAN, TimeKind
 from .analyses.summary import clean_stats
 from .checkrows import (CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, exceeds, ms_text,
@@ -87,7 +87,7 @@ def quiet_figures(run: Run, answer: pd.DataFrame | None) -> list[dict[str, Any]]
     rows: list[dict[str, Any]] = []
     used_passes = _answer_passes(answer, run.name)
     for r in run.results:
-        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        fw, bs = case_of(r), field_at(r, "batch_size")
         med = clean_stats(r).get("median_step_s")
         trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
         used = field_at(r, "contention.trials_used") or [t["trial"] for t in trials if t.get("used")]
@@ -146,7 +146,7 @@ def e2e_vs_step(run: Run) -> list[dict[str, Any]]:
     """``end to end vs step`` (module docstring), per framework x batch size with an end-to-end figure."""
     rows: list[dict[str, Any]] = []
     for r in run.results:
-        fw, bs = field_at(r, "framework"), field_at(r, "batch_size")
+        fw, bs = case_of(r), field_at(r, "batch_size")
         c = clean_stats(r)
         e2e, step, lo, hi = (c.get(k) for k in ("e2e_step_s", "median_step_s", "ci95_low_s", "ci95_high_s"))
         if e2e is None or step is None:

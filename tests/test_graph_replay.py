@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from kernelmap.frameworks.case import CaseKey
 
 from kernelmap.adapters import kineto
 from kernelmap.errors import ParseError
-from kernelmap.rundir import GRAPH_REFERENCE
+from kernelmap.rundir import GRAPH_REFERENCE, RUN_VERSION, case_dir
 
 DATA = Path(__file__).parent / "data"
 EAGER = DATA / "gpu_kineto.json.gz"
@@ -30,6 +31,14 @@ GRAPH_FIXTURE = DATA / "gpu_cuda_graph"
 HOST = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
 LABELS = ["canonical_op", "direction", "layer", "phase"]
+
+
+def typed_run(run, *batch_sizes: int) -> None:
+    """The run's manifest and results.json as the runner writes them (typed case keys, run_version 2) for
+    pytorch-cuda-graph at ``batch_sizes``: what ``normalise_run_dir`` reads the cases from."""
+    keys = [CaseKey("pytorch", "cuda-graph", "fp32", 1, bs) for bs in batch_sizes]
+    (run / "manifest.json").write_text(json.dumps({"run_version": RUN_VERSION}))
+    (run / "results.json").write_text(json.dumps([{**k.to_fields(), "dir": str(case_dir(k))} for k in keys]))
 
 
 def _steps(ev):
@@ -208,11 +217,13 @@ def test_real_capture_normalises(tmp_path):
         for f in ("trace.json.gz", GRAPH_REFERENCE):
             shutil.copyfile(fx / f, case / f)
         total += json.loads((fx / "expected.json").read_text())["replayed_device_ns"]
+    typed_run(tmp_path, 64, 1024)
     summary = normalise_run_dir(tmp_path)
     assert sorted(n["file"] for n in summary["not_records"]) == [
         f"pytorch-cuda-graph/bs1024/{GRAPH_REFERENCE}", f"pytorch-cuda-graph/bs64/{GRAPH_REFERENCE}"]
     rec = read_parquet(tmp_path / "records.parquet")
-    assert set(rec["framework"]) == {"pytorch-cuda-graph"}
+    assert set(zip(rec["framework"], rec["mode"], rec["batch_size"], strict=True)) == {
+        ("pytorch", "cuda-graph", 64), ("pytorch", "cuda-graph", 1024)}
     dev = rec[rec["kind"].isin(["kernel", "memset"])]  # the memcpys run eagerly, outside the graphs
     assert int(dev["dur_ns"].sum()) == total
     assert dev["canonical_op"].notna().all() and not (dev["canonical_op"] == "other").any()
@@ -227,8 +238,10 @@ def test_normalise_keys_the_mode_and_reads_the_reference_once(tmp_path):
     case = tmp_path / "pytorch-cuda-graph" / "bs64"
     case.mkdir(parents=True)
     _, _, replayed = make_replay(case)
+    typed_run(tmp_path, 64)
     summary = normalise_run_dir(tmp_path)
     assert [n["file"] for n in summary["not_records"]] == [f"pytorch-cuda-graph/bs64/{GRAPH_REFERENCE}"]
     rec = read_parquet(tmp_path / "records.parquet")
-    assert set(rec["framework"]) == {"pytorch-cuda-graph"}
+    assert set(zip(rec["framework"], rec["mode"], rec["math"], rec["devices"], strict=True)) == {
+        ("pytorch", "cuda-graph", "fp32", 1)}
     assert rec["kind"].isin(["kernel", "memset", "memcpy"]).sum() == len(replayed)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from kernelmap.frameworks.case import Case, CaseKey, by_name, order_names
 from kernelmap.reports import analysis as A
 from kernelmap.reports.analyses.launch import best_modes, union_ns
 from kernelmap.reports.checks import FAIL, PASS, launch_bound_checks
@@ -26,16 +27,26 @@ COMPILE_TRACE = DATA / "cpu_torch_compile_kineto.json.gz"
 
 # --- the vocabulary ------------------------------------------------------------------------------
 def test_every_mode_comes_from_a_descriptor_and_keys_round_trip():
+    """The typed case key (frameworks/case.py): its fields round-trip through what results.json records; its
+    name (the folder, the tables' name) is the framework's for its default mode, so runs made before modes
+    read the same; a name is looked up among the registered cases, never split."""
     assert {m.value for m in Mode} == set(frameworks.MODES)
     for name, d in frameworks.REGISTRY.items():
-        assert frameworks.case_key(name, d.default_mode) == name  # runs before modes were keyed read the same
+        assert Case(name, d.default_mode).name == name
         for m in d.modes:
-            key = frameworks.case_key(name, m)
-            assert frameworks.split_key(key) == (name, None if m == d.default_mode else m)
-    assert frameworks.split_key("pytorch-cuda-graph") == ("pytorch", "cuda-graph")
-    assert frameworks.split_key("mxnet-cuda-graph") == ("mxnet-cuda-graph", None)  # MXNet has no such mode
-    with pytest.raises(ValueError, match="no mode"):
-        frameworks.case_key("jax", "hybridized")
+            key = CaseKey(name, m, "fp32", 1, 64)
+            assert CaseKey.from_fields(json.loads(json.dumps(key.to_fields()))) == key
+            assert by_name(key.name) == key.case
+    assert Case("pytorch", "cuda-graph").name == "pytorch-cuda-graph"
+    assert Case("pytorch", "eager", devices=2).name == "pytorch-x2"
+    assert by_name("mxnet-cuda-graph") is None  # MXNet has no such mode
+    with pytest.raises(ValueError, match="mode 'hybridized'"):
+        Case("jax", "hybridized")
+    for bad in ({"devices": 0}, {"math": "fp8"}, {"batch_size": 0}, {"framework": "torch"}, {"devices": True}):
+        with pytest.raises(ValueError):
+            CaseKey.from_fields({**key.to_fields(), **bad})
+    with pytest.raises(ValueError, match="no devices recorded"):
+        CaseKey.from_fields({k: v for k, v in key.to_fields().items() if k != "devices"})
 
 
 def test_modes_to_run():
@@ -48,7 +59,7 @@ def test_modes_to_run():
     assert frameworks.modes_to_run("jax", None, "cpu") == (["jit"], {})
     with pytest.raises(ValueError, match="--mode nope"):
         frameworks.modes_to_run("jax", ["nope"], "cpu")
-    assert frameworks.key_order(["jax", "pytorch-compile", "mxnet", "pytorch", "x"]) == [
+    assert order_names(["jax", "pytorch-compile", "mxnet", "pytorch", "x"]) == [
         "pytorch", "pytorch-compile", "mxnet", "jax", "x"]
 
 
@@ -159,36 +170,40 @@ def test_a_case_is_keyed_by_framework_and_mode(tmp_path):
     from kernelmap.run import devices as run_devices
 
     d = run_devices.Decision("pytorch", "gpu", "gpu", None)
-    case = run_case.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {},
-                       mode="cuda-graph")
-    assert case.key == "pytorch-cuda-graph" and case.out_dir == tmp_path / "pytorch-cuda-graph" / "bs64"
+    key = CaseKey("pytorch", "cuda-graph", "fp32", 1, 64)
+    case = run_case.CaseRun(key, d, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
+    assert case.key == key and case.out_dir == tmp_path / "pytorch-cuda-graph" / "bs64"
     assert json.loads(case.base[case.base.index("--config") + 1])["mode"] == "cuda-graph"
     assert case.name == "pytorch-cuda-graph bs 64"
-    default = run_case.Case("pytorch", d, 64, {"math": "fp32", "steps": 5}, "{}", tmp_path, None, None, 1, {})
-    assert default.key == "pytorch" and default.out_dir == tmp_path / "pytorch" / "bs64"
+    default = run_case.CaseRun(CaseKey("pytorch", "eager", "fp32", 1, 64), d, {"math": "fp32", "steps": 5}, "{}",
+                               tmp_path, None, None, 1, {})
+    assert default.out_dir == tmp_path / "pytorch" / "bs64"
 
 
 
-@pytest.mark.parametrize("key", ["pytorch-compile", "pytorch-cuda-graph"])
-def test_calls_per_step_are_not_counted_where_a_mode_fuses_or_replays(key):
+@pytest.mark.parametrize("mode", ["compile", "cuda-graph"])
+def test_calls_per_step_are_not_counted_where_a_mode_fuses_or_replays(mode):
     """The real CPU run's PyTorch records keyed as another mode: its calls-per-step rows (16 pass as
     eager) are not checked, with the descriptor's reason."""
     from kernelmap.reports import checks as C
 
     def calls(run):
         ch = C.self_checks([run])
-        return ch[(ch["check"] == C.Check.CALLS) & ch["framework"].isin(["pytorch", key])]
+        return ch[(ch["check"] == C.Check.CALLS) & ch["framework"].isin(["pytorch", case.name])]
 
+    case = Case("pytorch", mode)
     eager = calls(A.load_run(DATA / "report_cpu_run"))
     assert len(eager) > 1 and (eager["status"] == C.PASS).all()
     run = A.load_run(DATA / "report_cpu_run")
-    run.records["framework"] = run.records["framework"].astype(object).replace("pytorch", key)
+    pt = run.records["framework"] == "pytorch"  # the records and results typed as that mode's
+    run.records["mode"] = run.records["mode"].astype(object).where(~pt, mode)
+    run.records["case"] = run.records["case"].astype(object).where(~pt, case.name)
     for r in run.results:
         if r["framework"] == "pytorch":
-            r["framework"] = key
+            r.update(mode=mode, case=case.name)
+    run.cases[case.name] = case
     got = calls(run)
-    name, mode = frameworks.split_key(key)
-    why = f"mode {mode}: {frameworks.get(name).uncounted_call_modes[mode]}"
+    why = f"mode {mode}: {frameworks.get('pytorch').uncounted_call_modes[mode]}"
     assert got[["status", "detail"]].values.tolist() == [[C.NOT_CHECKED, why]] * eager["batch_size"].nunique()
 
 
@@ -205,10 +220,10 @@ def test_the_libs_pass_warms_up_as_long_as_the_mode_needs():
     assert run_schedule.libs_warmup(pt, "eager", 5) == run_schedule.LIBS_WARMUP == 1
     assert run_schedule.libs_warmup(pt, "eager", 0) == 0
     assert run_schedule.libs_warmup(mx, "hybridized", 5) == 1
-    run_schedule.check_warmup(4, [("pytorch", "cuda-graph"), ("mxnet", "imperative")])
+    run_schedule.check_warmup(4, [Case("pytorch", "cuda-graph"), Case("mxnet", "imperative")])
     with pytest.raises(KernelmapError, match=r"--warmup 3: .*PyTorch's cuda-graph mode needs at least 4"):
-        run_schedule.check_warmup(3, [("pytorch", "eager"), ("pytorch", "cuda-graph")])
-    run_schedule.check_warmup(0, [("pytorch", "eager"), ("jax", "jit")])
+        run_schedule.check_warmup(3, [Case("pytorch", "eager"), Case("pytorch", "cuda-graph")])
+    run_schedule.check_warmup(0, [Case("pytorch", "eager"), Case("jax", "jit")])
 
 
 def test_a_descriptor_cannot_name_a_warmup_for_a_mode_it_lacks():
@@ -246,13 +261,12 @@ def test_the_nsys_pass_of_a_graph_replay_mode_is_skipped_with_its_reason():
     their time had an op; cuda-graph's recorded none. The framework pass attributes replays; nsys is skipped."""
     from kernelmap.run import schedule as run_schedule
 
-    keys = {"pytorch": ("pytorch", "eager"), "pytorch-cuda-graph": ("pytorch", "cuda-graph"),
-            "pytorch-compile": ("pytorch", "compile"), "pytorch-compile-graphs": ("pytorch", "compile-graphs"),
-            "jax": ("jax", "jit")}
-    skips = run_schedule.case_nsys_skips(keys, {"jax": "no window"})
+    cases = [Case("pytorch", m) for m in ("eager", "cuda-graph", "compile", "compile-graphs")] + [Case("jax", "jit")]
+    skips = {c.name: why for c, why in run_schedule.case_nsys_skips(cases, {"jax": "no window"}).items()}
     assert set(skips) == {"pytorch-cuda-graph", "pytorch-compile-graphs", "jax"}
     assert skips["jax"] == "no window"
     assert skips["pytorch-cuda-graph"].startswith("PyTorch cuda-graph replays CUDA graphs (the whole step is one")
     assert "the framework pass attributes them" in skips["pytorch-compile-graphs"]
-    # the progress line counts them out: 5 keys x (1 trial + nsys) less 3 skipped nsys passes
-    assert run_schedule.planned_workers(list(keys), 1, 1, ("clean", "nsys"), skips) == 5 * 2 - 3
+    # the progress line counts them out: 5 cases x (1 trial + nsys) less 3 skipped nsys passes
+    typed = run_schedule.case_nsys_skips(cases, {"jax": "no window"})
+    assert run_schedule.planned_workers(cases, 1, 1, ("clean", "nsys"), typed) == 5 * 2 - 3

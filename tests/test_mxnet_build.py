@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from kernelmap.frameworks.case import CaseKey
 from kernelmap.frameworks.mxnet import build, built, cuda11, fatbin
 
 from kernelmap import cli, frameworks
@@ -744,9 +745,9 @@ def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mo
            "--data", "synthetic", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    key = "mxnet" if mode == "imperative" else f"mxnet-{mode}"
-    case = rundir.RunDir(out).case(key, 1024)
-    lines = rundir.RunDir(out).algorithm_file(key, 1024).read_text().splitlines()
+    key = CaseKey("mxnet", mode, "fp32", 1, 1024)
+    case = rundir.RunDir(out).case(key)
+    lines = rundir.RunDir(out).algorithm_file(key).read_text().splitlines()
     keys = [line.split("\t")[0] for line in lines]
     assert all(k.startswith("Convolution|") for k in keys) and len(set(keys)) == len(keys)
     # conv1 and conv2 at the training batch, and again at evaluate()'s batch (its forward is tuned too:

@@ -113,16 +113,23 @@ def test_run_dir(tmp_path):
         (d / "clean.json").write_text('{"step_times": []}')
     (tmp_path / "pytorch" / "bs64" / "libs.json").write_text('{"warmup_steps": 1, "steps": 3}')
     (tmp_path / "manifest.json").write_text(json.dumps({"frameworks": {"mxnet": {"device_used": "cpu"}}}))
+    # results.json as the runner wrote it before the key was typed (no devices; the case's folder in dir)
+    (tmp_path / "results.json").write_text(json.dumps([{"framework": fw, "mode": mode, "batch_size": 64,
+                                                        "dir": f"{fw}/bs64"}
+                                                       for fw, mode in (("pytorch", "eager"), ("mxnet", "imperative"))]))
     s = normalise_run_dir(tmp_path)
     assert set(s["runs"]) == {"pytorch/bs64", "mxnet/bs64"}
     assert {x["file"] for x in s["not_records"]} == {"pytorch/bs64/clean.json", "mxnet/bs64/clean.json",
                                                     "pytorch/bs64/libs.json"}
     df = schema.read_parquet(tmp_path / "records.parquet")
     assert set(df["framework"]) == {"pytorch", "mxnet"} and set(df["batch_size"]) == {64}
+    assert set(zip(df["framework"], df["mode"], df["math"], df["devices"], strict=True)) == {
+        ("pytorch", "eager", "fp32", 1), ("mxnet", "imperative", "fp32", 1)}  # typed, every row
     assert set(df.loc[df["framework"].eq("mxnet"), "device"]) == {"cpu"}
     a = json.loads((tmp_path / "attribution.json").read_text())
     assert a["runs"]["mxnet/bs64"]["ops"] > 0
-    assert [(r["framework"], r["batch_size"], r["source"]) for r in a["by_source"]] == [("pytorch", 64, "nsys")]
+    assert [(r["framework"], r["mode"], r["batch_size"], r["source"]) for r in a["by_source"]] == [
+        ("pytorch", "eager", 64, "nsys")]
     links = a["runs"]["pytorch/bs64"]["library_links"]
     assert links and {x["log_calls_per_step"] for x in links} == {1.0}  # 4 calls over the 1 + 3 logged steps
 
@@ -167,6 +174,8 @@ def test_run_dir_reads_one_nsys_capture_once(tmp_path):
     with gzip.open(DATA / "gpu_nsys.sqlite.gz", "rb") as fin:
         (d / "nsys.sqlite").write_bytes(fin.read())
     (d / "nsys.nsys-rep").write_bytes(b"stands in for the binary report; must not be read")
+    (tmp_path / "results.json").write_text(json.dumps([{"framework": "pytorch", "mode": "eager", "batch_size": 64,
+                                                        "dir": "pytorch/bs64"}]))
     s = normalise_run_dir(tmp_path)
     with sqlite3.connect(d / "nsys.sqlite") as con:
         (n_kernels,) = con.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()

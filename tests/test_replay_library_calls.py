@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from kernelmap import frameworks, schema
+from kernelmap.frameworks.case import Case
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
+
+from kernelmap import schema
 
 RUN = Path(__file__).parent / "data" / "gpu_replay_modes_run"
 KEYS = {"pytorch-cuda-graph": 5, "pytorch-compile-graphs": 4}  # cuDNN calls logged per layer and direction
@@ -31,9 +32,9 @@ def _library_checks(d: Path) -> pd.DataFrame:
 
 
 def test_replay_modes_are_named_by_the_descriptor():
-    assert frameworks.replay_reason("pytorch-cuda-graph") and frameworks.replay_reason("pytorch-compile-graphs")
-    assert frameworks.replay_reason("pytorch") is None and frameworks.replay_reason("pytorch-compile") is None
-    assert frameworks.replay_reason("mxnet-hybridized") is None
+    assert Case("pytorch", "cuda-graph").replay_reason and Case("pytorch", "compile-graphs").replay_reason
+    assert Case("pytorch", "eager").replay_reason is None and Case("pytorch", "compile").replay_reason is None
+    assert Case("mxnet", "hybridized").replay_reason is None
 
 
 def test_the_capture_calls_each_layer_and_direction_of_the_model():
@@ -62,7 +63,7 @@ def test_the_check_fails_where_the_capture_called_other_than_the_model(tmp_path,
     d = tmp_path / "run"
     shutil.copytree(RUN, d)
     rec = schema.read_parquet(d / "records.parquet")
-    conv1 = rec.index[(rec["framework"] == "pytorch-cuda-graph") & (rec["kind"] == "library_call")
+    conv1 = rec.index[(rec["framework"] == "pytorch") & (rec["mode"] == "cuda-graph") & (rec["kind"] == "library_call")
                       & (rec["layer"] == "conv1") & (rec["direction"] == "bwd_weight")]
     assert len(conv1) == 5
     if change == "extra direction":  # a data gradient for the input layer, which the model has not

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import require_framework
 from kernelmap.frameworks import spec
+from kernelmap.frameworks.case import CaseKey
 from kernelmap.frameworks.registry import NsysWindow
 
 from kernelmap import doctor, frameworks, manifest, rundir, timing
@@ -306,7 +307,8 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     workers = [line for line in console if line.startswith("kernelmap run: [")]
     assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}]")
     logs = sorted(p.name for p in (out / "logs").iterdir())
-    assert logs == sorted(rundir.worker_log("pytorch", 64, p, t).name for p, t in
+    key = CaseKey("pytorch", "eager", "fp32", 1, 64)
+    assert logs == sorted(rundir.worker_log(key, p, t).name for p, t in
                           [*(("clean", t) for t in range(1, TRIALS + 1)), *((p, None) for p in captures)])
     libs = entry["passes"]["libs"]
     assert libs["steps"] == STEPS and libs["overhead"] == pytest.approx(libs["median_step_s"] / entry["median_step_s"] - 1)
@@ -543,11 +545,16 @@ def test_a_normalise_defect_keeps_the_captures_and_says_what_failed(tmp_path, mo
 
 # --- the schedule, repeats and contention (no subprocess) ----------------------------------------------
 def _jobs(jobs):
-    return [(j.round, j.framework[:2], j.batch_size, j.pass_name, j.trial) for j in jobs]
+    return [(j.round, j.key.framework[:2], j.key.batch_size, j.pass_name, j.trial) for j in jobs]
+
+
+def _keys(*pairs):
+    """Case keys (default mode, fp32, one device) of (framework, batch size) pairs."""
+    return [CaseKey(fw, frameworks.get(fw).default_mode, "fp32", 1, bs) for fw, bs in pairs]
 
 
 def test_schedule_interleaves_frameworks_round_by_round():
-    cases = [("pytorch", 64), ("pytorch", 256), ("mxnet", 64), ("mxnet", 256), ("jax", 64), ("jax", 256)]
+    cases = _keys(("pytorch", 64), ("pytorch", 256), ("mxnet", 64), ("mxnet", 256), ("jax", 64), ("jax", 256))
     jobs = run_schedule.schedule(cases, 3, ("framework", "libs"))
     assert _jobs(jobs) == [
         (0, "py", 64, "clean", 1), (0, "mx", 64, "clean", 1), (0, "ja", 64, "clean", 1),
@@ -563,13 +570,13 @@ def test_schedule_interleaves_frameworks_round_by_round():
         (2, "ja", 256, "clean", 3), (2, "py", 256, "clean", 3), (2, "mx", 256, "clean", 3),
     ]
     # more capture passes than trials: the rounds run on with capture passes only
-    more = run_schedule.schedule([("pytorch", 64), ("jax", 64)], 1, ("framework", "libs", "nsys"))
+    more = run_schedule.schedule(_keys(("pytorch", 64), ("jax", 64)), 1, ("framework", "libs", "nsys"))
     assert _jobs(more) == [(0, "py", 64, "clean", 1), (0, "ja", 64, "clean", 1), (0, "py", 64, "framework", None),
                            (0, "ja", 64, "framework", None), (1, "ja", 64, "libs", None), (1, "py", 64, "libs", None),
                            (2, "py", 64, "nsys", None), (2, "ja", 64, "nsys", None)]
     # a case missing from the run (a batch size left out of one framework) leaves a gap, not a shift
-    assert run_schedule.round_order([("pytorch", 64), ("jax", 64), ("jax", 256)], 1) == [
-        ("jax", 64), ("pytorch", 64), ("jax", 256)]
+    assert run_schedule.round_order(_keys(("pytorch", 64), ("jax", 64), ("jax", 256)), 1) == _keys(
+        ("jax", 64), ("pytorch", 64), ("jax", 256))
 
 
 def _trial(n: int, median_s: float = 0.010, busy: bool = False) -> dict:
@@ -753,8 +760,10 @@ def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeyp
             (d / "libs.json").write_text("{}")
 
     monkeypatch.setattr(run_processes, "run_worker", fake_worker)
-    case = run_case.Case(fw, run_devices.Decision(fw, "gpu", "gpu", None), 64, {"steps": 20, "warmup_steps": 5, "math": "fp32"},
-                       "{}", tmp_path, "/opt/nsys/bin/nsys", None, 1, {})
+    key = CaseKey(fw, frameworks.get(fw).default_mode, "fp32", 1, 64)
+    case = run_case.CaseRun(key, run_devices.Decision(fw, "gpu", "gpu", None),
+                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path, "/opt/nsys/bin/nsys",
+                            None, 1, {})
     case.own_env = {ENV_TREE: "/tree"} if fw == "mxnet" else {}
     case.run_capture("libs", run_processes.RunProgress(1, enabled=False), [])
     libs_dir = case.out_dir / "libs"
@@ -797,9 +806,9 @@ def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monk
     monkeypatch.setattr(run_processes, "run_worker", fake_worker)
     patches = ["0007-profiler-nvtx-ranges-end.patch"] + ([descriptor.ALGO_FILE_PATCH] if patched else [])
     tree = _tree(tmp_path / "tree", patches)
-    case = run_case.Case("mxnet", run_devices.Decision("mxnet", "gpu", "gpu", None), 1024,
-                       {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path / "run", None, None, 1, {},
-                       mode="hybridized")
+    case = run_case.CaseRun(CaseKey("mxnet", "hybridized", "fp32", 1, 1024),
+                            run_devices.Decision("mxnet", "gpu", "gpu", None),
+                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path / "run", None, None, 1, {})
     case.own_env = {ENV_TREE: str(tree)}
     case.run_clean(1, "clean", run_processes.RunProgress(1, enabled=False))
     case.run_capture("framework", run_processes.RunProgress(1, enabled=False), [])

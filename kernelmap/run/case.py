@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import doctor, frameworks, rundir
 from ..errors import KernelmapError
+from ..frameworks.case import CaseKey
 from . import processes
 from .devices import Decision, libs_env, thread_env, worker_environ, worker_own_env
 from .processes import RunProgress, nsys_commands, nsys_report
@@ -25,21 +26,20 @@ from .results import case_entry
 from .schedule import PASS_STEPS, Job, libs_warmup, repeat_reason, round_order
 
 
-class Case:
-    """One framework x mode x batch size: its workers' commands, what they returned, its results.json entry.
-    ``key``: ``frameworks.case_key`` of the framework and mode, which names its folder and logs."""
+class CaseRun:
+    """One case at one batch size (``key``): its workers' commands, what they returned, its results.json
+    entry. The key names its folder and logs (``rundir.case_dir``) and is written into its entry."""
 
-    def __init__(self, fw: str, decision: Decision, bs: int, train: dict[str, Any], data_json: str, run_tmp: Path,
-                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str],
-                 mode: str | None = None):
-        self.fw, self.decision, self.bs, self.train = fw, decision, bs, train
-        self.mode = mode or frameworks.get(fw).default_mode
-        self.key = frameworks.case_key(fw, self.mode)
+    def __init__(self, key: CaseKey, decision: Decision, train: dict[str, Any], data_json: str, run_tmp: Path,
+                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str]):
+        self.key, self.decision, self.train = key, decision, train
+        self.fw, self.bs, self.mode = key.framework, key.batch_size, key.mode
         self.nsys, self.nsys_skip = nsys, nsys_skip
         self.rd = rundir.RunDir(run_tmp)
-        self.out_dir = self.rd.case(self.key, bs)
-        config = dict(train, batch_size=bs, device=decision.device, mode=self.mode,
-                      options=(train.get("options") or {}).get(fw, {}))
+        self.out_dir = self.rd.case(key)
+        config = dict(train, batch_size=self.bs, device=decision.device, mode=self.mode,
+                      options=(train.get("options") or {}).get(self.fw, {}))
+        fw = self.fw
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
                      "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
@@ -54,14 +54,14 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.key} bs {self.bs}"
+        return f"{self.key.name} bs {self.bs}"
 
     def starts_worker(self, job: Job) -> bool:
         """Whether ``job`` starts a worker here (an nsys pass that records nothing here does not)."""
         return not (job.pass_name == "nsys" and self.nsys_skip is not None)
 
     def _env(self) -> dict[str, str]:
-        shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key, self.bs)), self.own_env)
+        shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
         return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env, shared)
 
     def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
@@ -74,23 +74,23 @@ class Case:
         t0 = time.monotonic()
         try:
             processes.run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(),
-                                 forward_stderr=False, log_path=self.rd.log(self.key, self.bs, "clean", trial))
+                                 forward_stderr=False, log_path=self.rd.log(self.key, "clean", trial))
         finally:
             progress.finish()
         self.trial_walls.append(time.monotonic() - t0)
-        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.key, self.bs, "clean", trial)))
+        self.clean_trials.append(rundir.read_json(self.rd.pass_result(self.key, "clean", trial)))
         if repeat:
             self.repeat_trials.append(trial)
 
     def run_capture(self, p: str, progress: RunProgress, notes: list[str]) -> None:
         """One capture pass in its own process (an nsys pass that records nothing here: a note)."""
-        fw, key, bs, out_dir = self.fw, self.key, self.bs, self.out_dir
+        fw, bs, out_dir = self.fw, self.bs, self.out_dir
         if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
-            notes.append(f"{key} bs {bs}: nsys pass skipped: {self.nsys_skip}")
+            notes.append(f"{self.name}: nsys pass skipped: {self.nsys_skip}")
             self.pass_results[p] = {"skipped": self.nsys_skip}
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        label = f"{key} bs {bs} ({p} pass, {self.decision.device})"
+        label = f"{self.name} ({p} pass, {self.decision.device})"
         steps = PASS_STEPS[p] if self.train["steps"] is None else min(PASS_STEPS[p], self.train["steps"])
         cmd = [*self.base, "--pass", p, "--steps", str(steps), "--no-evaluate"]
         env = self._env()
@@ -101,7 +101,7 @@ class Case:
             env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
             if self.decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
-        log_path = self.rd.log(key, bs, p)
+        log_path = self.rd.log(self.key, p)
         progress.start(label)
         try:
             window = self.descriptor.nsys_window(self.own_env)
@@ -115,7 +115,7 @@ class Case:
                                      forward_stderr=False, log_path=log_path)
         finally:
             progress.finish()
-        self.pass_results[p] = rundir.read_json(self.rd.pass_result(key, bs, p))
+        self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))
 
     def _under_nsys(self, out: Path, cmd: list[str], window, label: str, env: dict[str, str],
                     log_path: Path) -> None:
@@ -137,11 +137,11 @@ class Case:
 
     def entry(self, notes: list[str]) -> dict[str, Any]:
         """This case's results.json entry (and its notes: trials left out, disagreement, contention)."""
-        return case_entry(self.fw, self.bs, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
-                          self.out_dir, rundir.case_dir(self.key, self.bs), notes)
+        return case_entry(self.key, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
+                          self.out_dir, rundir.case_dir(self.key), notes)
 
 
-def fail_case(case: Case, exc: KernelmapError, notes: list[str], failed: list[str]) -> None:
+def fail_case(case: CaseRun, exc: KernelmapError, notes: list[str], failed: list[str]) -> None:
     """A worker of ``case`` failed (OOM at this batch size, a broken install): it is left out, the rest runs."""
     msg = f"{exc}; {case.name} left out of the run"
     if "ImportError" in str(exc) or "ModuleNotFoundError" in str(exc):
@@ -152,12 +152,12 @@ def fail_case(case: Case, exc: KernelmapError, notes: list[str], failed: list[st
     case.drop()
 
 
-def run_schedule(cases: dict[tuple[str, int], Case], jobs: list[Job], trials: int, progress: RunProgress,
+def run_schedule(cases: dict[CaseKey, CaseRun], jobs: list[Job], trials: int, progress: RunProgress,
                  notes: list[str], failed: list[str]) -> None:
     """Run ``jobs`` in order; a case whose worker fails drops its remaining jobs (and the progress line's
     count drops them too)."""
     for n, job in enumerate(jobs):
-        case = cases[job.case]
+        case = cases[job.key]
         if case.failed:
             continue
         try:
@@ -168,10 +168,10 @@ def run_schedule(cases: dict[tuple[str, int], Case], jobs: list[Job], trials: in
                 case.run_capture(job.pass_name, progress, notes)
         except KernelmapError as exc:
             fail_case(case, exc, notes, failed)
-            progress.total -= sum(1 for j in jobs[n + 1:] if j.case == job.case and case.starts_worker(j))
+            progress.total -= sum(1 for j in jobs[n + 1:] if j.key == job.key and case.starts_worker(j))
 
 
-def run_repeats(cases: dict[tuple[str, int], Case], trials: int, max_repeats: int, budget_s: float,
+def run_repeats(cases: dict[CaseKey, CaseRun], trials: int, max_repeats: int, budget_s: float,
                 budget_said: str, progress: RunProgress, notes: list[str]) -> None:
     """Extra clean trials, one per case and round, for the cases that want one (``repeat_reason``),
     interleaved as the rounds are, until none wants one or the next would overrun ``budget_s`` seconds
@@ -180,7 +180,7 @@ def run_repeats(cases: dict[tuple[str, int], Case], trials: int, max_repeats: in
     r = trials
     while True:
         live = [c for c in cases.values() if not c.failed]
-        order = round_order([(c.key, c.bs) for c in live], r)
+        order = round_order([c.key for c in live], r)
         want = [(cases[k], why) for k in order
                 if not cases[k].repeats_over
                 and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats))]

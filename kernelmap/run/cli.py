@@ -23,8 +23,9 @@ from typing import Any
 from .. import doctor, frameworks, gpuinfo, manifest, options, rundir, timing
 from ..atomic import atomic_dir
 from ..errors import KernelmapError, MissingToolError
+from ..frameworks.case import Case, CaseKey
 from ..frameworks.spec import MATH_DEFAULT, Math
-from .case import Case, run_repeats, run_schedule
+from .case import CaseRun, run_repeats, run_schedule
 from .devices import Decision, decide_devices, nsys_skips, physical_cores, said_once
 from .processes import RunProgress
 from .results import print_table, summary, timing_config
@@ -107,18 +108,18 @@ def train_config(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
     return train
 
 
-def modes_here(runnable: list[str], asked: list[str] | None, decisions: dict[str, Decision]
-               ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """({framework: its modes that run here}, {case key: why that mode does not run here})."""
+def modes_here(runnable: list[str], asked: list[str] | None, decisions: dict[str, Decision], math: str
+               ) -> tuple[dict[str, list[str]], dict[Case, str]]:
+    """({framework: its modes that run here}, {case: why that mode does not run here})."""
     modes: dict[str, list[str]] = {}
-    mode_skips: dict[str, str] = {}
+    mode_skips: dict[Case, str] = {}
     for fw in runnable:
         try:
             modes[fw], skipped_modes = frameworks.modes_to_run(fw, asked, decisions[fw].device)
         except ValueError as exc:
             raise KernelmapError(str(exc)) from None
-        mode_skips.update({frameworks.case_key(fw, m): why for m, why in skipped_modes.items()})
-    for line in said_once(mode_skips, "mode skipped"):
+        mode_skips.update({Case(fw, m, math): why for m, why in skipped_modes.items()})
+    for line in said_once({c.name: why for c, why in mode_skips.items()}, "mode skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
     return modes, mode_skips
 
@@ -183,9 +184,9 @@ class Plan:
     runnable: list[str]
     nsys: str | None
     modes: dict[str, list[str]]  # {framework: its modes that run here}
-    mode_skips: dict[str, str]  # {case key: why that mode does not run here}
-    keys: dict[str, tuple[str, str]]  # {case key: (framework, mode)}
-    case_skips: dict[str, str]  # {case key: why its nsys pass records nothing}
+    mode_skips: dict[Case, str]  # {case: why that mode does not run here}
+    cases: list[Case]  # the cases that run (each at every --batch-size)
+    case_skips: dict[Case, str]  # {case: why its nsys pass records nothing}
     load_start: list[float] | None
 
 
@@ -201,24 +202,24 @@ def plan(args: argparse.Namespace, opts: Options, gpus: gpuinfo.GpuReport, load_
     skips = nsys_skips(decisions, nsys) if "nsys" in opts.passes else {}
     for line in said_once(skips, "nsys pass skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
-    modes, mode_skips = modes_here(runnable, args.mode, decisions)
-    keys = {frameworks.case_key(fw, m): (fw, m) for fw in runnable for m in modes[fw]}
-    if not keys:
+    modes, mode_skips = modes_here(runnable, args.mode, decisions, opts.train["math"])
+    cases = [Case(fw, m, opts.train["math"]) for fw in runnable for m in modes[fw]]  # one device each, for now
+    if not cases:
         raise KernelmapError(f"--mode {' '.join(dict.fromkeys(args.mode or ()))}: no mode of {', '.join(runnable)} "
-                             "can run here: " + "; ".join(f"{key}: mode skipped: {why}"
-                                                          for key, why in mode_skips.items()))
-    check_warmup(opts.train["warmup_steps"], keys.values())
-    case_skips = case_nsys_skips(keys, skips) if "nsys" in opts.passes else {}
-    for line in said_once({k: v for k, v in case_skips.items() if keys[k][0] not in skips}, "nsys pass skipped"):
+                             "can run here: " + "; ".join(f"{c.name}: mode skipped: {why}"
+                                                          for c, why in mode_skips.items()))
+    check_warmup(opts.train["warmup_steps"], cases)
+    case_skips = case_nsys_skips(cases, skips) if "nsys" in opts.passes else {}
+    for line in said_once({c.name: v for c, v in case_skips.items() if c.framework not in skips}, "nsys pass skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
-    return Plan(gpus, decisions, runnable, nsys, modes, mode_skips, keys, case_skips, load_start)
+    return Plan(gpus, decisions, runnable, nsys, modes, mode_skips, cases, case_skips, load_start)
 
 
 @dataclass
 class Ran:
     """What the workers left: each case, the notes said, the failures, the repeat budget."""
 
-    cases: dict[tuple[str, int], Case]
+    cases: dict[CaseKey, CaseRun]
     notes: list[str]
     failed: list[str]
     budget_s: float
@@ -228,13 +229,12 @@ class Ran:
 def run_cases(args: argparse.Namespace, opts: Options, p: Plan, data_json: str, tmp: Path) -> Ran:
     """Every case's workers into ``tmp``: interleaved rounds (``schedule``), then extra clean trials where
     trials were contended or disagree (``run_repeats``)."""
-    progress = RunProgress(planned_workers(list(p.keys), len(args.batch_size), args.trials, opts.passes,
-                                           p.case_skips))
-    notes = [f"{key}: mode skipped: {why}" for key, why in p.mode_skips.items()]
+    progress = RunProgress(planned_workers(p.cases, len(args.batch_size), args.trials, opts.passes, p.case_skips))
+    notes = [f"{c.name}: mode skipped: {why}" for c, why in p.mode_skips.items()]
     failed: list[str] = []
-    cases = {(key, bs): Case(fw, p.decisions[fw], bs, opts.train, data_json, tmp, p.nsys, p.case_skips.get(key),
-                             opts.threads, opts.python, mode=mode)
-             for key, (fw, mode) in p.keys.items() for bs in args.batch_size}
+    cases = {c.at(bs): CaseRun(c.at(bs), p.decisions[c.framework], opts.train, data_json, tmp, p.nsys,
+                               p.case_skips.get(c), opts.threads, opts.python)
+             for c in p.cases for bs in args.batch_size}
     run_schedule(cases, schedule(list(cases), args.trials, tuple(x for x in opts.passes if x != "clean")),
                  args.trials, progress, notes, failed)
     budget = repeat_budget_s(time.monotonic() - progress.t0, args.repeat_budget)
@@ -254,13 +254,17 @@ def write_run(args: argparse.Namespace, opts: Options, p: Plan, ran: Ran, result
         versions = next((r["versions"] for r in results if r["framework"] == fw), None)
         fw_entries[fw] = {**d.to_manifest(), "versions": versions, "skipped": d.device is None}
     config = {"cli": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-              "train": opts.train, "modes": {fw: p.modes[fw] for fw in p.runnable}, "modes_skipped": p.mode_skips,
+              "train": opts.train, "modes": {fw: p.modes[fw] for fw in p.runnable},
+              "modes_skipped": {c.name: why for c, why in p.mode_skips.items()},
+              # every case asked for that can run here, typed (frameworks/case.py), with its folder
+              "cases": [{**k.to_fields(), "dir": str(rundir.case_dir(k))} for k in ran.cases],
               "passes": list(opts.passes), "pass_steps": PASS_STEPS, "libs_warmup": LIBS_WARMUP,
               "out": str(opts.out), "trials": args.trials, "threads": opts.threads, "batches": batches,
               "timing": timing_config(args, ran.budget_s, ran.budget_said)}
     man = manifest.build(config=config, gpus=p.gpus, frameworks=fw_entries, data=data_info.to_dict(),
                          job=manifest.job_id(opts.out))
     man["host"]["load_average_start"] = p.load_start
+    man["run_version"] = rundir.RUN_VERSION  # results.json's entries carry their typed case key
     man["notes"] = ran.notes
     man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": x["passed"], "file": rundir.parity_name(fw)}
                      for fw, x in parities.items()} or None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contention, timing
+from ..frameworks.case import CaseKey
 from .devices import Decision
 from .schedule import trial_contended, used_trials
 
@@ -56,12 +57,13 @@ def _ci_fields(samples: list[float]) -> dict[str, float | None]:
     return {"ci95_low_s": None if ci is None else ci[0], "ci95_high_s": None if ci is None else ci[1]}
 
 
-def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str, Any]],
+def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, Any]],
                pass_results: dict[str, dict[str, Any]], repeat_trials: list[int], out_dir: Path, rel: Path,
                notes: list[str]) -> dict[str, Any]:
-    """The results.json entry of one framework x batch size from its workers' results (trials in the
-    order they ran; ``repeat_trials``: the numbers of the extra ones). Trials run under contention are left out of the step figure where a quiet one
+    """The results.json entry of one case at one batch size (``key``: its fields are the entry's first) from
+    its workers' results (trials in the order they ran; ``repeat_trials``: the numbers of the extra ones). Trials run under contention are left out of the step figure where a quiet one
     exists (``used_trials``), kept in ``trials`` and marked; ``notes`` gets a line for each."""
+    fw, bs = key.name, key.batch_size  # the notes name the case
     used = used_trials(clean_trials)
     busy = [t for t in clean_trials if trial_contended(t) is True]
     clean = _clean_summary(clean_trials, used, bs)
@@ -107,14 +109,12 @@ def case_entry(fw: str, bs: int, decision: Decision, clean_trials: list[dict[str
     used_ids = {t["trial"] for t in used}
     files = sorted(str(rel / f.name) for f in out_dir.iterdir() if f.is_file())
     return {
-        "framework": fw,
-        "mode": first["mode"],
-        "batch_size": bs,
+        **key.to_fields(),  # the case key, typed (frameworks/case.py): what every reader parses
         "device": decision.device,
         "device_requested": decision.requested,
         "device_note": decision.note,
         # what the GPU's convs and matmuls were allowed (spec.Math), and the environment that held them to it
-        "math": first["math"], "tf32_override": first["tf32_override"],
+        "tf32_override": first["tf32_override"],
         "steps": first["steps"],
         "warmup_steps": first["warmup_steps"],
         # the samples of the trials the figure uses, trial after trial (``trials`` says which are whose)

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import frameworks, timing
 from ..errors import KernelmapError
+from ..frameworks.case import Case, CaseKey
 
 PROFILES = {
     "none": ("clean",),
@@ -33,16 +34,16 @@ REPLAY_NSYS_SKIP = ("{label} replays CUDA graphs ({why}): nsys would record each
                     "(adapters/graph_replay.py)")
 
 
-def case_nsys_skips(keys: dict[str, tuple[str, str]], skips: dict[str, str]) -> dict[str, str]:
-    """Why each case's nsys pass records nothing ({case key: reason}): its framework's reason
-    (``nsys_skips``), else, for a mode that replays CUDA graphs (``Framework.replay_modes``), that."""
+def case_nsys_skips(cases: list[Case], skips: dict[str, str]) -> dict[Case, str]:
+    """Why each case's nsys pass records nothing ({case: reason}): its framework's reason (``nsys_skips``),
+    else, for a mode that replays CUDA graphs (``Framework.replay_modes``), that."""
     out = {}
-    for key, (fw, _mode) in keys.items():
-        why = skips.get(fw)
-        if why is None and frameworks.replay_reason(key):
-            why = REPLAY_NSYS_SKIP.format(label=frameworks.key_label(key), why=frameworks.replay_reason(key))
+    for c in cases:
+        why = skips.get(c.framework)
+        if why is None and c.replay_reason:
+            why = REPLAY_NSYS_SKIP.format(label=c.label, why=c.replay_reason)
         if why is not None:
-            out[key] = why
+            out[c] = why
     return out
 
 
@@ -52,22 +53,23 @@ def libs_warmup(descriptor: frameworks.Framework, mode: str, warmup_steps: int) 
     return max(min(LIBS_WARMUP, warmup_steps), descriptor.min_warmup.get(mode, 0))
 
 
-def check_warmup(warmup_steps: int, cases) -> None:
+def check_warmup(warmup_steps: int, cases: list[Case]) -> None:
     """Refuse a --warmup below what a chosen mode needs, before anything runs (its worker would fail)."""
-    short = [f"{frameworks.get(fw).label}'s {mode} mode needs at least {frameworks.get(fw).min_warmup[mode]}"
-             for fw, mode in cases if warmup_steps < frameworks.get(fw).min_warmup.get(mode, 0)]
+    need = {c: frameworks.get(c.framework).min_warmup.get(c.mode, 0) for c in cases}
+    short = [f"{frameworks.get(c.framework).label}'s {c.mode} mode needs at least {n}"
+             for c, n in need.items() if warmup_steps < n]
     if short:
         raise KernelmapError(f"--warmup {warmup_steps}: too few warm-up steps: " + "; ".join(dict.fromkeys(short))
                              + " (a CUDA graph is captured at the last warm-up step)")
 
 
-def planned_workers(runnable: list[str], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
-                    nsys_skipped: dict[str, str]) -> int:
-    """How many worker processes the run starts (the progress line's N): per framework x batch size, the
-    clean pass's trials and each capture pass, less an nsys pass that is skipped (``nsys_skips``)."""
-    per_fw = {fw: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and fw in nsys_skipped))
-              for fw in runnable}
-    return n_batch_sizes * sum(per_fw.values())
+def planned_workers(cases: list[Case], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
+                    nsys_skipped: dict[Case, str]) -> int:
+    """How many worker processes the run starts (the progress line's N): per case x batch size, the clean
+    pass's trials and each capture pass, less an nsys pass that is skipped (``case_nsys_skips``)."""
+    per_case = {c: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and c in nsys_skipped))
+                for c in cases}
+    return n_batch_sizes * sum(per_case.values())
 
 
 REPEAT_BUDGET_SHARE = 0.30  # default --repeat-budget: this share of the run's wall time before the repeats
@@ -78,41 +80,36 @@ DEFAULT_MAX_REPEATS = 2
 class Job:
     """One worker process of the run: a clean-pass trial (``trial``) or a capture pass (``trial`` None)."""
 
-    framework: str
-    batch_size: int
+    key: CaseKey
     pass_name: str
     trial: int | None
     round: int
 
-    @property
-    def case(self) -> tuple[str, int]:
-        return self.framework, self.batch_size
 
-
-def round_order(cases: list[tuple[str, int]], r: int) -> list[tuple[str, int]]:
-    """The cases of round ``r`` in the order they run: batch size after batch size, the frameworks
-    alternating within each, their order rotated by one place each round (each framework takes each
+def round_order(keys: list[CaseKey], r: int) -> list[CaseKey]:
+    """The cases of round ``r`` in the order they run: batch size after batch size, the cases
+    alternating within each, their order rotated by one place each round (each case takes each
     place in turn, so none always runs first or last)."""
-    fws = list(dict.fromkeys(fw for fw, _ in cases))
-    bss = list(dict.fromkeys(bs for _, bs in cases))
-    k = r % len(fws) if fws else 0
-    rotated = fws[k:] + fws[:k]
-    present = set(cases)
-    return [(fw, bs) for bs in bss for fw in rotated if (fw, bs) in present]
+    cases = list(dict.fromkeys(k.case for k in keys))
+    bss = list(dict.fromkeys(k.batch_size for k in keys))
+    n = r % len(cases) if cases else 0
+    rotated = cases[n:] + cases[:n]
+    present = set(keys)
+    return [c.at(bs) for bs in bss for c in rotated if c.at(bs) in present]
 
 
-def schedule(cases: list[tuple[str, int]], trials: int, capture_passes: tuple[str, ...]) -> list[Job]:
+def schedule(keys: list[CaseKey], trials: int, capture_passes: tuple[str, ...]) -> list[Job]:
     """Every planned worker of the run, in the order they run: ``max(trials, len(capture_passes))``
     rounds; round r holds clean trial r + 1 of every case (framework x batch size), then capture pass
     r of every case (``round_order``), so that a busy minute falls on every framework alike rather than
     on one framework's clean pass."""
     jobs: list[Job] = []
     for r in range(max(trials, len(capture_passes))):
-        order = round_order(cases, r)
+        order = round_order(keys, r)
         if r < trials:
-            jobs += [Job(fw, bs, "clean", r + 1, r) for fw, bs in order]
+            jobs += [Job(k, "clean", r + 1, r) for k in order]
         if r < len(capture_passes):
-            jobs += [Job(fw, bs, capture_passes[r], None, r) for fw, bs in order]
+            jobs += [Job(k, capture_passes[r], None, r) for k in order]
     return jobs
 
 

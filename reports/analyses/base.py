@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kernelmap.frameworks.spec import LAYERS, Layer
+from kernelmap.frameworks.case import Case, by_name
+from kernelmap.frameworks.spec import LAYERS, MATH_DEFAULT, Layer
 
 from kernelmap import frameworks, rundir, schema
 from kernelmap.errors import KernelmapError
@@ -60,16 +61,57 @@ def expected_calls_per_step(layers: Iterable[Layer] = LAYERS) -> dict[tuple[str,
 
 
 def fw_label(fw: str) -> str:
-    """A framework or case key (``frameworks.case_key``: pytorch-cuda-graph) for people."""
-    return FRAMEWORK_LABEL.get(str(fw)) or frameworks.key_label(str(fw))
+    """A framework or a case's name (``Case.name``: pytorch-cuda-graph) for people: its registered case's
+    label (``frameworks.case.by_name``: a lookup, not a parse), else the name as it is."""
+    c = by_name(str(fw))
+    return FRAMEWORK_LABEL.get(str(fw)) or (c.label if c is not None else str(fw))
+
+
+def replay_reason(run: Run, name: str) -> str | None:
+    """Why the run's case ``name`` replays CUDA graphs in its timed steps (``Case.replay_reason``), else None."""
+    c = run.cases.get(str(name)) or by_name(str(name))
+    return c.replay_reason if c is not None else None
+
+
+def case_of(r: Any) -> str | None:
+    """The case's name of a results.json entry as ``load_run`` typed it (``CaseEntry.fields``): what the
+    report's tables key a case by, as its records' ``case`` column does."""
+    return field_at(r, "case")
 
 
 # --- loading ---------------------------------------------------------------------------------
-def case_key_of(result: dict) -> str | None:
-    """The case key of a results.json entry (``frameworks.case_key``): the first part of its ``dir``
-    (``pytorch-cuda-graph/bs64``), the folder its records were normalised from; None without one."""
-    d = result.get("dir") if isinstance(result, dict) else None
-    return Path(d).parts[0] if isinstance(d, str) and Path(d).parts else None
+def with_case_column(rec: pd.DataFrame) -> pd.DataFrame:
+    """The records with a ``case`` column: each row's case's name (``Case.name``) from its typed columns
+    (framework, mode, devices: the math does not enter the name), computed once per distinct case; a row of
+    no registered case (loose files: no mode) is named by its framework."""
+    if rec.empty:
+        return rec.assign(case=pd.array([], dtype="string"))
+    cols = ["framework", "mode", "devices"]
+    keys = rec[cols].astype(object).where(rec[cols].notna(), None)
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
+    names = []
+    for fw, mode, devices in uniques:
+        try:
+            names.append(Case(fw, mode, MATH_DEFAULT.value, int(devices)).name)
+        except (ValueError, TypeError):  # a framework or mode no descriptor registers: its framework
+            names.append(fw)
+    table = np.array([*names, None], dtype=object)
+    return rec.assign(case=pd.array(table[codes], dtype="string"))
+
+
+def typed_attribution(attribution: Any) -> Any:
+    """attribution.json with each entry's case's name under ``case``: as recorded, or, in a run written before
+    the key was typed, its ``framework`` (the case's name then)."""
+    if not isinstance(attribution, dict):
+        return attribution
+    out = dict(attribution)
+    if isinstance(attribution.get("runs"), dict):
+        out["runs"] = {k: {**v, "case": v.get("case", v.get("framework"))} if isinstance(v, dict) else v
+                       for k, v in attribution["runs"].items()}
+    if isinstance(attribution.get("by_source"), list):
+        out["by_source"] = [{**v, "case": v.get("case", v.get("framework"))} if isinstance(v, dict) else v
+                            for v in attribution["by_source"]]
+    return out
 
 
 @dataclass
@@ -81,6 +123,7 @@ class Run:
     attribution: Any = None
     records: pd.DataFrame | None = None
     problems: list[str] = field(default_factory=list)  # optional inputs that are absent
+    cases: dict[str, Case] = field(default_factory=dict)  # {case's name: its typed case} (load_run)
     _timed: list | None = field(default=None, repr=False, compare=False)  # timed_events, computed once
     _pass_states: dict | None = field(default=None, repr=False, compare=False)  # basis.pass_states, computed once
 
@@ -100,11 +143,9 @@ def load_run(path: str | Path) -> Run:
     for req in (rd.manifest, rd.results):
         if not req.is_file():
             raise KernelmapError(f"{path}: no {req.name}; not a complete kernelmap run directory")
-    run = Run(path, rd.read_manifest(), rd.read_results())
-    for r in run.results:  # reports key a result as its records are keyed: by its folder's case key
-        key = case_key_of(r)
-        if key is not None and key != r.get("framework"):
-            r["framework_name"], r["framework"] = r.get("framework"), key
+    # the one loader of the run's cases (``RunDir.read_cases``): each entry typed, an older run's translated
+    cases = rd.read_cases()
+    run = Run(path, rd.read_manifest(), [e.fields for e in cases], cases={e.key.name: e.key.case for e in cases})
     for fw, info in (field_at(run.manifest, "frameworks", default={}) or {}).items():
         if isinstance(info, dict) and info.get("skipped"):
             run.problems.append(f"{fw_label(fw)} did not run: {info.get('device_note') or 'no reason recorded'}")
@@ -119,11 +160,11 @@ def load_run(path: str | Path) -> Run:
     # a run of the clean pass only (--profile none) has nothing to normalise: the report says so once
     captured = any(k != "clean" for r in run.results if isinstance(r, dict) for k in passes_of(r))
     if rd.attribution.is_file():
-        run.attribution = rundir.read_json(rd.attribution)
+        run.attribution = typed_attribution(rundir.read_json(rd.attribution))
     elif captured:
         run.problems.append("no attribution.json (run `kernelmap normalise` on the run directory)")
     if rd.records.is_file():
-        run.records = schema.read_parquet(rd.records)
+        run.records = with_case_column(rd.read_records())
     elif captured:
         run.problems.append("no records.parquet (run `kernelmap normalise`): op, kernel and timeline "
                             "sections are empty")

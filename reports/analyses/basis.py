@@ -39,7 +39,7 @@ import pandas as pd
 
 from kernelmap import timing
 
-from .base import NOT_MEASURED, Busy, Run, field_at, fw_label, passes_of
+from .base import NOT_MEASURED, Busy, Run, case_of, field_at, fw_label, passes_of
 from .summary import clean_stats
 
 CLEAN = "clean"
@@ -178,7 +178,7 @@ def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
                    timing.overhead_verdict(float(med), int(steps or 0), clean,
                                             between_processes=Busy.of(r).contended is False))
         agreement = _FROM_VERDICT[verdict]
-    return PassState(run_name, str(field_at(r, "framework")), field_at(r, "batch_size"), pass_name,
+    return PassState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name,
                      int(steps) if isinstance(steps, int | float) else None,
                      None if med is None else float(med), ci, clean.get("median_step_s"), clean_ci,
                      agreement, basis, Busy.of(p), Busy.of(r))
@@ -289,7 +289,7 @@ def cpu_state(run_name: str, r: dict, pass_name: str) -> CpuState:
         agreement = (Agreement.AGREES if pass_name == CLEAN else Agreement.NO_INTERVAL if ci is None or judge is None
                      else Agreement.AGREES if timing.intervals_overlap(ci, judge)
                      else Agreement.SLOWER if ci[0] > judge[1] else Agreement.FASTER)
-    return CpuState(run_name, str(field_at(r, "framework")), field_at(r, "batch_size"), pass_name, fig,
+    return CpuState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name, fig,
                     float(wall) if isinstance(wall, int | float) else None, clean, agreement,
                     Busy.of(r if pass_name == CLEAN else p))
 

@@ -47,7 +47,7 @@ def coverage(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
         for entry in (a.get("runs") or {}).values():
             per_source = entry.get("by_source") or {}
             for src, fig in per_source.items():
-                attr.append({"run": run.name, "framework": entry.get("framework"),
+                attr.append({"run": run.name, "framework": entry.get("case"),
                              "batch_size": entry.get("batch_size"), "source": src,
                              **{k: fig.get(k) for k in ATTRIBUTION_COLUMNS[3:]}})
             if not per_source:
@@ -82,7 +82,7 @@ def unlinked_library_kernels(runs: list[Run]) -> pd.DataFrame:
         for entry in (a.get("runs") or {}).values():
             for src, fig in (entry.get("by_source") or {}).items():
                 for u in fig.get("library_unlinked_top") or []:
-                    rows.append({"run": run.name, "framework": entry.get("framework"),
+                    rows.append({"run": run.name, "framework": entry.get("case"),
                                  "batch_size": entry.get("batch_size"), "source": src,
                                  **{k: u.get(k) for k in UNLINKED_COLUMNS[4:]}})
     return pd.DataFrame(rows, columns=list(UNLINKED_COLUMNS))

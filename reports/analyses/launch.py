@@ -21,7 +21,7 @@ import pandas as pd
 
 from kernelmap import frameworks
 
-from .base import Run
+from .base import Run, fw_label
 from .summary import summary_table
 from .timed import timed_events
 
@@ -58,6 +58,12 @@ def busy_per_step_ns(events: pd.DataFrame, iterations) -> float | None:
     return float(sum(union_ns(start[it == i], end[it == i]) for i in its)) / len(its)
 
 
+def _registry_rank(name: str) -> tuple[int, str]:
+    """Frameworks in registry order, names no framework has last."""
+    fws = list(frameworks.FRAMEWORKS)
+    return (fws.index(name) if name in fws else len(fws), str(name))
+
+
 def launch_bound(runs: list[Run]) -> pd.DataFrame:
     """One row per run x framework key x batch size with a kernel-level timed source (a GPU run)."""
     summ = summary_table(runs)
@@ -71,7 +77,8 @@ def launch_bound(runs: list[Run]) -> pd.DataFrame:
             busy_ns = busy_per_step_ns(t.events, t.iterations)
             busy = None if busy_ns is None else busy_ns / 1e6
             ksum = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
-            name, mode = frameworks.split_key(t.framework)
+            case = run.cases.get(t.framework)  # the typed case (load_run)
+            name, mode = (case.framework, case.mode) if case is not None else (t.framework, None)
             mode = mode or (m["mode"].iloc[0] if len(m) and isinstance(m["mode"].iloc[0], str) else None)
             rows.append({
                 "run": run.name, "framework": t.framework, "framework_name": name, "mode": mode,
@@ -92,7 +99,7 @@ def best_modes(lb: pd.DataFrame, batch_size: int = 64) -> pd.DataFrame:
     for (run, name), g in sub.groupby(["run", "framework_name"], sort=False):
         g = g.sort_values("clean_step_ms", kind="stable")
         b = g.iloc[0]
-        rows.append({"run": run, "framework_name": name, "label": frameworks.key_label(name),
+        rows.append({"run": run, "framework_name": name, "label": fw_label(name),
                      "batch_size": batch_size, "best": b["framework"], "mode": b["mode"],
                      "clean_step_ms": b["clean_step_ms"], "gpu_busy_ms": b["gpu_busy_ms"],
                      "idle_share": b["idle_share"],
@@ -100,7 +107,7 @@ def best_modes(lb: pd.DataFrame, batch_size: int = 64) -> pd.DataFrame:
                                                                                     strict=True))})
     out = pd.DataFrame(rows, columns=BEST_COLUMNS)
     if len(out):
-        order = {k: i for i, k in enumerate(frameworks.key_order(out["framework_name"]))}
+        order = {k: i for i, k in enumerate(sorted(set(out["framework_name"]), key=_registry_rank))}
         out = out.sort_values(["run", "framework_name"], key=lambda c: c.map(order) if c.name == "framework_name"
                               else c, kind="stable").reset_index(drop=True)
     return out

@@ -6,7 +6,7 @@ import pandas as pd
 
 from kernelmap import schema
 
-from .base import Run, field_at, passes_of
+from .base import Run, case_of, field_at, passes_of
 from .timed import direction_group, records_of
 
 # --- library calls linked to ops (CPU: oneDNN, BLAS) -----------------------------------------
@@ -14,14 +14,14 @@ _SIG = ["canonical_op", "layer", "dgroup"]
 
 
 def framework_rows(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
-    return rec[(rec["framework"] == fw) & (rec["batch_size"].fillna(-1) == (-1 if bs is None else bs))]
+    return rec[(rec["case"] == fw) & (rec["batch_size"].fillna(-1) == (-1 if bs is None else bs))]
 
 
 def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
     """Training steps the library-log (libs) pass ran with its logs on: its warm-up and timed
     steps (the logs are on from process start), from results.json."""
     for r in run.results:
-        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+        if case_of(r) == fw and field_at(r, "batch_size") == bs:
             p = passes_of(r).get("libs", {})
             n, w = field_at(p, "steps"), field_at(p, "warmup_steps")
             if isinstance(n, int) and isinstance(w, int):
@@ -32,7 +32,7 @@ def log_steps(run: Run, fw: str, bs: int | None) -> tuple[int | None, str]:
 def libs_warmup(run: Run, fw: str, bs: int | None) -> int | None:
     """Warm-up steps of the libs pass (results.json), the first of its logged steps."""
     for r in run.results:
-        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+        if case_of(r) == fw and field_at(r, "batch_size") == bs:
             w = field_at(passes_of(r).get("libs", {}), "warmup_steps")
             return w if isinstance(w, int) else None
     return None

@@ -8,7 +8,7 @@ import pandas as pd
 from kernelmap import rundir, schema, timing
 from kernelmap.strings import STRING
 
-from .base import Busy, Run, field_at, passes_of, step_times_of
+from .base import Busy, Run, case_of, field_at, passes_of, step_times_of
 from .basis import CLEAN, pass_state
 from .linked import linked_libraries, op_signature
 from .summary import clean_stats, summary_table
@@ -70,7 +70,7 @@ def _own_step_ms(run: Run, t: Timed) -> float | None:
     """The mean wall step (ms) of the pass that recorded ``t``: its step times in results.json, else in the
     pass's own result file (``<case>/bs<N>/<pass>.json``, runs that kept them only there)."""
     for r in run.results:
-        if field_at(r, "framework") == t.framework and field_at(r, "batch_size") == t.batch_size:
+        if case_of(r) == t.framework and field_at(r, "batch_size") == t.batch_size:
             st = step_times_of(passes_of(r).get(t.pass_name or "", {}))
             own = run.path / str(field_at(r, "dir", default="")) / rundir.pass_result_name(t.pass_name or "")
             if st is None and t.pass_name and field_at(r, "dir") and own.is_file():
@@ -133,7 +133,7 @@ def profiler_overhead(runs: list[Run]) -> pd.DataFrame:
                     over = med / clean["median_step_s"] - 1 if med is not None and clean.get("median_step_s") else None
                     verdict = None if med is None else str(timing.overhead_verdict(med, steps or 0, clean))
                 skipped = field_at(p, "skipped")
-                rows.append({"run": run.name, "framework": field_at(r, "framework"),
+                rows.append({"run": run.name, "framework": case_of(r),
                              "batch_size": field_at(r, "batch_size"), "pass": name, "steps": steps,
                              "step_ms_median": None if med is None else med * 1e3,
                              "overhead": over, "verdict": verdict,

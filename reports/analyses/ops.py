@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import frameworks, schema
+from kernelmap import schema
 from kernelmap.flops import layer_flops
 
-from .base import Run, fw_label
+from .base import Run, fw_label, replay_reason
 from .basis import LIBS_PASS, TimeKind, comparable, pass_states
 from .linked import framework_rows, libs_warmup, linked_calls, linked_libraries, log_steps, op_signature
 from .mix import event_library
@@ -320,7 +320,7 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         rec = records_of(run)
-        keys = rec[rec["kind"] == "library_call"][["framework", "batch_size"]].drop_duplicates()
+        keys = rec[rec["kind"] == "library_call"][["case", "batch_size"]].drop_duplicates()
         for fw, bs in keys.itertuples(index=False):
             bs_v = None if pd.isna(bs) else int(bs)
             c = linked_calls(run, str(fw), bs_v)
@@ -342,7 +342,7 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
                 timed = g["dur_ns"].notna().all()
                 srcs = sorted(set(g["source"].dropna().astype(str)))
                 stepped = bool(srcs) and all(s in by_steps for s in srcs)
-                replay = frameworks.replay_reason(str(fw))
+                replay = replay_reason(run, str(fw))
                 if replay:  # calls made while warming up and capturing; a replayed step makes none
                     per_step, ms, outside = None, None, None
                     why = (f"{len(g)} call(s) while warming up and capturing, none in a replayed step "

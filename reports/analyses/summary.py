@@ -9,7 +9,7 @@ import pandas as pd
 
 from kernelmap import timing
 
-from .base import Busy, Run, field_at, fw_label, step_times_of
+from .base import Busy, Run, case_of, field_at, fw_label, step_times_of
 
 
 # --- summary ---------------------------------------------------------------------------------
@@ -78,13 +78,13 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         devs = framework_devices(run).set_index("framework")
         for r in run.results:
-            fw = field_at(r, "framework")
+            fw = case_of(r)  # the case: the rows of its tables
             bs = field_at(r, "batch_size")
             c = clean_stats(r)
             med = c.get("median_step_s")
             lo, hi = c.get("ci95_low_s"), c.get("ci95_high_s")
             e2e = c.get("e2e_step_s")
-            name = field_at(r, "framework_name") or fw  # the framework of a case key (base.load_run)
+            name = field_at(r, "framework")  # the framework's name (its typed key's field)
             dev = devs.loc[name] if name in devs.index else None
             rows.append({
                 "run": run.name, "framework": fw, "mode": field_at(r, "mode"), "math": field_at(r, "math"),

@@ -11,12 +11,14 @@ import pandas as pd
 from kernelmap import frameworks, schema
 from kernelmap.errors import KernelmapError
 
-from .base import TRACE_SOURCES, Run, expected_calls_per_step, field_at, passes_of
+from .base import TRACE_SOURCES, Run, case_of, expected_calls_per_step, field_at, passes_of, with_case_column
 
 
 # --- records: which events to time from ------------------------------------------------------
 def records_of(run: Run) -> pd.DataFrame:
-    return run.records if run.records is not None else schema.empty()
+    """The run's records, each with its case's name (``case``: what the analyses group by)."""
+    rec = run.records if run.records is not None else schema.empty()
+    return rec if "case" in rec.columns else with_case_column(rec)
 
 
 def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
@@ -101,7 +103,7 @@ def _n_steps(rows: pd.DataFrame, run: Run, fw: str, bs: int | None, source: str)
     if its:
         return len(its), "iterations of the trace that hold timed model ops"
     for r in run.results:
-        if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs:
+        if case_of(r) == fw and field_at(r, "batch_size") == bs:
             n = field_at(passes_of(r).get(_SOURCE_PASS.get(source, ""), {}), "steps")
             if n:
                 return int(n), f"results.json: steps of the {_SOURCE_PASS[source]} pass"
@@ -121,7 +123,7 @@ def _timed_events(run: Run) -> list[Timed]:
     rec = records_of(run)
     if rec.empty:
         return out
-    for (fw, bs), g in rec.groupby(["framework", rec["batch_size"].fillna(-1)], sort=True):
+    for (fw, bs), g in rec.groupby(["case", rec["batch_size"].fillna(-1)], sort=True):
         bs_v = None if bs == -1 else int(bs)
         chosen = None
         for level, kinds in (("kernel", ("kernel",)), ("op", ("op",))):
@@ -155,7 +157,7 @@ def _timed_events(run: Run) -> list[Timed]:
         step_ns, step_basis = None, None
         pass_name = _SOURCE_PASS.get(src, "")
         for r in run.results:
-            if field_at(r, "framework") == fw and field_at(r, "batch_size") == bs_v:
+            if case_of(r) == fw and field_at(r, "batch_size") == bs_v:
                 med = field_at(passes_of(r).get(pass_name, {}), "median_step_s")
                 if med:
                     step_ns, step_basis = med * 1e9, f"median synchronised step of the {pass_name} pass"

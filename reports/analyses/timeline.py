@@ -24,7 +24,7 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
     rec = records_of(run)
     out = []
     for t in timed_events(run):
-        src = rec[(rec["source"] == t.source) & (rec["framework"] == t.framework)
+        src = rec[(rec["source"] == t.source) & (rec["case"] == t.framework)
                   & (rec["batch_size"].fillna(-1) == (-1 if t.batch_size is None else t.batch_size))]
         src = src[src["start_ns"].notna() & src["dur_ns"].notna()]
         src = fill_from_links(src, src)
