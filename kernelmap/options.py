@@ -7,7 +7,7 @@ framework. ``free_memory`` is the one function here that looks at the machine (/
 
 What is checked:
 - the counts (``--batch-size``, ``--steps``, ``--epochs``, ``--warmup``, ``--trials``, ``--threads``,
-  ``--max-repeats``, ``--repeat-budget``): each at least its least value;
+  ``--max-repeats``, ``--repeat-budget``, ``--seed``): each at least its least value; ``--lr`` finite, above 0;
 - each batch size against the training set: every step trains on a full batch (``spec.PARTIAL_BATCH_NOTE``), so
   a batch larger than the training set is refused, and so is ``--epochs`` that leaves no step after the warm-up;
 - each batch size against the memory free: a training step's estimated memory (``estimate_bytes``) against the
@@ -17,6 +17,7 @@ What is checked:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -64,15 +65,19 @@ def least_values(args: argparse.Namespace) -> list[tuple[str, float | None, floa
     counts: list[tuple[str, float | None, float]] = [("--batch-size", bs, 1) for bs in args.batch_size]
     counts += [("--steps", args.steps if args.epochs is None else None, 1), ("--epochs", args.epochs, 1),
                ("--warmup", args.warmup, 0), ("--trials", args.trials, 1), ("--threads", args.threads, 1),
-               ("--max-repeats", args.max_repeats, 0), ("--repeat-budget", args.repeat_budget, 0)]
+               ("--max-repeats", args.max_repeats, 0), ("--repeat-budget", args.repeat_budget, 0),
+               ("--seed", args.seed, 0)]  # numpy's generators take no negative seed
     return counts
 
 
 def check_counts(args: argparse.Namespace) -> None:
-    """KernelmapError naming the first count below its least value."""
+    """KernelmapError naming the first count below its least value (or not a number: nan), or a learning rate
+    that is not a finite number above 0."""
     for flag, value, least in least_values(args):
-        if value is not None and value < least:
+        if value is not None and not value >= least:
             raise KernelmapError(f"{flag} {value:g}: must be at least {least:g}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise KernelmapError(f"--lr {args.lr:g}: must be a finite number above 0")
 
 
 # --- batch sizes against the data and the memory ------------------------------------------------

@@ -102,7 +102,7 @@ def test_the_worker_refuses_epochs_that_leave_nothing_to_time(tmp_path):
 # --- validate: pure ------------------------------------------------------------------------------------
 def _args(**kw) -> argparse.Namespace:
     d = dict(framework="all", batch_size=[64], steps=100, epochs=None, warmup=5, trials=3, threads=None,
-             max_repeats=2, repeat_budget=None)
+             max_repeats=2, repeat_budget=None, seed=0, lr=0.01)
     return argparse.Namespace(**{**d, **kw})
 
 
@@ -118,6 +118,11 @@ HOST = options.Memory("cpu", "host RAM (MemAvailable)", 20 * GIB)
     ({"threads": 0}, "--threads 0: must be at least 1"),
     ({"max_repeats": -1}, "--max-repeats -1: must be at least 0"),
     ({"repeat_budget": -0.5}, "--repeat-budget -0.5: must be at least 0"),
+    ({"repeat_budget": float("nan")}, "--repeat-budget nan: must be at least 0"),
+    ({"seed": -1}, "--seed -1: must be at least 0"),  # numpy's default_rng raised, a traceback
+    ({"lr": -0.01}, "--lr -0.01: must be a finite number above 0"),  # torch.optim.SGD raised in the worker
+    ({"lr": float("nan")}, "--lr nan: must be a finite number above 0"),  # the loss was nan after the run
+    ({"lr": 0.0}, "--lr 0: must be a finite number above 0"),
 ])
 def test_a_count_below_its_least_is_refused_by_name(kw, line):
     with pytest.raises(KernelmapError) as exc:
