@@ -6,6 +6,7 @@ where the run will train): ``validate`` is what the runner calls, after listing 
 framework. ``free_memory`` is the one function here that looks at the machine (/proc/meminfo, nvidia-smi).
 
 What is checked:
+- the modes: each ``--mode`` one of a chosen framework's; each batch size given once;
 - the counts (``--batch-size``, ``--steps``, ``--epochs``, ``--warmup``, ``--trials``, ``--threads``,
   ``--max-repeats``, ``--repeat-budget``, ``--seed``): each at least its least value; ``--lr`` finite, above 0;
 - each batch size against the training set: every step trains on a full batch (``spec.PARTIAL_BATCH_NOTE``), so
@@ -80,6 +81,25 @@ def check_counts(args: argparse.Namespace) -> None:
         raise KernelmapError(f"--lr {args.lr:g}: must be a finite number above 0")
 
 
+def check_modes(args: argparse.Namespace) -> None:
+    """KernelmapError for a ``--mode`` (or a switch naming one, ``--hybridize``) that no framework asked for has:
+    it ran their default mode instead, without a word."""
+    names = chosen(args)
+    for mode in dict.fromkeys(m for m in getattr(args, "mode", None) or () if m != frameworks.ALL_MODES):
+        if not any(mode in frameworks.get(fw).modes for fw in names):
+            have = "; ".join(f"{frameworks.get(fw).label}: {', '.join(frameworks.get(fw).modes)}" for fw in names)
+            raise KernelmapError(f"--mode {mode}: not a mode of --framework {args.framework} ({have})")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What the command line alone decides: the counts, the modes, each batch size given once."""
+    check_counts(args)
+    check_modes(args)
+    twice = [bs for i, bs in enumerate(args.batch_size) if bs in args.batch_size[:i]]
+    if twice:
+        raise KernelmapError(f"--batch-size {' '.join(map(str, args.batch_size))}: {twice[0]} given twice")
+
+
 # --- batch sizes against the data and the memory ------------------------------------------------
 def bytes_per_image(framework: str) -> float:
     """Estimated memory of one training step of ``framework`` per image of the batch."""
@@ -142,7 +162,7 @@ def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory |
     """Refuse (KernelmapError, one line naming the option and why) any option or combination that cannot run;
     return the batch plan for the manifest (``batch_plan``, with the memory read). ``n_train``: training images
     of the data ``data`` (its kind); ``memory``: ``free_memory``'s reading, None where it could not be read."""
-    check_counts(args)
+    check_args(args)
     for bs in args.batch_size:
         why = batch_problems(bs, n_train, data, chosen(args), memory)
         if why:

@@ -75,6 +75,9 @@ class Recorder:
     def synchronize(self):
         pass
 
+    def to_float(self, value):
+        return float(value)
+
     def threads(self):
         return {}
 
@@ -102,7 +105,7 @@ def test_the_worker_refuses_epochs_that_leave_nothing_to_time(tmp_path):
 # --- validate: pure ------------------------------------------------------------------------------------
 def _args(**kw) -> argparse.Namespace:
     d = dict(framework="all", batch_size=[64], steps=100, epochs=None, warmup=5, trials=3, threads=None,
-             max_repeats=2, repeat_budget=None, seed=0, lr=0.01)
+             max_repeats=2, repeat_budget=None, seed=0, lr=0.01, mode=None)
     return argparse.Namespace(**{**d, **kw})
 
 
@@ -128,6 +131,18 @@ def test_a_count_below_its_least_is_refused_by_name(kw, line):
     with pytest.raises(KernelmapError) as exc:
         options.validate(_args(**kw), 60_000, "synthetic", HOST)
     assert str(exc.value) == line
+
+
+def test_a_mode_no_chosen_framework_has_and_a_batch_size_given_twice_are_refused():
+    """--framework pytorch --mode hybridized ran PyTorch's eager mode without a word."""
+    with pytest.raises(KernelmapError) as exc:
+        options.validate(_args(framework="pytorch", mode=["eager", "hybridized"]), 60_000, "synthetic", None)
+    assert str(exc.value) == ("--mode hybridized: not a mode of --framework pytorch (PyTorch: eager, cuda-graph, "
+                              "compile, compile-graphs)")
+    for fw, mode in (("all", ["hybridized"]), ("mxnet", ["all"]), ("pytorch", None)):  # all: one framework has it
+        options.validate(_args(framework=fw, mode=mode), 60_000, "synthetic", None)
+    with pytest.raises(KernelmapError, match="^--batch-size 64 1024 64: 64 given twice$"):
+        options.validate(_args(batch_size=[64, 1024, 64]), 60_000, "synthetic", None)
 
 
 def test_a_batch_larger_than_the_training_set_is_refused():

@@ -162,7 +162,7 @@ class Options:
 def validate(args: argparse.Namespace) -> Options:
     """Every option's value checked on its own and against the others, before any probe, GPU query or
     worker: a bad value costs no time."""
-    options.check_counts(args)  # the batch sizes against the data and the memory: options.validate in execute
+    options.check_args(args)  # the batch sizes against the data and the memory: options.validate in execute
     chosen = list(frameworks.FRAMEWORKS) if args.framework == "all" else [args.framework]
     try:
         python = frameworks.parse_python(args.python)
