@@ -264,3 +264,15 @@ def _layer_order(out: pd.DataFrame) -> pd.DataFrame:
     return out.assign(_l=out["layer"].map(lorder), _d=out["direction"].map(dorder)).sort_values(
         ["run", "batch_size", "_l", "_d"], na_position="last", kind="stable").drop(
         columns=["_l", "_d"]).reset_index(drop=True)
+
+
+def split_alone(ans: pd.DataFrame, fws: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows two or more frameworks have, rows only one has): a backward one framework alone splits into
+    gradients (JAX's per-gradient rows) stands beside the others' on its layer's ``BWD_ALL`` row, so the
+    page folds its own rows away."""
+    if ans.empty:
+        return ans, ans
+    have = sum(ans[f"{fw}.library_calls"].map(lambda v: isinstance(v, list)).astype(int)
+               for fw in fws if f"{fw}.library_calls" in ans)
+    alone = (have == 1) & (len(fws) > 1)
+    return ans[~alone], ans[alone]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from kernelmap import __version__, frameworks
+from kernelmap import __version__, frameworks, timing
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.history.keys import flagged
@@ -52,7 +52,6 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
 ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
 NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
 LAUNCH_BS = 64  # the first screen's launch-bound line: each framework's fastest mode at this batch size
-BANNER_ITEMS = 3  # the banner names this many busy figures (the rest are counted)
 
 
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
@@ -97,6 +96,9 @@ TABLES = {
     "not_read": "files normalise did not read",
     "unlinked_library_kernels": "coverage: library kernels not linked to the call that launched them, with the reason",
     "trend": "history: saved benchmarks (with --storage)",
+    "cpu_answer": "the answer on CPU time: whole step and per layer x direction, frameworks side by side, ratios "
+                  "drawn on a busy machine too (answer.cpu_table)",
+    "cpu_wall": "CPU time against wall time per clean pass (basis.CPU_WALL_RULE)",
 }
 
 
@@ -165,7 +167,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 calls = row[f"{fw}.library_calls"]
                 libs = row.get(f"{fw}.libraries") or []
                 said = library_call_statement(libcalls, run, fw, bs)  # the one statement of its calls
-                call_html = H.abbr_list(calls, 28) if calls else (
+                call_html = H.abbr_list(calls, 28, wrap=True) if calls else (
                     f'<span class="empty">{_html.escape("/".join(libs) or "none")} '
                     f'({_html.escape(f"no call linked: {said}" if said else "no call logged")})</span>')
                 ms = row[f"{fw}.ms_per_step"]
@@ -175,8 +177,8 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 under = (f"{pass_} pass" if isinstance(pass_, str) else "pass unknown") + (
                     f" · {kind}" if row["compared_on"] == ANS.MIXED else "")
                 suspect = not bool(row.get(f"{fw}.comparable"))
-                cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24)}</td>",
-                          f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34)}</td>",
+                cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24, wrap=True)}</td>",
+                          f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34, wrap=True)}</td>",
                           f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
                           f"{H.fmt(ms, 'ms_per_step')}"
                           f'<br><span class="pass{" suspect" if suspect else ""}">{_html.escape(under)}</span></td>']
@@ -388,6 +390,9 @@ class Analysed:
     parity: pd.DataFrame
     env: pd.DataFrame
     trace: dict
+    cpu: pd.DataFrame  # the answer on CPU time (answer.cpu_table)
+    cpu_fws: list[str]
+    cpu_wall: pd.DataFrame  # CPU time against wall time (basis.cpu_wall_agreement)
 
 
 def load_runs(run_dirs: list[str]) -> list[A.Run]:
@@ -424,10 +429,31 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         checks=C.self_checks(runs, raw_hist, layers, ans), libcalls=A.library_calls(runs),
         contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs),
-        trace=chrome_trace(runs, all_iterations=all_iterations))
+        trace=chrome_trace(runs, all_iterations=all_iterations),
+        **_cpu_time(runs, layers))
+
+
+def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
+    """The answer on CPU time and its check against wall time (``Analysed.cpu*``)."""
+    cpu, cpu_fws = ANS.cpu_table(layers, B.cpu_states(runs), B.traced_op_ms(runs))
+    return {"cpu": cpu, "cpu_fws": cpu_fws, "cpu_wall": B.cpu_wall_agreement(runs)}
+
+
+FIGURE_PASSES = {"op_time": ("framework", "nsys"), "library_mix": ("framework", "libs", "nsys"),
+                 "kernel_count": ("framework", "nsys"), "timeline": ("framework", "libs", "nsys"),
+                 "busy_share": ("clean", "framework", "nsys"), "overhead": ("clean", "framework", "libs", "nsys"),
+                 "roofline": ("framework", "nsys")}  # the passes each figure draws from: its contention mark
 
 
 def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
+    """The page's PNG figures, drawn into ``out``, each with its caption, data table and contention mark."""
+    figs = _figure_list(out, a)
+    for f in figs:
+        f["busy"], f["mark"] = H.busy_mark(a.ov, FIGURE_PASSES[f["stem"]], A.fw_label)
+    return figs
+
+
+def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
     """The page's PNG figures, drawn into ``out``, each with its caption and data table."""
     ot, mix, kc, tl, libcalls, busy, ov, roof, peaks = (a.ot, a.mix, a.kc, a.tl, a.libcalls, a.busy, a.ov, a.roof,
                                                         a.peaks)
@@ -505,6 +531,19 @@ def _trend(out: Path, raw_hist: pd.DataFrame | None, storage: str | None) -> tup
     return trend, hist
 
 
+def _first_screen(a: Analysed) -> dict[str, Any]:
+    """The answer on CPU time, the rows only one framework has (folded), the failed checks (the full table folded)."""
+    shared, alone = ANS.split_alone(a.ans, a.ans_fws)
+    failed, every = H.checks_tables(a.checks, CHECK_FIELDS, C.FAIL)
+    ref = ANS.frameworks.REFERENCE
+    return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP),
+            "cpu_method": f"{B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
+            "cpu_wall_html": H.table(a.cpu_wall),
+            "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls),
+            "answers_shared": _answer_tables(shared, a.ans_fws, a.fallbacks, a.summ, a.libcalls),
+            "checks_failed_html": failed, "checks_html": every}
+
+
 def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]) -> dict[str, Any]:
     """What the page's template reads."""
     runs, checks, contended, trace, best, summ, fallbacks = (a.runs, a.checks, a.contended, a.trace, a.best,
@@ -526,11 +565,11 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "op_tables": _op_tables(runs, fallbacks),
         "layer_html": H.table(a.layers, LAYER_FIELDS, compact=True),
         "libcalls_html": H.table(a.libcalls, LIBCALL_FIELDS, compact=True),
-        "checks_html": H.table(checks, CHECK_FIELDS, cell_class={"status": "status"}),
+        **_first_screen(a),
         "checks_failed": int((checks["status"] == C.FAIL).sum()),
         "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
         "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
-        "check_causes": C.causes(checks), "contended": contended[:BANNER_ITEMS],
+        "check_causes": C.causes(checks), "contended": contended,
         "contended_total": len(contended),
         "csvs": csvs,
         "figures": figs,
@@ -556,7 +595,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "self_checks": a.checks, "op_time": a.ot, "library_mix": a.mix, "kernel_count": a.kc,
             "busy_share": a.busy, "overhead": a.ov, "launch_bound": a.launch, "best_modes": a.best,
             "roofline": a.roof, "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
-            "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist})
+            "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
+            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(_context(a, figs, trend, csvs)))
     return Path(out), a.checks

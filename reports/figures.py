@@ -167,12 +167,18 @@ def kernel_count_figure(counts: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _lane_color(op) -> str:
-    """A fixed colour per canonical op (its place in the schema's vocabulary), grey when none."""
-    palette = plt.get_cmap("tab20").colors
+NO_OP_COLOR = "#ced4da"
+
+
+def lane_color(op) -> str:
+    """A fixed colour per canonical op (its place in the schema's vocabulary), unique to it: tab20 then tab20b,
+    40 colours for the vocabulary's ops (21 now: conv2d and 'other' shared one of tab20's 20); grey when none."""
+    palette = plt.get_cmap("tab20").colors + plt.get_cmap("tab20b").colors
+    if len(CANONICAL_OPS) > len(palette):
+        raise ValueError(f"{len(CANONICAL_OPS)} canonical ops, {len(palette)} timeline colours: add a palette")
     if op is None or pd.isna(op) or op not in CANONICAL_OPS:
-        return "#ced4da"
-    return matplotlib.colors.to_hex(palette[CANONICAL_OPS.index(op) % len(palette)])
+        return NO_OP_COLOR
+    return matplotlib.colors.to_hex(palette[CANONICAL_OPS.index(op)])
 
 
 def _empty_lane(lane: str, sub: pd.DataFrame, libcalls: pd.DataFrame | None, run, bs, fw) -> str:
@@ -234,7 +240,7 @@ def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path)
                     if k != "step" and pd.notna(ph) and ph in PHASE_ORDER[:3] and w > 0.05 * span:
                         ax.text(x0 + w / 2, li, ph, ha="center", va="center", fontsize=8, zorder=5)
             else:
-                colors = [_lane_color(op) for op in ev["canonical_op"]]
+                colors = [lane_color(op) for op in ev["canonical_op"]]
                 ops_seen += [o for o in dict.fromkeys(ev["canonical_op"].dropna()) if o not in ops_seen]
             spans = list(zip(ev["rel_ns"] / 1e6, np.maximum(ev["dur_ns"].astype(float) / 1e6, 1e-4), strict=True))
             steps = (ev["kind"] == "step").to_numpy() if lane == "phase" else np.zeros(len(ev), bool)
@@ -264,7 +270,7 @@ def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path)
                         ": every traced step (the trace marks no step boundaries)"), fontsize=10,
                      color=_fw_color(fw), loc="left")
         ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(color=_lane_color(o), label=o) for o in ops_seen]
+    handles = [Patch(color=lane_color(o), label=o) for o in ops_seen]
     fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False,
                fontsize=8, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.5 + 0.25 * (len(handles) // 8)) / height, 1, 1))

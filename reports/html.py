@@ -88,7 +88,7 @@ def render(context: dict[str, Any]) -> str:
     for k, v in list(ctx.items()):
         if k.endswith("_html") and isinstance(v, str):
             ctx[k] = jinja2.utils.markupsafe.Markup(v)
-    for key in ("op_tables", "figures", "answers"):
+    for key in ("op_tables", "figures", "answers", "answers_shared", "answers_alone", "cpu_answers"):
         for item in ctx.get(key, []):
             for k, v in list(item.items()):
                 if k.endswith("html") and isinstance(v, str):
@@ -98,15 +98,26 @@ def render(context: dict[str, Any]) -> str:
     return template.render(**ctx)
 
 
-def abbr(text: Any, limit: int = 36) -> str:
-    """Escaped text cut to ``limit`` characters, the whole of it in a title attribute."""
+def wrappable(text: str) -> str:
+    """Escaped text that may wrap after the separators inside a name (``_``, ``:``, ``/``, ``.``), never
+    inside a word: a line break opportunity (``<wbr>``) after each."""
+    out = html.escape(text)
+    for sep in ("_", ":", "/", "."):
+        out = out.replace(sep, sep + "<wbr>")
+    return out
+
+
+def abbr(text: Any, limit: int = 36, wrap: bool = False) -> str:
+    """Escaped text cut to ``limit`` characters, the whole of it in a title attribute; with ``wrap`` (the
+    answer's cells, which never break inside a word) it may wrap between the parts of a name (``wrappable``)."""
     s = str(text)
+    esc = wrappable if wrap else html.escape
     if len(s) <= limit:
-        return html.escape(s)
-    return f'<span class="abbr" title="{html.escape(s, quote=True)}">{html.escape(s[: limit - 1])}…</span>'
+        return esc(s)
+    return f'<span class="abbr" title="{html.escape(s, quote=True)}">{esc(s[: limit - 1])}…</span>'
 
 
-def abbr_list(values: Any, limit: int = 36, keep: int = 2) -> str:
+def abbr_list(values: Any, limit: int = 36, keep: int = 2, wrap: bool = False) -> str:
     """A list cell for narrow tables: at most ``keep`` items, each cut by ``abbr``; the rest as
     "+N more" with their names in its title."""
     if not isinstance(values, list | tuple):
@@ -114,7 +125,7 @@ def abbr_list(values: Any, limit: int = 36, keep: int = 2) -> str:
     vals = [str(v) for v in values]
     if not vals:
         return ""
-    shown = [abbr(v, limit) for v in vals[:keep]]
+    shown = [abbr(v, limit, wrap) for v in vals[:keep]]
     rest = vals[keep:]
     if rest:
         shown.append(f'<span class="abbr" title="{html.escape(chr(10).join(rest), quote=True)}">'
@@ -180,3 +191,34 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                     "html": f'<table class="answer cpu"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
                             f"</tbody></table>" + notes_list(notes, anchor)})
     return out
+
+
+def checks_tables(checks: pd.DataFrame, columns: dict[str, str], failed: str) -> tuple[str, str]:
+    """(the failed checks' short table, every check's table): the first on the page without the ``detail``
+    column (each row's detail is in the second, folded), the second whole."""
+    if checks is None or checks.empty:
+        return "", ""
+    bad = checks[checks["status"] == failed]
+    short = {c: h for c, h in columns.items() if c != "detail"}
+    return table(bad, short, cell_class={"status": "status"}), table(checks, columns, cell_class={"status": "status"})
+
+
+def busy_mark(ov: pd.DataFrame, passes: tuple[str, ...], label) -> tuple[bool | None, str]:
+    """(busy, words) for a figure drawn from ``passes`` of every case: busy True where any of them ran on a
+    busy machine (each named), None where one was not measured, False where all ran quiet. ``ov``:
+    ``analysis.profiler_overhead`` (a row per case x pass, ``contended``, ``contention``)."""
+    if ov is None or ov.empty:
+        return None, "contention: no pass figures"
+    rows = ov[ov["pass"].isin(passes) & ov["skipped"].isna()] if "skipped" in ov else ov[ov["pass"].isin(passes)]
+    if rows.empty:
+        return None, "contention: no pass figures"
+    flag = rows["contended"].map(lambda v: v if isinstance(v, bool) else None)
+    busy = rows[flag.eq(True).to_numpy(dtype=bool)]
+    who = "; ".join(f"{label(r['framework'])} bs {r['batch_size']} {r['pass']} pass "
+                    f"({str(r['contention']).removeprefix('BUSY: ')})"
+                    for _, r in busy.iterrows())
+    if len(busy):
+        return True, f"BUSY: measured while the machine was busy: {who}"
+    if flag.isna().any():
+        return None, "contention not measured for every pass it draws from"
+    return False, f"quiet: every pass it draws from ({', '.join(passes)}) ran on a quiet machine"

@@ -1,0 +1,113 @@
+"""The page a reader scans (issue 42), built from a real busy three-framework CPU run
+(tests/data/cpu_run_cputime): the banner names every busy figure, every figure carries its contention
+mark, the self-checks show their failures with the whole table folded, details are folded, the timeline
+gives each op its own colour, and in headless Chromium at 1,400 px the page is under 15,000 px tall, the
+answer on CPU time is on the first screen and nothing scrolls sideways."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kernelmap.reports import cli as report_cli
+from kernelmap.reports import figures as F
+
+from kernelmap import schema
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data" / "cpu_run_cputime"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+WIDTH, HEIGHT, MAX_PAGE = 1400, 900, 15_000
+MARKED = ("op_time", "library_mix", "busy_share", "timeline")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("page")
+    run = tmp / "cpu_run_cputime"
+    shutil.copytree(DATA, run)
+    normalise_run_dir(run)
+    out, _ = report_cli.build([str(run)], tmp / "report")
+    return out
+
+
+def test_every_op_has_its_own_timeline_colour():
+    colours = [F.lane_color(op) for op in schema.CANONICAL_OPS]
+    assert len(set(colours)) == len(colours) == len(schema.CANONICAL_OPS)
+    assert F.NO_OP_COLOR not in colours and F.lane_color(None) == F.NO_OP_COLOR
+
+
+def test_the_banner_names_every_busy_figure(page):
+    html = (page / "report.html").read_text()
+    banner = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S).group(1)
+    n = int(re.search(r"⚠ (\d+) figure\(s\) of this page were measured while the machine was busy", banner).group(1))
+    items = re.findall(r"<li>(.*?)</li>", re.search(r'<ul class="busy-list">(.*?)</ul>', banner, re.S).group(1))
+    assert len(items) == n and "more (" not in banner
+    over = pd.read_csv(page / "tables" / "overhead.csv")
+    # every capture pass of every case ran busy here: each is named
+    for _, r in over[(over["pass"] != "clean") & over["contended"].eq(True)].iterrows():
+        assert any(f"bs {r['batch_size']} {r['pass']} pass: BUSY" in i for i in items), (r["framework"], r["pass"])
+
+
+def test_every_figure_says_whether_the_machine_was_busy(page):
+    html = (page / "report.html").read_text()
+    for stem in MARKED:
+        fig = re.search(rf'<figure id="fig-{stem}">(.*?)</figure>', html, re.S).group(1)
+        cap = re.search(r"<figcaption>(.*?)</figcaption>", fig, re.S).group(1)
+        assert '<span class="busy">BUSY: measured while the machine was busy: ' in cap, stem
+        assert "framework pass (other processes used" in cap, stem
+
+
+def test_self_checks_show_their_failures_and_fold_the_rest(page):
+    html = (page / "report.html").read_text()
+    checks = pd.read_csv(page / "tables" / "self_checks.csv")
+    section = re.search(r'<section id="checks">(.*?)</section>', html, re.S).group(1)
+    short, full = section.split('<details id="checks-all">')
+    assert short.count('<td class="status">FAIL</td>') == int((checks["status"] == "FAIL").sum()) > 0
+    assert "<td class=\"status\">pass</td>" not in short
+    assert full.count("<tr>") == len(checks) + 1
+
+
+def test_details_are_folded_and_the_cpu_answer_is_a_table(page):
+    html = (page / "report.html").read_text()
+    for sec in ("ops", "layers", "libcalls", "coverage"):
+        body = re.search(rf'<section id="{sec}">\s*<h2>.*?</h2>\s*(.*?)</section>', html, re.S).group(1)
+        assert body.startswith('<details class="section">'), sec
+    cpu = pd.read_csv(page / "tables" / "cpu_answer.csv")
+    assert cpu[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all()
+    assert "18 of 18 figures with a ratio" in html
+
+
+def _measure(tmp: Path, html: Path) -> dict:
+    probe = """<script>window.addEventListener('load', () => {
+      const box = e => { const r = e.getBoundingClientRect(); return {top: r.top + window.scrollY, bottom: r.bottom + window.scrollY,
+                                                                        right: r.right}; };
+      const q = s => document.querySelector(s) ? box(document.querySelector(s)) : null;
+      const out = {height: document.documentElement.scrollHeight, page: document.documentElement.scrollWidth,
+                   viewport: document.documentElement.clientWidth, cpu_row: q('#answer table.cpu tbody tr'),
+                   summary: q('#summary'), banner: q('#alarm')};
+      const pre = document.createElement('pre'); pre.id = 'measure'; pre.textContent = JSON.stringify(out);
+      document.body.appendChild(pre); });</script>"""
+    page = html.with_name("measured.html")
+    page.write_text(html.read_text().replace("</body>", probe + "</body>"))
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--user-data-dir={tmp / 'profile'}", f"--window-size={WIDTH},{HEIGHT}",
+                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=180)
+    m = re.search(r'<pre id="measure">(.*?)</pre>', proc.stdout, re.S)
+    assert m, proc.stderr[-2000:]
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless chromium not installed")
+def test_page_height_and_first_screen_in_chromium(page, tmp_path):
+    m = _measure(tmp_path, page / "report.html")
+    assert m["height"] < MAX_PAGE, m
+    assert m["page"] <= m["viewport"], m
+    assert m["banner"]["top"] < HEIGHT and m["cpu_row"]["bottom"] <= HEIGHT, m
