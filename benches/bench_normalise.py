@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,16 +74,18 @@ def normalise_once(path: Path, out: Path, tree: Path | None = None) -> dict:
         [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
     # run from the output's folder: ``python -c`` puts the working directory first on sys.path, and a
     # checkout's own kernelmap there would shadow ``tree``'s
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run([sys.executable, "-c", _CLI, str(Path(path).resolve()), str(Path(out).resolve())],
                        capture_output=True, text=True, env=env, cwd=Path(out).resolve().parent)
     process = time.perf_counter() - t0  # the whole process: interpreter start, imports, the command
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # and its CPU time, all threads (less load-bound)
+    cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
     if p.returncode:
         raise RuntimeError(f"kernelmap normalise {path} failed:\n{p.stderr[-3000:]}")
     rc, dt, base, peak, maxrss = p.stderr.split()[-5:]
     summary = json.loads(p.stdout)
     size = path.stat().st_size
-    return {"seconds": float(dt), "process_seconds": process, "records": summary["events"], "input_bytes": size,
+    return {"seconds": float(dt), "process_seconds": process, "process_cpu_seconds": cpu, "records": summary["events"], "input_bytes": size,
             "peak_rss_bytes": int(peak), "ru_maxrss_bytes": int(maxrss), "rss_before_bytes": int(base),
             "peak_rss_ratio": int(peak) / size, "parquet_bytes": out.stat().st_size}
 
@@ -184,8 +187,10 @@ def _stats(runs: list[dict], events: int) -> dict:
     eps = [events / s for s in secs]
     ratio = [r["peak_rss_ratio"] for r in runs]
     whole = [r["process_seconds"] for r in runs if "process_seconds" in r]  # kernelmap's runs (not HTA's)
+    cpu = [r["process_cpu_seconds"] for r in runs if "process_cpu_seconds" in r]
     process = {"process_seconds_median": statistics.median(whole), "process_seconds": whole,
-               "process_events_per_s_median": events / statistics.median(whole)} if whole else {}
+               "process_events_per_s_median": events / statistics.median(whole),
+               "process_cpu_seconds_median": statistics.median(cpu), "process_cpu_seconds": cpu} if whole else {}
     return {"events": events, "records": runs[0]["records"], "input_bytes": runs[0]["input_bytes"],
             **process, "seconds_median": statistics.median(secs), "seconds": secs,
             "events_per_s_median": statistics.median(eps), "events_per_s_min": min(eps), "events_per_s_max": max(eps),
@@ -286,8 +291,10 @@ def main(argv=None) -> int:
               f"{s['peak_rss_ratio_max']:.2f})  {s['input_bytes'] / 1e6:.0f} MB{plain}")
         if "process_seconds" in s:
             ps = s["process_seconds"]
+            cs = s["process_cpu_seconds"]
             print(f"{'':7s} whole process (interpreter start and imports too): {s['process_seconds_median']:.2f} s "
-                  f"({min(ps):.2f}-{max(ps):.2f})  {s['process_events_per_s_median'] / 1e3:7.0f}k events/s")
+                  f"({min(ps):.2f}-{max(ps):.2f})  {s['process_events_per_s_median'] / 1e3:7.0f}k events/s; "
+                  f"its CPU time {s['process_cpu_seconds_median']:.2f} s ({min(cs):.2f}-{max(cs):.2f})")
     for k in vs:
         if f"{k}_vs_hta" in out:
             print(f"kernelmap normalise / HTA parse ({k}): {out[f'{k}_vs_hta']:.1f}x")
