@@ -1,0 +1,177 @@
+"""``kernelmap diff A B``: two run directories, two cases of one run, or other people's traces, kernel by
+kernel (the table: ``reports/analyses/diff.py``; docs/diff.md). This module reads the sides and prints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+from kernelmap.frameworks.case import FIELDS
+
+from kernelmap import normalise
+from kernelmap.atomic import atomic_file
+from kernelmap.errors import KernelmapError
+
+from .analyses import diff as D
+from .analyses.base import load_run, with_case_column
+from .foreign import is_run_dir, trace_files
+
+SELECTOR_FIELDS = (*FIELDS, "case")
+KERNEL_WIDTH = 70
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A", help="run directory, or trace file / directory of traces (kernelmap normalise "
+                                          "reads them): the side compared against")
+    p.add_argument("b", metavar="B", help="the same for the other side (may be A again, with another --case-b)")
+    p.add_argument("--case", metavar="SEL", help="case on both sides, e.g. framework=NAME,mode=MODE,batch_size=64 "
+                                                 f"(fields: {', '.join(SELECTOR_FIELDS)})")
+    p.add_argument("--case-a", metavar="SEL", help="case of A (overrides --case)")
+    p.add_argument("--case-b", metavar="SEL", help="case of B (overrides --case)")
+    p.add_argument("--source", metavar="SOURCE", help="trace source to time from (the records' source "
+                                                      "column); default: the framework's profiler trace, else nsys")
+    p.add_argument("--alpha", type=float, default=D.ALPHA, help=f"the U test's level (default {D.ALPHA})")
+    p.add_argument("--csv", metavar="FILE", help="write every row as CSV (the table's columns, ns totals included)")
+    p.add_argument("--top", type=int, metavar="N", help="print only the N rows of largest change (CSV: all rows)")
+
+
+def parse_selector(text: str | None) -> dict[str, str]:
+    """``k=v,k=v`` into {field: value}; KernelmapError naming a field that is not a case field."""
+    out: dict[str, str] = {}
+    for part in filter(None, (text or "").split(",")):
+        k, sep, v = part.partition("=")
+        k = k.strip()
+        if not sep or k not in SELECTOR_FIELDS or not v.strip():
+            raise KernelmapError(f"--case {text!r}: {part!r} is not FIELD=VALUE with FIELD one of "
+                                 f"{', '.join(SELECTOR_FIELDS)}")
+        out[k] = v.strip()
+    return out
+
+
+def _matches(fields: dict[str, Any], sel: dict[str, str]) -> bool:
+    return all(str(fields.get(k)) == v for k, v in sel.items())
+
+
+def _describe(fields: dict[str, Any]) -> str:
+    return ",".join(f"{k}={fields[k]}" for k in SELECTOR_FIELDS if fields.get(k) is not None)
+
+
+def _one(candidates: list[dict[str, Any]], sel: dict[str, str], where: str) -> dict[str, Any]:
+    hits = [c for c in candidates if _matches(c, sel)]
+    if len(hits) == 1:
+        return hits[0]
+    listed = "; ".join(_describe(c) for c in candidates) or "none"
+    what = "no case matches" if not hits else f"{len(hits)} cases match"
+    raise KernelmapError(f"{where}: {what} {_describe(sel) or '(no --case)'}; its cases: {listed}")
+
+
+def run_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
+    """A case of a run directory: its results.json entry and its records (``load_run``)."""
+    run = load_run(path)
+    entry = _one([r for r in run.results if isinstance(r, dict)], sel, str(path))
+    if run.records is None:
+        raise KernelmapError(f"{path}: no records.parquet (run `kernelmap normalise {path}` first)")
+    rec = run.records
+    rec = rec[(rec["case"] == entry["case"]) & (rec["batch_size"] == entry["batch_size"])]
+    if rec.empty:
+        raise KernelmapError(f"{path}: no records of {_describe(entry)}")
+    return D.make_side(f"{path.name}:{entry['case']} bs{entry['batch_size']}", rec, entry, source)
+
+
+def trace_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
+    """Traces that are not a kernelmap run (``normalise``; a ParseError names a file it cannot read)."""
+    rec, _ = normalise.normalise(trace_files([path]))
+    rec = with_case_column(rec)
+    keys = rec[["case", "framework", "batch_size"]].drop_duplicates()
+    cands = [{k: (None if pd.isna(v) else v) for k, v in row.items()} for row in keys.to_dict("records")]
+    c = _one(cands, sel, str(path))
+    m = (rec["case"] == c["case"]) if c["case"] is not None else rec["case"].isna()
+    m &= rec["batch_size"].isna() if c["batch_size"] is None else (rec["batch_size"] == c["batch_size"])
+    return D.make_side(f"{path.name}:{c['case']}", rec[m], None, source)
+
+
+def side(path: str, sel: dict[str, str], source: str | None) -> D.Side:
+    p = Path(path)
+    if not p.exists():
+        raise KernelmapError(f"{p}: no such file or directory")
+    return run_side(p, sel, source) if is_run_dir(p) else trace_side(p, sel, source)
+
+
+# --- printing ------------------------------------------------------------------------------------
+def _f(x: Any, fmt: str) -> str:
+    return "" if x is None or (isinstance(x, float) and pd.isna(x)) else format(x, fmt)
+
+
+def header(s: dict[str, Any]) -> list[str]:
+    """What each side's figures are: source, unit, steps, 100% of its time, the machine, the clean step."""
+    lines = []
+    for name in ("a", "b"):
+        x = s[name]
+        busy = {True: "BUSY machine", False: "quiet machine", None: "contention not measured"}[x["contended"]]
+        lines.append(f"{name.upper()}: {x['label']} — {x['level']} time from {x['source']}, {x['steps']} steps "
+                     f"({x['steps_basis']}); {_f(x['ms_per_step'], '.4f')} ms/step; 100% = {x['total_ns']} ns "
+                     f"({x['outside_ns']} ns outside the counted steps); that pass on a {busy}")
+        if x["clean_median_ms"] is not None:
+            lines.append(f"   clean step {x['clean_median_ms']:.4f} ms, 95% CI [{_f(x['clean_ci95_ms'][0], '.4f')}, "
+                         f"{_f(x['clean_ci95_ms'][1], '.4f')}] over {x['clean_trials']} trial(s)"
+                         + (" (BUSY)" if x["clean_contended"] else ""))
+    lines.append(f"clean step, B vs A (trials' 95% intervals): {s['clean_verdict']}")
+    lines.append(f"traced {s['a']['level']} time per step, B vs A: {s['traced_verdict']}"
+                 + (f" (p = {s['traced_p']:.3g})" if s["traced_p"] is not None else ""))
+    lines.append(f"verdicts: {s['rule']}")
+    return lines
+
+
+def table(df: pd.DataFrame, top: int | None = None) -> str:
+    """The rows as a terminal table (every row, or the ``top`` of largest absolute change)."""
+    if top is not None:
+        df = df.loc[df["change_ms"].abs().fillna(0).sort_values(ascending=False).index[:top]].sort_index()
+    cols = [("where", "where", "s"), ("direction", "dir", "s"), ("library_call", "call", "s"),
+            ("kernel", "kernel", "s"), ("a_ms", "A ms", ".4f"), ("b_ms", "B ms", ".4f"),
+            ("change_ms", "change", "+.4f"), ("change_pct", "%", "+.1f"), ("a_calls_step", "A n", "g"),
+            ("b_calls_step", "B n", "g"), ("verdict", "verdict", "s"), ("busy", "busy", "s"),
+            ("status", "status", "s"), ("note", "note", "s")]
+    cells = [[h for _, h, _ in cols]]
+    for _, r in df.iterrows():
+        row = []
+        for c, _, fmt in cols:
+            v = r[c]
+            text = _f(v, fmt) if fmt != "s" else str(v)
+            row.append(text[:KERNEL_WIDTH - 1] + "…" if c == "kernel" and len(text) > KERNEL_WIDTH else text)
+        cells.append(row)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(t.ljust(w) for t, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def write(df: pd.DataFrame, out: TextIO, top: int | None = None) -> None:
+    s = df.attrs["summary"]
+    print("\n".join(header(s)), file=out)
+    print(table(df, top), file=out)
+    counts = df["status"].value_counts()
+    print("rows: " + ", ".join(f"{n} {k}" for k, n in counts.items()), file=out)
+
+
+def write_csv(df: pd.DataFrame, path: str) -> None:
+    with atomic_file(path) as fh:
+        df.to_csv(fh, index=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    sa = parse_selector(args.case_a if args.case_a is not None else args.case)
+    sb = parse_selector(args.case_b if args.case_b is not None else args.case)
+    if not 0 < args.alpha < 1:
+        raise KernelmapError(f"--alpha {args.alpha}: a level between 0 and 1")
+    if args.top is not None and args.top < 1:
+        raise KernelmapError(f"--top {args.top}: at least 1")
+    a, b = side(args.a, sa, args.source), side(args.b, sb, args.source)
+    if a.level != b.level:
+        raise KernelmapError(f"A is timed by {a.level}s ({a.source}), B by {b.level}s ({b.source}): "
+                             "not one unit of time; diff a GPU side against a GPU side")
+    df = D.diff(a, b, args.alpha)
+    if args.csv:
+        write_csv(df, args.csv)
+    write(df, sys.stdout, args.top)
+    return 0
