@@ -346,10 +346,11 @@ def _launch_labels(parent, top, name_codes, canon_a, name_u, canon: S.Vocab, dir
     collective span on each span's chain (itself included), and for spans inside a recomputed
     forward op (a forward op of ``canonical.RECOMPUTED_OPS`` with a backward node above it) that
     op; -1 where none, None where no span has one."""
-    coll = None
+    coll = depth = None
     cc = int(canon.codes_of([C.COLLECTIVE])[0])  # -2: no name maps to it
     if cc >= 0 and (canon_a == cc).any():
-        coll = C.outermost_mapped(parent, canon_a == cc)
+        depth = C.tree_depth(parent)  # one pass for each use below
+        coll = C.outermost_mapped(parent, canon_a == cc, depth)
     recompute = None
     fwd = int(direc.codes_of(["fwd"])[0])
     if fwd >= 0:
@@ -358,8 +359,8 @@ def _launch_labels(parent, top, name_codes, canon_a, name_u, canon: S.Vocab, dir
         cand = (dir_a == fwd) & _in_values(canon_a, canon, C.RECOMPUTED_OPS) & ~not_names
         ctx = np.array([C.backward_context(u, framework) for u in name_u] + [False], dtype=bool)[name_codes]
         if cand.any() and ctx.any():
-            f_top, b_top = C.outermost_mapped(parent, cand), C.outermost_mapped(parent, ctx)
-            depth = C.tree_depth(parent)
+            depth = C.tree_depth(parent) if depth is None else depth
+            f_top, b_top = C.outermost_mapped(parent, cand, depth), C.outermost_mapped(parent, ctx, depth)
             ok = (f_top >= 0) & (b_top >= 0)
             ok[ok] = depth[b_top[ok]] < depth[f_top[ok]]
             if ok.any():

@@ -186,13 +186,13 @@ def nearest_op(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
     return out
 
 
-def outermost_mapped(parent: np.ndarray, mapped: np.ndarray) -> np.ndarray:
+def outermost_mapped(parent: np.ndarray, mapped: np.ndarray, depth: np.ndarray | None = None) -> np.ndarray:
     """For each span, the outermost span on its ancestor chain (itself included) that has a
-    mapping; -1 if none has."""
+    mapping; -1 if none has. ``depth``: ``tree_depth(parent)`` where the caller has it."""
     n = len(parent)
     out = np.full(n, -1, dtype="int64")
     # resolve in an order where parents come first: by depth
-    depth = tree_depth(parent)
+    depth = tree_depth(parent) if depth is None else depth
     for d in range(int(depth.max()) + 1 if n else 0):
         idx = np.flatnonzero(depth == d)
         par = parent[idx]
