@@ -619,6 +619,11 @@ def main(args: argparse.Namespace) -> int:
     return say_checks(checks, out, args.strict)
 
 
+def _said(v: Any) -> str:
+    """A check's expected or measured figure on the console: numbers to 4 significant digits."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def say_checks(checks: pd.DataFrame, out: Path, strict: bool) -> int:
     """The self-checks on the console: the counts, each failed row (stderr), and with ``strict`` each check
     left unchecked with its first reason (a strict pass says what it did not check); the exit code."""
@@ -630,7 +635,7 @@ def say_checks(checks: pd.DataFrame, out: Path, strict: bool) -> int:
         who = (f" {A.fw_label(r['framework'])}" if isinstance(r["framework"], str) else "") + (
             f" bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "")
         print(f"  FAIL {r['run']}{who}: {r['check']}: {r['subject']}: "
-              f"expected {r['expected']}, measured {r['measured']} ({r['detail']})", file=sys.stderr)
+              f"expected {_said(r['expected'])}, measured {_said(r['measured'])} ({r['detail']})", file=sys.stderr)
     if strict:
         for check, g in unchecked.groupby("check", sort=False):
             print(f"  not checked: {check} ({len(g)} row(s)): {g['detail'].iloc[0]}", file=sys.stderr)

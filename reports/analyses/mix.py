@@ -64,19 +64,25 @@ def kernel_counts(runs: list[Run]) -> pd.DataFrame:
 
 CLEAN_STEP_BASIS = "clean-pass median step"
 OWN_STEP_BASIS = "the same pass's mean step"
+OWN_MEDIAN_BASIS = "the same pass's median step (its step times not kept)"
 
 
-def _own_step_ms(run: Run, t: Timed) -> float | None:
-    """The mean wall step (ms) of the pass that recorded ``t``: its step times in results.json, else in the
-    pass's own result file (``<case>/bs<N>/<pass>.json``, runs that kept them only there)."""
+def _own_step_ms(run: Run, t: Timed) -> tuple[float | None, str | None]:
+    """(step ms, basis) of the pass that recorded ``t``: the mean of its step times (results.json, else the
+    pass's own result file ``<case>/bs<N>/<pass>.json``), else its recorded median step (runs that kept
+    neither); (None, None) without any."""
     for r in run.results:
         if case_of(r) == t.framework and field_at(r, "batch_size") == t.batch_size:
-            st = step_times_of(passes_of(r).get(t.pass_name or "", {}))
+            p = passes_of(r).get(t.pass_name or "", {})
+            st = step_times_of(p)
             own = run.path / str(field_at(r, "dir", default="")) / rundir.pass_result_name(t.pass_name or "")
             if st is None and t.pass_name and field_at(r, "dir") and own.is_file():
                 st = step_times_of(rundir.read_json(own))
-            return float(st.mean()) * 1e3 if st is not None else None
-    return None
+            if st is not None:
+                return float(st.mean()) * 1e3, OWN_STEP_BASIS
+            med = field_at(p, "median_step_s")
+            return (float(med) * 1e3, OWN_MEDIAN_BASIS) if isinstance(med, int | float) else (None, None)
+    return None, None
 
 
 def busy_share(runs: list[Run]) -> pd.DataFrame:
@@ -92,8 +98,8 @@ def busy_share(runs: list[Run]) -> pd.DataFrame:
             busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
             step_ms, basis, step_pass = None, None, None
             if t.level == "op":
-                step_ms = _own_step_ms(run, t)
-                basis, step_pass = (OWN_STEP_BASIS, t.pass_name) if step_ms else (None, None)
+                step_ms, basis = _own_step_ms(run, t)
+                step_pass = t.pass_name if step_ms else None
             else:
                 m = summ[(summ["run"] == run.name) & (summ["framework"] == t.framework)
                          & (summ["batch_size"] == t.batch_size)]
