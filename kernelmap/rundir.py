@@ -213,7 +213,7 @@ def _legacy_key(r: dict[str, Any], math: str) -> CaseKey:
 def parse_cases(results: list[Any], manifest: dict[str, Any], where: Path) -> list[CaseEntry]:
     """results.json's entries as typed cases: a version 2 entry's recorded key (``CaseKey.from_fields``), a
     version 1 entry's translated (``_legacy_key``); KernelmapError naming the file and the entry otherwise."""
-    version = run_version(manifest, where)
+    version = run_version(manifest, where.with_name(MANIFEST))
     out = []
     for i, r in enumerate(results):
         if not isinstance(r, dict):
