@@ -110,14 +110,15 @@ def header(s: dict[str, Any]) -> list[str]:
     lines = []
     for name in ("a", "b"):
         x = s[name]
-        busy = {True: "BUSY machine", False: "quiet machine", None: "contention not measured"}[x["contended"]]
+        busy = {True: "a BUSY machine", False: "a quiet machine", None: "a machine not measured"}[x["contended"]]
         lines.append(f"{name.upper()}: {x['label']} — {x['level']} time from {x['source']}, {x['steps']} steps "
                      f"({x['steps_basis']}); {_f(x['ms_per_step'], '.4f')} ms/step; 100% = {x['total_ns']} ns "
-                     f"({x['outside_ns']} ns outside the counted steps); that pass on a {busy}")
+                     f"({x['outside_ns']} ns outside the counted steps); that pass on {busy}")
         if x["clean_median_ms"] is not None:
-            lines.append(f"   clean step {x['clean_median_ms']:.4f} ms, 95% CI [{_f(x['clean_ci95_ms'][0], '.4f')}, "
-                         f"{_f(x['clean_ci95_ms'][1], '.4f')}] over {x['clean_trials']} trial(s)"
-                         + (" (BUSY)" if x["clean_contended"] else ""))
+            lo, hi = x["clean_ci95_ms"]
+            ci = (f"95% CI [{lo:.4f}, {hi:.4f}] over {x['clean_trials']} trial(s)" if lo is not None and hi is not None
+                  else "no interval recorded")
+            lines.append(f"   clean step {x['clean_median_ms']:.4f} ms, {ci}" + (" (BUSY)" if x["clean_contended"] else ""))
     lines.append(f"clean step, B vs A (trials' 95% intervals): {s['clean_verdict']}")
     lines.append(f"traced {s['a']['level']} time per step, B vs A: {s['traced_verdict']}"
                  + (f" (p = {s['traced_p']:.3g})" if s["traced_p"] is not None else ""))

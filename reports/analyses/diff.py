@@ -23,7 +23,7 @@ from kernelmap import frameworks, timing, utest
 from kernelmap.errors import KernelmapError
 
 from .base import TRACE_SOURCES, field_at, passes_of
-from .timed import fill_from_links, model_ops, outermost_ops
+from .timed import direction_group, fill_from_links, model_ops, outermost_ops
 
 ALPHA = 0.05  # the U test's level, as google/benchmark's compare.py
 KEY = ("where", "direction", "library_call", "kernel")
@@ -48,6 +48,8 @@ class Status(enum.StrEnum):
     ALGORITHM = "algorithm changed"  # same where, direction and library call; another kernel
     CALL = "library call changed"  # same where and direction; another library call
     MOVED = "moved"  # the kernel left this row for another row of the other side, or came from one
+    OP = "op changed"  # a CPU side's ``algorithm changed``: another framework op in the same place
+    OUTSIDE = "not in a counted step"  # the row of the events outside the counted steps
 
 
 LEVEL_KERNEL, LEVEL_OP = "kernel", "op"
@@ -169,18 +171,27 @@ def _where_order(w: str) -> tuple[int, str]:
     return (names.index(w), w) if w in names else ((len(names) + 1, w) if w != OUTSIDE else (len(names) + 9, w))
 
 
-def _status(df: pd.DataFrame) -> tuple[list[str], list[str]]:
+def _status(df: pd.DataFrame, level: str = LEVEL_KERNEL) -> tuple[list[str], list[str]]:
     """Each row's status and note. A row on one side only is named: ``moved`` where the other side has more
     calls of that kernel and direction in another row; ``algorithm changed`` where the other side has, on one
     side only too, another kernel of the same where, direction and library call; ``library call changed``
-    where it has another call of the same where and direction; else appeared or disappeared."""
+    where it has another call of the same where and direction; ``algorithm changed`` too where it has another
+    kernel of the same where and direction group (a bias gradient's kernel renamed is no longer ``bwd_bias``
+    but ``bwd``: the half is told by name); else appeared or disappeared."""
     only = {"a": (df["a_calls"] > 0) & (df["b_calls"] == 0), "b": (df["b_calls"] > 0) & (df["a_calls"] == 0)}
     groups = {side: {"3": set(map(tuple, df.loc[m, ["where", "direction", "library_call"]].to_numpy())),
-                     "2": set(map(tuple, df.loc[m, ["where", "direction"]].to_numpy()))} for side, m in only.items()}
+                     "2": set(map(tuple, df.loc[m, ["where", "direction"]].to_numpy())),
+                     "g": {(w, direction_group(d)) for w, d in df.loc[m, ["where", "direction"]].to_numpy()}}
+              for side, m in only.items()}
     more = {"b": df["b_calls"] > df["a_calls"], "a": df["b_calls"] < df["a_calls"]}
     status, note = [], []
+    algorithm, what = (Status.ALGORITHM, "kernel") if level == LEVEL_KERNEL else (Status.OP, "op")
     for i, r in df.iterrows():
         this = "a" if only["a"][i] else "b" if only["b"][i] else None
+        if r["where"] == OUTSIDE:
+            status.append(Status.OUTSIDE)
+            note.append(f"{r['a_calls']} / {r['b_calls']} events, {r['a_ns']} / {r['b_ns']} ns")
+            continue
         if this is None:
             same = r["a_calls"] == r["b_calls"]
             status.append(Status.SAME if same else Status.CALLS)
@@ -194,11 +205,15 @@ def _status(df: pd.DataFrame) -> tuple[list[str], list[str]]:
             status.append(Status.MOVED)
             note.append(f"{'to' if this == 'a' else 'from'} {', '.join(sorted(set(moved['where'])))}")
         elif real and (r["where"], r["direction"], r["library_call"]) in groups[other]["3"]:
-            status.append(Status.ALGORITHM)
-            note.append("the other side runs another kernel for this layer/op, direction and call")
+            status.append(algorithm)
+            note.append(f"the other side runs another {what} for this layer/op, direction and call")
         elif real and (r["where"], r["direction"]) in groups[other]["2"] and r["library_call"] != NONE:
             status.append(Status.CALL)
             note.append("the other side runs another library call for this layer/op and direction")
+        elif real and (r["where"], direction_group(r["direction"])) in groups[other]["g"]:
+            # a backward's half is told from its kernels' names (docs/SCHEMA.md): another kernel may be another half
+            status.append(algorithm)
+            note.append(f"the other side runs another {what} for this layer/op's {direction_group(r['direction'])}")
         else:
             status.append(Status.APPEARED if this == "b" else Status.DISAPPEARED)
             note.append("")
@@ -225,7 +240,7 @@ def diff(a: Side, b: Side, alpha: float = ALPHA) -> pd.DataFrame:
         df = df.iloc[sorted(range(len(df)), key=lambda i: (_where_order(df["where"].iat[i]),
                                                             *(df[k].iat[i] for k in KEY[1:])))]
         df = df.reset_index(drop=True)
-        df["status"], df["note"] = _status(df)
+        df["status"], df["note"] = _status(df, a.level)
     for col in ("a_ns", "b_ns"):
         df[col] = df[col].astype("int64")
     df.attrs["summary"] = summary(a, b, alpha)
