@@ -13,6 +13,9 @@ has), a wrong number of timed steps.
                                    [--kernelmap "python -m kernelmap.cli"] [--python jax=PATH] [--real-dir DIR]
     python benches/option_sweep.py --table DIR      # the markdown table of the rows DIR/sweep.jsonl holds
 
+--budget SECONDS: start no combination after that long (exit 2); SIGTERM or Ctrl-C stops the running one (kernelmap
+run keeps nothing partial) and records no row for it.
+
 Rows are appended to OUT/sweep.jsonl as each combination finishes, and a combination already there is not run
 again: a sweep cut off (a 10-minute command limit) goes on where it stopped when run again with the same --out.
 Each combination's stderr is kept under OUT/logs/. The batch size that does not fit is twice the largest the
@@ -25,6 +28,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -138,11 +142,18 @@ def run_one(c: dict, n_train: int, kernelmap: list[str], python: list[str], out_
             "--batch-size", str(c["batch_size"]), *length_args(c["length"], c["batch_size"], n_train)[0], *data,
             "--trials", "1", "--max-repeats", "0", "--profile", "none", "--out", str(run_out), *python]
     t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        rc, stderr, stdout = proc.returncode, proc.stderr, proc.stdout
-    except subprocess.TimeoutExpired as exc:
-        rc, stderr, stdout = None, (exc.stderr or b"").decode(errors="replace"), ""
+        stdout, stderr = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # kernelmap run stops its workers and keeps nothing partial
+        stdout, stderr = proc.communicate()
+        rc = None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main): the run stops with the sweep, no row
+        proc.terminate()
+        proc.communicate(timeout=120)
+        raise
     wall = time.monotonic() - t0
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     (out_dir / "logs" / f"{key(c)}.stderr").write_text(stderr)
@@ -182,6 +193,10 @@ def read_rows(out: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the running combination is stopped, not left behind
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
@@ -195,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-dir", help="the real data's IDX directory (default: Fashion-MNIST where kernelmap finds it)")
     p.add_argument("--real-subset", type=int, metavar="N", help="real data: its first N training images (OUT/real-N)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one combination may take")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no combination after this many seconds (exit 2; the same command goes on)")
     p.add_argument("--table", metavar="DIR", help="print the table of DIR/sweep.jsonl and exit")
     a = p.parse_args(argv)
     if a.table:
@@ -218,9 +235,14 @@ def main(argv: list[str] | None = None) -> int:
           f"read: {memory.to_dict() if memory else 'none'}; training images {n_train}; no-fit batch sizes {nofit}",
           file=sys.stderr)
     python = [x for item in a.python for x in ("--python", item)]
-    for c in todo:
-        if key(c) in done:
-            continue
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    left = [c for c in todo if key(c) not in done]
+    for i, c in enumerate(left):
+        if a.budget is not None and time.monotonic() - t0 > a.budget:
+            print(f"--budget {a.budget:g} s spent: {len(left) - i} combinations left; run again with --out {out}",
+                  file=sys.stderr)
+            return 2
         if c["data"] == "real" and real_missing:
             row = {**c, "expected": "run", "argv": "", "exit": None, "outcome": "not run", "said": real_missing,
                    "wall_s": 0.0}
@@ -240,4 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("option sweep: interrupted; the rows so far are kept (the same command goes on)", file=sys.stderr)
+        sys.exit(130)
