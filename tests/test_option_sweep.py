@@ -67,3 +67,14 @@ def test_quick_and_full_combinations():
     assert [(c["batch_size"], c["data"], c["length"]) for c in quick] == [
         (1, "synthetic", "within"), (64, "real", "beyond"), (64, "real", "epochs"), (1024, "synthetic", "within"),
         (1024, "real", "beyond"), (1024, "real", "epochs"), (130_000, "synthetic", "within")]
+
+
+def test_the_budget_stops_before_the_next_combination_and_the_table_fails_on_a_fail(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert S.main(["--device", "cpu", "--quick", "--framework", "jax", "--out", str(out), "--budget", "0",
+                   "--real-dir", str(tmp_path / "none")]) == 2
+    assert "7 combinations left; run again with --out" in capsys.readouterr().err and not (out / "runs").exists()
+    row = {**COMBO, "expected": "run", "exit": 2, "outcome": "FAIL", "said": "exit 2: worker exited 1", "wall_s": 1.0}
+    (out / "sweep.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "outcome": "ran", "said": "x"}) + "\n")
+    assert S.main(["--table", str(out)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "1 ran, 0 refused, 1 FAIL, 0 not run of 2 combinations"
