@@ -78,6 +78,10 @@ def test_details_are_folded_and_the_cpu_answer_is_a_table(page):
     for sec in ("ops", "layers", "libcalls", "coverage"):
         body = re.search(rf'<section id="{sec}">\s*<h2>.*?</h2>\s*(.*?)</section>', html, re.S).group(1)
         assert body.startswith('<details class="section">'), sec
+    # with CPU time the answer is its table, the calls and kernels follow the summary (without: they are the answer)
+    order = re.findall(r'<section id="([a-z_]+)">', html)
+    assert order[:3] == ["answer", "summary", "calls"]
+    assert re.search(r'<section id="answer">(.*?)</section>', html, re.S).group(1).count('<table class="answer cpu">') == 1
     cpu = pd.read_csv(page / "tables" / "cpu_answer.csv")
     assert cpu[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all()
     assert "18 of 18 figures with a ratio" in html
