@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                       "column); default: the framework's profiler trace, else nsys")
     p.add_argument("--alpha", type=float, default=D.ALPHA, help=f"the U test's level (default {D.ALPHA})")
     p.add_argument("--csv", metavar="FILE", help="write every row as CSV (the table's columns, ns totals included)")
+    p.add_argument("--places-csv", metavar="FILE", help="write the by-layer-and-direction rows as CSV")
     p.add_argument("--top", type=int, metavar="N", help="print only the N rows of largest change (CSV: all rows)")
 
 
@@ -126,15 +127,18 @@ def header(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def table(df: pd.DataFrame, top: int | None = None) -> str:
+FIGURES = [("a_ms", "A ms", ".4f"), ("b_ms", "B ms", ".4f"), ("change_ms", "change", "+.4f"),
+           ("change_pct", "%", "+.1f"), ("a_calls_step", "A n", "g"), ("b_calls_step", "B n", "g"),
+           ("verdict", "verdict", "s"), ("p_value", "p", ".2g"), ("busy", "busy", "s")]
+KERNEL_COLUMNS = [("where", "where", "s"), ("direction", "dir", "s"), ("library_call", "call", "s"),
+                  ("kernel", "kernel", "s"), *FIGURES, ("status", "status", "s"), ("note", "note", "s")]
+PLACE_COLUMNS = [("where", "where", "s"), ("direction", "dir", "s"), *FIGURES]
+
+
+def table(df: pd.DataFrame, top: int | None = None, cols: list[tuple[str, str, str]] = KERNEL_COLUMNS) -> str:
     """The rows as a terminal table (every row, or the ``top`` of largest absolute change)."""
     if top is not None:
         df = df.loc[df["change_ms"].abs().fillna(0).sort_values(ascending=False).index[:top]].sort_index()
-    cols = [("where", "where", "s"), ("direction", "dir", "s"), ("library_call", "call", "s"),
-            ("kernel", "kernel", "s"), ("a_ms", "A ms", ".4f"), ("b_ms", "B ms", ".4f"),
-            ("change_ms", "change", "+.4f"), ("change_pct", "%", "+.1f"), ("a_calls_step", "A n", "g"),
-            ("b_calls_step", "B n", "g"), ("verdict", "verdict", "s"), ("busy", "busy", "s"),
-            ("status", "status", "s"), ("note", "note", "s")]
     cells = [[h for _, h, _ in cols]]
     for _, r in df.iterrows():
         row = []
@@ -147,9 +151,13 @@ def table(df: pd.DataFrame, top: int | None = None) -> str:
     return "\n".join("  ".join(t.ljust(w) for t, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
-def write(df: pd.DataFrame, out: TextIO, top: int | None = None) -> None:
+def write(df: pd.DataFrame, places: pd.DataFrame, out: TextIO, top: int | None = None) -> None:
+    """The header, the places (each layer or op and direction, its kernels together), then the kernels."""
     s = df.attrs["summary"]
     print("\n".join(header(s)), file=out)
+    print(f"\nby layer (op where no layer) and direction, ms per step of {s['a']['level']} time:", file=out)
+    print(table(places, None, PLACE_COLUMNS), file=out)
+    print(f"\nby {s['a']['level']}" + (f" (the {top} largest changes)" if top else "") + ":", file=out)
     print(table(df, top), file=out)
     counts = df["status"].value_counts()
     print("rows: " + ", ".join(f"{n} {k}" for k, n in counts.items()), file=out)
@@ -171,8 +179,9 @@ def main(args: argparse.Namespace) -> int:
     if a.level != b.level:
         raise KernelmapError(f"A is timed by {a.level}s ({a.source}), B by {b.level}s ({b.source}): "
                              "not one unit of time; diff a GPU side against a GPU side")
-    df = D.diff(a, b, args.alpha)
-    if args.csv:
-        write_csv(df, args.csv)
-    write(df, sys.stdout, args.top)
+    df, places = D.diff(a, b, args.alpha), D.by_place(a, b, args.alpha)
+    for frame, path in ((df, args.csv), (places, args.places_csv)):
+        if path:
+            write_csv(frame, path)
+    write(df, places, sys.stdout, args.top)
     return 0

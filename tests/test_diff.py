@@ -211,8 +211,20 @@ def test_time_shifted_within_the_noise(gpu_run):
 
 
 def test_time_shifted_beyond_the_noise(gpu_run):
-    r = _shift(gpu_run, lambda d: int(d.max() - d.min()) + 1)
+    r = _shift(gpu_run, lambda d: max(int(d.max() - d.min()) + 1, int(d.median() * 0.06)))
     assert r["verdict"].tolist() == ["slower"] and r["p_value"].iloc[0] < 1e-6
+
+
+def test_a_steady_change_under_the_noise_threshold_is_within_noise(gpu_run):
+    """Every step 2% slower: the U test finds it (p < alpha), the verdict does not call it (timing.NOISE_THRESHOLD)."""
+    def slower(rec):
+        m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")
+        rec.loc[m, "dur_ns"] = (rec.loc[m, "dur_ns"] * 1.02).round().astype("Int64")
+        return rec
+    df, _ = planted(gpu_run, slower)
+    r = row(df, "conv2", "bwd_data", "cudnnBackendExecute")
+    assert r["verdict"].tolist() == ["within noise"] and r["p_value"].iloc[0] < D.ALPHA
+    assert r["change_pct"].iloc[0] == pytest.approx(2.0, abs=0.05)
 
 
 def test_a_row_lost_is_an_error(gpu_run):
@@ -343,3 +355,48 @@ def test_cpu_run_against_itself(cpu_run, capsys):
     text = capsys.readouterr().out
     assert "rows: " in text and "appeared" not in text and "disappeared" not in text
     assert "traced op time per step, B vs A: within noise" in text
+
+
+def test_places_hold_the_same_time_and_meet_where_kernels_do_not(gpu_run):
+    """by_place: the kernels of a layer and direction together; an algorithm changed at the same times is two
+    kernel rows (algorithm changed) and one place row within noise."""
+    new = "planted_dgrad_kernel"
+
+    def swap(rec):
+        m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")
+        rec["kernel_name"] = rec["kernel_name"].astype(object)
+        rec.loc[m, "kernel_name"] = new
+        rec["kernel_name"] = rec["kernel_name"].astype("string")
+        return rec
+    rec, entry = case_records(gpu_run, GRAPH)
+    a, b = D.make_side("A", rec, entry), D.make_side("B", swap(rec.copy()), entry)
+    places = D.by_place(a, b)
+    total = pyarrow_total(GRAPH)[0]
+    assert int(places["a_ns"].sum()) == int(places["b_ns"].sum()) == total
+    assert list(places.columns[:2]) == ["where", "direction"] and "status" not in places.columns
+    r = places[(places["where"] == "conv2") & (places["direction"] == "bwd_data")]
+    assert r["verdict"].tolist() == ["within noise"] and (r["change_ms"] == 0).all()
+    assert (places["verdict"] == "within noise").all()
+
+
+@pytest.fixture(scope="module")
+def busy_run(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("diff") / "cpu_busy_run"
+    shutil.copytree(DATA / "cpu_busy_run", d)
+    normalise_run_dir(d)
+    return d
+
+
+def test_a_busy_side_is_marked(busy_run, cpu_run, tmp_path, capsys):
+    """The busy run's framework pass ran contended (results.json): every row says A's figure is busy, and the
+    header says which pass and that the clean trials were busy; the quiet run's clean trials have no interval
+    recorded (a run written before intervals: its clean verdict cannot be given)."""
+    out = tmp_path / "busy.csv"
+    assert cli.main(["diff", str(busy_run), str(cpu_run), "--case", "framework=pytorch", "--csv", str(out)]) == 0
+    text = capsys.readouterr().out
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["busy"] for r in rows} == {"A"}
+    assert "that pass on a BUSY machine" in text and "(BUSY)" in text
+    assert "clean step, B vs A (trials' 95% intervals): no trials recorded" in text
+    assert sum(int(r["a_ns"]) for r in rows) == outermost_cpu_op_ns(busy_run / "pytorch" / "bs64" / "trace.json.gz")

@@ -27,6 +27,7 @@ from .timed import direction_group, fill_from_links, model_ops, outermost_ops
 
 ALPHA = 0.05  # the U test's level, as google/benchmark's compare.py
 KEY = ("where", "direction", "library_call", "kernel")
+PLACE = ("where", "direction")  # ``by_place``: the kernels of a layer (or op) and direction together
 NONE = "-"  # a key field the event has not (no library call, no direction)
 OUTSIDE = "(outside the counted steps)"
 
@@ -144,26 +145,33 @@ def make_side(label: str, records: pd.DataFrame, entry: dict[str, Any] | None = 
 
 
 # --- per row --------------------------------------------------------------------------------------
-def per_step(side: Side) -> pd.DataFrame:
+def per_step(side: Side, key: tuple[str, ...] = KEY) -> pd.DataFrame:
     """Per key: total ns, calls, and the time in each counted step (a column per step, 0 where absent)."""
     ev = side.events
-    tot = ev.groupby(list(KEY), sort=False).agg(ns=("dur_ns", "sum"), calls=("dur_ns", "size"))
+    tot = ev.groupby(list(key), sort=False).agg(ns=("dur_ns", "sum"), calls=("dur_ns", "size"))
     inside = ev[ev["iteration"].notna()]
-    steps = inside.pivot_table(index=list(KEY), columns="iteration", values="dur_ns", aggfunc="sum", fill_value=0)
+    steps = inside.pivot_table(index=list(key), columns="iteration", values="dur_ns", aggfunc="sum", fill_value=0)
     steps = steps.reindex(columns=list(side.iterations), fill_value=0)
     return tot.join(steps, how="left").fillna(0)
 
 
+RULE = (f"faster or slower: the U test's p < alpha and the medians of the per-step times differ by at least "
+        f"{timing.NOISE_THRESHOLD:.0%} of A's (timing.NOISE_THRESHOLD: a steady change smaller than that is called "
+        "within noise, as trials that disagree by less are); too few steps: the exact test cannot reach alpha")
+
+
 def verdict(a: list[float], b: list[float], alpha: float = ALPHA) -> tuple[Verdict, float | None]:
-    """B against A from their per-step samples (``utest``): faster, slower or within noise, with the p-value."""
+    """B against A from their per-step samples (``utest``): faster, slower or within noise (``RULE``), with the
+    p-value."""
     if not a or not b:
         return Verdict.NO_STEPS, None
     if utest.min_p(len(a), len(b)) > alpha:
         return Verdict.FEW, None
     p = utest.p_value(a, b)
-    if p >= alpha:
+    ma, mb = float(np.median(a)), float(np.median(b))
+    if p >= alpha or abs(mb - ma) < timing.NOISE_THRESHOLD * ma:
         return Verdict.NOISE, p
-    return (Verdict.SLOWER if np.median(b) > np.median(a) else Verdict.FASTER), p
+    return (Verdict.SLOWER if mb > ma else Verdict.FASTER), p
 
 
 def _where_order(w: str) -> tuple[int, str]:
@@ -225,22 +233,24 @@ def _calls(x: float) -> str:
 
 
 # --- the diff -------------------------------------------------------------------------------------
-def diff(a: Side, b: Side, alpha: float = ALPHA) -> pd.DataFrame:
-    """B against A, row by aligned key (module docstring); ``attrs["summary"]`` holds each side's totals,
+def diff(a: Side, b: Side, alpha: float = ALPHA, key: tuple[str, ...] = KEY) -> pd.DataFrame:
+    """B against A, row by aligned ``key`` (module docstring); ``attrs["summary"]`` holds each side's totals,
     steps and the whole step's verdict. Conserved (``conserve``) before it is returned."""
-    pa, pb = per_step(a), per_step(b)
+    pa, pb = per_step(a, key), per_step(b, key)
     keys = pa.index.union(pb.index, sort=False) if len(pa) or len(pb) else pa.index
     rows = []
-    for key in keys:
-        ra = pa.loc[key] if key in pa.index else None
-        rb = pb.loc[key] if key in pb.index else None
-        rows.append(_row(key, ra, rb, a, b, alpha))
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    for k in keys:
+        k = k if isinstance(k, tuple) else (k,)
+        rows.append(_row(k, pa.loc[k] if k in pa.index else None, pb.loc[k] if k in pb.index else None, a, b, alpha))
+    df = pd.DataFrame(rows, columns=[*key, *VALUES])
     if len(df):
         df = df.iloc[sorted(range(len(df)), key=lambda i: (_where_order(df["where"].iat[i]),
-                                                            *(df[k].iat[i] for k in KEY[1:])))]
+                                                            *(df[k].iat[i] for k in key[1:])))]
         df = df.reset_index(drop=True)
+    if key == KEY and len(df):
         df["status"], df["note"] = _status(df, a.level)
+    elif key != KEY:
+        df = df.drop(columns=["status", "note"])
     for col in ("a_ns", "b_ns"):
         df[col] = df[col].astype("int64")
     df.attrs["summary"] = summary(a, b, alpha)
@@ -248,8 +258,14 @@ def diff(a: Side, b: Side, alpha: float = ALPHA) -> pd.DataFrame:
     return df
 
 
-COLUMNS = [*KEY, "a_ms", "b_ms", "change_ms", "change_pct", "a_share", "b_share", "a_calls_step", "b_calls_step",
-           "verdict", "p_value", "busy", "status", "note", "a_ns", "b_ns", "a_calls", "b_calls"]
+def by_place(a: Side, b: Side, alpha: float = ALPHA) -> pd.DataFrame:
+    """``diff`` with the kernels of each layer (or op) and direction together: where two sides run other kernels
+    (another framework, a compiled mode) their place still meets on one row, judged on its per-step sums."""
+    return diff(a, b, alpha, PLACE)
+
+
+VALUES = ["a_ms", "b_ms", "change_ms", "change_pct", "a_share", "b_share", "a_calls_step", "b_calls_step",
+          "verdict", "p_value", "busy", "status", "note", "a_ns", "b_ns", "a_calls", "b_calls"]
 
 
 def _side_figures(r: pd.Series | None, side: Side, outside: bool) -> tuple[int, int, list[float], float, float]:
@@ -327,7 +343,7 @@ def summary(a: Side, b: Side, alpha: float = ALPHA) -> dict[str, Any]:
     v, p = verdict(_step_samples(a), _step_samples(b), alpha)
     out["traced_verdict"], out["traced_p"] = str(v), p
     out["clean_verdict"] = str(step_verdict(a.entry, b.entry))
-    out["rule"] = utest.RULE + f"; a change is called at p < {alpha}"
+    out["rule"] = f"{utest.RULE}; alpha = {alpha}; {RULE}"
     return out
 
 
