@@ -31,7 +31,6 @@ RUN = DATA / "gpu_replay_modes_run"
 GRAPH, COMPILE = "pytorch-cuda-graph", "pytorch-compile-graphs"
 FC1_DGRAD = ("fc1", "bwd_data", "cublasSgemm_v2")
 FC1_FWD = ("fc1", "fwd", "cublasLtMatmul")
-CONV2_DGRAD = ("conv2", "conv2d", "bwd_data", "cudnnBackendExecute")
 
 
 # --- the U test --------------------------------------------------------------------------------
@@ -133,16 +132,21 @@ def test_kernel_moved_to_another_layer(gpu_run):
     assert (df.loc[~df.index.isin([*left.index, *came.index]), "status"] == "same").all()
 
 
+def renamed(rec: pd.DataFrame, new: str) -> pd.DataFrame:
+    """conv2's data-gradient kernel (cuDNN) renamed ``new`` in every step: another algorithm, the same times."""
+    m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")
+    rec["kernel_name"] = rec["kernel_name"].astype(object)
+    rec.loc[m, "kernel_name"] = new
+    rec["kernel_name"] = rec["kernel_name"].astype("string")
+    return rec
+
+
 def test_algorithm_changed(gpu_run):
     new = "sm90_xmma_dgrad_implicit_gemm_planted_kernel"
 
     def swap(rec):
-        m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")
-        assert m.sum() == 20  # one per step
-        rec["kernel_name"] = rec["kernel_name"].astype(object)
-        rec.loc[m, "kernel_name"] = new
-        rec["kernel_name"] = rec["kernel_name"].astype("string")
-        return rec
+        assert kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute").sum() == 20  # one per step
+        return renamed(rec, new)
     df, _ = planted(gpu_run, swap)
     r = row(df, "conv2", "bwd_data", "cudnnBackendExecute")
     assert sorted(r["status"]) == ["algorithm changed", "algorithm changed"]
@@ -305,12 +309,16 @@ def test_cli_foreign_trace_against_itself_and_a_planted_kernel(tmp_path, capsys)
 
 
 # --- the real CPU run: ops, two frameworks ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("diff") / "cpu_run_all"
-    shutil.copytree(DATA / "cpu_run_all", d)
+def normalised_copy(tmp_path_factory, name: str) -> Path:
+    d = tmp_path_factory.mktemp("diff") / name
+    shutil.copytree(DATA / name, d)
     normalise_run_dir(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> Path:
+    return normalised_copy(tmp_path_factory, "cpu_run_all")
 
 
 def outermost_cpu_op_ns(path: Path) -> int:
@@ -362,14 +370,8 @@ def test_places_hold_the_same_time_and_meet_where_kernels_do_not(gpu_run):
     kernel rows (algorithm changed) and one place row within noise."""
     new = "planted_dgrad_kernel"
 
-    def swap(rec):
-        m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")
-        rec["kernel_name"] = rec["kernel_name"].astype(object)
-        rec.loc[m, "kernel_name"] = new
-        rec["kernel_name"] = rec["kernel_name"].astype("string")
-        return rec
     rec, entry = case_records(gpu_run, GRAPH)
-    a, b = D.make_side("A", rec, entry), D.make_side("B", swap(rec.copy()), entry)
+    a, b = D.make_side("A", rec, entry), D.make_side("B", renamed(rec.copy(), new), entry)
     places = D.by_place(a, b)
     total = pyarrow_total(GRAPH)[0]
     assert int(places["a_ns"].sum()) == int(places["b_ns"].sum()) == total
@@ -381,10 +383,7 @@ def test_places_hold_the_same_time_and_meet_where_kernels_do_not(gpu_run):
 
 @pytest.fixture(scope="module")
 def busy_run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("diff") / "cpu_busy_run"
-    shutil.copytree(DATA / "cpu_busy_run", d)
-    normalise_run_dir(d)
-    return d
+    return normalised_copy(tmp_path_factory, "cpu_busy_run")
 
 
 def test_a_busy_side_is_marked(busy_run, cpu_run, tmp_path, capsys):
