@@ -417,13 +417,35 @@ def compare(session: nox.Session) -> None:
     session.run(str(kernelmap), "compare", *(session.posargs or ["--fail", "mean:5%"]), external=True)
 
 
+REFERENCE_LOOP_OUT = "runs/reference-loop"
+
+
+def reference_loop_job(posargs: list[str]) -> dict[str, str]:
+    """The environment of benches/gpu_job.sh's job for ``nox -s reference_loop -- [DATA_DIR [OUT]]``: its
+    reference and repeats phases in the foreground, with the Python of ``FRAMEWORKS_ENV`` (nox puts the
+    session's own environment first on PATH)."""
+    if len(posargs) > 2:
+        raise ValueError(f"reference_loop takes [DATA_DIR [OUT]], not {' '.join(posargs)}")
+    env = {"PHASES": "reference repeats", "VENV": str(FRAMEWORKS_ENV.absolute()),
+           "OUT": posargs[1] if len(posargs) > 1 else REFERENCE_LOOP_OUT}
+    if posargs and posargs[0] != "synthetic":
+        env["DATA_DIR"] = posargs[0]
+    return env
+
+
 @nox.session(python=PYTHON)
 def reference_loop(session: nox.Session) -> None:
-    """GPU: the bare step loop beside the clean pass, three runs and their spread."""
+    """GPU: the bare step loop beside the clean pass, three runs and their spread (benches/gpu_job.sh's
+    reference and repeats phases): ``nox -s reference_loop -- [DATA_DIR [OUT]]`` (default synthetic data,
+    runs/reference-loop)."""
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
+    try:
+        env = reference_loop_job(list(session.posargs))
+    except ValueError as e:
+        session.error(str(e))
     _frameworks_env(session)
-    session.run("bash", "benches/gpu_timing_check.sh", *session.posargs, external=True)
+    session.run("bash", "benches/gpu_job.sh", "job", env=env, external=True)
 
 
 @nox.session(python=PYTHON)

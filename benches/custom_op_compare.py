@@ -1,5 +1,5 @@
 """The custom op against the built-in op in fc1, per run directory (``python benches/custom_op_compare.py
-RUN_DIR...``; benches/gpu_custom_op.sh prints it): per run x source x direction, each kernel (GPU) or
+RUN_DIR...``; benches/gpu_job.sh's custom-op phase prints it): per run x source x direction, each kernel (GPU) or
 op (CPU: the custom ops and the gemm ops, ``aten::mm``/``aten::addmm``) of layer fc1, its library and
 its time per traced step (µs: the sum of its durations over the source's traced steps / their count;
 GPU kernel time on the device clock, CPU op time on the host clock, the capture pass of that source).

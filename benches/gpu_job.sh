@@ -1,42 +1,68 @@
 #!/usr/bin/env bash
-# The GPU job: one script for every GPU measurement, its options as environment variables. From the repo
-# root on the GPU machine (the device tool lays the checkout there; carry .gpu/ and .mxtree/):
-#   OUT=$OUT benches/gpu_job.sh          start the job detached (it may outlast one 10-minute call), wait up
-#                                        to WAIT_S (default 540) and pack what is done into $OUT
-#   OUT=$OUT benches/gpu_job.sh          again, on the same warm machine: wait more, pack again
-#   benches/gpu_job.sh stage             copy this call's MXNet tree parts (.mxtree/) to /tmp/mxparts: a tree
-#                                        and the checkout are over one call's carry, so parts come in two calls
-# Options:
-#   PHASES     which steps, in this order (default "bare mxnet run report links"):
-#              bare    the reference bare loops (.gpu/probes: torch_modes.py, bare_loops.py per framework) at
-#                      BARE_BS (default "64 1024"), before anything of kernelmap is installed
-#              mxnet   unpack the carried sm_90 MXNet tree (kernelmap build-mxnet --arch 90, tar | xz parts
-#                      mxtree.tar.xz.NN) into $KERNELMAP_MXNET_HOME; MX_PARTS=N waits for N parts first
-#              run     kernelmap run $RUN_ARGS --out /tmp/gpu-job/run
-#              report  kernelmap report --strict on it (exit 4: a self-check failed)
-#              links   benches/link_summary.py: library-kernel time linked to its call per case and source
-#              sweep   benches/option_sweep.py $SWEEP_ARGS (every option combination ran or refused by name)
-#              tests   the GPU tests (pytest -m gpu) against the installed package
-#   RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20
-#              --trials 1 --max-repeats 0 --data synthetic
-#   SWEEP_ARGS default: --device gpu
-# Back in $OUT: job.tar.NN (15 MB parts, at most 8 files come back; cat job.tar.* | tar x): job.log, the
-# bare loops' JSON lines, the run's small files (no nsys reports), the report, the sweep's table.
+# The GPU job: one script for every GPU measurement, its options as environment variables. From the repo root
+# on the GPU machine (carry .gpu/ and .mxtree/; kernelmap is installed into that machine's python3):
+#   OUT=$OUT benches/gpu_job.sh      start the job detached (it may outlast one 10-minute call), wait up to WAIT_S
+#                                    (default 540) and pack what is done into $OUT; again on the same warm machine:
+#                                    wait more, pack again; FRESH=1: a new job once the last one is done
+#   OUT=DIR benches/gpu_job.sh job   the job itself, in the foreground (a machine of your own; `nox -s reference_loop`)
+#   benches/gpu_job.sh stage         copy this call's MXNet tree parts ($MX_KIT) to /tmp/mxparts: a tree and the
+#                                    checkout are over one call's carry, so parts may come in two calls
+#   OUT=$OUT benches/gpu_job.sh build-mxnet   build the sm_90 tree from the carried kit .mxkit/, packed into $OUT
+# PHASES: which steps (default "bare mxnet run report links"); they run in this order, whatever order is given:
+#   bare       the reference bare loops (.gpu/probes: torch_modes.py, bare_loops.py per framework) at BARE_BS
+#              (default "64 1024"), before kernelmap is installed; MXNet's after the tree is unpacked
+#   mxnet      unpack the carried sm_90 tree (mxtree.tar.xz.NN from `kernelmap build-mxnet --arch 90`, in MX_KIT,
+#              default .mxtree, and /tmp/mxparts) into $KERNELMAP_MXNET_HOME; MX_PARTS=N waits for N parts first;
+#              parts that do not unpack stop the job (exit 5), nothing half-unpacked left
+#   smoke      benches/mxnet_smoke.py: one convolution of the tree on this GPU against PyTorch's (exit 6: stop)
+#   reference  benches/bench_reference_loop.py: the bare step loop beside the clean pass (PyTorch)
+#   run        kernelmap run $RUN_ARGS
+#   bench      the step benchmarks of the same job (benches/bench_train_step.py per framework at BENCH_BS,
+#              default "64 1024"), kernelmap save-job; the report then checks "clean vs step benchmark"
+#   repeats    three clean-pass runs of PyTorch at 64/256/1024, their agreement (benches/repeats.py) and this
+#              host's own spread (benches/gpu_host_noise.py)
+#   harness    kernelmap's clean pass against the bare loop, HARNESS_N (default 5) processes each, interleaved,
+#              per mode at BARE_BS, synthetic data as the bare loop's (benches/harness_vs_bare.py)
+#   custom-op  per route in CUSTOM_ROUTES (default "jit setuptools cmake"): build, the seed's AddModel, parity,
+#              kernelmap run --custom-op; fc1's kernels beside the run phase's built-in ones (custom_op_compare.py)
+#   report     kernelmap report --strict on the run (exit 4: a self-check failed)
+#   links      benches/link_summary.py: library-kernel time linked to its call per case and source
+#   graph      benches/graph_vs_bare.py: the cuda-graph clean step against the bare replay (needs bare)
+#   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu)
+#   tests      the GPU tests (pytest -m gpu) against the installed package
+#   fixture    the run trimmed for tests/data (no .nsys-rep, nsys.sqlite trimmed, logs gzipped)
+# RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1
+#            --max-repeats 0 (no --data: see DATA_DIR)
+# DATA_DIR   a directory of IDX files (Fashion-MNIST, carried as .gpu/fashion-mnist): the data of every phase but
+#            bare and harness; default synthetic (the GPU machine has none)
+# VENV       a virtual environment whose python3 runs the job, kernelmap installed there (nox's .nox/frameworks)
+# Back in $OUT: job.tar.NN (15 MB parts, at most 8 files come back; cat job.tar.* | tar x): job.log, DONE (the
+# job's exit status), each phase's output, the run's small files (run.tar.xz), the report (report.tar.xz).
 set -uo pipefail
-final=${OUT:?set OUT}; job=/tmp/gpu-job
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
-MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}
-if [ "${1:-}" = stage ]; then
-  mkdir -p "$MXPARTS" && cp .mxtree/mxtree.tar.xz.* "$MXPARTS"/ && ls -l "$MXPARTS"; exit 0
+MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}; kit=${MX_KIT:-.mxtree}
+ALL="bare mxnet smoke reference run bench repeats harness custom-op report links graph sweep tests fixture"
+phases=${PHASES:-bare mxnet run report links}
+nsys=0  # nsys for the phases past the bare loops, the tree and its smoke
+for p in $phases; do
+  [[ " $ALL " == *" $p "* ]] || { echo "PHASES: unknown phase '$p' (known: $ALL)" >&2; exit 2; }
+  case $p in bare|mxnet|smoke) ;; *) nsys=1;; esac
+done
+[[ " ${RUN_ARGS:-} " == *" --data"* ]] && { echo "RUN_ARGS: no --data there; give a directory as DATA_DIR" >&2; exit 2; }
+if [ -n "${DATA_DIR:-}" ] && [ ! -d "$DATA_DIR" ]; then
+  echo "DATA_DIR=$DATA_DIR: no such directory (the IDX files, e.g. .gpu/fashion-mnist)" >&2; exit 2
 fi
+if [ -n "${VENV:-}" ] && [ ! -x "$VENV/bin/python3" ]; then echo "VENV=$VENV: no bin/python3 there" >&2; exit 2; fi
+tree() { local t; for t in "$KERNELMAP_MXNET_HOME"/1.9.1-sm*; do [ -d "$t" ] && echo "$t" && return; done; }
+if [ "${1:-}" = stage ]; then
+  mkdir -p "$MXPARTS" && cp "$kit"/mxtree.tar.xz.* "$MXPARTS"/ && ls -l "$MXPARTS"; exit
+fi
+final=${OUT:?set OUT}; job=/tmp/gpu-job
 if [ "${1:-}" = build-mxnet ]; then
-  # `kernelmap build-mxnet` on this machine's cores from the carried kit .mxkit/ (src/: the offline
-  # source tarballs; whl/: numpy 1.26 for Python 3.12; km-head.tar: the kernelmap that builds it), detached,
-  # then the tree packed into $OUT as mxtree.tar.xz.NN, to carry to later holds. The kit and the checkout
-  # are over one call's carry: whl/ may come in the next call (a placeholder stands in until the install step).
+  # .mxkit/: src/ (the offline source tarballs), whl/ (numpy 1.26 for Python 3.12; it may come in the next call:
+  # a placeholder stands in until the install step), km-head.tar (the kernelmap that builds). Detached, as the job.
   mkdir -p "$final" /tmp/mxwhl; whl=/tmp/mxwhl/numpy-1.26.4-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
   [ -f .mxkit/whl/"$(basename "$whl")" ] && cp .mxkit/whl/"$(basename "$whl")" "$whl" && echo "numpy wheel staged"
-  tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
   if [ -z "$(tree)" ] && ! pgrep -f "kernelmap.cli build-mxnet" >/dev/null; then
     [ -d .mxkit/src ] || { echo "no .mxkit/src carried and no build running"; exit 4; }
     rm -rf /tmp/mxsrc /tmp/km-head && mkdir -p /tmp/km-head && cp -r .mxkit/src /tmp/mxsrc && tar -xf .mxkit/km-head.tar -C /tmp/km-head
@@ -58,106 +84,185 @@ if [ "${1:-}" = build-mxnet ]; then
   fi
   exit 0
 fi
-running() { pgrep -f "gpu-job-run.sh job" >/dev/null; }
 if [ "${1:-}" != job ]; then
   mkdir -p "$final"
+  running() { pgrep -f "gpu-job-run.sh job" >/dev/null; }
+  [ "${FRESH:-0}" = 1 ] && ! running && rm -rf "$job"
   if ! running && [ ! -e "$job/DONE" ]; then
     rm -rf "$job" /tmp/gpu-job-repo; mkdir -p "$job"
     # from a copy: the next call lays the checkout anew under the running job
     cp -r "$(pwd)" /tmp/gpu-job-repo && cp benches/gpu_job.sh /tmp/gpu-job-run.sh
     (cd /tmp/gpu-job-repo && OUT="$job" setsid nohup bash /tmp/gpu-job-run.sh job >"$job/job.log" 2>&1 </dev/null &)
-    echo "started the GPU job at $(date +%T): ${PHASES:-bare mxnet run report links}"
+    echo "started the GPU job at $(date +%T): $phases"
   fi
   t0=$(date +%s)
   while [ ! -e "$job/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "${WAIT_S:-540}" ]; do sleep 5; done
   tail -n 80 "$job/job.log"
   rm -f "$final"/job.tar.*
-  (cd "$job" && tar cf - --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude=run-dir . | split -b 15M -d - "$final/job.tar.")
+  (cd "$job" && tar cf - --exclude='*.nsys-rep' --exclude='*.sqlite' . | split -b 15M -d - "$final/job.tar.")
   ls -l "$final"
-  [ -e "$job/DONE" ] || echo "still running: call again (same warm machine)"
+  if [ -e "$job/DONE" ]; then echo "job exit $(cat "$job/DONE")"; else echo "still running: call again (same warm machine)"; fi
   exit 0
 fi
 
-# --- the job (detached; cwd: a copy of the checkout) ---
-repo=$(pwd); out=$final; phases=${PHASES:-bare mxnet run report links}
-trap 'touch "$out/DONE"' EXIT  # a job that stops early still ends the wait
+# --- the job (detached, cwd a copy of the checkout; or in the foreground) ---
+repo=$(pwd); out=$(realpath -m "$final"); mkdir -p "$out"; data=synthetic
+[ -n "${DATA_DIR:-}" ] && data=$(realpath "$DATA_DIR")
+trap 'echo $? >"$out/DONE"' EXIT  # a job that stops early still ends the wait
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $phases " == *" $1 "* ]]; }
-tree() { ls -d "$KERNELMAP_MXNET_HOME"/1.9.1-sm* 2>/dev/null | head -n 1; }
+with_tree() { local t; t=$(tree); if [ -n "$t" ]; then PYTHONPATH="$t/python" MXTREE="$t" KERNELMAP_MXNET_TREE="$t" "$@"; else "$@"; fi; }
+export KERNELMAP_JOB=${KERNELMAP_JOB:-gpu-$(date -u +%Y%m%dT%H%M%SZ)}  # the run's and the step benchmarks' job
 nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total --format=csv,noheader; nproc
-if want bare; then
-  stamp "bare loops (${BARE_BS:-64 1024})"
+bs=${BARE_BS:-64 1024}
+bare() {  # bare MODE: one bare loop at $bs, a JSON line per batch size
   # shellcheck disable=SC2086  # word-split on purpose: a list of batch sizes
-  (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/torch_modes.py" ${BARE_BS:-64 1024} \
-     >"$out/bare_torch_modes.jsonl" 2>"$out/bare.err"; echo "torch_modes exit $?")
-  for fw in jax; do
-    # shellcheck disable=SC2086
-    (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 200 python3 "$repo/.gpu/probes/bare_loops.py" $fw ${BARE_BS:-64 1024} \
-       >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare $fw exit $?")
-  done
-  cat "$out"/bare_*.jsonl
+  (cd /tmp && with_tree env NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/bare_loops.py" "$1" $bs)
+}
+if want bare; then stamp "bare loops ($bs)"
+  # shellcheck disable=SC2086
+  (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/torch_modes.py" $bs \
+     >"$out/bare_modes.jsonl" 2>"$out/bare.err"; echo "torch_modes exit $?")
+  bare jax >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare jax exit $?"
 fi
-stamp "install"
-python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
+if [ -n "${VENV:-}" ]; then PATH="$(realpath "$VENV")/bin:$PATH"; else stamp "install"
+  python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
+fi
 (cd /tmp && python3 -c "import kernelmap.frameworks") || { echo "kernelmap does not import"; exit 3; }
 if want mxnet && [ -z "$(tree)" ]; then
-  have_parts() { for f in .mxtree/mxtree.tar.xz.* "$MXPARTS"/mxtree.tar.xz.*; do [ -e "$f" ] && basename "$f"; done | sort -u | wc -l; }
-  w=0; while [ "$(have_parts)" -lt "${MX_PARTS:-0}" ] && [ $w -lt 600 ]; do sleep 2; w=$((w+2)); done
-  stamp "unpack the MXNet tree ($(have_parts) parts)"
-  mapfile -t files < <(for f in .mxtree/mxtree.tar.xz.* "$MXPARTS"/mxtree.tar.xz.*; do [ -e "$f" ] && echo "$(basename "$f") $f"; done | sort -u -k1,1 | cut -d' ' -f2-)
-  unpack="$KERNELMAP_MXNET_HOME/.unpack-$$"  # moved in only when whole: no half tree passes for one
-  if [ "${#files[@]}" -gt 0 ] && rm -rf "$unpack" && mkdir -p "$unpack" && cat "${files[@]}" | xz -d | tar -x -C "$unpack" \
-     && mv "$unpack"/* "$KERNELMAP_MXNET_HOME"/ && rmdir "$unpack"; then
-    echo "unpacked the carried tree: $(tree)"
+  parts() { for f in "$kit"/mxtree.tar.xz.* "$MXPARTS"/mxtree.tar.xz.*; do [ -e "$f" ] && echo "$(basename "$f") $f"; done \
+              | sort -u -k1,1 | cut -d' ' -f2-; }  # a part of this call's before a staged one of its number
+  w=0; while [ "$(parts | wc -l)" -lt "${MX_PARTS:-0}" ] && [ $w -lt 600 ]; do sleep 2; w=$((w+2)); done
+  mapfile -t files < <(parts)
+  stamp "unpack the MXNet tree (${#files[@]} parts)"; if [ "${#files[@]}" = 0 ]; then
+    echo "no MXNet tree in $KERNELMAP_MXNET_HOME and none carried ($kit/mxtree.tar.xz.NN): MXNet runs on the CPU, labelled"
   else
-    rm -rf "$unpack"; echo "cannot unpack the carried MXNet tree from ${files[*]:-(no parts)}: MXNet runs on the CPU, labelled"
+    unpack="$KERNELMAP_MXNET_HOME/.unpack-$$"  # moved in only when whole: no half tree passes for one
+    if ! { rm -rf "$unpack" && mkdir -p "$unpack" && cat "${files[@]}" | xz -d | tar -x -C "$unpack" \
+           && mv "$unpack"/* "$KERNELMAP_MXNET_HOME"/ && rmdir "$unpack"; }; then
+      rm -rf "$unpack"
+      echo "cannot unpack the carried MXNet tree from ${files[*]} (cat | xz -d | tar -x into $KERNELMAP_MXNET_HOME" \
+           "failed, see above): the job stops" >&2
+      exit 5
+    fi
+    echo "unpacked the carried tree: $(tree)"
   fi
 fi
 if want bare && [ -n "$(tree)" ]; then  # MXNet's bare loops need the tree
-  for fw in mxnet mxnet-hybridized; do
-    # shellcheck disable=SC2086
-    (cd /tmp && PYTHONPATH="$(tree)/python" MXTREE="$(tree)" NVIDIA_TF32_OVERRIDE=0 timeout 200 \
-       python3 "$repo/.gpu/probes/bare_loops.py" $fw ${BARE_BS:-64 1024} >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"
-     echo "bare $fw exit $?")
-  done
+  for m in mxnet mxnet-hybridized; do bare $m >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare $m exit $?"; done
 fi
-[ -f .gpu/nsys-env.sh ] && source .gpu/nsys-env.sh
-cd /tmp || exit 3
+cat "$out"/bare_*.jsonl 2>/dev/null
+cd /tmp || exit 3  # the installed package: the checkout's kernelmap/ would shadow it
+python3 -m kernelmap.cli doctor 2>&1 | tail -n 14
+if want smoke; then stamp "smoke"
+  [ -n "$(tree)" ] || { echo "smoke: no MXNet tree in $KERNELMAP_MXNET_HOME (the mxnet phase unpacks one): the job stops"; exit 6; }
+  NVIDIA_TF32_OVERRIDE=0 timeout 180 python3 "$repo/benches/mxnet_smoke.py" "$(tree)" || { echo "smoke failed: the job stops"; exit 6; }
+fi
+# shellcheck disable=SC1091  # carried, not in the repository
+[ "$nsys" = 1 ] && [ -f "$repo/.gpu/nsys-env.sh" ] && source "$repo/.gpu/nsys-env.sh"
+custom=(); storage=()
+if want reference; then stamp "reference loop"
+  python3 -m pytest "$repo/benches/bench_reference_loop.py" --framework=pytorch --bench-data="$data" -m gpu -s \
+    -p no:cacheprovider --benchmark-json="$out/reference.json" >"$out/reference.log" 2>&1
+  echo "reference loop exit $?"; grep -E "^reference loop|passed|failed|skipped|Error" "$out/reference.log"
+fi
 run=/tmp/gpu-job-run-dir
-if want run; then
-  stamp "run"
+if want run; then stamp "run"
   rm -rf "$run"
   # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
-  python3 -m kernelmap.cli run ${RUN_ARGS:---framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1 --max-repeats 0 --data synthetic} \
-    --out "$run" --json >"$out/run.json" 2>"$out/run.err"
+  python3 -m kernelmap.cli run ${RUN_ARGS:---framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1 --max-repeats 0} \
+    --data "$data" --out "$run" --json >"$out/run.json" 2>"$out/run.err"
   echo "run exit $?"; tail -n 25 "$out/run.err"
 fi
-if want report; then
-  stamp "report"
-  python3 -m kernelmap.cli report "$run" --out /tmp/gpu-job-report --replace --strict >"$out/report.log" 2>&1
+if want bench; then stamp "step benchmarks"
+  b=/tmp/gpu-job-bench; rm -rf "$b"; mkdir -p "$b"; sizes=(); saved=()
+  for n in ${BENCH_BS:-64 1024}; do sizes+=("--bench-batch-size=$n"); done
+  for fw in pytorch mxnet jax; do
+    with_tree python3 -m pytest "$repo/benches/bench_train_step.py" --framework="$fw" --benchmark-json="$b/$fw.json" \
+      -p no:cacheprovider --benchmark-max-time=0.5 --bench-data="$data" "${sizes[@]}" >"$out/bench-$fw.txt" 2>&1
+    echo "step benchmarks $fw exit $?: $(tail -n 1 "$out/bench-$fw.txt")"; [ -s "$b/$fw.json" ] && saved+=("$b/$fw.json")
+  done
+  python3 -m kernelmap.cli save-job --job "$KERNELMAP_JOB" --storage "$b/.benchmarks" "${saved[@]}" && storage=(--storage "$b/.benchmarks")
+fi
+if want repeats; then stamp "repeats"
+  for i in 1 2 3; do
+    python3 -m kernelmap.cli run --framework pytorch --device gpu --profile none --steps 200 --batch-size 64 256 1024 \
+      --data "$data" --out "/tmp/gpu-job-repeat$i" --replace --json >"$out/repeat$i.json" 2>"$out/repeat$i.err" \
+      || echo "repeat $i failed: $(tail -n 1 "$out/repeat$i.err")"
+  done
+  python3 "$repo/benches/repeats.py" "$out"/repeat*.json | tee "$out/repeats.txt"
+  python3 "$repo/benches/gpu_host_noise.py" --batch-size 64 256 --repeats 3 --cpus all 2-3 | tee "$out/host_noise.txt"
+fi
+if want harness; then stamp "harness: ${HARNESS_N:-5} processes each"
+  h="$out/harness"; mkdir -p "$h"; modes="pytorch jax"; [ -n "$(tree)" ] && modes="$modes mxnet mxnet-hybridized"
+  for i in $(seq 1 "${HARNESS_N:-5}"); do
+    for m in $modes; do
+      fw=${m%-hybridized}; mode=(); [ "$m" != "$fw" ] && mode=(--mode hybridized)
+      bare "$m" 2>>"$h/bare.err" | sed "s/^{/{\"mode\": \"$m\", \"process\": $i, /" >>"$h/bare.jsonl"
+      # shellcheck disable=SC2086
+      timeout 400 python3 -m kernelmap.cli run --framework "$fw" "${mode[@]}" --device gpu --profile none --steps 300 \
+        --trials 1 --max-repeats 0 --batch-size $bs --data synthetic --out "/tmp/gpu-job-harness" --replace --json \
+        >"$h/run-$m-$i.json" 2>>"$h/run.err" || echo "kernelmap run $m $i failed: $(tail -n 1 "$h/run.err")"
+    done
+  done
+  python3 "$repo/benches/harness_vs_bare.py" "$h" | tee "$h/summary.txt"
+fi
+if want custom-op; then routes=${CUSTOM_ROUTES:-jit setuptools cmake}; stamp "custom op: $routes"
+  export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} KERNELMAP_CUSTOM_OP_HOME=/tmp/gpu-job-custom-op; PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+  command -v ninja >/dev/null || python3 -m pip install -q --no-index ninja 2>/dev/null  # torch's JIT route needs it
+  for r in $routes; do  # the builds in parallel (CPU only); a route that cannot build says why, the others go on
+    (python3 -m kernelmap.cli custom-op build --route "$r" --device gpu --out "$out/build-$r.json" >"$out/build-$r.txt" 2>&1
+     echo $? >"$out/build-$r.rc") &
+  done
+  wait
+  for r in $routes; do
+    echo "build $r exit $(cat "$out/build-$r.rc"): $(tail -n 1 "$out/build-$r.txt")"
+    [ "$(cat "$out/build-$r.rc")" = 0 ] || continue
+    python3 -m kernelmap.cli custom-op addmodel --route "$r" --device gpu --trace-dir "$out/addmodel-$r" \
+      --out "$out/addmodel-$r.json" >"$out/addmodel-$r.txt" 2>&1; echo "addmodel $r exit $?: $(tail -n 2 "$out/addmodel-$r.txt")"
+    python3 -m kernelmap.cli custom-op parity --route "$r" --device gpu --steps 10 --out "$out/parity-$r.json" 2>&1 | tail -n 3
+    python3 -m kernelmap.cli run --framework pytorch --custom-op "$r" --device gpu --profile all --steps 20 --trials 1 \
+      --max-repeats 0 --batch-size 64 --data "$data" --replace --out "/tmp/gpu-job-custom-$r" >"$out/run-custom-$r.txt" 2>&1
+    echo "run --custom-op $r exit $?"; [ -d "/tmp/gpu-job-custom-$r" ] && custom+=("/tmp/gpu-job-custom-$r")
+  done
+  if [ -d "$run" ] && [ "${#custom[@]}" -gt 0 ]; then
+    python3 "$repo/benches/custom_op_compare.py" "$run" "${custom[@]}" | tee "$out/custom_op_compare.txt"
+  else echo "fc1 compared only with the run phase's built-in run and a route that built"; fi
+fi
+if want report; then stamp "report"
+  python3 -m kernelmap.cli report "$run" "${custom[@]}" "${storage[@]}" --out /tmp/gpu-job-report --replace \
+    --strict >"$out/report.log" 2>&1
   echo "report --strict exit $?"; tail -n 30 "$out/report.log"
   (cd /tmp/gpu-job-report 2>/dev/null && tar cJf "$out/report.tar.xz" .)
 fi
-if want links; then
-  stamp "links"
+if want links; then stamp "links"
   python3 "$repo/benches/link_summary.py" "$run" --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
   echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
 fi
-if want sweep; then
-  stamp "sweep"
+if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
+  python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$run"
+fi
+if want sweep; then stamp "sweep"
+  real=(); [ -n "${DATA_DIR:-}" ] && real=(--real-dir "$data")
   # shellcheck disable=SC2086
-  python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} >"$out/sweep.md" 2>"$out/sweep.err"
+  python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} "${real[@]}" >"$out/sweep.md" 2>"$out/sweep.err"
   echo "sweep exit $?"; cat "$out/sweep.md"; tail -n 5 "$out/sweep.err"
 fi
-if want tests; then
-  stamp "gpu tests"
-  # from /tmp: the checkout's kernelmap/ would shadow the installed package
+if want tests; then stamp "gpu tests"
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append "$repo/tests" \
     >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -n 15 "$out/gpu_tests.log"
 fi
-stamp "pack"
-# the run's small files: records, attribution, results, logs; the traces only at bs 64 (16 MiB a file back)
-if [ -d "$run" ]; then
+if want fixture && [ -d "$run" ]; then stamp "fixture"
+  fx=/tmp/gpu-job-fixture; rm -rf "$fx"; cp -r "$run" "$fx"
+  find "$fx" \( -name '*.nsys-rep' -o -name '*.qdrep' \) -delete
+  find "$fx" -name nsys.sqlite | while read -r f; do
+    python3 -c "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import record_gpu_fixtures as r; \
+r.trim_nsys(Path(sys.argv[2]), Path(sys.argv[2] + '.gz'))" "$repo/tests/data" "$f" && rm -f "$f"
+  done
+  find "$fx" -name '*.log' -size +0 -exec gzip -9 -f {} \;
+  (cd "$fx" && tar cJf - . | split -b 15M -d - "$out/run_fixture.tar.xz.")
+fi
+if want run && [ -d "$run" ]; then stamp "pack"  # the run's small files: records, attribution, results, logs, worker json
   (cd "$run" && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
      parity-*.json records.parquet attribution.json logs ./*/bs*/*.json 2>/dev/null)
 fi

@@ -1,5 +1,5 @@
 """PyTorch's cuda-graph mode against a bare graph-replay loop, and the graph-replay fixture's expected
-counts, for the GPU scripts (benches/gpu_modes.sh, benches/gpu_session.sh).
+counts, for the GPU job (benches/gpu_job.sh's graph phase).
 
     python benches/graph_vs_bare.py compare OUT RUN_DIR   # OUT/bare_modes.jsonl (.gpu/torch_modes.py) and
                                                           # RUN_DIR/results.json -> OUT/graph_vs_bare.json

@@ -1,4 +1,5 @@
-"""Summary of benches/gpu_harness_vs_bare.sh: ``python benches/harness_vs_bare.py OUT``.
+"""Summary of the GPU job's harness phase (benches/gpu_job.sh, PHASES=harness):
+``python benches/harness_vs_bare.py OUT``.
 
 Per framework mode x batch size: the bare loop's per-process medians and kernelmap's clean-pass medians
 (one trial per process), each as median [min-max] over processes, and kernelmap / bare of the medians.

@@ -1,8 +1,8 @@
 """kernelmap/calllink.py (issue 25) on the real GPU fixtures: the pieces that a capture of another pass
 can test (kernel names across profilers, clocks, carrying a call mapping by launching op and kernel
 sequence, naming a pass that ran other kernels). Call ownership in the libs pass itself (cuDNN by thread
-and time) needs the libs pass's own trace: tests/test_gpu_link_run.py, on a trimmed run of
-benches/gpu_link.sh.
+and time) needs the libs pass's own trace: tests/test_gpu_link_run.py, on a trimmed run recorded on an H200
+by the GPU job of commit a93316a.
 
 Fixtures: tests/data/gpu_kineto.json.gz, gpu_nsys.sqlite.gz and the gpu_*.log.gz logs are one PyTorch run
 at bs 64 (tests/data/gpu_fixtures.json); gpu_kineto_bs1024_fft.json.gz is PyTorch at bs 1024, whose conv2

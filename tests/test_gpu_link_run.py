@@ -1,5 +1,6 @@
 """Issue 25 on a real GPU run: tests/data/gpu_link_run/{all,hyb}, trimmed copies (make_fixture.py there) of the
-two link runs of benches/gpu_session.sh on an H200 (torch 2.11+cu130, cuDNN 9.19, MXNet 1.9.1 sm_90, jax 0.11.2):
+two link runs recorded on an H200 by the GPU job of commit a93316a (torch 2.11+cu130, cuDNN 9.19, MXNet 1.9.1
+sm_90, jax 0.11.2):
 ``kernelmap run --framework all --device gpu --profile all --batch-size 64 256 1024 --steps 20 --trials 1
 --max-repeats 0 --data synthetic`` (all) and the same for ``--framework mxnet --mode hybridized`` (hyb), each
 normalised again here. Skipped (with the reason) until that fixture is in tests/data.

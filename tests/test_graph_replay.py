@@ -169,7 +169,7 @@ def _check_real_capture(fx: Path) -> pd.DataFrame:
 
 
 @pytest.mark.skipif(not (GRAPH_FIXTURE / "trace.json.gz").is_file(),
-                    reason="the real cuda-graph capture of benches/gpu_modes.sh is not in tests/data yet")
+                    reason="the real cuda-graph capture (the GPU job's run) is not in tests/data yet")
 def test_real_graph_replay_capture():
     """bs 64: 3 replayed steps of 47 device events (44 kernels, 3 memsets), all attributed."""
     rep = _check_real_capture(GRAPH_FIXTURE)

@@ -1,6 +1,6 @@
-"""benches/harness_vs_bare.py on the real H200 run of benches/gpu_harness_vs_bare.sh (tests/data/harness_h200:
-the bare loops' JSON lines and each `kernelmap run --json` summary, as the script wrote them): medians over
-processes, their ranges and kernelmap / bare, exact."""
+"""benches/harness_vs_bare.py on a real run recorded on an H200 by the GPU job of commit 78dc362
+(tests/data/harness_h200: the bare loops' JSON lines and each `kernelmap run --json` summary, as the job wrote
+them): medians over processes, their ranges and kernelmap / bare, exact."""
 
 from __future__ import annotations
 

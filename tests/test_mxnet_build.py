@@ -517,29 +517,41 @@ def test_missing_ldconfig_is_named_not_a_missing_libc(monkeypatch, tmp_path):
         build.loader_cache()
 
 
-def _gpu_session_build(tmp_path: Path, kit: Path, home: Path, phase: str = "build") -> subprocess.CompletedProcess:
-    """benches/gpu_mxnet_session.sh build, with a python3 that does nothing (no install, no build)."""
+def _gpu_job(tmp_path: Path, kit: Path, home: Path, mode: str = "job") -> subprocess.CompletedProcess:
+    """benches/gpu_job.sh's job in the foreground with PHASES=mxnet (or its stage mode), the parts in MX_KIT, with
+    a python3 that does nothing (no install, no kernelmap, no doctor)."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
     (fake / "python3").chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "KERNELMAP_MXNET_HOME": str(home),
-           "KERNELMAP_MXPARTS": str(tmp_path / "staged")}
-    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_mxnet_session.sh"), phase, str(kit),
-                           str(tmp_path / "out"), "1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+           "KERNELMAP_MXPARTS": str(tmp_path / "staged"), "MX_KIT": str(kit), "PHASES": "mxnet",
+           "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", str(ROOT / "benches" / "gpu_job.sh"), mode], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
-def test_gpu_session_stops_on_a_carried_tree_that_does_not_unpack(tmp_path):
+def test_gpu_job_stops_on_a_carried_tree_that_does_not_unpack(tmp_path):
     kit, home = tmp_path / "kit", tmp_path / "home"
     kit.mkdir()
     (kit / "mxtree.tar.xz.00").write_bytes(b"not xz at all")
-    proc = _gpu_session_build(tmp_path, kit, home)
+    proc = _gpu_job(tmp_path, kit, home)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert f"cannot unpack the carried MXNet tree from {kit}/mxtree.tar.xz.00" in proc.stderr
-    assert "unpacked the carried tree" not in proc.stdout and "started build-mxnet" not in proc.stdout
+    assert "the job stops" in proc.stderr and "unpacked the carried tree" not in proc.stdout
+    assert (tmp_path / "out" / "DONE").read_text().strip() == "5"  # what the waiting call reports
     assert list(home.iterdir()) == []  # nothing half-unpacked left to pass for a tree
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
+def test_gpu_job_without_a_carried_tree_says_mxnet_runs_on_the_cpu(tmp_path):
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    kit.mkdir()
+    proc = _gpu_job(tmp_path, kit, home)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"none carried ({kit}/mxtree.tar.xz.NN): MXNet runs on the CPU, labelled" in proc.stdout
+    assert not home.exists() or list(home.iterdir()) == []
 
 
 def _tree_in_two_parts(tmp_path: Path) -> tuple[Path, bytes, bytes]:
@@ -552,34 +564,49 @@ def _tree_in_two_parts(tmp_path: Path) -> tuple[Path, bytes, bytes]:
     return tree, data.getvalue()[:half], data.getvalue()[half:]
 
 
-@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
-def test_gpu_session_unpacks_a_carried_tree_in_parts(tmp_path):
-    tree, part0, part1 = _tree_in_two_parts(tmp_path)
-    kit, home = tmp_path / "kit", tmp_path / "home"
-    kit.mkdir()
-    (kit / "mxtree.tar.xz.00").write_bytes(part0)
-    (kit / "mxtree.tar.xz.01").write_bytes(part1)
-    proc = _gpu_session_build(tmp_path, kit, home)
+def _parts(folder: Path, parts: dict[str, bytes]) -> Path:
+    """FOLDER holding mxtree.tar.xz.NN for each NN: bytes in PARTS."""
+    folder.mkdir(exist_ok=True)
+    for number, data in parts.items():
+        (folder / f"mxtree.tar.xz.{number}").write_bytes(data)
+    return folder
+
+
+def _assert_unpacked(proc: subprocess.CompletedProcess, home: Path, tree: Path) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
     assert [p.name for p in home.iterdir()] == [tree.name]
     assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
 
 
-@pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
-def test_gpu_session_joins_parts_staged_by_an_earlier_call(tmp_path):
+NEEDS_XZ = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "xz", "tar")), reason="needs bash, xz and tar")
+
+
+@NEEDS_XZ
+def test_gpu_job_unpacks_a_carried_tree_in_parts(tmp_path):
+    tree, part0, part1 = _tree_in_two_parts(tmp_path)
+    kit = _parts(tmp_path / "kit", {"00": part0, "01": part1})
+    _assert_unpacked(_gpu_job(tmp_path, kit, tmp_path / "home"), tmp_path / "home", tree)
+
+
+@NEEDS_XZ
+def test_gpu_job_joins_parts_staged_by_an_earlier_call(tmp_path):
     """A tree too big for one call's carry: call 1 stages part 00, call 2 carries part 01 and unpacks both."""
     tree, part0, part1 = _tree_in_two_parts(tmp_path)
-    kit1, kit2, home = tmp_path / "kit1", tmp_path / "kit2", tmp_path / "home"
-    kit1.mkdir()
-    kit2.mkdir()
-    (kit1 / "mxtree.tar.xz.00").write_bytes(part0)
-    (kit2 / "mxtree.tar.xz.01").write_bytes(part1)
-    staged = _gpu_session_build(tmp_path, kit1, home, phase="stage")
+    home = tmp_path / "home"
+    staged = _gpu_job(tmp_path, _parts(tmp_path / "kit1", {"00": part0}), home, mode="stage")
     assert staged.returncode == 0, staged.stdout + staged.stderr
     assert not home.exists() or list(home.iterdir()) == []  # staging unpacks nothing
-    proc = _gpu_session_build(tmp_path, kit2, home)
-    assert f"unpacked the carried tree: {home / tree.name}" in proc.stdout, proc.stdout + proc.stderr
-    assert (home / tree.name / built.LIB_RELPATH).read_bytes() == SM90.read_bytes()
+    _assert_unpacked(_gpu_job(tmp_path, _parts(tmp_path / "kit2", {"01": part1}), home), home, tree)
+
+
+@NEEDS_XZ
+def test_gpu_job_takes_this_calls_part_over_a_staged_one_of_its_number(tmp_path):
+    """A part staged by an earlier call (here a stale one) and this call's part of the same number: this call's."""
+    tree, part0, part1 = _tree_in_two_parts(tmp_path)
+    _parts(tmp_path / "staged", {"00": b"a stale part"})
+    kit = _parts(tmp_path / "kit", {"00": part0, "01": part1})
+    _assert_unpacked(_gpu_job(tmp_path, kit, tmp_path / "home"), tmp_path / "home", tree)
 
 
 def test_unresolved_symbols_names_a_missing_one(tmp_path):

@@ -14,7 +14,7 @@ counts in the trimmed trace, for tests/test_graph_replay.py:
 
 - graph_launches, replayed_device_events, replayed_kernels, replayed_device_ns: the device events
   (kernel, gpu_memset, gpu_memcpy) correlating with a cudaGraphLaunch and their summed duration (ns),
-  as benches/gpu_modes.sh counts them;
+  as benches/graph_vs_bare.py counts them;
 - replayed_memset_nodes: replayed events of category "kernel" named memset/memset8..64 (Kineto's name of
   a graph's memset node; eagerly the same memset is a gpu_memset "Memset (Device)");
 - reference_device_events, reference_memsets (gpu_memset), reference_memset_kernels (kernels named as a

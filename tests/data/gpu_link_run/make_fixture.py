@@ -1,4 +1,5 @@
-"""Make tests/data/gpu_link_run/{all,hyb} from the two run directories of benches/gpu_session.sh's link runs.
+"""Make tests/data/gpu_link_run/{all,hyb} from the two run directories of the link runs (recorded on an H200 by
+the GPU job of commit a93316a).
 
     python tests/data/gpu_link_run/make_fixture.py LINK_ALL_RUN_DIR LINK_HYB_RUN_DIR
 

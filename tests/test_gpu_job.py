@@ -1,0 +1,113 @@
+"""benches/gpu_job.sh's options, run for real with a python3 that only writes down how it was called: bad options
+refused before anything starts, DATA_DIR given to every phase that reads data, and `nox -s reference_loop`'s job.
+(The carried MXNet tree's unpack: tests/test_mxnet_build.py.)"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benches" / "gpu_job.sh"
+pytestmark = pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
+
+
+def _python(where: Path, log: Path, rc: int = 0) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "python3").write_text(f'#!/bin/sh\necho "$@" >>"{log}"\nexit {rc}\n')
+    (where / "python3").chmod(0o755)
+    return where
+
+
+def _job(tmp_path: Path, *args: str, **options: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The job in the foreground from an empty checkout (no .gpu/, no tree); python3's calls, one line each."""
+    log = tmp_path / "python3.log"
+    log.unlink(missing_ok=True)
+    fake = _python(tmp_path / "bin", log)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out"),
+           "KERNELMAP_MXNET_HOME": str(tmp_path / "mxhome"), **options}
+    checkout = tmp_path / "checkout"
+    checkout.mkdir(exist_ok=True)
+    proc = subprocess.run(["bash", str(SCRIPT), *args], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"PHASES": "bare rn"}, "PHASES: unknown phase 'rn' (known: bare mxnet smoke"),
+    ({"DATA_DIR": "/nonexistent/idx"}, "DATA_DIR=/nonexistent/idx: no such directory"),
+    ({"RUN_ARGS": "--framework pytorch --data synthetic"}, "RUN_ARGS: no --data there; give a directory as DATA_DIR"),
+    ({"VENV": "/nonexistent/venv"}, "VENV=/nonexistent/venv: no bin/python3 there"),
+])
+@pytest.mark.parametrize("mode", [(), ("job",)])
+def test_bad_options_are_refused_before_anything_starts(tmp_path, options, message, mode):
+    proc, calls = _job(tmp_path, *mode, **options)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def _data_args(calls: list[str]) -> dict[str, list[str]]:
+    """Per phase (the script or module python3 ran), the data each call was given."""
+    seen: dict[str, list[str]] = {}
+    for line in calls:
+        words = line.split()
+        what = words[1] if words[0] == "-m" else Path(words[0]).name
+        if what == "kernelmap.cli":
+            what = f"kernelmap {words[2]}"
+        if what == "pytest":
+            what = Path(words[2]).name
+        for i, w in enumerate(words):
+            if w in ("--data", "--real-dir"):
+                seen.setdefault(what, []).append(f"{w} {words[i + 1]}")
+            elif w.startswith("--bench-data="):
+                seen.setdefault(what, []).append(w)
+    return seen
+
+
+def test_data_dir_is_the_data_of_every_phase_that_reads_data(tmp_path):
+    idx = tmp_path / "fashion-mnist"
+    idx.mkdir()
+    phases = "reference run bench repeats custom-op sweep"
+    proc, calls = _job(tmp_path, "job", PHASES=phases, DATA_DIR=str(idx), CUSTOM_ROUTES="jit")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "DONE").read_text().strip() == "0"
+    assert _data_args(calls) == {
+        "bench_reference_loop.py": [f"--bench-data={idx}"],
+        "kernelmap run": [f"--data {idx}"] * 5,  # the run, three repeats, the custom-op route's run
+        "bench_train_step.py": [f"--bench-data={idx}"] * 3,  # one pytest process per framework
+        "option_sweep.py": [f"--real-dir {idx}"],
+    }, calls
+    proc, calls = _job(tmp_path, "job", PHASES="run sweep")
+    assert _data_args(calls) == {"kernelmap run": ["--data synthetic"]}, calls
+
+
+def test_nox_reference_loop_runs_the_jobs_reference_and_repeats_with_nox_python(tmp_path):
+    pytest.importorskip("nox")
+    from conftest import noxfile_module
+
+    nf = noxfile_module()
+    assert nf.reference_loop_job([]) == {"PHASES": "reference repeats", "VENV": str(nf.FRAMEWORKS_ENV.absolute()),
+                                         "OUT": nf.REFERENCE_LOOP_OUT}
+    assert nf.reference_loop_job(["synthetic", "o"])["OUT"] == "o"
+    assert "DATA_DIR" not in nf.reference_loop_job(["synthetic"])
+    assert nf.reference_loop_job(["/data/idx"])["DATA_DIR"] == "/data/idx"
+    with pytest.raises(ValueError, match=r"reference_loop takes \[DATA_DIR \[OUT\]\], not a b c"):
+        nf.reference_loop_job(["a", "b", "c"])
+    # the job with that environment: every python3 call is the venv's (a python3 first on PATH would be nox's own)
+    venv_log = tmp_path / "venv.log"
+    venv = tmp_path / "venv"
+    _python(venv / "bin", venv_log)
+    env = {**nf.reference_loop_job([]), "VENV": str(venv), "OUT": str(tmp_path / "ref")}
+    proc, calls = _job(tmp_path, "job", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert calls == []  # nothing ran with the python3 before VENV on PATH, and nothing was installed
+    venv_calls = venv_log.read_text().splitlines()
+    assert not any("pip install" in c for c in venv_calls)
+    assert _data_args(venv_calls) == {"bench_reference_loop.py": ["--bench-data=synthetic"],
+                                      "kernelmap run": ["--data synthetic"] * 3}
+    assert any(c.endswith("benches/repeats.py " + " ".join(str(tmp_path / "ref" / f"repeat{i}.json")
+                                                          for i in (1, 2, 3))) for c in venv_calls), venv_calls
