@@ -155,8 +155,8 @@ def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float)
 
 def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -> list[dict[str, Any]]:
     """``answer.cpu_table`` as one HTML table per run x batch size: per framework its CPU time per step
-    (ms; the clean pass's 95% interval on the whole-step row; the pass under it, BUSY where the machine
-    was), then each framework's CPU time over the reference's. ``label``: framework key -> its name."""
+    (ms, on one line with its pass, the clean pass's 95% interval on the whole-step row, BUSY where the
+    machine was), then each framework's CPU time over the reference's. ``label``: framework key -> its name."""
     out: list[dict[str, Any]] = []
     if cpu.empty:
         return out
@@ -179,8 +179,8 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                     f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
                 mark = (f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>'
                         if isinstance(busy, str) else "")
-                cells.append(f'<td class="num">{fmt(ms, "ms_per_step")}<br><span class="pass">'
-                             f"{html.escape(under)}</span>{mark}</td>" if ms is not None and not pd.isna(ms)
+                cells.append(f'<td class="num"><span class="pass">{html.escape(under)}</span>{mark} '
+                             f"<b>{fmt(ms, 'ms_per_step')}</b></td>" if ms is not None and not pd.isna(ms)
                              else "<td>–</td>")
             cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
                       for fw in others]
