@@ -399,3 +399,34 @@ def test_a_busy_side_is_marked(busy_run, cpu_run, tmp_path, capsys):
     assert "that pass on a BUSY machine" in text and "(BUSY)" in text
     assert "clean step, B vs A (trials' 95% intervals): no trials recorded" in text
     assert sum(int(r["a_ns"]) for r in rows) == outermost_cpu_op_ns(busy_run / "pytorch" / "bs64" / "trace.json.gz")
+
+
+def test_cli_another_teams_graph_replay_trace_conserves_its_kernel_time(tmp_path):
+    """HTA's A100 DDP trace with CUDA graph replays (tests/data/foreign), against HTA's V100 one: every kernel of
+    each, replays included, in exactly one row."""
+    a, b = DATA / "foreign" / "hta_v100_ddp_cudagraph_step1010.json.gz", DATA / "foreign" / "hta_a100_ddp_cudagraph_step551.json.gz"
+    out = tmp_path / "ddp.csv"
+    assert cli.main(["diff", str(a), str(b), "--csv", str(out)]) == 0
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert sum(int(r["a_ns"]) for r in rows) == trace_kernel_ns(a)
+    assert sum(int(r["b_ns"]) for r in rows) == trace_kernel_ns(b)
+    assert {r["verdict"] for r in rows} <= {"too few steps", "no steps"}  # one traced step a side
+
+
+def test_cli_bad_input_is_an_error_naming_it(tmp_path, cpu_run, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    cases = [
+        ([str(tmp_path / "nope"), str(RUN)], "no such file or directory"),
+        ([str(DATA / "cpu_run_all"), str(RUN), "--case-a", "framework=pytorch"], "no records.parquet"),
+        ([str(bad), str(RUN)], "bad.json"),
+        ([str(RUN), str(cpu_run), "--case-a", "mode=cuda-graph", "--case-b", "framework=pytorch"],
+         "not one unit of time"),
+        ([str(RUN), str(RUN), "--case", "mode=cuda-graph", "--alpha", "2"], "--alpha 2"),
+    ]
+    for argv, msg in cases:
+        out = tmp_path / "never.csv"
+        assert cli.main(["diff", *argv, "--csv", str(out)]) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+        assert not out.exists()
