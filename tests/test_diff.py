@@ -430,3 +430,15 @@ def test_cli_bad_input_is_an_error_naming_it(tmp_path, cpu_run, capsys):
         assert cli.main(["diff", *argv, "--csv", str(out)]) == 2, argv
         assert msg in capsys.readouterr().err, argv
         assert not out.exists()
+
+
+def test_a_trace_without_step_marks_is_one_step(tmp_path, capsys):
+    """TraceLens' B200 vLLM inference trace has no step marks: its kernels are one step, not all 'outside'."""
+    t = DATA / "foreign" / "tracelens_b200_vllm_nvjet.json.gz"
+    out = tmp_path / "vllm.csv"
+    assert cli.main(["diff", str(t), str(t), "--csv", str(out)]) == 0
+    assert "1 steps (no step marks in the trace: the whole trace counted as one step)" in capsys.readouterr().out
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert D.OUTSIDE not in {r["where"] for r in rows} and {r["status"] for r in rows} == {"same"}
+    assert sum(int(r["a_ns"]) for r in rows) == trace_kernel_ns(t) == 10862916

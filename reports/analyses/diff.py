@@ -30,6 +30,8 @@ KEY = ("where", "direction", "library_call", "kernel")
 PLACE = ("where", "direction")  # ``by_place``: the kernels of a layer (or op) and direction together
 NONE = "-"  # a key field the event has not (no library call, no direction)
 OUTSIDE = "(outside the counted steps)"
+WHOLE = 0  # the one "step" of a trace without step marks
+WHOLE_BASIS = "no step marks in the trace: the whole trace counted as one step"
 
 
 class Verdict(enum.StrEnum):
@@ -138,7 +140,10 @@ def make_side(label: str, records: pd.DataFrame, entry: dict[str, Any] | None = 
     src, level, rows = timed_rows(records, source)
     its, basis = counted_iterations(rows)
     ev = keyed(rows, level)
-    outside = ~ev["iteration"].isin(its) if its else pd.Series(True, index=ev.index)
+    if not its:  # a trace without step marks (inference, a capture of another program): one step, the whole trace
+        ev["iteration"] = pd.array([WHOLE] * len(ev), dtype="Int64")
+        its, basis = (WHOLE,), WHOLE_BASIS
+    outside = ~ev["iteration"].isin(its)
     ev.loc[outside, list(KEY)] = [OUTSIDE, NONE, NONE, NONE]
     ev["iteration"] = ev["iteration"].where(~outside, pd.NA)
     return Side(label, src, level, ev.reset_index(drop=True), its, basis, int(rows["dur_ns"].sum()), entry or {})
