@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from html import escape
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=D.ALPHA, help=f"the U test's level (default {D.ALPHA})")
     p.add_argument("--csv", metavar="FILE", help="write every row as CSV (the table's columns, ns totals included)")
     p.add_argument("--places-csv", metavar="FILE", help="write the by-layer-and-direction rows as CSV")
+    p.add_argument("--html", metavar="FILE", help="write the header and both tables as one HTML page")
     p.add_argument("--top", type=int, metavar="N", help="print only the N rows of largest change (CSV: all rows)")
 
 
@@ -163,6 +165,24 @@ def write(df: pd.DataFrame, places: pd.DataFrame, out: TextIO, top: int | None =
     print("rows: " + ", ".join(f"{n} {k}" for k, n in counts.items()), file=out)
 
 
+def page(df: pd.DataFrame, places: pd.DataFrame) -> str:
+    """The header and both tables (every row) as one self-contained HTML page, styled as the report."""
+    from importlib import resources
+
+    from . import html as H
+
+    css = resources.files("kernelmap.reports").joinpath("report.css").read_text()
+    s = df.attrs["summary"]
+    cols = {c: h for c, h, _ in PLACE_COLUMNS}
+    kcols = {c: h for c, h, _ in KERNEL_COLUMNS}
+    head = "".join(f"<p>{escape(line)}</p>" for line in header(s))
+    title = escape(f"kernelmap diff: {s['a']['label']} vs {s['b']['label']}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{css}</style></head>"
+            f"<body><h1>{title}</h1>{head}<h2>By layer (op where no layer) and direction, ms per step</h2>"
+            f"{H.table(places, cols)}<h2>By {escape(s['a']['level'])}, ms per step</h2>{H.table(df, kcols)}"
+            "</body></html>")
+
+
 def write_csv(df: pd.DataFrame, path: str) -> None:
     with atomic_file(path) as fh:
         df.to_csv(fh, index=False)
@@ -183,5 +203,8 @@ def main(args: argparse.Namespace) -> int:
     for frame, path in ((df, args.csv), (places, args.places_csv)):
         if path:
             write_csv(frame, path)
+    if args.html:
+        with atomic_file(args.html) as fh:
+            fh.write(page(df, places))
     write(df, places, sys.stdout, args.top)
     return 0
