@@ -85,9 +85,7 @@ class Side:
     @property
     def contended(self) -> bool | None:
         """Whether the pass that recorded this trace ran on a busy machine (None: not measured)."""
-        p = source_pass(self.source)
-        c = field_at(passes_of(self.entry).get(p or "", {}), "contention.contended")
-        return c if c is not None else field_at(self.entry, "contention.contended")
+        return field_at(passes_of(self.entry).get(source_pass(self.source) or "", {}), "contention.contended")
 
     @property
     def clean_contended(self) -> bool | None:
