@@ -21,7 +21,8 @@
    in nanoseconds, exactly the decimal text times 1000 rounded half to even (ns_of_number); float64 ext, NaN for missing/null; int64 the rest, each beside "<name>_na", a
    bool mask of its missing/null rows), names the distinct names (str), cats the distinct
    categories (cats[0] is None), dims the distinct raw "Input Dims" texts (bytes), odd a list of
-   (column, row, str) for string pid/tid values, close the offset in data of the "]" that ended the
+   (column, row, str) for string pid/tid values and string args (correlation, ext, seq, stream,
+   bytes: NaN in their columns), close the offset in data of the "]" that ended the
    elements before end (a later member of the document holds an array of its own, whose "]" the
    caller took for the array's), or -1. */
 
@@ -540,7 +541,7 @@ static const char *COLS[NCOL] = {"idx", "name", "cat", "ts", "dur", "pid", "tid"
 enum { C_IDX, C_NAME, C_CAT, C_TS, C_DUR, C_PID, C_TID, C_CORR, C_EXT, C_SEQ, C_STREAM, C_BYTES,
        C_GX, C_GY, C_GZ, C_BX, C_BY, C_BZ, C_DIMS };
 
-typedef struct { int col; int64_t row; Span v; } Odd;  /* a string pid/tid */
+typedef struct { int col; int64_t row; Span v; } Odd;  /* a string pid/tid or numeric arg */
 
 /* what one scanner thread finds: columns, distinct names/categories/dims, string ids; elements
    read (n) and, where it was asked to stop at a position, whether it met it there (met); the "]"
@@ -630,6 +631,7 @@ static int event(S *s, Out *o, int64_t idx) {
     int64_t ts = 0, dur = 0;
     int ns_ok = 1;  /* ts and dur read exactly as nanoseconds */
     double a_num[5] = {NAN, NAN, NAN, NAN, NAN};  /* correlation, ext, seq, stream, bytes */
+    Span a_str[5] = {{0}};  /* one given as a string (ROCm's "bytes": "616"): its text, for the caller */
     double grid[3] = {NAN, NAN, NAN}, block[3] = {NAN, NAN, NAN};
     const char *dims_a = NULL;
     Py_ssize_t dims_n = 0;
@@ -698,9 +700,13 @@ static int event(S *s, Out *o, int64_t idx) {
                         const char *at = s->p;
                         if (num_value(s, &a_num[g], 1) < 0) {
                             s->p = at;
-                            if (skip_value(s, 2)) return -1;
                             a_num[g] = NAN;
-                            seen |= 1u << (16 + g);  /* unreadable: bail if complete */
+                            if (*at == '"') {  /* a string: NaN here, its text in odd (the caller reads it) */
+                                if (scan_string(s, &a_str[g].s, &a_str[g].n, &a_str[g].esc)) return -1;
+                            } else {
+                                if (skip_value(s, 2)) return -1;
+                                seen |= 1u << (16 + g);  /* unreadable: bail if complete */
+                            }
                         }
                     } else if (g == 5 || g == 6) {
                         const char *at = s->p;
@@ -735,6 +741,11 @@ static int event(S *s, Out *o, int64_t idx) {
     int is_str;
     if (pid_p) { S t = {pid_p, s->end, 0}; if (id_value(&t, &pid, o, C_PID, row, &is_str)) return -1; }
     if (tid_p) { S t = {tid_p, s->end, 0}; if (id_value(&t, &tid, o, C_TID, row, &is_str)) return -1; }
+    for (int g = 0; g < 5; g++) {
+        if (!a_str[g].s) continue;
+        Odd r = {C_CORR + g, row, a_str[g]};
+        if (buf_put(&o->odd, &r, sizeof r)) return -1;
+    }
     int32_t nid = intern_find(&o->names, name_a, name_n, name_esc);
     if (nid < 0) return -1;
     int32_t cid = 0;  /* 0: no category; else 1 + the category's id */

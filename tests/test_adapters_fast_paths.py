@@ -507,6 +507,41 @@ def test_kineto_array_before_another_array_is_scanned(tmp_path, monkeypatch, suf
     pd.testing.assert_frame_equal(fast, kineto.read(path), check_exact=True)
 
 
+def test_kineto_string_args_are_scanned(monkeypatch):
+    """ROCm traces write some numeric args as strings (``"bytes": "65536"`` in hipMemcpy events of
+    TraceLens' vLLM trace): the scanner hands them over and a plain decimal integer is read as the
+    number the typed path makes of it, so the file stays on the native path (it fell to the typed
+    one). Any other text (``"stream": "0x0"`` in the MI250 trace) leaves the file to the typed path.
+    Both give the typed path's records; the strings' numbers checked against the raw JSON."""
+    import gzip
+    from decimal import Decimal
+
+    from kernelmap.adapters import kineto
+
+    if kineto._scan is None:
+        pytest.skip("the native helpers are not built here")
+    real, scanned = kineto._scanned, []
+    monkeypatch.setattr(kineto, "_scanned", lambda data, rd=None: scanned.append(real(data, rd)) or scanned[-1])
+    for name, native in [("tracelens_rocm_vllm_piecewise_hipgraph.json.gz", True),
+                         ("hta_mi250_train_rocm62.json.gz", False)]:
+        path = DATA / "foreign" / name
+        scanned.clear()
+        fast = kineto.read(path)
+        assert [c is not None for c in scanned] == [native], name
+        with monkeypatch.context() as m:
+            m.setattr(kineto, "_scan", None)
+            pd.testing.assert_frame_equal(fast, kineto.read(path), check_exact=True)
+    events = json.loads(gzip.decompress((DATA / "foreign" / "tracelens_rocm_vllm_piecewise_hipgraph.json.gz")
+                                        .read_bytes()), parse_float=Decimal)["traceEvents"]
+    odd = [e for e in events if e.get("ph") == "X" and isinstance((e.get("args") or {}).get("bytes"), str)]
+    assert len(odd) == 10
+    df = kineto.read(DATA / "foreign" / "tracelens_rocm_vllm_piecewise_hipgraph.json.gz")
+    got = df.set_index(["start_ns", "op_name"])["bytes"]
+    for e in odd:
+        ns = int(e["ts"] * 1000)  # exact: Decimal microseconds with at most 3 decimals
+        assert got.loc[(ns, e["name"])] == int(e["args"]["bytes"]), e
+
+
 def _link_by_external_id_before(df, ext):
     """kineto._link_by_external_id as it was before issue 11 (whole-column object round trips; the
     op lookup is the one it had, now a function of its own)."""

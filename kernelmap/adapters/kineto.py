@@ -398,6 +398,9 @@ def _scanned(data: bytes, read: dict | None = None) -> dict | None:
             vals = pd.to_numeric(pd.Series([v for c, _, v in odd if c == k], dtype=object), errors="coerce")
             if vals.notna().any():
                 return None
+    raw = _string_args(raw, [(c, r, v) for c, r, v in odd if c not in ("pid", "tid")])
+    if raw is None:
+        return None
     seen: dict = {}
     shapes_u, dims_obj = _raw_shapes(dims_u, seen)
     codes = np.frombuffer(raw["dims"], dtype="int32")
@@ -424,6 +427,31 @@ def _scanned(data: bytes, read: dict | None = None) -> dict | None:
         **{k: ints(k) for k in _INTS},
         "shapes": shapes, "dims": dims,
     }
+
+
+_PLAIN_INT = re.compile(r"-?[0-9]{1,15}")
+
+
+def _string_args(raw: dict, odd: list) -> dict | None:
+    """The scanner's columns with its string args in them (``odd``: (column, row, text); NaN in
+    the column): a plain decimal integer of up to 15 digits is its number, as ``numeric`` reads it
+    (ROCm traces write ``"bytes": "616"``); None for any other text (the typed path decides)."""
+    if not odd:
+        return raw
+    if not all(_PLAIN_INT.fullmatch(v) for _, _, v in odd):
+        return None
+    raw = dict(raw)
+    for col in {c for c, _, _ in odd}:
+        rows = np.array([r for c, r, _ in odd if c == col], dtype="int64")
+        vals = [int(v) for c, _, v in odd if c == col]
+        if col == "ext":  # float64, NaN where missing
+            raw[col] = np.frombuffer(raw[col], dtype="float64").copy()
+            raw[col][rows] = vals
+            continue
+        raw[col] = np.frombuffer(raw[col], dtype="int64").copy()
+        raw[f"{col}_na"] = np.frombuffer(raw[f"{col}_na"], dtype=bool).copy()
+        raw[col][rows], raw[f"{col}_na"][rows] = vals, False
+    return raw
 
 
 def _coded(c: dict) -> dict:
