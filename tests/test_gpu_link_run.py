@@ -90,10 +90,10 @@ def _attr(d: Path) -> dict:
 
 
 def test_every_framework_batch_and_mode_ran(runs):
-    have = {(r["framework"], r["batch_size"]) for r in _attr(runs["all"])["runs"].values()}
+    have = {(r["case"], r["batch_size"]) for r in _attr(runs["all"])["runs"].values()}
     assert have == {(fw, bs) for fw in ("pytorch", "mxnet", "jax") for bs in BATCHES}
-    have = {(r["framework"], r["batch_size"]) for r in _attr(runs["hyb"])["runs"].values()}
-    assert have == {("mxnet-hybridized", bs) for bs in BATCHES}
+    have = {(r["framework"], r["mode"], r["case"], r["batch_size"]) for r in _attr(runs["hyb"])["runs"].values()}
+    assert have == {("mxnet", "hybridized", "mxnet-hybridized", bs) for bs in BATCHES}  # the typed key, its name
 
 
 def test_library_kernels_linked_exactly(runs):
@@ -101,7 +101,7 @@ def test_library_kernels_linked_exactly(runs):
     for name, d in runs.items():
         for run in _attr(d)["runs"].values():
             for src, b in run["by_source"].items():
-                got[(name, run["framework"], run["batch_size"], src)] = (
+                got[(name, run["case"], run["batch_size"], src)] = (
                     b["library_kernels_linked"], b["library_kernels"], b["library_kernel_time_linked_ns"],
                     b["library_kernel_time_ns"])
                 assert b["library_kernels_linked"] + b["library_kernels_unlinked"] == b["library_kernels"]

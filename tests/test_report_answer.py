@@ -292,17 +292,28 @@ def test_cpu_figures_say_what_is_not_there():
     assert _step_note(torch_sub, "pytorch") is None
 
 
-def test_no_gpu_is_said_once(tmp_path):
+def test_no_gpu_is_said_once(tmp_path, monkeypatch, capsys):
+    import argparse
+
     from kernelmap import gpuinfo
+    from kernelmap.errors import KernelmapError
+    from kernelmap.run import cli as run_cli
 
     if gpuinfo.query().gpus:
         pytest.skip("a GPU is here")
     pytest.importorskip("torch", reason="with no framework installed the run stops before its device decisions")
-    # --trials 0 is refused after the device decisions are printed, before any work
-    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "auto",
-                           "--profile", "all", "--trials", "0", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0 and "--trials" in proc.stderr
+
+    def stop(*_a, **_k):  # the plan is made and said; no worker starts
+        raise KernelmapError("stopped before any work")
+
+    monkeypatch.setattr(run_cli, "run_cases", stop)
+    parser = argparse.ArgumentParser()
+    run_cli.add_arguments(parser)
+    args = parser.parse_args(["--framework", "all", "--device", "auto", "--profile", "all", "--data", "synthetic",
+                              "--out", str(tmp_path / "run")])
+    with pytest.raises(KernelmapError, match="stopped before any work"):
+        run_cli.execute(args)
+    proc = argparse.Namespace(stderr=capsys.readouterr().err)
     assert proc.stderr.count("no NVIDIA GPU here") == 1, proc.stderr
     assert "runs on the CPU: no NVIDIA GPU" not in proc.stderr
     assert proc.stderr.count("nsys pass skipped") == 1, proc.stderr  # not once per framework x batch size

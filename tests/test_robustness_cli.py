@@ -127,6 +127,14 @@ def test_normalise_run_dir_with_missing_and_broken_pieces(tmp_path):
     bs.mkdir(parents=True)
     (bs / "clean.json").write_text("{}")
     (run / "mxnet" / "bs64").mkdir(parents=True)  # a framework folder with nothing in it
+    with pytest.raises(KernelmapError, match="no results.json; not a complete kernelmap run directory"):
+        normalise_run_dir(run)  # the cases are what results.json records, never the folders found
+    (run / "results.json").write_text("[{")
+    with pytest.raises(KernelmapError, match="results.json: not valid JSON"):
+        normalise_run_dir(run)
+    (run / "results.json").write_text(json.dumps([{"framework": fw, "mode": mode, "batch_size": 64, "dir": f"{fw}/bs64"}
+                                                  for fw, mode in (("pytorch", "eager"), ("mxnet", "imperative"),
+                                                                   ("jax", "jit"))]))  # jax: no folder
     s = normalise_run_dir(run)  # no manifest, no traces: empty records, the clean.json listed
     assert s["runs"] == {} and [x["file"] for x in s["not_records"]] == ["pytorch/bs64/clean.json"]
     assert pq.read_table(run / "records.parquet").num_rows == 0
