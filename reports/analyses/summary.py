@@ -62,7 +62,7 @@ def clean_contention(r: dict) -> dict[str, Any]:
     b = Busy.of(r)
     td = field_at(r, "trials_disagree")
     n, k = field_at(r, "contention.trials"), field_at(r, "contention.trials_contended")
-    # the trials run under contention are left out of the figure where a quiet one exists (kernelmap.runner)
+    # the trials run under contention are left out of the figure where a quiet one exists (kernelmap.run.schedule)
     trials = (f" ({k}/{n} trials)" if b.contended else f" ({k}/{n} trials busy, left out)" if k else "") if n else ""
     return {"contended": b.contended, "contention": b.marked + trials,
             "trials_contended": field_at(r, "contention.trials_contended"),
