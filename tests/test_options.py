@@ -154,18 +154,18 @@ def test_a_batch_larger_than_the_training_set_is_refused():
 
 def test_a_batch_that_does_not_fit_names_the_batch_the_need_and_what_was_free():
     """The estimate: the forward's values per image x the framework's factor x 4 bytes, plus the fixed part;
-    PyTorch's factor 1, MXNet's 2, JAX's 3 (their descriptors)."""
+    PyTorch's factor 1, MXNet's 2, JAX's 3.5 (their descriptors)."""
     per_image = spec.activation_floats_per_image() * 4
     assert spec.activation_floats_per_image() == 104_548  # 784 + 2*25088 + 3*6272 + 2*12544 + 3*3136 + 256 + 20
     bs = 30_000
-    need = {fw: options.FIXED_BYTES["cpu"] + per_image * f * bs for fw, f in (("mxnet", 2), ("jax", 3))}
+    need = {fw: options.FIXED_BYTES["cpu"] + per_image * f * bs for fw, f in (("mxnet", 2), ("jax", 3.5))}
     assert options.estimate_bytes("pytorch", bs, "cpu") == int(options.FIXED_BYTES["cpu"] + per_image * bs)
     with pytest.raises(KernelmapError) as exc:
         options.validate(_args(batch_size=[bs]), 60_000, "synthetic", HOST)
-    fit = {fw: int((20 * GIB - 2 * GIB) // (per_image * f)) for fw, f in (("mxnet", 2), ("jax", 3))}
+    fit = {fw: int((20 * GIB - 2 * GIB) // (per_image * f)) for fw, f in (("mxnet", 2), ("jax", 3.5))}
     assert str(exc.value) == (
         f"--batch-size 30000: a training step needs about {need['mxnet'] / GIB:.1f} GiB in MXNet (0.80 MiB an image, "
-        f"at most {fit['mxnet']:,} images fit), {need['jax'] / GIB:.1f} GiB in JAX (1.20 MiB an image, at most "
+        f"at most {fit['mxnet']:,} images fit), {need['jax'] / GIB:.1f} GiB in JAX (1.40 MiB an image, at most "
         f"{fit['jax']:,} images fit), estimated with 2.0 GiB fixed, and host RAM (MemAvailable) had 20.0 GiB free "
         "(PyTorch would fit)")
     options.validate(_args(framework="pytorch", batch_size=[bs]), 60_000, "synthetic", HOST)  # PyTorch alone fits
@@ -330,3 +330,41 @@ def test_graph_and_compiled_modes_run_past_an_epoch_on_the_gpu(tmp_path, mode):
     assert (entry["mode"], entry["device"], entry["steps"]) == (mode, "gpu", 70)
     (plan,) = json.loads((out / "manifest.json").read_text())["config"]["batches"]["per_batch_size"]
     assert (plan["steps_per_epoch"], plan["dropped_per_epoch"]) == (58, 608)
+
+
+PEAK_SCRIPT = """
+import json, sys
+from kernelmap.frameworks import load_workload, spec
+def status(key):
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(key + ":"))
+bs = int(sys.argv[2])
+w = load_workload(sys.argv[1])(spec.TrainConfig(batch_size=bs, data="synthetic", device="cpu"))
+batches = list(w.batches("train", bs, spec.training_batches(w.data_info.n_train, 0, bs, 2).ravel()))
+peak = status("VmHWM")
+with open("/proc/self/clear_refs", "w") as fh:
+    fh.write("5")  # the peak resident set (VmHWM) starts again from here: the steps' own
+before = status("VmRSS")
+for x, y in batches:
+    w.to_float(w.train_step(x, y))
+w.synchronize()
+print(json.dumps({"step_bytes": status("VmHWM") - before, "peak_bytes": max(peak, status("VmHWM"))}))
+"""
+BIG = 2048
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fw", list(frameworks.FRAMEWORKS))
+def test_the_memory_estimate_holds_a_step_on_the_cpu(fw):
+    """Two steps at batch 2048 in a process of their own: the process's peak resident memory stays below the
+    estimate, and the steps' own peak growth (the peak reset before them) between half and all of the estimate's
+    per-image part: a factor too small or twice too large fails. Measured 2026-11-27: PyTorch 0.88, MXNet 1.49,
+    JAX 2.95 of the forward's values an image (factors 1, 2, 3.5)."""
+    require_framework(fw)
+    d = frameworks.get(fw)
+    proc = subprocess.run([d.python() or sys.executable, "-c", PEAK_SCRIPT, fw, str(BIG)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", **d.cpu_env))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["peak_bytes"] < options.estimate_bytes(fw, BIG, "cpu"), got
+    assert 0.5 < got["step_bytes"] / (options.bytes_per_image(fw) * BIG) < 1.0, got

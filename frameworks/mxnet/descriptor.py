@@ -114,6 +114,6 @@ DESCRIPTOR = Framework(
     commands={"build-mxnet": ("kernelmap.frameworks.mxnet.build",
                               "build MXNet 1.9.1 for this GPU's architecture (e.g. sm_90), about 16 min on 16 cores")},
     recorded_env=("MXNET_ENGINE_TYPE",),
-    train_memory_factor=2.0,  # peak RSS grew 1.71x a step's forward values an image, bs 512 -> 4096 (CPU, imperative)
+    train_memory_factor=2.0,  # two steps at batch 2048 (CPU, imperative): peak resident growth 1.49x the forward's values
     vocabulary=ops.VOCABULARY,
 )
