@@ -14,6 +14,13 @@ from kernelmap import timing
 STEP_S = 0.004
 
 
+class _Workload(FakeWorkload):
+    """test_worker's stand-in, with the loss conversion the worker asks every workload for."""
+
+    def to_float(self, value) -> float:
+        return float(value)
+
+
 def _spin():
     end = time.perf_counter() + STEP_S
     while time.perf_counter() < end:
@@ -23,8 +30,8 @@ def _spin():
 def test_a_step_that_waits_costs_wall_time_not_cpu_time(tmp_path):
     """A step that sleeps (what waiting for a core looks like from inside) adds wall time, not CPU time; a
     step that computes adds both: the CPU clock is the one a neighbour barely moves."""
-    waits = _run(FakeWorkload(n_train=10_000, on_step=lambda: time.sleep(STEP_S)), tmp_path, steps=20)
-    works = _run(FakeWorkload(n_train=10_000, on_step=_spin), tmp_path, steps=20)
+    waits = _run(_Workload(n_train=10_000, on_step=lambda: time.sleep(STEP_S)), tmp_path, steps=20)
+    works = _run(_Workload(n_train=10_000, on_step=_spin), tmp_path, steps=20)
     for r in (waits, works):
         assert len(r[timing.CPU_SAMPLES]) == len(r["step_times_s"]) == len(r[timing.MAIN_THREAD_SAMPLES]) == 2
         assert r["cpu_timing"] == timing.CPU_METHOD
