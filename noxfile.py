@@ -435,9 +435,10 @@ def reference_loop_job(posargs: list[str]) -> dict[str, str]:
 
 @nox.session(python=PYTHON)
 def reference_loop(session: nox.Session) -> None:
-    """GPU: the bare step loop beside the clean pass, three runs and their spread (benches/gpu_job.sh's
-    reference and repeats phases): ``nox -s reference_loop -- [DATA_DIR [OUT]]`` (default synthetic data,
-    runs/reference-loop)."""
+    """GPU: the bare step loop beside the clean pass, three runs and their spread.
+
+    benches/gpu_job.sh's reference and repeats phases, in the foreground:
+    ``nox -s reference_loop -- [DATA_DIR [OUT]]`` (default synthetic data, runs/reference-loop)."""
     if _gpu_compute_capability() is None:
         session.skip("no NVIDIA GPU found (nvidia-smi)")
     try:
