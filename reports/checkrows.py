@@ -39,6 +39,7 @@ class Check(enum.StrEnum):
     CALL_WITHIN_OP = "library call within its op"
     BUSY_SHARE = "busy share of one pass"
     CALL_STATEMENT = "one statement of library calls"
+    CPU_WALL = "CPU time vs wall time"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]

@@ -89,8 +89,8 @@ from .analyses.summary import clean_stats
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
     COLUMNS, CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, entry_of, exceeds, ms_text, pass_contention,
     span_ms)
-from .relations import (busy_share_basis, call_statement_checks, call_within_op, e2e_vs_step, quiet_figures,
-                        run_complete)
+from .relations import (busy_share_basis, call_statement_checks, call_within_op, cpu_vs_wall, e2e_vs_step,
+                        quiet_figures, run_complete)
 
 EXIT_CHECK_FAILED = 4
 LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (per step) is not judged
@@ -448,6 +448,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         rows += quiet_figures(run, ans)
         rows += run_complete(run, lt)
         rows += e2e_vs_step(run)
+        rows += cpu_vs_wall(run)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):

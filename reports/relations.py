@@ -19,6 +19,10 @@ the page's sections that must hold for the page not to contradict itself (docs/c
   answer's cells and the timeline print.
 * ``busy share of one pass`` (``busy_share_basis``): the busy share divides a pass's busy time by that
   pass's own step, or by the clean step where both passes ran alike (neither or both contended).
+* ``CPU time vs wall time`` (``cpu_vs_wall``): ``basis.CPU_WALL_RULE`` per CPU case (clean pass): on a quiet
+  machine the worker's CPU time per step is not below its wall time beyond noise, nor above wall time x the
+  machine's cores; not checked where the clean pass ran contended or unmeasured, where the run records no CPU
+  time, or on the GPU (``basis.cpu_wall_agreement`` says why).
 
 Beyond noise (``checkrows.exceeds``): 95% intervals apart where neither figure's pass ran contended; where
 either did, by more than ``timing.NOISE_THRESHOLD`` of the smaller (``checkrows.CONTENDED_RULE``).
@@ -36,7 +40,7 @@ from kernelmap.rundir import ATTRIBUTION, RECORDS
 from kernelmap.timing import mean_ci
 
 from .analyses.base import NOT_MEASURED, Busy, Run, case_of, field_at, passes_of
-from .analyses.basis import CLEAN, TimeKind
+from .analyses.basis import CLEAN, CPU_WALL_RULE, TimeKind, cpu_wall_agreement
 from .analyses.summary import clean_stats
 from .checkrows import (CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, exceeds, ms_text,
                         pass_contention, span_ms)
@@ -283,4 +287,29 @@ def call_statement_checks(run: Run, layers: pd.DataFrame, libcalls: pd.DataFrame
                               ("; ".join(problems) + f" (the library-call table: {said})") if problems else
                               f"every section says: {said}; {shown} layer row(s) show a call; attribution.json: "
                               f"{'not recorded' if attr is None else f'{attr} linked'}"))
+    return rows
+
+
+def _ms_ci(v: Any) -> str:
+    return "no interval" if not isinstance(v, tuple) else f"[{v[0]:.4g}–{v[1]:.4g}] ms"
+
+
+def cpu_vs_wall(run: Run) -> list[dict[str, Any]]:
+    """``CPU time vs wall time`` (module docstring): one row per case of ``basis.cpu_wall_agreement``, its
+    verdict as the row's status (None: not checked, with its reason)."""
+    rows: list[dict[str, Any]] = []
+    for a in cpu_wall_agreement([run]).to_dict("records"):
+        cpu, wall = (None if pd.isna(a[k]) else float(a[k]) for k in ("cpu_ms", "wall_ms"))
+        if a["agrees"] not in (True, False) or cpu is None or wall is None:
+            rows.append(check_row(run.name, a["framework"], a["batch_size"], Check.CPU_WALL, "CPU time per step",
+                                  wall, cpu, NOT_CHECKED, a["why"]))
+            continue
+        n = a["cores"]
+        cores = f"{int(n)} cores" if isinstance(n, int | float) and not pd.isna(n) else "cores not recorded (no upper bound)"
+        figures = (f"CPU {cpu:.4g} ms {_ms_ci(a['cpu_ci_ms'])} vs wall {wall:.4g} ms {_ms_ci(a['wall_ci_ms'])} per step"
+                   f" ({cpu / wall:.2f} x), {cores}; clean pass quiet")
+        rows.append(check_row(run.name, a["framework"], a["batch_size"], Check.CPU_WALL, "CPU time per step", wall,
+                              cpu, PASS if a["agrees"] else FAIL,
+                              f"{a['why'] or 'within wall time (noise) and wall time x cores'}: {figures}"
+                              + ("" if a["agrees"] else f" ({CPU_WALL_RULE})")))
     return rows

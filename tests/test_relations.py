@@ -175,3 +175,65 @@ def test_one_statement_fails_where_the_attribution_says_otherwise(jax_cpu, tmp_p
     assert row["status"] == C.FAIL
     assert row["detail"].startswith("attribution.json links 189 call(s) to an op while the library-call table "
                                     "links 0 call kind(s)")
+
+
+# --- CPU time vs wall time --------------------------------------------------------------------
+CPUTIME = DATA / "cpu_run_cputime"  # real: all three frameworks' CPU time, every clean pass contended
+
+
+def _cputime_copy(tmp_path: Path, edit=None) -> tuple[Path, dict[str, dict]]:
+    """A copy of cpu_run_cputime with every entry set quiet and then ``edit(fw, entry)``; its entries by framework
+    as the copy's results.json holds them (read with the stdlib)."""
+    d = tmp_path / CPUTIME.name
+    shutil.copytree(CPUTIME, d)
+    res = json.loads((d / "results.json").read_text())
+    for r in res:
+        _quiet(r)
+        if edit is not None:
+            edit(r["framework"], r)
+    (d / "results.json").write_text(json.dumps(res))
+    return d, {r["framework"]: r for r in res}
+
+
+def test_cpu_vs_wall_not_checked_where_busy_without_cpu_time_or_on_the_gpu(busy, gpu):
+    rows = _rows(CPUTIME, C.Check.CPU_WALL).set_index("framework")
+    assert list(rows.index) == ["pytorch", "mxnet", "jax"] and set(rows["status"]) == {C.NOT_CHECKED}
+    assert rows.loc["jax", "detail"] == ("its clean pass did not run on a quiet machine (other processes used up "
+                                         "to 1.8 of 2 cores)")
+    old = _rows(busy, C.Check.CPU_WALL).iloc[0]  # made at d781a87, before results.json held cpu_time
+    assert (old["status"], old["detail"]) == (C.NOT_CHECKED, "the run records no CPU time (made before kernelmap "
+                                                             "measured it)")
+    assert _rows(gpu, C.Check.CPU_WALL).iloc[0]["detail"].startswith("a GPU run")
+
+
+def test_cpu_vs_wall_fails_where_quiet_cpu_time_is_below_wall_time_beyond_noise(tmp_path):
+    """The real figures with the clean passes set quiet: PyTorch's and JAX's CPU time lie below their wall time's
+    95% interval (they waited on the two busy loops), MXNet's overlaps it."""
+    d, res = _cputime_copy(tmp_path)
+    rows = _rows(d, C.Check.CPU_WALL).set_index("framework")
+    assert dict(rows["status"]) == {"pytorch": C.FAIL, "mxnet": C.PASS, "jax": C.FAIL}
+    for fw, r in res.items():
+        assert (rows.loc[fw, "expected"], rows.loc[fw, "measured"]) == (
+            pytest.approx(r["median_step_s"] * 1e3), pytest.approx(r["cpu_time"]["median_step_s"] * 1e3))
+    assert res["jax"]["cpu_time"]["ci95_high_s"] < res["jax"]["ci95_low_s"]  # 72.06 ms below 213.2 ms
+    assert rows.loc["pytorch", "detail"].startswith(
+        "CPU time below the wall time beyond noise: the step waited on something not its own threads: CPU 36.97 ms "
+        "[33.7–39.09] ms vs wall 82.34 ms [59.56–145.6] ms per step (0.45 x), 2 cores; clean pass quiet")
+    assert rows.loc["mxnet", "detail"].startswith("within wall time (noise) and wall time x cores: CPU 21.23 ms")
+
+
+def test_cpu_vs_wall_passes_at_the_wall_time_and_fails_above_wall_time_x_cores(tmp_path):
+    """PyTorch's CPU figure doctored to its wall figure (one thread working throughout): passes; MXNet's to
+    100 ms against its 45.6 ms wall time on 2 cores (more than its threads can work at once): fails."""
+    def edit(fw: str, r: dict) -> None:
+        cpu = r["cpu_time"]
+        if fw == "pytorch":
+            cpu.update({k: r[k] for k in ("median_step_s", "ci95_low_s", "ci95_high_s")})
+        elif fw == "mxnet":
+            cpu.update(median_step_s=0.100, ci95_low_s=0.098, ci95_high_s=0.102)
+    d, _ = _cputime_copy(tmp_path, edit)
+    rows = _rows(d, C.Check.CPU_WALL).set_index("framework")
+    assert dict(rows["status"]) == {"pytorch": C.PASS, "mxnet": C.FAIL, "jax": C.FAIL}
+    assert rows.loc["mxnet", "detail"].startswith("CPU time above the wall time x 2 cores: not one process's CPU "
+                                                  "time: CPU 100 ms [98–102] ms vs wall 45.6 ms")
+    assert C.failed(C.self_checks([A.load_run(d)]))["check"].eq(C.Check.CPU_WALL).sum() == 2

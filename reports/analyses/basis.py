@@ -320,7 +320,7 @@ CPU_WALL_RULE = ("on a quiet machine a CPU worker's process works through its wh
 def cpu_wall_agreement(runs: list[Run]) -> pd.DataFrame:
     """``CPU_WALL_RULE`` per run x framework x batch size (clean pass): ``agrees`` True / False, or None
     (not checked, ``why`` says why); ``cpu_ms`` and ``wall_ms`` with their intervals, ``utilisation``
-    (CPU / wall) and ``cores``. The self-check of the CPU-time comparison (reports/checks.py draws it)."""
+    (CPU / wall) and ``cores``. The self-check ``CPU time vs wall time`` of the CPU-time comparison (``relations.cpu_vs_wall``)."""
     rows = []
     for run in runs:
         cores = field_at(field_at(run.manifest, "host", default={}) or {}, "cpu_count")
