@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, frameworks, timing
-from kernelmap.frameworks.spec import LAYERS
 from kernelmap.rundir import MANIFEST, asked_cases, pass_result_name, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
@@ -87,10 +87,28 @@ from .analyses.base import (
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
 from .analyses.summary import clean_stats
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
-    COLUMNS, CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, entry_of, exceeds, ms_text, pass_contention,
-    span_ms)
-from .relations import (busy_share_basis, call_statement_checks, call_within_op, cpu_vs_wall, e2e_vs_step,
-                        quiet_figures, run_complete)
+    COLUMNS,
+    CONTENDED_RULE,
+    FAIL,
+    NOT_CHECKED,
+    PASS,
+    Check,
+    check_row,
+    entry_of,
+    exceeds,
+    ms_text,
+    pass_contention,
+    span_ms,
+)
+from .relations import (
+    busy_share_basis,
+    call_statement_checks,
+    call_within_op,
+    cpu_vs_wall,
+    e2e_vs_step,
+    quiet_figures,
+    run_complete,
+)
 
 EXIT_CHECK_FAILED = 4
 LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (per step) is not judged

@@ -42,8 +42,18 @@ from kernelmap.timing import mean_ci
 from .analyses.base import NOT_MEASURED, Busy, Run, case_of, field_at, passes_of
 from .analyses.basis import CLEAN, CPU_WALL_RULE, TimeKind, cpu_wall_agreement
 from .analyses.summary import clean_stats
-from .checkrows import (CONTENDED_RULE, FAIL, NOT_CHECKED, PASS, Check, check_row, exceeds, ms_text,
-                        pass_contention, span_ms)
+from .checkrows import (
+    CONTENDED_RULE,
+    FAIL,
+    NOT_CHECKED,
+    PASS,
+    Check,
+    check_row,
+    exceeds,
+    ms_text,
+    pass_contention,
+    span_ms,
+)
 
 
 def _trials_said(ids: Iterable[Any]) -> str:

@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import report
+from kernelmap.reports import analysis as A
+from kernelmap.reports import checks as C
 
 from kernelmap import schema
 from kernelmap.history.trend import HISTORY_COLUMNS
 from kernelmap.normalise import normalise_run_dir
-from kernelmap.reports import analysis as A
-from kernelmap.reports import checks as C
 
 DATA = Path(__file__).parent / "data"
 BUSY_TEXT = "other processes used 1.7 of 2 cores"

@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import report
-
-from kernelmap.normalise import normalise_run_dir
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
+
+from kernelmap.normalise import normalise_run_dir
 
 DATA = Path(__file__).parent / "data"
 BUSY = "other processes used 1.8 of 2 cores"  # the jit run's clean trial and framework pass

@@ -18,12 +18,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import report
+from kernelmap.reports import analysis as A
+from kernelmap.reports import checks as C
 from test_checks_quiet import copy_run, quiet_record
 
 from kernelmap import schema
 from kernelmap.normalise import normalise_run_dir
-from kernelmap.reports import analysis as A
-from kernelmap.reports import checks as C
 
 DATA = Path(__file__).parent / "data"
 BUSY_LIBS, BUSY_FRAMEWORK = "other processes used 1.8 of 2 cores", "other processes used 1.9 of 2 cores"

@@ -14,12 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import report
+from kernelmap.reports import analysis as A
+from kernelmap.reports import checks as C
 from test_checks_quiet import all_quiet, copy_run
 
 from kernelmap import schema
 from kernelmap.normalise import normalise_run_dir
-from kernelmap.reports import analysis as A
-from kernelmap.reports import checks as C
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,7 +12,7 @@ import pandas as pd
 from kernelmap.frameworks.case import Case, by_name
 from kernelmap.frameworks.spec import LAYERS, MATH_DEFAULT, Layer
 
-from kernelmap import frameworks, rundir, schema
+from kernelmap import frameworks, rundir
 from kernelmap.errors import KernelmapError
 
 # each framework's profiler trace (its descriptor says which), then nsys
