@@ -88,6 +88,158 @@ def _threads(workload) -> dict[str, Any]:
     return {"env": env, "framework": workload.threads()}
 
 
+def _plan(workload, steps: int | None, epochs: int | None, warmup: int) -> tuple[int, np.ndarray]:
+    """The pass's step count (warm-up included) and its images in order: every step a full batch, each
+    epoch's partial batch dropped (spec.PARTIAL_BATCH_NOTE; kernelmap/options.py refuses what leaves no
+    step to time before any worker starts)."""
+    from kernelmap.frameworks import spec
+
+    bs, info = workload.config.batch_size, workload.data_info
+    total = epochs * spec.steps_per_epoch(info.n_train, bs) if epochs is not None else warmup + steps
+    if total <= warmup:
+        raise KernelmapError(f"{total} steps of {bs} images, no more than the {warmup} warm-up steps: nothing to time")
+    return total, spec.training_batches(info.n_train, workload.config.seed, bs, total).ravel()
+
+
+def _capture(workload, pass_name: str, out_dir: Path) -> contextlib.AbstractContextManager:
+    """What records the timed steps of ``pass_name``: nothing for the clean pass."""
+    if pass_name == "framework":
+        return workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
+    if pass_name == "nsys":
+        return workload.nsys_window()
+    if pass_name == "libs":
+        return workload.libs_trace(out_dir / rundir.LIBS_TRACE_DIR)  # the logs' own kernels (calllink)
+    return contextlib.nullcontext()
+
+
+class _Clocks:
+    """The timed loop's figures: per timed block its wall seconds per step, the process's and the main
+    thread's CPU seconds per step (timing.CPU_METHOD), its steps; per batch fetched its loader seconds;
+    the CPU windows of contention.CpuWindow and the GPU states."""
+
+    def __init__(self, workload):
+        self.workload = workload
+        self.samples: list[float] = []
+        self.cpu_samples: list[float] = []
+        self.main_samples: list[float] = []
+        self.sample_steps: list[int] = []
+        self.loader_times: list[float] = []
+        self.cpu_windows: list[dict[str, Any]] = []
+        self.gpu_states: list[dict[str, Any] | None] = []
+        self.e2e_wall = 0.0  # the windows' wall time: fetching their batches (clean pass) and their steps
+        self.loss = None  # the last step's loss
+
+    def fetch(self, batches, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out.append(next(batches))
+            self.workload.synchronize()  # the host-to-device copy is the loader's, not the step's
+            self.loader_times.append(time.perf_counter() - t0)
+        return out
+
+    def block(self, fetched: list[Any], k: int, i: int, block: int) -> None:
+        """Train ``block`` steps from ``fetched[k:]`` (steps ``i``...) between one read of each clock."""
+        w = self.workload
+        c0, m0 = time.process_time(), time.thread_time()  # outside the wall clock's reads
+        t0 = time.perf_counter()
+        for j in range(block):
+            images, labels = fetched[k + j]
+            with w.region(f"kernelmap:step#{i + j}"):
+                self.loss = w.train_step(images, labels)
+        w.synchronize()
+        self.samples.append((time.perf_counter() - t0) / block)
+        self.cpu_samples.append((time.process_time() - c0) / block)
+        self.main_samples.append((time.thread_time() - m0) / block)
+        self.sample_steps.append(block)
+
+
+def _warm_up(workload, batches, warmup: int, bar) -> Any:
+    loss = None
+    for i in range(warmup):
+        images, labels = next(batches)
+        with workload.region(f"kernelmap:step#{i}"):
+            loss = workload.train_step(images, labels)
+        workload.synchronize()
+        bar.update()
+    return loss
+
+
+def _timed(clocks: _Clocks, batches, *, clean: bool, reuse: bool, warmup: int, n_timed: int,
+           capture, bar, on_gpu: bool, gpu_state) -> list[Any] | None:
+    """The timed steps, window by window; the batches reused (``reuse``), else None.
+
+    A capture pass records training steps, not the loader: all its batches are fetched before the
+    capture starts. The clean pass fetches a window at a time (``reuse``: one window's once)."""
+    windows = timing.blocks(n_timed, timing.WINDOW_STEPS if clean else max(n_timed, 1))
+    block_steps = timing.BLOCK_STEPS if clean else 1
+    prefetched = (None if clean and not reuse
+                  else clocks.fetch(batches, min(n_timed, timing.WINDOW_STEPS) if reuse else n_timed))
+    i = warmup
+    if on_gpu:
+        clocks.gpu_states.append(gpu_state())
+    with capture:
+        whole = None if clean else contention.CpuWindow.start()
+        for window in windows:
+            # timing.GC_RULE: a full collection before each window, outside every clock; the
+            # collector off within it, so that cyclic garbage lives for one window at most.
+            with no_gc(collect=True):
+                cpu = contention.CpuWindow.start() if clean else None
+                w0 = time.perf_counter()
+                if reuse:
+                    fetched = [prefetched[(i - warmup + j) % len(prefetched)] for j in range(window)]
+                elif clean:
+                    fetched = clocks.fetch(batches, window)
+                else:
+                    fetched = prefetched[i - warmup : i - warmup + window]
+                k = 0
+                for block in timing.blocks(window, block_steps):
+                    clocks.block(fetched, k, i, block)
+                    k += block
+                    i += block
+                    bar.update(block)
+                del fetched
+                clocks.e2e_wall += time.perf_counter() - w0
+                if cpu is not None:
+                    clocks.cpu_windows.append(cpu.stop())
+        if whole is not None:
+            clocks.cpu_windows.append(whole.stop())
+    if on_gpu:
+        clocks.gpu_states.append(gpu_state())
+    return prefetched if reuse else None
+
+
+def _result(clocks: _Clocks, workload, *, framework: str, pass_name: str, warmup: int, n_timed: int,
+            reused: list[Any] | None) -> dict[str, Any]:
+    clean = pass_name == "clean"
+    bs = workload.config.batch_size
+    result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed,
+              "block_steps": timing.BLOCK_STEPS if clean else 1,
+              "step_times_s": clocks.samples, "sample_steps": clocks.sample_steps,
+              "timing": timing.STEP_METHOD if clean else timing.CAPTURE_METHOD,
+              timing.CPU_SAMPLES: clocks.cpu_samples, timing.MAIN_THREAD_SAMPLES: clocks.main_samples,
+              "cpu_timing": timing.CPU_METHOD,
+              **summarise(clocks.samples, bs)}
+    if clocks.loader_times:
+        result["loader_batch_s"] = float(np.median(clocks.loader_times))
+    if reused is not None:
+        result["batches_reused"] = len(reused)
+        result["e2e_step_s"] = None
+        result["e2e_timing"] = timing.REUSE_METHOD
+    elif clean:
+        result["e2e_step_s"] = clocks.e2e_wall / n_timed
+        result["e2e_timing"] = timing.E2E_METHOD
+    result["contention_windows"] = clocks.cpu_windows
+    result["contention_gpu"] = [g for g in clocks.gpu_states if g is not None]
+    result["contention"] = contention.summarise(clocks.cpu_windows, result["contention_gpu"])
+    loss = clocks.loss
+    result["final_loss"] = workload.to_float(loss) if loss is not None else None
+    result["threads"] = _threads(workload)
+    if loss is not None and not np.isfinite(result["final_loss"]):
+        raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")
+    return result
+
+
 def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: int | None,
              epochs: int | None, warmup: int, progress: bool, reuse_batches: bool = False,
              gpu_state=contention.gpu_state) -> dict[str, Any]:
@@ -102,131 +254,25 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
 
     Contention (``kernelmap.contention``): a CPU window around each timed window of the clean pass
     (around the whole capture of a capture pass), started and stopped outside every clock; on the GPU
-    ``gpu_state`` before and after the timed steps."""
-    from kernelmap.frameworks import spec
-
+    ``gpu_state`` before and after the timed steps. Stages: _plan, _warm_up, _timed, _result."""
     # Per-step profiler ranges (workload.region) cost the clean pass: only capture passes trace them.
     workload.trace_regions = pass_name != "clean"
-    cfg = workload.config
-    info = workload.data_info
-    bs = cfg.batch_size
-    # spec.PARTIAL_BATCH_NOTE: every step a full batch, each epoch's partial batch dropped (kernelmap/options.py
-    # refuses what leaves no step to time before any worker starts)
-    total = epochs * spec.steps_per_epoch(info.n_train, bs) if epochs is not None else warmup + steps
-    if total <= warmup:
-        raise KernelmapError(f"{total} steps of {bs} images, no more than the {warmup} warm-up steps: nothing to time")
-    order = spec.training_batches(info.n_train, cfg.seed, bs, total).ravel()
-
+    bs = workload.config.batch_size
+    total, order = _plan(workload, steps, epochs, warmup)
     clean = pass_name == "clean"
-    capture: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if pass_name == "framework":
-        capture = workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
-    elif pass_name == "nsys":
-        capture = workload.nsys_window()
-    elif pass_name == "libs":
-        capture = workload.libs_trace(out_dir / rundir.LIBS_TRACE_DIR)  # the logs' own kernels (calllink)
-    block_steps = timing.BLOCK_STEPS if clean else 1
-    reuse = clean and reuse_batches
-    on_gpu = cfg.device == "gpu"
-    cpu_windows: list[dict[str, Any]] = []
-    gpu_states: list[dict[str, Any] | None] = []
-
-    samples: list[float] = []  # seconds per step, one per timed block
-    cpu_samples: list[float] = []  # the process's CPU seconds per step over the same blocks (timing.CPU_METHOD)
-    main_samples: list[float] = []  # the main thread's own CPU seconds per step
-    sample_steps: list[int] = []
-    loader_times: list[float] = []  # seconds per batch fetched onto the device
-    loss = None
+    clocks = _Clocks(workload)
+    capture = _capture(workload, pass_name, out_dir)
     batches = iter(workload.batches("train", bs, order))
-
-    def fetch(n: int) -> list[Any]:
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            out.append(next(batches))
-            workload.synchronize()  # the host-to-device copy is the loader's, not the step's
-            loader_times.append(time.perf_counter() - t0)
-        return out
-
+    n_timed = total - warmup
     with _progress(total, progress, f"{framework} bs{bs} {pass_name}") as bar:
-        for i in range(warmup):
-            images, labels = next(batches)
-            with workload.region(f"kernelmap:step#{i}"):
-                loss = workload.train_step(images, labels)
-            workload.synchronize()
-            bar.update()
-        n_timed = total - warmup
-        # A capture pass records training steps, not the loader: all its batches are fetched
-        # before the capture starts. The clean pass fetches a window at a time.
-        windows = timing.blocks(n_timed, timing.WINDOW_STEPS if clean else max(n_timed, 1))
-        prefetched = None if clean and not reuse else fetch(min(n_timed, timing.WINDOW_STEPS) if reuse else n_timed)
-        i = warmup
-        e2e_wall = 0.0  # the windows' wall time: fetching their batches (clean pass) and their steps
-        if on_gpu:
-            gpu_states.append(gpu_state())
-        with capture:
-            whole = None if clean else contention.CpuWindow.start()
-            for window in windows:
-                # timing.GC_RULE: a full collection before each window, outside every clock; the
-                # collector off within it, so that cyclic garbage lives for one window at most.
-                with no_gc(collect=True):
-                    cpu = contention.CpuWindow.start() if clean else None
-                    w0 = time.perf_counter()
-                    if reuse:
-                        fetched = [prefetched[(i - warmup + j) % len(prefetched)] for j in range(window)]
-                    elif clean:
-                        fetched = fetch(window)
-                    else:
-                        fetched = prefetched[i - warmup : i - warmup + window]
-                    k = 0
-                    for block in timing.blocks(window, block_steps):
-                        c0, m0 = time.process_time(), time.thread_time()  # outside the wall clock's reads
-                        t0 = time.perf_counter()
-                        for _ in range(block):
-                            images, labels = fetched[k]
-                            with workload.region(f"kernelmap:step#{i}"):
-                                loss = workload.train_step(images, labels)
-                            k += 1
-                            i += 1
-                        workload.synchronize()
-                        samples.append((time.perf_counter() - t0) / block)
-                        cpu_samples.append((time.process_time() - c0) / block)
-                        main_samples.append((time.thread_time() - m0) / block)
-                        sample_steps.append(block)
-                        bar.update(block)
-                    del fetched
-                    e2e_wall += time.perf_counter() - w0
-                    if cpu is not None:
-                        cpu_windows.append(cpu.stop())
-            if whole is not None:
-                cpu_windows.append(whole.stop())
-        if on_gpu:
-            gpu_states.append(gpu_state())
-    if sum(sample_steps) != n_timed:
-        raise RuntimeError(f"timed {sum(sample_steps)} steps, expected {n_timed}")
-    result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed, "block_steps": block_steps,
-              "step_times_s": samples, "sample_steps": sample_steps,
-              "timing": timing.STEP_METHOD if clean else timing.CAPTURE_METHOD,
-              timing.CPU_SAMPLES: cpu_samples, timing.MAIN_THREAD_SAMPLES: main_samples,
-              "cpu_timing": timing.CPU_METHOD,
-              **summarise(samples, bs)}
-    if loader_times:
-        result["loader_batch_s"] = float(np.median(loader_times))
-    if reuse:
-        result["batches_reused"] = len(prefetched)
-        result["e2e_step_s"] = None
-        result["e2e_timing"] = timing.REUSE_METHOD
-    elif clean:
-        result["e2e_step_s"] = e2e_wall / n_timed
-        result["e2e_timing"] = timing.E2E_METHOD
-    result["contention_windows"] = cpu_windows
-    result["contention_gpu"] = [g for g in gpu_states if g is not None]
-    result["contention"] = contention.summarise(cpu_windows, result["contention_gpu"])
-    result["final_loss"] = workload.to_float(loss) if loss is not None else None
-    result["threads"] = _threads(workload)
-    if loss is not None and not np.isfinite(result["final_loss"]):
-        raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")
-    return result
+        clocks.loss = _warm_up(workload, batches, warmup, bar)
+        reused = _timed(clocks, batches, clean=clean, reuse=clean and reuse_batches, warmup=warmup,
+                        n_timed=n_timed, capture=capture, bar=bar,
+                        on_gpu=workload.config.device == "gpu", gpu_state=gpu_state)
+    if sum(clocks.sample_steps) != n_timed:
+        raise RuntimeError(f"timed {sum(clocks.sample_steps)} steps, expected {n_timed}")
+    return _result(clocks, workload, framework=framework, pass_name=pass_name, warmup=warmup,
+                   n_timed=n_timed, reused=reused)
 
 
 def main(argv: list[str] | None = None) -> int:
