@@ -79,11 +79,6 @@ def pass_contention(run: Run, fw: str, bs: Any, pass_name: str | None) -> Busy:
     return Busy.of(p) if p is not None else Busy(None, "not measured")
 
 
-def pass_busy(run: Run, fw: str, bs: int, pass_name: str | None) -> str:
-    """The measured contention of one pass, as the report marks it."""
-    return pass_contention(run, fw, bs, pass_name).marked
-
-
 # Two figures of which either was measured under contention: their intervals are not their noise (what else ran
 # slowed them, not chance), so a relation between them holds only within this share of the smaller.
 CONTENDED_RULE = (f"measured under contention: intervals are not noise there, so the figures must hold the relation "
