@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import adapters, frameworks, schema
+from kernelmap.adapters import canonical
 from kernelmap.atomic import atomic_dir, atomic_file
 from kernelmap.errors import KernelmapError
 
@@ -140,31 +141,25 @@ def self_and_library(ops: pd.DataFrame, entry: dict[str, str], any_op: str | Non
     """Per op row (index kept): ``self_ns`` (its duration less its direct children's, clipped to it),
     ``outermost`` (no op encloses it on its thread) and ``library`` (the library of the nearest enclosing
     op, itself included, named in ``entry``: op name -> library; ``any_op``: every op is that library's
-    where the framework's ops are flat; else ``NATIVE_LIB``)."""
-    out = pd.DataFrame({"self_ns": 0, "outermost": False, "library": NATIVE_LIB}, index=ops.index)
-    self_ns, outer, lib = {}, {}, {}
-    keys = [ops["pid"].fillna(-1), ops["tid"].fillna(-1)]
-    for _, g in ops.sort_values(["start_ns", "dur_ns"], ascending=[True, False], kind="stable").groupby(
-            keys, sort=False):
-        stack: list[tuple[object, int]] = []  # (row, end_ns)
-        for idx, name, s, d in zip(g.index, g["op_name"].astype(object), g["start_ns"].to_numpy("int64"),
-                                   g["dur_ns"].to_numpy("int64"), strict=True):
-            while stack and stack[-1][1] <= s:
-                stack.pop()
-            own = any_op or entry.get(name)
-            if stack:
-                parent, pend = stack[-1]
-                self_ns[parent] -= min(s + d, pend) - s
-                lib[idx] = own or lib[parent]
-            else:
-                lib[idx] = own or NATIVE_LIB
-            outer[idx] = not stack
-            self_ns[idx] = d
-            stack.append((idx, s + d))
-    out["self_ns"] = pd.Series(self_ns, dtype="int64").clip(lower=0)
-    out["outermost"] = pd.Series(outer, dtype=bool)
-    out["library"] = pd.Series(lib, dtype=object)
-    return out
+    where the framework's ops are flat; else ``NATIVE_LIB``). The nesting is the adapters' own
+    (``canonical.nest``, threads told apart by pid and tid)."""
+    n = len(ops)
+    thread = pd.factorize(pd.MultiIndex.from_arrays([ops["pid"].fillna(-1), ops["tid"].fillna(-1)]))[0]
+    start = ops["start_ns"].to_numpy("int64")
+    dur = ops["dur_ns"].to_numpy("int64")
+    end = start + dur
+    parent = canonical.nest(thread.astype("int64"), start, end)
+    child = np.flatnonzero(parent >= 0)
+    self_ns = dur.copy()
+    np.subtract.at(self_ns, parent[child], np.minimum(end[child], end[parent[child]]) - start[child])
+    own = np.array([any_op or entry.get(name) for name in ops["op_name"].astype(object)] + [None], dtype=object)[:n]
+    lib = np.where(pd.isna(own), NATIVE_LIB, own).astype(object)
+    depth = canonical.tree_depth(parent)
+    for d in range(1, int(depth.max()) + 1 if n else 0):  # parents first: by depth
+        idx = np.flatnonzero(depth == d)
+        lib[idx] = np.where(pd.isna(own[idx]), lib[parent[idx]], own[idx])
+    return pd.DataFrame({"self_ns": np.clip(self_ns, 0, None), "outermost": parent < 0, "library": lib},
+                        index=ops.index)
 
 
 def _entry_ops(fw: str) -> tuple[dict[str, str], str | None]:
