@@ -13,8 +13,6 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
-
 TOLERANCE = 1e-3  # relative to the tensor's largest magnitude: fp32 cuDNN against fp32 ATen differ by ~1e-6
 
 
@@ -23,8 +21,9 @@ def main(argv: list[str]) -> int:
         from kernelmap.frameworks.mxnet import built
 
         print("preload:", built.preload(argv[0]).describe())
-        sys.path.insert(0, f"{argv[0]}/python")
+        sys.path.insert(0, f"{argv[0]}/python")  # before numpy: the tree's numpy < 2 is MXNet's
     t0 = time.time()
+    import numpy as np
     import mxnet as mx
     import torch
 
