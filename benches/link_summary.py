@@ -16,16 +16,12 @@ import json
 import sys
 from pathlib import Path
 
+from kernelmap.rundir import CaseEntry, RunDir
 
-def _mode(run_dir: Path, fw: str, bs: int) -> str:
-    try:
-        results = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        return "?"
-    for r in results:  # the case's folder is its key (framework-mode/bsN): attribution's "framework"
-        if str(r.get("dir", "")).split("/")[0] == fw and r.get("batch_size") == bs:
-            return str(r.get("mode") or "?")
-    return "?"
+
+def _cases(run_dir: Path) -> dict[str, CaseEntry]:
+    """The run's cases by their folder (attribution.json's ``runs`` are keyed by it), read by the one loader."""
+    return {str(e.dir): e for e in RunDir(run_dir).read_cases()}
 
 
 def summary(run_dirs: list[Path]) -> list[dict]:
@@ -33,15 +29,17 @@ def summary(run_dirs: list[Path]) -> list[dict]:
     rows = []
     for d in run_dirs:
         attr = json.loads((d / "attribution.json").read_text())
-        for _, run in sorted(attr.get("runs", {}).items()):
-            fw, bs = run.get("framework"), run.get("batch_size")
+        cases = _cases(d)
+        for folder, run in sorted(attr.get("runs", {}).items()):
+            key = cases[folder].key  # a folder without a results.json entry: KeyError, not a guessed case
+            fw, bs = key.name, key.batch_size
             libs = {k: run.get(k) for k in ("libs_trace", "libs_trace_library_kernels", "libs_trace_kernels_owned",
                                             "libs_trace_kernels_owned_by_time", "libs_trace_kernels_owned_by_order",
                                             "log_clock_offset_ns", "carried_kernels_linked", "libs_pass_notes",
                                             "libs_trace_unowned_top")}
             for src, b in sorted(run.get("by_source", {}).items()):
                 rows.append({
-                    "run_dir": str(d), "framework": fw, "mode": _mode(d, fw, bs), "batch_size": bs, "source": src,
+                    "run_dir": str(d), "framework": fw, "mode": key.mode, "math": key.math, "batch_size": bs, "source": src,
                     "library_kernels": b.get("library_kernels"), "linked": b.get("library_kernels_linked"),
                     "time_linked_share": b.get("library_kernel_time_linked_share"),
                     "unlinked": b.get("library_unlinked_top", []),
@@ -70,9 +68,9 @@ def _pct(x) -> str:
 
 
 def text(rows: list[dict], checks: list[dict]) -> str:
-    out = ["framework  mode        bs    source     library kernels linked      time linked"]
+    out = ["case                    mode            bs    source     library kernels linked      time linked"]
     for r in rows:
-        out.append(f"{r['framework']:<10} {r['mode']:<11} {r['batch_size']:<5} {r['source']:<10} "
+        out.append(f"{r['framework']:<23} {r['mode']:<15} {r['batch_size']:<5} {r['source']:<10} "
                    f"{r['linked']}/{r['library_kernels']:<22} {_pct(r['time_linked_share'])}")
         for u in r["unlinked"]:
             out.append(f"    unlinked: {u['count']} x {u['kernel_name'][:80]} ({u['time_ns'] / 1e3:.1f} us): {u['reason']}")
