@@ -26,6 +26,11 @@ or a "time differs" statement (the op table) only where
 
 Since every compared figure must be quiet, no ratio is ever drawn across a contended and a
 quiet pass. A figure that may not be compared says why (``PassState.reasons``).
+
+Two capture passes' figures held against each other (a libs-pass call inside its framework-pass op:
+``relations.call_within_op``) need the two passes to have run alike (``PAIR_RULE``, ``pair_basis``):
+a pass slowed beyond the processes' noise (oneDNN's verbose log slowing the calls it times) is withheld
+from relations against the other, the row and the layer table's cell saying by how much.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class PassState:
     basis: str
     busy: Busy
     clean_busy: Busy
+    clean_trial_medians: tuple[float, ...] = ()  # the clean pass's used trials' medians (timing.PROCESS_RULE)
 
     @property
     def ratio(self) -> float | None:
@@ -181,7 +187,8 @@ def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
     return PassState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name,
                      int(steps) if isinstance(steps, int | float) else None,
                      None if med is None else float(med), ci, clean.get("median_step_s"), clean_ci,
-                     agreement, basis, Busy.of(p), Busy.of(r))
+                     agreement, basis, Busy.of(p), Busy.of(r),
+                     tuple(float(m) for m in clean.get("trial_medians_s") or () if isinstance(m, int | float)))
 
 
 StateKey = tuple[str, str, Any, str]  # run, framework, batch size, pass
@@ -212,6 +219,54 @@ def comparable(states: dict[StateKey, PassState], run: str, framework: str, batc
                        f"{NOT_MEASURED}")
     why = s.why_not(kind)
     return not why, why
+
+
+# --- two capture passes: one time basis or not ----------------------------------------------------
+PAIR_RULE = ("two capture passes' host-clock figures (a library call of the libs pass inside its op of the framework "
+             "pass) are on one time basis where the passes ran alike: the 95% interval of the one pass's step median "
+             "overlaps the other's, widened by one more process's 95% prediction interval (timing.PROCESS_RULE: the "
+             "clean trials' medians, as a share of the clean median, around the other pass's median; not widened "
+             "where the clean pass ran contended). Where the one ran slower or faster beyond that, its figures are "
+             "withheld from relations against the other's: a profiler that slows the work it logs (oneDNN's verbose "
+             "log) stretches the calls it times, and a neighbour stretches what it overlaps, so the two are not one "
+             "clock")
+
+
+@dataclass(frozen=True)
+class PairBasis:
+    """Whether figures of pass ``a`` may be held against figures of pass ``b`` (``PAIR_RULE``): ``same`` True
+    (one basis), False (``a`` ran apart from ``b`` beyond noise: withheld, ``why``), None (no intervals to
+    judge by: not judged, ``why``)."""
+
+    same: bool | None
+    ratio: float | None  # a's step median over b's
+    why: str
+
+
+def pair_basis(states: dict[StateKey, PassState], run: str, framework: str, batch_size: Any, a: str,
+               b: str) -> PairBasis:
+    """``PAIR_RULE`` for the figures of pass ``a`` held against those of pass ``b`` (one framework x batch size)."""
+    sa, sb = states.get((run, framework, batch_size, a)), states.get((run, framework, batch_size, b))
+    if sa is None or sb is None or sa.median_s is None or sb.median_s is None:
+        missing = " and ".join(p for p, s in ((a, sa), (b, sb)) if s is None or s.median_s is None)
+        return PairBasis(None, None, f"{fw_label(framework)}'s {missing} pass records no step time")
+    ratio = sa.median_s / sb.median_s if sb.median_s else None
+    said = (f"{fw_label(framework)}'s {a} pass ran {ratio:.3g}x its {b} pass ({sa.median_s * 1e3:.4g} against "
+            f"{sb.median_s * 1e3:.4g} ms/step)")
+    if sa.ci is None or sb.ci is None:
+        return PairBasis(None, ratio, f"{said}; no interval of {a if sa.ci is None else b} pass's median to judge by")
+    widened = sb.ci
+    if sa.clean_busy.contended is False and sb.clean_median_s:
+        pi = timing.process_interval(list(sa.clean_trial_medians), sb.clean_median_s)
+        if pi is not None:
+            half = (pi[1] - pi[0]) / 2 / sb.clean_median_s * sb.median_s
+            widened = (min(sb.ci[0], sb.median_s - half), max(sb.ci[1], sb.median_s + half))
+    if timing.intervals_overlap(sa.ci, widened):
+        return PairBasis(True, ratio, f"{said}: within noise ([{widened[0] * 1e3:.4g}–{widened[1] * 1e3:.4g}] ms)")
+    way = "slower" if sa.ci[0] > widened[1] else "faster"
+    return PairBasis(False, ratio, f"{said}, {way} beyond noise ({a} [{sa.ci[0] * 1e3:.4g}–{sa.ci[1] * 1e3:.4g}] ms "
+                                   f"against {b} [{widened[0] * 1e3:.4g}–{widened[1] * 1e3:.4g}] ms, widened between "
+                                   "processes): not one time basis")
 
 
 # --- CPU time (timing.CPU_RULE): the kind of time a busy machine barely moves ---------------------------

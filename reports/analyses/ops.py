@@ -11,7 +11,7 @@ from kernelmap import schema
 from kernelmap.flops import layer_flops
 
 from .base import Run, fw_label, replay_reason
-from .basis import LIBS_PASS, TimeKind, comparable, pass_states
+from .basis import LIBS_PASS, TimeKind, comparable, pair_basis, pass_states
 from .linked import framework_rows, libs_warmup, linked_calls, linked_libraries, log_steps, op_signature
 from .mix import event_library
 from .timed import direction_group, fill_from_links, op_calls, records_of, timed_events
@@ -219,6 +219,9 @@ def _layer_rows(run: Run, rec: pd.DataFrame, t) -> list[dict]:
         if t.level == "op":
             time = _library_time(run, t, calls, n_log, log_basis)
             time.update(_reorders(lcalls, calls, n_log, layer, op, d))
+            pair = pair_basis(pass_states([run]), run.name, t.framework, t.batch_size, LIBS_PASS, t.pass_name)
+            if time["kind"] is TimeKind.LIBRARY and pair.same is False:  # the cell says why (basis.PAIR_RULE)
+                time["source"] += f"; not held against the op time: {pair.why}"
         else:
             time = {"ms": op_ms, "calls_ps": None, "kind": TimeKind.KERNEL, "pass": t.pass_name,
                     "steps_ms": op_steps, "source": f"{t.level}s of the {t.source} trace ({t.pass_name} pass)",
