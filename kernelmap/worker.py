@@ -28,7 +28,7 @@ from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.gcpause import no_gc
 
-PASSES = ("clean", "framework", "libs", "nsys")
+PASSES = ("clean", "framework", "libs", "nsys", "counters")  # counters: kernelmap/run/counters.py
 EXIT_OOM = 75
 OOM_MARKER = "kernelmap-worker: out of memory"
 
@@ -105,7 +105,7 @@ def _capture(workload, pass_name: str, out_dir: Path) -> contextlib.AbstractCont
     """What records the timed steps of ``pass_name``: nothing for the clean pass."""
     if pass_name == "framework":
         return workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
-    if pass_name == "nsys":
+    if pass_name in ("nsys", "counters"):  # counters: ncu --profile-from-start off, held to the same window
         return workload.nsys_window()
     if pass_name == "libs":
         return workload.libs_trace(out_dir / rundir.LIBS_TRACE_DIR)  # the logs' own kernels (calllink)
@@ -275,6 +275,16 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                    n_timed=n_timed, reused=reused)
 
 
+def _peaks(workload, framework: str) -> dict[str, Any]:
+    """The GPU's peaks as the framework reaches them (a large GEMM per precision through its BLAS, a
+    device-to-device copy), for the roofline (reports/analyses/roofline.py); a workload without
+    ``measure_peaks`` says so."""
+    measure = getattr(workload, "measure_peaks", None)
+    if measure is None:
+        return {"not_measured": f"{frameworks.get(framework).label}'s workload measures no peaks"}
+    return measure()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
     p.add_argument("--framework", required=True, choices=frameworks.FRAMEWORKS)
@@ -314,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                           warmup=config.warmup_steps if args.warmup is None else args.warmup,
                           progress=args.progress, reuse_batches=args.reuse_batches)
         result["train_wall_s"] = time.perf_counter() - t0
+        if args.pass_name == "counters":  # after the window closed: ncu profiles none of these kernels
+            result["peaks"] = _peaks(workload, args.framework)
         result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
                       device=config.device, versions=workload.versions(), pid=os.getpid(),

@@ -160,6 +160,14 @@ class Workload(spec.WorkloadBase):
         finally:
             torch.cuda.profiler.stop()
 
+    def measure_peaks(self) -> dict[str, Any]:
+        """The GPU's GEMM and copy peaks through PyTorch (peaks.py; the counters pass's roofline)."""
+        if self.device.type != "cuda":
+            return {"not_measured": "a CPU case: the roofline's peaks are the GPU's"}
+        from .peaks import measure
+
+        return measure(self.device)
+
     def allocator_bytes(self) -> int | None:
         return int(torch.cuda.memory_reserved(self.device)) if self.device.type == "cuda" else None
 

@@ -19,7 +19,7 @@ from typing import Any
 from .. import doctor, frameworks, rundir
 from ..errors import KernelmapError
 from ..frameworks.case import CaseKey
-from . import processes
+from . import counters, processes
 from .devices import Decision, libs_env, thread_env, worker_environ, worker_own_env
 from .processes import RunProgress, nsys_commands, nsys_report
 from .results import case_entry
@@ -85,6 +85,9 @@ class CaseRun:
     def run_capture(self, p: str, progress: RunProgress, notes: list[str]) -> None:
         """One capture pass in its own process (an nsys pass that records nothing here: a note)."""
         fw, bs, out_dir = self.fw, self.bs, self.out_dir
+        if p == counters.COUNTERS:
+            self._counters(progress, notes)
+            return
         if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
             notes.append(f"{self.name}: nsys pass skipped: {self.nsys_skip}")
             self.pass_results[p] = {"skipped": self.nsys_skip}
@@ -116,6 +119,40 @@ class CaseRun:
         finally:
             progress.finish()
         self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))
+
+    def _counters(self, progress: RunProgress, notes: list[str]) -> None:
+        """The counters pass (kernelmap/run/counters.py): the worker under ncu over one step, then the report's
+        raw page as CSV; refused (CPU, no ncu, no window) or failed: a note and its reason, the case goes on."""
+        ncu = counters.find_ncu()
+        why = counters.skip_reason(self.decision.device, ncu, self.descriptor.nsys_window(self.own_env),
+                                   self.descriptor.label)
+        if why is not None:
+            notes.append(f"{self.name}: counters pass skipped: {why}")
+            self.pass_results[counters.COUNTERS] = {"skipped": why}
+            progress.total -= 1  # no worker starts
+            return
+        out = self.out_dir / counters.DIR
+        out.mkdir(parents=True, exist_ok=True)
+        label = f"{self.name} (counters pass under ncu, {self.decision.device})"
+        cmd = [*self.base, "--pass", counters.COUNTERS, "--steps", str(counters.STEPS), "--no-evaluate"]
+        profile, imported = counters.commands(ncu, out, cmd)
+        log_path = self.rd.log(self.key, counters.COUNTERS)
+        progress.start(label)
+        try:
+            with counters.Clock() as clock:
+                processes.run_worker(profile, label=label, batch_size=self.bs, env=self._env(), forward_stderr=False,
+                                     log_path=log_path)
+            processes.run_worker(imported, label=f"{label}: ncu --import", batch_size=self.bs,
+                                 stdout_path=out / counters.CSV, forward_stderr=False, log_path=log_path)
+            result = rundir.read_json(self.rd.pass_result(self.key, counters.COUNTERS))
+            self.pass_results[counters.COUNTERS] = counters.summary(result, out, rundir.case_dir(self.key),
+                                                                    clock.seconds)
+        except KernelmapError as exc:
+            why = counters.failure(out, exc)
+            notes.append(f"{self.name}: counters pass recorded nothing: {why}")
+            self.pass_results[counters.COUNTERS] = {"skipped": why}
+        finally:
+            progress.finish()
 
     def _under_nsys(self, out: Path, cmd: list[str], window, label: str, env: dict[str, str],
                     log_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import contention, timing
 from ..frameworks.case import CaseKey
+from .counters import COUNTERS
 from .devices import Decision
 from .schedule import trial_contended, used_trials
 
@@ -100,7 +101,11 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
                   "warmup_steps": first["warmup_steps"], "trials": len(clean_trials), "trials_used": len(used),
                   "timing": clean["timing"], "contention": cont},
     }
+    counters = None  # the counters pass (kernelmap/run/counters.py): not a timing pass, its own field
     for p, r in pass_results.items():
+        if p == COUNTERS:
+            counters = r
+            continue
         if "skipped" in r:
             passes_summary[p] = r
             continue
@@ -145,6 +150,7 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
         "final_loss": first["final_loss"],
         "train_wall_s": first["train_wall_s"],
         "passes": passes_summary,
+        **({COUNTERS: counters} if counters is not None else {}),
         "dir": str(rel),
         "files": files,
         "versions": first["versions"],

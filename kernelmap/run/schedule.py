@@ -21,11 +21,13 @@ PROFILES = {
     "libs": ("clean", "libs"),
     "nsys": ("clean", "nsys"),
     "all": ("clean", "framework", "libs", "nsys"),
+    # one step under Nsight Compute (kernelmap/run/counters.py); not in "all" yet: ncu replays every kernel
+    "counters": ("clean", "counters"),
 }
 # Timed steps of each capture pass (at most the clean pass's): enough for its overhead to be judged
 # against the clean pass's interval (kernelmap.timing).
 PASS_STEPS = {"framework": timing.MIN_CAPTURE_STEPS, "libs": timing.MIN_CAPTURE_STEPS,
-              "nsys": timing.MIN_CAPTURE_STEPS}
+              "nsys": timing.MIN_CAPTURE_STEPS, "counters": 1}  # counters.STEPS: one step under ncu
 LIBS_WARMUP = 1
 # nsys traces a CUDA graph's replay as one launch unless told otherwise, and even per node it has no
 # reference step to give replayed kernels the ops that launched them at capture: the framework pass does

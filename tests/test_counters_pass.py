@@ -1,0 +1,130 @@
+"""The counters pass (kernelmap/run/counters.py): refused per case with its reason (CPU, no ncu, no profiler
+window), the worker under ncu with the pass's flags and metric set where it runs, ncu's failure recorded without
+dropping the case. Workers are stand-ins: no framework, no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kernelmap.frameworks.case import CaseKey
+from kernelmap.frameworks.registry import NsysWindow
+
+from kernelmap import frameworks, normalise, rundir
+from kernelmap.adapters import ncu as ncu_csv
+from kernelmap.errors import KernelmapError
+from kernelmap.run import case as run_case
+from kernelmap.run import counters
+from kernelmap.run import devices as run_devices
+from kernelmap.run import processes as run_processes
+from kernelmap.run import schedule as run_schedule
+
+TRAIN = {"steps": 20, "warmup_steps": 5, "math": "fp32"}
+
+
+def _case(tmp_path: Path, fw: str, device: str) -> run_case.CaseRun:
+    key = CaseKey(fw, frameworks.get(fw).default_mode, "fp32", 1, 64)
+    return run_case.CaseRun(key, run_devices.Decision(fw, device, device, None), TRAIN, "{}", tmp_path, None, None, 1,
+                            {})
+
+
+def test_refused_on_the_cpu_with_its_reason(tmp_path, monkeypatch):
+    def no_worker(*a, **k):
+        raise AssertionError("no worker may start for a refused counters pass")
+
+    monkeypatch.setattr(run_processes, "run_worker", no_worker)
+    monkeypatch.setattr(counters, "find_ncu", lambda: "/opt/nvidia/nsight-compute/2025.3.1/ncu")  # even with ncu
+    progress, notes = run_processes.RunProgress(3, enabled=False), []
+    for fw in frameworks.FRAMEWORKS:
+        case = _case(tmp_path, fw, "cpu")
+        case.run_capture(counters.COUNTERS, progress, notes)
+        assert case.pass_results[counters.COUNTERS] == {
+            "skipped": "Nsight Compute reads an NVIDIA GPU's counters; this case runs on the CPU"}
+        assert not case.failed
+    assert len(notes) == len(frameworks.FRAMEWORKS) and all("counters pass skipped" in n for n in notes)
+    assert progress.total == 3 - len(frameworks.FRAMEWORKS)  # none of them started a worker
+
+
+def test_skip_reasons():
+    assert counters.skip_reason("gpu", None, NsysWindow.PROFILER_API, "PyTorch").startswith("ncu not found; install")
+    assert "opens no cudaProfilerStart/Stop window" in counters.skip_reason("gpu", "/x/ncu", None, "JAX")
+    assert "an NVTX range only" in counters.skip_reason("gpu", "/x/ncu", NsysWindow.NVTX_RANGE, "MXNet")
+    assert counters.skip_reason("gpu", "/x/ncu", NsysWindow.PROFILER_API, "PyTorch") is None
+
+
+def test_runs_the_worker_under_ncu(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+        calls.append((list(cmd), stdout_path))
+        if "kernelmap.worker" in cmd:
+            d = Path(cmd[cmd.index("--dir") + 1])
+            (d / rundir.pass_result_name(counters.COUNTERS)).write_text(json.dumps(
+                {"steps": 1, "warmup_steps": 5, "peaks": {"gemm": {"bf16": {"flops_per_s": 6.0e14}}}}))
+        else:
+            stdout_path.write_text("csv")
+
+    monkeypatch.setattr(run_processes, "run_worker", fake_worker)
+    monkeypatch.setattr(counters, "find_ncu", lambda: "/opt/ncu")
+    case = _case(tmp_path, "pytorch", "gpu")
+    case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), [])
+    (profile, _), (imported, csv_out) = calls
+    out = case.out_dir / counters.DIR
+    assert profile[:9] == ["/opt/ncu", "--profile-from-start", "off", "--clock-control", "none",
+                           "--cache-control", "all", "--replay-mode", "kernel"]
+    assert profile[profile.index("--metrics") + 1].split(",") == list(ncu_csv.PASS_METRICS)
+    assert profile[profile.index("--export") + 1] == str(out / "ncu")
+    worker = profile[profile.index("-m") - 1:]
+    assert worker[worker.index("--pass") + 1] == "counters" and worker[worker.index("--steps") + 1] == "1"
+    assert imported == ["/opt/ncu", "--import", str(out / counters.REPORT), "--csv", "--page", "raw",
+                        "--print-units", "base"]
+    assert csv_out == out / counters.CSV
+    got = case.pass_results[counters.COUNTERS]
+    assert got["csv"] == "pytorch/bs64/counters/ncu.csv" and got["steps"] == 1 and got["ncu_wall_s"] >= 0
+    assert got["peaks"] == {"gemm": {"bf16": {"flops_per_s": 6.0e14}}}
+
+
+def test_ncu_failure_is_recorded_and_the_case_goes_on(tmp_path, monkeypatch):
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+        log = Path(cmd[cmd.index("--log-file") + 1])
+        log.write_text("==PROF== Connected to process 1\n==ERROR== ERR_NVGPUCTRPERM - The user does not have "
+                       "permission to access NVIDIA GPU Performance Counters on the target device 0.\n")
+        raise KernelmapError(f"{label}: worker exited 1: (no message)")
+
+    monkeypatch.setattr(run_processes, "run_worker", fake_worker)
+    monkeypatch.setattr(counters, "find_ncu", lambda: "/opt/ncu")
+    case, notes = _case(tmp_path, "pytorch", "gpu"), []
+    case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), notes)
+    why = case.pass_results[counters.COUNTERS]["skipped"]
+    assert why.startswith("ncu failed: ") and "ERR_NVGPUCTRPERM" in why and "==PROF==" not in why
+    assert not case.failed and notes == [f"{case.name}: counters pass recorded nothing: {why}"]
+
+
+def test_pass_is_a_profile_of_one_step_and_its_result_is_kernelmaps_own():
+    assert run_schedule.PROFILES["counters"] == ("clean", "counters")
+    assert run_schedule.PASS_STEPS["counters"] == counters.STEPS == 1
+    assert normalise.own_file(Path("counters.json")) == normalise.OWN_RESULT
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("override", ["0", None])
+def test_peaks_measured_through_pytorch(override):
+    """On a GPU: every precision's GEMM peak and the copy bandwidth measured, bf16 above fp32 (tensor cores);
+    the tf32 peak not measured, with its reason, where NVIDIA_TF32_OVERRIDE=0 holds TF32 off."""
+    code = ("import json, torch; from kernelmap.frameworks.pytorch.peaks import measure\n"
+            "print(json.dumps(measure(torch.device('cuda'))))")
+    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_TF32_OVERRIDE"}
+    if override is not None:
+        env["NVIDIA_TF32_OVERRIDE"] = override
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    p = json.loads(out.stdout.splitlines()[-1])
+    g = p["gemm"]
+    assert g["bf16"]["flops_per_s"] > 2 * g["fp32"]["flops_per_s"] > 0 and g["fp16"]["flops_per_s"] > 0
+    assert ("not_measured" in g["tf32"]) == (override == "0")
+    assert p["dram"]["bytes_per_s"] > 1e11 and len(p["dram"]["ms"]) == 10
