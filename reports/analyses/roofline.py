@@ -1,15 +1,19 @@
-"""Achieved FLOP/s against the device's peak."""
+"""Achieved FLOP/s against the device's peak: per layer from the timing passes (``roofline``), and per kernel
+from the counters pass's hardware counters (``counter_kernels``, ``layer_counters``; docs/COUNTERS.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kernelmap import schema
+from kernelmap.adapters import ncu
+from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
-from .base import Run, field_at, fw_label, peak_flops
+from .base import TRACE_SOURCES, Run, case_of, field_at, fw_label, peak_flops
 from .ops import distinct_values
 from .timed import records_of, timed_events
 
@@ -74,3 +78,197 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
                                        "achieved_flops", "math_mode"]), peaks
 
 
+
+
+# --- the counters pass: each kernel's FLOPs, bytes and math from Nsight Compute ------------------------------
+# (kernelmap/run/counters.py writes RUN_DIR/<case>/bs<N>/counters/ncu.csv; kernelmap/adapters/ncu.py reads it)
+TENSOR_MATHS = tuple(ncu.TENSOR_OPS)  # tf32, bf16, fp16: a kernel whose counters say it ran the tensor cores
+# the log's math of a kernel: what its call ran (issue 38's math column, kernelmap/kernelmath.py), else, in records
+# written before it, what the call permitted (``math_mode``)
+LOG_MATH = "math_ran"
+FLOP_TOLERANCE = 0.10  # counter FLOPs of a conv/linear layer x direction within +-10% of the shapes' (issue 38)
+KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "matched", "reason", "source",
+                  "iteration", "layer", "canonical_op", "direction", "library", "library_call", "log_math",
+                  "counter_math", "math_agrees", "ncu_ns", "timed_ns", "flops", "flops_complete", "bytes",
+                  "flops_per_s", "bytes_per_s", "intensity", "peak_flops_per_s", "attainable_flops_per_s",
+                  "roofline_share", "sm_clock_hz", "unmeasured"]
+STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "source", "iteration",
+                  "reason"]
+
+
+def measured_peaks(run: Run) -> dict[str, Any]:
+    """The GPU's peaks the run measured (each counters pass's worker: frameworks/pytorch/peaks.py): per
+    precision the GEMM FLOP/s and the DRAM copy bytes/s, the highest over the cases that measured them, with
+    the case that did; {} where none did. Never a spec sheet's figure."""
+    gemm: dict[str, dict] = {}
+    dram = None
+    for r in run.results:
+        p = field_at(r, "counters.peaks") or {}
+        for prec, g in (p.get("gemm") or {}).items():
+            if isinstance(g, dict) and g.get("flops_per_s") and g["flops_per_s"] > gemm.get(prec, {}).get("flops_per_s", 0):
+                gemm[prec] = {**g, "case": case_of(r), "method": p.get("method")}
+        d = p.get("dram") or {}
+        if d.get("bytes_per_s") and (dram is None or d["bytes_per_s"] > dram["bytes_per_s"]):
+            dram = {**d, "case": case_of(r), "method": p.get("method")}
+    return {"gemm": gemm, "dram": dram} if gemm or dram else {}
+
+
+def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None, int | None]:
+    """The kernels of one traced step of a case's timing passes, in the order they ran: the first trace source
+    (the framework pass's, then nsys) with kernels in traced steps, its last step. (empty, None, None) if none."""
+    k = rec[(rec["run"] == run_id) & (rec["kind"] == "kernel") & rec["iteration"].notna()]
+    for src in TRACE_SOURCES:
+        ks = k[k["source"] == src]
+        if len(ks):
+            it = int(ks["iteration"].max())
+            step = ks[ks["iteration"] == it].sort_values(["start_ns", "event_id"], kind="stable")
+            return step.reset_index(drop=True), src, it
+    return k.iloc[0:0], None, None
+
+
+def match_kernels(counted: pd.DataFrame, timed: pd.DataFrame, source: str | None) -> tuple[pd.Series, list]:
+    """Pair the counters step's kernels (ncu's profiling order) with a timing step's (``timed_step``), by order
+    and name: only where both steps ran the same number of kernels, position by position, where the names agree
+    (``kernel_key``). Returns
+    (index into ``timed`` per counted kernel, NA where unpaired; the reason per counted kernel, None where
+    paired). Counts that differ pair nothing: order alone cannot say which kernel is which."""
+    n, m = len(counted), len(timed)
+    if source is None:
+        return pd.Series([pd.NA] * n, dtype="Int64"), ["no timing pass traced a step of this case"] * n
+    if n != m:
+        why = (f"the counters step ran {n} kernels, the {source} step {m}: kernels are paired by order only "
+               "where both ran the same number")
+        return pd.Series([pd.NA] * n, dtype="Int64"), [why] * n
+    a = [kernel_key(x) for x in counted["kernel_name"]]
+    b = [kernel_key(x) for x in timed["kernel_name"]]
+    idx = [i if x == y else pd.NA for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    why = [None if x == y else f"name differs at position {i}: counters {_said(x)}, {source} {_said(y)}"
+           for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    return pd.Series(idx, dtype="Int64"), why
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name as two profilers' demanglings should agree on it: no ``void``, no argument list, no
+    spaces, one spelling of anonymous namespaces; the template arguments kept (cuDNN's CUTLASS kernels differ
+    only there: ``cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_...>``)."""
+    s = str(name).replace("(anonymous namespace)", "<unnamed>")
+    s = s[5:] if s.startswith("void ") else s
+    depth, cut = 0, len(s)
+    for i, ch in enumerate(s):  # the argument list: the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and not s.startswith("(", i + 1):
+            cut = i
+            break
+    return s[:cut].replace(" ", "")
+
+
+def _said(key: str, width: int = 200) -> str:
+    return key if len(key) <= width else key[: width - 3] + "..."
+
+
+def _peak_for(math: str, peaks: dict) -> float | None:
+    g = (peaks.get("gemm") or {}).get(math) if math in (*TENSOR_MATHS, ncu.MATH_FP32) else None
+    return g.get("flops_per_s") if g else None
+
+
+def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd.DataFrame, dict]:
+    """The per-kernel rows and the status row of one case's counters pass."""
+    case, bs, run_id = case_of(r), field_at(r, "batch_size"), field_at(r, "dir")
+    status = {"run": run.name, "case": case, "batch_size": bs}
+    c = field_at(r, "counters") or {}
+    if c.get("skipped"):
+        return pd.DataFrame(columns=KERNEL_COLUMNS), {**status, "reason": c["skipped"]}
+    try:
+        df = ncu.read(run.path / c["csv"])
+    except KernelmapError as exc:  # ParseError: the file and the cause, said per case
+        return pd.DataFrame(columns=KERNEL_COLUMNS), {**status, "reason": str(exc)}
+    f = ncu.flops(df)
+    timed, source, it = timed_step(rec, run_id)
+    idx, why = match_kernels(df, timed, source)
+    t = timed.reindex(idx.fillna(-1).astype(int)).reset_index(drop=True)  # unpaired: NA rows
+    out = pd.DataFrame({
+        "run": run.name, "case": case, "batch_size": bs, "position": df["id"].to_numpy(),
+        "kernel_name": df["kernel_name"].to_numpy(), "matched": idx.notna().to_numpy(), "reason": why,
+        "source": source, "iteration": it,
+        **{c_: t[c_].to_numpy() if len(t) else pd.NA for c_ in ("layer", "canonical_op", "direction", "library",
+                                                                "library_call")},
+        "log_math": t[LOG_MATH if LOG_MATH in t.columns else "math_mode"].to_numpy() if len(t) else pd.NA,
+        "counter_math": f["math"].to_numpy(),
+        "ncu_ns": df["duration_ns"].to_numpy(), "timed_ns": t["dur_ns"].to_numpy() if len(t) else pd.NA,
+        "flops": f["flops"].to_numpy(), "flops_complete": f["flops_complete"].to_numpy(),
+        "bytes": f["bytes"].to_numpy(), "sm_clock_hz": df["sm_clock_hz"].to_numpy(),
+        "unmeasured": df["unmeasured"].to_numpy()})
+    out = _rates(out, peaks)
+    status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), source=source,
+                  iteration=it, reason=None if out["matched"].all() else next(w for w in why if w))
+    return out[KERNEL_COLUMNS], status
+
+
+def _rates(out: pd.DataFrame, peaks: dict) -> pd.DataFrame:
+    sec = pd.to_numeric(out["ncu_ns"], errors="coerce") / 1e9
+    fl = pd.to_numeric(out["flops"], errors="coerce")
+    by = pd.to_numeric(out["bytes"], errors="coerce")
+    out["flops_per_s"] = fl / sec
+    out["bytes_per_s"] = by / sec
+    out["intensity"] = (fl / by).where(by > 0)
+    bw = (peaks.get("dram") or {}).get("bytes_per_s")
+    out["peak_flops_per_s"] = [_peak_for(m, peaks) for m in out["counter_math"]]
+    peak = pd.to_numeric(out["peak_flops_per_s"], errors="coerce")
+    out["attainable_flops_per_s"] = (np.minimum(peak, out["intensity"] * bw) if bw else peak)
+    out["roofline_share"] = out["flops_per_s"] / out["attainable_flops_per_s"]
+    lm = out["log_math"].astype(object)
+    out["math_agrees"] = [None if pd.isna(a) or b in (ncu.MATH_UNKNOWN,) else a == b
+                          for a, b in zip(lm, out["counter_math"], strict=True)]
+    return out
+
+
+def counter_kernels(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
+    """Every counted kernel of every case's counters pass, joined to its timing pass's kernel (``match_kernels``):
+    layer, op, direction, library call and the log's math beside the counters' math (``math_agrees``), its
+    FLOPs, DRAM bytes, achieved FLOP/s (over ncu's own duration of the kernel), arithmetic intensity and
+    where it sits under the roofline of the run's measured peaks (``roofline_share``: achieved over
+    min(peak of its math, intensity x DRAM bandwidth)). Returns (kernels, one status row per case: kernels
+    counted, paired, why not; a refused or failed pass's reason), peaks by run)."""
+    frames, status, peaks = [], [], {}
+    for run in runs:
+        if not any(field_at(r, "counters") for r in run.results):
+            continue
+        rec = records_of(run)
+        peaks[run.name] = measured_peaks(run)
+        for r in run.results:
+            if not field_at(r, "counters"):
+                continue
+            k, s = _case_kernels(run, r, rec, peaks[run.name])
+            frames.append(k)
+            status.append(s)
+    kernels = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=KERNEL_COLUMNS)
+    return kernels, pd.DataFrame(status, columns=STATUS_COLUMNS), peaks
+
+
+def layer_counters(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per case x layer x direction (the paired kernels only): the timing pass's kernel time, the share of it
+    in kernels whose counters say tensor cores (``tensor_share``), the counter FLOPs beside the project's FLOP
+    model from the shapes (``kernelmap/flops.py``; conv2d and linear only) and whether they agree within
+    ``FLOP_TOLERANCE`` (None where the model has no figure or a counter that may matter was not measured)."""
+    k = kernels[kernels["matched"].astype(bool) & kernels["layer"].notna()]
+    rows = []
+    for (run, case, bs, layer, op, d), g in k.groupby(["run", "case", "batch_size", "layer", "canonical_op",
+                                                        "direction"], sort=False):
+        t = pd.to_numeric(g["timed_ns"], errors="coerce")
+        tensor = t[g["counter_math"].isin(TENSOR_MATHS)].sum()
+        model = layer_flops(layer, d, int(bs)) if op in ("conv2d", "linear") else None
+        fl = float(pd.to_numeric(g["flops"], errors="coerce").sum())
+        complete = bool(g["flops_complete"].astype(bool).all())
+        ratio = fl / model if model else None
+        rows.append({"run": run, "case": case, "batch_size": bs, "layer": layer, "canonical_op": op, "direction": d,
+                     "kernels": len(g), "timed_ms": t.sum() / 1e6, "tensor_share": tensor / t.sum() if t.sum() else None,
+                     "counter_flops": fl, "flops_complete": complete, "model_flops": model, "ratio": ratio,
+                     "within_tolerance": (None if ratio is None or not complete
+                                          else abs(ratio - 1) <= FLOP_TOLERANCE),
+                     "maths": "/".join(sorted(set(g["counter_math"])))})
+    return pd.DataFrame(rows, columns=["run", "case", "batch_size", "layer", "canonical_op", "direction", "kernels",
+                                       "timed_ms", "tensor_share", "counter_flops", "flops_complete", "model_flops",
+                                       "ratio", "within_tolerance", "maths"])

@@ -1,0 +1,129 @@
+"""The counters pass's analysis (reports/analyses/roofline.py: counter_kernels, match_kernels, layer_counters) on
+the real bf16 capture (tests/data/ncu/README.md). The timing side is a stand-in: a step of kernel records made here
+from the capture's own kernel names, layers and durations assigned below (the bf16 library logs and traces of that
+probe were lost), so what is tested is the join and the figures, not a second measurement."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kernelmap.reports.analyses import roofline
+from kernelmap.reports.analyses.base import Run
+
+from kernelmap.adapters import ncu
+
+DATA = Path(__file__).parent / "data" / "ncu"
+BF16 = DATA / "ncu-torch-bf16.csv.xz"
+# the forward of the capture by position (README): conv1 0-6 ... stand-in labels for the join
+LAYERS = {3: ("conv1", "conv2d", "fwd"), 4: ("conv1", "conv2d", "fwd"), 9: ("conv2", "conv2d", "fwd"),
+          10: ("conv2", "conv2d", "fwd"), 11: ("conv2", "conv2d", "fwd"), 12: ("conv2", "conv2d", "fwd"),
+          13: ("conv2", "conv2d", "fwd"), 18: ("fc1", "linear", "fwd"), 19: ("fc1", "linear", "fwd"),
+          23: ("fc2", "linear", "fwd")}
+PEAKS = {"gemm": {"bf16": {"flops_per_s": 7.0e14}, "fp32": {"flops_per_s": 5.0e13}},
+         "dram": {"bytes_per_s": 4.0e12}, "method": "stand-in figures for the test"}
+
+
+def _timed(names: list[str]) -> pd.DataFrame:
+    rows = []
+    for i, n in enumerate(names):
+        layer, op, d = LAYERS.get(i, (None, "other", "none"))
+        rows.append({"run": "pytorch/bs64", "case": "pytorch", "kind": "kernel", "iteration": 7, "source": "kineto",
+                     "start_ns": 1000 * i, "event_id": i, "kernel_name": n, "dur_ns": 100 + i,
+                     "layer": layer, "canonical_op": op, "direction": d, "library": None, "library_call": None,
+                     "math_mode": "bf16" if i in (11, 18, 23) else None})
+    return pd.DataFrame(rows)
+
+
+def _run(tmp_path: Path, names: list[str], counters: dict | None = None) -> Run:
+    d = tmp_path / "run" / "pytorch" / "bs64" / "counters"
+    d.mkdir(parents=True)
+    shutil.copy(BF16, d / "ncu.csv")  # xz content: the adapter reads it through
+    entry = {"case": "pytorch", "framework": "pytorch", "batch_size": 64, "dir": "pytorch/bs64",
+             "counters": counters or {"csv": "pytorch/bs64/counters/ncu.csv", "peaks": PEAKS}}
+    return Run(tmp_path / "run", {}, [entry], records=_timed(names))
+
+
+def _names() -> list[str]:
+    return [str(n) for n in ncu.read(BF16)["kernel_name"]]
+
+
+def test_every_kernel_paired_where_the_steps_agree(tmp_path):
+    kernels, status, peaks = roofline.counter_kernels([_run(tmp_path, _names())])
+    assert len(kernels) == 31 and kernels["matched"].all() and kernels["reason"].isna().all()
+    assert status.iloc[0][["kernels", "timed_kernels", "matched", "source", "iteration"]].tolist() == [
+        31, 31, 31, "kineto", 7]
+    assert peaks["run"]["gemm"]["bf16"]["flops_per_s"] == 7.0e14
+    conv2 = kernels[kernels["kernel_name"].str.contains("bf16_s16816fprop")].iloc[0]
+    assert (conv2["layer"], conv2["counter_math"], conv2["log_math"], conv2["math_agrees"]) == (
+        "conv2", "bf16", "bf16", True)
+    assert conv2["ncu_ns"] == 9408 and conv2["timed_ns"] == 111
+    assert conv2["flops_per_s"] == pytest.approx(conv2["flops"] / 9408e-9)
+    assert conv2["intensity"] == pytest.approx(conv2["flops"] / 863_232)
+    # compute-bound here: min(7e14, intensity x 4e12) is the bf16 peak
+    assert conv2["attainable_flops_per_s"] == 7.0e14
+    assert conv2["roofline_share"] == pytest.approx(conv2["flops"] / 9408e-9 / 7.0e14)
+
+
+def test_counts_that_differ_pair_nothing(tmp_path):
+    names = _names()
+    kernels, status, _ = roofline.counter_kernels([_run(tmp_path, names[:-1])])
+    assert not kernels["matched"].any() and kernels["layer"].isna().all()
+    why = "the counters step ran 31 kernels, the kineto step 30: kernels are paired by order only"
+    assert kernels["reason"].str.startswith(why).all() and status.iloc[0]["matched"] == 0
+    assert status.iloc[0]["reason"].startswith(why)
+
+
+def test_a_name_that_differs_is_left_unpaired(tmp_path):
+    names = _names()
+    names[11] = "cutlass__5x_cudnn::Kernel<something_else>"
+    kernels, status, _ = roofline.counter_kernels([_run(tmp_path, names)])
+    assert kernels["matched"].sum() == 30 and not kernels.loc[11, "matched"]
+    # the short names agree (cutlass__5x_cudnn::Kernel): the template arguments tell the kernels apart
+    assert kernels.loc[11, "reason"] == ("name differs at position 11: counters cutlass__5x_cudnn::Kernel<cutlass_"
+                                         "tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8>, kineto "
+                                         "cutlass__5x_cudnn::Kernel<something_else>")
+    assert status.iloc[0]["matched"] == 30 and status.iloc[0]["reason"] == kernels.loc[11, "reason"]
+    assert roofline.layer_counters(kernels).set_index("layer").loc["conv2", "kernels"] == 4  # the fprop unpaired
+
+
+def test_refused_and_unreadable_passes_are_said_per_case(tmp_path):
+    run = _run(tmp_path, _names(), {"skipped": "Nsight Compute reads an NVIDIA GPU's counters; this case runs on "
+                                               "the CPU"})
+    kernels, status, _ = roofline.counter_kernels([run])
+    assert kernels.empty and status.iloc[0]["reason"].endswith("this case runs on the CPU")
+    run = _run(tmp_path / "b", _names())
+    (run.path / "pytorch" / "bs64" / "counters" / "ncu.csv").write_text("==ERROR== ERR_NVGPUCTRPERM\n")
+    kernels, status, _ = roofline.counter_kernels([run])
+    assert kernels.empty and "no ncu CSV header" in status.iloc[0]["reason"]
+    assert "ncu.csv" in status.iloc[0]["reason"]
+
+
+def test_layer_figures_tensor_share_and_flop_model(tmp_path):
+    kernels, _, _ = roofline.counter_kernels([_run(tmp_path, _names())])
+    lay = roofline.layer_counters(kernels).set_index(["layer", "direction"])
+    conv2 = lay.loc[("conv2", "fwd")]
+    # 5 kernels: 2 layout, the bf16 tensor-core fprop, 1 layout back, the bias add; tensor time = the fprop's
+    assert conv2["kernels"] == 5
+    assert conv2["tensor_share"] == pytest.approx(111 / (109 + 110 + 111 + 112 + 113))
+    assert conv2["model_flops"] == 462_422_016
+    assert conv2["ratio"] == pytest.approx(conv2["counter_flops"] / 462_422_016)
+    # the capture lacks the fp16 tensor count and HFMA2.MMA (README): FLOPs a lower bound, no verdict
+    assert not conv2["flops_complete"] and conv2["within_tolerance"] is None
+    fc1 = lay.loc[("fc1", "fwd")]
+    assert fc1["counter_flops"] >= 52_428_800 and fc1["model_flops"] == 2 * 64 * 3136 * 128
+
+
+def test_flop_verdict_where_counted_fully():
+    """The ±10% rule itself: counter FLOPs complete, within and beyond the tolerance (fc2's 16-wide padding: 1.6x)."""
+    def kern(layer, flops):
+        return {"run": "r", "case": "pytorch", "batch_size": 64, "layer": layer, "canonical_op": "linear",
+                "direction": "fwd", "matched": True, "timed_ns": 100, "counter_math": "bf16", "flops": flops,
+                "flops_complete": True}
+    k = pd.DataFrame([kern("fc1", 52_428_800), kern("fc2", 262_144)])
+    lay = roofline.layer_counters(k).set_index("layer")
+    fc1, fc2 = lay.loc["fc1", "within_tolerance"], lay.loc["fc2", "within_tolerance"]
+    assert fc1 is not None and bool(fc1) and lay.loc["fc1", "ratio"] == pytest.approx(1.0204, abs=1e-4)
+    assert fc2 is not None and not bool(fc2) and lay.loc["fc2", "ratio"] == 1.6
