@@ -35,6 +35,7 @@ from . import figures as F
 from . import html as H
 from .analyses import basis as B
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
+from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
 from .timeline import chrome_trace
 
@@ -90,6 +91,11 @@ TABLES = {
     "best_modes": "launch-bound: each framework's fastest mode per batch size 64",
     "overhead": "figure data: profiler overhead",
     "roofline": "figure data: achieved FLOP/s",
+    "counter_kernels": "counters pass: each counted kernel (Nsight Compute), paired with its timing-pass kernel or why "
+                       "not; FLOPs, DRAM bytes, math from the counters beside the log's, roofline position",
+    "counter_layers": "counters pass: per layer x direction, tensor-core share of the time, counter FLOPs vs the "
+                      "shapes' FLOP model (+-10%)",
+    "counter_status": "counters pass: per case, kernels counted and paired, or why the pass recorded nothing",
     "coverage": "coverage: unattributed timed time",
     "coverage_top": "coverage: largest unattributed events",
     "attribution": "coverage: attribution.json per part",
@@ -393,6 +399,7 @@ class Analysed:
     cpu: pd.DataFrame  # the answer on CPU time (answer.cpu_table)
     cpu_fws: list[str]
     cpu_wall: pd.DataFrame  # CPU time against wall time (basis.cpu_wall_agreement)
+    counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
 
 
 def load_runs(run_dirs: list[str]) -> list[A.Run]:
@@ -430,7 +437,13 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
-        **_cpu_time(runs, layers))
+        counters=_counters(runs), **_cpu_time(runs, layers))
+
+
+def _counters(runs: list[A.Run]) -> dict[str, Any]:
+    """The counters pass's tables (analyses/roofline.py: counter_kernels, layer_counters) and measured peaks."""
+    kernels, status, peaks = counter_kernels(runs)
+    return {"kernels": kernels, "layers": layer_counters(kernels), "status": status, "peaks": peaks}
 
 
 def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
@@ -442,7 +455,7 @@ def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
 FIGURE_PASSES = {"op_time": ("framework", "nsys"), "library_mix": ("framework", "libs", "nsys"),
                  "kernel_count": ("framework", "nsys"), "timeline": ("framework", "libs", "nsys"),
                  "busy_share": ("clean", "framework", "nsys"), "overhead": ("clean", "framework", "libs", "nsys"),
-                 "roofline": ("framework", "nsys")}  # the passes each figure draws from: its contention mark
+                 "roofline": ("framework", "nsys"), "counters_roofline": ("counters",)}  # the passes each figure draws from: its contention mark
 
 
 def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
@@ -494,6 +507,16 @@ def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
                     f"{r}: {p.get('note')}." for r, p in peaks.items() if "note" in p) + " " + " ".join(
                     f"{r}: {p['not_shown']}." for r, p in peaks.items() if "not_shown" in p),
                 F.roofline_figure, roof, roof, peaks, why_empty="no conv/linear event carries FLOPs"),
+        _figure(out, "counters_roofline", "Roofline from hardware counters",
+                "Counters pass (--profile counters): every kernel of one training step under Nsight Compute, at its "
+                "arithmetic intensity (counter FLOPs over DRAM bytes read + written) and achieved FLOP/s (counter "
+                "FLOPs over ncu's duration of the kernel, replayed alone with caches flushed, clocks not locked), "
+                "coloured by the math its counters say it ran; roofs: this run's measured GEMM peak per precision "
+                "and device-copy bandwidth (never a datasheet). Conv and linear layers named at their costliest "
+                "kernel; grey x: kernels not paired with a timing-pass kernel (the data table says why). "
+                "docs/COUNTERS.md.",
+                F.counters_roofline_figure, a.counters["kernels"], a.counters["kernels"], a.counters["peaks"],
+                why_empty="no counters pass in these runs, or it recorded nothing (counter_status says why)"),
     ]
 
 
@@ -594,7 +617,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "op_table": op_table_long(a.runs), "layer_table": a.layers, "library_calls": a.libcalls,
             "self_checks": a.checks, "op_time": a.ot, "library_mix": a.mix, "kernel_count": a.kc,
             "busy_share": a.busy, "overhead": a.ov, "launch_bound": a.launch, "best_modes": a.best,
-            "roofline": a.roof, "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
+            "roofline": a.roof, "counter_kernels": a.counters["kernels"], "counter_layers": a.counters["layers"],
+            "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall})
         with atomic_file(tmp / "report.html") as fh:

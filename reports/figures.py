@@ -411,6 +411,69 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+MATH_COLOR = {"tf32": "#1971c2", "bf16": "#e8590c", "fp16": "#c2255c", "fp32": "#2b8a3e", "mixed": "#7048e8"}
+
+
+def counters_roofline_figure(kernels: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
+    """Per case with a counters pass: each counted kernel at its arithmetic intensity (FLOPs / DRAM bytes,
+    counters) and achieved FLOP/s (counter FLOPs over ncu's duration of the kernel), coloured by the math its
+    counters say it ran; the run's measured roofs (GEMM peak per precision, copy bandwidth); each conv and
+    linear layer x direction named at its costliest kernel. Unpaired kernels (no layer) in grey."""
+    k = kernels.copy()
+    for c in ("intensity", "flops_per_s"):
+        k[c] = pd.to_numeric(k[c], errors="coerce")
+    k = k[(k["intensity"] > 0) & (k["flops_per_s"] > 0)]
+    if k.empty:
+        return None
+    keys = list(dict.fromkeys(zip(k["run"], k["case"], k["batch_size"], strict=True)))
+    ncols = min(len(keys), 2)
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows + 0.8), squeeze=False)
+    for ax, (run, case, bs) in zip(axes.flat, keys, strict=False):
+        s = k[(k["run"] == run) & (k["case"] == case) & (k["batch_size"] == bs)]
+        _counter_roofs(ax, peaks.get(run) or {}, s["intensity"])
+        for math, g in s.groupby(s["counter_math"].astype(str)):
+            named = g["layer"].notna()
+            ax.scatter(g.loc[named, "intensity"], g.loc[named, "flops_per_s"] / 1e12, s=28, zorder=3,
+                       color=MATH_COLOR.get(math, "#495057"), label=f"{math} ({len(g)} kernels)")
+            ax.scatter(g.loc[~named, "intensity"], g.loc[~named, "flops_per_s"] / 1e12, s=14, zorder=2,
+                       color="#adb5bd", marker="x")
+        layer_work = s[s["canonical_op"].isin(["conv2d", "linear"]) & s["layer"].notna()]
+        for i, (_, g) in enumerate(layer_work.groupby(["layer", "direction"], sort=True)):
+            top = g.loc[pd.to_numeric(g["flops"], errors="coerce").idxmax()]
+            ax.annotate(f"{top['layer']} {top['direction']}", (top["intensity"], top["flops_per_s"] / 1e12),
+                        xytext=(6, 8 - 14 * (i % 3)), textcoords="offset points", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOPs / DRAM byte, counters)")
+        ax.set_ylabel("achieved TFLOP/s (counters / ncu duration)")
+        ax.set_title(f"{fw_label(str(case))}, bs {bs} ({run})", fontsize=9)
+        ax.grid(which="both", alpha=0.25)
+        ax.legend(frameon=False, fontsize=7, loc="lower right")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.suptitle("Counters pass (Nsight Compute, one training step, each kernel replayed with caches flushed, "
+                 "clocks not locked): kernels under the roofs this run measured (torch.mm per precision, "
+                 "device copy); grey x: kernels not paired with a timing-pass kernel", fontsize=9, wrap=True)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _counter_roofs(ax, peaks: dict, intensity: pd.Series) -> None:
+    """The measured roofs: min(GEMM peak of each precision, intensity x copy bandwidth), or a note."""
+    bw = (peaks.get("dram") or {}).get("bytes_per_s")
+    gemm = {m: g["flops_per_s"] for m, g in (peaks.get("gemm") or {}).items() if g.get("flops_per_s")}
+    if not gemm or not bw:
+        ax.text(0.02, 0.98, "no peaks measured in this run: no roofs", transform=ax.transAxes, va="top",
+                fontsize=8)
+        return
+    x = np.logspace(np.log10(max(intensity.min() / 2, 1e-3)), np.log10(intensity.max() * 4), 100)
+    for m, peak in sorted(gemm.items(), key=lambda kv: kv[1]):
+        ax.plot(x, np.minimum(peak, x * bw) / 1e12, color=MATH_COLOR.get(m, "#212529"), lw=1, ls="--", zorder=1)
+        ax.text(x[-1], peak / 1e12, f"{m} {peak / 1e12:.0f}", ha="right", va="bottom", fontsize=7)
+    ax.text(x[0], x[0] * bw / 1e12, f"DRAM {bw / 1e12:.2f} TB/s", fontsize=7, va="bottom", rotation=0)
+
+
 def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Path | None:
     """Step benchmark time per bench job (pytest-benchmark storage, ``kernelmap.history``): one
     labelled line per key (framework x mode x device x batch size, ``trend_series``) over the jobs in

@@ -127,3 +127,18 @@ def test_flop_verdict_where_counted_fully():
     fc1, fc2 = lay.loc["fc1", "within_tolerance"], lay.loc["fc2", "within_tolerance"]
     assert fc1 is not None and bool(fc1) and lay.loc["fc1", "ratio"] == pytest.approx(1.0204, abs=1e-4)
     assert fc2 is not None and not bool(fc2) and lay.loc["fc2", "ratio"] == 1.6
+
+
+def test_roofline_figure_names_the_layers(tmp_path, monkeypatch):
+    from kernelmap.reports import figures as F
+
+    kept = []
+    monkeypatch.setattr(F, "_save", lambda fig, path: kept.append(fig) or fig.savefig(path) or Path(path))
+    kernels, _, peaks = roofline.counter_kernels([_run(tmp_path, _names())])
+    assert F.counters_roofline_figure(kernels, peaks, tmp_path / "c.png").is_file()
+    (ax,) = [a for a in kept[0].axes if a.get_visible()]
+    texts = {t.get_text() for t in ax.texts}
+    assert {"conv1 fwd", "conv2 fwd", "fc1 fwd", "fc2 fwd", "bf16 700", "fp32 50", "DRAM 4.00 TB/s"} <= texts
+    assert "one training step" in kept[0]._suptitle.get_text()
+    F.plt.close(kept[0])
+    assert F.counters_roofline_figure(kernels.iloc[0:0], peaks, tmp_path / "none.png") is None
