@@ -17,8 +17,10 @@ without a header is a ``ParseError`` naming the line.
 
 FLOPs per instruction kind (docs/COUNTERS.md, with sources): tensor-core math from ``sm__ops_path_tensor_src_*``
 (math ops, an FMA counted as 2: conv2 forward at bs 64 counts 462,422,016 = 2*64*64*14*14*32*9 exactly in the
-committed capture); FP32 ``2*FFMA + FADD + FMUL``, half precision ``2*HFMA + HADD + HMUL`` per thread
-instruction (Nsight Compute's own roofline sections and NERSC's roofline method count them so).
+committed capture); FP32 ``2*FFMA + FADD + FMUL`` and half precision ``4*HFMA + 2*HADD + 2*HMUL`` per thread
+instruction: Nsight Compute's own roofline sections count them so (``derived__..._ffma_pred_on_x2``,
+``..._hfma_pred_on_x4``, ``..._hadd_pred_on_x2``: an HFMA2 is a packed pair of FMAs), as NERSC's roofline method
+does for FP32.
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def flops(df: pd.DataFrame) -> pd.DataFrame:
     for p, col in TENSOR_OPS.items():
         out[f"flops_tensor_{p}"] = df[col]
     out["flops_fp32"] = 2 * df["ffma"] + df["fadd"] + df["fmul"]
-    out["flops_half"] = 2 * df["hfma"] + df["hadd"] + df["hmul"]
+    out["flops_half"] = 4 * df["hfma"] + 2 * df["hadd"] + 2 * df["hmul"]  # packed pairs: ncu's _x4 / _x2
     kinds = [*(f"flops_tensor_{p}" for p in TENSOR_OPS), "flops_fp32", "flops_half"]
     mma = tensor_math_inst(df)
     # a missing tensor metric matters only where a tensor instruction ran; a missing CUDA-core one always
