@@ -55,6 +55,7 @@ def test_every_kernel_paired_where_the_steps_agree(tmp_path):
     assert len(kernels) == 31 and kernels["matched"].all() and kernels["reason"].isna().all()
     assert status.iloc[0][["kernels", "timed_kernels", "matched", "source", "iteration"]].tolist() == [
         31, 31, 31, "kineto", 7]
+    assert status.iloc[0]["paired_time_share"] == 1.0
     assert peaks["run"]["gemm"]["bf16"]["flops_per_s"] == 7.0e14
     conv2 = kernels[kernels["kernel_name"].str.contains("bf16_s16816fprop")].iloc[0]
     assert (conv2["layer"], conv2["counter_math"], conv2["log_math"], conv2["math_agrees"]) == (
@@ -86,6 +87,7 @@ def test_a_name_that_differs_is_left_unpaired(tmp_path):
                                          "tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8>, kineto "
                                          "cutlass__5x_cudnn::Kernel<something_else>")
     assert status.iloc[0]["matched"] == 30 and status.iloc[0]["reason"] == kernels.loc[11, "reason"]
+    assert status.iloc[0]["paired_time_share"] == pytest.approx(1 - 111 / sum(100 + i for i in range(31)))
     assert roofline.layer_counters(kernels).set_index("layer").loc["conv2", "kernels"] == 4  # the fprop unpaired
 
 

@@ -92,8 +92,9 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
                   "counter_math", "math_agrees", "ncu_ns", "timed_ns", "flops", "flops_complete", "bytes",
                   "flops_per_s", "bytes_per_s", "intensity", "peak_flops_per_s", "attainable_flops_per_s",
                   "roofline_share", "sm_clock_hz", "unmeasured"]
-STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "source", "iteration",
-                  "reason"]
+# paired_time_share: the timing step's kernel time in kernels that have counters (issue 38: >= 99%)
+STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "paired_time_share", "source",
+                  "iteration", "reason"]
 
 
 def measured_peaks(run: Run) -> dict[str, Any]:
@@ -202,8 +203,11 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
         "bytes": f["bytes"].to_numpy(), "sm_clock_hz": df["sm_clock_hz"].to_numpy(),
         "unmeasured": df["unmeasured"].to_numpy()})
     out = _rates(out, peaks)
+    step_ns = pd.to_numeric(timed["dur_ns"], errors="coerce").sum()
+    paired_ns = pd.to_numeric(out.loc[out["matched"], "timed_ns"], errors="coerce").sum()
     status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), source=source,
-                  iteration=it, reason=None if out["matched"].all() else next(w for w in why if w))
+                  iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None,
+                  reason=None if out["matched"].all() else next(w for w in why if w))
     return out[KERNEL_COLUMNS], status
 
 
