@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dataparallel import DataParallel
+
 
 @dataclass(frozen=True)
 class GpuVerdict:
@@ -192,6 +194,8 @@ class Framework:
     # its op names, as its traces spell them (frameworks/<name>/ops.py); None where its trace's own adapter
     # holds the rules of the format (XLA's HLO ops: adapters/xla_trace.py)
     vocabulary: Vocabulary | None = None
+    # how it trains on N devices (frameworks/dataparallel.py, its parallel.py); None: one device only
+    data_parallel: DataParallel | None = None
 
     def __post_init__(self) -> None:
         if not self.modes:

@@ -123,6 +123,7 @@ class TrainConfig:
     mode: str | None = None  # execution mode, one of the framework's descriptor's modes; None: its default
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
     math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
+    devices: int = 1  # devices the step is spread over (frameworks/dataparallel.py: each its slice of the batch)
     # this framework's own options (its descriptor's registry.Option names -> value), e.g. {"custom_op": "cmake"}
     options: dict[str, str] = field(default_factory=dict)
 

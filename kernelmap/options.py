@@ -98,6 +98,22 @@ def check_args(args: argparse.Namespace) -> None:
     twice = [bs for i, bs in enumerate(args.batch_size) if bs in args.batch_size[:i]]
     if twice:
         raise KernelmapError(f"--batch-size {' '.join(map(str, args.batch_size))}: {twice[0]} given twice")
+    check_devices(args.batch_size, getattr(args, "devices", None) or [1])
+
+
+def check_devices(batch_sizes: list[int], devices: list[int]) -> None:
+    """Each ``--devices`` value at least 1, given once, dividing every batch size (each device an equal slice of
+    the global batch: frameworks/dataparallel.py)."""
+    said = f"--devices {' '.join(map(str, devices))}"
+    for i, n in enumerate(devices):
+        if n < 1:
+            raise KernelmapError(f"{said}: {n}: must be at least 1")
+        if n in devices[:i]:
+            raise KernelmapError(f"{said}: {n} given twice")
+        for bs in batch_sizes:
+            if bs % n:
+                raise KernelmapError(f"{said}: --batch-size {bs} is not a multiple of {n} (each device trains on an "
+                                     "equal slice of the global batch)")
 
 
 # --- batch sizes against the data and the memory ------------------------------------------------

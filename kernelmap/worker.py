@@ -26,6 +26,7 @@ import numpy as np
 from kernelmap import contention, frameworks, rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
+from kernelmap.frameworks import dataparallel
 from kernelmap.gcpause import no_gc
 
 PASSES = ("clean", "framework", "libs", "nsys", "counters")  # counters: kernelmap/run/counters.py
@@ -285,6 +286,24 @@ def _peaks(workload, framework: str) -> dict[str, Any]:
     return measure()
 
 
+def _spread(framework: str, config, argv: list[str] | None) -> int | None:
+    """A case on ``config.devices`` devices: its framework's environment for them set here, before the
+    framework is imported (XLA's host device count); where it runs one process per device and this is not
+    yet one of them, the ranks launched (``dataparallel.launch``) and their exit status returned; else None
+    (this process trains)."""
+    d = frameworks.get(framework)
+    why = dataparallel.refusal(d, config.mode or d.default_mode, config.devices)
+    if why:
+        raise KernelmapError(why)
+    dp = d.data_parallel
+    dataparallel.check_divides(config.batch_size, config.devices)
+    os.environ.update(dataparallel.merged_env(os.environ, dp.env(config.devices, config.device)))
+    if dp.processes and not dataparallel.is_rank():
+        cmd = [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)]
+        return dataparallel.launch([cmd] * config.devices)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
     p.add_argument("--framework", required=True, choices=frameworks.FRAMEWORKS)
@@ -309,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = spec.TrainConfig(**json.loads(args.config))
     data_info = DataInfo(**json.loads(args.data_info))
-    out_dir = Path(args.dir)
+    try:
+        if config.devices > 1 and (launched := _spread(args.framework, config, argv)) is not None:
+            return launched  # the ranks ran (one process per device) and wrote their results
+    except KernelmapError as exc:
+        print(f"kernelmap-worker: error: {exc}", file=sys.stderr)
+        return 2
+    out_dir = dataparallel.rank_dir(Path(args.dir), dataparallel.rank())
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = args.steps if args.steps is not None else config.steps
     epochs = None if args.steps is not None else config.epochs
@@ -326,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         result["train_wall_s"] = time.perf_counter() - t0
         if args.pass_name == "counters":  # after the window closed: ncu profiles none of these kernels
             result["peaks"] = _peaks(workload, args.framework)
-        result["test_accuracy"] = None if args.no_evaluate else float(workload.evaluate())
+        evaluate = not args.no_evaluate and dataparallel.rank() == 0  # the ranks hold the same weights
+        result["test_accuracy"] = float(workload.evaluate()) if evaluate else None
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
+                      devices=config.devices, rank=dataparallel.rank(),
                       device=config.device, versions=workload.versions(), pid=os.getpid(),
                       math=config.math if config.device == "gpu" else "fp32",
                       tf32_override=os.environ.get(spec.TF32_OVERRIDE))

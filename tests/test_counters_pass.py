@@ -4,6 +4,7 @@ dropping the case. Workers are stand-ins: no framework, no GPU."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from kernelmap.frameworks.case import CaseKey
-from kernelmap.frameworks.registry import NsysWindow
+from test_worker import FakeWorkload
 
-from kernelmap import frameworks, normalise, rundir
+from kernelmap import cudaprofiler, frameworks, normalise, rundir, worker
 from kernelmap.adapters import ncu as ncu_csv
 from kernelmap.errors import KernelmapError
 from kernelmap.run import case as run_case
@@ -50,10 +51,50 @@ def test_refused_on_the_cpu_with_its_reason(tmp_path, monkeypatch):
 
 
 def test_skip_reasons():
-    assert counters.skip_reason("gpu", None, NsysWindow.PROFILER_API, "PyTorch").startswith("ncu not found; install")
-    assert "opens no cudaProfilerStart/Stop window" in counters.skip_reason("gpu", "/x/ncu", None, "JAX")
-    assert "an NVTX range only" in counters.skip_reason("gpu", "/x/ncu", NsysWindow.NVTX_RANGE, "MXNet")
-    assert counters.skip_reason("gpu", "/x/ncu", NsysWindow.PROFILER_API, "PyTorch") is None
+    assert counters.skip_reason("gpu", None).startswith("ncu not found; install")
+    assert counters.skip_reason("gpu", "/x/ncu", 2) == "the counters pass counts one device's step; this case trains on 2"
+    assert counters.skip_reason("gpu", "/x/ncu") is None
+
+
+class Windowed(FakeWorkload):
+    """A stand-in workload whose own profiler window records the steps it opened and closed at."""
+
+    def __init__(self, seen, **kw):
+        super().__init__(on_step=lambda: seen.__setitem__("steps", seen["steps"] + 1), **kw)
+        self.seen = seen
+
+    @contextlib.contextmanager
+    def nsys_window(self):
+        self.seen["own"] = self.seen["steps"]
+        yield
+        self.seen["own_end"] = self.seen["steps"]
+
+
+@pytest.mark.parametrize("fw, own", [("pytorch", True), ("jax", False)])
+def test_window_of_one_step_own_or_the_drivers(tmp_path, monkeypatch, fw, own):
+    """The counters pass's one step inside the framework's own cudaProfilerStart/Stop window where its
+    descriptor says it opens one (PyTorch), else the driver's (kernelmap/cudaprofiler.py)."""
+    seen = {"steps": 0}
+
+    @contextlib.contextmanager
+    def driver_window(synchronize):
+        seen["driver"] = seen["steps"]
+        yield
+        seen["driver_end"] = seen["steps"]
+
+    monkeypatch.setattr(cudaprofiler, "window", driver_window)
+    worker.run_pass(Windowed(seen, n_train=1000), framework=fw, pass_name="counters", out_dir=tmp_path,
+                    steps=counters.STEPS, epochs=None, warmup=2, progress=False)
+    key = "own" if own else "driver"
+    assert (seen[key], seen[f"{key}_end"]) == (2, 3)
+    assert ("driver" if own else "own") not in seen
+
+
+def test_driver_window_without_a_driver_says_so(monkeypatch):
+    monkeypatch.setattr(cudaprofiler, "LIBCUDA", "libcuda-absent-for-this-test.so.1")
+    with pytest.raises(KernelmapError, match="no CUDA driver to open a profiler window"), \
+            cudaprofiler.window(lambda: None):
+        pass
 
 
 def test_runs_the_worker_under_ncu(tmp_path, monkeypatch):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from ..dataparallel import DataParallel
 from ..registry import Framework, GpuVerdict, no_gpu
 
 INSTALL_FIX = ("pip install 'jax[cpu]' flax optax (CPU) or 'jax[cuda13]' flax optax (NVIDIA GPU), in an environment "
                "with numpy >= 2; point kernelmap at it with --python jax=PATH or KERNELMAP_PYTHON_JAX")
+
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"  # N CPU devices, read when jax starts
 
 PROBE = r"""
 import json, jax, flax, optax
@@ -37,5 +40,9 @@ DESCRIPTOR = Framework(
     cpu_env={"JAX_PLATFORMS": "cpu"},  # jax's CPU backend, even where a CUDA plugin is installed
     # its kernels' hlo_op names the custom call (__cudnn$conv..., __cublas$lt$matmul) that launched them
     library_calls_in_trace=True, trace_ops_are_framework_ops=False,
+    # N devices in one process: XLA's host platform devices on the CPU (jax/parallel.py), the GPUs on the GPU
+    data_parallel=DataParallel(processes=False, cpu="XLA all-reduce over host platform devices",
+                               gpu=("XLA all-reduce (NCCL)",), modes=("jit",),
+                               env=lambda n, device: {"XLA_FLAGS": f"{HOST_DEVICES_FLAG}={n}"} if device == "cpu" else {}),
     train_memory_factor=3.5,  # two steps at batch 2048 (CPU, jit): peak resident growth 2.95x the forward's values
 )

@@ -51,6 +51,7 @@ from kernelmap.errors import KernelmapError
 
 from .. import spec
 from ..data import IMAGE_MAGIC, LABEL_MAGIC, SPLIT_FILES, synthetic_arrays
+from . import parallel
 
 # per spec.Math: fp32 computes convs and dots in fp32 ("highest": no TF32 on the GPU, no bf16 passes on
 # the CPU); tf32 lets XLA use TF32 on the GPU (its own default). The CPU always gets fp32.
@@ -147,6 +148,7 @@ class Workload(spec.WorkloadBase):
         except RuntimeError as exc:
             raise KernelmapError(f"device {platform} asked for, but jax has no {platform} backend ({exc})") from exc
         self.device = devices[0]
+        self.placement = parallel.placement(devices, config.devices)  # issue 39: N devices, each its slice
         self.model = CNN()
         self.tx = optax.sgd(config.lr, momentum=config.momentum)
         self._train_step = jax.jit(partial(_train_step, self.model, self.tx), donate_argnums=(0, 1))
@@ -177,8 +179,8 @@ class Workload(spec.WorkloadBase):
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         weights = spec.check_weights(weights)
-        self.params = jax.device_put(_to_flax(weights), self.device)
-        self.opt_state = jax.device_put(self.tx.init(self.params), self.device)
+        self.params = jax.device_put(_to_flax(weights), self.placement.params)
+        self.opt_state = jax.device_put(self.tx.init(self.params), self.placement.params)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return _from_flax(jax.device_get(self.params))
@@ -200,9 +202,10 @@ class Workload(spec.WorkloadBase):
 
     def batches(self, split: str, batch_size: int, order: np.ndarray) -> Iterator[tuple[Any, Any]]:
         images, labels = self.dataset(split)
+        place = self.placement.train if split == "train" else self.placement.params
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
-            yield jax.device_put(images[idx], self.device), jax.device_put(labels[idx], self.device)
+            yield jax.device_put(images[idx], place), jax.device_put(labels[idx], place)
 
     # --- compute ------------------------------------------------------------------------------
     def forward(self, images: jax.Array) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..registry import ANY_OP, CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, no_gpu
+from ..dataparallel import DataParallel
+from ..registry import ANY_OP, CUDNN9_LOG, Framework, GpuVerdict, NsysWindow, Option, no_gpu
 from . import ops
 
 INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (mxnet-cu112 + CUDA 11 libraries); "
@@ -10,6 +11,11 @@ INSTALL_FIX = ("pip install 'kernelmap[mxnet]' (CPU) or 'kernelmap[mxnet-gpu]' (
 
 IMPERATIVE = "imperative"  # Gluon, op by op
 HYBRIDIZED = "hybridized"  # Gluon after ``net.hybridize()``
+
+# issue 39: the KVStore that sums the gradients of N contexts (mxnet/parallel.py), per device kind
+KVSTORE_OPTION = "kvstore"
+KVSTORES = {"cpu": ("local",), "gpu": ("device", "nccl")}
+KVSTORE_DEFAULT = {"cpu": "local", "gpu": "device"}
 
 PROBE = r"""
 import json
@@ -116,4 +122,9 @@ DESCRIPTOR = Framework(
     recorded_env=("MXNET_ENGINE_TYPE",),
     train_memory_factor=2.0,  # two steps at batch 2048 (CPU, imperative): peak resident growth 1.49x the forward's values
     vocabulary=ops.VOCABULARY,
+    data_parallel=DataParallel(processes=False, cpu="KVStore local (N CPU contexts)", gpu=KVSTORES["gpu"],
+                               modes=(IMPERATIVE, HYBRIDIZED)),
+    options=(Option(KVSTORE_OPTION, tuple(dict.fromkeys(k for ks in KVSTORES.values() for k in ks)),
+                    "on --devices N > 1: the KVStore that sums the contexts' gradients (CPU: local; GPU: device, "
+                    "the default, or nccl where the build has NCCL)"),),
 )

@@ -18,7 +18,7 @@ from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
-from . import built, cuda11
+from . import built, cuda11, parallel
 from .descriptor import HYBRIDIZED
 
 # Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
@@ -131,15 +131,17 @@ class Workload(spec.WorkloadBase):
         else:
             self.ctx = mx.cpu()
             self.compute_capability = None
+        self.ctxs = parallel.contexts(self.ctx, config.devices)  # issue 39: N contexts, each its slice
         self.net = build_net()
-        self.net.initialize(ctx=self.ctx)
+        self.net.initialize(ctx=self.ctxs)
         if self.mode == HYBRIDIZED:
             self.net.hybridize()
         self._layers = {"conv1": self.net[0], "conv2": self.net[2], "fc1": self.net[5], "fc2": self.net[6]}
         self.set_weights(spec.init_weights(config.seed))
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.trainer = gluon.Trainer(
-            self.net.collect_params(), "sgd", {"learning_rate": config.lr, "momentum": config.momentum}
+            self.net.collect_params(), "sgd", {"learning_rate": config.lr, "momentum": config.momentum},
+            **parallel.kvstore(config.options, self.ctxs),
         )
 
     # --- versions, weights ---------------------------------------------------------------------
@@ -200,11 +202,16 @@ class Workload(spec.WorkloadBase):
         loader = gluon.data.DataLoader(
             self.dataset(split), batch_size=batch_size, sampler=OrderSampler(order), last_batch="keep"
         )
+        if split == "train" and len(self.ctxs) > 1:  # a list of slices, one per context
+            yield from parallel.split(loader, self.ctxs)
+            return
         for images, labels in loader:
             yield images.as_in_context(self.ctx), labels.as_in_context(self.ctx)
 
     # --- compute ------------------------------------------------------------------------------
     def forward(self, images) -> np.ndarray:
+        if isinstance(images, list):
+            return parallel.forward(self.net, images).asnumpy()
         return self.net(images).asnumpy()
 
     def region(self, name: str):
@@ -224,6 +231,8 @@ class Workload(spec.WorkloadBase):
             event.stop()
 
     def train_step(self, images, labels):
+        if len(self.ctxs) > 1:
+            return parallel.train_step(self, images, labels)
         with self.region("kernelmap:forward"):
             with autograd.record():
                 loss = self.loss_fn(self.net(images), labels)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dataparallel import DataParallel
 from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
 from . import custom_op, ops
 
@@ -75,6 +76,9 @@ DESCRIPTOR = Framework(
                     "default: the built-in op"),),
     bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,), cpu_library_entry_ops=CPU_LIBRARY_ENTRY_OPS,
     vocabulary=ops.VOCABULARY,
+    data_parallel=DataParallel(
+        processes=True, cpu="DDP, gloo all-reduce", gpu=("nccl",), modes=(EAGER, COMPILE),
+        why_not={m: "DDP's NCCL all-reduces are not captured into its CUDA graphs here" for m in (CUDA_GRAPH, COMPILE_GRAPHS)}),
     option_tools=custom_op.doctor_tools, option_tool_lines=custom_op.doctor_lines,
     commands={"custom-op": ("kernelmap.frameworks.pytorch.custom_op.cli",
                             "build kernelmap's own PyTorch op (jit|setuptools|cmake), run the seed's AddModel, "

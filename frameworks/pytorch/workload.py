@@ -20,9 +20,9 @@ from torchvision import transforms
 from kernelmap.errors import KernelmapError
 from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 
-from .. import spec
+from .. import dataparallel, spec
 from ..data import synthetic_arrays
-from . import custom_op
+from . import custom_op, parallel
 from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH, GRAPH_WARMUP
 
 GRAPH_REFERENCE = "kernelmap:graph-reference"  # the region of the eager reference step (GRAPH_REFERENCE_FILE)
@@ -74,7 +74,7 @@ class Workload(spec.WorkloadBase):
         if config.device == "gpu":
             if not torch.cuda.is_available():
                 raise KernelmapError("device gpu asked for, but torch.cuda.is_available() is False")
-            self.device = torch.device("cuda", 0)
+            self.device = torch.device("cuda", dataparallel.rank())  # rank r of a multi-GPU case: cuda:r
             tf32 = spec.Math(config.math).tf32  # PyTorch's defaults: TF32 convs, fp32 matmuls
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
@@ -88,6 +88,9 @@ class Workload(spec.WorkloadBase):
 
             self.custom = load(route, cuda=self.device.type == "cuda")
         self.model = Net(self.custom).to(self.device)
+        # issue 39: on N devices the step runs the model through DDP (parallel.py); the weights stay self.model's
+        self.train_module = (parallel.wrap(self.model, config.devices, config.device) if config.devices > 1
+                             else self.model)
         self.set_weights(spec.init_weights(config.seed))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         mode = self.mode
@@ -207,6 +210,8 @@ class Workload(spec.WorkloadBase):
         )
 
     def batches(self, split: str, batch_size: int, order: np.ndarray) -> Iterator[tuple[Any, Any]]:
+        if split == "train" and self.config.devices > 1:  # this rank's slice of each global batch
+            order, batch_size = dataparallel.rank_slice(order, batch_size, dataparallel.rank(), self.config.devices)
         loader = DataLoader(
             self.dataset(split),
             batch_size=batch_size,
@@ -234,7 +239,7 @@ class Workload(spec.WorkloadBase):
             yield
 
     def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.nll_loss(F.log_softmax(self.model(images), dim=1), labels)
+        return F.nll_loss(F.log_softmax(self.train_module(images), dim=1), labels)
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor, zero_grad: bool = True) -> torch.Tensor:
         """Forward, backward and the optimizer step (eager, or the compiled loss and optimizer step)."""
@@ -343,6 +348,8 @@ class Workload(spec.WorkloadBase):
             self.synchronize()
 
     def to_float(self, value: Any) -> float:
+        if self.config.devices > 1 and isinstance(value, torch.Tensor):
+            return parallel.global_mean(value)  # the global batch's loss, not this rank's slice's
         return float(value.detach().cpu().item()) if isinstance(value, torch.Tensor) else super().to_float(value)
 
     def synchronize(self) -> None:

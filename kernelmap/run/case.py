@@ -18,7 +18,8 @@ from typing import Any
 
 from .. import doctor, frameworks, rundir
 from ..errors import KernelmapError
-from ..frameworks.case import CaseKey
+from ..frameworks import dataparallel
+from ..frameworks.case import Case, CaseKey
 from . import counters, processes
 from .devices import Decision, libs_env, thread_env, worker_environ, worker_own_env
 from .processes import RunProgress, nsys_commands, nsys_report
@@ -37,13 +38,14 @@ class CaseRun:
         self.nsys, self.nsys_skip = nsys, nsys_skip
         self.rd = rundir.RunDir(run_tmp)
         self.out_dir = self.rd.case(key)
-        config = dict(train, batch_size=self.bs, device=decision.device, mode=self.mode,
+        config = dict(train, batch_size=self.bs, device=decision.device, mode=self.mode, devices=key.devices,
                       options=(train.get("options") or {}).get(self.fw, {}))
         fw = self.fw
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
                      "--dir", str(self.out_dir), "--config", json.dumps(config), "--data-info", data_json]
-        self.threads_env = thread_env(threads)
+        # N devices on the CPU share its cores: each rank, context or host device a share of the threads
+        self.threads_env = thread_env(max(1, threads // key.devices) if decision.device == "cpu" else threads)
         self.own_env = worker_own_env(fw, decision.device)
         self.clean_trials: list[dict[str, Any]] = []
         self.trial_walls: list[float] = []
@@ -176,6 +178,26 @@ class CaseRun:
         """This case's results.json entry (and its notes: trials left out, disagreement, contention)."""
         return case_entry(self.key, self.decision, self.clean_trials, self.pass_results, self.repeat_trials,
                           self.out_dir, rundir.case_dir(self.key), notes)
+
+
+def spread_cases(runnable: list[str], modes: dict[str, list[str]], decisions: dict[str, Decision], math: str,
+                 devices: list[int], gpus) -> tuple[list[Case], dict[Case, str]]:
+    """Every framework x mode on each of ``devices`` (``--devices``), and why each that cannot run skips:
+    a mode without a data-parallel path on N > 1 (``dataparallel.refusal``), more GPUs than the machine has."""
+    cases: list[Case] = []
+    skips: dict[Case, str] = {}
+    for fw in runnable:
+        for m in modes[fw]:
+            for n in devices:
+                case = Case(fw, m, math, n)
+                why = dataparallel.refusal(frameworks.get(fw), m, n)
+                if why is None and n > 1 and decisions[fw].device == "gpu" and n > len(gpus.gpus):
+                    why = f"{n} devices asked for, and this machine has {len(gpus.gpus)} GPU(s)"
+                if why is None:
+                    cases.append(case)
+                else:
+                    skips[case] = why
+    return cases, skips
 
 
 def fail_case(case: CaseRun, exc: KernelmapError, notes: list[str], failed: list[str]) -> None:

@@ -25,7 +25,7 @@ from ..atomic import atomic_dir
 from ..errors import KernelmapError, MissingToolError
 from ..frameworks.case import Case, CaseKey
 from ..frameworks.spec import MATH_DEFAULT, Math
-from .case import CaseRun, run_repeats, run_schedule
+from .case import CaseRun, run_repeats, run_schedule, spread_cases
 from .devices import Decision, decide_devices, nsys_skips, physical_cores, said_once
 from .processes import RunProgress
 from .results import print_table, summary, timing_config
@@ -203,7 +203,10 @@ def plan(args: argparse.Namespace, opts: Options, gpus: gpuinfo.GpuReport, load_
     for line in said_once(skips, "nsys pass skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
     modes, mode_skips = modes_here(runnable, args.mode, decisions, opts.train["math"])
-    cases = [Case(fw, m, opts.train["math"]) for fw in runnable for m in modes[fw]]  # one device each, for now
+    cases, device_skips = spread_cases(runnable, modes, decisions, opts.train["math"], args.devices, gpus)
+    mode_skips.update(device_skips)
+    for line in said_once({c.name: why for c, why in device_skips.items()}, "case skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
     if not cases:
         raise KernelmapError(f"--mode {' '.join(dict.fromkeys(args.mode or ()))}: no mode of {', '.join(runnable)} "
                              "can run here: " + "; ".join(f"{c.name}: mode skipped: {why}"
@@ -323,6 +326,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="auto: the GPU where the framework can use it, else the CPU")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[64], metavar="N")
+    parser.add_argument("--devices", type=int, nargs="+", default=[1], metavar="N",
+                        help="devices each case trains on, data-parallel (one case per value): the same global batch "
+                             "(--batch-size, a multiple of N) and data order at every N, each device its slice "
+                             "(docs/DEVICES.md); GPUs on the GPU, N processes/contexts/host devices on the CPU")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=100, help="timed training steps (default 100)")
     length.add_argument("--epochs", type=int, help="train whole epochs instead of --steps")

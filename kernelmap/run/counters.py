@@ -1,8 +1,9 @@
 """The counters pass (``kernelmap run --profile counters``): one training step under Nsight Compute.
 
-The worker runs its warm-up, then ``STEPS`` timed step inside its cudaProfilerStart/Stop window (the window its
-nsys pass uses, ``registry.NsysWindow.PROFILER_API``); ``ncu --profile-from-start off`` profiles exactly the
-kernels launched in it, on every thread (an NVTX push/pop filter would see only the launching thread's ranges:
+The worker runs its warm-up, then ``STEPS`` timed step inside a profiler window: its framework's own
+cudaProfilerStart/Stop (the window its nsys pass uses, ``registry.NsysWindow.PROFILER_API``: PyTorch), else the
+driver's ``cuProfilerStart``/``cuProfilerStop`` on the primary context (``kernelmap/cudaprofiler.py``: JAX, MXNet;
+not yet run on a GPU). ``ncu --profile-from-start off`` profiles exactly the kernels launched in it, on every thread (an NVTX push/pop filter would see only the launching thread's ranges:
 the committed probe capture missed PyTorch's whole backward, which runs on its autograd thread;
 tests/data/ncu/README.md). One metric set (``adapters.ncu.PASS_METRICS``), clocks left as the driver sets them
 (``--clock-control none``: ncu's default locks the SM clock to base, ~1.4 GHz on the H200 against 1.98 GHz
@@ -11,8 +12,8 @@ boost, and the roofline's peaks are measured at the driver's clocks), caches flu
 ``RUN_DIR/<case>/bs<N>/counters/`` (``ncu.ncu-rep`` for the GUI, ``ncu.csv`` its raw page, ``ncu.log`` ncu's own
 messages): a folder, so that ``normalise`` never reads it as records; ``reports/analyses/roofline.py`` reads it.
 
-Refused per case, with the reason in results.json (``counters.skipped``) and a note: on the CPU, without ncu,
-for a framework whose workload opens no cudaProfilerStart/Stop window. A failure of ncu (no permission to the
+Refused per case, with the reason in results.json (``counters.skipped``) and a note: on the CPU, without ncu, on
+more than one device. A failure of ncu (no permission to the
 counters, ``ERR_NVGPUCTRPERM``; a kernel it cannot replay) is recorded the same way with ncu's own ``==ERROR==``
 lines; it never drops the case.
 """
@@ -25,7 +26,6 @@ from typing import Any
 
 from .. import doctor
 from ..adapters import ncu as ncu_csv
-from ..frameworks.registry import NsysWindow
 
 COUNTERS = "counters"  # the pass's name (worker --pass, results.json entry field)
 DIR = "counters"  # its folder in the case's folder
@@ -33,19 +33,17 @@ STEPS = 1  # one training step: the issue's budget is 60 s per framework and cas
 REPORT, CSV, LOG = "ncu.ncu-rep", "ncu.csv", "ncu.log"
 FLAGS = ("--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
          "--replay-mode", "kernel", "--nvtx")
-WINDOW_NOTE = ("{label}'s workload opens no cudaProfilerStart/Stop window around its timed steps ({window}): ncu "
-               "could not be held to one step on every thread")
 
 
-def skip_reason(device: str, ncu: str | None, window: NsysWindow | None, label: str) -> str | None:
+def skip_reason(device: str, ncu: str | None, devices: int = 1) -> str | None:
     """Why the counters pass of a case cannot run here, or None. On the CPU that is the reason whether or not
     ncu is installed."""
     if device != "gpu":
         return "Nsight Compute reads an NVIDIA GPU's counters; this case runs on the CPU"
     if ncu is None:
         return f"ncu not found; {doctor.FIX['ncu']}"
-    if window is not NsysWindow.PROFILER_API:
-        return WINDOW_NOTE.format(label=label, window="an NVTX range only" if window else "none")
+    if devices != 1:
+        return f"the counters pass counts one device's step; this case trains on {devices}"
     return None
 
 

@@ -1,0 +1,164 @@
+"""Data-parallel training on N devices, framework-free (issue 39): what every framework's
+``<name>/parallel.py`` shares, and what the worker and the runner ask without importing a framework.
+
+The rule every framework follows: **the same global batch and data order at every N**. A step trains on
+``--batch-size`` images (the global batch, ``spec.training_batches``' row for that step); device ``r`` of
+``N`` gets its contiguous slice ``[r * B/N, (r + 1) * B/N)`` of it (``rank_slice``), computes the mean loss
+of its slice, and the frameworks average the gradients over the devices (equal slices: the mean over the
+global batch). So the N-device run computes the 1-device run's step, up to the order of floating-point sums
+(``kernelmap/devparity.py`` checks it). ``B`` must be a multiple of ``N`` (refused before any worker).
+
+How each framework spreads its step (``DataParallel`` in its descriptor):
+
+- one process per device (PyTorch DDP): the worker starts ``N`` copies of itself (``launch``), each told
+  its rank by ``RANK_ENV``/``WORLD_ENV`` and the rendezvous address; rank 0 writes the pass's result where a
+  1-device worker writes it, rank ``r > 0`` into ``rank<r>/`` of the case folder (``rank_dir``);
+- one process driving N devices (MXNet's contexts, JAX's devices): the worker's process alone, with the
+  environment its descriptor names for N devices (``DataParallel.env``: XLA's host device count on the CPU),
+  set before the framework is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kernelmap.errors import KernelmapError
+
+RANK_ENV = "KERNELMAP_RANK"  # this process's rank among a case's processes (one per device)
+WORLD_ENV = "KERNELMAP_WORLD_SIZE"  # how many processes (= devices) the case runs
+ADDR_ENV, PORT_ENV = "MASTER_ADDR", "MASTER_PORT"  # the rendezvous (torch.distributed's env:// names)
+RANK_DIR = "rank{}"  # the folder of rank r > 0 in a case folder (its pass results and captures)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """How a framework trains on N devices (its descriptor's ``data_parallel``)."""
+
+    processes: bool  # one process per device (the worker launches N ranks), else one process for all
+    cpu: str  # the communication on the CPU, for people: "gloo all-reduce", "KVStore local"
+    gpu: tuple[str, ...]  # the communication backends on the GPU, the default first
+    modes: tuple[str, ...]  # its modes that run on N > 1 devices; others refused there, saying why
+    why_not: Mapping[str, str] = field(default_factory=dict)  # {mode: why it does not run on N > 1}
+    # extra environment of its workers on N devices on ``device`` (cpu | gpu), set before it is imported
+    env: Callable[[int, str], Mapping[str, str]] = lambda n, device: {}
+
+
+def refusal(descriptor, mode: str, devices: int) -> str | None:
+    """Why ``descriptor``'s framework cannot run ``mode`` on ``devices`` devices, or None where it can."""
+    if devices == 1:
+        return None
+    dp = descriptor.data_parallel
+    if dp is None:
+        return f"{descriptor.label} has no data-parallel path: it runs on one device"
+    if mode not in dp.modes:
+        why = dp.why_not.get(mode, f"its modes on several devices are {', '.join(dp.modes)}")
+        return f"{descriptor.label} {mode} on {devices} devices: {why}"
+    return None
+
+
+def rank() -> int:
+    """This process's rank (``RANK_ENV``); 0 in a process that is not one of several."""
+    return int(os.environ.get(RANK_ENV, "0"))
+
+
+def world() -> int:
+    """How many processes train together (``WORLD_ENV``); 1 where this one trains alone."""
+    return int(os.environ.get(WORLD_ENV, "1"))
+
+
+def is_rank() -> bool:
+    """Whether this process is one rank of a launched group (``launch`` set the variables)."""
+    return WORLD_ENV in os.environ
+
+
+def check_divides(batch_size: int, devices: int) -> None:
+    if devices < 1 or batch_size % devices:
+        raise KernelmapError(f"batch size {batch_size} on {devices} devices: each device takes an equal slice "
+                             f"of the global batch, so the batch size must be a multiple of {devices}")
+
+
+def local_batch(batch_size: int, devices: int) -> int:
+    """Images per device in a step of ``batch_size`` global images."""
+    check_divides(batch_size, devices)
+    return batch_size // devices
+
+
+def rank_slice(order: np.ndarray, batch_size: int, r: int, devices: int) -> tuple[np.ndarray, int]:
+    """The samples device ``r`` of ``devices`` trains on, in order, and its batch size: its contiguous
+    slice of each global batch of ``order`` (whole batches of ``batch_size``)."""
+    b = local_batch(batch_size, devices)
+    order = np.asarray(order)
+    if order.size % batch_size:
+        raise KernelmapError(f"{order.size} samples are not whole batches of {batch_size}")
+    return order.reshape(-1, batch_size)[:, r * b:(r + 1) * b].ravel(), b
+
+
+def rank_dir(out_dir: Path, r: int) -> Path:
+    """Where rank ``r`` writes: the case folder for rank 0, ``rank<r>/`` in it for the others."""
+    return Path(out_dir) if r == 0 else Path(out_dir) / RANK_DIR.format(r)
+
+
+def merged_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``extra`` added; flag lists (``XLA_FLAGS``) already set are extended, not replaced."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = f"{out[k]} {v}" if k.endswith("_FLAGS") and out.get(k) else v
+    return out
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(r: int, devices: int, port: int) -> dict[str, str]:
+    """The variables that make a process rank ``r`` of ``devices`` with its rendezvous on this host."""
+    return {RANK_ENV: str(r), WORLD_ENV: str(devices), ADDR_ENV: "127.0.0.1", PORT_ENV: str(port)}
+
+
+def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quiet_ranks: bool = True,
+           timeout: float | None = None) -> int:
+    """Run ``commands[r]`` as rank ``r`` of ``len(commands)`` (``env``, else this environment, plus the rank
+    variables and a free rendezvous port on this host); wait for all. Rank 0's stdout is this process's (the
+    CPU libs pass reads oneDNN's verbose lines there); the others' is discarded where ``quiet_ranks``. The
+    first rank to fail stops the rest; its exit status is returned (0 when all succeed; 124 past ``timeout``
+    seconds)."""
+    port, n = free_port(), len(commands)
+    base = dict(os.environ if env is None else env)
+    procs: list[subprocess.Popen] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        for r, cmd in enumerate(commands):
+            out = subprocess.DEVNULL if r and quiet_ranks else None
+            procs.append(subprocess.Popen(cmd, env={**base, **rank_env(r, n, port)}, stdout=out))
+        rc = 0
+        pending = list(procs)
+        while pending:
+            if deadline is not None and time.monotonic() > deadline:
+                return 124
+            for p in list(pending):
+                try:
+                    code = p.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                pending.remove(p)
+                if code != 0 and rc == 0:
+                    rc = code
+                    for q in pending:  # one rank failed: the others would wait for it at the next collective
+                        q.send_signal(signal.SIGTERM)
+        return rc
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

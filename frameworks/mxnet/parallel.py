@@ -1,0 +1,73 @@
+"""MXNet Gluon on N devices: one process, N contexts, the Trainer's KVStore sums the gradients (issue 39).
+
+Every parameter lives on each of the N contexts (``mx.cpu(i)`` on the CPU, ``mx.gpu(i)`` on the GPU); a
+training batch is cut into N contiguous slices, one per context (``gluon.utils.split_and_load``: context
+``r`` its slice ``[r * B/N, (r + 1) * B/N)`` of the global batch, ``frameworks/dataparallel.py``). Each
+context computes its slice's losses and gradients; ``Trainer.step(B)`` pushes the N gradients of each
+parameter into the KVStore, which sums them, and pulls the result (with the update) back to every context.
+The KVStore (``KVSTORE_OPTION``, MXNet's option ``--kvstore``): ``local`` on the CPU (sums in host memory);
+on the GPU ``device`` (the default: peer copies and sum kernels on the GPUs, no NCCL) or ``nccl``, only
+where the MXNet build has NCCL (``mx.runtime.Features``; ``kernelmap build-mxnet`` builds with
+``USE_NCCL=OFF`` today, and the published cu112 wheel's build says what it has).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from kernelmap.errors import KernelmapError
+
+from .descriptor import KVSTORE_DEFAULT, KVSTORE_OPTION, KVSTORES
+
+
+def contexts(ctx: mx.Context, n: int) -> list[mx.Context]:
+    """The ``n`` contexts of ``ctx``'s kind (``[ctx]`` for one)."""
+    if n == 1:
+        return [ctx]
+    if ctx.device_type == "gpu":
+        if mx.context.num_gpus() < n:
+            raise KernelmapError(f"MXNet on {n} GPUs: it sees {mx.context.num_gpus()} (mx.context.num_gpus())")
+        return [mx.gpu(i) for i in range(n)]
+    return [mx.cpu(i) for i in range(n)]
+
+
+def kvstore(options: dict[str, str], ctxs: list[mx.Context]) -> dict[str, Any]:
+    """The Trainer's KVStore argument for ``ctxs``: {} on one context (Gluon's default, which makes none)."""
+    if len(ctxs) == 1:
+        return {}
+    kind = ctxs[0].device_type
+    name = options.get(KVSTORE_OPTION) or KVSTORE_DEFAULT[kind]
+    if name not in KVSTORES[kind]:
+        raise KernelmapError(f"MXNet --kvstore {name} on the {kind.upper()}: choose {' or '.join(KVSTORES[kind])}")
+    if name == "nccl" and not mx.runtime.Features().is_enabled("NCCL"):
+        raise KernelmapError("MXNet --kvstore nccl: this MXNet build has no NCCL (mx.runtime.Features: NCCL off; "
+                             "kernelmap build-mxnet builds with USE_NCCL=OFF); use --kvstore device")
+    return {"kvstore": name}
+
+
+def split(loader, ctxs: list[mx.Context]):
+    """(images, labels) of each global batch of ``loader`` as lists of slices, one per context."""
+    for images, labels in loader:
+        yield (gluon.utils.split_and_load(images, ctxs, even_split=True),
+               gluon.utils.split_and_load(labels, ctxs, even_split=True))
+
+
+def forward(net, images: list) -> Any:
+    """Logits of a split batch, its slices' in order, on the first context."""
+    return mx.nd.concat(*[net(x).as_in_context(images[0].context) for x in images], dim=0)
+
+
+def train_step(w, images: list, labels: list):
+    """One SGD step of workload ``w`` over the slices: each context's forward and backward, then the KVStore's
+    sum and the update (``Trainer.step`` of the global batch: the summed gradients over B images)."""
+    with w.region("kernelmap:forward"):
+        with autograd.record():
+            losses = [w.loss_fn(w.net(x), y) for x, y in zip(images, labels, strict=True)]
+    with w.region("kernelmap:backward"):
+        autograd.backward(losses)
+    with w.region("kernelmap:optimizer"):
+        w.trainer.step(sum(x.shape[0] for x in images))
+    return mx.nd.concat(*[loss.as_in_context(w.ctx) for loss in losses], dim=0).mean()
