@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "normalise": ("kernelmap.normalise", "turn traces and library logs into schema records (Parquet)"),
     "report": ("kernelmap.reports.cli", "write the side-by-side HTML/PNG report of run directories"),
     "diff": ("kernelmap.reports.diffcli", "two runs, cases or traces kernel by kernel, with a verdict against noise"),
+    "findings": ("kernelmap.reports.findingscli", "a run's findings ranked by what they would save; "
+                                                  "--check-remedies runs the remedies and checks the predictions"),
     "compare": ("kernelmap.history.compare", "compare saved pytest-benchmark runs like with like"),
     "save-job": ("kernelmap.savejob", "save one bench job's per-framework step benchmarks as one numbered run"),
     **{name: cmd for d in frameworks.REGISTRY.values() for name, cmd in d.commands.items()},

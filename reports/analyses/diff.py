@@ -113,13 +113,28 @@ def timed_rows(records: pd.DataFrame, source: str | None = None) -> tuple[str, s
 
 
 def keyed(rows: pd.DataFrame, level: str) -> pd.DataFrame:
-    """The rows' alignment key: where (layer, else canonical op), direction, library call, kernel."""
+    """The rows' alignment key: where (layer, else canonical op), direction, library call, kernel; beside it the
+    event's algorithm and math (not keys)."""
     where = rows["layer"].astype(object).where(rows["layer"].notna(), rows["canonical_op"].astype(object))
     name = rows["kernel_name"] if level == LEVEL_KERNEL else rows["op_name"]
     return pd.DataFrame({"where": _text(where), "direction": _text(rows["direction"]),
                          "library_call": _text(rows["library_call"]), "kernel": _text(name),
-                         "dur_ns": rows["dur_ns"].astype("int64"), "iteration": rows["iteration"]},
+                         "dur_ns": rows["dur_ns"].astype("int64"), "iteration": rows["iteration"],
+                         "algo": _column(rows, "algo"), "math": _column(rows, *MATH_FROM)},
                         index=rows.index)
+
+
+MATH_FROM = ("math_ran", "math_mode")  # an event's math: what its multiply ran in, else the library's math mode
+
+
+def _column(rows: pd.DataFrame, *names: str) -> pd.Series:
+    """The first of ``names`` that the rows have, filled from the next where missing; ``NONE`` where none has it
+    (a cause's detail, not a key: ``findings.place_cause``)."""
+    out = pd.Series([pd.NA] * len(rows), index=rows.index, dtype=object)
+    for n in names:
+        if n in rows.columns:
+            out = out.where(out.notna(), rows[n].astype(object))
+    return _text(out)
 
 
 def counted_iterations(rows: pd.DataFrame) -> tuple[tuple[int, ...], str]:
