@@ -22,6 +22,7 @@ LAYERS = {3: ("conv1", "conv2d", "fwd"), 4: ("conv1", "conv2d", "fwd"), 9: ("con
           10: ("conv2", "conv2d", "fwd"), 11: ("conv2", "conv2d", "fwd"), 12: ("conv2", "conv2d", "fwd"),
           13: ("conv2", "conv2d", "fwd"), 18: ("fc1", "linear", "fwd"), 19: ("fc1", "linear", "fwd"),
           23: ("fc2", "linear", "fwd")}
+MATH = {11: "bf16", 18: "bf16", 23: "bf16"}  # the stand-in log math of the tensor-core kernels
 PEAKS = {"gemm": {"bf16": {"flops_per_s": 7.0e14}, "fp32": {"flops_per_s": 5.0e13}},
          "dram": {"bytes_per_s": 4.0e12}, "method": "stand-in figures for the test"}
 
@@ -33,7 +34,7 @@ def _timed(names: list[str]) -> pd.DataFrame:
         rows.append({"run": "pytorch/bs64", "case": "pytorch", "kind": "kernel", "iteration": 7, "source": "kineto",
                      "start_ns": 1000 * i, "event_id": i, "kernel_name": n, "dur_ns": 100 + i,
                      "layer": layer, "canonical_op": op, "direction": d, "library": None, "library_call": None,
-                     "math_mode": "bf16" if i in (11, 18, 23) else None})
+                     "math_mode": MATH.get(i)})
     return pd.DataFrame(rows)
 
 
@@ -56,6 +57,9 @@ def test_every_kernel_paired_where_the_steps_agree(tmp_path):
     assert status.iloc[0][["kernels", "timed_kernels", "matched", "source", "iteration"]].tolist() == [
         31, 31, 31, "kineto", 7]
     assert status.iloc[0]["paired_time_share"] == 1.0
+    # the log's math (stand-in: bf16 on the three tensor-core kernels) against the counters': all three agree
+    assert status.iloc[0][["math_compared", "math_agree", "math_disagree"]].tolist() == [3, 3, []]
+    assert status.iloc[0]["ncu_wall_s"] is None and status.iloc[0]["within_budget"] is None
     assert peaks["run"]["gemm"]["bf16"]["flops_per_s"] == 7.0e14
     conv2 = kernels[kernels["kernel_name"].str.contains("bf16_s16816fprop")].iloc[0]
     assert (conv2["layer"], conv2["counter_math"], conv2["log_math"], conv2["math_agrees"]) == (
@@ -144,3 +148,14 @@ def test_roofline_figure_names_the_layers(tmp_path, monkeypatch):
     assert "one training step" in kept[0]._suptitle.get_text()
     F.plt.close(kept[0])
     assert F.counters_roofline_figure(kernels.iloc[0:0], peaks, tmp_path / "none.png") is None
+
+
+def test_math_disagreement_and_budget_are_said(tmp_path, monkeypatch):
+    """A log that says tf32 where the counters counted bf16 ops: named; a pass over 60 s: out of budget."""
+    monkeypatch.setitem(MATH, 18, "tf32")
+    run = _run(tmp_path, _names(), {"csv": "pytorch/bs64/counters/ncu.csv", "peaks": PEAKS, "ncu_wall_s": 61.5})
+    _, status, _ = roofline.counter_kernels([run])
+    s = status.iloc[0]
+    assert (s["math_compared"], s["math_agree"]) == (3, 2)
+    assert s["math_disagree"] == ["nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT: log tf32, counters bf16"]
+    assert s["ncu_wall_s"] == 61.5 and not s["within_budget"]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from kernelmap import schema
 from kernelmap.adapters import ncu
+from kernelmap.calllink import short_name
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
@@ -93,8 +94,12 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
                   "flops_per_s", "bytes_per_s", "intensity", "peak_flops_per_s", "attainable_flops_per_s",
                   "roofline_share", "sm_clock_hz", "unmeasured"]
 # paired_time_share: the timing step's kernel time in kernels that have counters (issue 38: >= 99%)
+# ncu_wall_s against COUNTERS_BUDGET_S (issue 38: the pass costs <= 60 s per framework and case); math_*: the
+# paired kernels whose log math and counter math are both known, how many agree, the ones that do not
+COUNTERS_BUDGET_S = 60.0
 STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "paired_time_share", "source",
-                  "iteration", "reason"]
+                  "iteration", "ncu_wall_s", "within_budget", "math_compared", "math_agree", "math_disagree",
+                  "reason"]
 
 
 def measured_peaks(run: Run) -> dict[str, Any]:
@@ -205,8 +210,10 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
     out = _rates(out, peaks)
     step_ns = pd.to_numeric(timed["dur_ns"], errors="coerce").sum()
     paired_ns = pd.to_numeric(out.loc[out["matched"], "timed_ns"], errors="coerce").sum()
+    wall = c.get("ncu_wall_s")
     status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), source=source,
-                  iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None,
+                  iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None, ncu_wall_s=wall,
+                  within_budget=None if wall is None else wall <= COUNTERS_BUDGET_S, **math_agreement(out),
                   reason=None if out["matched"].all() else next(w for w in why if w))
     return out[KERNEL_COLUMNS], status
 
@@ -224,9 +231,19 @@ def _rates(out: pd.DataFrame, peaks: dict) -> pd.DataFrame:
     out["attainable_flops_per_s"] = (np.minimum(peak, out["intensity"] * bw) if bw else peak)
     out["roofline_share"] = out["flops_per_s"] / out["attainable_flops_per_s"]
     lm = out["log_math"].astype(object)
-    out["math_agrees"] = [None if pd.isna(a) or b in (ncu.MATH_UNKNOWN,) else a == b
-                          for a, b in zip(lm, out["counter_math"], strict=True)]
+    out["math_agrees"] = [None if not m or pd.isna(a) or b == ncu.MATH_UNKNOWN else a == b
+                          for m, a, b in zip(out["matched"], lm, out["counter_math"], strict=True)]
     return out
+
+
+def math_agreement(kernels: pd.DataFrame) -> dict[str, Any]:
+    """Log math against counter math over the paired kernels where both are known (``math_agrees`` not None):
+    how many were compared, how many agree, and each that does not ("kernel: log X, counters Y")."""
+    k = kernels[kernels["math_agrees"].notna()]
+    bad = k[~k["math_agrees"].astype(bool)]
+    return {"math_compared": len(k), "math_agree": len(k) - len(bad),
+            "math_disagree": [f"{short_name(n)}: log {lm}, counters {cm}" for n, lm, cm in
+                              zip(bad["kernel_name"], bad["log_math"], bad["counter_math"], strict=True)]}
 
 
 def counter_kernels(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
