@@ -27,6 +27,7 @@ from kernelmap import contention, frameworks, rundir, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.frameworks import dataparallel
+from kernelmap.frameworks.registry import NsysWindow
 from kernelmap.gcpause import no_gc
 
 PASSES = ("clean", "framework", "libs", "nsys", "counters")  # counters: kernelmap/run/counters.py
@@ -102,11 +103,17 @@ def _plan(workload, steps: int | None, epochs: int | None, warmup: int) -> tuple
     return total, spec.training_batches(info.n_train, workload.config.seed, bs, total).ravel()
 
 
-def _capture(workload, pass_name: str, out_dir: Path) -> contextlib.AbstractContextManager:
+def _capture(workload, pass_name: str, out_dir: Path, framework: str) -> contextlib.AbstractContextManager:
     """What records the timed steps of ``pass_name``: nothing for the clean pass."""
+    if pass_name == "counters":  # ncu --profile-from-start off: the framework's own profiler window, else the driver's
+        if frameworks.get(framework).nsys_window(os.environ) is NsysWindow.PROFILER_API:
+            return workload.nsys_window()
+        from kernelmap import cudaprofiler
+
+        return cudaprofiler.window(workload.synchronize)
     if pass_name == "framework":
         return workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
-    if pass_name in ("nsys", "counters"):  # counters: ncu --profile-from-start off, held to the same window
+    if pass_name == "nsys":
         return workload.nsys_window()
     if pass_name == "libs":
         return workload.libs_trace(out_dir / rundir.LIBS_TRACE_DIR)  # the logs' own kernels (calllink)
@@ -262,7 +269,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     total, order = _plan(workload, steps, epochs, warmup)
     clean = pass_name == "clean"
     clocks = _Clocks(workload)
-    capture = _capture(workload, pass_name, out_dir)
+    capture = _capture(workload, pass_name, out_dir, framework)
     batches = iter(workload.batches("train", bs, order))
     n_timed = total - warmup
     with _progress(total, progress, f"{framework} bs{bs} {pass_name}") as bar:

@@ -124,10 +124,9 @@ class CaseRun:
 
     def _counters(self, progress: RunProgress, notes: list[str]) -> None:
         """The counters pass (kernelmap/run/counters.py): the worker under ncu over one step, then the report's
-        raw page as CSV; refused (CPU, no ncu, no window) or failed: a note and its reason, the case goes on."""
+        raw page as CSV; refused (CPU, no ncu, several devices) or failed: a note and its reason, the case goes on."""
         ncu = counters.find_ncu()
-        why = counters.skip_reason(self.decision.device, ncu, self.descriptor.nsys_window(self.own_env),
-                                   self.descriptor.label)
+        why = counters.skip_reason(self.decision.device, ncu, self.key.devices)
         if why is not None:
             notes.append(f"{self.name}: counters pass skipped: {why}")
             self.pass_results[counters.COUNTERS] = {"skipped": why}
