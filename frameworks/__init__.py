@@ -88,3 +88,17 @@ def modes_to_run(name: str, asked: list[str] | tuple[str, ...] | None, device: s
     usable = d.modes_on(device)
     skipped = {m: f"it needs a GPU; {d.label} runs on the {device.upper()} here" for m in want if m not in usable}
     return [m for m in want if m in usable], skipped
+
+
+# --- math modes: which framework runs which spec.Math on which device ---------------------------------------
+def math_refusal(name: str, math: str, device: str) -> str | None:
+    """Why framework ``name`` cannot run ``math`` (a spec.Math value) on ``device`` (cpu | gpu), None where it
+    can: a GPU-only math (TF32) on the CPU, else its descriptor's ``math_refusals``."""
+    from .spec import Math
+
+    d = get(name)
+    m = Math(math)
+    if device != "gpu" and m.gpu_only:
+        return f"{m.value} is a GPU math (the CPU has no TF32); {d.label} runs on the {device.upper()} here"
+    why = (d.math_refusals.get(device) or {}).get(m.value)
+    return f"{d.label} cannot run {m.value} on the {device.upper()}: {why}" if why else None

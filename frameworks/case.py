@@ -51,17 +51,20 @@ class Case:
     def name(self) -> str:
         """The case's folder in a run directory and its name in the report's tables: the framework's name
         for its default mode (runs made before modes read the same), ``<framework>-<mode>`` else; a case on
-        more than one device adds ``-x<devices>``. The math mode is the run's, said beside its figures."""
+        more than one device adds ``-x<devices>``; a math other than the default (fp32) adds ``-<math>``
+        (``pytorch-compile-bf16``): a run of several ``--math`` values names each case once."""
         d = REGISTRY[self.framework]
         name = self.framework if self.mode == d.default_mode else f"{self.framework}-{self.mode}"
-        return name if self.devices == 1 else f"{name}-x{self.devices}"
+        name = name if self.devices == 1 else f"{name}-x{self.devices}"
+        return name if self.math == MATH_DEFAULT.value else f"{name}-{self.math}"
 
     @property
     def label(self) -> str:
-        """For people: ``PyTorch``, ``PyTorch cuda-graph``, ``PyTorch cuda-graph x2``."""
+        """For people: ``PyTorch``, ``PyTorch cuda-graph``, ``PyTorch cuda-graph x2``, ``PyTorch bf16``."""
         d = REGISTRY[self.framework]
         text = d.label if self.mode == d.default_mode else f"{d.label} {self.mode}"
-        return text if self.devices == 1 else f"{text} x{self.devices}"
+        text = text if self.devices == 1 else f"{text} x{self.devices}"
+        return text if self.math == MATH_DEFAULT.value else f"{text} {self.math}"
 
     @property
     def color(self) -> str:
@@ -124,10 +127,10 @@ def order(cases: Iterable[Case]) -> list[Case]:
 
 # --- a case by its name -------------------------------------------------------------------------------
 def registered() -> dict[str, Case]:
-    """{name: case} of every registered framework x mode on one device (the default math): the cases a
-    table's column names, and how a run written before the key was typed named its cases (its folders, its
-    records' ``framework`` column)."""
-    return {c.name: c for c in (Case(fw, m) for fw, d in REGISTRY.items() for m in d.modes)}
+    """{name: case} of every registered framework x mode x math on one device: the cases a table's column
+    names; those of the default math are how a run written before the key was typed named its cases (its
+    folders, its records' ``framework`` column)."""
+    return {c.name: c for c in (Case(fw, m, x.value) for fw, d in REGISTRY.items() for m in d.modes for x in Math)}
 
 
 def by_name(name: str) -> Case | None:

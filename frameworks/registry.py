@@ -18,6 +18,14 @@ from typing import Any
 from .dataparallel import DataParallel
 
 
+def mixed_not_implemented() -> dict[str, dict[str, str]]:
+    """``Framework.math_refusals``' default: every mixed-precision math (spec.Math.mixed) refused on both devices."""
+    from .spec import Math
+
+    why = "its workload does not implement mixed precision yet (issue 38; docs/MIXED_PRECISION.md)"
+    return {device: {m.value: why for m in Math if m.mixed} for device in ("cpu", "gpu")}
+
+
 @dataclass(frozen=True)
 class GpuVerdict:
     """Whether a framework can use this machine's GPU, from its probe and the GPU's compute capability."""
@@ -152,6 +160,10 @@ class Framework:
     recorded_env: tuple[str, ...] = ()
     # modes that run only on a GPU (CUDA graphs): on the CPU they are skipped with a note
     gpu_only_modes: frozenset[str] = frozenset()
+    # the maths (spec.Math values) its workload cannot run, per device: {device: {math: why}}; the runner skips
+    # such a case with the reason (frameworks.math_refusal), never runs it in fp32 under the label. The default:
+    # mixed precision not implemented (a framework whose workload implements it says so in its descriptor)
+    math_refusals: Mapping[str, Mapping[str, str]] = field(default_factory=mixed_not_implemented)
     # older command-line switches that name one of its modes: ``--hybridize`` -> hybridized
     mode_flags: Mapping[str, str] = field(default_factory=dict)
     # one line per mode, for --help and the docs: what the mode runs

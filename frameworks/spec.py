@@ -71,40 +71,101 @@ PIXEL_MEAN = 0.1307
 PIXEL_STD = 0.3081
 
 
-# --- the GPU math mode -----------------------------------------------------------------------
+# --- the math mode ---------------------------------------------------------------------------
 TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"  # "0": cuBLAS, cuBLASLt and cuDNN never use TF32
 
 
+@dataclass(frozen=True)
+class LossScale:
+    """Dynamic loss scaling, one rule for every framework's fp16 (docs/MIXED_PRECISION.md): the loss is
+    multiplied by ``scale`` before the backward and the gradients divided by it before the update; a step whose
+    gradients hold an inf or NaN is skipped and the scale multiplied by ``backoff``; after ``interval`` steps
+    in a row without one it is multiplied by ``growth``. The values are PyTorch's GradScaler defaults, which
+    MXNet's AMP (init 2**16, scale_window 2000, factor 2) and jmp's DynamicLossScale (period 2000, factor 2)
+    share."""
+
+    init: float = 2.0**16
+    growth: float = 2.0
+    backoff: float = 0.5
+    interval: int = 2000
+
+
+LOSS_SCALE = LossScale()
+
+
 class Math(enum.Enum):
-    """The arithmetic every framework is held to on the GPU, so that their convs and matmuls compare
-    like with like. The frameworks' defaults differ (PyTorch: TF32 convs, fp32 matmuls; MXNet 1.9 on
-    CUDA >= 11: TF32 cuBLAS GEMMs and cuDNN's default math; XLA: TF32 unless asked for "highest").
+    """The arithmetic every framework is held to, so that their convs and matmuls compare like with like.
+    The frameworks' defaults differ (PyTorch: TF32 convs, fp32 matmuls; MXNet 1.9 on CUDA >= 11: TF32 cuBLAS
+    GEMMs and cuDNN's default math; XLA: TF32 unless asked for "highest").
 
     ``FP32``: no TF32 anywhere: ``NVIDIA_TF32_OVERRIDE=0`` in every GPU worker's environment (cuBLAS,
     cuBLASLt and cuDNN honour it whatever the framework asks), and the switch of each framework that has
     one off (PyTorch's ``allow_tf32`` flags, XLA's ``highest`` precision; MXNet has none: the variable
     alone holds it). ``TF32``: TF32 allowed in every framework's convs and matmuls (PyTorch's and XLA's
     switches on, MXNet's defaults) and no ``NVIDIA_TF32_OVERRIDE`` in the worker's environment, even one
-    inherited from the user's shell (``apply``). The library logs' ``math_mode`` column shows what each
-    call really ran; each result records the variable its worker saw (``tf32_override``)."""
+    inherited from the user's shell (``apply``). A GPU math: the CPU has no TF32.
+
+    ``BF16`` and ``FP16``: mixed precision with fp32 master weights (docs/MIXED_PRECISION.md, one recipe for
+    every framework): convs and linears compute in ``low_precision`` (bfloat16, float16), the loss, the
+    log-softmax, the optimizer update and the weights stay float32; fp16 scales the loss (``loss_scaling``,
+    ``LOSS_SCALE``), bf16 (fp32's exponent range) does not. Whatever is left in fp32 is held to strict fp32:
+    ``apply`` sets ``NVIDIA_TF32_OVERRIDE=0`` as for ``FP32`` (the variable touches only fp32 operations, never
+    a bf16 or fp16 GEMM or conv), and ``tf32`` is False, so that a tensor-core kernel in a bf16/fp16 case is of
+    the precision asked for, and an fp32 GEMM that escaped the recipe shows as FP32, not TF32.
+
+    The library logs' ``math_mode`` column shows what each call really ran; each result records the variable
+    its worker saw (``tf32_override``). Which framework runs which math on which device: its descriptor's
+    ``math_refusals`` (``frameworks.math_refusal``)."""
 
     FP32 = "fp32"
     TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
 
     @property
     def tf32(self) -> bool:
+        """Whether the framework's TF32 switches are on (only ``TF32``)."""
+        return self is Math.TF32
+
+    @property
+    def low_precision(self) -> str | None:
+        """The dtype name convs and linears compute in under mixed precision (``bfloat16``, ``float16``: the
+        name torch, numpy/ml_dtypes, JAX and MXNet share), None for fp32 and tf32 (float32 storage)."""
+        return _LOW_PRECISION.get(self)
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: low-precision compute with fp32 master weights."""
+        return self.low_precision is not None
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether the loss is scaled (``LOSS_SCALE``): fp16 only (5 exponent bits: small gradients underflow)."""
+        return self is Math.FP16
+
+    @property
+    def mantissa_bits(self) -> int:
+        """Explicit mantissa bits of the convs' and linears' inputs (float32 23, TF32 10, bfloat16 7, float16 10):
+        the unit roundoff is 2**-(bits + 1), the base of parity's tolerance (kernelmap/parity.py)."""
+        return _MANTISSA_BITS[self]
+
+    @property
+    def gpu_only(self) -> bool:
+        """A math no CPU has: TF32 (a tensor-core format). The runner skips it on the CPU with a note."""
         return self is Math.TF32
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` as a GPU worker of this mode must get it (before any framework loads its libraries):
-        fp32 sets ``NVIDIA_TF32_OVERRIDE=0``; tf32 drops the variable, which would hold every library to
-        fp32 under a tf32 label."""
+        fp32, bf16 and fp16 set ``NVIDIA_TF32_OVERRIDE=0`` (no TF32 for what runs in fp32); tf32 drops the
+        variable, which would hold every library to fp32 under a tf32 label."""
         out = {k: v for k, v in env.items() if k != TF32_OVERRIDE}
-        if self is Math.FP32:
+        if self is not Math.TF32:
             out[TF32_OVERRIDE] = "0"
         return out
 
 
+_LOW_PRECISION = {Math.BF16: "bfloat16", Math.FP16: "float16"}
+_MANTISSA_BITS = {Math.FP32: 23, Math.TF32: 10, Math.BF16: 7, Math.FP16: 10}
 MATH_DEFAULT = Math.FP32
 
 
@@ -122,7 +183,7 @@ class TrainConfig:
     data_dir: str | None = None
     mode: str | None = None  # execution mode, one of the framework's descriptor's modes; None: its default
     device: str = "cpu"  # cpu | gpu (the device this worker actually uses)
-    math: str = MATH_DEFAULT.value  # Math: what the GPU's convs and matmuls may use (the CPU: always fp32)
+    math: str = MATH_DEFAULT.value  # Math: what the convs and matmuls compute in (tf32: the GPU only)
     devices: int = 1  # devices the step is spread over (frameworks/dataparallel.py: each its slice of the batch)
     # this framework's own options (its descriptor's registry.Option names -> value), e.g. {"custom_op": "cmake"}
     options: dict[str, str] = field(default_factory=dict)

@@ -91,10 +91,29 @@ def check_modes(args: argparse.Namespace) -> None:
             raise KernelmapError(f"--mode {mode}: not a mode of --framework {args.framework} ({have})")
 
 
+def check_maths(args: argparse.Namespace) -> None:
+    """KernelmapError for a ``--math`` given twice, and, on a device given (``--device cpu|gpu``), for a math that
+    no framework asked for can run there (``frameworks.math_refusal``: fp16 on the CPU, TF32 on the CPU, mixed
+    precision a workload does not implement): it would run nothing, or fp32 under its label. Where some of them
+    can, the others' cases are skipped with a note (kernelmap/run/cli.py: math_cases)."""
+    maths = list(getattr(args, "math", None) or ())
+    twice = [x for i, x in enumerate(maths) if x in maths[:i]]
+    if twice:
+        raise KernelmapError(f"--math {' '.join(maths)}: {twice[0]} given twice")
+    device = getattr(args, "device", "auto")
+    if device == "auto":  # each framework's device is decided by its probe (run/devices.py), then checked
+        return
+    for x in maths:
+        why = [frameworks.math_refusal(fw, x, device) for fw in chosen(args)]
+        if all(why):
+            raise KernelmapError(f"--math {x} --device {device}: " + "; ".join(why))
+
+
 def check_args(args: argparse.Namespace) -> None:
-    """What the command line alone decides: the counts, the modes, each batch size given once."""
+    """What the command line alone decides: the counts, the modes, the maths, each batch size given once."""
     check_counts(args)
     check_modes(args)
+    check_maths(args)
     twice = [bs for i, bs in enumerate(args.batch_size) if bs in args.batch_size[:i]]
     if twice:
         raise KernelmapError(f"--batch-size {' '.join(map(str, args.batch_size))}: {twice[0]} given twice")

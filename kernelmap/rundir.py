@@ -196,9 +196,13 @@ def run_version(manifest: dict[str, Any], where: Path) -> int:
     return v
 
 
-def run_math(manifest: dict[str, Any]) -> str:
-    """The math mode of a version 1 run (its manifest's training config), else the default."""
+def run_math(manifest: dict[str, Any]) -> str | None:
+    """The one math mode of a run (its manifest's training config: a version 1 run's string, a later run's list of
+    ``--math`` values), else the default; None for a run of several maths: each of its cases records its own
+    (``CaseKey.math``), and a record without one cannot be given one."""
     math = ((manifest.get("config") or {}).get("train") or {}).get("math")
+    if isinstance(math, list):
+        return math[0] if len(math) == 1 and isinstance(math[0], str) else None
     return math if isinstance(math, str) else MATH_DEFAULT.value
 
 

@@ -32,7 +32,7 @@ COLUMNS: dict[str, str] = {
     "run": "string",  # run id (run directory name, or the file stem for loose files)
     "framework": "string",  # a frameworks.REGISTRY name (pytorch | mxnet | jax) or unknown
     "mode": "string",  # the framework's execution mode (its descriptor's modes: eager | cuda-graph | ...)
-    "math": "string",  # the run's math mode for the GPU's convs and matmuls (spec.Math: fp32 | tf32)
+    "math": "string",  # the case's math mode for the convs and matmuls (spec.Math: fp32 | tf32 | bf16 | fp16)
     "devices": "Int64",  # devices the case trained on (1 until multi-device cases)
     "device": "string",  # gpu | cpu
     "batch_size": "Int64",

@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
                       devices=config.devices, rank=dataparallel.rank(),
                       device=config.device, versions=workload.versions(), pid=os.getpid(),
-                      math=config.math if config.device == "gpu" else "fp32",
+                      math=config.math,  # tf32 on the CPU is refused before (frameworks.math_refusal)
                       tf32_override=os.environ.get(spec.TF32_OVERRIDE))
     except KernelmapError as exc:
         print(f"kernelmap-worker: error: {exc}", file=sys.stderr)

@@ -19,6 +19,8 @@ def test_fp32_turns_tf32_off_in_every_library_and_tf32_drops_an_inherited_overri
     base = {"PATH": "/bin"} if inherited is None else {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": inherited}
     assert spec.Math.FP32.apply(base) == {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": "0"}
     assert spec.Math.TF32.apply(base) == {"PATH": "/bin"}  # a shell's "0" would run fp32 under a tf32 label
+    # mixed precision: what stays fp32 is strict fp32 (the variable never touches a bf16/fp16 GEMM or conv)
+    assert spec.Math.BF16.apply(base) == spec.Math.FP16.apply(base) == {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": "0"}
     assert spec.MATH_DEFAULT is spec.Math.FP32 and spec.TrainConfig().math == "fp32"
 
 
@@ -51,10 +53,11 @@ def test_run_and_parity_take_the_math_option():
     from kernelmap.cli import build_parser
 
     p = build_parser(["run"])
-    assert p.parse_args(["run"]).math == "fp32"
-    assert p.parse_args(["run", "--math", "tf32"]).math == "tf32"
+    assert p.parse_args(["run"]).math == ["fp32"]
+    assert p.parse_args(["run", "--math", "tf32"]).math == ["tf32"]
+    assert p.parse_args(["run", "--math", "fp32", "tf32", "bf16", "fp16"]).math == ["fp32", "tf32", "bf16", "fp16"]
     with pytest.raises(SystemExit):
-        p.parse_args(["run", "--math", "bf16"])
+        p.parse_args(["run", "--math", "fp8"])
     assert build_parser(["parity"]).parse_args(["parity", "--device", "gpu"]).device == "gpu"
 
 

@@ -39,7 +39,7 @@ class CaseRun:
         self.rd = rundir.RunDir(run_tmp)
         self.out_dir = self.rd.case(key)
         config = dict(train, batch_size=self.bs, device=decision.device, mode=self.mode, devices=key.devices,
-                      options=(train.get("options") or {}).get(self.fw, {}))
+                      math=key.math, options=(train.get("options") or {}).get(self.fw, {}))  # each case its math
         fw = self.fw
         self.descriptor = frameworks.get(fw)
         self.base = [self.descriptor.python(python) or sys.executable, "-m", "kernelmap.worker", "--framework", fw,
@@ -64,7 +64,7 @@ class CaseRun:
 
     def _env(self) -> dict[str, str]:
         shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
-        return worker_environ(self.decision.device, self.train["math"], self.threads_env, self.own_env, shared)
+        return worker_environ(self.decision.device, self.key.math, self.threads_env, self.own_env, shared)
 
     def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
         """One clean trial in its own process; the first measures accuracy. Every trial fetches its own batches

@@ -10,6 +10,7 @@ directory is built under a temporary name and renamed when complete (docs/ARCHIT
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -108,9 +109,9 @@ def train_config(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
     return train
 
 
-def modes_here(runnable: list[str], asked: list[str] | None, decisions: dict[str, Decision], math: str
+def modes_here(runnable: list[str], asked: list[str] | None, decisions: dict[str, Decision], maths: list[str]
                ) -> tuple[dict[str, list[str]], dict[Case, str]]:
-    """({framework: its modes that run here}, {case: why that mode does not run here})."""
+    """({framework: its modes that run here}, {case: why that mode does not run here}, at each of ``maths``)."""
     modes: dict[str, list[str]] = {}
     mode_skips: dict[Case, str] = {}
     for fw in runnable:
@@ -118,10 +119,29 @@ def modes_here(runnable: list[str], asked: list[str] | None, decisions: dict[str
             modes[fw], skipped_modes = frameworks.modes_to_run(fw, asked, decisions[fw].device)
         except ValueError as exc:
             raise KernelmapError(str(exc)) from None
-        mode_skips.update({Case(fw, m, math): why for m, why in skipped_modes.items()})
+        mode_skips.update({Case(fw, m, x): why for m, why in skipped_modes.items() for x in maths})
     for line in said_once({c.name: why for c, why in mode_skips.items()}, "mode skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
     return modes, mode_skips
+
+
+def math_cases(cases: list[Case], maths: list[str], decisions: dict[str, Decision]
+               ) -> tuple[list[Case], dict[Case, str]]:
+    """Each case (made at the default math) at every ``--math`` value, and why each that cannot run here is
+    skipped (``frameworks.math_refusal``: e.g. fp16 on the CPU): never run in fp32 under the label."""
+    out: list[Case] = []
+    skips: dict[Case, str] = {}
+    for x in maths:
+        for c in cases:
+            case = dataclasses.replace(c, math=x)
+            why = frameworks.math_refusal(c.framework, x, decisions[c.framework].device)
+            if why is None:
+                out.append(case)
+            else:
+                skips[case] = why
+    for line in said_once({c.name: why for c, why in skips.items()}, "math skipped"):
+        print(f"kernelmap run: {line}", file=sys.stderr)
+    return out, skips
 
 
 def write_parity(tmp: Path, train: dict[str, Any], batch_size: int, ran: dict[str, str],
@@ -203,14 +223,16 @@ def plan(args: argparse.Namespace, opts: Options, gpus: gpuinfo.GpuReport, load_
     for line in said_once(skips, "nsys pass skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
     modes, mode_skips = modes_here(runnable, args.mode, decisions, opts.train["math"])
-    cases, device_skips = spread_cases(runnable, modes, decisions, opts.train["math"], args.devices, gpus)
+    cases, device_skips = spread_cases(runnable, modes, decisions, MATH_DEFAULT.value, args.devices, gpus)
     mode_skips.update(device_skips)
     for line in said_once({c.name: why for c, why in device_skips.items()}, "case skipped"):
         print(f"kernelmap run: {line}", file=sys.stderr)
+    cases, math_skips = math_cases(cases, opts.train["math"], decisions)
+    mode_skips.update(math_skips)
     if not cases:
-        raise KernelmapError(f"--mode {' '.join(dict.fromkeys(args.mode or ()))}: no mode of {', '.join(runnable)} "
-                             "can run here: " + "; ".join(f"{c.name}: mode skipped: {why}"
-                                                          for c, why in mode_skips.items()))
+        asked = f"--mode {' '.join(dict.fromkeys(args.mode or ()))} --math {' '.join(opts.train['math'])}"
+        raise KernelmapError(f"{asked}: no case of {', '.join(runnable)} can run here: "
+                             + "; ".join(f"{c.name}: skipped: {why}" for c, why in mode_skips.items()))
     check_warmup(opts.train["warmup_steps"], cases)
     case_skips = case_nsys_skips(cases, skips) if "nsys" in opts.passes else {}
     for line in said_once({c.name: v for c, v in case_skips.items() if c.framework not in skips}, "nsys pass skipped"):
@@ -233,7 +255,7 @@ def run_cases(args: argparse.Namespace, opts: Options, p: Plan, data_json: str, 
     """Every case's workers into ``tmp``: interleaved rounds (``schedule``), then extra clean trials where
     trials were contended or disagree (``run_repeats``)."""
     progress = RunProgress(planned_workers(p.cases, len(args.batch_size), args.trials, opts.passes, p.case_skips))
-    notes = [f"{c.name}: mode skipped: {why}" for c, why in p.mode_skips.items()]
+    notes = [f"{c.name}: skipped: {why}" for c, why in p.mode_skips.items()]
     failed: list[str] = []
     cases = {c.at(bs): CaseRun(c.at(bs), p.decisions[c.framework], opts.train, data_json, tmp, p.nsys,
                                p.case_skips.get(c), opts.threads, opts.python)
@@ -350,9 +372,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for d in frameworks.REGISTRY.values():  # each framework's own options (registry.Option)
         for o in d.options:
             parser.add_argument(o.flag, dest=o.name, choices=o.choices, help=f"{d.label}: {o.help}")
-    parser.add_argument("--math", choices=[m.value for m in Math], default=MATH_DEFAULT.value,
-                        help="GPU convs and matmuls of every framework: fp32 (TF32 off everywhere, the default: "
-                             "like with like) or tf32 (TF32 allowed everywhere)")
+    parser.add_argument("--math", choices=[m.value for m in Math], nargs="+", default=[MATH_DEFAULT.value],
+                        metavar="MATH",
+                        help="the math of every framework's convs and matmuls, one case per value: fp32 (TF32 off "
+                             "everywhere, the default: like with like), tf32 (TF32 allowed everywhere; the GPU only), "
+                             "bf16 or fp16 (mixed precision, fp32 master weights; fp16 with loss scaling: "
+                             "docs/MIXED_PRECISION.md). A framework that cannot run one on its device skips that "
+                             "case with a note")
     parser.add_argument("--replace", action="store_true", help="replace an existing --out")
     parser.add_argument("--trials", type=int, default=timing.DEFAULT_TRIALS,
                         help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")

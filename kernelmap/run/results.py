@@ -175,7 +175,8 @@ def summary(out: Path, results: list[dict[str, Any]], decisions: dict[str, Decis
     return {
         "run_dir": str(out),
         "results": [
-            {k: r[k] for k in ("framework", "mode", "batch_size", "device", "device_note", "median_step_s", "ci95_low_s",
+            {k: r[k] for k in ("framework", "mode", "math", "batch_size", "device", "device_note", "median_step_s",
+                               "ci95_low_s",
                                "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
                                "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy", "contention",
                                "trials_disagree", "repeats")}
@@ -218,7 +219,8 @@ def print_table(summary: dict[str, Any]) -> None:
     rows = summary["results"]
     print("step: training step only, batches on the device; median of all trials' samples, 95% CI;"
           " e2e: with the loader")
-    head = (f"{'framework':<10} {'mode':<14} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} {'trials':>6} "
+    head = (f"{'framework':<10} {'mode':<14} {'math':<5} {'bs':>5} {'device':<6} {'step ms':>9} {'95% CI ms':>17} "
+            f"{'trials':>6} "
             f"{'img/s step':>11} {'e2e ms':>8} {'img/s e2e':>10} {'acc':>7}  {'contention':<10}  capture overhead")
     print(head)
     for r in rows:
@@ -231,12 +233,13 @@ def print_table(summary: dict[str, Any]) -> None:
             ci += " disagree"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
-        print(f"{r['framework']:<10} {r['mode']:<14} {r['batch_size']:>5} {r['device']:<6} {r['median_step_s'] * 1e3:>9.3f} "
+        print(f"{r['framework']:<10} {r['mode']:<14} {r['math']:<5} {r['batch_size']:>5} {r['device']:<6} "
+              f"{r['median_step_s'] * 1e3:>9.3f} "
               f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  "
               f"{contention_cell(r.get('contention')):<10}  {over}")
     busy = [(r, p, o) for r in rows for p, o in r["overheads"].items() if (o.get("contention") or {}).get("contended")]
     for r, p, o in busy:
-        print(f"{r['framework']} {r['mode']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
+        print(f"{r['framework']} {r['mode']} {r['math']} bs {r['batch_size']} {p} pass: BUSY: {o['contention']['text']}")
     for fw, note in summary["skipped"].items():
         print(f"{fw}: not run: {note}")
     print(summary["run_dir"])

@@ -82,17 +82,17 @@ def case_of(r: Any) -> str | None:
 # --- loading ---------------------------------------------------------------------------------
 def with_case_column(rec: pd.DataFrame) -> pd.DataFrame:
     """The records with a ``case`` column: each row's case's name (``Case.name``) from its typed columns
-    (framework, mode, devices: the math does not enter the name), computed once per distinct case; a row of
-    no registered case (loose files: no mode) is named by its framework."""
+    (framework, mode, math, devices; a math not recorded: the default's name), computed once per distinct case;
+    a row of no registered case (loose files: no mode) is named by its framework."""
     if rec.empty:
         return rec.assign(case=pd.array([], dtype="string"))
-    cols = ["framework", "mode", "devices"]
+    cols = ["framework", "mode", "math", "devices"]
     keys = rec[cols].astype(object).where(rec[cols].notna(), None)
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
     names = []
-    for fw, mode, devices in uniques:
+    for fw, mode, math, devices in uniques:
         try:
-            names.append(Case(fw, mode, MATH_DEFAULT.value, int(devices)).name)
+            names.append(Case(fw, mode, math or MATH_DEFAULT.value, int(devices)).name)
         except (ValueError, TypeError):  # a framework or mode no descriptor registers: its framework
             names.append(fw)
     table = np.array([*names, None], dtype=object)
