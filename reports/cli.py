@@ -105,6 +105,8 @@ TABLES = {
     "cpu_answer": "the answer on CPU time: whole step and per layer x direction, frameworks side by side, ratios "
                   "drawn on a busy machine too (answer.cpu_table)",
     "cpu_wall": "CPU time against wall time per clean pass (basis.CPU_WALL_RULE)",
+    "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
+    "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }
 
 
@@ -247,16 +249,15 @@ def _busy_html(contended: Any, text: Any) -> str:
 
 
 def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame, hist: pd.DataFrame | None) -> list[str]:
-    """Every figure of the page measured while the machine was busy (flagged contended), or whose
-    trials disagreed beyond noise, in words: the clean passes (summary), the capture passes (overhead
-    figure, and so every per-op and per-layer figure of that pass), the step benchmarks (history)."""
+    """Every figure of the page measured while the machine was busy (flagged contended), in words: the clean
+    passes (summary), the capture passes (overhead figure, and so every per-op and per-layer figure of that
+    pass), the step benchmarks (history). Trials that disagree on a quiet machine are noise between processes,
+    not a busy machine: ``basis.noise_statements`` says them apart."""
     out = []
     for _, r in summ.iterrows():
         who = f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']}"
         if flagged(r.get("contended")):
             out.append(f"{who} clean pass: {r['contention']}")
-        if flagged(r.get("trials_disagree")):
-            out.append(f"{who} clean pass: its trials disagree beyond noise")
     for _, r in ov.iterrows():
         if r["pass"] != "clean" and flagged(r.get("contended")):
             out.append(f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']} {r['pass']} pass: "
@@ -399,6 +400,8 @@ class Analysed:
     cpu: pd.DataFrame  # the answer on CPU time (answer.cpu_table)
     cpu_fws: list[str]
     cpu_wall: pd.DataFrame  # CPU time against wall time (basis.cpu_wall_agreement)
+    noise: pd.DataFrame  # the clean trials' spread and verdict per case (basis.trial_noise)
+    step_noise: pd.DataFrame  # each clean step against the reference's, within noise or not (basis.step_noise)
     counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
 
 
@@ -449,7 +452,8 @@ def _counters(runs: list[A.Run]) -> dict[str, Any]:
 def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
     """The answer on CPU time and its check against wall time (``Analysed.cpu*``)."""
     cpu, cpu_fws = ANS.cpu_table(layers, B.cpu_states(runs), B.traced_op_ms(runs))
-    return {"cpu": cpu, "cpu_fws": cpu_fws, "cpu_wall": B.cpu_wall_agreement(runs)}
+    return {"cpu": cpu, "cpu_fws": cpu_fws, "cpu_wall": B.cpu_wall_agreement(runs), "noise": B.trial_noise(runs),
+            "step_noise": B.step_noise(runs)}
 
 
 FIGURE_PASSES = {"op_time": ("framework", "nsys"), "library_mix": ("framework", "libs", "nsys"),
@@ -593,7 +597,7 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
         "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
         "check_causes": C.causes(checks), "contended": contended,
-        "contended_total": len(contended),
+        "contended_total": len(contended), "noise_lines": B.noise_statements(a.noise, a.step_noise),
         "csvs": csvs,
         "figures": figs,
         "coverage_html": H.table(a.cov), "coverage_top_html": H.table(a.cov_top), "attribution_html": H.table(a.attr),
@@ -620,7 +624,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "roofline": a.roof, "counter_kernels": a.counters["kernels"], "counter_layers": a.counters["layers"],
             "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
-            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall})
+            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "trial_noise": a.noise, "step_noise": a.step_noise})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(_context(a, figs, trend, csvs)))
     return Path(out), a.checks

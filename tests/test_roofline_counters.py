@@ -86,10 +86,9 @@ def test_a_name_that_differs_is_left_unpaired(tmp_path):
     names[11] = "cutlass__5x_cudnn::Kernel<something_else>"
     kernels, status, _ = roofline.counter_kernels([_run(tmp_path, names)])
     assert kernels["matched"].sum() == 30 and not kernels.loc[11, "matched"]
-    # the short names agree (cutlass__5x_cudnn::Kernel): the template arguments tell the kernels apart
-    assert kernels.loc[11, "reason"] == ("name differs at position 11: counters cutlass__5x_cudnn::Kernel<cutlass_"
-                                         "tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8>, kineto "
-                                         "cutlass__5x_cudnn::Kernel<something_else>")
+    # the function names agree (cutlass__5x_cudnn::Kernel): the first template argument tells the kernels apart
+    assert kernels.loc[11, "reason"] == ("name differs at position 11: counters Kernel<cutlass_tensorop_bf16_s16816"
+                                         "fprop_optimized_bf16_64x64_32x10_nhwc_align8, kineto Kernel<something_else")
     assert status.iloc[0]["matched"] == 30 and status.iloc[0]["reason"] == kernels.loc[11, "reason"]
     assert status.iloc[0]["paired_time_share"] == pytest.approx(1 - 111 / sum(100 + i for i in range(31)))
     assert roofline.layer_counters(kernels).set_index("layer").loc["conv2", "kernels"] == 4  # the fprop unpaired
@@ -159,3 +158,48 @@ def test_math_disagreement_and_budget_are_said(tmp_path, monkeypatch):
     assert (s["math_compared"], s["math_agree"]) == (3, 2)
     assert s["math_disagree"] == ["nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT: log tf32, counters bf16"]
     assert s["ncu_wall_s"] == 61.5 and not s["within_budget"]
+
+
+def test_kernel_key_reads_both_demanglers_alike():
+    """The same kernels as ncu 2025.3 (the bf16 capture) and Kineto (today's H200 fp32 run, tests/data/gpu_modes_run,
+    PyTorch eager bs 64) spell them: the optimizer's, the loss's, the softmax's kernels get one key each."""
+    from kernelmap.reports.analyses.base import load_run
+    from kernelmap.reports.analyses.timed import records_of
+
+    ncu_names = [str(n) for n in ncu.read(BF16)["kernel_name"]]
+    step, source, _ = roofline.timed_step(records_of(load_run(DATA.parent / "gpu_modes_run")), "pytorch/bs64")
+    kineto = [str(n) for n in step["kernel_name"]]
+    assert source == "kineto" and len(kineto) == 44
+    for mark in ("multi_tensor_apply_kernel<at::<unnamed>::TensorListMetadata<2>", "nll_loss_forward_reduce_cuda",
+                 "softmax_warp_forward<float"):
+        a = next(n for n in ncu_names if mark in n)
+        b = next(n for n in kineto if mark.replace("at::<unnamed>::", "at::native::(anonymous namespace)::") in n)
+        assert a != b and roofline.kernel_key(a) == roofline.kernel_key(b), mark
+    assert roofline.kernel_key("void vectorized_elementwise_kernel<(int)4, X>(int)") == "vectorized_elementwise_kernel<4"
+    assert roofline.kernel_key("void k<2ul, float>(float)") == "k<2"
+    # the fp32 and the bf16 convolution are told apart by their first template argument
+    assert roofline.kernel_key(kineto[0]) == "implicit_convolve_sgemm<float" != roofline.kernel_key(ncu_names[3])
+
+
+def test_real_run_with_other_kernels_pairs_nothing(tmp_path):
+    """Today's H200 run (tests/data/gpu_modes_run: fp32, full steps of 44 kernels in PyTorch's Kineto trace) given
+    the bf16 probe's counters (31 kernels, forward and optimizer only) as its PyTorch case's: loaded through the
+    report's loader, the join refuses, and says why; the other cases have no counters pass and no row."""
+    import json
+
+    from kernelmap.reports.analyses.base import load_run
+
+    run = tmp_path / "gpu_modes_run"
+    shutil.copytree(DATA.parent / "gpu_modes_run", run)
+    (run / "pytorch" / "bs64" / "counters").mkdir(parents=True)
+    shutil.copy(BF16, run / "pytorch" / "bs64" / "counters" / "ncu.csv")
+    results = json.loads((run / "results.json").read_text())
+    entry = next(r for r in results if r["dir"] == "pytorch/bs64")
+    entry["counters"] = {"csv": "pytorch/bs64/counters/ncu.csv", "ncu_wall_s": 22.0, "peaks": PEAKS}
+    (run / "results.json").write_text(json.dumps(results))
+    kernels, status, _ = roofline.counter_kernels([load_run(run)])
+    assert len(status) == 1 and len(kernels) == 31 and not kernels["matched"].any()
+    s = status.iloc[0]
+    assert (s["case"], s["kernels"], s["timed_kernels"], s["matched"], s["source"]) == ("pytorch", 31, 44, 0, "kineto")
+    assert s["reason"].startswith("the counters step ran 31 kernels, the kineto step 44")
+    assert s["paired_time_share"] == 0 and bool(s["within_budget"])

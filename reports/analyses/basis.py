@@ -408,3 +408,106 @@ def cpu_wall_agreement(runs: list[Run]) -> pd.DataFrame:
             rows.append(row)
     return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "cpu_ms", "cpu_ci_ms", "wall_ms",
                                        "wall_ci_ms", "utilisation", "cores", "agrees", "why"])
+
+
+# --- noise between processes: the trials, and which step figures are within it ---------------------------
+TRIAL_NOISE = ("each clean trial is its own process: on a shared VM one process's step differs from the next by more "
+               "than any one process's own samples (the 2-core VM: 15-60% between trial medians on a quiet machine). "
+               "The step figure's 95% interval is bootstrapped over trials, then samples, so it holds that spread; "
+               "two figures whose intervals overlap are within noise of each other")
+
+
+def trial_noise(runs: list[Run]) -> pd.DataFrame:
+    """Per case (run x framework x batch size): its used clean trials' medians (lowest, highest, spread = highest
+    over lowest less one, relative standard deviation: ``timing.trial_spread``), samples a trial, and whether they
+    disagree (``summary.judged_trials``: True, False, or None where too few samples to test), with ``why``."""
+    from .summary import judged_trials, trial_samples
+
+    rows = []
+    for run in runs:
+        for r in run.results:
+            samples = trial_samples(r)
+            spread = timing.trial_spread(samples) if samples else None
+            verdict, rule = judged_trials(r)
+            n = spread["samples_per_trial"] if spread else []
+            why = ({True: "the trials differ beyond their own samples' noise (U test): the processes ran at different "
+                          "speeds, which the step figure's interval holds",
+                    False: "no trial differs from the others beyond their samples' noise (U test)",
+                    None: "not tested: too few samples a trial for the U test to reach its level "
+                          f"({'/'.join(map(str, n)) or 'none'} a trial)" if spread else "under two trials"}[verdict])
+            rows.append({"run": run.name, "framework": str(case_of(r)), "batch_size": field_at(r, "batch_size"),
+                         "trials": spread["trials"] if spread else None,
+                         "samples_per_trial": "/".join(map(str, n)) or None,
+                         "trial_low_ms": spread["trial_low_s"] * 1e3 if spread else None,
+                         "trial_high_ms": spread["trial_high_s"] * 1e3 if spread else None,
+                         "spread_pct": spread["spread_rel"] * 100 if spread else None,
+                         "cv_pct": spread["cv_rel"] * 100 if spread and spread["cv_rel"] is not None else None,
+                         "trials_disagree": verdict, "judged_by": rule, "why": why})
+    return pd.DataFrame(rows, columns=["run", "framework", "batch_size", "trials", "samples_per_trial", "trial_low_ms",
+                                       "trial_high_ms", "spread_pct", "cv_pct", "trials_disagree", "judged_by", "why"])
+
+
+def step_noise(runs: list[Run]) -> pd.DataFrame:
+    """Per run x batch size x framework beside the reference (the registry's first framework of the run): its clean
+    step over the reference's on wall time and on CPU time, each with ``within_noise`` True where the two 95%
+    intervals overlap (``TRIAL_NOISE``), False where they are apart, None where an interval is missing; ``busy``
+    where either clean pass ran contended (wall time then stretched by what else ran, not noise)."""
+    rows = []
+    for run in runs:
+        by_bs: dict[Any, list[dict]] = {}
+        for r in run.results:
+            by_bs.setdefault(field_at(r, "batch_size"), []).append(r)
+        for bs, entries in by_bs.items():
+            ref = entries[0]
+            for r in entries[1:]:
+                for clock, fig in (("wall", clean_stats), ("CPU", lambda e: field_at(e, CPU_KEY) or {})):
+                    a, b = fig(r) or {}, fig(ref) or {}
+                    ma, mb, ca, cb = a.get("median_step_s"), b.get("median_step_s"), _ci(a), _ci(b)
+                    if ma is None or not mb:
+                        continue
+                    rows.append({"run": run.name, "batch_size": bs, "framework": str(case_of(r)),
+                                 "reference": str(case_of(ref)), "clock": clock, "ms": ma * 1e3, "ref_ms": mb * 1e3,
+                                 "ratio": ma / mb, "ci_ms": None if ca is None else tuple(v * 1e3 for v in ca),
+                                 "ref_ci_ms": None if cb is None else tuple(v * 1e3 for v in cb),
+                                 "within_noise": None if ca is None or cb is None else timing.intervals_overlap(ca, cb),
+                                 "busy": bool(Busy.of(r).contended or Busy.of(ref).contended)})
+    return pd.DataFrame(rows, columns=["run", "batch_size", "framework", "reference", "clock", "ms", "ref_ms", "ratio",
+                                       "ci_ms", "ref_ci_ms", "within_noise", "busy"])
+
+
+def noise_statements(noise: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    """The page's statement of noise between processes, per run (``trial_noise``, ``step_noise``): how far its
+    cases' trials spread, whether they differ beyond their samples (each case that does, named), and which step
+    comparisons lie within noise."""
+    out = []
+    for run, g in noise.groupby("run", sort=False):
+        spread = g[g["spread_pct"].notna()]
+        if len(spread):
+            top = spread.loc[spread["spread_pct"].idxmax()]
+            out.append(f"{run}: the clean trials (each its own process) of {len(spread)} case(s) spread "
+                       f"{spread['spread_pct'].min():.0f}–{top['spread_pct']:.0f}% between their medians (widest: "
+                       f"{fw_label(top['framework'])} bs {top['batch_size']}, {top['trial_low_ms']:.4g}–"
+                       f"{top['trial_high_ms']:.4g} ms); each step figure's 95% interval is over its trials and holds "
+                       "that spread")
+        verdicts = g["trials_disagree"].map(lambda v: v if isinstance(v, bool) else None)
+        for _, r in g[verdicts.eq(True).to_numpy(dtype=bool)].iterrows():
+            span = (f" (trial medians {r['trial_low_ms']:.4g}–{r['trial_high_ms']:.4g} ms)"
+                    if pd.notna(r["trial_low_ms"]) else "")
+            out.append(f"{run}: {fw_label(r['framework'])} bs {r['batch_size']} clean pass: its trials disagree "
+                       f"beyond noise{span}")
+        untested = g[verdicts.isna().to_numpy(dtype=bool) & g["trials"].notna()]
+        if len(untested):
+            n = "/".join(sorted({str(s) for s in untested["samples_per_trial"].dropna()}))
+            out.append(f"{run}: whether the trials differ beyond their own samples (U test) was not tested in "
+                       f"{len(untested)} case(s): {n} sample(s) a trial are too few")
+        s = steps[steps["run"] == run] if len(steps) else steps
+        judged = s[s["within_noise"].notna()] if len(s) else s
+        if len(judged):
+            within = judged[judged["within_noise"].astype(bool)]
+            names = ", ".join(f"{fw_label(x['framework'])} bs {x['batch_size']} ({x['clock']})"
+                              for _, x in within.iterrows()) or "none"
+            busy = int(judged["busy"].sum())
+            out.append(f"{run}: clean step against {fw_label(judged['reference'].iloc[0])}'s (wall and CPU time): "
+                       f"{len(judged) - len(within)} of {len(judged)} beyond noise (95% intervals apart); within "
+                       f"noise: {names}" + (f"; {busy} of them on a busy machine (wall time stretched)" if busy else ""))
+    return out

@@ -3,6 +3,7 @@ from the counters pass's hardware counters (``counter_kernels``, ``layer_counter
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -135,7 +136,7 @@ def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None
 def match_kernels(counted: pd.DataFrame, timed: pd.DataFrame, source: str | None) -> tuple[pd.Series, list]:
     """Pair the counters step's kernels (ncu's profiling order) with a timing step's (``timed_step``), by order
     and name: only where both steps ran the same number of kernels, position by position, where the names agree
-    (``kernel_key``). Returns
+    (``kernel_key``: the function's name and its first template argument). Returns
     (index into ``timed`` per counted kernel, NA where unpaired; the reason per counted kernel, None where
     paired). Counts that differ pair nothing: order alone cannot say which kernel is which."""
     n, m = len(counted), len(timed)
@@ -154,21 +155,22 @@ def match_kernels(counted: pd.DataFrame, timed: pd.DataFrame, source: str | None
 
 
 def kernel_key(name: str) -> str:
-    """A kernel's name as two profilers' demanglings should agree on it: no ``void``, no argument list, no
-    spaces, one spelling of anonymous namespaces; the template arguments kept (cuDNN's CUTLASS kernels differ
-    only there: ``cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_...>``)."""
-    s = str(name).replace("(anonymous namespace)", "<unnamed>")
+    """A kernel's name as two profilers' demanglers agree on it: its function's own name and the head of its
+    first template argument, each without namespaces (``vectorized_elementwise_kernel<8``,
+    ``Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8``,
+    ``implicit_convolve_sgemm<__nv_bfloat16``). The rest is spelled differently: Kineto's GNU demangling writes
+    ``at::native::(anonymous namespace)::``, ``{lambda(int)#1}``, ``false``, ``2ul``; ncu 2025.3 wrote
+    ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels."""
+    s = re.sub(r"\((?:unsigned )?(?:int|long|long long|short|char|bool)\)(?=-?\d)", "", str(name))
+    s = s.replace("(anonymous namespace)", "<unnamed>").replace("<unnamed>::", "")
     s = s[5:] if s.startswith("void ") else s
-    depth, cut = 0, len(s)
-    for i, ch in enumerate(s):  # the argument list: the first '(' outside template brackets
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0 and not s.startswith("(", i + 1):
-            cut = i
-            break
-    return s[:cut].replace(" ", "")
+    fn, lt, rest = s.partition("<")
+    fn = re.split(r"\(", fn, maxsplit=1)[0].strip().split("::")[-1]  # a function without a template: no args
+    if not lt:
+        return fn
+    first = re.split(r"[<,(>]", rest, maxsplit=1)[0].strip().split("::")[-1]
+    first = re.sub(r"(?<=\d)(?:ull|ul|u|ll|l)$", "", first)  # 2ul -> 2
+    return f"{fn}<{first}"
 
 
 def _said(key: str, width: int = 200) -> str:

@@ -55,12 +55,38 @@ def clean_stats(r: dict) -> dict[str, Any]:
             "timing": "one trial of per-step synchronised steps (older run)"}
 
 
+def trial_samples(r: dict) -> list[list[float]] | None:
+    """The used clean trials' samples, trial by trial: results.json's ``step_times_s`` (the used trials' samples,
+    trial after trial) cut by each used trial's ``samples``; None where the entry does not record them so."""
+    st, trials = field_at(r, "step_times_s"), field_at(r, "trials")
+    if not isinstance(st, list) or not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+        return None
+    counts = [t.get("samples") for t in trials if t.get("used")]
+    if not counts or not all(isinstance(n, int) and n > 0 for n in counts) or sum(counts) != len(st):
+        return None
+    out, i = [], 0
+    for n in counts:
+        out.append([float(x) for x in st[i:i + n]])
+        i += n
+    return out
+
+
+def judged_trials(r: dict) -> tuple[bool | None, str]:
+    """(whether the used clean trials disagree, by which rule): this kernelmap's ``timing.trials_disagree`` over
+    their samples where the entry keeps them per trial, else the runner's recorded verdict."""
+    samples = trial_samples(r)
+    if samples is not None:
+        return timing.trials_disagree(samples), "this kernelmap's rule (timing.TRIALS_DISAGREE_RULE)"
+    td = field_at(r, "trials_disagree")
+    return (bool(td) if isinstance(td, bool) else None), "as the run recorded it (no samples per trial)"
+
+
 def clean_contention(r: dict) -> dict[str, Any]:
     """What else used the machine during a results.json entry's clean pass (its ``contention``:
     ``contended`` None and ``contention`` "not measured" for runs made before it was recorded) and
-    whether its trials disagreed beyond noise (``trials_disagree``, after ``repeats``)."""
+    whether its trials disagreed beyond noise (``trials_disagree``: ``judged_trials``, after ``repeats``)."""
     b = Busy.of(r)
-    td = field_at(r, "trials_disagree")
+    td = judged_trials(r)[0]
     n, k = field_at(r, "contention.trials"), field_at(r, "contention.trials_contended")
     # the trials run under contention are left out of the figure where a quiet one exists (kernelmap.run.schedule)
     trials = (f" ({k}/{n} trials)" if b.contended else f" ({k}/{n} trials busy, left out)" if k else "") if n else ""
