@@ -34,6 +34,7 @@ from . import checks as C
 from . import figures as F
 from . import html as H
 from .analyses import basis as B
+from .analyses import findings as FD
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
@@ -105,6 +106,8 @@ TABLES = {
     "cpu_answer": "the answer on CPU time: whole step and per layer x direction, frameworks side by side, ratios "
                   "drawn on a busy machine too (answer.cpu_table)",
     "cpu_wall": "CPU time against wall time per clean pass (basis.CPU_WALL_RULE)",
+    "findings": "findings ranked by what they would save, per run: place (layer x direction) and whole step, "
+                "each with its cause, 95% interval and call (finding, busy machine, noise; analyses.findings)",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
     "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }
@@ -400,6 +403,7 @@ class Analysed:
     cpu: pd.DataFrame  # the answer on CPU time (answer.cpu_table)
     cpu_fws: list[str]
     cpu_wall: pd.DataFrame  # CPU time against wall time (basis.cpu_wall_agreement)
+    findings: pd.DataFrame  # ranked by what they would save (analyses.findings.run_findings)
     noise: pd.DataFrame  # the clean trials' spread and verdict per case (basis.trial_noise)
     step_noise: pd.DataFrame  # each clean step against the reference's, within noise or not (basis.step_noise)
     counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
@@ -438,7 +442,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         raw_hist=raw_hist, layers=layers, ans=ans, ans_fws=ans_fws,
         checks=C.self_checks(runs, raw_hist, layers, ans), libcalls=A.library_calls(runs),
         contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
-        parity=A.parity_table(runs), env=A.environment_table(runs),
+        parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
         counters=_counters(runs), **_cpu_time(runs, layers))
 
@@ -588,6 +592,8 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "only_clean": bool(runs) and len(a.no_capture) == len(runs),
         "gap": ANS.GAP, "reference": A.fw_label(ANS.frameworks.REFERENCE),
         "parity_html": H.table(a.parity),
+        "findings_place_html": H.findings_html(a.findings, str(FD.Kind.PLACE)),
+        "findings_step_html": H.findings_html(a.findings, str(FD.Kind.STEP)), "findings_rule": FD.NOISE_RULE,
         "env_html": H.table(a.env),
         "op_tables": _op_tables(runs, fallbacks),
         "layer_html": H.table(a.layers, LAYER_FIELDS, compact=True),
@@ -624,7 +630,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "roofline": a.roof, "counter_kernels": a.counters["kernels"], "counter_layers": a.counters["layers"],
             "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
-            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "trial_noise": a.noise, "step_noise": a.step_noise})
+            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(_context(a, figs, trend, csvs)))
     return Path(out), a.checks

@@ -16,7 +16,9 @@ from kernelmap import normalise
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 
+from . import findingscli
 from .analyses import diff as D
+from .analyses import findings as F
 from .analyses.base import load_run, with_case_column
 from .foreign import is_run_dir, trace_files
 
@@ -39,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--places-csv", metavar="FILE", help="write the by-layer-and-direction rows as CSV")
     p.add_argument("--html", metavar="FILE", help="write the header and both tables as one HTML page")
     p.add_argument("--top", type=int, metavar="N", help="print only the N rows of largest change (CSV: all rows)")
+    p.add_argument("--findings", type=int, nargs="?", const=10, metavar="N",
+                   help="then the two sides' findings ranked by what they would save, the N first of each kind "
+                        "(default 10; reports/analyses/findings.py)")
+    p.add_argument("--findings-csv", metavar="FILE", help="write every finding as CSV")
 
 
 def parse_selector(text: str | None) -> dict[str, str]:
@@ -207,4 +213,11 @@ def main(args: argparse.Namespace) -> int:
         with atomic_file(args.html) as fh:
             fh.write(page(df, places))
     write(df, places, sys.stdout, args.top)
+    if args.findings is not None or args.findings_csv:
+        found = F.findings([a, b], args.alpha)
+        if args.findings_csv:
+            write_csv(found, args.findings_csv)
+        if args.findings is not None:
+            print("\nfindings, B against A and A against B:", file=sys.stdout)
+            findingscli.write(found, sys.stdout, args.findings)
     return 0

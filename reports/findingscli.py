@@ -12,12 +12,12 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 
 from .analyses import diff as D
 from .analyses import findings as F
 from .analyses.base import field_at, load_run
-from .diffcli import write_csv
 
 CAUSE_WIDTH = 110
 RUN_OPTIONS = ("warmup", "data", "data_dir", "threads", "lr", "seed")  # taken from the run being checked
@@ -99,6 +99,11 @@ def write_check(checked: pd.DataFrame, out: TextIO) -> None:
           + f"; of the {qn} checked on a quiet machine: {qh}/{qn}. {F.HIT_RULE}", file=out)
     if n:
         print(table(checked, CHECK_COLS), file=out)
+
+
+def write_csv(df: pd.DataFrame, path: str) -> None:
+    with atomic_file(path) as fh:
+        df.to_csv(fh, index=False)
 
 
 # --- running the remedies ---------------------------------------------------------------------------

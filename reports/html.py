@@ -222,3 +222,17 @@ def busy_mark(ov: pd.DataFrame, passes: tuple[str, ...], label) -> tuple[bool | 
     if flag.isna().any():
         return None, "contention not measured for every pass it draws from"
     return False, f"quiet: every pass it draws from ({', '.join(passes)}) ran on a quiet machine"
+
+
+FINDING_FIELDS = {"run": "run", "rank": "#", "call": "call", "batch_size": "bs", "case": "case", "remedy": "remedy",
+                  "where": "layer (op)", "direction": "direction", "saving_ms": "saves ms/step",
+                  "saving_lo_ms": "95% low", "saving_hi_ms": "95% high", "case_ms": "case ms", "remedy_ms": "remedy ms",
+                  "cause": "cause", "caveat": "caveat", "busy": "busy"}
+
+
+def findings_html(df: pd.DataFrame, kind: str, top: int = 10) -> str:
+    """The ``top`` findings of one kind per run (``analyses.findings``: ranked, findings before noise)."""
+    if df is None or df.empty:
+        return ""
+    rows = df[df["kind"] == kind]
+    return table(rows[rows["rank"] <= top], FINDING_FIELDS, compact=True)

@@ -285,3 +285,16 @@ def test_check_run_command_repeats_the_run():
     assert text == ("-m kernelmap.cli run --framework mxnet --mode imperative hybridized --math fp32 --batch-size 64 "
                     "--device cpu --profile framework --trials 3 --max-repeats 0 --steps 50 --out /o --warmup 5 "
                     "--data synthetic --threads 2 --lr 0.01 --seed 0 --python jax=/x/python --python jax=/y")
+
+
+def test_report_section_and_table(link, found_1024):
+    from kernelmap.reports import html as H
+
+    every = F.run_findings([link])
+    assert set(every["run"]) == {"all"} and set(every["batch_size"]) == {64, 256, 1024}
+    mine = every[every["batch_size"] == 1024].drop(columns=["run", "rank"]).reset_index(drop=True)
+    assert mine.equals(found_1024[found_1024["batch_size"] == 1024].drop(columns=["rank"]).reset_index(drop=True))
+    page = H.findings_html(every, "place")
+    assert page.count("<tr>") == 1 + 10  # the header and the first ten
+    assert "calc_bias_diff_nchw_packed via cudnnConvolutionBackwardBias" in page
+    assert H.findings_html(every.iloc[0:0], "place") == ""

@@ -195,7 +195,9 @@ def test_real_run_with_other_kernels_pairs_nothing(tmp_path):
     shutil.copy(BF16, run / "pytorch" / "bs64" / "counters" / "ncu.csv")
     results = json.loads((run / "results.json").read_text())
     entry = next(r for r in results if r["dir"] == "pytorch/bs64")
-    entry["counters"] = {"csv": "pytorch/bs64/counters/ncu.csv", "ncu_wall_s": 22.0, "peaks": PEAKS}
+    said = "==WARNING== Kernel 32 could not be profiled (a stand-in line)"
+    entry["counters"] = {"csv": "pytorch/bs64/counters/ncu.csv", "ncu_wall_s": 22.0, "peaks": PEAKS,
+                         "profiler_messages": [said]}
     (run / "results.json").write_text(json.dumps(results))
     kernels, status, _ = roofline.counter_kernels([load_run(run)])
     assert len(status) == 1 and len(kernels) == 31 and not kernels["matched"].any()
@@ -203,3 +205,4 @@ def test_real_run_with_other_kernels_pairs_nothing(tmp_path):
     assert (s["case"], s["kernels"], s["timed_kernels"], s["matched"], s["source"]) == ("pytorch", 31, 44, 0, "kineto")
     assert s["reason"].startswith("the counters step ran 31 kernels, the kineto step 44")
     assert s["paired_time_share"] == 0 and bool(s["within_budget"])
+    assert s["profiler_messages"] == [said]  # ncu's own words beside the refusal

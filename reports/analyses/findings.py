@@ -337,3 +337,14 @@ def check(found: pd.DataFrame, fresh: dict[tuple[str, str], tuple[D.Side, D.Side
     df.attrs["quiet_hit_rate"] = (int(quiet["hit"].sum()), len(quiet))
     df.attrs["rule"] = HIT_RULE
     return df
+
+
+def run_findings(runs: list[Run], alpha: float = D.ALPHA) -> pd.DataFrame:
+    """``findings`` of each run on its own (its cases side by side at each batch size), a ``run`` column first."""
+    parts = []
+    for run in runs:
+        f = findings(run_sides(run), alpha)
+        parts.extend({"run": run.name, **r} for r in f.to_dict("records"))
+    df = pd.DataFrame(parts, columns=["run", *COLUMNS])
+    df.attrs["rules"] = findings([]).attrs["rules"]
+    return df

@@ -100,7 +100,7 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
 COUNTERS_BUDGET_S = 60.0
 STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "paired_time_share", "source",
                   "iteration", "ncu_wall_s", "within_budget", "math_compared", "math_agree", "math_disagree",
-                  "reason"]
+                  "profiler_messages", "reason"]
 
 
 def measured_peaks(run: Run) -> dict[str, Any]:
@@ -216,6 +216,8 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
     status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), source=source,
                   iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None, ncu_wall_s=wall,
                   within_budget=None if wall is None else wall <= COUNTERS_BUDGET_S, **math_agreement(out),
+                  profiler_messages=list(dict.fromkeys([*(c.get("profiler_messages") or []),
+                                                        *df.attrs["profiler_messages"]])),
                   reason=None if out["matched"].all() else next(w for w in why if w))
     return out[KERNEL_COLUMNS], status
 
