@@ -44,5 +44,8 @@ DESCRIPTOR = Framework(
     data_parallel=DataParallel(processes=False, cpu="XLA all-reduce over host platform devices",
                                gpu=("XLA all-reduce (NCCL)",), modes=("jit",),
                                env=lambda n, device: {"XLA_FLAGS": f"{HOST_DEVICES_FLAG}={n}"} if device == "cpu" else {}),
+    # every math on both devices; on the CPU XLA computes bf16/fp16 convs and dots in fp32 (its workload's
+    # versions()['hlo_conv_dot'] counts them; docs/MIXED_PRECISION.md)
+    math_refusals={"cpu": {}, "gpu": {}},
     train_memory_factor=3.5,  # two steps at batch 2048 (CPU, jit): peak resident growth 2.95x the forward's values
 )

@@ -21,6 +21,16 @@ Precision: ``jax_default_matmul_precision`` is set when a Workload is built from
 (``spec.Math``): ``highest`` for fp32 (no TF32 on the GPU, no bf16 passes on the CPU, whatever the
 mode), ``tensorfloat32`` for tf32 on the GPU; the setting is recorded in ``versions()``.
 
+Mixed precision (``--math bf16|fp16``, docs/MIXED_PRECISION.md): the Flax layers compute in the math's
+dtype (``nn.Conv``/``nn.Dense`` ``dtype=bfloat16|float16``: their inputs, kernels and biases cast at each
+call) while the parameters, their gradients and the optimizer state stay float32 (``param_dtype``); relu
+and max pool run in the low dtype between layers; the logits are cast to float32 before the log-softmax,
+so the loss is float32. fp16 adds dynamic loss scaling by hand (``LossScale``: the loss times the scale,
+the gradients divided by it, the step skipped and the scale halved where a gradient is not finite, doubled
+after ``spec.LOSS_SCALE.interval`` finite steps), the policy of MXNet's AMP and PyTorch's GradScaler.
+XLA's CPU compiler runs bf16 and fp16 convolutions and dots in float32 (it converts their rounded
+operands): ``versions()['hlo_conv_dot']`` counts what the compiled step's convolutions and dots compute in.
+
 Regions: ``region()`` is a ``jax.profiler.TraceAnnotation`` (the host span ``kernelmap:step#N``).
 The forward, backward and optimizer phases run inside one compiled XLA program: they are not host
 regions and cannot be separated in time by the host. ``train_step`` therefore opens no phase
@@ -33,11 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import re
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -54,26 +66,34 @@ from ..data import IMAGE_MAGIC, LABEL_MAGIC, SPLIT_FILES, synthetic_arrays
 from . import parallel
 
 # per spec.Math: fp32 computes convs and dots in fp32 ("highest": no TF32 on the GPU, no bf16 passes on
-# the CPU); tf32 lets XLA use TF32 on the GPU (its own default). The CPU always gets fp32.
-MATMUL_PRECISION = {spec.Math.FP32: "highest", spec.Math.TF32: "tensorfloat32"}
+# the CPU); tf32 lets XLA use TF32 on the GPU (its own default; the CPU gets fp32). bf16 and fp16: the
+# layers' operands are already of the low dtype, for which the flag asks nothing; XLA's default, as a JAX
+# user of a mixed-precision policy has it.
+MATMUL_PRECISION = {spec.Math.FP32: "highest", spec.Math.TF32: "tensorfloat32", spec.Math.BF16: "default",
+                    spec.Math.FP16: "default"}
+COMPUTE_DTYPES = {None: None, "bfloat16": jnp.bfloat16, "float16": jnp.float16}  # Math.low_precision
 OPTIMIZER_SCOPE = "kernelmap:optimizer"
 _FC1_CHW = (64, 7, 7)  # the spec's fc1 input: conv2's channels x pooled height x width
 
 
 class CNN(nn.Module):
-    """frameworks/spec.LAYERS, NHWC."""
+    """frameworks/spec.LAYERS, NHWC; ``dtype``: what the layers compute in (None: their inputs', float32),
+    the parameters float32 whatever it is."""
+
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.max_pool(nn.relu(nn.Conv(32, (3, 3), padding=1, name="conv1")(x)), (2, 2), strides=(2, 2))
-        x = nn.max_pool(nn.relu(nn.Conv(64, (3, 3), padding=1, name="conv2")(x)), (2, 2), strides=(2, 2))
+        lp = {"dtype": self.dtype, "param_dtype": jnp.float32}
+        x = nn.max_pool(nn.relu(nn.Conv(32, (3, 3), padding=1, name="conv1", **lp)(x)), (2, 2), strides=(2, 2))
+        x = nn.max_pool(nn.relu(nn.Conv(64, (3, 3), padding=1, name="conv2", **lp)(x)), (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))  # H, W, C order (see the module docstring)
-        x = nn.relu(nn.Dense(128, name="fc1")(x))
-        return nn.Dense(spec.NUM_CLASSES, name="fc2")(x)
+        x = nn.relu(nn.Dense(128, name="fc1", **lp)(x))
+        return nn.Dense(spec.NUM_CLASSES, name="fc2", **lp)(x)
 
 
 def loss_fn(params, model: CNN, images: jax.Array, labels: jax.Array) -> jax.Array:
-    logits = model.apply({"params": params}, images)
+    logits = model.apply({"params": params}, images).astype(jnp.float32)  # the loss in float32 at every math
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
 
@@ -140,7 +160,10 @@ class Workload(spec.WorkloadBase):
 
     def __init__(self, config: spec.TrainConfig, data_info=None, cache_dir=None):
         super().__init__(config, data_info, cache_dir)
-        math = spec.Math(config.math) if config.device == "gpu" else spec.Math.FP32
+        math = spec.Math(config.math)
+        if config.device != "gpu" and math is spec.Math.TF32:
+            math = spec.Math.FP32  # TF32 is the GPU's
+        self.math = math
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[math])
         platform = "gpu" if config.device == "gpu" else "cpu"
         try:
@@ -149,9 +172,13 @@ class Workload(spec.WorkloadBase):
             raise KernelmapError(f"device {platform} asked for, but jax has no {platform} backend ({exc})") from exc
         self.device = devices[0]
         self.placement = parallel.placement(devices, config.devices)  # issue 39: N devices, each its slice
-        self.model = CNN()
+        self.model = CNN(dtype=COMPUTE_DTYPES[math.low_precision])
         self.tx = optax.sgd(config.lr, momentum=config.momentum)
-        self._train_step = jax.jit(partial(_train_step, self.model, self.tx), donate_argnums=(0, 1))
+        self.loss_scale: LossScale | None = None  # fp16's dynamic loss scale (set_weights starts it)
+        if math.loss_scaling:
+            self._train_step = jax.jit(partial(_scaled_train_step, self.model, self.tx), donate_argnums=(0, 1, 2))
+        else:
+            self._train_step = jax.jit(partial(_train_step, self.model, self.tx), donate_argnums=(0, 1))
         self._logits = jax.jit(lambda params, x: self.model.apply({"params": params}, x))
         self.set_weights(spec.init_weights(config.seed))
         self._last: Any = None
@@ -175,12 +202,29 @@ class Workload(spec.WorkloadBase):
             "cublas": cuda_versions.cublas_get_version() if gpu and cuda_versions else None,
             "matmul_precision": jax.config.jax_default_matmul_precision,
             "execution_mode": "jit",
+            **self._precision(),
         }
+
+    def _precision(self) -> dict[str, Any]:
+        """What the mixed-precision policy made of this run: the layers' compute dtype, the parameters'
+        (float32), the loss scale now (fp16), and at bf16/fp16 what the compiled step's convolutions and dots
+        compute in (``conv_dot_dtypes``: XLA's CPU compiler runs them in float32); None before any step, and
+        at fp32/tf32 (their dtype is float32 by construction; counting costs a compile)."""
+        leaves = jax.tree_util.tree_leaves(self.params)
+        counted = None
+        if self.math.mixed and self._last_batch is not None:
+            counted = conv_dot_dtypes(next(iter(self.compiled_hlo().values())))
+        return {"compute_dtype": self.math.low_precision or "float32",
+                "param_dtypes": sorted({str(x.dtype) for x in leaves}),
+                "loss_scale": None if self.loss_scale is None else float(self.loss_scale.scale),
+                "hlo_conv_dot": counted}
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         weights = spec.check_weights(weights)
         self.params = jax.device_put(_to_flax(weights), self.placement.params)
         self.opt_state = jax.device_put(self.tx.init(self.params), self.placement.params)
+        if self.math.loss_scaling:  # a fresh start: the initial scale, no finite steps counted
+            self.loss_scale = jax.device_put(LossScale.initial(), self.placement.params)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return _from_flax(jax.device_get(self.params))
@@ -209,14 +253,22 @@ class Workload(spec.WorkloadBase):
 
     # --- compute ------------------------------------------------------------------------------
     def forward(self, images: jax.Array) -> np.ndarray:
-        return np.asarray(self._logits(self.params, images))
+        return np.asarray(self._logits(self.params, images), dtype=np.float32)  # bf16/fp16 logits as float32
 
     def region(self, name: str):
         return jax.profiler.TraceAnnotation(name) if self.trace_regions else contextlib.nullcontext()
 
+    def _state(self) -> tuple:
+        """The train step's state arguments (donated): parameters, optimizer state (and fp16's loss scale)."""
+        return (self.params, self.opt_state) if self.loss_scale is None else (
+            self.params, self.opt_state, self.loss_scale)
+
     def train_step(self, images: jax.Array, labels: jax.Array) -> jax.Array:
-        self.params, self.opt_state, loss = self._train_step(self.params, self.opt_state, images, labels)
-        self._last = (self.params, self.opt_state, loss)
+        if self.loss_scale is None:
+            self.params, self.opt_state, loss = self._train_step(*self._state(), images, labels)
+        else:
+            self.params, self.opt_state, self.loss_scale, loss = self._train_step(*self._state(), images, labels)
+        self._last = (self._state(), loss)
         self._last_batch = (images, labels)
         return loss
 
@@ -244,7 +296,7 @@ class Workload(spec.WorkloadBase):
         tests check that every op of a recorded trace is found in it)."""
         if self._last_batch is None:
             raise KernelmapError("compiled_hlo: no train step has run yet")
-        text = self._train_step.lower(self.params, self.opt_state, *self._last_batch).compile().as_text()
+        text = self._train_step.lower(*self._state(), *self._last_batch).compile().as_text()
         name = text.split(None, 2)[1].rstrip(",") if text.startswith("HloModule ") else "jit_train_step"
         return {name: text}
 
@@ -255,3 +307,69 @@ def _train_step(model: CNN, tx: optax.GradientTransformation, params, opt_state,
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
     return params, opt_state, loss
+
+
+class LossScale(NamedTuple):
+    """fp16's dynamic loss scale (a pytree of two device scalars), the rule of PyTorch's GradScaler and MXNet's
+    AMP with their constants (``spec.LOSS_SCALE``): start at ``init``; where a step's gradients are all finite,
+    count it, and after ``interval`` such steps in a row multiply the scale by ``growth``; where one is
+    not (inf or nan), skip the step's update and multiply the scale by ``backoff``."""
+
+    scale: jax.Array  # float32
+    finite_steps: jax.Array  # int32: finite steps in a row since the scale last changed
+
+    @staticmethod
+    def initial() -> LossScale:
+        return LossScale(jnp.float32(spec.LOSS_SCALE.init), jnp.int32(0))
+
+    def after(self, finite: jax.Array) -> LossScale:
+        """The scale for the next step, given whether this step's gradients were all finite."""
+        rule = spec.LOSS_SCALE
+        count = jnp.where(finite, self.finite_steps + 1, 0)
+        grow = count >= rule.interval
+        scale = jnp.where(finite, jnp.where(grow, self.scale * rule.growth, self.scale), self.scale * rule.backoff)
+        return LossScale(scale.astype(jnp.float32), jnp.where(grow, 0, count).astype(jnp.int32))
+
+
+def _scaled_train_step(model: CNN, tx: optax.GradientTransformation, params, opt_state, loss_scale: LossScale,
+                       images, labels):
+    """``_train_step`` with dynamic loss scaling (fp16): the gradients of the loss times the scale, divided by
+    it in float32; the update kept only where every gradient is finite (``LossScale``)."""
+    def scaled(p):
+        loss = loss_fn(p, model, images, labels)
+        return loss * loss_scale.scale, loss
+
+    (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
+    with jax.named_scope(OPTIMIZER_SCOPE):
+        grads = jax.tree_util.tree_map(lambda g: g / loss_scale.scale, grads)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        params, opt_state = jax.tree_util.tree_map(
+            lambda new, old: jnp.where(finite, new, old), (new_params, new_opt_state), (params, opt_state))
+    return params, opt_state, loss_scale.after(finite), loss
+
+
+# an HLO instruction that is a convolution or a dot (XLA's own, or the cuDNN/cuBLAS custom call it became on
+# the GPU), with its result's element type: the first of a tuple's (a custom call's result, its workspace)
+_HLO_CONV_DOT = re.compile(
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*\(?(?P<dtype>[a-z]+[0-9]*)\[[^=]*?\s(?P<op>convolution|dot|custom-call)\(")
+_CUSTOM_TARGET = re.compile(r'custom_call_target="(__cudnn\$conv[^"]*|__cublas\$[^"]*)"')
+
+
+def conv_dot_dtypes(hlo_text: str) -> dict[str, int]:
+    """{"<instruction> <element type>": count} over the convolutions and dots of an optimised HLO module
+    (``compiled_hlo``), custom calls counted where they are cuDNN convolutions or cuBLAS GEMMs ("conv", "gemm")."""
+    counts: Counter = Counter()
+    for line in hlo_text.splitlines():
+        m = _HLO_CONV_DOT.match(line)
+        if m is None:
+            continue
+        op = m["op"]
+        if op == "custom-call":
+            target = _CUSTOM_TARGET.search(line)
+            if target is None:
+                continue
+            op = "conv" if target[1].startswith("__cudnn") else "gemm"
+        counts[f"{op} {m['dtype']}"] += 1
+    return dict(sorted(counts.items()))

@@ -33,6 +33,36 @@ d["cuda_available"] = d["num_gpus"] > 0
 print(json.dumps(d))
 """
 
+# --math bf16|fp16 (MXNet's AMP), what this MXNet 1.9.1 cannot run, per device. Each seen, on this project's CPU
+# (AMD EPYC, avx512_bf16; oneDNN v2.4.4): fp16 on the CPU ran its forward, then its FullyConnected backward
+# raised "FP16 gemm on cpu not implemented!" (src/operator/linalg_impl.h); bf16 with oneDNN off
+# (MXNET_MKLDNN_ENABLED=0) raised "Unknown type enum 12" (kBfloat16) in the generic operators, whose type
+# switch (MSHADOW_REAL_TYPE_SWITCH: float32, float64, float16) the CUDA operators share; bf16 with oneDNN held
+# to AVX2 (DNNL_MAX_CPU_ISA=AVX2) raised "could not create a primitive descriptor iterator" in its convolution
+# (with AVX512_CORE: jit_bf16:avx512_core, bf16 emulated on AVX-512; with avx512_bf16: jit_bf16:avx512_core_bf16).
+BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # oneDNN 2.x's avx512_core: its least bf16 ISA
+MATH_REFUSALS = {  # Framework.math_refusals: {device: {math: why}}
+    "cpu": {"fp16": "its CPU operators have no float16 GEMM (1.9.1: AMP's float16 FullyConnected fails in its "
+                    "backward, 'FP16 gemm on cpu not implemented!', src/operator/linalg_impl.h); fp16 is its GPU's"},
+    "gpu": {"bf16": "it computes bfloat16 only in its oneDNN (CPU) operators; its CUDA operators have no bfloat16 "
+                    "type (1.9.1: MSHADOW_REAL_TYPE_SWITCH holds float32, float64, float16); bf16 is its CPU's"},
+}
+
+
+def bf16_cpu_refusal(onednn_build: bool, cpu_flags: frozenset[str] | None) -> str | None:
+    """Why this MXNet cannot run bf16 on this CPU, beyond ``MATH_REFUSALS`` (None where it can): an MXNet built
+    without oneDNN (``onednn_build``, its probe's), or, where ``cpu_flags`` (/proc/cpuinfo's) are known, a CPU
+    without AVX-512 (``BF16_CPU_FLAGS``)."""
+    if not onednn_build:
+        return ("this MXNet is built without oneDNN (MKLDNN), which holds its only bfloat16 operators; "
+                "the mxnet wheel from PyPI has it")
+    missing = [f for f in BF16_CPU_FLAGS if cpu_flags is not None and f not in cpu_flags]
+    if missing:
+        return (f"this CPU lacks {', '.join(missing)}: oneDNN 2.x (MXNet 1.9.1's) has no bfloat16 convolution below "
+                "AVX-512 (avx512_core); held to AVX2, its convolution fails to create a primitive")
+    return None
+
+
 # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the profiler then
 # shows no _backward_* operator. Read at `import mxnet`, hence the environment.
 # Bulk execution off: the engine then runs (and its profiler and NVTX ranges name) each operator on
@@ -122,6 +152,7 @@ DESCRIPTOR = Framework(
     recorded_env=("MXNET_ENGINE_TYPE",),
     train_memory_factor=2.0,  # two steps at batch 2048 (CPU, imperative): peak resident growth 1.49x the forward's values
     vocabulary=ops.VOCABULARY,
+    math_refusals=MATH_REFUSALS,  # bf16 on the CPU also needs oneDNN and AVX-512: checked by its workload
     data_parallel=DataParallel(processes=False, cpu="KVStore local (N CPU contexts)", gpu=KVSTORES["gpu"],
                                modes=(IMPERATIVE, HYBRIDIZED)),
     options=(Option(KVSTORE_OPTION, tuple(dict.fromkeys(k for ks in KVSTORES.values() for k in ks)),

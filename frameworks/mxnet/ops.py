@@ -36,6 +36,9 @@ add_names(OPS, "_zeros _zeros_without_dtype SetValueOp _ones _full", "fill", "no
 add_names(OPS, "_copyto _copy", "copy", "none")
 add_names(OPS, "elemwise_add _plus _grad_add add_n ElementWiseSum", "add", "none")
 add_names(OPS, "sum", "sum", "none")
+# AMP (--math bf16|fp16): its casts into and out of the low dtype, and fp16's overflow check of the gradients
+add_names(OPS, "amp_cast amp_multicast _backward_amp_cast _backward_amp_multicast", "copy", "none")
+add_names(OPS, "multi_all_finite all_finite", "other", "update")  # no canonical op of its own
 
 VOCABULARY = Vocabulary(
     ops=OPS,

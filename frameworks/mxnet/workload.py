@@ -1,5 +1,18 @@
 """The MNIST CNN in MXNet Gluon: a ``HybridSequential`` run imperatively (``hybridize()`` in its
-hybridized mode), SoftmaxCrossEntropyLoss, ``gluon.Trainer('sgd')``, Gluon's MNIST datasets."""
+hybridized mode), SoftmaxCrossEntropyLoss, ``gluon.Trainer('sgd')``, Gluon's MNIST datasets.
+
+Mixed precision (``--math bf16|fp16``, docs/MIXED_PRECISION.md) is MXNet's AMP (``mxnet.contrib.amp``):
+``amp.init(target_dtype)`` before the first forward wraps ``mx.nd``'s and ``mx.sym``'s operator functions, so
+that Convolution and FullyConnected cast their inputs, weights and biases to the low dtype (``amp_cast``) in
+both modes (imperative: the NDArray functions; hybridized: the symbol functions the CachedOp is traced from),
+and its float32 list (log_softmax, softmax) casts back. The parameters stay float32 and amp_cast's backward
+returns float32 gradients, so the optimizer updates float32 weights: the fp32 master weights that
+``multi_precision`` keeps for ``net.cast('float16')`` networks, which this one is not. fp16 adds AMP's dynamic
+loss scaling (``amp.init_trainer``; ``amp.scale_loss`` inside the recorded forward; ``Trainer.step`` checks
+the gradients, skips the update and halves the scale on overflow). What this MXNet can run is decided by
+its descriptor before any work (``MATH_REFUSALS``: bf16 is oneDNN's, the CPU's; fp16 CUDA's), and here
+(``bf16_cpu_refusal``: bf16 needs an MXNet with oneDNN on a CPU with AVX-512).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +32,7 @@ from kernelmap.errors import KernelmapError, MissingToolError
 from .. import spec
 from ..data import file_digest, synthetic_arrays
 from . import built, cuda11, parallel
-from .descriptor import HYBRIDIZED
+from .descriptor import HYBRIDIZED, MATH_REFUSALS, bf16_cpu_refusal
 
 # Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
 # environment, and has put its python/ first on PYTHONPATH) gets its CUDA/cuDNN/BLAS libraries
@@ -29,10 +42,14 @@ PRELOAD = built.preload(BUILT_TREE) if BUILT_TREE else cuda11.preload()
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
+from mxnet.contrib import amp  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from mxnet.gluon.data.vision import transforms  # noqa: E402
 
 _SPLIT_ATTRS = ("_train_data", "_train_label", "_test_data", "_test_label")
+# AMP patches mxnet's operator functions for the whole process, once (amp.init ignores a second call): the
+# target dtype it was started with, so that a Workload of another math in the same process is refused
+AMP_STARTED: dict[str, str] = {}
 
 
 @contextlib.contextmanager
@@ -71,6 +88,18 @@ def offline_dataset(cls, root: str, train: bool):
 
     Offline.__name__ = Offline.__qualname__ = f"Offline{cls.__name__}"
     return Offline(root=root, train=train)
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags (the first ``flags`` line of /proc/cpuinfo), None where it cannot be read."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
 
 
 def _compute_capability(ctx) -> tuple[int, int] | None:
@@ -132,6 +161,8 @@ class Workload(spec.WorkloadBase):
             self.ctx = mx.cpu()
             self.compute_capability = None
         self.ctxs = parallel.contexts(self.ctx, config.devices)  # issue 39: N contexts, each its slice
+        self.math = spec.Math(config.math)
+        self._start_amp(config.device)
         self.net = build_net()
         self.net.initialize(ctx=self.ctxs)
         if self.mode == HYBRIDIZED:
@@ -143,6 +174,25 @@ class Workload(spec.WorkloadBase):
             self.net.collect_params(), "sgd", {"learning_rate": config.lr, "momentum": config.momentum},
             **parallel.kvstore(config.options, self.ctxs),
         )
+        if self.math.loss_scaling:
+            amp.init_trainer(self.trainer)  # dynamic loss scaling: Trainer.step checks and skips on overflow
+
+    def _start_amp(self, device: str) -> None:
+        """AMP at this workload's math (nothing at fp32/tf32), or KernelmapError where this MXNet cannot run
+        it here (``math_refusal``) or AMP already runs in this process at another dtype."""
+        why = MATH_REFUSALS.get(device, {}).get(self.math.value)
+        if self.math is spec.Math.BF16 and device == "cpu":
+            why = why or bf16_cpu_refusal(mx.runtime.Features().is_enabled("MKLDNN"), cpu_flags())
+        if why:
+            raise KernelmapError(f"--math {self.math.value}: {why}")
+        target = self.math.low_precision
+        started = AMP_STARTED.get("target_dtype")
+        if started != target and started is not None:
+            raise KernelmapError(f"--math {self.math.value}: MXNet's AMP already runs at {started} in this process "
+                                 "(amp.init patches the operators process-wide, once): one math per process")
+        if target is not None and started is None:
+            amp.init(target_dtype=target)
+            AMP_STARTED["target_dtype"] = target
 
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
@@ -161,7 +211,16 @@ class Workload(spec.WorkloadBase):
             "preload": PRELOAD.describe(),
             "built_tree": BUILT_TREE,
             "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            **self._precision(),
         }
+
+    def _precision(self) -> dict[str, Any]:
+        """What the mixed-precision policy made of this run: AMP's target dtype (None: AMP off), the parameters'
+        dtypes (float32) and, at fp16, the loss scale the next step will use."""
+        scaler = getattr(self.trainer, "_amp_loss_scaler", None)  # set by amp.init_trainer (fp16)
+        return {"compute_dtype": self.math.low_precision or "float32", "amp_target_dtype": AMP_STARTED.get("target_dtype"),
+                "param_dtypes": sorted({np.dtype(p.dtype).name for p in self.net.collect_params().values()}),
+                "loss_scale": None if scaler is None else float(scaler.loss_scale)}
 
     def _params(self) -> dict[str, gluon.Parameter]:
         return {
@@ -212,7 +271,7 @@ class Workload(spec.WorkloadBase):
     def forward(self, images) -> np.ndarray:
         if isinstance(images, list):
             return parallel.forward(self.net, images).asnumpy()
-        return self.net(images).asnumpy()
+        return self.net(images).astype("float32", copy=False).asnumpy()  # AMP's logits are of its low dtype
 
     def region(self, name: str):
         return self._event(name) if self.trace_regions else contextlib.nullcontext()
@@ -236,11 +295,20 @@ class Workload(spec.WorkloadBase):
         with self.region("kernelmap:forward"):
             with autograd.record():
                 loss = self.loss_fn(self.net(images), labels)
+                scaled = self.scaled_loss(loss)
         with self.region("kernelmap:backward"):
-            loss.backward()
+            scaled.backward()
         with self.region("kernelmap:optimizer"):
             self.trainer.step(images.shape[0])
         return loss.mean()
+
+    def scaled_loss(self, loss):
+        """``loss``, times AMP's loss scale at fp16 (``amp.scale_loss``, which also sets the Trainer's gradient
+        rescale to 1/scale); called while recording, so that the product is differentiated."""
+        if not self.math.loss_scaling:
+            return loss
+        with amp.scale_loss(loss, self.trainer) as scaled:
+            return scaled
 
     def to_float(self, value: Any) -> float:
         return float(value.asscalar()) if hasattr(value, "asscalar") else super().to_float(value)

@@ -1,0 +1,187 @@
+"""Mixed precision in MXNet (AMP) and JAX (a Flax dtype policy) on the CPU: `kernelmap run --math ...` end to end,
+each framework in its own worker processes, and what really computed in low precision read back from the run's
+own files by independent stdlib readers (docs/MIXED_PRECISION.md):
+
+- MXNet: oneDNN's verbose log of the libs pass (``onednn.log``): the data types of every convolution and inner
+  product it executed, counted exactly per step; fp16 on the CPU refused before any work, with its reason.
+- JAX: the compiled step's HLO text the framework pass writes (``<module>.hlo.txt.gz``): the layers' values in
+  bf16/f16, the convolutions and dots in f32 (XLA's CPU compiler upcasts them: the deviation the docs name), the
+  parameters float32; fp16's dynamic loss scale skipping a step whose gradients are not finite.
+
+Every assertion that says "low precision ran" is paired with the same count on an fp32 case of the same run,
+which must come out the other way, so that a run that silently trained in fp32 fails here."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import require_framework
+from kernelmap.frameworks.case import Case
+
+from kernelmap import doctor
+
+STEPS, WARMUP = 3, 1
+ONEDNN_PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
+# per training step of spec.LAYERS: (primitive, prop_kind) -> executions. conv1's input needs no gradient, so
+# only conv2 runs backward_data; each inner product runs all three.
+MXNET_PER_STEP = {("convolution", "forward_training"): 2, ("convolution", "backward_data"): 1,
+                  ("convolution", "backward_weights"): 2, ("inner_product", "forward_training"): 2,
+                  ("inner_product", "backward_data"): 2, ("inner_product", "backward_weights"): 2}
+
+
+def _run(out: Path, *argv: str, timeout: float = 900, rc: int = 0) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "kernelmap.cli", "run", "--device", "cpu", "--data", "synthetic", "--batch-size",
+           "16", "--steps", str(STEPS), "--warmup", str(WARMUP), "--trials", "1", "--max-repeats", "0",
+           "--out", str(out), *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == rc, proc.stderr[-4000:]
+    return proc
+
+
+def _results(out: Path) -> dict[tuple[str, str], dict]:
+    return {(r["mode"], r["math"]): r for r in json.loads((out / "results.json").read_text())}
+
+
+def onednn_executions(path: Path) -> Counter:
+    """(primitive, prop_kind, src data type, weights data type) -> executions, of the convolutions and inner
+    products of a oneDNN verbose log (v1/v2 lines: PREFIX,exec,cpu,primitive,impl,prop_kind,memory descriptors,...)."""
+    counts: Counter = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith(ONEDNN_PREFIXES):
+            continue
+        f = line.split(",")
+        if f[1] != "exec" or f[3] not in ("convolution", "inner_product"):
+            continue
+        dtypes = dict(re.findall(r"\b(src|wei)_([a-z0-9]+)::", f[6]))
+        counts[(f[3], f[5], dtypes["src"], dtypes["wei"])] += 1
+    return counts
+
+
+@pytest.mark.slow
+def test_mxnet_bf16_runs_onednn_bf16_in_both_modes_and_fp16_is_refused(tmp_path):
+    require_framework("mxnet")
+    # fp16 on the CPU: refused before any work (exit 2, nothing written), with the reason
+    refused = _run(tmp_path / "refused", "--framework", "mxnet", "--math", "bf16", "fp16", rc=2)
+    assert "MXNet cannot run fp16 on the CPU" in refused.stderr and "FP16 gemm on cpu not implemented" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "run"
+    _run(out, "--framework", "mxnet", "--mode", "all", "--math", "fp32", "bf16", "--profile", "libs")
+    results = _results(out)
+    assert sorted(results) == sorted((mode, math) for mode in ("imperative", "hybridized") for math in ("fp32", "bf16"))
+    executed = (STEPS + WARMUP)  # the libs pass logs its warm-up steps and its timed steps
+    for (mode, math), r in results.items():
+        case = Case("mxnet", mode, math).name
+        counts = onednn_executions(out / case / "bs16" / "onednn.log")
+        want = "bf16" if math == "bf16" else "f32"
+        assert counts == Counter({(p, k, want, want): n * executed for (p, k), n in MXNET_PER_STEP.items()}), (
+            case, counts)
+        versions = r["versions"]
+        assert versions["param_dtypes"] == ["float32"] and versions["loss_scale"] is None
+        assert versions["compute_dtype"] == ("bfloat16" if math == "bf16" else "float32")
+        assert versions["amp_target_dtype"] == ("bfloat16" if math == "bf16" else None)
+    # bf16 trained: the loss of the last step is finite and near the fp32 case's (the same batches and weights)
+    for mode in ("imperative", "hybridized"):
+        lo, hi = results[(mode, "bf16")]["final_loss"], results[(mode, "fp32")]["final_loss"]
+        assert abs(lo - hi) / hi < 0.02, (mode, lo, hi)
+
+
+def hlo_counts(path: Path) -> dict[str, Counter]:
+    """From an optimised HLO text: the result element types of its convolutions and dots, and of the
+    instructions whose op_name says they are one of the layers (conv1, conv2, fc1, fc2)."""
+    text = gzip.decompress(path.read_bytes()).decode()
+    conv_dot: Counter = Counter()
+    layer_values: Counter = Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:ROOT\s+)?%\S+ = \(?([a-z]+[0-9]*)\[[^=]*?\s(convolution|dot)\(", line)
+        if m:
+            conv_dot[f"{m[2]} {m[1]}"] += 1
+        m = re.match(r"\s*(?:ROOT\s+)?%\S+ = ([a-z]+[0-9]*)\[", line)
+        if m and re.search(r'op_name="[^"]*/(conv1|conv2|fc1|fc2)/', line):
+            layer_values[m[1]] += 1
+    return {"conv_dot": conv_dot, "layer_values": layer_values}
+
+
+def _jax_python() -> str:
+    """The first interpreter the doctor would probe JAX with ($KERNELMAP_PYTHON_JAX, .nox/jax-workers, this one)
+    that imports it and kernelmap's JAX workload; the test skips, saying why, where none does."""
+    for python in doctor.interpreters("jax"):
+        probe = subprocess.run([python, "-c", "import kernelmap.frameworks.jax.workload"], capture_output=True,
+                               text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        if probe.returncode == 0:
+            return python
+    pytest.skip(f"no interpreter of {doctor.interpreters('jax')} imports jax, flax, optax and kernelmap")
+
+
+@pytest.mark.slow
+def test_jax_bf16_and_fp16_policies_on_the_cpu(tmp_path):
+    python = _jax_python()
+    out = tmp_path / "run"
+    _run(out, "--framework", "jax", "--python", f"jax={python}", "--math", "fp32", "bf16", "fp16",
+         "--profile", "framework")
+    results = _results(out)
+    assert sorted(results) == [("jit", "bf16"), ("jit", "fp16"), ("jit", "fp32")]
+    low = {"fp32": None, "bf16": "bf16", "fp16": "f16"}
+    for (_, math), r in results.items():
+        [hlo] = list((out / Case("jax", "jit", math).name / "bs16").glob("*.hlo.txt.gz"))
+        counts = hlo_counts(hlo)
+        # the layers' values: low precision at bf16/fp16, none at fp32 (a run that silently kept fp32 fails here)
+        if low[math] is None:
+            assert not {"bf16", "f16"} & set(counts["layer_values"]), counts["layer_values"]
+        else:
+            assert counts["layer_values"][low[math]] >= 8, counts["layer_values"]  # each layer, fwd and bwd
+        # XLA's CPU compiler: every convolution and dot in f32 at every math (the deviation docs/ names); the
+        # workload's own count (versions) is the independent reader's
+        assert set(counts["conv_dot"]) == {"convolution f32", "dot f32"}, counts["conv_dot"]
+        versions = r["versions"]
+        assert versions["hlo_conv_dot"] == (None if math == "fp32" else dict(counts["conv_dot"]))
+        assert versions["param_dtypes"] == ["float32"]
+        assert versions["compute_dtype"] == {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[math]
+        assert versions["loss_scale"] == (65536.0 if math == "fp16" else None)  # no overflow in 4 steps
+    fp32 = results[("jit", "fp32")]["final_loss"]
+    for math in ("bf16", "fp16"):
+        assert abs(results[("jit", math)]["final_loss"] - fp32) / fp32 < 0.02, math
+
+
+LOSS_SCALE_SCRIPT = r"""
+import json, numpy as np, jax, jax.numpy as jnp
+from kernelmap.frameworks import spec
+from kernelmap.frameworks.jax import workload as W
+w = W.Workload(spec.TrainConfig(data="synthetic", math="fp16", batch_size=8))
+x, y = next(w.batches("train", 8, np.arange(8)))
+before = w.get_weights()
+w.train_step(x.at[0, 0, 0, 0].set(jnp.inf), y)          # an inf input: every gradient inf or nan
+skipped = {k: bool(np.array_equal(before[k], v)) for k, v in w.get_weights().items()}
+momentum_zero = all(float(jnp.abs(t).max()) == 0 for t in jax.tree_util.tree_leaves(w.opt_state))
+after_overflow = (float(w.loss_scale.scale), int(w.loss_scale.finite_steps))
+w.train_step(x, y)
+moved = sum(not np.array_equal(before[k], v) for k, v in w.get_weights().items())
+ls = W.LossScale(jnp.float32(1024.0), jnp.int32(spec.LOSS_SCALE.interval - 1))
+grown = ls.after(jnp.bool_(True))
+print(json.dumps({"skipped": skipped, "momentum_zero": momentum_zero, "after_overflow": after_overflow,
+                  "after_finite": [float(w.loss_scale.scale), int(w.loss_scale.finite_steps)], "moved": moved,
+                  "grown": [float(grown.scale), int(grown.finite_steps)],
+                  "interval": spec.LOSS_SCALE.interval}))
+"""
+
+
+@pytest.mark.slow
+def test_jax_fp16_loss_scale_skips_a_step_with_non_finite_gradients_and_halves():
+    python = _jax_python()
+    proc = subprocess.run([python, "-c", LOSS_SCALE_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(r["skipped"].values()) and len(r["skipped"]) == 8  # no weight moved on the overflowing step
+    assert r["momentum_zero"]  # nor did the optimizer's momentum
+    assert r["after_overflow"] == [32768.0, 0]  # 2**16 halved
+    assert r["after_finite"] == [32768.0, 1] and r["moved"] == 8  # a finite step trains and is counted
+    assert r["grown"] == [2048.0, 0]  # the interval-th finite step in a row doubles the scale, the count restarts
