@@ -159,3 +159,17 @@ def test_flops_lower_bound_where_a_kind_was_not_measured():
     assert f["flops_half"].sum() == 4 * 7_945_472  # HFMA x4 (a packed pair), no HADD/HMUL in the bf16 step
     assert f["flops"].sum() == pytest.approx(515_112_960 + 2 * 29_766_149 + 4 * 7_945_472
                                              + df["fadd"].sum() + df["fmul"].sum())
+
+
+def test_hfma2_mma_moves_do_not_make_a_kernel_half_precision():
+    """Where HFMA2.MMA was measured, the HFMA it explains (32 a warp instruction) is not math for the kind: a copy
+    kernel of the probe (4 tensor-pipe instructions, 128 HFMA, nothing else) is 'none' with it, 'unknown' without."""
+    df = ncu.read(BF16).iloc[[0]].reset_index(drop=True)
+    assert (df["hfma"].iloc[0], df["tensor_pipe_hmma_inst"].iloc[0]) == (128, 4)
+    assert ncu.flops(df)["math"].iloc[0] == ncu.MATH_UNKNOWN
+    measured = df.assign(tensor_pipe_hfma2_inst=pd.array([4.0], dtype="Float64"),
+                         tensor_ops_fp16=pd.array([0.0], dtype="Float64"))
+    f = ncu.flops(measured)
+    assert f["math"].iloc[0] == ncu.MATH_NONE and f["flops_half"].iloc[0] == 512  # ncu's own count stays
+    fewer = measured.assign(tensor_pipe_hfma2_inst=pd.array([2.0], dtype="Float64"))  # 64 HFMA left unexplained
+    assert ncu.flops(fewer)["math"].iloc[0] == ncu.MATH_HALF
