@@ -298,3 +298,23 @@ def test_report_section_and_table(link, found_1024):
     assert page.count("<tr>") == 1 + 10  # the header and the first ten
     assert "calc_bias_diff_nchw_packed via cudnnConvolutionBackwardBias" in page
     assert H.findings_html(every.iloc[0:0], "place") == ""
+
+
+def test_mode_remedies_on_the_modes_run():
+    """tests/data/gpu_modes_run (H200, every mode, bs 64): eager -> cuda-graph is launch overhead (the kernels'
+    time barely moves), and each case is also set against its own framework's fastest mode."""
+    run_dir = DATA / "gpu_modes_run"
+    found = F.findings(F.run_sides(load_run(run_dir)))
+    steps = found[found["kind"] == "step"]
+    res = json.loads((run_dir / "results.json").read_text())
+    res = res if isinstance(res, list) else res["results"]
+    med = {(r["framework"], r["mode"]): r["median_step_s"] * 1e3 for r in res}
+    eager = steps[(steps["case"] == "pytorch bs64")]
+    assert list(eager["remedy"]) == ["mode eager -> cuda-graph"]  # the fastest overall is its own framework's
+    r = eager.iloc[0]
+    assert r["saving_ms"] == pytest.approx(med[("pytorch", "eager")] - med[("pytorch", "cuda-graph")])
+    assert r["call"] == "finding" and r["runnable"] and r["cause"].startswith("mostly time outside the traced kernels")
+    mx = steps[steps["case"] == "mxnet bs64"].set_index("remedy")
+    assert set(mx.index) == {"framework mxnet -> pytorch, mode imperative -> cuda-graph", "mode imperative -> hybridized"}
+    assert mx.loc["mode imperative -> hybridized", "saving_ms"] == pytest.approx(
+        med[("mxnet", "imperative")] - med[("mxnet", "hybridized")])

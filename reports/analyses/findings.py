@@ -238,25 +238,30 @@ FEWER = ("the remedy runs fewer kernels (ops) here, {ny:g} against {nx:g} per st
 
 
 def step_findings(sides: list[D.Side]) -> pd.DataFrame:
-    """Per side: the clean-step saving of running as its fastest comparable case (``diff.step_verdict``)."""
+    """Per side: the clean-step saving of running as its fastest comparable case, and as the fastest comparable
+    case of its own framework (another mode or math) where that is another (``diff.step_verdict``)."""
     rows = []
     timed = [s for s in sides if field_at(s.entry, "median_step_s") is not None]
     for x in timed:
         cands = [y for y in timed if y is not x and comparable(x, y) and _ms(y) < _ms(x)]
-        if not cands:
-            continue
-        y = min(cands, key=_ms)
-        v = D.step_verdict(x.entry, y.entry)
-        call = {D.Verdict.FASTER: Call.FINDING, D.Verdict.NOISE: Call.NOISE}.get(v, Call.NOT_JUDGED)
-        busy = ", ".join(s.label for s in (x, y) if s.clean_contended)
-        call = Call.BUSY if call == Call.FINDING and busy else call
-        lo, hi = _ci(x), _ci(y)
-        interval = (lo[0] - hi[1], lo[1] - hi[0]) if lo and hi else (None, None)
-        remedy, runnable = remedy_of(x, y)
-        rows.append([0, str(Kind.STEP), str(call), case_fields(x)["batch_size"], x.label, y.label, remedy, runnable,
-                     "(whole step)", D.NONE, _ms(x) - _ms(y), *interval, _ms(x), _ms(y), (_ms(x) - _ms(y)) / _ms(x),
-                     None, str(v), step_cause(x, y, _ms(x), _ms(y)), "", None, None, busy, BASIS[Kind.STEP]])
+        own = [y for y in cands if case_fields(y)["framework"] == case_fields(x)["framework"]]
+        best = [min(c, key=_ms) for c in (cands, own) if c]
+        rows.extend(_step_row(x, y) for i, y in enumerate(best) if all(y is not z for z in best[:i]))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _step_row(x: D.Side, y: D.Side) -> list:
+    """One step finding: ``x``'s clean step against ``y``'s."""
+    v = D.step_verdict(x.entry, y.entry)
+    call = {D.Verdict.FASTER: Call.FINDING, D.Verdict.NOISE: Call.NOISE}.get(v, Call.NOT_JUDGED)
+    busy = ", ".join(s.label for s in (x, y) if s.clean_contended)
+    call = Call.BUSY if call == Call.FINDING and busy else call
+    lo, hi = _ci(x), _ci(y)
+    interval = (lo[0] - hi[1], lo[1] - hi[0]) if lo and hi else (None, None)
+    remedy, runnable = remedy_of(x, y)
+    return [0, str(Kind.STEP), str(call), case_fields(x)["batch_size"], x.label, y.label, remedy, runnable,
+            "(whole step)", D.NONE, _ms(x) - _ms(y), *interval, _ms(x), _ms(y), (_ms(x) - _ms(y)) / _ms(x),
+            None, str(v), step_cause(x, y, _ms(x), _ms(y)), "", None, None, busy, BASIS[Kind.STEP]]
 
 
 def _ms(side: D.Side) -> float:
