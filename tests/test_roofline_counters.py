@@ -126,7 +126,7 @@ def test_flop_verdict_where_counted_fully():
     def kern(layer, flops):
         return {"run": "r", "case": "pytorch", "batch_size": 64, "layer": layer, "canonical_op": "linear",
                 "direction": "fwd", "matched": True, "timed_ns": 100, "counter_math": "bf16", "flops": flops,
-                "flops_complete": True}
+                "flops_complete": True, "library": "cuBLASLt"}
     k = pd.DataFrame([kern("fc1", 52_428_800), kern("fc2", 262_144)])
     lay = roofline.layer_counters(k).set_index("layer")
     fc1, fc2 = lay.loc["fc1", "within_tolerance"], lay.loc["fc2", "within_tolerance"]
@@ -206,3 +206,17 @@ def test_real_run_with_other_kernels_pairs_nothing(tmp_path):
     assert s["reason"].startswith("the counters step ran 31 kernels, the kineto step 44")
     assert s["paired_time_share"] == 0 and bool(s["within_budget"])
     assert s["profiler_messages"] == [said]  # ncu's own words beside the refusal
+
+
+def test_flop_model_compares_the_library_kernels():
+    """A conv's bias add (native) is left out of the comparison where the records name the library's kernels."""
+    def kern(library, flops):
+        return {"run": "r", "case": "pytorch", "batch_size": 64, "layer": "conv2", "canonical_op": "conv2d",
+                "direction": "fwd", "matched": True, "timed_ns": 100, "counter_math": "bf16", "flops": flops,
+                "flops_complete": True, "library": library}
+    k = pd.DataFrame([kern("cuDNN", 462_422_016), kern("native", 6_422_528), kern("cuDNN", 401_408)])
+    row = roofline.layer_counters(k).iloc[0]
+    assert row["counter_flops"] == 462_422_016 + 401_408 and row["flops_from"] == "library kernels"
+    assert bool(row["within_tolerance"]) and row["kernels"] == 3
+    row = roofline.layer_counters(k.assign(library=None)).iloc[0]
+    assert row["counter_flops"] == 462_422_016 + 401_408 + 6_422_528 and row["flops_from"].startswith("all kernels")

@@ -88,7 +88,8 @@ TENSOR_MATHS = tuple(ncu.TENSOR_OPS)  # tf32, bf16, fp16: a kernel whose counter
 # the log's math of a kernel: what its call ran (issue 38's math column, kernelmap/kernelmath.py), else, in records
 # written before it, what the call permitted (``math_mode``)
 LOG_MATH = "math_ran"
-FLOP_TOLERANCE = 0.10  # counter FLOPs of a conv/linear layer x direction within +-10% of the shapes' (issue 38)
+FLOP_TOLERANCE = 0.10
+OWN_LIBRARIES = (schema.Library.NATIVE.value, schema.Library.CUSTOM.value)  # kernels no GPU library launched  # counter FLOPs of a conv/linear layer x direction within +-10% of the shapes' (issue 38)
 KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "matched", "reason", "source",
                   "iteration", "layer", "canonical_op", "direction", "library", "library_call", "log_math",
                   "counter_math", "math_agrees", "ncu_ns", "timed_ns", "flops", "flops_complete", "bytes",
@@ -277,7 +278,10 @@ def layer_counters(kernels: pd.DataFrame) -> pd.DataFrame:
     """Per case x layer x direction (the paired kernels only): the timing pass's kernel time, the share of it
     in kernels whose counters say tensor cores (``tensor_share``), the counter FLOPs beside the project's FLOP
     model from the shapes (``kernelmap/flops.py``; conv2d and linear only) and whether they agree within
-    ``FLOP_TOLERANCE`` (None where the model has no figure or a counter that may matter was not measured)."""
+    ``FLOP_TOLERANCE`` (None where the model has no figure or a counter that may matter was not measured). The
+    counter FLOPs are the layer's library kernels' (cuDNN, cuBLAS...: the conv or GEMM and its layout kernels), not
+    the framework's own bias adds, whose HFMA2.MMA register moves ncu counts as half-precision FLOPs; all its
+    kernels where the records name no library (``flops_from`` says which)."""
     k = kernels[kernels["matched"].astype(bool) & kernels["layer"].notna()]
     rows = []
     for (run, case, bs, layer, op, d), g in k.groupby(["run", "case", "batch_size", "layer", "canonical_op",
@@ -285,15 +289,19 @@ def layer_counters(kernels: pd.DataFrame) -> pd.DataFrame:
         t = pd.to_numeric(g["timed_ns"], errors="coerce")
         tensor = t[g["counter_math"].isin(TENSOR_MATHS)].sum()
         model = layer_flops(layer, d, int(bs)) if op in ("conv2d", "linear") else None
-        fl = float(pd.to_numeric(g["flops"], errors="coerce").sum())
-        complete = bool(g["flops_complete"].astype(bool).all())
+        lib = g[g["library"].notna() & ~g["library"].isin(OWN_LIBRARIES)]  # the conv/GEMM library's kernels
+        w = lib if len(lib) else g
+        fl = float(pd.to_numeric(w["flops"], errors="coerce").sum())
+        complete = bool(w["flops_complete"].astype(bool).all())
         ratio = fl / model if model else None
         rows.append({"run": run, "case": case, "batch_size": bs, "layer": layer, "canonical_op": op, "direction": d,
                      "kernels": len(g), "timed_ms": t.sum() / 1e6, "tensor_share": tensor / t.sum() if t.sum() else None,
-                     "counter_flops": fl, "flops_complete": complete, "model_flops": model, "ratio": ratio,
+                     "counter_flops": fl, "flops_from": "library kernels" if len(lib) else "all kernels (no library known)",
+                     "flops_complete": complete, "model_flops": model, "ratio": ratio,
                      "within_tolerance": (None if ratio is None or not complete
                                           else abs(ratio - 1) <= FLOP_TOLERANCE),
                      "maths": "/".join(sorted(set(g["counter_math"])))})
     return pd.DataFrame(rows, columns=["run", "case", "batch_size", "layer", "canonical_op", "direction", "kernels",
-                                       "timed_ms", "tensor_share", "counter_flops", "flops_complete", "model_flops",
+                                       "timed_ms", "tensor_share", "counter_flops", "flops_from", "flops_complete",
+                                       "model_flops",
                                        "ratio", "within_tolerance", "maths"])
