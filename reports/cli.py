@@ -521,9 +521,11 @@ def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
                 "FLOPs over ncu's duration of the kernel, replayed alone with caches flushed, clocks not locked), "
                 "coloured by the math its counters say it ran; roofs: this run's measured GEMM peak per precision "
                 "and device-copy bandwidth (never a datasheet). Conv and linear layers named at their costliest "
-                "kernel; grey x: kernels not paired with a timing-pass kernel (the data table says why). "
+                "kernel; grey x: kernels not paired with a timing-pass kernel (tables/counter_status.csv says why; "
+                "each kernel: tables/counter_kernels.csv). The data: per layer x direction, the tensor-core share "
+                "of its time and its counter FLOPs against the shapes' (+-10%). "
                 "docs/COUNTERS.md.",
-                F.counters_roofline_figure, a.counters["kernels"], a.counters["kernels"], a.counters["peaks"],
+                F.counters_roofline_figure, a.counters["layers"], a.counters["kernels"], a.counters["peaks"],
                 why_empty="no counters pass in these runs, or it recorded nothing (counter_status says why)"),
     ]
 
