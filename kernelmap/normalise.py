@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, calllink, frameworks, heap, schema, strings
+from . import adapters, attribution, calllink, frameworks, heap, kernelmath, schema, strings
 from .adapters import graph_replay
+from .commlink import link as link_communication
 from .errors import KernelmapError, ParseError
+from .frameworks import dataparallel
 from .rundir import ALGORITHM_FILE, GRAPH_REFERENCE, LIBS_TRACE_DIR, LIBS_TRACES, RunDir, pass_result_name
 
 
@@ -75,9 +77,10 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
         groups.setdefault(key, []).append(p)
     frames, linked, files = [], [], []
     for name, members in groups.items():
-        parts, base = [], 0
+        parts, base, overrides = [], 0, []
         for p in members:
             df = adapters.read(p)
+            overrides += df.attrs.get("tf32_override", [])
             fmt = df.attrs.get("format")
             files.append({"file": str(p), "format": fmt, "run": name, "rows": len(df),
                           **{k: v for k, v in df.attrs.items() if k != "format"}})
@@ -117,6 +120,8 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
         links.update(pre)
+        links["tf32_overridden_calls"] = kernelmath.apply_override(rdf, overrides)  # issue 38: each kernel's math
+        links.update(kernelmath.fill(rdf))
         linked.append((name, rdf, links, reasons))
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
@@ -264,6 +269,21 @@ def own_file(f: Path) -> str | None:
     return adapters.companion(f)
 
 
+def _apply_tf32_override(df: pd.DataFrame, bs_dir: Path) -> int:
+    """``NVIDIA_TF32_OVERRIDE`` as the case's workers saw it (their pass files' ``tf32_override``: the libs
+    pass's, else the framework pass's); at 0, the calls whose TF32 the logs leave open are fp32
+    (``kernelmath.apply_override``) and each kernel takes its call's math again. The calls set."""
+    for name in ("libs", "framework"):
+        f = bs_dir / pass_result_name(name)
+        if f.is_file():
+            value = json.loads(f.read_text()).get("tf32_override")  # read before by _log_steps: a bad file raised there
+            n = kernelmath.apply_override(df, [str(value)]) if value is not None else 0
+            if n:
+                kernelmath.fill(df)
+            return n
+    return 0
+
+
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     """Normalise the captures of every case results.json records (``RunDir.read_cases``: its typed key and
     its folder, ``RUN_DIR/<case>/bs<N>/*``) into ``RUN_DIR/records.parquet`` and ``RUN_DIR/attribution.json``;
@@ -279,7 +299,9 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         if not bs_dir.is_dir():
             continue  # a case whose captures were removed (kept for its report), or a clean-only run
         files = []
-        for f in sorted(p for p in bs_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+        # issue 39: the other ranks' captures (rank<r>/) are the case's records too, each with its rank
+        for f in sorted(p for d in (bs_dir, *dataparallel.rank_dirs(bs_dir)) for p in d.iterdir()
+                        if p.is_file() and not p.name.startswith(".")):
             if f.name == GRAPH_REFERENCE:  # the Kineto adapter reads it with the trace beside it
                 skipped.append({"file": str(f.relative_to(run_dir)),
                                 "reason": "the reference step of a graph-replay trace, read with that trace "
@@ -308,8 +330,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
                           batch_size=bs, log_steps=_log_steps(libs), steady_calls=_log_steps(libs, warmup=False),
                           libs_trace=libs_trace)
+        overridden = _apply_tf32_override(df, bs_dir)
+        if overridden:
+            s["runs"][name]["tf32_overridden_calls"] += overridden
         case_cols = {c: key.to_fields()[c] for c in schema.CASE_COLUMNS}
-        df = df.assign(**case_cols)
+        df = link_communication(df.assign(**case_cols))  # issue 39: communication linked to its issuing ops
         frames.append(df)
         fields = {**key.to_fields(), "case": key.name}  # attribution.json names each case by its typed key
         per[name] = {**s["runs"][name], "files": s["files"], **fields}

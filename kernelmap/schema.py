@@ -71,10 +71,16 @@ COLUMNS: dict[str, str] = {
     "tid": "Int64",
     "rank": "Int64",  # distributed rank, from the trace's metadata (Kineto distributedInfo.rank)
     "device_index": "Int64",  # the GPU's index, for device rows (Kineto: the device process id; nsys: deviceId)
+    # what a library call (and each kernel it launched) computed in (issue 38): see MathRan, MathSource
+    "math_ran": "string",  # fp32 | tf32 | bf16 | fp16 | fp64 | mixed: the multiply inputs' precision
+    "math_dtypes": "string",  # the call's data types as its log gives them: "a=bf16 b=bf16 c=fp32 compute=fp32"
+    "math_source": "string",  # log | hlo | name: where math_ran (and math_dtypes) come from
 }
 
 # columns added at the end within v2; a v2 file without them reads with them NA
 ADDED_COLUMNS = ("rank", "device_index")
+# columns added at the end within v3 (issue 38); a v3 file without them reads with them NA
+MATH_COLUMNS = ("math_ran", "math_dtypes", "math_source")
 
 
 class Kind(enum.StrEnum):
@@ -117,7 +123,25 @@ class Library(enum.StrEnum):
     CUSTOM = "custom"  # the user's own kernels: kernelmap's custom op (frameworks/pytorch/custom_op)
 
 
+class MathRan(enum.StrEnum):
+    """What a call's multiplications took as inputs (issue 38; docs/SCHEMA.md "Math each call ran")."""
+    FP32 = "fp32"  # fp32 inputs, fp32 FMA (TF32 not permitted)
+    TF32 = "tf32"  # fp32 inputs rounded to TF32 on tensor cores (permitted for this call, and not overridden)
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP64 = "fp64"
+    MIXED = "mixed"  # the operands differ in type (bf16 x fp32)
+
+
+class MathSource(enum.StrEnum):
+    LOG = "log"  # the library's own API log (cuDNN, cuBLAS, cuBLASLt, oneDNN, MKL)
+    HLO = "hlo"  # XLA's HLO text (the custom call's operand types and precision)
+    NAME = "name"  # the kernel's name spells its MMA types (kernelmap/kernelmath.py NAME_RULES)
+
+
 KINDS = tuple(k.value for k in Kind)
+MATHS_RAN = tuple(m.value for m in MathRan)
+MATH_SOURCES = tuple(m.value for m in MathSource)
 PHASES = tuple(p.value for p in Phase)
 DIRECTIONS = tuple(d.value for d in Direction)
 LIBRARIES = tuple(lib.value for lib in Library)
@@ -164,7 +188,7 @@ CANONICAL_OPS = (
 )
 
 _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,
-          "canonical_op": CANONICAL_OPS}
+          "canonical_op": CANONICAL_OPS, "math_ran": MATHS_RAN, "math_source": MATH_SOURCES}
 
 
 # the pandas dtype of each column: "string" is STRING (Python objects, not the Arrow storage that
@@ -500,6 +524,9 @@ def read_parquet(path: str | os.PathLike, upgrade=None) -> pd.DataFrame:
         raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
     if version < SCHEMA_VERSION:
         df = _upgrade_v2(df, upgrade)
+    elif list(df.columns) == list(COLUMNS)[:-len(MATH_COLUMNS)]:  # a v3 file from before the math columns
+        for c in MATH_COLUMNS:
+            df[c] = pd.array([pd.NA] * len(df), dtype=STRING)
     try:
         df = df.astype(DTYPES) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:
@@ -510,12 +537,14 @@ def read_parquet(path: str | os.PathLike, upgrade=None) -> pd.DataFrame:
 def _upgrade_v2(df: pd.DataFrame, upgrade) -> pd.DataFrame:
     """A v2 frame in v3's columns: rank and device_index NA where the file is older than them; the case's
     columns from ``upgrade`` of each distinct ``framework`` value (once per value, not per row)."""
-    v2 = [c for c in COLUMNS if c not in CASE_COLUMNS]
+    v2 = [c for c in COLUMNS if c not in CASE_COLUMNS and c not in MATH_COLUMNS]
     if list(df.columns) == v2[:-len(ADDED_COLUMNS)]:  # a file from before rank/device_index
         for c in ADDED_COLUMNS:
             df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
     if list(df.columns) != v2:
         return df  # validate names what differs
+    for c in MATH_COLUMNS:
+        df[c] = pd.array([pd.NA] * len(df), dtype=STRING)
     codes, names = pd.factorize(df["framework"].astype(object), use_na_sentinel=True)
     values = [upgrade(n) for n in names]
     for col in ("framework", *CASE_COLUMNS):

@@ -40,6 +40,8 @@ class Check(enum.StrEnum):
     BUSY_SHARE = "busy share of one pass"
     CALL_STATEMENT = "one statement of library calls"
     CPU_WALL = "CPU time vs wall time"
+    MATH_AS_ASKED = "math as asked"  # reports/mathchecks.py
+    MATH_KNOWN = "math known"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]

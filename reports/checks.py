@@ -100,6 +100,7 @@ from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
     pass_contention,
     span_ms,
 )
+from .mathchecks import math_checks
 from .relations import (
     busy_share_basis,
     call_statement_checks,
@@ -476,6 +477,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
                                                            Check.LAYERS_WITHIN_STEP, Check.LAYER_VS_BATCH))
                              + " not checked"))
             continue
+        rows += math_checks(run)  # issue 38: first among the record checks, so the page's banner names it
         rows += _record_checks(run, expected)
         libcalls = A.library_calls([run])
         rows += _library_call_checks(run, libcalls)
@@ -570,9 +572,12 @@ def failed(checks: pd.DataFrame) -> pd.DataFrame:
 
 
 def causes(checks: pd.DataFrame, most: int = 3) -> list[str]:
-    """The first ``most`` failed checks in words, for the page's banner."""
+    """The first ``most`` failed checks in words, for the page's banner: a case that did not run the math it
+    asked for first (issue 38: the first screen says it), then the others in the table's order."""
     out = []
-    for _, r in failed(checks).head(most).iterrows():
+    f = failed(checks)
+    first = (f["check"] == Check.MATH_AS_ASKED).to_numpy()
+    for _, r in pd.concat([f[first], f[~first]]).head(most).iterrows():
         who = " ".join(x for x in (fw_label(r["framework"]) if isinstance(r["framework"], str) else "",
                                    f"bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "") if x)
         out.append(f"{r['check']}: {who + ': ' if who else ''}{r['subject']} ({r['detail']})")

@@ -35,6 +35,7 @@ from . import figures as F
 from . import html as H
 from .analyses import basis as B
 from .analyses import findings as FD
+from .analyses import math as MATH
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
@@ -97,6 +98,9 @@ TABLES = {
     "counter_layers": "counters pass: per layer x direction, tensor-core share of the time, counter FLOPs vs the "
                       "shapes' FLOP model (+-10%)",
     "counter_status": "counters pass: per case, kernels counted and paired, or why the pass recorded nothing",
+    "math": "math each library call really ran (issue 38), per case x layer x direction x call: math, its source, "
+            "data types, kernels or calls per step and their time",
+    "math_coverage": "math: per case, the share of library time whose math is known (the issue asks >= 99%)",
     "coverage": "coverage: unattributed timed time",
     "coverage_top": "coverage: largest unattributed events",
     "attribution": "coverage: attribution.json per part",
@@ -632,6 +636,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "roofline": a.roof, "counter_kernels": a.counters["kernels"], "counter_layers": a.counters["layers"],
             "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
+            "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(_context(a, figs, trend, csvs)))

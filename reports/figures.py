@@ -432,13 +432,14 @@ def counters_roofline_figure(kernels: pd.DataFrame, peaks: dict, path: Path) -> 
     for ax, (run, case, bs) in zip(axes.flat, keys, strict=False):
         s = k[(k["run"] == run) & (k["case"] == case) & (k["batch_size"] == bs)]
         _counter_roofs(ax, peaks.get(run) or {}, s["intensity"])
-        for math, g in s.groupby(s["counter_math"].astype(str)):
-            named = g["layer"].notna()
-            ax.scatter(g.loc[named, "intensity"], g.loc[named, "flops_per_s"] / 1e12, s=28, zorder=3,
+        paired = s["matched"].astype(bool)
+        for math, g in s[paired].groupby(s.loc[paired, "counter_math"].astype(str)):
+            ax.scatter(g["intensity"], g["flops_per_s"] / 1e12, s=28, zorder=3,
                        color=MATH_COLOR.get(math, "#495057"), label=f"{math} ({len(g)} kernels)")
-            ax.scatter(g.loc[~named, "intensity"], g.loc[~named, "flops_per_s"] / 1e12, s=14, zorder=2,
-                       color="#adb5bd", marker="x")
-        layer_work = s[s["canonical_op"].isin(["conv2d", "linear"]) & s["layer"].notna()]
+        if (~paired).any():
+            ax.scatter(s.loc[~paired, "intensity"], s.loc[~paired, "flops_per_s"] / 1e12, s=14, zorder=2,
+                       color="#adb5bd", marker="x", label=f"not paired ({int((~paired).sum())} kernels)")
+        layer_work = s[paired & s["canonical_op"].isin(["conv2d", "linear"]) & s["layer"].notna()]
         for i, (_, g) in enumerate(layer_work.groupby(["layer", "direction"], sort=True)):
             top = g.loc[pd.to_numeric(g["flops"], errors="coerce").idxmax()]
             ax.annotate(f"{top['layer']} {top['direction']}", (top["intensity"], top["flops_per_s"] / 1e12),
@@ -447,7 +448,9 @@ def counters_roofline_figure(kernels: pd.DataFrame, peaks: dict, path: Path) -> 
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOPs / DRAM byte, counters)")
         ax.set_ylabel("achieved TFLOP/s (counters / ncu duration)")
-        ax.set_title(f"{fw_label(str(case))}, bs {bs} ({run})", fontsize=9)
+        every = kernels[(kernels["run"] == run) & (kernels["case"] == case) & (kernels["batch_size"] == bs)]
+        ax.set_title(f"{fw_label(str(case))}, bs {bs} ({run}): {int(every['matched'].astype(bool).sum())} of "
+                     f"{len(every)} kernels paired; {len(every) - len(s)} without FLOPs or bytes not drawn", fontsize=9)
         ax.grid(which="both", alpha=0.25)
         ax.legend(frameon=False, fontsize=7, loc="lower right")
     for ax in list(axes.flat)[len(keys):]:

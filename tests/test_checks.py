@@ -111,6 +111,8 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.BUSY_SHARE, C.PASS): 2,  # op time over its own pass's step
         (C.Check.CALL_STATEMENT, C.PASS): 2,  # per framework: the tables and attribution.json say one thing
         (C.Check.CPU_WALL, C.NOT_CHECKED): 2,  # recorded before the workers' CPU time
+        # issue 38: each framework's oneDNN/MKL calls ran fp32 as asked, every call's math known
+        (C.Check.MATH_AS_ASKED, C.PASS): 2, (C.Check.MATH_KNOWN, C.PASS): 2,
     }
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
@@ -126,7 +128,9 @@ def test_untouched_copies_fail_nothing(runs):
         # its end-to-end figure is above the step; the trials of either are not recorded
         (C.Check.E2E_VS_STEP, C.PASS): 1, (C.Check.E2E_VS_STEP, C.NOT_CHECKED): 1,
         (C.Check.BUSY_SHARE, C.NOT_CHECKED): 1,  # kernel time over the clean step: contention not measured
-        (C.Check.CPU_WALL, C.NOT_CHECKED): 1}  # a GPU run: its host's CPU time is not the step's work
+        (C.Check.CPU_WALL, C.NOT_CHECKED): 1,  # a GPU run: its host's CPU time is not the step's work
+        # issue 38: its cuDNN/cuBLAS calls ran fp32 (NVIDIA_TF32_OVERRIDE=0) as asked, every kernel's math known
+        (C.Check.MATH_AS_ASKED, C.PASS): 1, (C.Check.MATH_KNOWN, C.PASS): 1}
     rc = _counts(_checks(runs["report_cpu_run"]))
     # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
     assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28

@@ -36,8 +36,9 @@ GROUPS = {
 
 def frame_digest(df: pd.DataFrame) -> str:
     """The digest of the records' columns but the case's (schema v3's mode, math, devices: issue 36), which
-    ``case_columns`` checks apart: the digests stored before them still hold for every other column."""
-    df = df.drop(columns=list(schema.CASE_COLUMNS))
+    ``case_columns`` checks apart, and the math columns (issue 38: tests/test_math_column.py checks them): the
+    digests stored before them still hold for every other column."""
+    df = df.drop(columns=[*schema.CASE_COLUMNS, *schema.MATH_COLUMNS])
     h = hashlib.sha256()
     h.update(repr((len(df), list(df.columns))).encode())
     for col in df.columns:
@@ -72,15 +73,35 @@ def case_columns(df: pd.DataFrame) -> set[tuple]:
     return set(df[cols].astype(object).where(df[cols].notna(), None).itertuples(index=False, name=None))
 
 
+# what issue 38's math column added to attrs and summaries (tests/test_math_column.py checks them), left out
+# of the digests made before it
+MATH_ATTRS = ("tf32_override",)
+MATH_SUMMARY_KEYS = ("tf32_overridden_calls", "kernels_math_from_call", "kernels_math_from_name")
+
+
+def without_math(summary: dict) -> dict:
+    for entry in (summary.get("runs") or {}).values():
+        for k in MATH_SUMMARY_KEYS:
+            entry.pop(k, None)
+        for f in entry.get("files") or []:
+            for k in MATH_ATTRS:
+                f.pop(k, None)
+    for f in summary.get("files") or []:
+        for k in MATH_ATTRS:
+            f.pop(k, None)
+    return summary
+
+
 def file_digest(rel: str) -> dict:
     df = adapters.read(DATA / rel)
     assert df[list(schema.CASE_COLUMNS)].isna().all().all()  # a file alone does not know its case
-    return {"records": frame_digest(df), "attrs": json_digest(df.attrs), "rows": len(df)}
+    attrs = {k: v for k, v in df.attrs.items() if k not in MATH_ATTRS}
+    return {"records": frame_digest(df), "attrs": json_digest(attrs), "rows": len(df)}
 
 
 def group_digest(files: list[str], run: str) -> dict:
     df, summary = normalise([DATA / f for f in files], run=run)
-    summary = json.loads(json.dumps(summary, default=str).replace(str(DATA), "<DATA>"))
+    summary = without_math(json.loads(json.dumps(summary, default=str).replace(str(DATA), "<DATA>")))
     return {"records": frame_digest(df), "summary": json_digest(summary), "rows": len(df)}
 
 
@@ -88,7 +109,7 @@ def run_dir_digest(tmp: Path) -> dict:
     run = tmp / "cpu_run_all"
     shutil.copytree(DATA / "cpu_run_all", run)
     summary = normalise_run_dir(run)
-    summary = json.loads(json.dumps(summary, default=str).replace(str(run), "<RUN>"))
+    summary = without_math(json.loads(json.dumps(summary, default=str).replace(str(run), "<RUN>")))
     df = schema.read_parquet(run / "records.parquet")
     # every record and attribution entry carries its case's typed key (issue 36); checked here, left out of
     # the digests made before it (attribution.json's entries then named the case by its framework alone)

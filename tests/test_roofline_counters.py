@@ -145,6 +145,7 @@ def test_roofline_figure_names_the_layers(tmp_path, monkeypatch):
     texts = {t.get_text() for t in ax.texts}
     assert {"conv1 fwd", "conv2 fwd", "fc1 fwd", "fc2 fwd", "bf16 700", "fp32 50", "DRAM 4.00 TB/s"} <= texts
     assert "one training step" in kept[0]._suptitle.get_text()
+    assert ax.get_title() == "PyTorch, bs 64 (run): 31 of 31 kernels paired; 10 without FLOPs or bytes not drawn"
     F.plt.close(kept[0])
     assert F.counters_roofline_figure(kernels.iloc[0:0], peaks, tmp_path / "none.png") is None
 

@@ -26,6 +26,7 @@ from ..errors import ParseError
 from ..flops import gemm_call_flops
 from ..frameworks.spec import LAYERS
 from ..schema import phase_of
+from . import mathtypes as MT
 from ._common import api_log_blocks, finish
 from .canonical import linear_layer
 
@@ -105,9 +106,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
             row["direction"] = gemm_direction(row["layer"], mm_, nn, kk)
             row["flops"] = gemm_call_flops(mm_, nn, kk, _int(args.get("batchCount")) if "batchCount" in args else 1)
         row["math_mode"] = _math(row["math"], func)
+        row["math_ran"], row["math_dtypes"] = _ran(func, args, row["math"])
         rows.append(row)
     df = pd.DataFrame(rows, columns=["library_call", "start_ns", "pid", "tid", "math", "shapes", "layer", "direction",
-                                     "math_mode", "flops"])
+                                     "math_mode", "flops", "math_ran", "math_dtypes"])
     layer = df["layer"].tolist()
     cols = {
         "kind": ["library_call"] * len(df), "library": ["cuBLAS"] * len(df), "device": ["gpu"] * len(df),
@@ -120,10 +122,40 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "pid": pd.array(df["pid"].tolist(), dtype="Int64"), "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
         "flops": pd.array(df["flops"].tolist(), dtype="Int64"),
+        "math_ran": df["math_ran"].tolist(), "math_dtypes": df["math_dtypes"].tolist(),
+        "math_source": ["log" if isinstance(m, str) or isinstance(t, str) else None
+                        for m, t in zip(df["math_ran"], df["math_dtypes"], strict=True)],
     }
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)
     return out
+
+
+_PREFIX_TYPE = {"S": "fp32", "D": "fp64", "H": "fp16", "C": "fp32", "Z": "fp64"}
+
+
+def _ran(func: str, args: dict[str, str], mode: str | None) -> tuple[str | None, str | None]:
+    """(math_ran, math_dtypes) of a compute call: operands from ``Atype``/``Btype`` (the Ex calls) or the
+    function's type letter (``cublasSgemm_v2``: fp32); TF32 from the compute type
+    (``CUBLAS_COMPUTE_32F_FAST_TF32``) or, for fp32 operands under a plain compute type, the handle's
+    ``MathMode`` (``CUBLAS_TF32_TENSOR_OP_MATH``); the deprecated ``CUBLAS_TENSOR_OP_MATH`` lets single-precision
+    gemms compute in fp16 (``CUBLAS_COMPUTE_32F_FAST_16F``, cuBLAS' documentation). ``NVIDIA_TF32_OVERRIDE=0``
+    is not in this log: ``kernelmap.kernelmath.apply_override`` applies it where the run's cuDNN log says it."""
+    letter = func.removeprefix("cublas")[:1].upper()
+    a, b, c = (MT.type_name(args.get(k)) for k in ("Atype", "Btype", "Ctype"))
+    if "Atype" not in args:
+        a = b = c = _PREFIX_TYPE.get(letter)
+    compute_raw = args.get("computeType")
+    compute = MT.compute_name(compute_raw) or (a if func.startswith(("cublasSgemmEx", "cublasCgemmEx")) else None)
+    imposed = MT.compute_math(compute_raw)
+    if imposed is None and compute == "fp32" and mode == "CUBLAS_TENSOR_OP_MATH" and a == "fp32":
+        imposed = MT.MathRan.FP16
+    pedantic = bool(compute_raw and "PEDANTIC" in compute_raw)
+    # a block without its trailer has no MathMode: TF32 unknown for fp32 operands (no math, never a guess)
+    tf32 = False if pedantic else ("TF32" in mode if mode else None)
+    math = MT.ran([a, b] if "Atype" in args or letter in _PREFIX_TYPE else [], tf32, imposed)
+    return math, MT.dtypes_text(a=a, b=b, c=c, compute=compute, mode=(mode or "").removeprefix("CUBLAS_") or None,
+                                tf32=MT.tf32_unknown([a, b], tf32, imposed))
 
 
 def _math(mode: str | None, func: str) -> str | None:

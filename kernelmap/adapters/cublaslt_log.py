@@ -23,6 +23,7 @@ import pandas as pd
 from ..errors import ParseError
 from ..flops import gemm_call_flops
 from ..schema import phase_of
+from . import mathtypes as MT
 from ._common import finish, read_text
 from .canonical import linear_layer
 from .cublas_log import gemm_direction
@@ -33,6 +34,7 @@ _DESC = re.compile(r"\b([ABCD])desc=\[([^\]]*)\]")
 _KV = re.compile(r"(\w+)=([^\s\]]+)")
 _ALGO = re.compile(r"\balgo=\[([^\]]*)\]")
 _COMPUTE = re.compile(r"computeType=(\w+)")
+_SCALE = re.compile(r"scaleType=(\w+)")
 _MATH = {"COMPUTE_32F": "fp32", "COMPUTE_32F_PEDANTIC": "fp32", "COMPUTE_32F_FAST_TF32": "tf32",
          "COMPUTE_32F_FAST_16F": "fp16", "COMPUTE_32F_FAST_16BF": "bf16", "COMPUTE_16F": "fp16",
          "COMPUTE_64F": "fp64"}
@@ -64,7 +66,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                     raise ParseError(path, f"bad timestamp {stamp!r}", line=lineno) from None
                 waiting[tid] = len(rows)
                 rows.append({"start_ns": int(t.timestamp()) * 10**9, "tid": tid, "shapes": None,
-                             "algo": None, "math_mode": None, "layer": None, "direction": None, "flops": None})
+                             "algo": None, "math_mode": None, "layer": None, "direction": None, "flops": None,
+                             "math_ran": None, "math_dtypes": None})
         elif level == "Trace":
             if func == "cublasLtMatmul" and tid in waiting:
                 row = rows[waiting.pop(tid)]
@@ -86,6 +89,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                     row["algo"] = dict(_KV.findall(a.group(1))).get("algoId")
                 c = _COMPUTE.search(rest)
                 row["math_mode"] = _MATH.get(c.group(1)) if c else None
+                row["math_ran"], row["math_dtypes"] = _ran(descs, c.group(1) if c else None, _SCALE.search(rest))
                 weights = [s for s in shapes if len(s) == 2]
                 hits = {linear_layer(s) for s in weights if linear_layer(s)}
                 row["layer"] = hits.pop() if len(hits) == 1 else None
@@ -99,7 +103,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                         row["direction"] = gemm_direction(row["layer"], m, n, k)
             elif func.startswith("cublasLt") and func.endswith("Matmul") and func != "cublasLtMatmul":
                 internal += 1
-    df = pd.DataFrame(rows, columns=["start_ns", "tid", "shapes", "algo", "math_mode", "layer", "direction", "flops"])
+    df = pd.DataFrame(rows, columns=["start_ns", "tid", "shapes", "algo", "math_mode", "layer", "direction", "flops",
+                                     "math_ran", "math_dtypes"])
     n = len(df)
     cols = {
         "kind": ["library_call"] * n, "library": ["cuBLASLt"] * n, "device": ["gpu"] * n,
@@ -111,8 +116,23 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "start_ns": pd.array(df["start_ns"].tolist(), dtype="Int64"),
         "tid": pd.array(df["tid"].tolist(), dtype="Int64"),
         "flops": pd.array(df["flops"].tolist(), dtype="Int64"),
+        "math_ran": df["math_ran"].tolist(), "math_dtypes": df["math_dtypes"].tolist(),
+        "math_source": ["log" if isinstance(m, str) or isinstance(t, str) else None
+                        for m, t in zip(df["math_ran"], df["math_dtypes"], strict=True)],
     }
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)
     out.attrs["internal_matmuls"] = internal
     return out
+
+
+def _ran(descs: list[tuple[str, str]], compute: str | None, scale) -> tuple[str | None, str | None]:
+    """(math_ran, math_dtypes) of a matmul from its Trace line: A and B layouts' ``type=`` (the operands),
+    C and D's, ``computeType`` (TF32, BF16, FP16 down-conversion of fp32 operands: ``COMPUTE_32F_FAST_*``)
+    and ``scaleType``. cuBLASLt ignores the cuBLAS handle's math mode: a plain ``COMPUTE_32F`` on fp32
+    operands never uses TF32."""
+    types = {name.lower(): MT.type_name(dict(_KV.findall(body)).get("type")) for name, body in descs}
+    math = MT.ran([types.get("a"), types.get("b")], False, MT.compute_math(compute))
+    text = MT.dtypes_text(**types, compute=MT.compute_name(compute),
+                          scale=MT.type_name(scale.group(1)) if scale else None)
+    return math, text

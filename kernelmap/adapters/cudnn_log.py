@@ -30,6 +30,7 @@ from ..errors import ParseError
 from ..flops import conv2d_call_flops
 from ..schema import phase_of
 from . import canonical as C
+from . import mathtypes as MT
 from ._common import api_log_blocks, finish
 
 SOURCE = "cudnn_log"
@@ -39,6 +40,11 @@ _VAL = re.compile(r"val=([^;]*);?")
 _TIME = re.compile(r"^i! Time: (\S+)")
 _HEX = re.compile(r"0x([0-9a-fA-F]+)")
 _PROC = re.compile(r"^i! Process=(\d+); Thread=(\d+); GPU=([^;]*); Handle=([^;]*); StreamId=(.*?)\.?\s*$")
+_OVERRIDE = re.compile(r"NVIDIA_TF32_OVERRIDE=(\w+)")
+# the operands a convolution multiplies, per direction (math: mathtypes.ran)
+_OPERANDS = {"fwd": ("xDesc", "wDesc"), "bwd_data": ("dyDesc", "wDesc"), "bwd_weight": ("xDesc", "dyDesc")}
+_TENSORS = ("xDesc", "wDesc", "yDesc", "dxDesc", "dwDesc", "dyDesc", "srcDesc", "destDesc", "biasDesc", "dbDesc",
+            "aDesc", "cDesc")
 
 LEGACY = {
     "cudnnConvolutionForward": ("conv2d", "fwd"),
@@ -121,7 +127,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
             if thread in pending_internal:
                 r = rows[pending_internal.pop(thread)]
                 tf32 = _find(attrs, "enable_tf32")
-                r["math_mode"] = "tf32" if tf32 == "true" else r["math_mode"]
+                if r["library_call"] == EXECUTE:
+                    r["math_mode"] = "tf32" if tf32 == "true" else r["math_mode"]
+                if tf32 in ("true", "false"):
+                    r["tf32"] = tf32 == "true"
             continue
         if is_return:
             continue
@@ -165,7 +174,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         if func == "cudnnConvolutionBackwardBias":  # no filter: the bias tensor names the layer
             layer = C.conv_layer_from_bias(_dims(attrs, "destDesc") or _dims(attrs, "dbDesc"))
         row.update(canonical_op=canon, direction=direction, layer=layer)
-        if func == EXECUTE and row.get("tid") is not None:
+        row.update(_types(attrs, canon, direction, body))
+        if row.get("tid") is not None:  # cuDNN 9 follows a convolution with its ExecuteInternal block
             pending_internal[str(row["tid"])] = len(rows)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["library_call", "op_name", "algo", "math_mode", "shapes", "canonical_op",
@@ -180,9 +190,34 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         flops=pd.array(df["flops"].tolist(), dtype="Int64"),
         phase=[phase_of(d) for d in df["direction"]],
     )
+    tf32 = [r.get("tf32", r["tf32_default"]) for r in rows]
+    cols["math_ran"] = [MT.ran(r["operands"], t) for r, t in zip(rows, tf32, strict=True)]
+    cols["math_dtypes"] = [f"{r['dtypes']} {MT.TF32_UNKNOWN}" if MT.tf32_unknown(r["operands"], t) else r["dtypes"]
+                           for r, t in zip(rows, tf32, strict=True)]
+    cols["math_source"] = ["log" if m or t else None for m, t in zip(cols["math_ran"], cols["math_dtypes"], strict=True)]
     out = finish(cols, path, SOURCE)
     out.attrs["calls"] = dict(calls)
+    overrides = sorted({r["tf32_override"] for r in rows if r["tf32_override"] is not None})
+    out.attrs["tf32_override"] = overrides  # NVIDIA_TF32_OVERRIDE as the log's trailers give it
     return out
+
+
+def _types(attrs: dict[str, str], canon: str, direction: str, body: list[str]) -> dict:
+    """The call's data types (``dtypes``), the operands its math is of (``operands``) and whether TF32 is
+    permitted where no ExecuteInternal block says (``tf32_default``: False under ``NVIDIA_TF32_OVERRIDE=0``
+    or ``CUDNN_FMA_MATH``, else unknown); ``tf32_override``: the variable as the trailer gives it."""
+    types = {d: MT.type_name(_find(attrs, f"{d}.type") or _find(attrs, f"{d}.dataType")) for d in _TENSORS}
+    types = {d.removesuffix("Desc"): t for d, t in types.items() if t}
+    compute = MT.type_name(_enum(_find(attrs, "convDesc.computeType") or _find(attrs, "convDesc.dataType")))
+    if canon == "conv2d" and direction in _OPERANDS:
+        operands = [types.get(d.removesuffix("Desc")) for d in _OPERANDS[direction]]
+    else:  # a call that multiplies nothing: its data's type (mixed where its tensors differ)
+        operands = list(dict.fromkeys(types.values()))
+    override = next((m.group(1) for ln in reversed(body) if (m := _OVERRIDE.search(ln))), None)
+    math_type = _enum(_find(attrs, "convDesc.mathType")) or ""
+    tf32_default = False if override == "0" or math_type == "CUDNN_FMA_MATH" or canon != "conv2d" else None
+    return {"dtypes": MT.dtypes_text(**types, compute=compute), "operands": operands,
+            "tf32_default": tf32_default, "tf32_override": override}
 
 
 def _dtype(dtype: str | None) -> str | None:

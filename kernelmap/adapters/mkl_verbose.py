@@ -100,6 +100,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "direction": direction,
         "phase": ["forward" if d == "fwd" else "backward" if isinstance(d, str) else None for d in direction],
         "math_mode": [_math(f) for f in df["func"]],
+        # MKL's s/d gemms multiply fp32/fp64 on the CPU's FMA units (no TF32 there): the letter is the math
+        "math_ran": [_math(f) for f in df["func"]],
+        "math_dtypes": [f"a={m} b={m} c={m}" if m else None for m in map(_math, df["func"])],
+        "math_source": ["log" if _math(f) else None for f in df["func"]],
         "dur_ns": pd.array(df["dur_ns"].tolist(), dtype="Int64"),
         "flops": pd.array(df["flops"].tolist(), dtype="Int64"),
     }

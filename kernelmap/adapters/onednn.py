@@ -27,12 +27,19 @@ from ..errors import ParseError
 from ..flops import conv2d_call_flops, gemm_call_flops
 from ..schema import phase_of
 from . import canonical as C
+from . import mathtypes as MT
 from ._common import finish, read_text
 
 SOURCE = "onednn_verbose"
 PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
 _NON_EXEC = re.compile(r"^(info|create(:\w+)*|graph|common|error|warn|profile_\w+)$")
 _TS = re.compile(r"^\d+(\.\d+)?$")
+# a memory descriptor's argument and data type: v3 "src:bf16:a:blocked:...", v1/v2 "src_f32::blocked:..."
+_MD = re.compile(r"^(?:diff_)?([a-z]+?)[:_](f32|f64|bf16|f16|s8|u8|s32|f8_e5m2|f8_e4m3|undef)(?=[:_\s]|$)")
+_FPMATH = re.compile(r"attr-fpmath:(\w+)")
+_FPMATH_MATH = {"bf16": MT.MathRan.BF16, "f16": MT.MathRan.FP16, "tf32": MT.MathRan.TF32}
+# the arguments a primitive multiplies, by propagation kind (backward_data: diff_dst and the weights)
+_OPERANDS = {"backward_data": ("dst", "wei"), "backward_weights": ("src", "dst"), "backward": ("src", "dst")}
 
 _PRIM = {
     "convolution": "conv2d", "deconvolution": "conv2d", "inner_product": "linear", "matmul": "linear",
@@ -115,9 +122,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         except ValueError:
             raise ParseError(path, f"exec time {time_ms!r} is not a number", line=lineno) from None
         shapes = _problem_shapes(prim, problem)
+        math, dtypes = _math(prim, prop, rest[4], rest[5])
         rows.append((prim, prop, engine, impl, aux, problem, dur_ns, shapes,
-                     None if ts is None else round(ts * 1e6)))
-    df = pd.DataFrame(rows, columns=["prim", "prop", "engine", "impl", "aux", "problem", "dur_ns", "shapes", "ts"])
+                     None if ts is None else round(ts * 1e6), math, dtypes))
+    df = pd.DataFrame(rows, columns=["prim", "prop", "engine", "impl", "aux", "problem", "dur_ns", "shapes", "ts",
+                                     "math_ran", "math_dtypes"])
     canon = [_canonical(p, a) for p, a in zip(df["prim"], df["aux"], strict=True)]
     direction = [_DIR.get(p, "none") for p in df["prop"]]
     layers = [_layer(c, s) for c, s in zip(canon, df["shapes"], strict=True)]
@@ -138,6 +147,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "flops": pd.array([_problem_flops(p, q) for p, q in zip(df["prim"], df["problem"], strict=True)],
                           dtype="Int64"),
         "device": [("cpu" if e == "cpu" else "gpu") for e in df["engine"]],
+        "math_ran": df["math_ran"].tolist(), "math_dtypes": df["math_dtypes"].tolist(),
+        "math_source": ["log" if isinstance(m, str) or isinstance(t, str) else None
+                        for m, t in zip(df["math_ran"], df["math_dtypes"], strict=True)],
     }
     if df.empty:
         cols = {k: pd.Series([], dtype=object) for k in cols}
@@ -145,6 +157,25 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     out.attrs["skipped_lines"] = skipped
     out.attrs["non_exec_lines"] = non_exec
     return out
+
+
+def _math(prim: str, prop: str, mds: str, attrs: str) -> tuple[str | None, str | None]:
+    """(math_ran, math_dtypes) of one primitive from its memory descriptors' data types and its
+    ``attr-fpmath`` (fp32 data computed in bf16/f16/tf32). A convolution, inner product or matmul
+    multiplies src and wei forward, diff_dst and wei for the data gradient, src and diff_dst for the
+    weights'; other primitives compute in their source's type. No TF32 on oneDNN's CPU engine but by fpmath."""
+    types: dict[str, str | None] = {}
+    for tok in mds.split():
+        m = _MD.match(tok)
+        if m and m.group(2) != "undef":
+            types.setdefault(m.group(1), MT.type_name(m.group(2)))
+    if prim in ("convolution", "deconvolution", "inner_product", "matmul"):
+        names = _OPERANDS.get(prop, ("src", "wei"))
+    else:  # v1/v2 name an eltwise or softmax primitive's source "data"
+        names = ("src",) if "src" in types else ("data",)
+    fp = _FPMATH.search(attrs)
+    math = MT.ran([types.get(n) for n in names], False, _FPMATH_MATH.get(fp.group(1)) if fp else None)
+    return math, MT.dtypes_text(**types, fpmath=fp.group(1) if fp else None)
 
 
 def _canonical(prim: str, aux: str) -> str:

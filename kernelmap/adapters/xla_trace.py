@@ -70,6 +70,7 @@ from ..errors import ParseError
 from ..frameworks.spec import LAYERS
 from ..strings import STRING
 from . import canonical as C
+from . import mathtypes as MT
 from ._common import finish, frame, int64_array, ns_from_us, parse_exact, read_bytes
 from .kernel_libraries import library_of
 
@@ -248,6 +249,12 @@ class OpInfo:
     target: str | None = None  # a custom call's target (``__cudnn$convForward``, ``__cublas$lt$matmul``)
 
 
+# XLA's collective instructions (and their async halves: all-reduce-start, all-reduce-done ...)
+COLLECTIVE_OPCODES = frozenset(f"{op}{half}" for op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                        "collective-permute", "collective-broadcast")
+                               for half in ("", "-start", "-done"))
+
+
 def classify_module(text: str) -> dict[str, OpInfo]:
     """HLO instruction name -> what it computes (see the module docstring)."""
     entry, comps = parse_hlo(text)
@@ -285,6 +292,8 @@ def classify_module(text: str) -> dict[str, OpInfo]:
     out: dict[str, OpInfo] = {}
     for pos, ins in enumerate(entry):
         lab = resolved(ins.name) if ins.opcode != "copy" or labels[ins.name] else None
+        if ins.opcode in COLLECTIVE_OPCODES:  # issue 39: communication, whatever its operands compute
+            lab = (Label(C.COLLECTIVE, "none", None), set())
         if lab is None:
             lab = (Label("copy" if ins.opcode == "copy" else "other", "none", None), set())
         label, cans = lab
@@ -346,7 +355,9 @@ def _library(ins: Instr) -> str | None:
     return "native"
 
 
-def _hlo_modules(path: Path, modules: set[str]) -> dict[str, dict[str, OpInfo]]:
+def _hlo_modules(path: Path, modules: set[str], maths: dict | None = None) -> dict[str, dict[str, OpInfo]]:
+    """Each module's instructions classified; ``maths``, where given, gets each module's library calls' math
+    (``mathtypes.hlo_call_math``)."""
     out = {}
     for m in sorted(modules):
         for suffix in HLO_SUFFIXES:
@@ -356,6 +367,8 @@ def _hlo_modules(path: Path, modules: set[str]) -> dict[str, dict[str, OpInfo]]:
                     raw = f.read_bytes()
                     text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
                     out[m] = classify_module(text)
+                    if maths is not None:
+                        maths[m] = MT.hlo_call_math(text)
                 except (OSError, EOFError, UnicodeDecodeError, ValueError, KeyError) as exc:
                     raise ParseError(f, f"not a readable HLO module text: {exc}") from None
                 break
@@ -438,7 +451,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         m = _GRID.search(str(a.get("kernel_details", "")))
         if m:
             grid[j] = [float(x) for x in m.groups()]
-    hlo = _hlo_modules(path, {m for m in module if isinstance(m, str)})
+    maths: dict[str, dict] = {}
+    hlo = _hlo_modules(path, {m for m in module if isinstance(m, str)}, maths)
     resolved = _resolve(kind, names, hlo_op, module, corr, start, hlo)
     info = [hlo.get(module[j], {}).get(resolved[j]) if resolved[j] else None for j in range(n)]
     op_name = [(inf.op_name if inf else hlo_op[j]) if kind[j] in ("op", "kernel", "memcpy", "memset") and
@@ -472,6 +486,9 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         cols[col] = int64_array(pd.Series(vals, dtype=object), path, col, idx) if n else pd.array([], dtype="Int64")
     cols["stream"] = pd.array(np.where(dev, cols["tid"], pd.NA), dtype="Int64") if n else pd.array([], dtype="Int64")
     cols["device_index"] = pd.array(device_index, dtype="Int64")
+    # the CPU's thunks name their device (XLA's host platform devices: one per rank of a sharded step)
+    cols["rank"] = pd.array([_ordinal(r[2]) if kind[j] == "op" and not dev[j] else None
+                             for j, r in enumerate(rows)], dtype="Int64")
     for k, col in enumerate(("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")):
         cols[col] = int64_array(grid[:, k], path, col, idx) if n else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
@@ -479,13 +496,14 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df.attrs["hlo_ops_unresolved"] = int(sum(1 for j in range(n) if hlo_op[j] is not None and info[j] is None))
     _label_steps(df)
     return _with_library_calls(df, [inf.target if inf and inf.library in GPU_LIBRARIES else None for inf in info],
-                               resolved, module, path)
+                               resolved, module, path, maths)
 
 
 GPU_LIBRARIES = ("cuDNN", "cuBLAS", "cuBLASLt")
 
 
-def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: list, path: Path) -> pd.DataFrame:
+def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: list, path: Path,
+                        maths: dict | None = None) -> pd.DataFrame:
     """``df`` with one ``library_call`` row per execution of a library custom call (the HLO
     instruction whose target names cuDNN/cuBLAS/cuBLASLt, run once per step: its device events of one
     iteration), and each of those events linked to it (``call_event_id``; ``library_call`` = the
@@ -517,6 +535,10 @@ def _with_library_calls(df: pd.DataFrame, target: list, resolved: list, module: 
         **{c: pick[c].array for c in ("canonical_op", "direction", "layer", "library", "algo", "iteration", "phase")},
         "framework": FRAMEWORK, "device": "gpu",
     }
+    math = [(maths or {}).get(g[0], {}).get(g[1], (None, None)) for g in keys]  # the HLO text's (issue 38)
+    cols.update(math_ran=pd.array([m[0] for m in math], dtype=STRING),
+                math_dtypes=pd.array([m[1] for m in math], dtype=STRING),
+                math_source=pd.array(["hlo" if m[0] or m[1] else None for m in math], dtype=STRING))
     calls = frame(cols, path, SOURCE)
     calls["event_id"] = np.arange(n, n + len(keys), dtype="int64")
     linked = call_ids >= 0
@@ -541,6 +563,12 @@ def _inherit_hlo_op(kind, hlo_op: list, module: list, corr: list) -> None:
     for j in range(len(kind)):
         if kind[j] in ("kernel", "memcpy", "memset") and hlo_op[j] is None and corr[j] in launch:
             hlo_op[j], module[j] = launch[corr[j]]
+
+
+def _ordinal(args: dict) -> int | None:
+    """A CPU thunk's ``device_ordinal`` (its host platform device), None where it has none."""
+    value = args.get("device_ordinal")
+    return int(value) if isinstance(value, (int, str)) and str(value).isdigit() else None
 
 
 def _device_index(process: str) -> int | None:

@@ -1,0 +1,99 @@
+"""Each library kernel's math (issue 38): its call's, else what its name spells, else unknown.
+
+The adapters give each library call ``math_ran``, ``math_dtypes`` and ``math_source`` (``log``: the
+library's API log; ``hlo``: XLA's HLO text; ``kernelmap/adapters/mathtypes.py`` says the rule). After the
+calls are linked to their kernels (``calllink``, ``attribution``, XLA's in-trace calls), ``fill`` gives
+each linked kernel its call's three values. A kernel with no call that has a math takes one from its
+name only where NVIDIA's name spells the multiply's input type (``NAME_RULES``, source ``name``): the
+xmma kernels of cuDNN and cuBLAS (``sm80_xmma_gemm_f32f32_tf32f32_f32_…``: storage types, then the math
+and accumulator, e.g. ``tf32f32``), CUTLASS's tensor-op kernels (``cutlass_tensorop_bf16_s16816fprop…``),
+the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>``, whose
+first template argument is the data type). Every other kernel without a call stays NA: unknown, never
+guessed (a layout conversion, cuBLASLt's split-K reduction, an FFT, the sm90 ``nvjet`` gemms).
+
+``apply_override``: ``NVIDIA_TF32_OVERRIDE=0`` makes cuBLAS, cuBLASLt and cuDNN never use TF32, whatever
+the call asked (NVIDIA's documentation of the variable). cuDNN 9's log says it per call (its
+ExecuteInternal block's ``enable_tf32``, and the variable in each trailer); the cuBLAS and cuBLASLt logs
+do not, so a run whose cuDNN log shows the variable at 0 has its cuBLAS/cuBLASLt TF32 calls set to fp32,
+their ``math_dtypes`` saying why.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from . import strings as S
+from .adapters import mathtypes as MT
+from .schema import MathRan, MathSource
+
+OVERRIDE_NOTE = "NVIDIA_TF32_OVERRIDE=0"
+_OVERRIDDEN_SOURCES = ("cublas_log", "cublaslt_log")
+_XMMA = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:implicit_(?:precomp_)?gemm_)?[a-z0-9]+_(tf32|bf16|f16|f32|cf32|f64)")
+_CUTLASS = re.compile(r"cutlass\w*?_tensorop_(?:(bf16|f16)_s\d+|(s1688))")
+_SIMT = re.compile(r"^(?:void )?(?:\w+_)?sgemm_|^(?:void )?implicit_convolve_sgemm<(float|__nv_bfloat16|__half)\b")
+_NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32": MathRan.FP32,
+          "cf32": MathRan.FP32, "f64": MathRan.FP64, "s1688": MathRan.TF32, "float": MathRan.FP32,
+          "__nv_bfloat16": MathRan.BF16, "__half": MathRan.FP16}
+COLUMNS = ("math_ran", "math_dtypes", "math_source")
+
+
+def name_math(name: str | None) -> str | None:
+    """The math a kernel's name spells (``NAME_RULES`` in the module docstring), or None."""
+    if not isinstance(name, str):
+        return None
+    for rule in (_XMMA, _CUTLASS):
+        m = rule.search(name)
+        if m:
+            return _NAMED[next(g for g in m.groups() if g)].value
+    m = _SIMT.search(name)
+    if m:
+        return _NAMED[m.group(1) or "float"].value
+    return None
+
+
+def apply_override(df: pd.DataFrame, overrides: list[str]) -> int:
+    """Under ``NVIDIA_TF32_OVERRIDE=0`` (``overrides``: the values the run's cuDNN log trailers and the worker's
+    pass file give): the cuBLAS/cuBLASLt calls' ``tf32`` and every call whose fp32 operands left TF32 unknown
+    (``mathtypes.TF32_UNKNOWN``: XLA's cuDNN calls under ``DEFAULT_MATH``) are fp32; the number of calls set."""
+    if "0" not in overrides or not len(df):
+        return 0
+    call = S.eq(df["kind"], "library_call")
+    tf32 = call & S.isin(df["source"], _OVERRIDDEN_SOURCES) & S.eq(df["math_ran"], MathRan.TF32.value)
+    unknown = call & S.isna(df["math_ran"]) & S.contains(df["math_dtypes"], MT.TF32_UNKNOWN)
+    rows = np.flatnonzero(tf32 | unknown)
+    if not len(rows):
+        return 0
+    S.set_rows(df, "math_ran", rows, MathRan.FP32.value)  # math_source stays the call's (log, hlo)
+    old = S.objects(df["math_dtypes"])[rows]
+    S.set_rows(df, "math_dtypes", rows, [f"{t.replace(MT.TF32_UNKNOWN, '').strip()} {OVERRIDE_NOTE}".strip()
+                                         if t else OVERRIDE_NOTE for t in old])
+    return len(rows)
+
+
+def fill(df: pd.DataFrame) -> dict:
+    """Each kernel's math from its call (``call_event_id``: a library call of ``df`` with a math), else
+    from its name; figures of what was filled from where."""
+    kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
+    if not len(kern):
+        return {"kernels_math_from_call": 0, "kernels_math_from_name": 0}
+    calls = np.flatnonzero(S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]))
+    ids = df["event_id"].to_numpy(dtype="float64", na_value=np.nan)
+    by_id = pd.Series(calls, index=ids[calls])
+    by_id = by_id[~by_id.index.duplicated(keep="last")]
+    call_of = df["call_event_id"].to_numpy(dtype="float64", na_value=np.nan)[kern]
+    pos = by_id.reindex(call_of).to_numpy(dtype="float64", na_value=np.nan)
+    linked = ~np.isnan(pos)
+    src = pos[linked].astype(np.int64)
+    for col in COLUMNS:
+        vals = S.objects(df[col])[src]
+        S.set_rows(df, col, kern[linked], list(vals))
+    rest = kern[~linked]
+    named = [name_math(n) for n in S.objects(df["kernel_name"])[rest]]
+    hit = np.array([m is not None for m in named], dtype=bool)
+    if hit.any():
+        S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
+        S.set_rows(df, "math_source", rest[hit], MathSource.NAME.value)
+    return {"kernels_math_from_call": int(linked.sum()), "kernels_math_from_name": int(hit.sum())}

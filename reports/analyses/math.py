@@ -1,0 +1,121 @@
+"""The math each library call and kernel really ran (issue 38), per case x layer x direction.
+
+``math_ran`` (records, ``kernelmap/adapters/mathtypes.py`` and ``kernelmap/kernelmath.py``): what a call's
+multiplications took as inputs, from its log (or HLO text), and each kernel its call's (else its name's).
+Three tables, DataFrames only:
+
+* ``math_table``: per run x case x batch size x layer x direction x library call x math: kernels (GPU) or
+  calls (CPU) per step and their time per step. GPU: the kernels of the source the case is timed from
+  (``timed_events``), GPU kernel time; CPU: the library's own logged time of its calls (oneDNN, MKL) over
+  the libs pass's logged steps.
+* ``math_coverage``: per case x batch size, the share of library-kernel time (GPU: the kernels
+  ``attribution.library_kernels`` counts, in the timed source) or library-call time (CPU) whose math is
+  known; the issue asks >= ``COVERAGE_GOAL`` in every case.
+* ``math_mismatches``: the convolution and linear calls (and kernels) of a case whose math is not the one
+  the case asked for (``math`` column: ``--math``): under fp32 anything but fp32 (a TF32 call), under tf32
+  anything but tf32, under bf16/fp16 anything but that type (a conv left in fp32, a mixed call).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kernelmap import attribution, schema
+
+from .base import Run
+from .linked import framework_rows, log_steps
+from .timed import records_of, timed_events
+
+COVERAGE_GOAL = 0.99
+MULTIPLY_OPS = ("conv2d", "linear")
+MULTIPLY_DIRECTIONS = ("fwd", "bwd_data", "bwd_weight", "bwd")  # not bwd_bias: a reduction, no product
+CPU_SOURCES = ("onednn_verbose", "mkl_verbose")
+TABLE = ["run", "case", "batch_size", "math_asked", "canonical_op", "layer", "direction", "library", "library_call", "math_ran",
+         "math_source", "math_dtypes", "per_step", "ms_per_step", "time_kind"]
+COVERAGE = ["run", "case", "batch_size", "math_asked", "time_kind", "library_ms_per_step", "with_math_ms_per_step",
+            "share",
+            "kernels", "kernels_with_math", "unknown_top", "records_have_math"]
+_KEYS = ["canonical_op", "layer", "direction", "library", "library_call", "math_ran", "math_source"]
+
+
+def _asked(rows: pd.DataFrame) -> str | None:
+    vals = sorted(set(rows["math"].dropna())) if "math" in rows else []
+    return "/".join(map(str, vals)) or None
+
+
+def _grouped(ev: pd.DataFrame, n_steps: float, base: dict) -> list[dict]:
+    out = []
+    if not len(ev) or not n_steps:
+        return out
+    keyed = ev.assign(**{c: ev[c].astype(object).where(ev[c].notna(), schema.UNKNOWN) for c in _KEYS})
+    for key, g in keyed.groupby(_KEYS, sort=True):
+        dt = sorted(set(g["math_dtypes"].dropna()))
+        out.append({**base, **dict(zip(_KEYS, key, strict=True)), "math_dtypes": "; ".join(dt) or None,
+                    "per_step": len(g) / n_steps, "ms_per_step": float(g["dur_ns"].fillna(0).sum()) / n_steps / 1e6})
+    return out
+
+
+def _gpu_library(t, rec: pd.DataFrame) -> pd.DataFrame:
+    """The library kernels of one timed GPU source (attribution's definition), with their math."""
+    case = framework_rows(rec, t.framework, t.batch_size)
+    lk = attribution.library_kernels(case.reset_index(drop=True))
+    rows = case.reset_index(drop=True).loc[lk.index]
+    return rows[rows["source"] == t.source]
+
+
+def _cpu_calls(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
+    case = framework_rows(rec, fw, bs)
+    return case[(case["kind"] == "library_call") & case["source"].isin(CPU_SOURCES)]
+
+
+def _cases(run: Run):
+    """(case, batch size, GPU library kernels or CPU library calls, steps, kind of time) per case."""
+    rec = records_of(run)
+    for t in timed_events(run):
+        if t.level == "kernel":
+            yield t.framework, t.batch_size, _gpu_library(t, rec), t.n_steps, f"GPU kernel time, {t.source} trace"
+            continue
+        calls = _cpu_calls(rec, t.framework, t.batch_size)
+        n, _ = log_steps(run, t.framework, t.batch_size)
+        if len(calls) and n:
+            yield t.framework, t.batch_size, calls, n, "library's own logged time (oneDNN/MKL verbose), libs pass"
+
+
+def math_table(runs: list[Run]) -> pd.DataFrame:
+    rows: list[dict] = []
+    for run in runs:
+        for fw, bs, ev, n, kind in _cases(run):
+            base = {"run": run.name, "case": fw, "batch_size": bs, "math_asked": _asked(ev), "time_kind": kind}
+            rows += _grouped(ev, n, base)
+    return pd.DataFrame(rows, columns=TABLE)
+
+
+def math_coverage(runs: list[Run]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        for fw, bs, ev, n, kind in _cases(run):
+            dur = ev["dur_ns"].fillna(0).astype("float64")
+            known = ev["math_ran"].notna()
+            total = float(dur.sum())
+            unknown = ev[~known]
+            top = (unknown.assign(_d=dur[~known]).groupby(unknown["kernel_name"].fillna(unknown["library_call"])
+                                                         .fillna(schema.UNKNOWN).astype(str))["_d"]
+                   .sum().sort_values(ascending=False).head(3))
+            rows.append({"run": run.name, "case": fw, "batch_size": bs, "math_asked": _asked(ev), "time_kind": kind,
+                         "library_ms_per_step": total / n / 1e6,
+                         "with_math_ms_per_step": float(dur[known].sum()) / n / 1e6,
+                         "share": float(dur[known].sum()) / total if total else None,
+                         "kernels": len(ev), "kernels_with_math": int(known.sum()),
+                         "unknown_top": "; ".join(f"{k[:60]} {v / n / 1e6:.3f} ms/step" for k, v in top.items())
+                         or None,
+                         "records_have_math": bool(records_of(run)["math_ran"].notna().any())})
+    return pd.DataFrame(rows, columns=COVERAGE)
+
+
+def math_mismatches(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``math_table`` of a convolution or linear product whose known math is not the case's."""
+    if not len(table):
+        return table
+    t = table[table["canonical_op"].isin(MULTIPLY_OPS) & table["direction"].isin(MULTIPLY_DIRECTIONS) & table["math_asked"].notna()
+              & (table["math_ran"] != schema.UNKNOWN)]
+    return t[t["math_ran"] != t["math_asked"]]

@@ -1,0 +1,66 @@
+"""The two self-checks of each library call's math (issue 38; ``analyses/math.py`` makes the tables).
+
+* ``math as asked``: per case x batch size, every convolution and linear product whose math is known ran
+  the math the case asked for (``--math``): FAIL names each one that did not (layer, direction, call, the
+  math it ran, its time per step): asked fp32, a call ran TF32; asked bf16, a conv ran fp32. Not checked
+  where the case's math is not recorded or none of its products has a known math.
+* ``math known``: per case x batch size, the share of library time whose math is known is at least
+  ``math.COVERAGE_GOAL``; FAIL names the largest unknown kernels. Not checked where the records were
+  written before the math columns (re-normalise the run) or the case has no library time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .analyses import math as M
+from .analyses.base import Run
+from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
+
+
+def math_checks(run: Run) -> list[dict[str, Any]]:
+    table = M.math_table([run])
+    cover = M.math_coverage([run])
+    wrong = M.math_mismatches(table)
+    rows: list[dict[str, Any]] = []
+    for c in cover.itertuples(index=False):
+        rows += _as_asked(run, c, table, wrong)
+        rows.append(_known(run, c))
+    return rows
+
+
+def _as_asked(run: Run, c, table, wrong) -> list[dict[str, Any]]:
+    mine = table[(table["case"] == c.case) & (table["batch_size"] == c.batch_size)]
+    products = mine[mine["canonical_op"].isin(M.MULTIPLY_OPS) & mine["direction"].isin(M.MULTIPLY_DIRECTIONS)
+                    & (mine["math_ran"] != "unknown")]
+    bad = wrong[(wrong["case"] == c.case) & (wrong["batch_size"] == c.batch_size)]
+    subject = "conv/linear products"
+    if c.math_asked is None:
+        return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, None, None, NOT_CHECKED,
+                          "the records do not say which math the case asked for")]
+    if not len(products):
+        return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked, None,
+                          NOT_CHECKED, "no convolution or linear product of this case has a known math")]
+    if len(bad):
+        ran = sorted(set(bad["math_ran"]))
+        what = "; ".join(f"{r.layer} {r.direction} {r.library_call} ran {r.math_ran} ({r.ms_per_step:.3f} ms/step)"
+                         for r in bad.itertuples(index=False))
+        return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked,
+                          "/".join(ran), FAIL, f"asked {c.math_asked}: {what}")]
+    return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked, c.math_asked,
+                      PASS, f"{len(products)} product row(s) ran {c.math_asked} ({c.time_kind})")]
+
+
+def _known(run: Run, c) -> dict[str, Any]:
+    goal = f">= {M.COVERAGE_GOAL:.0%}"
+    if not c.records_have_math:
+        return check_row(run.name, c.case, c.batch_size, Check.MATH_KNOWN, "library time", goal, None, NOT_CHECKED,
+                         "records written before the math columns: re-normalise the run (kernelmap normalise RUN_DIR)")
+    if c.share is None:
+        return check_row(run.name, c.case, c.batch_size, Check.MATH_KNOWN, "library time", goal, None, NOT_CHECKED,
+                         "no library time in this case")
+    status = PASS if c.share >= M.COVERAGE_GOAL else FAIL
+    detail = (f"{c.with_math_ms_per_step:.3f} of {c.library_ms_per_step:.3f} ms/step ({c.time_kind}) has a known math"
+              + (f"; unknown: {c.unknown_top}" if status is FAIL else ""))
+    return check_row(run.name, c.case, c.batch_size, Check.MATH_KNOWN, "library time", goal, f"{c.share:.1%}",
+                     status, detail)

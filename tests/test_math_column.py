@@ -1,0 +1,240 @@
+"""The math column (issue 38): what each library call and kernel ran, from real logs, HLO and names.
+
+Counts are taken from the source files with this module's own stdlib readers and compared with the adapters'
+``math_ran``; the two checks (``math as asked``, ``math known``) pass on the real H200 fp32 run and fail
+where its records are made to say otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kernelmap.reports.analyses import math as M
+from kernelmap.reports.analyses.base import load_run
+from kernelmap.reports.mathchecks import math_checks
+
+from kernelmap import kernelmath, schema
+from kernelmap.adapters import cublas_log, cublaslt_log, cudnn_log, mathtypes, onednn, xla_trace
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data"
+BF16 = DATA / "cpu_onednn_bf16"
+EXCERPTS = DATA / "gpu_math_excerpts"
+LINK = DATA / "gpu_link_run" / "all"
+
+
+def _text(path: Path) -> str:
+    raw = path.read_bytes()
+    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+
+
+# --- the CPU: oneDNN's verbose log, recorded here under bf16 autocast ------------------------------
+def _onednn_by_hand(path: Path) -> collections.Counter:
+    """(primitive, math) per exec line: the product's operands' type (conv/matmul: src and wei forward,
+    dst and wei for the data gradient, src and dst for the weights'), a reorder its src's."""
+    out: collections.Counter = collections.Counter()
+    for line in _text(path).splitlines():
+        f = line.split(",")
+        if len(f) < 6 or f[3] != "exec":
+            continue
+        prim, prop, mds = f[5], f[7], f[8]
+        types = dict(re.findall(r"\b(src|wei|dst):(\w+?):", mds))
+        names = {"backward_data": ("dst", "wei"), "backward_weights": ("src", "dst")}.get(prop, ("src", "wei"))
+        names = names if prim in ("convolution", "matmul") else ("src",)
+        kinds = {types[n] for n in names}
+        out[(prim, {"bf16": "bf16", "f32": "fp32"}[kinds.pop()] if len(kinds) == 1 else "mixed")] += 1
+    return out
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("onednn_bf16.log.gz", {("convolution", "bf16"): 10, ("matmul", "bf16"): 12, ("reorder", "bf16"): 30}),
+    ("onednn_fp32.log.gz", {("convolution", "fp32"): 10, ("reorder", "fp32"): 30}),
+])
+def test_onednn_math_matches_an_independent_reading(name, expected):
+    df = onednn.read(BF16 / name)
+    got = collections.Counter(zip(df["op_name"], df["math_ran"], strict=True))
+    assert got == _onednn_by_hand(BF16 / name) == expected
+    assert set(df["math_source"]) == {"log"}
+    conv = df[df["op_name"] == "convolution"]
+    assert conv["math_dtypes"].str.contains("wei=" + ("bf16" if "bf16" in name else "fp32")).all()
+
+
+def test_onednn_fpmath_and_mixed_operands():
+    # oneDNN's own line shape (v3), its md and attr fields as its verbose documentation names them
+    ok = ("onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,src:f32::blocked:ab::f0 "
+          "wei:f32::blocked:ab::f0 dst:f32::blocked:ab::f0,attr-fpmath:bf16,,16x128:128x10,0.1")
+    assert onednn._math("matmul", "undef", ok.split(",")[8], ok.split(",")[9]) == ("bf16", "src=fp32 wei=fp32 "
+                                                                                   "dst=fp32 fpmath=bf16")
+    assert onednn._math("matmul", "undef", "src:bf16::blocked:ab::f0 wei:f32::blocked:ab::f0", "")[0] == "mixed"
+
+
+# --- the GPU logs: cuDNN, cuBLAS, cuBLASLt ----------------------------------------------------------
+@pytest.mark.parametrize("path, math, n", [
+    (LINK / "pytorch" / "bs64" / "cudnn.log.gz", "fp32", 105),  # fp32 run: NVIDIA_TF32_OVERRIDE=0
+    (DATA / "gpu_cudnn.log.gz", "tf32", 20),  # an earlier run with PyTorch's TF32 convolutions on
+])
+def test_cudnn_math_follows_each_calls_enable_tf32(path, math, n):
+    text = _text(path)
+    flags = collections.Counter(re.findall(r"enable_tf32: type=bool; val=(\w+);", text))
+    df = cudnn_log.read(path)
+    conv = df[df["canonical_op"] == "conv2d"]
+    assert flags == {("true" if math == "tf32" else "false"): n}
+    assert len(conv) == n and set(conv["math_ran"]) == {math}
+    assert text.count("CUDNN_DATA_FLOAT") and "CUDNN_DATA_HALF" not in text
+    assert conv["math_dtypes"].str.contains("compute=fp32").all()
+
+
+def test_cudnn_half_precision_excerpts():
+    df = cudnn_log.read(EXCERPTS / "cudnn_fp16_v8.log")
+    assert list(df["library_call"]) == ["cudnnConvolutionForward", "cudnnConvolutionBackwardData"]
+    assert list(df["math_ran"]) == ["fp16", "fp16"]  # the older math_mode column read the fp32 compute type
+    assert list(df["math_dtypes"]) == ["x=fp16 w=fp16 compute=fp32", "w=fp16 dy=fp16"]
+
+
+def test_cublas_tf32_mode_and_the_override():
+    path = LINK / "mxnet" / "bs64" / "cublas.log.gz"
+    text = _text(path)
+    blocks = text.split("I! cuBLAS")
+    sgemm_tf32 = sum(1 for b in blocks if "cublasSgemmEx(" in b and "MathMode=CUBLAS_TF32_TENSOR_OP_MATH" in b)
+    df = cublas_log.read(path)
+    assert sgemm_tf32 == 126 and len(df) == 126 and set(df["math_ran"]) == {"tf32"}
+    assert kernelmath.apply_override(df, ["0"]) == 126  # the run's cuDNN log: NVIDIA_TF32_OVERRIDE=0
+    assert set(df["math_ran"]) == {"fp32"} and df["math_dtypes"].str.endswith("NVIDIA_TF32_OVERRIDE=0").all()
+    assert cudnn_log.read(LINK / "mxnet" / "bs64" / "cudnn.log.gz").attrs["tf32_override"] == ["0"]
+
+
+def test_cublas_gemmex_without_its_mode_is_unknown_until_the_override():
+    df = cublas_log.read(EXCERPTS / "cublas_gemmex_v11.log")
+    assert df["math_ran"].isna().all() and df["math_dtypes"].iat[0] == "a=fp32 b=fp32 c=fp32 compute=fp32 tf32=unknown"
+    assert kernelmath.apply_override(df, ["1"]) == 0 and kernelmath.apply_override(df, ["0"]) == 1
+    assert df["math_ran"].iat[0] == "fp32"
+
+
+def test_cublaslt_types_from_the_matrix_layouts(tmp_path):
+    path = LINK / "pytorch" / "bs64" / "cublaslt.log.gz"
+    text = _text(path)
+    traced = re.findall(r"\[Trace\]\[cublasLtMatmul\] .*Adesc=\[type=(\w+).*Bdesc=\[type=(\w+).*computeType=(\w+)",
+                        text)
+    df = cublaslt_log.read(path)
+    assert collections.Counter(traced) == {("R_32F", "R_32F", "COMPUTE_32F"): 63}
+    assert (df["math_ran"] == "fp32").sum() == 63 and df["math_ran"].isna().sum() == len(df) - 63
+    # one real line with its types as cuBLASLt's documentation names them (bf16 in, fp32 accumulate; TF32)
+    line = next(ln for ln in text.splitlines() if "[Trace][cublasLtMatmul]" in ln)
+    api = next(ln for ln in text.splitlines() if "[Api][cublasLtMatmul]" in ln)
+    edited = {"bf16": line.replace("type=R_32F", "type=R_16BF", 2),
+              "tf32": line.replace("computeType=COMPUTE_32F ", "computeType=COMPUTE_32F_FAST_TF32 "),
+              "mixed": line.replace("type=R_32F", "type=R_16BF", 1)}
+    for math, ln in edited.items():
+        f = tmp_path / f"{math}.log"
+        f.write_text(f"{api}\n{ln}\n")
+        assert cublaslt_log.read(f)["math_ran"].tolist() == [math]
+
+
+def test_documented_type_names():
+    assert [mathtypes.type_name(t) for t in ("CUDNN_DATA_BFLOAT16 (9)", "CUDA_R_16BF(14)", "R_16F", "bf16")] == \
+        ["bf16", "bf16", "fp16", "bf16"]
+    assert mathtypes.compute_math("CUBLAS_COMPUTE_32F_FAST_16BF(75)") == "bf16"
+    assert mathtypes.ran(["fp32", "fp32"], None) is None  # TF32 unknown: no math, never a guess
+    assert mathtypes.ran(["fp32", "fp32"], True) == "tf32"
+    assert mathtypes.ran(["bf16", "bf16"], None) == "bf16"
+    assert mathtypes.ran(["bf16", "fp32"], False) == "mixed"
+
+
+# --- XLA's HLO text; names -------------------------------------------------------------------------
+def test_hlo_calls_math():
+    df = xla_trace.read(DATA / "jax_gpu" / "trace.json.gz")
+    calls = df[df["kind"] == "library_call"]
+    text = _text(DATA / "jax_gpu" / "jit__train_step.hlo.txt.gz")
+    default_math = len(re.findall(r'custom_call_target="__cudnn\$\w+".*"math_type":"DEFAULT_MATH"', text))
+    cudnn = calls[calls["library_call"].str.startswith("__cudnn$")]
+    gemm = calls[calls["library_call"] == "__cublas$lt$matmul"]
+    assert default_math == 5 and cudnn["op_name"].nunique() == 5
+    assert cudnn["math_ran"].isna().all() and cudnn["math_dtypes"].str.endswith("tf32=unknown").all()
+    assert len(gemm) == 10 and set(gemm["math_ran"]) == {"fp32"} and set(gemm["math_source"]) == {"hlo"}
+    assert kernelmath.apply_override(calls.copy(), ["0"]) == len(cudnn)
+
+
+@pytest.mark.parametrize("name, math", [
+    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x64x32_stage5_warpsize2x2x1_g1", "tf32"),
+    ("sm90_xmma_dgrad_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x64x32_warpgroupsize1x1x1_g1", "tf32"),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4", "fp32"),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8>", "bf16"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_tn_align2>(T1::Params)", "fp16"),
+    ("void implicit_convolve_sgemm<__nv_bfloat16, __nv_bfloat16, 128, 5, 5, 3, 3, 3, 1, 0, 0, 1>(int, int)", "bf16"),
+    ("sgemm_largek_lds64", "fp32"),
+    ("void cudnn::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, 0, 1, 0>", None),
+    ("nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT", None),
+    ("void fft2d_r2c_16x16<float>(float2 *, const T1 *, int, int)", None),
+])
+def test_kernel_names_that_spell_their_math(name, math):
+    # real names: our H200 traces (tf32/fp32) and today's ncu probe of bf16/fp16 steps (.gpu-out/ncu-probe)
+    assert kernelmath.name_math(name) == math
+
+
+# --- a real run normalised: every kernel its call's math; the checks -------------------------------
+@pytest.fixture(scope="module")
+def link_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("math") / "all"
+    shutil.copytree(LINK, run)
+    summary = normalise_run_dir(run)
+    return run, summary
+
+
+def test_normalised_run_math_and_checks(link_run):
+    run_dir, summary = link_run
+    runs = summary["runs"]
+    assert runs["mxnet/bs64"]["tf32_overridden_calls"] == 126  # MXNet's SgemmEx under TF32 mode, overridden
+    rec = schema.read_parquet(run_dir / "records.parquet")
+    calls = rec[rec["kind"] == "library_call"]
+    assert set(calls["math_ran"].dropna()) == {"fp32"}  # the fp32 run: no call ran TF32
+    kern = rec[(rec["kind"] == "kernel") & rec["call_event_id"].notna()]
+    by_id = calls.drop_duplicates(["run", "event_id"]).set_index(["run", "event_id"])["math_ran"]
+    own = by_id.reindex(pd.MultiIndex.from_arrays([kern["run"], kern["call_event_id"]])).to_numpy()
+    with_math = pd.notna(own)
+    assert (kern["math_ran"].to_numpy()[with_math] == own[with_math]).all()
+    checks = pd.DataFrame(math_checks(load_run(run_dir)))
+    status = collections.Counter(zip(checks["check"], checks["status"], strict=True))
+    assert status == {("math as asked", "pass"): 9, ("math known", "pass"): 8, ("math known", "FAIL"): 1}
+    fail = checks[checks["status"] == "FAIL"].iloc[0]
+    assert (fail["framework"], fail["batch_size"], fail["measured"]) == ("mxnet", 1024, "77.4%")
+    assert "fft2d_r2c_16x16" in fail["detail"]  # the unlinked kernels of MXNet's autotuned FFT path, named
+
+
+def test_math_as_asked_fails_where_a_conv_ran_other_math(link_run):
+    run = load_run(link_run[0])
+    rec = run.records
+    hit = (rec["framework"] == "pytorch") & (rec["batch_size"] == 64) & (rec["layer"] == "conv1") & \
+        (rec["direction"] == "fwd") & (rec["kind"] == "kernel") & rec["math_ran"].notna()
+    assert hit.sum() > 0
+    rec.loc[hit, "math_ran"] = "tf32"
+    checks = pd.DataFrame(math_checks(run))
+    bad = checks[(checks["check"] == "math as asked") & (checks["status"] == "FAIL")]
+    assert list(zip(bad["framework"], bad["batch_size"], strict=True)) == [("pytorch", 64)]
+    assert "conv1 fwd cudnnBackendExecute ran tf32" in bad["detail"].iat[0] and bad["expected"].iat[0] == "fp32"
+
+
+def test_math_known_not_checked_on_records_without_math(link_run):
+    run = load_run(link_run[0])
+    run.records["math_ran"] = pd.array([pd.NA] * len(run.records), dtype=schema.DTYPES["math_ran"])
+    checks = pd.DataFrame(math_checks(run))
+    known = checks[checks["check"] == "math known"]
+    assert set(known["status"]) == {"not checked"} and known["detail"].str.contains("re-normalise").all()
+    assert M.COVERAGE_GOAL == 0.99
+
+
+def test_the_banner_names_a_math_failure_first():
+    from kernelmap.reports import checks as C
+
+    rows = [C.check_row("r", "mxnet", 64, c, "s", 1, 2, C.FAIL, "d") for c in
+            (C.Check.CALLS, C.Check.TRACED_STEPS, C.Check.TIME_WITHIN_STEP)]
+    rows.append(C.check_row("r", "pytorch", 64, C.Check.MATH_AS_ASKED, "conv/linear products", "bf16", "fp32", C.FAIL,
+                            "asked bf16: conv1 fwd cudnnBackendExecute ran fp32 (0.010 ms/step)"))
+    said = C.causes(pd.DataFrame(rows, columns=C.COLUMNS))
+    assert len(said) == 3 and said[0].startswith("math as asked: PyTorch bs 64") and "ran fp32" in said[0]
+    assert said[1].startswith("calls per step")
