@@ -44,6 +44,9 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-trials", type=int, default=3, metavar="N", help="clean trials of each check run "
                                                                           "(default 3)")
     p.add_argument("--check-csv", metavar="FILE", help="write the checked findings as CSV")
+    p.add_argument("--check-busy", action="store_true",
+                   help="check findings called 'busy machine' too (beyond noise, a side measured on a busy machine); "
+                        "the hit rate on a quiet machine leaves out every check whose fresh runs were busy")
     p.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",
                    help="passed to the check's `kernelmap run` (a framework's own interpreter, as kernelmap run takes it)")
 
@@ -142,9 +145,11 @@ def run_groups(sides: list[D.Side]) -> dict[tuple, dict[str, Any]]:
 
 def check_remedies(run_dir: Path, found: pd.DataFrame, sides: list[D.Side], n: int, out: Path,
                    steps: int | None, trials: int, python: list[str], alpha: float,
-                   source: str | None) -> pd.DataFrame:
-    """Run the cases of the ``n`` first runnable findings of each kind, fresh (``run_groups``), then judge them."""
-    todo = found[(found["call"] == str(F.Call.FINDING)) & found["runnable"].astype(bool)]
+                   source: str | None, busy: bool = False) -> pd.DataFrame:
+    """Run the cases of the ``n`` first runnable findings of each kind (``busy``: findings called busy machine
+    too), fresh (``run_groups``), then judge them."""
+    calls = {str(F.Call.FINDING), *([str(F.Call.BUSY)] if busy else [])}
+    todo = found[found["call"].isin(calls) & found["runnable"].astype(bool)]
     todo = todo.groupby("kind", sort=False).head(n)
     by_label = {s.label: s for s in sides}
     cli = field_at(load_run(run_dir).manifest, "config.cli", default={})
@@ -183,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     if args.check_remedies:
         out = Path(args.check_out) if args.check_out else run_dir.parent / f"{run_dir.name}-checks"
         checked = check_remedies(run_dir, found, sides, args.check_remedies, out, args.check_steps,
-                                 args.check_trials, args.python, args.alpha, args.source)
+                                 args.check_trials, args.python, args.alpha, args.source, args.check_busy)
         if args.check_csv:
             write_csv(checked, args.check_csv)
         write_check(checked, sys.stdout)
