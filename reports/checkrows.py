@@ -42,6 +42,9 @@ class Check(enum.StrEnum):
     CPU_WALL = "CPU time vs wall time"
     MATH_AS_ASKED = "math as asked"  # reports/mathchecks.py
     MATH_KNOWN = "math known"
+    COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
+    COUNTER_MATH = "log math vs counter math"
+    COUNTERS_BUDGET = "counters pass within budget"
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]

@@ -100,6 +100,7 @@ from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
     pass_contention,
     span_ms,
 )
+from .counterchecks import counter_checks
 from .mathchecks import math_checks
 from .relations import (
     busy_share_basis,
@@ -478,6 +479,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
                              + " not checked"))
             continue
         rows += math_checks(run)  # issue 38: first among the record checks, so the page's banner names it
+        rows += counter_checks(run)  # issue 38: only for a run with a counters pass
         rows += _record_checks(run, expected)
         libcalls = A.library_calls([run])
         rows += _library_call_checks(run, libcalls)

@@ -1,0 +1,74 @@
+"""The self-checks of the counters pass (issue 38; ``analyses/roofline.py`` makes the tables; docs/COUNTERS.md).
+
+Rows only for the cases of a run that asked for the pass (``--profile counters``); none otherwise.
+
+* ``counters cover the step``: the timing step's kernel time in kernels that have counters (``paired_time_share``)
+  is at least ``COVERAGE_GOAL``; FAIL says why the rest is unpaired (counts or names differ). Not checked where
+  the pass recorded nothing (its reason: the CPU, no ncu, ncu failed).
+* ``log math vs counter math``: every paired kernel whose log math (the call's ``math_ran``) and counter math
+  are both known agrees; FAIL names each that does not. Not checked where none has both.
+* ``counters pass within budget``: ncu's wall time for the case is at most ``COUNTERS_BUDGET_S`` (the issue's
+  60 s per framework and case).
+
+Counter FLOPs against the shapes' model is a measurement, not a self-check (padding of small GEMM tiles is
+real work: fc2's 10 outputs run as 16): ``counter_layers`` shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .analyses import roofline as R
+from .analyses.base import Run
+from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
+
+COVERAGE_GOAL = 0.99  # issue 38: counters for >= 99% of kernel time
+
+
+def counter_checks(run: Run) -> list[dict[str, Any]]:
+    _, status, _ = R.counter_kernels([run])
+    rows: list[dict[str, Any]] = []
+    for s in status.to_dict("records"):
+        rows += [_covered(run, s), _math(run, s), _budget(run, s)]
+    return rows
+
+
+def _skipped(s: dict) -> bool:
+    return s.get("kernels") is None or s.get("kernels") != s.get("kernels")  # None or NaN: nothing counted
+
+
+def _covered(run: Run, s: dict) -> dict[str, Any]:
+    goal = f">= {COVERAGE_GOAL:.0%}"
+    args = (run.name, s["case"], s["batch_size"], Check.COUNTERS_COVER, "the timing step's kernel time", goal)
+    if _skipped(s):
+        return check_row(*args, None, NOT_CHECKED, f"the counters pass recorded nothing: {s['reason']}")
+    share = s["paired_time_share"]
+    if share is None or share != share:
+        return check_row(*args, None, NOT_CHECKED, f"no timing step to pair with: {s['reason']}")
+    detail = (f"{s['matched']} of {s['kernels']} counted kernels paired with the {s['source']} step's "
+              f"{s['timed_kernels']}")
+    if share >= COVERAGE_GOAL:
+        return check_row(*args, f"{share:.1%}", PASS, detail)
+    return check_row(*args, f"{share:.1%}", FAIL, f"{detail}: {s['reason']}")
+
+
+def _math(run: Run, s: dict) -> dict[str, Any]:
+    args = (run.name, s["case"], s["batch_size"], Check.COUNTER_MATH, "paired kernels", "the same math")
+    if _skipped(s) or not s.get("math_compared"):
+        return check_row(*args, None, NOT_CHECKED, "no paired kernel has both a log math and a counter math"
+                         + (f" ({s['reason']})" if s.get("reason") else ""))
+    n, agree = int(s["math_compared"]), int(s["math_agree"])
+    if agree == n:
+        return check_row(*args, f"{agree} of {n}", PASS, f"{n} kernel(s): the counters say the math the log says")
+    return check_row(*args, f"{agree} of {n}", FAIL, "; ".join(s["math_disagree"]))
+
+
+def _budget(run: Run, s: dict) -> dict[str, Any]:
+    args = (run.name, s["case"], s["batch_size"], Check.COUNTERS_BUDGET, "ncu wall time",
+            f"<= {R.COUNTERS_BUDGET_S:.0f} s")
+    wall = s.get("ncu_wall_s")
+    if wall is None or wall != wall:
+        return check_row(*args, None, NOT_CHECKED, "the pass did not run under ncu here"
+                         + (f" ({s['reason']})" if _skipped(s) else ""))
+    return check_row(*args, f"{wall:.1f} s", PASS if wall <= R.COUNTERS_BUDGET_S else FAIL,
+                     "the worker under ncu: warm-up, one profiled step, the peaks")
