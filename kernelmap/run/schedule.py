@@ -21,8 +21,9 @@ PROFILES = {
     "libs": ("clean", "libs"),
     "nsys": ("clean", "nsys"),
     "all": ("clean", "framework", "libs", "nsys"),
-    # one step under Nsight Compute (kernelmap/run/counters.py); not in "all" yet: ncu replays every kernel
-    "counters": ("clean", "counters"),
+    # every capture pass, then one step under Nsight Compute (kernelmap/run/counters.py): its kernels are paired
+    # with a timing pass's traced step and their calls' logged math; not in "all" yet
+    "counters": ("clean", "framework", "libs", "nsys", "counters"),
 }
 # Timed steps of each capture pass (at most the clean pass's): enough for its overhead to be judged
 # against the clean pass's interval (kernelmap.timing).
