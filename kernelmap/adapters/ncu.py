@@ -65,7 +65,8 @@ COLUMNS = ["id", "pid", "thread", "nvtx", "kernel_name", "stream", "grid", "bloc
 # unit -> factor to the base unit (``--print-units base`` writes the base units; ncu's auto units scale)
 UNITS = {"": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "ns": 1, "nsecond": 1, "usecond": 1e3,
          "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9, "inst": 1, "Kinst": 1e3, "Minst": 1e6,
-         "Ginst": 1e9, "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9, "cycle/second": 1, "pass": 1}
+         "Ginst": 1e9, "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9, "Hz": 1, "KHz": 1e3, "MHz": 1e6, "GHz": 1e9,
+         "cycle/second": 1, "cycle/msecond": 1e3, "cycle/usecond": 1e6, "cycle/nsecond": 1e9, "pass": 1}
 _MESSAGE = re.compile(r"^==(ERROR|WARNING|PROF)==\s*(.*)$")
 # the per-thread NVTX push/pop column and the start/end range column ("thread Domain:Push/Pop_Range:..." / "Id:...")
 _NVTX_PUSHPOP = "thread Domain:Push/Pop_Range"
