@@ -122,7 +122,7 @@ def test_runs_the_worker_under_ncu(tmp_path, monkeypatch):
     worker = profile[profile.index("-m") - 1:]
     assert worker[worker.index("--pass") + 1] == "counters" and worker[worker.index("--steps") + 1] == "1"
     assert imported == ["/opt/ncu", "--import", str(out / counters.REPORT), "--csv", "--page", "raw",
-                        "--print-units", "base"]
+                        "--print-units", "base", "--print-kernel-base", "demangled"]
     assert csv_out == out / counters.CSV
     got = case.pass_results[counters.COUNTERS]
     assert got["csv"] == "pytorch/bs64/counters/ncu.csv" and got["steps"] == 1 and got["ncu_wall_s"] >= 0

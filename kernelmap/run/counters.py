@@ -52,7 +52,8 @@ def commands(ncu: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str],
     in base units (the import's stdout is ``out_dir/ncu.csv``)."""
     profile = [ncu, *FLAGS, "--metrics", ",".join(ncu_csv.PASS_METRICS), "--export", str(out_dir / "ncu"),
                "--force-overwrite", "--log-file", str(out_dir / LOG), *worker_cmd]
-    imported = [ncu, "--import", str(out_dir / REPORT), "--csv", "--page", "raw", "--print-units", "base"]
+    imported = [ncu, "--import", str(out_dir / REPORT), "--csv", "--page", "raw", "--print-units", "base",
+                "--print-kernel-base", "demangled"]  # whole names, as the probe's: the join reads their templates
     return profile, imported
 
 
