@@ -3,8 +3,9 @@
 The adapters give each library call ``math_ran``, ``math_dtypes`` and ``math_source`` (``log``: the
 library's API log; ``hlo``: XLA's HLO text; ``kernelmap/adapters/mathtypes.py`` says the rule). After the
 calls are linked to their kernels (``calllink``, ``attribution``, XLA's in-trace calls), ``fill`` gives
-each linked kernel its call's three values. A kernel with no call that has a math takes one from its
-name only where NVIDIA's name spells the multiply's input type (``NAME_RULES``, source ``name``): the
+each linked kernel its call's three values, but a TF32 call's kernel whose name says FP32 FMA is fp32 (a
+call permits TF32; the engine it ran may not use tensor cores). A kernel with no call that has a math takes
+one from its name only where NVIDIA's name spells the multiply's input type (``NAME_RULES``, source ``name``): the
 xmma kernels of cuDNN and cuBLAS (``sm80_xmma_gemm_f32f32_tf32f32_f32_…``: storage types, then the math
 and accumulator, e.g. ``tf32f32``), CUTLASS's tensor-op kernels (``cutlass_tensorop_bf16_s16816fprop…``),
 the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>``, whose
@@ -79,6 +80,7 @@ def fill(df: pd.DataFrame) -> dict:
     kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
     if not len(kern):
         return {"kernels_math_from_call": 0, "kernels_math_from_name": 0}
+    fma = np.array([], dtype=np.int64)
     calls = np.flatnonzero(S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]))
     ids = df["event_id"].to_numpy(dtype="float64", na_value=np.nan)
     by_id = pd.Series(calls, index=ids[calls])
@@ -90,10 +92,17 @@ def fill(df: pd.DataFrame) -> dict:
     for col in COLUMNS:
         vals = S.objects(df[col])[src]
         S.set_rows(df, col, kern[linked], list(vals))
+    # a call that permitted TF32 may run an FP32-FMA kernel (cuDNN's implicit_convolve_sgemm<float>, an xmma
+    # ..._f32f32_f32f32_..._ffma kernel): where the kernel's name says fp32, that is what the kernel ran
+    tf32 = kern[linked][S.objects(df["math_ran"])[src] == MathRan.TF32.value]
+    fma = tf32[np.array([name_math(n) == MathRan.FP32.value for n in S.objects(df["kernel_name"])[tf32]], dtype=bool)]
+    if len(fma):
+        S.set_rows(df, "math_ran", fma, MathRan.FP32.value)
+        S.set_rows(df, "math_source", fma, MathSource.NAME.value)
     rest = kern[~linked]
     named = [name_math(n) for n in S.objects(df["kernel_name"])[rest]]
     hit = np.array([m is not None for m in named], dtype=bool)
     if hit.any():
         S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
         S.set_rows(df, "math_source", rest[hit], MathSource.NAME.value)
-    return {"kernels_math_from_call": int(linked.sum()), "kernels_math_from_name": int(hit.sum())}
+    return {"kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma)}

@@ -2,7 +2,8 @@
 
 * ``math as asked``: per case x batch size, every convolution and linear product whose math is known ran
   the math the case asked for (``--math``): FAIL names each one that did not (layer, direction, call, the
-  math it ran, its time per step): asked fp32, a call ran TF32; asked bf16, a conv ran fp32. Not checked
+  math it ran, its time per step): asked fp32, a call ran TF32; asked bf16, a conv ran fp32; asked tf32,
+  tf32 or fp32 pass (TF32 is a permission: ``math.ALLOWED``), the detail giving the time of each. Not checked
   where the case's math is not recorded or none of its products has a known math.
 * ``math known``: per case x batch size, the share of library time whose math is known is at least
   ``math.COVERAGE_GOAL``; FAIL names the largest unknown kernels. Not checked where the records were
@@ -47,15 +48,18 @@ def _as_asked(run: Run, c, table, wrong) -> list[dict[str, Any]]:
                          for r in bad.itertuples(index=False))
         return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked,
                           "/".join(ran), FAIL, f"asked {c.math_asked}: {what}")]
-    return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked, c.math_asked,
-                      PASS, f"{len(products)} product row(s) ran {c.math_asked} ({c.time_kind})")]
+    ran = products.groupby("math_ran")["ms_per_step"].sum()
+    said = ", ".join(f"{m} {ms:.3f} ms/step" for m, ms in ran.items())
+    return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked,
+                      "/".join(ran.index), PASS, f"{len(products)} product row(s): {said} ({c.time_kind})")]
 
 
 def _known(run: Run, c) -> dict[str, Any]:
     goal = f">= {M.COVERAGE_GOAL:.0%}"
     if not c.records_have_math:
         return check_row(run.name, c.case, c.batch_size, Check.MATH_KNOWN, "library time", goal, None, NOT_CHECKED,
-                         "records written before the math columns: re-normalise the run (kernelmap normalise RUN_DIR)")
+                         "records written before the math columns: re-normalise the run where its captures are kept "
+                         "(kernelmap normalise RUN_DIR)")
     if c.share is None:
         return check_row(run.name, c.case, c.batch_size, Check.MATH_KNOWN, "library time", goal, None, NOT_CHECKED,
                          "no library time in this case")

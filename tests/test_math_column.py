@@ -238,3 +238,37 @@ def test_the_banner_names_a_math_failure_first():
     said = C.causes(pd.DataFrame(rows, columns=C.COLUMNS))
     assert len(said) == 3 and said[0].startswith("math as asked: PyTorch bs 64") and "ran fp32" in said[0]
     assert said[1].startswith("calls per step")
+
+
+def test_a_tf32_calls_fma_kernels_ran_fp32():
+    """The earlier H200 run with PyTorch's TF32 convolutions on (tests/data/gpu_kineto + its libs logs): every
+    cuDNN call permitted TF32, yet only the xmma ..._tf32f32_... kernels ran it; cuDNN's FP32-FMA kernels
+    (implicit_convolve_sgemm<float>, the sm80 ..._f32f32_f32f32_..._ffma gemm of its Winograd wgrad) ran fp32."""
+    from kernelmap.calllink import short_name
+    from kernelmap.normalise import normalise
+
+    files = ["gpu_kineto.json.gz", "gpu_cudnn.log.gz", "gpu_cublas.log.gz", "gpu_cublaslt.log.gz"]
+    df, summary = normalise([DATA / f for f in files], run="gpu")
+    k = df[(df["kind"] == "kernel") & (df["library"] == "cuDNN")]
+    got = collections.Counter(zip(k["kernel_name"].map(short_name), k["math_ran"].fillna("NA"),
+                                  k["math_source"].fillna("NA"), strict=True))
+    def n(prefix: str, math: str, src: str) -> int:
+        return sum(c for (name, m, s), c in got.items() if name.startswith(prefix) and (m, s) == (math, src))
+
+    assert n("sm80_xmma_fprop_implicit_gemm_tf32f32", "tf32", "log") == 5
+    assert n("sm90_xmma_dgrad_implicit_gemm_f32f32_tf32f32", "tf32", "log") == 5
+    assert n("implicit_convolve_sgemm", "fp32", "name") == 5
+    assert n("sm80_xmma_gemm_f32f32_f32f32", "fp32", "name") == 5  # the Winograd wgrad's gemm
+    # the rest keep their call's permission (layout and Winograd transforms, wgrad_alg0_engine): the names say no type
+    assert {n for (name, m, src), n in got.items() if src == "log"} and not any(
+        m == "fp32" for (_, m, src) in got if src == "log")
+    assert summary["runs"]["gpu"]["kernels_math_from_name"] == 10 and len(k) == 65
+
+
+def test_asked_tf32_allows_fp32_fma_not_bf16():
+    rows = pd.DataFrame([
+        {"case": "pytorch", "batch_size": 64, "math_asked": "tf32", "canonical_op": "conv2d", "layer": "conv1",
+         "direction": "fwd", "library_call": "cudnnBackendExecute", "math_ran": m, "ms_per_step": 0.1}
+        for m in ("tf32", "fp32", "bf16", "unknown")])
+    assert list(M.math_mismatches(rows)["math_ran"]) == ["bf16"]
+    assert list(M.math_mismatches(rows.assign(math_asked="fp32"))["math_ran"]) == ["tf32", "bf16"]
