@@ -67,7 +67,7 @@ def table(df: pd.DataFrame, cols: list[tuple[str, str, str]]) -> str:
 COLS = [("rank", "#", "d"), ("call", "call", "s"), ("batch_size", "bs", "s"), ("case", "case", "s"),
         ("remedy", "remedy", "s"), ("where", "where", "s"), ("direction", "dir", "s"),
         ("saving_ms", "saves ms/step", ".4f"), ("saving_lo_ms", "95% lo", ".4f"), ("saving_hi_ms", "95% hi", ".4f"),
-        ("case_ms", "case ms", ".4f"), ("remedy_ms", "remedy ms", ".4f"), ("share_of_case", "of step", ".1%"),
+        ("case_ms", "case ms", ".4f"), ("remedy_ms", "remedy ms", ".4f"), ("share_of_case", "share", ".1%"),
         ("busy", "busy", "s")]
 CHECK_COLS = [("rank", "#", "d"), ("kind", "kind", "s"), ("case", "case", "s"), ("remedy", "remedy", "s"),
               ("where", "where", "s"), ("direction", "dir", "s"), ("saving_ms", "predicted ms", ".4f"),
@@ -92,7 +92,8 @@ def write(found: pd.DataFrame, out: TextIO, top: int | None = 10) -> None:
         print(table(shown, COLS), file=out)
         for _, r in shown.iterrows():
             print(f"  #{r['rank']} cause: {r['cause']}" + (f" [{r['caveat']}]" if r.get("caveat") else ""), file=out)
-        print(f"  basis: {shown['basis'].iloc[0]}", file=out)
+        print(f"  basis: {shown['basis'].iloc[0]}; share: of the case's "
+              + ("clean step" if kind == F.Kind.STEP else "traced time per step (the same kind of time)"), file=out)
 
 
 def write_check(checked: pd.DataFrame, out: TextIO) -> None:

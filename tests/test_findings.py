@@ -78,7 +78,12 @@ def test_the_issues_example_is_the_top_place_finding(link_dir, found_1024):
     assert top["remedy"] == "framework mxnet -> pytorch, mode imperative -> eager" and top["runnable"]
     assert "calc_bias_diff_nchw_packed via cudnnConvolutionBackwardBias" in top["cause"]
     assert "reduce_kernel (no library call)" in top["cause"]
-    assert top["share_of_case"] == pytest.approx((mx - pt) / median_ms(link_dir, "mxnet", 1024))
+    # of MXNet's traced kernel time per step (the same kind of time), from pyarrow's rows
+    rows = pq.read_table(link_dir / "records.parquet", columns=["framework", "source", "kind", "batch_size", "dur_ns",
+                                                                 "iteration"]).to_pylist()
+    traced = sum(r["dur_ns"] for r in rows if r["framework"] == "mxnet" and r["source"] == "nsys"
+                 and r["kind"] == "kernel" and r["batch_size"] == 1024 and r["iteration"] is not None)
+    assert top["share_of_case"] == pytest.approx((mx - pt) / (traced / STEPS / 1e6), rel=1e-6)
 
 
 def test_ranked_by_saving_findings_first(found_1024):
@@ -256,8 +261,11 @@ def test_cpu_remedy_run_and_checked(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     sides = F.run_sides(load_run(pred))
     found = F.findings(sides)
-    step = found[(found["kind"] == "step") & (found["case"] == "mxnet bs32")]
-    assert len(step) == 1 and step["remedy"].iloc[0] == "mode imperative -> hybridized" and step["runnable"].iloc[0]
+    step = found[found["kind"] == "step"]  # the slower mode against the faster (the load decides which)
+    mode = {s.label: s.entry["mode"] for s in sides}
+    assert len(step) == 1 and step["runnable"].iloc[0]
+    slow, fast = mode[step["case"].iloc[0]], mode[step["remedy_case"].iloc[0]]
+    assert {slow, fast} == {"imperative", "hybridized"} and step["remedy"].iloc[0] == f"mode {slow} -> {fast}"
     step = step.assign(call=str(F.Call.FINDING))
     checked = findingscli.check_remedies(pred, step, sides, 1, tmp_path / "checks", 20, 2, [], D.ALPHA, None)
     runs = sorted(p.name for p in (tmp_path / "checks").iterdir())
@@ -267,7 +275,7 @@ def test_cpu_remedy_run_and_checked(tmp_path):
     med = {r["mode"]: r["median_step_s"] * 1e3 for r in res}
     assert {r["steps"] for r in res} == {20} and {r["batch_size"] for r in res} == {32}
     r = checked.iloc[0]
-    assert r["measured_saving_ms"] == pytest.approx(med["imperative"] - med["hybridized"])
+    assert r["measured_saving_ms"] == pytest.approx(med[slow] - med[fast])
     err = (r["measured_saving_ms"] - r["saving_ms"]) / r["saving_ms"]
     assert r["error_pct"] == pytest.approx(err * 100) and bool(r["hit"]) is bool(abs(err) <= F.HIT_TOLERANCE)
     assert checked.attrs["hit_rate"] == (int(r["hit"]), 1)
@@ -318,3 +326,17 @@ def test_mode_remedies_on_the_modes_run():
     assert set(mx.index) == {"framework mxnet -> pytorch, mode imperative -> cuda-graph", "mode imperative -> hybridized"}
     assert mx.loc["mode imperative -> hybridized", "saving_ms"] == pytest.approx(
         med[("mxnet", "imperative")] - med[("mxnet", "hybridized")])
+
+
+def test_diff_prints_and_writes_the_two_sides_findings(tmp_path):
+    run_dir = str(DATA / "gpu_modes_run")
+    out = tmp_path / "f.csv"
+    p = subprocess.run([sys.executable, "-m", "kernelmap.cli", "diff", run_dir, run_dir, "--case-a",
+                        "framework=pytorch,mode=eager", "--case-b", "framework=pytorch,mode=cuda-graph", "--top", "2",
+                        "--findings", "3", "--findings-csv", str(out)], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "findings, B against A and A against B" in p.stdout and "mode eager -> cuda-graph" in p.stdout
+    got = pd.read_csv(out)
+    step = got[got["kind"] == "step"]
+    assert len(step) == 1 and step["saving_ms"].iloc[0] == pytest.approx(1.5647, abs=1e-4)
+    assert set(got["case"]) <= {"gpu_modes_run:pytorch bs64", "gpu_modes_run:pytorch-cuda-graph bs64"}

@@ -65,6 +65,8 @@ NOISE_RULE = (f"a place's saving is a finding where the U test calls the other s
 HIT_RULE = (f"hit: the measured saving (fresh runs of both cases) within {HIT_TOLERANCE:.0%} of the predicted "
             "one; the hit rate is over the findings checked, and over those whose fresh runs ran on a quiet machine")
 
+# share_of_case: the saving over the case's figure of the same kind of time (its traced kernel or op time per step
+# for a place, its clean step for a step finding)
 COLUMNS = ["rank", "kind", "call", "batch_size", "case", "remedy_case", "remedy", "runnable", "where", "direction",
            "saving_ms", "saving_lo_ms", "saving_hi_ms", "case_ms", "remedy_ms", "share_of_case", "p_value",
            "verdict", "cause", "caveat", "case_calls_step", "remedy_calls_step", "busy", "basis"]
@@ -223,14 +225,14 @@ def _place_row(x: D.Side, y: D.Side, place: tuple[str, str], sx: list[float], sy
     call = Call.BUSY if call == Call.FINDING and _busy(x, y) else call
     x_ms, y_ms = float(np.mean(sx)) / 1e6, float(np.mean(sy)) / 1e6
     remedy, runnable = remedy_of(x, y)
-    step = field_at(x.entry, "median_step_s")
+    traced = _traced_ms(x)  # the share is of the same kind of time: the case's traced kernel (op) time per step
     cause = f"{x.label}: {place_cause(x, place)} | {y.label}: {place_cause(y, place)}"
     basis = BASIS[Kind.PLACE].format(level=x.level, source=x.source, steps=x.n_steps)
     nx, ny = float(rx["calls"]) / x.n_steps, float(ry["calls"]) / y.n_steps
     caveat = FEWER.format(ny=ny, nx=nx) if ny < nx else ""
     return [0, str(Kind.PLACE), str(call), case_fields(x)["batch_size"], x.label, y.label, remedy, runnable,
             place[0], place[1], x_ms - y_ms, None if ci is None else ci[0] / 1e6, None if ci is None else ci[1] / 1e6,
-            x_ms, y_ms, (x_ms - y_ms) / (step * 1e3) if step else None, p, v, cause, caveat, nx, ny, _busy(x, y), basis]
+            x_ms, y_ms, (x_ms - y_ms) / traced if traced else None, p, v, cause, caveat, nx, ny, _busy(x, y), basis]
 
 
 FEWER = ("the remedy runs fewer kernels (ops) here, {ny:g} against {nx:g} per step: part of its work for this place "
