@@ -93,7 +93,8 @@ def test_cudnn_math_follows_each_calls_enable_tf32(path, math, n):
 def test_cudnn_half_precision_excerpts():
     df = cudnn_log.read(EXCERPTS / "cudnn_fp16_v8.log")
     assert list(df["library_call"]) == ["cudnnConvolutionForward", "cudnnConvolutionBackwardData"]
-    assert list(df["math_ran"]) == ["fp16", "fp16"]  # the older math_mode column read the fp32 compute type
+    assert list(df["math_ran"]) == ["fp16", "fp16"]
+    assert list(df["math_mode"]) == ["fp16", "fp16"]  # read tf32 from the float compute type before issue 38
     assert list(df["math_dtypes"]) == ["x=fp16 w=fp16 compute=fp32", "w=fp16 dy=fp16"]
 
 

@@ -159,7 +159,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
                 canon = "log_softmax" if "LOG" in (_find(attrs, "algo") or "") else "other"
             row["algo"] = _enum(_find(attrs, "algo"))
             row["op_name"] = func
-            dtype = _enum(_find(attrs, "convDesc.dataType") or _find(attrs, "xDesc.dataType"))
+            # the data's type (x, else w or dy), not the convolution's compute type: an fp16 convolution computes
+            # in float, and its math mode is fp16 (it read tf32 from the compute type before issue 38)
+            dtype = _enum(_find(attrs, "xDesc.dataType") or _find(attrs, "wDesc.dataType")
+                          or _find(attrs, "dyDesc.dataType") or _find(attrs, "convDesc.dataType"))
             math = _enum(_find(attrs, "convDesc.mathType"))
             if math and "TENSOR_OP" in math and dtype == "CUDNN_DATA_FLOAT":
                 row["math_mode"] = "tf32"
