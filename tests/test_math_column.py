@@ -273,3 +273,19 @@ def test_asked_tf32_allows_fp32_fma_not_bf16():
         for m in ("tf32", "fp32", "bf16", "unknown")])
     assert list(M.math_mismatches(rows)["math_ran"]) == ["bf16"]
     assert list(M.math_mismatches(rows.assign(math_asked="fp32"))["math_ran"]) == ["tf32", "bf16"]
+
+
+def test_cpu_run_asked_bf16_fails_where_onednn_ran_fp32(tmp_path):
+    """The real CPU run (tests/data/cpu_run_all, fp32): its oneDNN convolutions and MKL gemms ran fp32 as asked;
+    the same records under a bf16 case fail 'math as asked', naming the conv that ran fp32."""
+    run_dir = tmp_path / "cpu_run_all"
+    shutil.copytree(DATA / "cpu_run_all", run_dir)
+    normalise_run_dir(run_dir)
+    run = load_run(run_dir)
+    ok = pd.DataFrame(math_checks(run))
+    assert set(zip(ok["check"], ok["status"], strict=True)) == {("math as asked", "pass"), ("math known", "pass")}
+    run.records["math"] = pd.array(["bf16"] * len(run.records), dtype=schema.DTYPES["math"])
+    bad = pd.DataFrame(math_checks(run))
+    bad = bad[(bad["check"] == "math as asked")]
+    assert list(bad["status"]) == ["FAIL", "FAIL"] and list(bad["measured"]) == ["fp32", "fp32"]
+    assert bad["detail"].str.contains("conv1 fwd convolution forward_training ran fp32").all()
