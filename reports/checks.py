@@ -33,7 +33,9 @@ Checks (``Check``):
   synchronises every step cannot be faster: the clean pass was slowed (by the machine where contention
   was measured during it; the detail gives both passes' contention).
 * ``layer time vs batch size``: per run x framework x layer x direction x kind of time, a layer's
-  time per step does not fall when the batch size grows, beyond noise. Noise: the 95% bootstrap
+  time per step does not fall when the batch size grows, beyond noise; a host-clock pair is not checked
+  where either pass ran slower or faster than its own clean pass beyond noise (not one time basis:
+  ``_apart_from_clean``). Noise: the 95% bootstrap
   interval (``timing``'s seed and resample count) of the mean of the layer's per-step times, taken
   per traced iteration (framework-op and kernel time) or per logged step of the libs pass
   (library-call time: ``ops.logged_step_sums_ms``); FAIL where the larger batch's interval lies
@@ -312,6 +314,21 @@ def _layers_within_step(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def _apart_from_clean(run: Run, fw: str, kind: str, passes: Iterable[tuple[Any, str]]) -> str:
+    """Why host-clock figures of these (batch size, pass) are not one time basis: each pass that ran slower or
+    faster than its own clean pass beyond noise (``basis.Agreement``), in words; '' where none did (or the kind
+    is GPU kernel time, which a host-side slowdown does not stretch)."""
+    if not TimeKind(kind).host_clock:
+        return ""
+    states = pass_states([run])
+    out = []
+    for bs, p in passes:
+        s = states.get((run.name, fw, bs, p))
+        if s is not None and s.agreement in (Agreement.SLOWER, Agreement.FASTER):
+            out.append(f"bs {bs}: {s.label} {s.agreement_text()}")
+    return "; ".join(out)
+
+
 def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
     rows = []
     for fw, gf in series.groupby("framework", sort=False):
@@ -334,6 +351,11 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                         rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
                                          NOT_CHECKED, "no per-step times (under two steps, or a library log whose "
                                                       "calls do not divide into its logged steps): no noise figure"))
+                        continue
+                    apart = _apart_from_clean(run, fw, kind, ((a, ra["pass"]), (b, rb["pass"])))
+                    if apart:  # one time basis per comparison: a pass slowed (or sped) apart from its clean pass
+                        rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
+                                              NOT_CHECKED, f"not held against each other: {apart}"))
                         continue
                     busy = [pass_contention(run, fw, a, ra["pass"]), pass_contention(run, fw, b, rb["pass"])]
                     contended = any(x.contended for x in busy)

@@ -121,3 +121,25 @@ def test_a_libs_pass_faster_beyond_noise_is_withheld_too(bench, tmp_path):
     at64 = rows[rows["batch_size"] == 64]
     assert set(at64["status"]) == {C.NOT_CHECKED}
     assert all("faster beyond noise" in x for x in at64["detail"])
+
+
+def _vs_batch(d: Path) -> pd.DataFrame:
+    c = C.self_checks([A.load_run(d)])
+    return c[c["check"] == C.Check.LAYER_VS_BATCH]
+
+
+def test_layer_time_vs_batch_size_holds_no_slowed_pass_against_another(bench, tmp_path):
+    """bs 64 -> 256 library-call time: bs 256's libs pass ran 1.76x its clean pass (45.11 ms), bs 64's within
+    noise of its own: the 8 library-call rows not checked, saying so; the 8 framework-op rows (both framework
+    passes within noise of their clean passes) checked. The libs pass set to its clean pass's figures: all 16 checked."""
+    rows = _vs_batch(bench)
+    lib = rows[rows["subject"].str.contains("library-call time")]
+    op = rows[rows["subject"].str.contains("framework-op time")]
+    assert (len(lib), len(op)) == (8, 8)
+    assert set(lib["status"]) == {C.NOT_CHECKED} and set(op["status"]) == {C.PASS}
+    assert set(lib["detail"]) == {"not held against each other: bs 256: MXNet's libs pass ran 1.76x its clean pass"}
+
+    def like_clean(r: dict) -> None:
+        r["passes"]["libs"].update({k: r[k] for k in ("median_step_s", "ci95_low_s", "ci95_high_s", "step_times_s")})
+    rows = _vs_batch(_doctored(bench, tmp_path, 256, like_clean))
+    assert (rows["status"] == C.NOT_CHECKED).sum() == 0 and len(rows) == 16
