@@ -66,8 +66,9 @@ def train_step(w, images: list, labels: list):
     with w.region("kernelmap:forward"):
         with autograd.record():
             losses = [w.loss_fn(w.net(x), y) for x, y in zip(images, labels, strict=True)]
+            scaled = [w.scaled_loss(loss) for loss in losses]  # times AMP's loss scale at fp16 (workload)
     with w.region("kernelmap:backward"):
-        autograd.backward(losses)
+        autograd.backward(scaled)
     with w.region("kernelmap:optimizer"):
         w.trainer.step(sum(x.shape[0] for x in images))
     return mx.nd.concat(*[loss.as_in_context(w.ctx) for loss in losses], dim=0).mean()

@@ -269,9 +269,8 @@ class Workload(spec.WorkloadBase):
 
     # --- compute ------------------------------------------------------------------------------
     def forward(self, images) -> np.ndarray:
-        if isinstance(images, list):
-            return parallel.forward(self.net, images).asnumpy()
-        return self.net(images).astype("float32", copy=False).asnumpy()  # AMP's logits are of its low dtype
+        logits = parallel.forward(self.net, images) if isinstance(images, list) else self.net(images)
+        return logits.astype("float32", copy=False).asnumpy()  # AMP's logits are of its low dtype
 
     def region(self, name: str):
         return self._event(name) if self.trace_regions else contextlib.nullcontext()
