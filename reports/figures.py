@@ -456,7 +456,7 @@ def counters_roofline_figure(kernels: pd.DataFrame, peaks: dict, path: Path) -> 
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     fig.suptitle("Counters pass (Nsight Compute, one training step, each kernel replayed with caches flushed, "
-                 "clocks not locked): kernels under the roofs this run measured (torch.mm per precision, "
+                 "clocks not locked): kernels under the roofs this run measured (a large GEMM per precision through the framework, "
                  "device copy); grey x: kernels not paired with a timing-pass kernel", fontsize=9, wrap=True)
     fig.tight_layout()
     return _save(fig, path)
