@@ -1,7 +1,7 @@
 """The two self-checks of each library call's math (issue 38; ``analyses/math.py`` makes the tables).
 
-* ``math as asked``: per case x batch size, every convolution and linear product whose math is known ran
-  the math the case asked for (``--math``): FAIL names each one that did not (layer, direction, call, the
+* ``math as asked``: per case x batch size, every convolution and linear product (not a bias gradient) whose
+  math is known ran the math the case asked for (``--math``): FAIL names each one that did not (layer, direction, call, the
   math it ran, its time per step): asked fp32, a call ran TF32; asked bf16, a conv ran fp32; asked tf32,
   tf32 or fp32 pass (TF32 is a permission: ``math.ALLOWED``), the detail giving the time of each. Not checked
   where the case's math is not recorded or none of its products has a known math.
@@ -32,7 +32,7 @@ def math_checks(run: Run) -> list[dict[str, Any]]:
 
 def _as_asked(run: Run, c, table, wrong) -> list[dict[str, Any]]:
     mine = table[(table["case"] == c.case) & (table["batch_size"] == c.batch_size)]
-    products = mine[mine["canonical_op"].isin(M.MULTIPLY_OPS) & mine["direction"].isin(M.MULTIPLY_DIRECTIONS)
+    products = mine[mine["canonical_op"].isin(M.MULTIPLY_OPS) & ~mine["direction"].isin(M.NOT_PRODUCTS)
                     & (mine["math_ran"] != "unknown")]
     bad = wrong[(wrong["case"] == c.case) & (wrong["batch_size"] == c.batch_size)]
     subject = "conv/linear products"

@@ -289,3 +289,23 @@ def test_cpu_run_asked_bf16_fails_where_onednn_ran_fp32(tmp_path):
     bad = bad[(bad["check"] == "math as asked")]
     assert list(bad["status"]) == ["FAIL", "FAIL"] and list(bad["measured"]) == ["fp32", "fp32"]
     assert bad["detail"].str.contains("conv1 fwd convolution forward_training ran fp32").all()
+
+
+def test_a_real_cpu_bf16_run(tmp_path):
+    """kernelmap's own PyTorch --math bf16 run (tests/data/cpu_bf16_run): every oneDNN call ran bf16 (the stdlib
+    count of its exec lines' types), 'math as asked' and 'math known' pass; under an fp32 label the products fail."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(DATA / "cpu_bf16_run", run_dir)
+    normalise_run_dir(run_dir)
+    log = run_dir / "pytorch-bf16" / "bs16" / "onednn.log.gz"
+    by_hand = _onednn_by_hand(log)
+    assert by_hand == {("convolution", "bf16"): 20, ("matmul", "bf16"): 24, ("reorder", "bf16"): 60}
+    run = load_run(run_dir)
+    calls = run.records[run.records["kind"] == "library_call"]
+    assert collections.Counter(zip(calls["op_name"], calls["math_ran"], strict=True)) == by_hand
+    checks = pd.DataFrame(math_checks(run))
+    assert list(zip(checks["check"], checks["status"], checks["measured"], strict=True)) == [
+        ("math as asked", "pass", "bf16"), ("math known", "pass", "100.0%")]
+    run.records["math"] = pd.array(["fp32"] * len(run.records), dtype=schema.DTYPES["math"])
+    bad = pd.DataFrame(math_checks(run))
+    assert bad["status"].iat[0] == "FAIL" and "ran bf16" in bad["detail"].iat[0]

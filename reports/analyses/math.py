@@ -30,7 +30,9 @@ from .timed import records_of, timed_events
 
 COVERAGE_GOAL = 0.99
 MULTIPLY_OPS = ("conv2d", "linear")
-MULTIPLY_DIRECTIONS = ("fwd", "bwd_data", "bwd_weight", "bwd")  # not bwd_bias: a reduction, no product
+# a conv's or linear's bias gradient is a reduction, no product; every other direction is checked, a call the
+# adapter could not place too (oneDNN's matmul under CPU autocast: no layer, direction none)
+NOT_PRODUCTS = ("bwd_bias",)
 CPU_SOURCES = ("onednn_verbose", "mkl_verbose")
 TABLE = ["run", "case", "batch_size", "math_asked", "canonical_op", "layer", "direction", "library", "library_call", "math_ran",
          "math_source", "math_dtypes", "per_step", "ms_per_step", "time_kind"]
@@ -75,14 +77,19 @@ def _cpu_calls(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
 def _cases(run: Run):
     """(case, batch size, GPU library kernels or CPU library calls, steps, kind of time) per case."""
     rec = records_of(run)
+    gpu = set()
     for t in timed_events(run):
         if t.level == "kernel":
+            gpu.add((t.framework, t.batch_size))
             yield t.framework, t.batch_size, _gpu_library(t, rec), t.n_steps, f"GPU kernel time, {t.source} trace"
-            continue
-        calls = _cpu_calls(rec, t.framework, t.batch_size)
-        n, _ = log_steps(run, t.framework, t.batch_size)
-        if len(calls) and n:
-            yield t.framework, t.batch_size, calls, n, "library's own logged time (oneDNN/MKL verbose), libs pass"
+    # the CPU: the libraries' own calls, whatever trace the case has (a libs-pass-only run has none)
+    keys = rec[(rec["kind"] == "library_call") & rec["source"].isin(CPU_SOURCES)][["case", "batch_size"]]
+    for fw, bs in keys.drop_duplicates().itertuples(index=False):
+        bs_v = None if pd.isna(bs) else int(bs)
+        calls = _cpu_calls(rec, str(fw), bs_v)
+        n, _ = log_steps(run, str(fw), bs_v)
+        if (str(fw), bs_v) not in gpu and len(calls) and n:
+            yield str(fw), bs_v, calls, n, "library's own logged time (oneDNN/MKL verbose), libs pass"
 
 
 def math_table(runs: list[Run]) -> pd.DataFrame:
@@ -120,7 +127,7 @@ def math_mismatches(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``math_table`` of a convolution or linear product whose known math is not the case's."""
     if not len(table):
         return table
-    t = table[table["canonical_op"].isin(MULTIPLY_OPS) & table["direction"].isin(MULTIPLY_DIRECTIONS) & table["math_asked"].notna()
+    t = table[table["canonical_op"].isin(MULTIPLY_OPS) & ~table["direction"].isin(NOT_PRODUCTS) & table["math_asked"].notna()
               & (table["math_ran"] != schema.UNKNOWN)]
     allowed = t["math_asked"].map(lambda m: ALLOWED.get(m, (m,)))
     return t[np.array([ran not in ok for ran, ok in zip(t["math_ran"], allowed, strict=True)], dtype=bool)]
