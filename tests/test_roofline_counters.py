@@ -22,7 +22,8 @@ LAYERS = {3: ("conv1", "conv2d", "fwd"), 4: ("conv1", "conv2d", "fwd"), 9: ("con
           10: ("conv2", "conv2d", "fwd"), 11: ("conv2", "conv2d", "fwd"), 12: ("conv2", "conv2d", "fwd"),
           13: ("conv2", "conv2d", "fwd"), 18: ("fc1", "linear", "fwd"), 19: ("fc1", "linear", "fwd"),
           23: ("fc2", "linear", "fwd")}
-MATH = {11: "bf16", 18: "bf16", 23: "bf16"}  # the stand-in log math of the tensor-core kernels
+MATH = {11: "bf16", 18: "bf16", 23: "bf16"}
+CORRELATION: dict[int, int] = {}  # launch order of the stand-in kernels (default: their position)  # the stand-in log math of the tensor-core kernels
 PEAKS = {"gemm": {"bf16": {"flops_per_s": 7.0e14}, "fp32": {"flops_per_s": 5.0e13}},
          "dram": {"bytes_per_s": 4.0e12}, "method": "stand-in figures for the test"}
 
@@ -32,7 +33,7 @@ def _timed(names: list[str]) -> pd.DataFrame:
     for i, n in enumerate(names):
         layer, op, d = LAYERS.get(i, (None, "other", "none"))
         rows.append({"run": "pytorch/bs64", "case": "pytorch", "kind": "kernel", "iteration": 7, "source": "kineto",
-                     "start_ns": 1000 * i, "event_id": i, "kernel_name": n, "dur_ns": 100 + i,
+                     "start_ns": 1000 * i, "event_id": i, "correlation_id": CORRELATION.get(i, 10 + i), "kernel_name": n, "dur_ns": 100 + i,
                      "layer": layer, "canonical_op": op, "direction": d, "library": None, "library_call": None,
                      "math_mode": MATH.get(i)})
     return pd.DataFrame(rows)
@@ -221,3 +222,18 @@ def test_flop_model_compares_the_library_kernels():
     assert bool(row["within_tolerance"]) and row["kernels"] == 3
     row = roofline.layer_counters(k.assign(library=None)).iloc[0]
     assert row["counter_flops"] == 462_422_016 + 401_408 + 6_422_528 and row["flops_from"].startswith("all kernels")
+
+
+def test_timing_step_in_launch_order(tmp_path, monkeypatch):
+    """Kernels that started on the device out of their launch order (another stream) are paired in launch order,
+    the correlation id, as ncu profiles them; by their start alone two would be out of place."""
+    names = _names()
+    swapped = names[:5] + [names[6], names[5]] + names[7:]  # listed as they started on the device
+    monkeypatch.setitem(CORRELATION, 5, 10 + 6)  # ... but names[5] (row 6) was launched first
+    monkeypatch.setitem(CORRELATION, 6, 10 + 5)
+    _, status, _ = roofline.counter_kernels([_run(tmp_path, swapped)])
+    assert status.iloc[0]["matched"] == 31
+    monkeypatch.setitem(CORRELATION, 5, 10 + 5)  # launched as they started: the capture's order differs there
+    monkeypatch.setitem(CORRELATION, 6, 10 + 6)
+    kernels, status, _ = roofline.counter_kernels([_run(tmp_path / "b", swapped)])
+    assert status.iloc[0]["matched"] == 29 and set(kernels.index[~kernels["matched"]]) == {5, 6}

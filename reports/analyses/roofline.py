@@ -122,15 +122,20 @@ def measured_peaks(run: Run) -> dict[str, Any]:
 
 
 def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None, int | None]:
-    """The kernels of one traced step of a case's timing passes, in the order they ran: the first trace source
-    (the framework pass's, then nsys) with kernels in traced steps, its last step. (empty, None, None) if none."""
+    """The kernels of one traced step of a case's timing passes, in the order they were launched (ncu's order):
+    the first trace source (the framework pass's, then nsys) with kernels in traced steps, its last step. Launch
+    order is the CUDA correlation id where every kernel has one (two threads and several streams launch in one
+    global order), then the start on the device (a CUDA graph's kernels share their launch's id); else the start.
+    (empty, None, None) if none."""
     k = rec[(rec["run"] == run_id) & (rec["kind"] == "kernel") & rec["iteration"].notna()]
     for src in TRACE_SOURCES:
         ks = k[k["source"] == src]
         if len(ks):
             it = int(ks["iteration"].max())
-            step = ks[ks["iteration"] == it].sort_values(["start_ns", "event_id"], kind="stable")
-            return step.reset_index(drop=True), src, it
+            step = ks[ks["iteration"] == it]
+            by = (["correlation_id", "start_ns", "event_id"] if step["correlation_id"].notna().all()
+                  else ["start_ns", "event_id"])
+            return step.sort_values(by, kind="stable").reset_index(drop=True), src, it
     return k.iloc[0:0], None, None
 
 
