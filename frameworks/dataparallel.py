@@ -107,6 +107,12 @@ def rank_dir(out_dir: Path, r: int) -> Path:
     return Path(out_dir) if r == 0 else Path(out_dir) / RANK_DIR.format(r)
 
 
+def rank_dirs(case_dir: Path) -> list[Path]:
+    """The folders of ranks r > 0 in a case folder (``rank_dir``), in rank order."""
+    found = [(p, p.name[len(RANK_DIR.format("")):]) for p in Path(case_dir).glob(RANK_DIR.format("*"))]
+    return [p for p, r in sorted(found, key=lambda x: int(x[1]) if x[1].isdigit() else -1) if r.isdigit() and p.is_dir()]
+
+
 def merged_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """``base`` with ``extra`` added; flag lists (``XLA_FLAGS``) already set are extended, not replaced."""
     out = dict(base)

@@ -90,6 +90,9 @@ class Vocabulary:
     backward_prefix: str = ""
     # op-name prefixes of its collective communication ranges (canonical op "collective")
     collective_prefixes: tuple[str, ...] = ()
+    # copy ops that are its communication where they run in the optimizer phase of a case on several devices
+    # (MXNet's KVStore push and pull: kernelmap/commlink.py)
+    collective_copies: tuple[str, ...] = ()
     # op name -> (position of the weight among its inputs, transposed?): the layer from the weight's shape
     weight_args: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
     # matrix products with no weight argument of their own: the layer from the two matrices' dims

@@ -42,6 +42,8 @@ class Check(enum.StrEnum):
     CPU_WALL = "CPU time vs wall time"
     MATH_AS_ASKED = "math as asked"  # reports/mathchecks.py
     MATH_KNOWN = "math known"
+    COMM_LINKED = "communication attributed to its op"  # reports/commchecks.py (issue 39)
+    COMM_BOUNDS = "communication within its step"
     COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
     COUNTER_MATH = "log math vs counter math"
     COUNTERS_BUDGET = "counters pass within budget"

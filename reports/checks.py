@@ -102,6 +102,7 @@ from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
     pass_contention,
     span_ms,
 )
+from .commchecks import comm_checks
 from .counterchecks import counter_checks
 from .mathchecks import math_checks
 from .relations import (
@@ -232,7 +233,8 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
                              f"the {t.source} trace records no framework ops in its steps"))
         else:
             calls = A.op_calls(t).set_index(["canonical_op", "direction"])
-            for (op, d), n in expected.items():
+            for (op, d), one in expected.items():
+                n = one * (case.devices if case is not None else 1)  # issue 39: each device runs the model's ops
                 got = float(calls.loc[(op, d), "calls_per_step"]) if (op, d) in calls.index else 0.0
                 basis = calls.loc[(op, d), "basis"] if (op, d) in calls.index else "no such op"
                 rows.append(check_row(run.name, fw, bs, Check.CALLS, f"{op} {d}", n, got,
@@ -255,8 +257,9 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
                              f"iterations {list(t.iterations)}{extra}"))
         # timed work within the step's wall time
         st, basis = _pass_step_times(run, fw, bs, t.pass_name)
-        busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
-        what = f"{t.level} time per step ({t.source})"
+        per = case.devices if case is not None else 1  # issue 39: the devices' ops side by side, each within the step
+        busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / per / 1e6
+        what = f"{t.level} time per step ({t.source})" + (f", per device of {per}" if per > 1 else "")
         if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
             rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
                              f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
@@ -502,6 +505,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
             continue
         rows += math_checks(run)  # issue 38: first among the record checks, so the page's banner names it
         rows += counter_checks(run)  # issue 38: only for a run with a counters pass
+        rows += comm_checks(run)  # issue 39: only for a run with multi-device cases
         rows += _record_checks(run, expected)
         libcalls = A.library_calls([run])
         rows += _library_call_checks(run, libcalls)

@@ -34,6 +34,7 @@ from . import checks as C
 from . import figures as F
 from . import html as H
 from .analyses import basis as B
+from .analyses import comm as COMM
 from .analyses import findings as FD
 from .analyses import math as MATH
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
@@ -112,6 +113,9 @@ TABLES = {
     "cpu_wall": "CPU time against wall time per clean pass (basis.CPU_WALL_RULE)",
     "findings": "findings ranked by what they would save, per run: place (layer x direction) and whole step, "
                 "each with its cause, 95% interval and call (finding, busy machine, noise; analyses.findings)",
+    "comm_steps": "communication of multi-device cases per traced step and rank: compute, communication, exposed "
+                  "communication, overlap share, bytes, share attributed to its op (analyses/comm.py)",
+    "comm_cases": "communication of multi-device cases per case and rank: medians over the traced steps",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
     "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }
@@ -637,7 +641,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
-            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise})
+            "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise,
+            **COMM.tables(a.runs)})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render(_context(a, figs, trend, csvs)))
     return Path(out), a.checks

@@ -48,4 +48,7 @@ VOCABULARY = Vocabulary(
     asynchronous=True,
     native_kernel_marks=("mxnet::op::",),  # its operators' own kernels
     nvtx_not_ops=r"MX[A-Z]",  # its C API calls (profile_api) are NVTX ranges too, named MX*: never an operator's
+    # issue 39: the KVStore's sum (KVStoreReduce), and the copies its push and pull make between contexts
+    collective_prefixes=("KVStore",),
+    collective_copies=("CopyCPU2CPU", "CopyGPU2GPU", "CopyCPU2GPU", "CopyGPU2CPU"),
 )

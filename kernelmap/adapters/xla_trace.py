@@ -486,9 +486,11 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         cols[col] = int64_array(pd.Series(vals, dtype=object), path, col, idx) if n else pd.array([], dtype="Int64")
     cols["stream"] = pd.array(np.where(dev, cols["tid"], pd.NA), dtype="Int64") if n else pd.array([], dtype="Int64")
     cols["device_index"] = pd.array(device_index, dtype="Int64")
-    # the CPU's thunks name their device (XLA's host platform devices: one per rank of a sharded step)
-    cols["rank"] = pd.array([_ordinal(r[2]) if kind[j] == "op" and not dev[j] else None
-                             for j, r in enumerate(rows)], dtype="Int64")
+    # the CPU's thunks name their device: where a trace holds several (XLA's host platform devices, one per
+    # rank of a sharded step: issue 39), each thunk's rank is its device's; one device: no rank, as before
+    ordinal = [_ordinal(r[2]) if kind[j] == "op" and not dev[j] else None for j, r in enumerate(rows)]
+    if len({o for o in ordinal if o is not None}) > 1:
+        cols["rank"] = pd.array(ordinal, dtype="Int64")
     for k, col in enumerate(("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")):
         cols[col] = int64_array(grid[:, k], path, col, idx) if n else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)

@@ -197,7 +197,7 @@ def op_calls(t: Timed) -> pd.DataFrame:
     basis = pd.Series("outermost op", index=outer.index, dtype=object)
     if ops["seq"].notna().any():
         fwd_outer = outer[dgroup.eq("fwd")]
-        seq_to_fwd: dict[int, int] = {}
+        seq_to_fwd: dict[tuple, int] = {}  # (process, seq): each process (a rank: issue 39) numbers its own
         if len(fwd_outer):
             fw_ops = ops[ops["seq"].notna() & ops["direction"].eq("fwd")]
             for (pid, tid), g in fw_ops.groupby([fw_ops["pid"].fillna(-1), fw_ops["tid"].fillna(-1)]):
@@ -210,9 +210,11 @@ def op_calls(t: Timed) -> pd.DataFrame:
                 pos = np.searchsorted(starts, g["start_ns"].to_numpy(dtype="int64"), side="right") - 1
                 for p, s_, sq in zip(pos, g["start_ns"].to_numpy(dtype="int64"), g["seq"], strict=True):
                     if p >= 0 and s_ < ends[p]:
-                        seq_to_fwd.setdefault(int(sq), int(fo["event_id"].iloc[p]))
+                        seq_to_fwd.setdefault((pid, int(sq)), int(fo["event_id"].iloc[p]))
         bwd = dgroup.eq("bwd") & outer["seq"].notna()
-        mapped = outer.loc[bwd, "seq"].map(lambda q: seq_to_fwd.get(int(q)))
+        mapped = pd.Series([seq_to_fwd.get((p, int(q))) for p, q in zip(outer.loc[bwd, "pid"].fillna(-1),
+                                                                        outer.loc[bwd, "seq"], strict=True)],
+                           index=outer.index[bwd.to_numpy()], dtype=object)
         hit = mapped.notna()
         key.loc[mapped.index[hit]] = [("fwd", int(v)) for v in mapped[hit]]
         basis.loc[mapped.index[hit]] = "backward ops per forward call (autograd seq)"

@@ -1,0 +1,126 @@
+"""Communication records of a multi-device case (issue 39): each collective, and each of the KVStore's
+copies and sums, as communication (canonical op ``collective``), linked to the framework op that issued it,
+with its bytes where the trace gives its sizes. Applied by ``normalise`` to the records of each case.
+
+What is communication, per trace (the adapters label it; here only what needs the case's records whole):
+
+- **PyTorch** (Kineto): ``c10d::allreduce_``/``c10d::broadcast_`` ops (the issuing op, on the thread that ran
+  DDP's gradient hook) and the collective's work: on the CPU gloo's ``gloo:all_reduce`` span on a gloo
+  thread, on the GPU the NCCL kernels (linked to their launching op by the adapter). A work span has no
+  parent op in the trace (another thread); ``link`` links the n-th work span of a collective (all_reduce,
+  broadcast, ...) to the n-th issuing op of that collective in the same trace (a rank's), in start order, where
+  the counts agree and each work span starts after its op and holds the same number of elements (else it stays
+  unlinked, and the report's self-check says so).
+- **MXNet** (its profiler): ``KVStoreReduce`` (the KVStore's sum, its vocabulary's ``collective_prefixes``) and
+  the copies its push and pull make between contexts: copy operators (the vocabulary's ``collective_copies``)
+  in the optimizer phase of a case on more than one device (``Trainer.step``: the batch's copies to the
+  contexts run before, in the data and forward phases). Each is an MXNet operator: the op that issued it.
+- **JAX** (XLA's trace): the ``all-reduce`` HLO instructions (the adapter: canonical op ``collective``), the op
+  itself; on the GPU its NCCL kernels carry the instruction.
+
+``bytes`` of a collective op or work span: its elements (the trace's ``Input Dims``) times 4, the gradients'
+float32 (the parameters' dtype at every math: mixed precision keeps fp32 master weights).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from . import frameworks
+from .adapters.canonical import COLLECTIVE, is_collective_kernel
+
+GRADIENT_BYTES = 4  # float32 gradients
+OPTIMIZER_PHASE = "optimizer"
+_VERB = re.compile(r"[^a-z]")
+
+
+def verb(op_name: str) -> str:
+    """The collective an op or work span names, spelling aside: ``c10d::allreduce_``, ``gloo:all_reduce`` and
+    ``nccl:all_reduce`` are all ``allreduce``."""
+    name = str(op_name).rsplit(":", 1)[-1].lower()
+    return _VERB.sub("", name)
+
+
+def elements(shapes) -> int | None:
+    """Elements of a collective's tensors from the ``shapes`` JSON (``[[402826]]``, a list of lists), or None."""
+    if not isinstance(shapes, str) or not shapes:
+        return None
+    try:
+        dims = json.loads(shapes)
+    except ValueError:
+        return None
+
+    def walk(x) -> int:
+        if isinstance(x, list) and x and all(isinstance(v, int) for v in x):
+            return int(np.prod(x))
+        return sum(walk(v) for v in x) if isinstance(x, list) else 0
+
+    n = walk(dims[:1]) if isinstance(dims, list) else 0
+    return n or None
+
+
+def mark_copies(df: pd.DataFrame) -> pd.DataFrame:
+    """The KVStore's copies of a case on more than one device, canonical op ``collective`` (see the docstring)."""
+    copies = set()
+    for name, d in frameworks.REGISTRY.items():
+        if d.vocabulary is not None and d.vocabulary.collective_copies:
+            copies |= {(name, c) for c in d.vocabulary.collective_copies}
+    if not copies or df.empty or "devices" not in df:
+        return df
+    key = list(zip(df["framework"].astype(object), df["op_name"].astype(object), strict=True))
+    hit = (np.array([k in copies for k in key], dtype=bool) & (df["kind"] == "op").fillna(False).to_numpy()
+           & (df["phase"] == OPTIMIZER_PHASE).fillna(False).to_numpy()
+           & (df["devices"].fillna(1) > 1).to_numpy())
+    if hit.any():
+        df.loc[hit, "canonical_op"] = COLLECTIVE
+        df.loc[hit, "direction"] = "none"
+    return df
+
+
+def link(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (one case's records) with its communication labelled and linked (see the docstring): the
+    KVStore's copies marked, each collective work span's ``op_event_id`` its issuing op's, ``bytes`` filled on
+    collective ops and work spans from their sizes. The rows and their order are kept."""
+    if df.empty:
+        return df
+    df = mark_copies(df)
+    coll = (df["canonical_op"] == COLLECTIVE).fillna(False).to_numpy()
+    if not coll.any():
+        return df
+    n = pd.Series([elements(s) if c else None for s, c in zip(df["shapes"], coll, strict=True)], index=df.index,
+                  dtype="Int64")
+    fill = coll & df["bytes"].isna().to_numpy() & n.notna().to_numpy()
+    df.loc[fill, "bytes"] = (n[fill] * GRADIENT_BYTES).astype("Int64")
+    for _, g in df[coll].groupby("source_file", sort=False):
+        _link_work(df, g, n)
+    return df
+
+
+def _link_work(df: pd.DataFrame, g: pd.DataFrame, n: pd.Series) -> None:
+    """In one trace (a rank's), each collective's work spans (annotations) to its issuing ops, in order."""
+    ops = g[(g["kind"] == "op").fillna(False)]
+    work = g[(g["kind"] == "annotation").fillna(False) & g["op_event_id"].isna()]
+    if ops.empty or work.empty:
+        return
+    for v, w in work.groupby(work["op_name"].map(verb), sort=False):
+        o = ops[ops["op_name"].map(verb) == v].sort_values("start_ns", kind="stable")
+        w = w.sort_values("start_ns", kind="stable")
+        if len(o) != len(w):
+            continue  # counts differ: unlinked, said by the report's self-check
+        ok = (w["start_ns"].to_numpy() >= o["start_ns"].to_numpy()) & np.array(
+            [a == b for a, b in zip(n[w.index], n[o.index], strict=True)], dtype=bool)
+        if ok.all():
+            df.loc[w.index, "op_event_id"] = o["event_id"].to_numpy()
+
+
+def is_communication(df: pd.DataFrame) -> np.ndarray:
+    """Rows that are communication: canonical op ``collective`` (ops, work spans, kernels), and collective
+    kernels by name (NCCL's) whatever op they were attributed to."""
+    kernel = (df["kind"] == "kernel").fillna(False).to_numpy()
+    by_name = np.array([k and is_collective_kernel(str(x)) for k, x in zip(kernel, df["kernel_name"], strict=True)],
+                       dtype=bool)
+    return (df["canonical_op"] == COLLECTIVE).fillna(False).to_numpy() | by_name

@@ -1,0 +1,148 @@
+"""Communication of multi-device cases (issue 39), per case, step and rank: DataFrames only.
+
+Per traced step of each rank (``per_step``):
+
+- ``step_ms``: the step on that rank: its step region (``kernelmap:step#N``), widened to the first start and
+  the last end of the step's compute and communication (JAX's region closes once the host has dispatched the
+  step, before its devices run it);
+- ``communication_ms``: the union of the communication intervals of the step (``commlink.is_communication``:
+  collective ops, their work spans, the KVStore's sums and copies, collective kernels);
+- ``compute_ms``: the union of the rest: on the GPU the kernels (the device's clock), on the CPU the framework
+  ops (the host's clock; nested ops counted once);
+- ``exposed_ms``: communication time during which no compute ran (communication minus its overlap with
+  compute); ``overlap_share`` = 1 − exposed / communication (NA without communication);
+- ``comm_bytes``: bytes the step's collective ops moved (their sizes in the trace; NA where it gives none);
+- ``linked_share``: the share of the communication rows' summed time that is an op of the framework's own
+  or linked to the op that issued it (``op_event_id``; ``kernelmap/commlink.py``).
+
+The rank is the trace's (Kineto's ``distributedInfo``; XLA's host device of each thunk); where a trace names
+none (MXNet's one process drives its N contexts through one KVStore, whose sums and copies serve them all),
+the rows of a step form one group, rank NA. What the basis is: ``basis`` (device kernels or host ops).
+
+``reports/commchecks.py`` turns the figures into the report's self-checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kernelmap.commlink import is_communication
+
+from ..foreign import length_ns, overlap_ns, union_ns
+
+BASIS_DEVICE = "device kernels (GPU clock)"
+BASIS_HOST = "host framework ops (CPU clock)"
+COLUMNS = ["run", "framework", "mode", "devices", "batch_size", "rank", "iteration", "basis", "step_ms",
+           "compute_ms", "communication_ms", "exposed_ms", "overlap_share", "comm_bytes", "collectives",
+           "linked_share"]
+_NS_MS = 1e6
+
+
+def _intervals(rows: pd.DataFrame) -> list[tuple[int, int]]:
+    rows = rows[rows["start_ns"].notna() & rows["dur_ns"].notna()]
+    s = rows["start_ns"].to_numpy(dtype=np.int64)
+    return union_ns(s, s + rows["dur_ns"].to_numpy(dtype=np.int64))
+
+
+def _linked_ns(comm: pd.DataFrame, ops: set) -> tuple[int, int]:
+    """(summed time of ``comm``'s rows that are ops or linked to one of ``ops``, summed time of all)."""
+    dur = comm["dur_ns"].fillna(0).astype("int64")
+    own = (comm["kind"] == "op").fillna(False)
+    linked = own | comm["op_event_id"].isin(ops).fillna(False)
+    return int(dur[linked].sum()), int(dur.sum())
+
+
+def _steps(df: pd.DataFrame) -> pd.Series:
+    """Iteration -> its step region's (start, end) in ``df`` (the widest where a trace holds several)."""
+    steps = df[(df["kind"] == "step").fillna(False) & df["iteration"].notna() & df["start_ns"].notna()]
+    ends = steps["start_ns"] + steps["dur_ns"].fillna(0)
+    g = pd.DataFrame({"iteration": steps["iteration"], "start": steps["start_ns"], "end": ends}).groupby("iteration")
+    return pd.Series({it: (int(x["start"].min()), int(x["end"].max())) for it, x in g})
+
+
+def _case_rows(df: pd.DataFrame) -> list[dict]:
+    """The figures of one case's records (one run)."""
+    comm_mask = is_communication(df)
+    on_device = bool((df["kind"] == "kernel").any())
+    basis = BASIS_DEVICE if on_device else BASIS_HOST
+    work_kind = "kernel" if on_device else "op"
+    ops = set(df.loc[(df["kind"] == "op").fillna(False), "event_id"].dropna().tolist())
+    key = df.iloc[0]
+    out = []
+    ranks = sorted(df.loc[comm_mask, "rank"].dropna().unique().tolist()) or [None]
+    for r in ranks:
+        # the rank's rows and the rows that name no rank (a process's step regions), in the traces of its
+        # communication (a rank's own trace; the one trace of a process that drives every device)
+        mine = df if r is None else df[(df["rank"] == r).fillna(False) | df["rank"].isna()]
+        mine = mine[mine["source_file"].isin(mine.loc[is_communication(mine), "source_file"].unique())]
+        comm_all = is_communication(mine)
+        steps = _steps(mine)
+        for it, (s0, s1) in steps.items():
+            at = (mine["iteration"] == it).fillna(False).to_numpy()
+            in_rank = np.ones(len(mine), dtype=bool) if r is None else (mine["rank"] == r).fillna(False).to_numpy()
+            comm = mine[at & comm_all & in_rank]
+            compute = mine[at & ~comm_all & in_rank & (mine["kind"] == work_kind).fillna(False).to_numpy()]
+            c_iv, w_iv = _intervals(comm), _intervals(compute)
+            c_ns = length_ns(c_iv)
+            # the step on this rank: its region, widened to its work (an asynchronous framework's region
+            # closes when the host has issued the step, before its devices ran it: JAX's)
+            ends = [s0, s1] + [x for iv in (c_iv, w_iv) if iv for x in (iv[0][0], iv[-1][1])]
+            step_ns = max(ends) - min(ends)
+            exposed = c_ns - overlap_ns(c_iv, w_iv)
+            linked, total = _linked_ns(comm, ops)
+            issuing = comm[(comm["kind"] == "op").fillna(False)]
+            out.append({"run": key["run"], "framework": key["framework"], "mode": key["mode"],
+                        "devices": key["devices"], "batch_size": key["batch_size"], "rank": r, "iteration": it,
+                        "basis": basis, "step_ms": step_ns / _NS_MS, "compute_ms": length_ns(w_iv) / _NS_MS,
+                        "communication_ms": c_ns / _NS_MS, "exposed_ms": exposed / _NS_MS,
+                        "overlap_share": (1 - exposed / c_ns) if c_ns else None,
+                        "comm_bytes": int(issuing["bytes"].sum()) if issuing["bytes"].notna().any() else None,
+                        "collectives": len(issuing), "linked_share": linked / total if total else None})
+    return out
+
+
+def per_step(records: pd.DataFrame) -> pd.DataFrame:
+    """``COLUMNS``: one row per multi-device case, traced step and rank (see the module docstring)."""
+    if records.empty or "devices" not in records:
+        return pd.DataFrame(columns=COLUMNS)
+    multi = records[(records["devices"].fillna(1) > 1)]
+    rows: list[dict] = []
+    for _, df in multi.groupby("run", sort=True):
+        rows += _case_rows(df)
+    out = pd.DataFrame(rows, columns=COLUMNS)
+    for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size"):
+        out[c] = out[c].astype("Int64")
+    return out
+
+
+def per_case(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per case and rank: the medians over its traced steps of ``per_step``'s times, the overlap share of the
+    summed times, the steps counted."""
+    if steps.empty:
+        return pd.DataFrame(columns=[*COLUMNS[:7], "steps"])
+    g = steps.groupby(["run", "framework", "mode", "devices", "batch_size", "rank", "basis"], dropna=False)
+    out = g.agg(steps=("iteration", "size"), step_ms=("step_ms", "median"), compute_ms=("compute_ms", "median"),
+                communication_ms=("communication_ms", "median"), exposed_ms=("exposed_ms", "median"),
+                comm_total_ms=("communication_ms", "sum"), exposed_total_ms=("exposed_ms", "sum"),
+                linked_share=("linked_share", "min")).reset_index()
+    out["overlap_share"] = np.where(out["comm_total_ms"] > 0,
+                                    1 - out["exposed_total_ms"] / out["comm_total_ms"].where(out["comm_total_ms"] > 0),
+                                    np.nan)
+    return out.drop(columns=["comm_total_ms", "exposed_total_ms"])
+
+
+def tables(runs: list) -> dict[str, pd.DataFrame]:
+    """The report's CSV tables of ``runs`` (``analyses.base.Run``): ``comm_steps`` (``per_step``) and
+    ``comm_cases`` (``per_case``), each row's ``run`` the run directory's name, ``case`` its case folder."""
+    steps = [per_step(r.records).rename(columns={"run": "case"}).assign(run=r.name)
+             for r in runs if r.records is not None]
+    steps = [s for s in steps if len(s)]
+    if not steps:
+        return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
+                "comm_cases": pd.DataFrame(columns=["run", "case"])}
+    all_steps = pd.concat(steps, ignore_index=True)
+    cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
+                       .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
+    order = lambda df: df[["run", "case", *[c for c in df.columns if c not in ("run", "case")]]]  # noqa: E731
+    return {"comm_steps": order(all_steps), "comm_cases": order(cases)}

@@ -1,0 +1,154 @@
+"""Communication of multi-device cases (issue 39) on a real CPU run: `kernelmap run --device cpu --devices 2
+--profile framework --steps 3 --warmup 1 --batch-size 32 --data synthetic` (2-core machine, busy), trimmed to
+its captures (tests/data/cpu_devices_run): PyTorch DDP over gloo (two ranks, rank1/ holds the second's trace),
+MXNet's KVStore local over two CPU contexts, JAX's step over two XLA host devices. Counts are checked against
+the raw traces read with the standard library; the figures' self-checks pass, and fail where the issuing ops
+are removed or a figure is out of its bounds."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from kernelmap.frameworks import spec
+from kernelmap.reports import commchecks
+from kernelmap.reports.analyses import comm
+from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
+
+from kernelmap import commlink, schema
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data" / "cpu_devices_run"
+
+
+def _events(rel: str) -> list[dict]:
+    with gzip.open(DATA / rel, "rt") as fh:
+        doc = json.load(fh)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> pd.DataFrame:
+    run = tmp_path_factory.mktemp("devices") / "run"
+    shutil.copytree(DATA, run)
+    normalise_run_dir(run)
+    return schema.read_parquet(run / "records.parquet")
+
+
+def test_every_rank_and_collective_is_recorded_as_the_traces_have_them(records):
+    comm_rows = records[commlink.is_communication(records)]
+    for rank, rel in ((0, "pytorch-x2/bs32/trace.json.gz"), (1, "pytorch-x2/bs32/rank1/trace.json.gz")):
+        raw = Counter(e["name"] for e in _events(rel) if e.get("ph") == "X"
+                      and e.get("name") in ("c10d::allreduce_", "gloo:all_reduce"))
+        mine = comm_rows[(comm_rows["run"] == "pytorch-x2/bs32") & (comm_rows["rank"] == rank)]
+        assert raw == Counter({"c10d::allreduce_": 6, "gloo:all_reduce": 6})
+        assert Counter(mine["op_name"].tolist())["gloo:all_reduce"] == 6
+        assert Counter(mine["op_name"].tolist())["c10d::allreduce_"] == 6
+    # JAX: one all-reduce thunk per step on each host device, the device its rank
+    raw = Counter(e["args"]["device_ordinal"] for e in _events("jax-x2/bs32/trace.json.gz")
+                  if str(e.get("name", "")).startswith("all-reduce") and "device_ordinal" in e.get("args", {}))
+    jax = comm_rows[comm_rows["run"] == "jax-x2/bs32"]
+    assert raw == Counter({"0": 3, "1": 3})
+    assert Counter(jax["rank"].tolist()) == Counter({0: 3, 1: 3}) and set(jax["kind"]) == {"op"}
+    # MXNet: every KVStoreReduce operator span (its B events) is communication
+    raw = sum(1 for e in _events("mxnet-x2/bs32/trace.json.gz") if e.get("name") == "KVStoreReduce" and e.get("ph") == "B")
+    mx = comm_rows[comm_rows["run"] == "mxnet-x2/bs32"]
+    assert raw == 24 and (mx["op_name"] == "KVStoreReduce").sum() == 24
+    assert set(mx.loc[mx["op_name"] != "KVStoreReduce", "phase"]) == {"optimizer"}  # the KVStore's copies
+
+
+def test_each_gloo_work_span_is_linked_to_its_allreduce_op_with_its_bytes(records):
+    pt = records[records["run"] == "pytorch-x2/bs32"]
+    work = pt[pt["op_name"] == "gloo:all_reduce"]
+    by_id = pt.set_index("event_id")
+    issuers = by_id.loc[work["op_event_id"].astype("int64")]
+    assert (issuers["op_name"] == "c10d::allreduce_").all()
+    assert (work["start_ns"].to_numpy() >= issuers["start_ns"].to_numpy()).all()
+    assert (work["bytes"].to_numpy() == issuers["bytes"].to_numpy()).all()
+    # DDP's two buckets a step together hold every parameter once: the model's parameters x 4 bytes
+    ops = pt[(pt["op_name"] == "c10d::allreduce_") & (pt["rank"] == 0)]
+    per_step = ops.groupby("iteration")["bytes"].sum()
+    assert per_step.tolist() == [spec.PARAM_COUNT * commlink.GRADIENT_BYTES] * 3
+
+
+def test_figures_per_step_and_rank_and_their_checks_pass(records):
+    steps = comm.per_step(records)
+    assert set(steps["run"]) == {"pytorch-x2/bs32", "mxnet-x2/bs32", "jax-x2/bs32"}
+    pt = steps[steps["run"] == "pytorch-x2/bs32"]
+    assert sorted(pt["rank"].tolist()) == [0, 0, 0, 1, 1, 1] and set(pt["iteration"]) == {1, 2, 3}
+    assert (steps["exposed_ms"] <= steps["communication_ms"] + 1e-9).all()
+    assert (steps["communication_ms"] <= steps["step_ms"] + 1e-9).all()
+    assert (steps["linked_share"].dropna() == 1.0).all()
+    # JAX's all-reduce thunk runs alone on its device's thread: nothing overlaps it
+    assert (steps.loc[steps["run"] == "jax-x2/bs32", "overlap_share"] == 0).all()
+    got = commchecks.step_checks("run", steps)
+    assert len(got) == 6 and {r["status"] for r in got} == {PASS}
+    assert {r["check"] for r in got} == {Check.COMM_LINKED, Check.COMM_BOUNDS}
+
+
+def test_removing_the_issuing_ops_fails_the_attribution_check(records):
+    pt = records[records["run"] == "pytorch-x2/bs32"].copy()
+    pt = pt[pt["op_name"] != "c10d::allreduce_"].reset_index(drop=True)
+    pt.loc[pt["op_name"] == "gloo:all_reduce", "op_event_id"] = pd.NA
+    relinked = commlink.link(pt)  # no issuing op left: the work stays unlinked
+    got = commchecks.step_checks("run", comm.per_step(relinked))
+    row = next(r for r in got if r["check"] == Check.COMM_LINKED)
+    assert row["status"] == FAIL and row["measured"] == 0.0 and "0.0%" in row["detail"]
+
+
+def test_a_figure_out_of_bounds_fails_its_check(records):
+    steps = comm.per_step(records)
+    bad = steps.copy()
+    i = bad.index[bad["run"] == "mxnet-x2/bs32"][1]
+    bad.loc[i, "exposed_ms"] = bad.loc[i, "communication_ms"] + 0.5
+    got = commchecks.step_checks("run", bad)
+    row = next(r for r in got if r["subject"] == "mxnet-x2/bs32" and r["check"] == Check.COMM_BOUNDS)
+    assert row["status"] == FAIL and row["measured"] == "1 outside" and "exposed" in row["detail"]
+
+
+def _synthetic(comm_iv, compute_iv, step=(0, 100)) -> pd.DataFrame:
+    rows = [{"kind": "step", "op_name": "kernelmap:step#1", "start_ns": step[0], "dur_ns": step[1] - step[0],
+             "canonical_op": None}]
+    rows += [{"kind": "op", "op_name": "c10d::allreduce_", "start_ns": s, "dur_ns": e - s, "canonical_op": "collective"}
+             for s, e in comm_iv]
+    rows += [{"kind": "op", "op_name": "aten::mm", "start_ns": s, "dur_ns": e - s, "canonical_op": "linear"}
+             for s, e in compute_iv]
+    df = pd.DataFrame({c: [r.get(c) for r in rows] for c in schema.COLUMNS})
+    df = df.assign(run="x", framework="pytorch", mode="eager", devices=2, batch_size=8, rank=0, iteration=1,
+                   source_file="t.json", event_id=np.arange(len(rows)), bytes=None, kernel_name=None)
+    return df
+
+
+def test_exposed_and_overlap_by_hand():
+    # communication [10, 30) and [50, 60); compute [0, 20) and [25, 55): overlap 10 + 5 + 5 = 20 of 30
+    steps = comm.per_step(_synthetic([(10, 30), (50, 60)], [(0, 20), (25, 55)]))
+    r = steps.iloc[0]
+    assert r["communication_ms"] * 1e6 == pytest.approx(30) and r["exposed_ms"] * 1e6 == pytest.approx(10)
+    assert r["compute_ms"] * 1e6 == pytest.approx(50) and r["overlap_share"] == pytest.approx(20 / 30)
+    assert r["step_ms"] * 1e6 == pytest.approx(100)
+
+
+def test_the_report_counts_each_devices_calls_and_checks_communication(tmp_path):
+    """The report's checks on the normalised run: calls per step of every device (two ranks' traces, two
+    contexts' ops; each rank's backward paired with its own forward by its autograd numbers), and the two
+    communication checks, pass for every case."""
+    from kernelmap.reports import checks as C
+    from kernelmap.reports.checkrows import Check
+    from kernelmap.reports.cli import load_runs
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA, run)
+    normalise_run_dir(run)
+    got = C.self_checks(load_runs([str(run)]))
+    calls = got[(got["check"] == Check.CALLS) & (got["status"] != NOT_CHECKED)]  # XLA's thunks are not calls
+    assert len(calls) == 16 and set(calls["status"]) == {PASS}
+    one = C.expected_calls_per_step()  # a device's calls of each op x direction
+    assert all(r.expected == 2 * one[tuple(r.subject.split())] for r in calls.itertuples())  # 2 devices
+    ours = got[got["check"].isin([Check.COMM_LINKED, Check.COMM_BOUNDS])]
+    assert len(ours) == 6 and set(ours["status"]) == {PASS}
