@@ -92,8 +92,10 @@ def write(found: pd.DataFrame, out: TextIO, top: int | None = 10) -> None:
         print(table(shown, COLS), file=out)
         for _, r in shown.iterrows():
             print(f"  #{r['rank']} cause: {r['cause']}" + (f" [{r['caveat']}]" if r.get("caveat") else ""), file=out)
-        print(f"  basis: {shown['basis'].iloc[0]}; share: of the case's "
-              + ("clean step" if kind == F.Kind.STEP else "traced time per step (the same kind of time)"), file=out)
+        for basis in dict.fromkeys(shown["basis"]):  # each case's own trace source
+            print(f"  basis: {basis}", file=out)
+        print("  share: of the case's " + ("clean step" if kind == F.Kind.STEP
+                                           else "traced time per step (the same kind of time)"), file=out)
 
 
 def write_check(checked: pd.DataFrame, out: TextIO) -> None:

@@ -340,3 +340,15 @@ def test_diff_prints_and_writes_the_two_sides_findings(tmp_path):
     step = got[got["kind"] == "step"]
     assert len(step) == 1 and step["saving_ms"].iloc[0] == pytest.approx(1.5647, abs=1e-4)
     assert set(got["case"]) <= {"gpu_modes_run:pytorch bs64", "gpu_modes_run:pytorch-cuda-graph bs64"}
+
+
+def test_a_busy_check_is_said_and_left_out_of_the_quiet_hit_rate(link, found_1024):
+    top = found_1024.iloc[[0]]
+    mx, pt = fresh_pair(link, 1.0)
+    busy = json.loads(json.dumps(mx.entry))
+    busy["passes"]["nsys"]["contention"] = {"contended": True}  # MXNet's kernels come from its nsys pass
+    mx = D.Side(mx.label, mx.source, mx.level, mx.events, mx.iterations, mx.steps_basis, mx.total_ns, busy)
+    got = F.check(top, {("mxnet bs1024", "pytorch bs1024"): (mx, pt)})
+    r = got.iloc[0]
+    assert (r["measured_call"], r["measured_busy"], bool(r["hit"])) == ("busy machine", "mxnet bs1024", True)
+    assert got.attrs["hit_rate"] == (1, 1) and got.attrs["quiet_hit_rate"] == (0, 0)

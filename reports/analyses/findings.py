@@ -312,6 +312,7 @@ def measure(row: pd.Series, x: D.Side, y: D.Side, alpha: float = D.ALPHA) -> dic
     sx = [float(px.loc[place, i]) for i in x.iterations]
     sy = [float(py.loc[place, i]) for i in y.iterations]
     call, _, _, ci = place_call(sx, sy, alpha)
+    call = Call.BUSY if call == Call.FINDING and _busy(x, y) else call
     return {"measured_saving_ms": (np.mean(sx) - np.mean(sy)) / 1e6, "measured_lo_ms": ci[0] / 1e6 if ci else None,
             "measured_hi_ms": ci[1] / 1e6 if ci else None, "measured_call": str(call)}
 
