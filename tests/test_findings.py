@@ -352,3 +352,19 @@ def test_a_busy_check_is_said_and_left_out_of_the_quiet_hit_rate(link, found_102
     r = got.iloc[0]
     assert (r["measured_call"], r["measured_busy"], bool(r["hit"])) == ("busy machine", "mxnet bs1024", True)
     assert got.attrs["hit_rate"] == (1, 1) and got.attrs["quiet_hit_rate"] == (0, 0)
+
+
+def test_the_gpu_checks_commands():
+    """What --check-remedies would run for gpu_modes_run's first step findings (no GPU here): one run per framework,
+    the modes it needs, the capture pass that records each framework's GPU trace source."""
+    from kernelmap.reports import findingscli
+
+    run = load_run(DATA / "gpu_modes_run")
+    sides = {s.label: s for s in F.run_sides(run)}
+    found = F.findings(list(sides.values()))
+    todo = found[(found["kind"] == "step") & (found["call"] == "finding")].head(4)  # compile, eager, MXNet x2
+    needed = [sides[x] for x in dict.fromkeys([*todo["case"], *todo["remedy_case"]])]
+    groups = findingscli.run_groups(needed)
+    got = {g["framework"]: (sorted(g["modes"]), g["profile"], g["device"], g["batch_sizes"]) for g in groups.values()}
+    assert got == {"pytorch": (["compile", "cuda-graph", "eager"], "framework", "gpu", [64]),
+                   "mxnet": (["hybridized", "imperative"], "nsys", "gpu", [64])}
