@@ -141,3 +141,19 @@ def test_step_comparisons_within_and_beyond_noise(tmp_path):
     lines = B.noise_statements(B.trial_noise([run]), steps)
     assert lines[-1] == ("quiet_job: clean step against PyTorch's (wall and CPU time): 7 of 8 beyond noise (95% "
                          "intervals apart); within noise: MXNet bs 64 (wall)")
+
+
+def test_one_trial_a_case_is_not_judged_and_the_gpu_has_no_cpu_time_comparison(tmp_path):
+    """The real H200 run (tests/data/gpu_link_run/all: one trial of 20 steps a case): its step intervals are one
+    process's, so no comparison is called within or beyond noise; no CPU-time row (the host's CPU time is not a GPU
+    step's work); the page says so in one line."""
+    d = tmp_path / "h200"
+    shutil.copytree(DATA / "gpu_link_run" / "all", d)
+    run = A.load_run(d)
+    steps = B.step_noise([run])
+    assert len(steps) == 6 and set(steps["clock"]) == {"wall"} and steps["within_noise"].isna().all()
+    noise = B.trial_noise([run])
+    assert noise["trials"].isna().all() and list(noise["trials_disagree"]) == [False] * 9  # one trial: nothing differs
+    assert B.noise_statements(noise, steps) == [
+        "h200: clean steps against PyTorch's not judged for noise: one trial (or no interval) a case, whose interval "
+        "holds no noise between processes"]

@@ -449,8 +449,9 @@ def trial_noise(runs: list[Run]) -> pd.DataFrame:
 
 def step_noise(runs: list[Run]) -> pd.DataFrame:
     """Per run x batch size x framework beside the reference (the registry's first framework of the run): its clean
-    step over the reference's on wall time and on CPU time, each with ``within_noise`` True where the two 95%
-    intervals overlap (``TRIAL_NOISE``), False where they are apart, None where an interval is missing; ``busy``
+    step over the reference's on wall time and (CPU runs) on CPU time, each with ``within_noise`` True where the two 95%
+    intervals overlap (``TRIAL_NOISE``), False where they are apart, None where an interval is missing or either
+    figure is of one trial (its interval holds no noise between processes); ``busy``
     where either clean pass ran contended (wall time then stretched by what else ran, not noise)."""
     rows = []
     for run in runs:
@@ -461,15 +462,20 @@ def step_noise(runs: list[Run]) -> pd.DataFrame:
             ref = entries[0]
             for r in entries[1:]:
                 for clock, fig in (("wall", clean_stats), ("CPU", lambda e: field_at(e, CPU_KEY) or {})):
+                    if clock == "CPU" and "gpu" in (field_at(r, "device"), field_at(ref, "device")):
+                        continue  # on the GPU the host's CPU time is not the step's work (cpu_states)
                     a, b = fig(r) or {}, fig(ref) or {}
                     ma, mb, ca, cb = a.get("median_step_s"), b.get("median_step_s"), _ci(a), _ci(b)
                     if ma is None or not mb:
                         continue
+                    one = min(int(a.get("n_trials") or 1), int(b.get("n_trials") or 1)) < 2
                     rows.append({"run": run.name, "batch_size": bs, "framework": str(case_of(r)),
                                  "reference": str(case_of(ref)), "clock": clock, "ms": ma * 1e3, "ref_ms": mb * 1e3,
                                  "ratio": ma / mb, "ci_ms": None if ca is None else tuple(v * 1e3 for v in ca),
                                  "ref_ci_ms": None if cb is None else tuple(v * 1e3 for v in cb),
-                                 "within_noise": None if ca is None or cb is None else timing.intervals_overlap(ca, cb),
+                                 # one trial's interval holds no noise between processes: not judged
+                                 "within_noise": None if ca is None or cb is None or one
+                                 else timing.intervals_overlap(ca, cb),
                                  "busy": bool(Busy.of(r).contended or Busy.of(ref).contended)})
     return pd.DataFrame(rows, columns=["run", "batch_size", "framework", "reference", "clock", "ms", "ref_ms", "ratio",
                                        "ci_ms", "ref_ci_ms", "within_noise", "busy"])
@@ -502,12 +508,16 @@ def noise_statements(noise: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
                        f"{len(untested)} case(s): {n} sample(s) a trial are too few")
         s = steps[steps["run"] == run] if len(steps) else steps
         judged = s[s["within_noise"].notna()] if len(s) else s
+        if len(s) and not len(judged):
+            out.append(f"{run}: clean steps against {fw_label(s['reference'].iloc[0])}'s not judged for noise: "
+                       "one trial (or no interval) a case, whose interval holds no noise between processes")
         if len(judged):
             within = judged[judged["within_noise"].astype(bool)]
             names = ", ".join(f"{fw_label(x['framework'])} bs {x['batch_size']} ({x['clock']})"
                               for _, x in within.iterrows()) or "none"
             busy = int(judged["busy"].sum())
-            out.append(f"{run}: clean step against {fw_label(judged['reference'].iloc[0])}'s (wall and CPU time): "
+            clocks = " and ".join(c for c in ("wall", "CPU") if c in set(judged["clock"]))
+            out.append(f"{run}: clean step against {fw_label(judged['reference'].iloc[0])}'s ({clocks} time): "
                        f"{len(judged) - len(within)} of {len(judged)} beyond noise (95% intervals apart); within "
                        f"noise: {names}" + (f"; {busy} of them on a busy machine (wall time stretched)" if busy else ""))
     return out
