@@ -13,6 +13,24 @@ each SGD step, the weights after the last step. The parent imports no framework 
 
 Each must be <= 1e-4 (``TOLERANCES``); exit status 1 when one is broken.
 
+Per math (``--math fp32 bf16 fp16``, issue 38): the pair is compared at each math, and a framework at a mixed math
+(bf16, fp16) is also compared with itself at fp32 (``--frameworks pytorch`` alone: only that). A low-precision
+side's figures are relative (``forward_logits_max_rel_diff`` = max|a-b| / max|a|) and their tolerance is derived
+from the format, not picked (``mixed_tolerance``): a conv or linear layer rounds its input and its weight to the
+low precision and its output once more, three roundings of relative size u = 2**-(mantissa bits + 1) (bfloat16:
+2**-8 = 3.9e-3; float16: 2**-11 = 4.9e-4), accumulating in fp32; the L = 4 layers in a row give 3 L u relative to
+the output's scale, per low-precision side (two sides: the sum): bf16 against fp32 3 * 4 * 2**-8 = 0.047, bf16
+against bf16 0.094, fp16 against fp32 0.0059. The loss (fp32 log-softmax + NLL of those logits) is held to the same
+bound. The weights: each step's update comes from gradients through the same rounded layers, so it carries a
+relative error of the same bound, and the difference after S steps is at most that bound times the distance the
+weights travelled (``weights_max_diff_per_path``: ||a-b||_2 over the sum of each step's ||w_k - w_(k-1)||_2, the
+reference's, recorded by its worker): a first-order bound (a difference's feedback into later gradients is left
+out), checked per tensor. In the 2-norm, where rounding errors add, not the max-norm: a ReLU or a max pool that
+switches differently at one step changes a few elements by a whole update, which the max-norm reports as the
+tensor's error (PyTorch bf16 against fp32, 20 steps of 64 Fashion-MNIST images: fc1.weight max-norm 0.080 of
+max|w|, 2-norm 0.037 of its path); the max-norm figures are reported, not checked. Convergence (``convergence``): each side's loss at the first and last step and its
+test-set accuracy after the steps, reported per math (no tolerance on accuracy: said, not checked).
+
 ``--frameworks A,B`` picks the pair (default pytorch,mxnet; A is the reference). A framework whose
 dependencies clash with another's (JAX needs numpy >= 2, MXNet numpy < 1.24) runs its worker
 under its own interpreter: ``--python FRAMEWORK=PATH`` or ``KERNELMAP_PYTHON_<FRAMEWORK>`` (e.g.
@@ -38,15 +56,42 @@ import numpy as np
 
 from . import frameworks as registry
 from .errors import KernelmapError, MissingToolError
+from .frameworks.spec import Math
+
+FP32 = Math.FP32.value  # the reference math: TF32 off
+PARITY_MATHS = tuple(m.value for m in Math if not m.tf32)  # tf32: not compared (check_maths)
 
 FRAMEWORKS = (registry.FRAMEWORKS[0], registry.FRAMEWORKS[1])  # the default pair: the reference and the next
 TOLERANCES = {"forward_logits_max_abs_diff": 1e-4, "loss_max_rel_diff": 1e-4, "weights_worst": 1e-4}
+ROUNDINGS_PER_LAYER = 3  # a mixed-precision conv/linear rounds its input, its weight and its output
 DEFINITIONS = {
     "forward_logits_max_abs_diff": "max |a-b| over the logits of the first batch, before any step",
     "loss_max_rel_diff": "max over steps of |a-b|/|a|, a = first framework's loss",
     "weights_max_rel_diff": "per tensor: max|a-b| / max|a| after the last step, a = first framework's",
     "weights_worst": "max of weights_max_rel_diff",
+    "forward_logits_max_rel_diff": "max |a-b| / max |a| over the logits of the first batch, before any step",
+    "weights_max_diff_per_path": "per tensor: ||a-b||_2 after the last step / the sum over steps of ||a_k - a_(k-1)||_2",
+    "weights_worst_per_path": "max of weights_max_diff_per_path",
 }
+
+
+def mixed_tolerance(maths: tuple[str, str]) -> float | None:
+    """The relative tolerance of a comparison whose sides run ``maths`` (module docstring): 3 L u summed over the
+    low-precision sides, u = 2**-(mantissa bits + 1) of each; None where neither side is mixed (``TOLERANCES``)."""
+    from .frameworks import spec
+
+    sides = [spec.Math(m) for m in maths if spec.Math(m).mixed]
+    if not sides:
+        return None
+    return ROUNDINGS_PER_LAYER * len(spec.LAYERS) * sum(2.0 ** -(m.mantissa_bits + 1) for m in sides)
+
+
+def tolerances(maths: tuple[str, str]) -> dict[str, float]:
+    """Each checked figure's tolerance for a comparison of sides at ``maths``."""
+    tol = mixed_tolerance(maths)
+    if tol is None:
+        return dict(TOLERANCES)
+    return {"forward_logits_max_rel_diff": tol, "loss_max_rel_diff": tol, "weights_worst_per_path": tol}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=f"{d.label} in its {mode} mode (default: every framework's first mode)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="where both frameworks run (gpu: fp32 with TF32 off in every library)")
+    parser.add_argument("--math", nargs="+", default=[FP32], choices=PARITY_MATHS, metavar="MATH",
+                        help="the maths compared: the pair at each, and each framework at a mixed math (bf16, fp16) "
+                             "against itself at fp32 where fp32 is given; tolerances derived per math (the module's "
+                             "docstring). Default fp32")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per framework subprocess")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                         help=f"the frameworks compared, reference first (default {','.join(FRAMEWORKS)})")
@@ -115,24 +164,40 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
-def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]) -> dict[str, Any]:
-    """The figures of ``DEFINITIONS`` for two worker outputs (``a`` is the reference)."""
+def _per_path(a: dict[str, np.ndarray], b: dict[str, np.ndarray], name: str) -> float:
+    """||a - b||_2 of one weight tensor over the distance the reference's tensor travelled (``path/<name>``: the sum
+    over steps of ||w_k - w_(k-1)||_2); NaN for a worker that did not record it."""
+    if f"path/{name}" not in a:
+        return float("nan")
+    travelled = float(a[f"path/{name}"])
+    diff = float(np.linalg.norm(a[f"weight/{name}"].astype(np.float64) - b[f"weight/{name}"]))
+    return diff / travelled if travelled > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str],
+            limits: dict[str, float] | None = None) -> dict[str, Any]:
+    """The figures of ``DEFINITIONS`` for two worker outputs (``a`` is the reference), checked against ``limits``
+    (default ``TOLERANCES``: fp32)."""
     la, lb = a["losses"].astype(np.float64), b["losses"].astype(np.float64)
     if la.shape != lb.shape:
         raise KernelmapError(f"the workers ran different numbers of steps ({la.size} and {lb.size})")
     with np.errstate(divide="ignore", invalid="ignore"):
         loss_rel = np.abs(la - lb) / np.abs(la)
     weights = {n: _relative(a[f"weight/{n}"], b[f"weight/{n}"]) for n in names}
+    per_path = {n: _per_path(a, b, n) for n in names}
     figures = {
         "forward_logits_max_abs_diff": float(np.max(np.abs(a["logits"].astype(np.float64) - b["logits"]))),
+        "forward_logits_max_rel_diff": _relative(a["logits"], b["logits"]),
         "loss_max_rel_diff": float(np.max(loss_rel)) if loss_rel.size else 0.0,
         "loss_rel_diff_per_step": [float(x) for x in loss_rel],
         "weights_max_rel_diff": weights,
         "weights_worst": max(weights.values()),
+        "weights_max_diff_per_path": per_path,
+        "weights_worst_per_path": max(per_path.values()),
     }
     failures = [
         f"{key} = {figures[key]:.3g} > {tol:g}"
-        for key, tol in TOLERANCES.items()
+        for key, tol in (limits or TOLERANCES).items()
         if not figures[key] <= tol  # NaN fails too
     ]
     figures["failures"] = failures
@@ -140,41 +205,48 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
     return figures
 
 
-def worker_env(framework: str, device: str) -> dict[str, str]:
-    """A parity worker's environment. CPU: no GPU visible (and the framework's own ``cpu_env``). GPU: fp32 with TF32 off in every library (``spec.Math.FP32``), and the
-    framework's own GPU environment (an MXNet built for this GPU: its tree)."""
+def worker_env(framework: str, device: str, math: str = FP32) -> dict[str, str]:
+    """A parity worker's environment. CPU: no GPU visible (and the framework's own ``cpu_env``). GPU: the math's
+    rule (``spec.Math.apply``: fp32, bf16 and fp16 with TF32 off in every library), and the framework's own GPU
+    environment (an MXNet built for this GPU: its tree)."""
     from .frameworks import spec
 
     if device == "cpu":
         return dict(os.environ, CUDA_VISIBLE_DEVICES="", **registry.get(framework).cpu_env)
-    return spec.Math.FP32.apply({**os.environ, **registry.get(framework).own_env()})
+    return spec.Math(math).apply({**os.environ, **registry.get(framework).own_env()})
+
+
+def _side_name(side: tuple[str, str]) -> str:
+    """A worker's name: its framework, and its math where that is not fp32 (``pytorch``, ``pytorch-bf16``)."""
+    fw, math = side
+    return fw if math == FP32 else f"{fw}-{math}"
 
 
 def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: float,
-                 frameworks=FRAMEWORKS, python: dict[str, str] | None = None) -> dict[str, dict]:
-    """Start one worker per framework (concurrently on the CPU, one after the other on the GPU),
+                 sides: list[tuple[str, str]], python: dict[str, str] | None = None) -> dict[tuple[str, str], dict]:
+    """Start one worker per side (framework, math) (concurrently on the CPU, one after the other on the GPU),
     wait for all, read their ``.npz`` files. Each worker has ``timeout`` seconds from its own start."""
-    where = interpreters(frameworks, python)
+    where = interpreters(dict.fromkeys(fw for fw, _ in sides), python)
     procs: dict[str, subprocess.Popen] = {}
     stderr: dict[str, str] = {}
     deadline: dict[str, float] = {}
 
-    def finish(fw: str) -> None:
+    def finish(name: str) -> None:
         try:
-            stderr[fw] = procs[fw].communicate(timeout=max(deadline[fw] - time.monotonic(), 0.1))[1]
+            stderr[name] = procs[name].communicate(timeout=max(deadline[name] - time.monotonic(), 0.1))[1]
         except subprocess.TimeoutExpired:
-            raise KernelmapError(f"parity: the {fw} worker took more than {timeout:g} s") from None
+            raise KernelmapError(f"parity: the {name} worker took more than {timeout:g} s") from None
 
     try:
-        for fw in frameworks:
+        for side in sides:
+            fw, name = side[0], _side_name(side)
             cmd = [where[fw], "-m", "kernelmap.parity", "--worker", fw, "--weights", str(weights)]
-            cmd += ["--result", str(workdir / f"{fw}.npz"), "--params", json.dumps(params)]
-            deadline[fw] = time.monotonic() + timeout
-            procs[fw] = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(fw, params["device"])
-            )
-            if params["device"] == "gpu":  # one GPU: no two frameworks contending for it
-                finish(fw)
+            cmd += ["--result", str(workdir / f"{name}.npz"), "--params", json.dumps({**params, "math": side[1]})]
+            deadline[name] = time.monotonic() + timeout
+            procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           env=worker_env(fw, params["device"], side[1]))
+            if params["device"] == "gpu":  # one GPU: no two workers contending for it
+                finish(name)
         errors, missing = {}, {}
         for fw, proc in procs.items():
             if fw not in stderr:
@@ -194,11 +266,50 @@ def _run_workers(workdir: Path, weights: Path, params: dict[str, Any], timeout: 
                 proc.kill()
                 proc.wait()
     results = {}
-    for fw in frameworks:
-        with np.load(workdir / f"{fw}.npz", allow_pickle=False) as npz:
-            results[fw] = {k: npz[k] for k in npz.files}
-        results[fw]["meta"] = json.loads(str(results[fw]["meta"]))
+    for side in sides:
+        with np.load(workdir / f"{_side_name(side)}.npz", allow_pickle=False) as npz:
+            results[side] = {k: npz[k] for k in npz.files}
+        results[side]["meta"] = json.loads(str(results[side]["meta"]))
     return results
+
+
+def check_maths(frameworks: tuple[str, ...], maths: tuple[str, ...], device: str) -> None:
+    """KernelmapError unless every side can run: one or two frameworks (one: each mixed math against its own fp32,
+    which must be asked for), each math once, a math parity compares (not tf32: no tolerance of its own), and each
+    framework able to run it on ``device`` (``frameworks.math_refusal``)."""
+    from .frameworks import spec
+
+    if len(frameworks) not in (1, 2) or len(set(frameworks)) != len(frameworks):
+        raise KernelmapError(f"parity compares two different frameworks (or one across maths), not {list(frameworks)}")
+    if not maths or len(set(maths)) != len(maths):
+        raise KernelmapError(f"parity --math {' '.join(maths)}: each math once")
+    for m in maths:
+        if spec.Math(m).tf32:
+            raise KernelmapError("parity --math tf32: not compared (TF32's rounding is the library's choice per call; "
+                                 "parity holds fp32 with TF32 off, and bf16/fp16 to their derived tolerance)")
+        for fw in frameworks:
+            if (why := registry.math_refusal(fw, m, device)) is not None:
+                raise KernelmapError(f"parity --math {m}: {why}")
+    if len(frameworks) == 1 and not (FP32 in maths and any(spec.Math(m).mixed for m in maths)):
+        raise KernelmapError(f"parity --frameworks {frameworks[0]}: one framework is compared with itself across "
+                             "maths: give --math fp32 and a mixed one (bf16, fp16)")
+
+
+def comparisons(frameworks: tuple[str, ...], maths: tuple[str, ...]) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """(reference side, other side) pairs, each side (framework, math): the two frameworks at each math, then each
+    framework at each mixed math against itself at fp32 (where fp32 was asked for)."""
+    from .frameworks import spec
+
+    pairs = [((frameworks[0], m), (frameworks[1], m)) for m in maths] if len(frameworks) == 2 else []
+    if FP32 in maths:
+        pairs += [((fw, FP32), (fw, m)) for m in maths if spec.Math(m).mixed for fw in frameworks]
+    return pairs
+
+
+def convergence(results: dict[tuple[str, str], dict]) -> list[dict[str, Any]]:
+    """Per side: its loss at the first and the last step and its test-set accuracy after the steps."""
+    return [{"framework": fw, "math": m, "loss_first": float(r["losses"][0]), "loss_last": float(r["losses"][-1]),
+             "test_accuracy": r["meta"].get("test_accuracy")} for (fw, m), r in results.items()]
 
 
 def compute_parity(
@@ -215,62 +326,64 @@ def compute_parity(
     timeout: float = 600.0,
     cache_dir: str | None = None,
     workdir: str | os.PathLike | None = None,
-    frameworks: tuple[str, str] = FRAMEWORKS,
+    frameworks: tuple[str, ...] = FRAMEWORKS,
     python: dict[str, str] | None = None,
+    maths: tuple[str, ...] = (FP32,),
 ) -> dict[str, Any]:
-    """Run both framework workers and return the figures (see the module docstring); prints nothing."""
+    """Run every side's worker (framework x math) and return the figures (see the module docstring); prints
+    nothing. The first comparison's figures also sit at the top level (the fp32 pair, as before maths)."""
     from .frameworks import data as data_mod
     from .frameworks import spec
 
     if steps < 1 or batch_size < 1:
         raise KernelmapError("parity: --steps and --batch-size must be at least 1")
-    frameworks = tuple(frameworks)
-    if len(frameworks) != 2 or frameworks[0] == frameworks[1]:
-        raise KernelmapError(f"parity compares two different frameworks, not {list(frameworks)}")
+    frameworks, maths = tuple(frameworks), tuple(maths)
+    check_maths(frameworks, maths, device)
     check_available(frameworks, python)
-    config = spec.TrainConfig(
-        batch_size=batch_size,
-        lr=lr,
-        momentum=momentum,
-        steps=steps,
-        seed=seed,
-        data=data,
-        data_dir=data_dir,
-        device=device,
-        math=spec.Math.FP32.value,
-    )
+    config = spec.TrainConfig(batch_size=batch_size, lr=lr, momentum=momentum, steps=steps, seed=seed, data=data,
+                              data_dir=data_dir, device=device)
     info = data_mod.resolve_data(config)
     if not info.synthetic:
         data_mod.prepare_dir(info, cache_dir)  # once, before two workers race for it
-    params = {
-        k: config.to_dict()[k]
-        for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir", "device", "math")
-    }
+    params = {k: config.to_dict()[k] for k in ("batch_size", "lr", "momentum", "steps", "seed", "data", "data_dir",
+                                                "device")}
     params["cache_dir"] = cache_dir
     params["modes"] = {fw: m for fw, m in (modes or {}).items() if fw in frameworks}  # else its default mode
     started = time.perf_counter()
+    sides = [(fw, m) for m in maths for fw in frameworks]
     with tempfile.TemporaryDirectory(prefix="kernelmap-parity-", dir=workdir) as tmp:
         tmp = Path(tmp)
         weights = tmp / "initial_weights.npz"
         spec.save_weights(weights, spec.init_weights(seed))
-        results = _run_workers(tmp, weights, params, timeout, frameworks, python)
-    for fw, r in results.items():
+        results = _run_workers(tmp, weights, params, timeout, sides, python)
+    for side, r in results.items():
         if r["meta"]["data_sha256"] != info.sha256:
-            raise KernelmapError(f"parity: the {fw} worker read different data files than {info.path}")
-    figures = compare(results[frameworks[0]], results[frameworks[1]], spec.weight_names())
+            raise KernelmapError(f"parity: the {_side_name(side)} worker read different data files than {info.path}")
+    compared = []
+    for a, b in comparisons(frameworks, maths):
+        limits = tolerances((a[1], b[1]))
+        figures = compare(results[a], results[b], spec.weight_names(), limits)
+        compared.append({"sides": [_side_name(a), _side_name(b)], "maths": [a[1], b[1]], **figures,
+                         "tolerances": limits})
+    first = compared[0]
     return {
         "frameworks": list(frameworks),
         "python": interpreters(frameworks, python),
         "device": device,
-        "dtype": "float32",
-        "math": "fp32 (TF32 off: NVIDIA_TF32_OVERRIDE=0 and each framework's switch)" if device == "gpu" else "fp32",
+        "dtype": "float32 weights" + ("" if maths == (FP32,) else f"; compute per math: {', '.join(maths)}"),
+        "math": ", ".join(maths) + (" (TF32 off: NVIDIA_TF32_OVERRIDE=0 and each framework's switch)"
+                                    if device == "gpu" else ""),
+        "maths": list(maths),
         "steps": steps,
-        **figures,
-        "tolerances": TOLERANCES,
+        **{k: v for k, v in first.items() if k not in ("sides", "maths")},
+        "comparisons": compared,
+        "passed": all(c["passed"] for c in compared),
+        "failures": [f"{' vs '.join(c['sides'])}: {f}" for c in compared for f in c["failures"]],
         "definitions": DEFINITIONS,
-        "losses": {fw: [float(x) for x in r["losses"]] for fw, r in results.items()},
-        "versions": {fw: r["meta"]["versions"] for fw, r in results.items()},
-        "modes": {fw: r["meta"]["mode"] for fw, r in results.items()},  # each worker's execution mode
+        "losses": {_side_name(side): [float(x) for x in r["losses"]] for side, r in results.items()},
+        "convergence": convergence(results),
+        "versions": {_side_name(side): r["meta"]["versions"] for side, r in results.items()},
+        "modes": {_side_name(side): r["meta"]["mode"] for side, r in results.items()},  # each worker's execution mode
         "config": params,
         "data": info.to_dict(),
         "wall_s": round(time.perf_counter() - started, 3),
@@ -281,16 +394,25 @@ def format_text(result: dict[str, Any]) -> str:
     lines = [
         f"parity {' vs '.join(result['frameworks'])} on {result['device']} {result['math']}, "
         f"{result['steps']} SGD steps, data {result['data']['kind']} ({result['data']['path'] or 'generated'})",
-        f"  forward logits max |a-b|     {result['forward_logits_max_abs_diff']:.3e}  (<= {TOLERANCES['forward_logits_max_abs_diff']:g})",
-        f"  loss max |a-b|/|a| per step  {result['loss_max_rel_diff']:.3e}  (<= {TOLERANCES['loss_max_rel_diff']:g})",
-        f"  weights max|a-b|/max|a|      {result['weights_worst']:.3e}  (<= {TOLERANCES['weights_worst']:g})",
     ]
-    for name, v in result["weights_max_rel_diff"].items():
-        lines.append(f"    {name:<14} {v:.3e}")
-    first, last = (result["losses"][fw] for fw in result["frameworks"])
-    lines.append(
-        f"  loss step 1 / {result['steps']}: {first[0]:.6f} / {first[-1]:.6f} vs {last[0]:.6f} / {last[-1]:.6f}"
-    )
+    for c in result["comparisons"]:
+        t = c["tolerances"]
+        logits = ("forward_logits_max_abs_diff", "max |a-b|    ") if "forward_logits_max_abs_diff" in t else (
+            "forward_logits_max_rel_diff", "max|a-b|/max|a|")
+        lines += [f"  {' vs '.join(c['sides'])}",
+                  f"    forward logits {logits[1]}  {c[logits[0]]:.3e}  (<= {t[logits[0]]:.3g})",
+                  f"    loss max |a-b|/|a| per step     {c['loss_max_rel_diff']:.3e}  (<= {t['loss_max_rel_diff']:.3g})",
+                  f"    weights max|a-b|/max|a|         {c['weights_worst']:.3e}" + (
+                      f"  (<= {t['weights_worst']:.3g})" if "weights_worst" in t else ""),
+                  f"    weights ||a-b||/path            {c['weights_worst_per_path']:.3e}" + (
+                      f"  (<= {t['weights_worst_per_path']:.3g})" if "weights_worst_per_path" in t else "")]
+        lines += [f"      {name:<14} {v:.3e}  per path {c['weights_max_diff_per_path'][name]:.3e}"
+                  for name, v in c["weights_max_rel_diff"].items()]
+        lines.append("    " + ("pass" if c["passed"] else "FAIL: " + "; ".join(c["failures"])))
+    lines.append(f"  convergence after {result['steps']} steps (loss first -> last, test accuracy):")
+    for c in result["convergence"]:
+        acc = f"{c['test_accuracy']:.4f}" if c["test_accuracy"] is not None else "-"
+        lines.append(f"    {c['framework']:<8} {c['math']:<5} {c['loss_first']:.6f} -> {c['loss_last']:.6f}  {acc}")
     lines.append("PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"]))
     return "\n".join(lines)
 
@@ -309,6 +431,7 @@ def main(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         frameworks=tuple(f.strip() for f in args.frameworks.split(",") if f.strip()),
         python=parse_python(args.python),
+        maths=tuple(args.math),
     )
     if args.out:
         from .atomic import atomic_file
@@ -338,13 +461,21 @@ def worker(framework: str, weights_path: str, result_path: str, params: dict[str
     order = spec.training_batches(info.n_train, config.seed, config.batch_size, config.steps).ravel()
     logits = None
     losses = []
+    before = workload.get_weights()
+    path = {k: 0.0 for k in before}  # per tensor: the sum over steps of ||w_k - w_(k-1)||_2, how far it travelled
     for images, labels in workload.batches("train", config.batch_size, order):
         if logits is None:
             logits = workload.forward(images)
         losses.append(workload.to_float(workload.train_step(images, labels)))
+        after = workload.get_weights()
+        for k, w in after.items():
+            path[k] += float(np.linalg.norm(w.astype(np.float64) - before[k]))
+        before = after
     workload.synchronize()
-    meta = {"versions": workload.versions(), "data_sha256": info.sha256, "framework": framework, "mode": workload.mode}
+    meta = {"versions": workload.versions(), "data_sha256": info.sha256, "framework": framework, "mode": workload.mode,
+            "math": config.math, "test_accuracy": float(workload.evaluate())}  # convergence: after the steps
     arrays = {f"weight/{k}": v for k, v in workload.get_weights().items()}
+    arrays.update({f"path/{k}": np.float64(v) for k, v in path.items()})
     with atomic_file(result_path, "wb") as fh:
         np.savez(
             fh, logits=logits, losses=np.asarray(losses, dtype=np.float64), meta=json.dumps(meta), **arrays

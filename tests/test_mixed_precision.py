@@ -5,14 +5,21 @@ through the runner, the report's case names and the run's math."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from kernelmap.frameworks import spec
 from kernelmap.frameworks.case import Case, by_name, registered
 from kernelmap.reports.analyses.base import with_case_column
 
-from kernelmap import frameworks, options, rundir
+from kernelmap import frameworks, options, parity, rundir
 from kernelmap.errors import KernelmapError
 from kernelmap.run import cli as run_cli
 from kernelmap.run.devices import Decision
@@ -42,6 +49,13 @@ def test_math_refusals_cpu_tf32_and_a_framework_without_mixed_precision():
 
     default = mixed_not_implemented()
     assert {d: sorted(v) for d, v in default.items()} == {"cpu": ["bf16", "fp16"], "gpu": ["bf16", "fp16"]}
+
+
+def test_pytorch_refuses_fp16_on_the_cpu_and_runs_bf16_there():
+    why = frameworks.math_refusal("pytorch", "fp16", "cpu")
+    assert why is not None and "fp16" in why and "bf16" in why
+    assert frameworks.math_refusal("pytorch", "bf16", "cpu") is None
+    assert all(frameworks.math_refusal("pytorch", m.value, "gpu") is None for m in spec.Math)
 
 
 # --- case names: one per math --------------------------------------------------------------------------
@@ -79,23 +93,196 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_options_refuse_a_math_no_chosen_framework_can_run_on_the_device_given():
-    options.check_args(_args(math=["fp32"]))
+    options.check_args(_args(math=["fp32", "bf16"]))
     with pytest.raises(KernelmapError, match="--math fp16 --device cpu: PyTorch cannot run fp16 on the CPU"):
-        options.check_args(_args(math=["fp32", "fp16"]))
+        options.check_args(_args(math=["bf16", "fp16"]))
     with pytest.raises(KernelmapError, match="--math tf32 --device cpu: tf32 is a GPU math"):
         options.check_args(_args(framework="all", math=["tf32"]))
     with pytest.raises(KernelmapError, match="--math bf16 bf16: bf16 given twice"):
         options.check_args(_args(math=["bf16", "bf16"]))
+    options.check_args(_args(math=["fp16"], device="gpu"))
     options.check_args(_args(math=["fp16"], device="auto"))  # decided per framework after its probe: math_cases
 
 
 def test_math_cases_one_case_per_math_and_a_refused_one_skipped_with_its_reason(capsys):
     decisions = {"pytorch": Decision("pytorch", "auto", "cpu", None)}
-    cases, skips = run_cli.math_cases([Case("pytorch", "eager")], ["fp32", "fp16"], decisions)
-    assert cases == [Case("pytorch", "eager", "fp32")]
+    cases, skips = run_cli.math_cases([Case("pytorch", "eager")], ["fp32", "bf16", "fp16"], decisions)
+    assert cases == [Case("pytorch", "eager", "fp32"), Case("pytorch", "eager", "bf16")]
     assert list(skips) == [Case("pytorch", "eager", "fp16")]
     assert "PyTorch cannot run fp16 on the CPU" in skips[Case("pytorch", "eager", "fp16")]
     assert "math skipped (pytorch-fp16)" in capsys.readouterr().err
     gpu = {"pytorch": Decision("pytorch", "auto", "gpu", None)}
-    cases, skips = run_cli.math_cases([Case("pytorch", "eager")], ["fp32", "tf32"], gpu)
-    assert [c.math for c in cases] == ["fp32", "tf32"] and not skips
+    cases, skips = run_cli.math_cases([Case("pytorch", "eager")], ["fp16", "tf32"], gpu)
+    assert [c.math for c in cases] == ["fp16", "tf32"] and not skips
+
+
+# --- PyTorch: bf16 really computes in bf16, fp16's loss scaling (CPU, real workloads in subprocesses) --------------
+WORKLOAD_PROBE = r"""
+import json, sys
+import numpy as np, torch
+from kernelmap.frameworks import spec, load_workload
+from kernelmap.errors import KernelmapError
+W = load_workload("pytorch")
+out = {}
+def run(math, scaled=False, poison=False, steps=5):
+    w = W(spec.TrainConfig(device="cpu", math=math, data="synthetic", batch_size=32, steps=steps))
+    if scaled:
+        w.use_loss_scaling(True)
+    order = spec.training_order(len(w.dataset("train")), 0, 32 * steps)
+    losses, weights = [], [w.get_weights()]
+    for x, y in w.batches("train", 32, order):
+        if poison:  # one NaN pixel: NaN gradients, as an overflow of the scaled loss's gradients makes inf ones
+            x = x.clone()
+            x[0, 0, 0, 0] = float("nan")
+        losses.append(w.to_float(w.train_step(x, y)))
+        weights.append(w.get_weights())
+    x, _ = next(w.batches("train", 32, order[:32]))
+    return w, losses, weights, w.activation_dtypes(x)
+for math in ("fp32", "bf16"):
+    w, losses, _, dtypes = run(math)
+    out[math] = {"dtypes": dtypes, "params": sorted({str(p.dtype) for p in w.model.parameters()}),
+                 "autocast": w.versions()["autocast"], "losses": losses}
+_, plain, wp, _ = run("bf16")
+w, scaled, ws, _ = run("bf16", scaled=True)
+out["scaled_equal"] = plain == scaled and all(np.array_equal(wp[-1][k], ws[-1][k]) for k in wp[-1])
+out["scaler"] = w.versions()["grad_scaler"]
+# non-finite gradients: the step is skipped on the device (weights unchanged), the scale backed off
+w, losses, weights, _ = run("bf16", scaled=True, poison=True, steps=1)
+out["overflow_skipped"] = all(np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])
+out["overflow_scale"] = w.scaler.get_scale()
+w, losses, weights, _ = run("bf16", poison=True, steps=1)  # unscaled: the NaN reaches the weights
+out["unscaled_poisoned"] = any(np.isnan(weights[1][k]).any() for k in weights[1])
+try:
+    W(spec.TrainConfig(device="cpu", math="fp16", data="synthetic"))
+except KernelmapError as exc:
+    out["fp16_cpu"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe():
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-c", WORKLOAD_PROBE], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_bf16_computes_the_layers_in_bf16_and_keeps_the_loss_and_weights_fp32(probe):
+    layers = [layer.name for layer in spec.LAYERS]
+    assert probe["bf16"]["dtypes"] == {**dict.fromkeys(layers, "bfloat16"), "loss_input": "float32"}
+    assert probe["fp32"]["dtypes"] == {**dict.fromkeys(layers, "float32"), "loss_input": "float32"}
+    assert probe["bf16"]["params"] == probe["fp32"]["params"] == ["torch.float32"]  # fp32 master weights
+    assert probe["bf16"]["autocast"] == "bfloat16" and probe["fp32"]["autocast"] is None
+    # the same weights and batches: close, not equal (bf16 rounding), and not fp32 under a bf16 label
+    a, b = np.array(probe["fp32"]["losses"]), np.array(probe["bf16"]["losses"])
+    assert not np.array_equal(a, b) and np.max(np.abs(a - b) / a) < 0.05
+
+
+def test_loss_scaling_scales_exactly_and_skips_an_overflowing_step(probe):
+    # a power-of-two scale and its inverse are exact: the scaled step is the unscaled one, bit for bit
+    assert probe["scaled_equal"] is True
+    assert probe["scaler"] == {"init_scale": 65536.0, "scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                               "growth_interval": 2000, "optimizer": "SGD(fused=True)"}
+    assert probe["overflow_skipped"] is True and probe["overflow_scale"] == 2.0 ** 15  # 2**16 backed off by 0.5
+    assert probe["unscaled_poisoned"] is True  # the same batch without the scaler: the skip is the scaler's
+
+
+def test_the_workload_refuses_fp16_on_the_cpu(probe):
+    assert "runs on the GPU only" in probe["fp16_cpu"]
+
+
+# --- kernelmap run --math fp32 bf16 fp16 on the CPU -------------------------------------------------------------
+def _run(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+
+
+def _onednn_exec(log: Path, primitive: str) -> list[str]:
+    """The memory descriptors of every ``exec`` line of ``primitive`` in a oneDNN verbose log (stdlib reader; v1
+    lines: onednn_verbose,v1,primitive,exec,engine,primitive,implementation,prop_kind,memory_descriptors,...)."""
+    rows = [line.split(",") for line in log.read_text().splitlines() if line.startswith("onednn_verbose,v1,primitive,")]
+    return [r[8] for r in rows if len(r) > 8 and r[3] == "exec" and r[5] == primitive]
+
+
+def test_run_fp32_bf16_one_case_each_math_in_records_bf16_in_onednn_and_fp16_skipped(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    proc = _run("--framework", "pytorch", "--math", "fp32", "bf16", "fp16", "--steps", "3", "--warmup", "1",
+                "--trials", "1", "--data", "synthetic", "--profile", "libs", "--max-repeats", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "math skipped (pytorch-fp16): PyTorch cannot run fp16 on the CPU" in proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((r["math"], r["dir"], r["device"]) for r in results) == [
+        ("bf16", "pytorch-bf16/bs64", "cpu"), ("fp32", "pytorch/bs64", "cpu")]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["train"]["math"] == ["fp32", "bf16", "fp16"]
+    assert sorted(c["math"] for c in manifest["config"]["cases"]) == ["bf16", "fp32"]
+    assert any(n.startswith("pytorch-fp16: skipped: PyTorch cannot run fp16") for n in manifest["notes"])
+    # the records' math column, read by pyarrow: filled on every record, each case its own
+    table = pq.read_table(out / "records.parquet", columns=["framework", "mode", "math"]).to_pydict()
+    assert None not in table["math"] and set(zip(table["mode"], table["math"], strict=True)) == {
+        ("eager", "fp32"), ("eager", "bf16")}
+    # what oneDNN ran (its verbose log, the libs pass): bf16 operands in every bf16 convolution, none in fp32's
+    bf16 = _onednn_exec(out / "pytorch-bf16" / "bs64" / "onednn.log", "convolution")
+    fp32 = _onednn_exec(out / "pytorch" / "bs64" / "onednn.log", "convolution")
+    assert bf16 and all("src:bf16" in d and "wei:bf16" in d for d in bf16), bf16[:3]
+    assert fp32 and all("src:f32" in d and "wei:f32" in d and "bf16" not in d for d in fp32), fp32[:3]
+
+
+def test_run_fp16_on_the_cpu_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("--framework", "pytorch", "--device", "cpu", "--math", "fp16", "--data", "synthetic", "--out", str(out))
+    assert proc.returncode == 2 and not out.exists()
+    assert "error: --math fp16 --device cpu: PyTorch cannot run fp16 on the CPU" in proc.stderr
+    proc = _run("--framework", "pytorch", "--math", "fp16", "--data", "synthetic", "--out", str(out))  # auto: the CPU
+    assert proc.returncode == 2 and not out.exists()
+    assert "no case of pytorch can run here: pytorch-fp16: skipped: PyTorch cannot run fp16" in proc.stderr
+
+
+# --- parity per math ----------------------------------------------------------------------------------------------
+def test_parity_tolerance_is_derived_from_the_format():
+    assert parity.mixed_tolerance(("fp32", "fp32")) is None
+    assert parity.mixed_tolerance(("fp32", "bf16")) == 3 * 4 * 2.0**-8  # 3 roundings x 4 layers x bfloat16's u
+    assert parity.mixed_tolerance(("bf16", "bf16")) == 2 * 3 * 4 * 2.0**-8
+    assert parity.mixed_tolerance(("fp32", "fp16")) == 3 * 4 * 2.0**-11
+    assert parity.tolerances(("fp32", "fp32")) == parity.TOLERANCES
+
+
+def test_parity_compares_weights_against_the_distance_travelled():
+    rng = np.random.default_rng(0)
+    a = {"logits": rng.normal(size=(4, 10)), "losses": np.array([2.0, 1.5]), "weight/w": rng.normal(size=100),
+         "path/w": np.float64(2.0)}
+    tol = parity.mixed_tolerance(("fp32", "bf16"))
+    b = dict(a, **{"weight/w": a["weight/w"] + np.r_[0.9 * tol * 2.0, np.zeros(99)]})
+    ok = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "bf16")))
+    assert ok["weights_worst_per_path"] == pytest.approx(0.9 * tol) and ok["passed"]
+    b = dict(a, **{"weight/w": a["weight/w"] + np.r_[1.1 * tol * 2.0, np.zeros(99)]})
+    bad = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "bf16")))
+    assert not bad["passed"] and bad["failures"][0].startswith("weights_worst_per_path")
+
+
+def test_parity_refuses_what_it_cannot_compare():
+    with pytest.raises(KernelmapError, match="tf32: not compared"):
+        parity.check_maths(("pytorch", "mxnet"), ("tf32",), "gpu")
+    with pytest.raises(KernelmapError, match="give --math fp32 and a mixed one"):
+        parity.check_maths(("pytorch",), ("bf16",), "cpu")
+    with pytest.raises(KernelmapError, match="PyTorch cannot run fp16 on the CPU"):
+        parity.check_maths(("pytorch",), ("fp32", "fp16"), "cpu")
+
+
+def test_parity_pytorch_bf16_against_fp32_on_the_cpu():
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "parity", "--frameworks", "pytorch", "--math", "fp32",
+                           "bf16", "--data", "synthetic", "--steps", "10", "--json"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    (c,) = result["comparisons"]
+    assert c["sides"] == ["pytorch", "pytorch-bf16"] and c["passed"] and result["passed"]
+    assert 0 < c["forward_logits_max_rel_diff"] <= c["tolerances"]["forward_logits_max_rel_diff"]
+    assert result["versions"]["pytorch-bf16"]["autocast"] == "bfloat16" and result["versions"]["pytorch"]["autocast"] is None
+    conv = {r["math"]: r for r in result["convergence"]}
+    assert set(conv) == {"fp32", "bf16"} and all(0 <= r["test_accuracy"] <= 1 for r in conv.values())
+    assert conv["bf16"]["loss_last"] < conv["bf16"]["loss_first"]

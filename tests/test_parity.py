@@ -181,12 +181,13 @@ def test_gpu_workers_each_get_the_whole_timeout(tmp_path):
         script.write_text(FAKE_WORKER.format(python=sys.executable, sleep_s=sleep_s))
         script.chmod(0o755)
         python[fw] = str(script)
-    results = parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, fws, python)
-    assert {fw: r["meta"] for fw, r in results.items()} == {fw: {"framework": "fake"} for fw in fws}
+    sides = [(fw, parity.FP32) for fw in fws]  # (framework, math)
+    results = parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, sides, python)
+    assert {fw: r["meta"] for (fw, _), r in results.items()} == {fw: {"framework": "fake"} for fw in fws}
     slow = tmp_path / f"fake-{fws[1]}"
     slow.write_text(FAKE_WORKER.format(python=sys.executable, sleep_s=timeout_s + 5))
     with pytest.raises(KernelmapError, match=rf"the {fws[1]} worker took more than {timeout_s:g} s"):
-        parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, fws, python)
+        parity._run_workers(tmp_path, tmp_path / "weights.npz", {"device": "gpu"}, timeout_s, sides, python)
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dataparallel import DataParallel
 from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
+from ..spec import Math
 from . import custom_op, ops
 
 # the ops of its Kineto trace that run CPU library calls: oneDNN's (convolutions, and linear/pooling where
@@ -27,6 +28,14 @@ MODE_HELP = {
                 "(static input buffers filled from the loader)",
     COMPILE: "torch.compile (default mode) of model + loss (forward and backward); the optimizer step eager",
     COMPILE_GRAPHS: "torch.compile mode='reduce-overhead' (CUDA graph trees) of model + loss and of the optimizer step",
+}
+
+# issue 38: autocast (+ GradScaler for fp16) in every mode on the GPU; bf16 autocast on the CPU (oneDNN)
+MATH_REFUSALS = {
+    "cpu": {Math.FP16.value: "fp16 mixed precision is a GPU recipe here: oneDNN has fp16 convolutions only on CPUs "
+                             "with AVX512-FP16 or AMX-FP16 (torch.ops.mkldnn._is_mkldnn_fp16_supported()), elsewhere "
+                             "PyTorch's CPU autocast would run fp16 through slow reference kernels; use bf16 on the CPU"},
+    "gpu": {},
 }
 
 PROBE = r"""
@@ -60,7 +69,7 @@ DESCRIPTOR = Framework(
     name="pytorch", label="PyTorch", color="#d9480f", import_names=("torch", "torchvision"),
     install_fix=INSTALL_FIX, probe=PROBE, gpu_verdict=gpu_verdict, trace_source="kineto",
     modes=(EAGER, CUDA_GRAPH, COMPILE, COMPILE_GRAPHS), gpu_only_modes=frozenset({CUDA_GRAPH, COMPILE_GRAPHS}),
-    mode_help=MODE_HELP,
+    mode_help=MODE_HELP, math_refusals=MATH_REFUSALS,
     uncounted_call_modes={
         CUDA_GRAPH: "a replayed CUDA graph launches no framework op (its kernels are attributed from the reference "
                     "step: adapters/graph_replay.py)",

@@ -1,6 +1,15 @@
 """The MNIST CNN in PyTorch: an ``nn.Module``, SGD with momentum, torchvision data; run in one of the
 descriptor's modes: eager, the whole step as one CUDA graph (``cuda-graph``), ``torch.compile`` default
-(``compile``) or reduce-overhead with the optimizer step compiled too (``compile-graphs``)."""
+(``compile``) or reduce-overhead with the optimizer step compiled too (``compile-graphs``).
+
+Mixed precision (``--math bf16|fp16``, docs/MIXED_PRECISION.md): the model's forward under ``torch.autocast``
+(convs and linears in bfloat16/float16, their backward too), the logits cast to float32 before log-softmax and the
+loss, float32 parameters and SGD update. fp16 scales the loss with ``torch.amp.GradScaler`` (``spec.LOSS_SCALE``)
+and a fused SGD (``SGD(fused=True)``: its ``_step_supports_amp_scaling`` makes GradScaler hand it ``grad_scale`` and
+``found_inf`` as tensors, so the unscale and the skip of a step with inf/NaN gradients run on the device, with no
+``.item()`` sync; ``GradScaler.update`` is ``torch._amp_update_scale_``, a device op). The whole scaled step is
+therefore free of host syncs and is captured as it is: in the cuda-graph mode's graph and in compile-graphs'
+compiled optimizer step (scaler step and update), each replay checking, skipping and rescaling on the device."""
 
 from __future__ import annotations
 
@@ -71,6 +80,8 @@ class Workload(spec.WorkloadBase):
 
     def __init__(self, config: spec.TrainConfig, data_info=None, cache_dir=None):
         super().__init__(config, data_info, cache_dir)
+        self.math = spec.Math(config.math)
+        self.amp_dtype = getattr(torch, self.math.low_precision) if self.math.mixed else None  # autocast's dtype
         if config.device == "gpu":
             if not torch.cuda.is_available():
                 raise KernelmapError("device gpu asked for, but torch.cuda.is_available() is False")
@@ -83,6 +94,11 @@ class Workload(spec.WorkloadBase):
         # issue 26: --custom-op ROUTE builds (once, cached) and loads kernelmap's own op for fc1
         route = config.options.get(custom_op.OPTION)
         self.custom = None
+        if route and self.math.mixed:
+            raise KernelmapError(f"--custom-op {route} with --math {self.math.value}: kernelmap's custom op computes in "
+                                 "float32 only (kernelmap_custom.cpp: check_float)")
+        if self.math.loss_scaling and self.device.type != "cuda":  # refused before (descriptor.MATH_REFUSALS)
+            raise KernelmapError(f"PyTorch --math {self.math.value} runs on the GPU only; this worker runs on the CPU")
         if route:
             from .custom_op.build import load
 
@@ -92,7 +108,6 @@ class Workload(spec.WorkloadBase):
         self.train_module = (parallel.wrap(self.model, config.devices, config.device) if config.devices > 1
                              else self.model)
         self.set_weights(spec.init_weights(config.seed))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         mode = self.mode
         if mode in (CUDA_GRAPH, COMPILE_GRAPHS) and self.device.type != "cuda":
             raise KernelmapError(f"PyTorch mode {mode} needs a GPU; this worker runs on the CPU")
@@ -103,13 +118,60 @@ class Workload(spec.WorkloadBase):
         self._compiled = False  # compile modes: whether the first (compiling) call was made
         self._twins = None  # compile-graphs: default-mode twins of the compiled loss and optimizer step
         self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._opt_step = self.optimizer.step
+        self.use_loss_scaling(self.math.loss_scaling)  # the optimizer (and fp16's GradScaler)
         if mode in (COMPILE, COMPILE_GRAPHS):
-            compile_mode = "reduce-overhead" if mode == COMPILE_GRAPHS else None
-            self._loss_fn = torch.compile(self._loss, mode=compile_mode)
-            if mode == COMPILE_GRAPHS:  # the optimizer step inside a compiled region, replayed as graphs too
-                self._opt_step = torch.compile(self.optimizer.step, mode=compile_mode)
-                init_momentum_buffers(self.optimizer)
+            self._loss_fn = torch.compile(self._loss, mode="reduce-overhead" if mode == COMPILE_GRAPHS else None)
+
+    def use_loss_scaling(self, on: bool) -> None:
+        """The optimizer, and with ``on`` fp16's loss scaling (``spec.LOSS_SCALE``): a GradScaler and a fused SGD that
+        takes its scale and inf flag as tensors (the module's docstring), its step and update as one optimizer step.
+        Made before the first step; fp16 turns it on, and on the CPU a test turns it on under bf16 (the scaler's
+        arithmetic is the same; CPU fp16 is refused). compile-graphs compiles the optimizer step (reduce-overhead)."""
+        if self._compiled or self._graph is not None or self._eager_steps:
+            raise KernelmapError("use_loss_scaling: the optimizer is made before the first step")
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.lr, momentum=self.config.momentum,
+                                         fused=True if on else None)
+        s = spec.LOSS_SCALE
+        self.scaler = (torch.amp.GradScaler(self.device.type, init_scale=s.init, growth_factor=s.growth,
+                                            backoff_factor=s.backoff, growth_interval=s.interval) if on else None)
+        self._plain_opt_step = self._scaled_step if on else self.optimizer.step
+        self._opt_step = self._plain_opt_step
+        if self.mode == COMPILE_GRAPHS:  # the optimizer step inside a compiled region, replayed as graphs too
+            self._opt_step = torch.compile(self._plain_opt_step, mode="reduce-overhead")
+            init_momentum_buffers(self.optimizer)
+
+    def _scaled_step(self) -> None:
+        """fp16's optimizer step: unscale, skip on inf/NaN (in the fused SGD, on the device), rescale."""
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def autocast(self):
+        """The mixed-precision region of the forward (``torch.autocast`` to ``amp_dtype``); none under fp32/tf32."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def activation_dtypes(self, images: torch.Tensor) -> dict[str, str]:
+        """What each layer's forward output is computed in (a forward with hooks, no gradient): {layer: dtype}
+        plus the logits after the cast before log-softmax (``loss_input``): the math asked for, measured."""
+        seen: dict[str, str] = {}
+
+        def hook(name):
+            def record(module, inputs, output):
+                seen[name] = str(output.dtype).removeprefix("torch.")
+            return record
+
+        handles = [getattr(self.model, layer.name).register_forward_hook(hook(layer.name)) for layer in spec.LAYERS]
+        try:
+            with torch.no_grad():
+                seen["loss_input"] = str(self._logits(images).dtype).removeprefix("torch.")
+        finally:
+            for h in handles:
+                h.remove()
+        return seen
 
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
@@ -124,6 +186,12 @@ class Workload(spec.WorkloadBase):
             "cublas": None,  # torch exposes no cuBLAS version
             "mkldnn": torch.backends.mkldnn.is_available(),
             "custom_op": self.custom.info() if self.custom is not None else None,
+            "autocast": str(self.amp_dtype).removeprefix("torch.") if self.amp_dtype is not None else None,
+            "grad_scaler": (None if self.scaler is None else  # its scale now: after the steps run so far
+                            {"init_scale": spec.LOSS_SCALE.init, "scale": self.scaler.get_scale(),
+                             "growth_factor": self.scaler.get_growth_factor(),
+                             "backoff_factor": self.scaler.get_backoff_factor(),
+                             "growth_interval": self.scaler.get_growth_interval(), "optimizer": "SGD(fused=True)"}),
         }
 
     @contextlib.contextmanager
@@ -223,9 +291,17 @@ class Workload(spec.WorkloadBase):
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     # --- compute ------------------------------------------------------------------------------
+    def _logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The model's logits, its forward in the case's precision (``autocast``), cast to float32."""
+        with self.autocast():
+            logits = self.train_module(images) if self.model.training else self.model(images)
+        return logits.float()
+
     def forward(self, images: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
-            return self.model(images).cpu().numpy()
+            with self.autocast():
+                logits = self.model(images)
+            return logits.float().cpu().numpy()
 
     def region(self, name: str):
         return self._ranges(name) if self.trace_regions else contextlib.nullcontext()
@@ -239,7 +315,8 @@ class Workload(spec.WorkloadBase):
             yield
 
     def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.nll_loss(F.log_softmax(self.train_module(images), dim=1), labels)
+        """The loss in float32: the forward in the case's precision, log-softmax and NLL on float32 logits."""
+        return F.nll_loss(F.log_softmax(self._logits(images), dim=1), labels)
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor, zero_grad: bool = True) -> torch.Tensor:
         """Forward, backward and the optimizer step (eager, or the compiled loss and optimizer step)."""
@@ -248,7 +325,7 @@ class Workload(spec.WorkloadBase):
         with self.region("kernelmap:backward"):
             if zero_grad:
                 self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            self._backward(loss)
         with self.region("kernelmap:optimizer"):
             self._opt_step()
         return loss
@@ -277,7 +354,7 @@ class Workload(spec.WorkloadBase):
             if self._last_batch is None:
                 raise KernelmapError(f"PyTorch {COMPILE_GRAPHS}: no step ran before the profiler started")
             if self._twins is None:
-                self._twins = (torch.compile(self._loss), torch.compile(self.optimizer.step))
+                self._twins = (torch.compile(self._loss), torch.compile(self._plain_opt_step))
                 self._twin_step(*self._last_batch)
                 self.synchronize()
         elif self._graph is None:
@@ -291,7 +368,7 @@ class Workload(spec.WorkloadBase):
             loss = loss_fn(images, labels)
         with self.region("kernelmap:backward"):
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            self._backward(loss)
         with self.region("kernelmap:optimizer"):
             opt_step()
 
@@ -362,5 +439,7 @@ class Workload(spec.WorkloadBase):
         correct = 0
         with torch.no_grad():
             for images, labels in self.batches("test", batch_size, np.arange(len(dataset))):
-                correct += int((self.model(images).argmax(dim=1) == labels).sum())
+                with self.autocast():
+                    logits = self.model(images)
+                correct += int((logits.argmax(dim=1) == labels).sum())
         return correct / len(dataset)
