@@ -286,3 +286,10 @@ def test_parity_pytorch_bf16_against_fp32_on_the_cpu():
     conv = {r["math"]: r for r in result["convergence"]}
     assert set(conv) == {"fp32", "bf16"} and all(0 <= r["test_accuracy"] <= 1 for r in conv.values())
     assert conv["bf16"]["loss_last"] < conv["bf16"]["loss_first"]
+
+
+def test_the_runs_parity_is_at_fp32_and_each_mixed_math_both_frameworks_run():
+    assert run_cli.parity_maths(["fp32"], ("pytorch", "mxnet"), "cpu") == ("fp32",)
+    assert run_cli.parity_maths(["bf16", "tf32"], ("pytorch", "pytorch"), "cpu") == ("fp32", "bf16")
+    assert run_cli.parity_maths(["fp16"], ("pytorch", "pytorch"), "cpu") == ("fp32",)  # fp16: not on the CPU
+    assert run_cli.parity_maths(["bf16", "fp16"], ("pytorch", "pytorch"), "gpu") == ("fp32", "bf16", "fp16")

@@ -63,19 +63,32 @@ PARITY_STEPS = 20
 
 def parity_figures(train: dict[str, Any], batch_size: int, ran: dict[str, str],
                    python: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """``kernelmap parity`` figures of every framework that ran against the reference (fp32, each
-    framework in its own subprocess), on the GPU where both ran there (TF32 off), else on the CPU:
-    {framework: figures}; {} where the reference did not run. ``ran``: framework -> its device."""
+    """``kernelmap parity`` figures of every framework that ran against the reference (each framework in its own
+    subprocess), on the GPU where both ran there (TF32 off), else on the CPU, at fp32 and at each mixed math of the
+    run that both can run there (``parity_maths``): {framework: figures}; {} where the reference did not run.
+    ``ran``: framework -> its device."""
     from ..parity import compute_parity
 
     if frameworks.REFERENCE not in ran:
         return {}
     steps = PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
-    return {fw: compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
-                               lr=train["lr"], momentum=train["momentum"], seed=train["seed"],
-                               frameworks=(frameworks.REFERENCE, fw), python=python,
-                               device="gpu" if ran[fw] == ran[frameworks.REFERENCE] == "gpu" else "cpu")
-            for fw in frameworks.FRAMEWORKS if fw in ran and fw != frameworks.REFERENCE}
+    out = {}
+    for fw in frameworks.FRAMEWORKS:
+        if fw not in ran or fw == frameworks.REFERENCE:
+            continue
+        device = "gpu" if ran[fw] == ran[frameworks.REFERENCE] == "gpu" else "cpu"
+        pair = (frameworks.REFERENCE, fw)
+        out[fw] = compute_parity(data=train["data"], data_dir=train["data_dir"], steps=steps, batch_size=batch_size,
+                                 lr=train["lr"], momentum=train["momentum"], seed=train["seed"], frameworks=pair,
+                                 python=python, device=device, maths=parity_maths(train["math"], pair, device))
+    return out
+
+
+def parity_maths(maths: list[str], pair: tuple[str, str], device: str) -> tuple[str, ...]:
+    """fp32 (always: the pair's reference math), then each mixed math of the run that both frameworks of ``pair``
+    can run on ``device`` (``frameworks.math_refusal``): the run's parity per math."""
+    mixed = [m for m in maths if Math(m).mixed and all(frameworks.math_refusal(fw, m, device) is None for fw in pair)]
+    return (MATH_DEFAULT.value, *mixed)
 
 
 def normalise_run(run_tmp: Path) -> None:
