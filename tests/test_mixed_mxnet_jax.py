@@ -26,7 +26,7 @@ import pytest
 from conftest import require_framework
 from kernelmap.frameworks.case import Case
 
-from kernelmap import doctor
+from kernelmap import doctor, parity
 
 STEPS, WARMUP = 3, 1
 ONEDNN_PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
@@ -185,3 +185,24 @@ def test_jax_fp16_loss_scale_skips_a_step_with_non_finite_gradients_and_halves()
     assert r["after_overflow"] == [32768.0, 0]  # 2**16 halved
     assert r["after_finite"] == [32768.0, 1] and r["moved"] == 8  # a finite step trains and is counted
     assert r["grown"] == [2048.0, 0]  # the interval-th finite step in a row doubles the scale, the count restarts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", ["mxnet", "jax"])
+def test_bf16_parity_against_pytorch_on_the_cpu(tmp_path, other):
+    """`kernelmap parity --frameworks pytorch,OTHER --math bf16`: within the derived bf16-against-bf16 tolerance,
+    and farther apart than two fp32 implementations ever are (1e-4, parity's fp32 tolerance): both sides rounded."""
+    require_framework("pytorch")
+    python = {"jax": _jax_python()} if other == "jax" else {}
+    if other == "mxnet":
+        require_framework("mxnet")
+    r = parity.compute_parity(data="synthetic", steps=8, batch_size=32, frameworks=("pytorch", other),
+                              python=python, maths=("bf16",), workdir=tmp_path)
+    [c] = r["comparisons"]
+    assert c["sides"] == ["pytorch-bf16", f"{other}-bf16"] and c["passed"], c["failures"]
+    assert c["tolerances"] == parity.tolerances(("bf16", "bf16"))
+    for key, tol in c["tolerances"].items():
+        assert 0 < c[key] <= tol, (key, c[key])
+    assert c["forward_logits_max_rel_diff"] > parity.TOLERANCES["forward_logits_max_abs_diff"]
+    assert r["versions"][f"{other}-bf16"]["compute_dtype"] == "bfloat16"
+    assert r["versions"][f"{other}-bf16"]["param_dtypes"] == ["float32"]
