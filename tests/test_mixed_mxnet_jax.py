@@ -26,7 +26,7 @@ import pytest
 from conftest import require_framework
 from kernelmap.frameworks.case import Case
 
-from kernelmap import doctor, parity
+from kernelmap import doctor, frameworks, parity
 
 STEPS, WARMUP = 3, 1
 ONEDNN_PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
@@ -206,3 +206,18 @@ def test_bf16_parity_against_pytorch_on_the_cpu(tmp_path, other):
     assert c["forward_logits_max_rel_diff"] > parity.TOLERANCES["forward_logits_max_abs_diff"]
     assert r["versions"][f"{other}-bf16"]["compute_dtype"] == "bfloat16"
     assert r["versions"][f"{other}-bf16"]["param_dtypes"] == ["float32"]
+
+
+def test_mxnet_bf16_cpu_refusal_names_the_missing_piece():
+    from kernelmap.frameworks.mxnet import descriptor as mxd
+
+    avx512 = frozenset({"sse2", "avx2", *mxd.BF16_CPU_FLAGS})
+    assert mxd.bf16_cpu_refusal(True, avx512) is None and mxd.bf16_cpu_refusal(True, None) is None  # None: unread
+    assert "built without oneDNN" in mxd.bf16_cpu_refusal(False, avx512)
+    why = mxd.bf16_cpu_refusal(True, frozenset({"sse2", "avx2", "fma"}))
+    assert why.startswith("this CPU lacks avx512f, avx512bw, avx512vl, avx512dq") and "AVX2" in why
+    # the static refusals reach the runner through the registry, per device
+    assert "FP16 gemm on cpu" in frameworks.math_refusal("mxnet", "fp16", "cpu")
+    assert "no bfloat16" in frameworks.math_refusal("mxnet", "bf16", "gpu")
+    assert frameworks.math_refusal("mxnet", "bf16", "cpu") is None and frameworks.math_refusal("mxnet", "fp16", "gpu") is None
+    assert all(frameworks.math_refusal("jax", m, d) is None for m in ("bf16", "fp16") for d in ("cpu", "gpu"))
