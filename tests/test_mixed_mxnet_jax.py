@@ -221,3 +221,18 @@ def test_mxnet_bf16_cpu_refusal_names_the_missing_piece():
     assert "no bfloat16" in frameworks.math_refusal("mxnet", "bf16", "gpu")
     assert frameworks.math_refusal("mxnet", "bf16", "cpu") is None and frameworks.math_refusal("mxnet", "fp16", "gpu") is None
     assert all(frameworks.math_refusal("jax", m, d) is None for m in ("bf16", "fp16") for d in ("cpu", "gpu"))
+
+
+def test_hlo_conv_dot_counts_a_real_h200_step():
+    """conv_dot_dtypes on the optimised HLO of a real JAX step on the H200 (fp32, tests/data/jax_gpu): its cuDNN
+    convolutions and cuBLASLt GEMM custom calls and its (Triton-fused) dots, each by result type, agree with plain
+    counts of the text's custom-call targets and dot instructions."""
+    from kernelmap.frameworks.jax.hlo import conv_dot_dtypes
+
+    text = gzip.decompress((Path(__file__).parent / "data" / "jax_gpu" / "jit__train_step.hlo.txt.gz").read_bytes()).decode()
+    plain = {"conv f32": text.count('custom_call_target="__cudnn$conv'),
+             "gemm f32": text.count('custom_call_target="__cublas$'),
+             "dot f32": sum(" dot(" in line for line in text.splitlines())}
+    assert plain == {"conv f32": 5, "gemm f32": 1, "dot f32": 5}
+    assert conv_dot_dtypes(text) == plain
+    assert conv_dot_dtypes(text.replace("f32[", "bf16[")) == {k.replace("f32", "bf16"): v for k, v in plain.items()}

@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import re
 import struct
-from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -64,6 +62,7 @@ from kernelmap.errors import KernelmapError
 from .. import spec
 from ..data import IMAGE_MAGIC, LABEL_MAGIC, SPLIT_FILES, synthetic_arrays
 from . import parallel
+from .hlo import conv_dot_dtypes
 
 # per spec.Math: fp32 computes convs and dots in fp32 ("highest": no TF32 on the GPU, no bf16 passes on
 # the CPU); tf32 lets XLA use TF32 on the GPU (its own default; the CPU gets fp32). bf16 and fp16: the
@@ -348,28 +347,3 @@ def _scaled_train_step(model: CNN, tx: optax.GradientTransformation, params, opt
         params, opt_state = jax.tree_util.tree_map(
             lambda new, old: jnp.where(finite, new, old), (new_params, new_opt_state), (params, opt_state))
     return params, opt_state, loss_scale.after(finite), loss
-
-
-# an HLO instruction that is a convolution or a dot (XLA's own, or the cuDNN/cuBLAS custom call it became on
-# the GPU), with its result's element type: the first of a tuple's (a custom call's result, its workspace)
-_HLO_CONV_DOT = re.compile(
-    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*\(?(?P<dtype>[a-z]+[0-9]*)\[[^=]*?\s(?P<op>convolution|dot|custom-call)\(")
-_CUSTOM_TARGET = re.compile(r'custom_call_target="(__cudnn\$conv[^"]*|__cublas\$[^"]*)"')
-
-
-def conv_dot_dtypes(hlo_text: str) -> dict[str, int]:
-    """{"<instruction> <element type>": count} over the convolutions and dots of an optimised HLO module
-    (``compiled_hlo``), custom calls counted where they are cuDNN convolutions or cuBLAS GEMMs ("conv", "gemm")."""
-    counts: Counter = Counter()
-    for line in hlo_text.splitlines():
-        m = _HLO_CONV_DOT.match(line)
-        if m is None:
-            continue
-        op = m["op"]
-        if op == "custom-call":
-            target = _CUSTOM_TARGET.search(line)
-            if target is None:
-                continue
-            op = "conv" if target[1].startswith("__cudnn") else "gemm"
-        counts[f"{op} {m['dtype']}"] += 1
-    return dict(sorted(counts.items()))
