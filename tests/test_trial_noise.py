@@ -157,3 +157,21 @@ def test_one_trial_a_case_is_not_judged_and_the_gpu_has_no_cpu_time_comparison(t
     assert B.noise_statements(noise, steps) == [
         "h200: clean steps against PyTorch's not judged for noise: one trial (or no interval) a case, whose interval "
         "holds no noise between processes"]
+
+
+def test_a_busy_run_says_its_wall_times_are_stretched_not_noise(tmp_path):
+    """The real busy CPU run (tests/data/cpu_run_cputime: other processes used up to 1.8 of 2 cores): its trials
+    spread 51-437%, and every comparison has a clean pass run busy, said so."""
+    d = tmp_path / "busy"
+    shutil.copytree(DATA / "cpu_run_cputime", d)
+    run = A.load_run(d)
+    steps = B.step_noise([run])
+    assert len(steps) == 4 and steps["busy"].all()
+    hit = steps[steps["within_noise"].astype(bool)]
+    assert list(zip(hit["framework"], hit["clock"], strict=True)) == [("mxnet", "wall")]
+    lines = B.noise_statements(B.trial_noise([run]), steps)
+    assert lines[0].startswith("busy: the clean trials (each its own process) of 3 case(s) spread 51–437% between "
+                               "their medians (widest: MXNet bs 64, 20.36–109.3 ms)")
+    assert lines[-1] == ("busy: clean step against PyTorch's (wall and CPU time): 3 of 4 beyond noise (95% intervals "
+                         "apart); within noise: MXNet bs 64 (wall); 4 of the 4 with a clean pass run on a busy machine "
+                         "(its wall time stretched by other processes, not noise: read its CPU time)")

@@ -519,5 +519,7 @@ def noise_statements(noise: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
             clocks = " and ".join(c for c in ("wall", "CPU") if c in set(judged["clock"]))
             out.append(f"{run}: clean step against {fw_label(judged['reference'].iloc[0])}'s ({clocks} time): "
                        f"{len(judged) - len(within)} of {len(judged)} beyond noise (95% intervals apart); within "
-                       f"noise: {names}" + (f"; {busy} of them on a busy machine (wall time stretched)" if busy else ""))
+                       f"noise: {names}" + (f"; {busy} of the {len(judged)} with a clean pass run on a busy machine (its wall "
+                                                  "time stretched by other processes, not noise: read its CPU time)"
+                                                  if busy else ""))
     return out
