@@ -66,6 +66,8 @@ class Option:
     name: str  # the key in TrainConfig.options and in the run's config; the flag is --<name, - for _>
     choices: tuple[str, ...]
     help: str
+    # why the variant cannot run a mixed-precision math (spec.Math.mixed), None where it can: refused up front
+    mixed_refusal: str | None = None
 
     @property
     def flag(self) -> str:

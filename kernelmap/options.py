@@ -100,6 +100,10 @@ def check_maths(args: argparse.Namespace) -> None:
     twice = [x for i, x in enumerate(maths) if x in maths[:i]]
     if twice:
         raise KernelmapError(f"--math {' '.join(maths)}: {twice[0]} given twice")
+    mixed = [x for x in maths if spec.Math(x).mixed]
+    for o in (o for fw in chosen(args) for o in frameworks.get(fw).options):
+        if mixed and o.mixed_refusal and getattr(args, o.name, None) is not None:
+            raise KernelmapError(f"{o.flag} {getattr(args, o.name)} with --math {' '.join(mixed)}: {o.mixed_refusal}")
     device = getattr(args, "device", "auto")
     if device == "auto":  # each framework's device is decided by its probe (run/devices.py), then checked
         return

@@ -293,3 +293,9 @@ def test_the_runs_parity_is_at_fp32_and_each_mixed_math_both_frameworks_run():
     assert run_cli.parity_maths(["bf16", "tf32"], ("pytorch", "pytorch"), "cpu") == ("fp32", "bf16")
     assert run_cli.parity_maths(["fp16"], ("pytorch", "pytorch"), "cpu") == ("fp32",)  # fp16: not on the CPU
     assert run_cli.parity_maths(["bf16", "fp16"], ("pytorch", "pytorch"), "gpu") == ("fp32", "bf16", "fp16")
+
+
+def test_options_refuse_the_custom_op_with_a_mixed_math():
+    options.check_args(_args(math=["fp32"], custom_op="jit"))
+    with pytest.raises(KernelmapError, match="--custom-op jit with --math bf16: kernelmap's custom op computes in float32"):
+        options.check_args(_args(math=["fp32", "bf16"], custom_op="jit"))

@@ -82,7 +82,8 @@ DESCRIPTOR = Framework(
     nsys_window=lambda worker_env: NsysWindow.PROFILER_API,
     options=(Option(custom_op.OPTION, custom_op.ROUTES,
                     f"fc1's bias add by kernelmap's own C++/CUDA op ({custom_op.NAMESPACE}), built this way; "
-                    "default: the built-in op"),),
+                    "default: the built-in op",
+                    mixed_refusal="kernelmap's custom op computes in float32 only (kernelmap_custom.cpp: check_float)"),),
     bias_grad_kernel_marks=(custom_op.BIAS_GRAD_KERNEL,), cpu_library_entry_ops=CPU_LIBRARY_ENTRY_OPS,
     vocabulary=ops.VOCABULARY,
     data_parallel=DataParallel(
