@@ -299,3 +299,38 @@ def test_options_refuse_the_custom_op_with_a_mixed_math():
     options.check_args(_args(math=["fp32"], custom_op="jit"))
     with pytest.raises(KernelmapError, match="--custom-op jit with --math bf16: kernelmap's custom op computes in float32"):
         options.check_args(_args(math=["fp32", "bf16"], custom_op="jit"))
+
+
+# --- on the GPU (skipped without one): every mode at bf16 and fp16, parity per math ---------------------------------
+@pytest.mark.gpu
+def test_gpu_every_pytorch_mode_at_bf16_and_fp16(tmp_path):
+    """fp16's scaled step in every mode, the graph modes' capture of GradScaler + fused SGD included: each case runs,
+    computes in its precision with TF32 off for the rest, and learns (a scaler that skipped every step would leave
+    the loss at ln 10 = 2.30 and its scale collapsed)."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "gpu",
+                           "--math", "bf16", "fp16", "--mode", "all", "--steps", "30", "--warmup", "5", "--trials", "1",
+                           "--data", "synthetic", "--max-repeats", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    modes = frameworks.get("pytorch").modes
+    assert sorted((r["mode"], r["math"]) for r in results) == sorted((m, x) for m in modes for x in ("bf16", "fp16"))
+    for r in results:
+        assert r["device"] == "gpu" and r["tf32_override"] == "0"
+        assert r["versions"]["autocast"] == spec.Math(r["math"]).low_precision
+        assert r["final_loss"] < 1.5, (r["mode"], r["math"], r["final_loss"])
+        scaler = r["versions"]["grad_scaler"]
+        assert (scaler is None) == (r["math"] == "bf16")
+        if scaler is not None:
+            assert scaler["scale"] >= 2.0**10 and np.log2(scaler["scale"]).is_integer(), (r["mode"], scaler)
+
+
+@pytest.mark.gpu
+def test_gpu_parity_pytorch_bf16_fp16_against_fp32():
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "parity", "--device", "gpu", "--frameworks", "pytorch",
+                           "--math", "fp32", "bf16", "fp16", "--data", "synthetic", "--json"],
+                          capture_output=True, text=True, timeout=1800)
+    result = json.loads(proc.stdout)
+    assert [c["sides"] for c in result["comparisons"]] == [["pytorch", "pytorch-bf16"], ["pytorch", "pytorch-fp16"]]
+    assert proc.returncode == 0 and result["passed"], result["failures"]
