@@ -130,3 +130,33 @@ def compute(framework: str, devices: int, *, steps: int = 8, batch_size: int = 3
                                                   str(devices): [float(x) for x in b["losses"]]},
             "modes": {"1": json.loads(str(a["meta"]))["mode"], str(devices): json.loads(str(b["meta"]))["mode"]},
             "python": exe, "wall_s": round(time.perf_counter() - started, 3)}
+
+
+def run_parities(run_dir: Path, train: dict[str, Any], results: list[dict[str, Any]], python: dict[str, str],
+                 notes: list[str], steps: int) -> dict[str, bool]:
+    """``kernelmap run``'s parity across devices: for each case that ran on N > 1 devices (its first batch size),
+    ``compute`` of its framework and mode on 1 and N devices, written to ``parity-devices-<case>.json`` in
+    ``run_dir``; {case: passed}. A failure is a note; the run is kept."""
+    from .atomic import atomic_file
+
+    out: dict[str, bool] = {}
+    first: dict[str, dict[str, Any]] = {}
+    for r in results:
+        name = r["dir"].split("/")[0]
+        if r.get("devices", 1) > 1 and name not in first:
+            first[name] = r
+    for name, r in first.items():
+        try:
+            figures = compute(r["framework"], r["devices"], steps=steps, batch_size=r["batch_size"], data=train["data"],
+                              data_dir=train["data_dir"], lr=train["lr"], momentum=train["momentum"],
+                              seed=train["seed"], mode=r["mode"], device=r["device"], python=python)
+        except KernelmapError as exc:
+            notes.append(f"parity across devices failed for {name}: {exc}")
+            continue
+        with atomic_file(run_dir / f"parity-devices-{name}.json") as fh:
+            json.dump(figures, fh, indent=1)
+        out[name] = figures["passed"]
+        if not figures["passed"]:
+            notes.append(f"parity across devices: {name} differs from 1 device beyond tolerance: "
+                         f"{'; '.join(figures['failures'])}")
+    return out

@@ -170,3 +170,7 @@ def test_run_devices_one_and_two_every_framework(tmp_path):
     assert rank1["rank"] == 1 and rank1["steps"] == 2 and rank1["test_accuracy"] is None
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(c["devices"] for c in manifest["config"]["cases"]) == [1, 1, 1, 2, 2, 2]
+    # each multi-device case against its framework on one device, in the run (kernelmap/devparity.py)
+    assert manifest["parity_devices"] == {"pytorch-x2": True, "mxnet-x2": True, "jax-x2": True}
+    par = json.loads((out / "parity-devices-pytorch-x2.json").read_text())
+    assert par["devices"] == [1, 2] and par["steps"] == 2 and par["weights_worst"] <= devparity.TOLERANCES["weights_worst"]

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, frameworks, gpuinfo, manifest, options, rundir, timing
+from .. import devparity, doctor, frameworks, gpuinfo, manifest, options, rundir, timing
 from ..atomic import atomic_dir
 from ..errors import KernelmapError, MissingToolError
 from ..frameworks.case import Case, CaseKey
@@ -307,6 +307,10 @@ def write_run(args: argparse.Namespace, opts: Options, p: Plan, ran: Ran, result
     man["parity"] = {fw: {"reference": frameworks.REFERENCE, "passed": x["passed"], "file": rundir.parity_name(fw)}
                      for fw, x in parities.items()} or None
     man["parity_failed"] = parity_failed
+    # issue 39: each multi-device case against its framework on one device (kernelmap/devparity.py)
+    man["parity_devices"] = devparity.run_parities(tmp, opts.train, results, opts.python, ran.notes,
+                                                   PARITY_STEPS if opts.train["steps"] is None
+                                                   else min(PARITY_STEPS, opts.train["steps"])) or None
     run_dir = rundir.RunDir(tmp)
     run_dir.write_json(run_dir.manifest, man)
     run_dir.write_json(run_dir.results, results)

@@ -175,7 +175,7 @@ def summary(out: Path, results: list[dict[str, Any]], decisions: dict[str, Decis
     return {
         "run_dir": str(out),
         "results": [
-            {k: r[k] for k in ("framework", "mode", "math", "batch_size", "device", "device_note", "median_step_s",
+            {k: r[k] for k in ("framework", "mode", "math", "devices", "batch_size", "device", "device_note", "median_step_s",
                                "ci95_low_s",
                                "ci95_high_s", "ci95_half_width_rel", "noisy", "n_trials", "iqr_step_s",
                                "images_per_s", "e2e_step_s", "e2e_images_per_s", "test_accuracy", "contention",
@@ -233,7 +233,8 @@ def print_table(summary: dict[str, Any]) -> None:
             ci += " disagree"
         e2e = f"{r['e2e_step_s'] * 1e3:8.3f}" if r["e2e_step_s"] else f"{'-':>8}"
         e2e_ips = f"{r['e2e_images_per_s']:10.1f}" if r["e2e_images_per_s"] else f"{'-':>10}"
-        print(f"{r['framework']:<10} {r['mode']:<14} {r['math']:<5} {r['batch_size']:>5} {r['device']:<6} "
+        device = r["device"] if r.get("devices", 1) == 1 else f"{r['device']}x{r['devices']}"  # issue 39: N devices
+        print(f"{r['framework']:<10} {r['mode']:<14} {r['math']:<5} {r['batch_size']:>5} {device:<6} "
               f"{r['median_step_s'] * 1e3:>9.3f} "
               f"{ci:>17} {r['n_trials']:>6} {r['images_per_s']:>11.1f} {e2e} {e2e_ips} {acc:>7}  "
               f"{contention_cell(r.get('contention')):<10}  {over}")
