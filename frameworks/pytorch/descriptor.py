@@ -8,9 +8,10 @@ from ..spec import Math
 from . import custom_op, ops
 
 # the ops of its Kineto trace that run CPU library calls: oneDNN's (convolutions, and linear/pooling where
-# torch sends them there) and BLAS' (addmm, mm)
+# torch sends them there; addmm and mm in bf16, which torch runs as oneDNN matmuls: no BLAS has bf16) and BLAS'
+# (addmm, mm in fp32)
 CPU_LIBRARY_ENTRY_OPS = {"oneDNN": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mkldnn_linear",
-                                    "aten::mkldnn_max_pool2d"),
+                                    "aten::mkldnn_max_pool2d", "aten::addmm", "aten::mm"),
                          "BLAS": ("aten::addmm", "aten::mm")}
 
 INSTALL_FIX = "pip install 'kernelmap[pytorch]' (a CUDA build for GPUs: see https://pytorch.org/get-started)"

@@ -128,8 +128,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["prim", "prop", "engine", "impl", "aux", "problem", "dur_ns", "shapes", "ts",
                                      "math_ran", "math_dtypes"])
     canon = [_canonical(p, a) for p, a in zip(df["prim"], df["aux"], strict=True)]
-    direction = [_DIR.get(p, "none") for p in df["prop"]]
-    layers = [_layer(c, s) for c, s in zip(canon, df["shapes"], strict=True)]
+    mm = [matmul_layer(q) if p == "matmul" and _DIR.get(r, "none") == "none" else (None, None)
+          for p, r, q in zip(df["prim"], df["prop"], df["problem"], strict=True)]
+    direction = [d or _DIR.get(p, "none") for (_, d), p in zip(mm, df["prop"], strict=True)]
+    layers = [ly or _layer(c, s) for (ly, _), c, s in zip(mm, canon, df["shapes"], strict=True)]
     cols = {
         "kind": "library_call",
         "library": "oneDNN",
@@ -190,6 +192,32 @@ def _canonical(prim: str, aux: str) -> str:
     if prim == "binary":
         return "add" if "binary_add" in aux else "mul" if "binary_mul" in aux else "other"
     return "other"
+
+
+def matmul_layer(problem: str) -> tuple[str | None, str | None]:
+    """(layer, direction) of a 2-d matmul (problem ``MxK:KxN``, prop ``undef``: oneDNN's matmul says no direction;
+    PyTorch runs its bf16 linears and their gradients so on the CPU) from the model's linear layers: the one whose
+    out and in features are two of M, K, N, the third the batch; the contraction K says the direction (K = in:
+    fwd, K = out: bwd_data, K = batch: bwd_weight; ``cublas_log.gemm_direction``). (None, None) where the dims
+    fit no layer or are ambiguous (a batch equal to a feature count)."""
+    from ..frameworks.spec import LAYERS
+    from .cublas_log import gemm_direction
+
+    g = re.fullmatch(r"(\d+)x(\d+):(\d+)x(\d+)(?::\d+x\d+)?", problem)
+    if g is None or g[2] != g[3]:
+        return None, None
+    m, k, n = int(g[1]), int(g[2]), int(g[4])
+    found = []
+    for layer in (x for x in LAYERS if x.kind == "linear"):
+        rest = [m, k, n]
+        for d in layer.weight_shape:
+            if d in rest:
+                rest.remove(d)
+        if len(rest) == 1:  # its out and in features are two of the dims, the batch the third
+            direction = gemm_direction(layer.name, m, n, k)
+            if direction is not None:
+                found.append((layer.name, direction))
+    return found[0] if len(found) == 1 else (None, None)
 
 
 def _layer(canon: str, shapes) -> str | None:

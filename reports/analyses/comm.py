@@ -19,8 +19,7 @@ The rank is the trace's (Kineto's ``distributedInfo``; XLA's host device of each
 none (MXNet's one process drives its N contexts through one KVStore, whose sums and copies serve them all),
 the rows of a step form one group, rank NA. What the basis is: ``basis`` (device kernels or host ops).
 
-``arrivals``: which rank arrived last at each collective. ``reports/commchecks.py`` turns the figures into the
-report's self-checks.
+``reports/commchecks.py`` turns the figures into the report's self-checks.
 """
 
 from __future__ import annotations
@@ -133,39 +132,6 @@ def per_case(steps: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["comm_total_ms", "exposed_total_ms"])
 
 
-ARRIVAL_COLUMNS = ["run", "framework", "devices", "iteration", "collective", "op_name", "ranks", "first_rank",
-                   "last_rank", "spread_ms"]
-
-
-def arrivals(records: pd.DataFrame) -> pd.DataFrame:
-    """``ARRIVAL_COLUMNS``: which rank arrived last at each collective: per multi-device case, traced step and
-    collective (the k-th issuing op of the step on every rank, in start order), the rank whose op started last
-    and how long after the first (``spread_ms``; the ranks' traces share the host's clock on one machine). Only
-    where every rank issued the same op as its k-th; a case without ranks (MXNet's one process) has no rows."""
-    if records.empty or "devices" not in records:
-        return pd.DataFrame(columns=ARRIVAL_COLUMNS)
-    multi = records[(records["devices"].fillna(1) > 1)]
-    ops = multi[is_communication(multi) & (multi["kind"] == "op").fillna(False).to_numpy()
-                & multi["rank"].notna().to_numpy() & multi["iteration"].notna().to_numpy()]
-    rows = []
-    for (run, it), g in ops.groupby(["run", "iteration"], sort=True):
-        g = g.sort_values("start_ns", kind="stable")
-        g = g.assign(k=g.groupby("rank").cumcount())
-        ranks = g["rank"].nunique()
-        for k, c in g.groupby("k", sort=True):
-            if len(c) != ranks or c["op_name"].nunique() != 1:
-                continue
-            first, last = c.iloc[0], c.iloc[-1]
-            rows.append({"run": run, "framework": first["framework"], "devices": first["devices"], "iteration": it,
-                         "collective": int(k), "op_name": first["op_name"], "ranks": int(ranks),
-                         "first_rank": first["rank"], "last_rank": last["rank"],
-                         "spread_ms": (last["start_ns"] - first["start_ns"]) / _NS_MS})
-    out = pd.DataFrame(rows, columns=ARRIVAL_COLUMNS)
-    for col in ("devices", "iteration", "first_rank", "last_rank"):
-        out[col] = out[col].astype("Int64")
-    return out
-
-
 def tables(runs: list) -> dict[str, pd.DataFrame]:
     """The report's CSV tables of ``runs`` (``analyses.base.Run``): ``comm_steps`` (``per_step``) and
     ``comm_cases`` (``per_case``), each row's ``run`` the run directory's name, ``case`` its case folder."""
@@ -174,12 +140,9 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
     steps = [s for s in steps if len(s)]
     if not steps:
         return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
-                "comm_cases": pd.DataFrame(columns=["run", "case"]),
-                "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]])}
+                "comm_cases": pd.DataFrame(columns=["run", "case"])}
     all_steps = pd.concat(steps, ignore_index=True)
     cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
                        .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
     order = lambda df: df[["run", "case", *[c for c in df.columns if c not in ("run", "case")]]]  # noqa: E731
-    arrived = pd.concat([arrivals(r.records).rename(columns={"run": "case"}).assign(run=r.name)
-                         for r in runs if r.records is not None], ignore_index=True)
-    return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived)}
+    return {"comm_steps": order(all_steps), "comm_cases": order(cases)}
