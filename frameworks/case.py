@@ -76,9 +76,11 @@ class Case:
         return REGISTRY[self.framework].replay_modes.get(self.mode)
 
     @property
-    def rank(self) -> tuple[int, int, int]:
-        """Registry order: frameworks as registered, each framework's modes as its descriptor lists them."""
-        return (tuple(REGISTRY).index(self.framework), REGISTRY[self.framework].modes.index(self.mode), self.devices)
+    def rank(self) -> tuple[int, int, int, int]:
+        """Registry order: frameworks as registered, each framework's modes as its descriptor lists them, then the
+        devices, then the maths in ``spec.Math``'s order (fp32 first: the reference of a run of several)."""
+        return (tuple(REGISTRY).index(self.framework), REGISTRY[self.framework].modes.index(self.mode), self.devices,
+                [m.value for m in Math].index(self.math))
 
     def at(self, batch_size: int) -> CaseKey:
         return CaseKey(self.framework, self.mode, self.math, self.devices, batch_size)

@@ -358,3 +358,10 @@ def test_onednn_bf16_matmuls_get_their_linear_layer_and_direction():
     assert got == sorted(by_hand[p] for p in problems)
     assert onednn.matmul_layer("10x10:10x128") == (None, None)  # a batch of 10 = fc2's out: ambiguous, left
     assert onednn.matmul_layer("2x3:3x4") == (None, None)
+
+
+def test_cases_order_each_framework_and_mode_by_math_fp32_first():
+    from kernelmap.frameworks.case import order_names
+
+    assert order_names(["pytorch-bf16", "pytorch-compile", "pytorch", "pytorch-fp16", "pytorch-tf32"]) == [
+        "pytorch", "pytorch-tf32", "pytorch-bf16", "pytorch-fp16", "pytorch-compile"]
