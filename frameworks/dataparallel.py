@@ -107,6 +107,21 @@ def rank_dir(out_dir: Path, r: int) -> Path:
     return Path(out_dir) if r == 0 else Path(out_dir) / RANK_DIR.format(r)
 
 
+def rank_paths(env: Mapping[str, str], case_dir: Path, r: int) -> dict[str, str]:
+    """Rank ``r``'s own values of the variables of ``env`` that name a file in the case folder (the library
+    logs of the libs pass: cuDNN's, cuBLAS's, MKL's): the same file in its ``rank_dir``, so that two ranks never
+    write into one log. Rank 0 keeps them."""
+    if r == 0:
+        return {}
+    base = Path(case_dir).resolve()
+    out = {}
+    for k, v in env.items():
+        p = Path(v) if v and os.sep in v else None
+        if p is not None and p.is_absolute() and base in p.resolve().parents:
+            out[k] = str(rank_dir(base, r) / p.resolve().relative_to(base))
+    return out
+
+
 def rank_dirs(case_dir: Path) -> list[Path]:
     """The folders of ranks r > 0 in a case folder (``rank_dir``), in rank order."""
     found = [(p, p.name[len(RANK_DIR.format("")):]) for p in Path(case_dir).glob(RANK_DIR.format("*"))]
@@ -133,7 +148,7 @@ def rank_env(r: int, devices: int, port: int) -> dict[str, str]:
 
 
 def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quiet_ranks: bool = True,
-           timeout: float | None = None) -> int:
+           timeout: float | None = None, rank_envs: list[Mapping[str, str]] | None = None) -> int:
     """Run ``commands[r]`` as rank ``r`` of ``len(commands)`` (``env``, else this environment, plus the rank
     variables and a free rendezvous port on this host); wait for all. Rank 0's stdout is this process's (the
     CPU libs pass reads oneDNN's verbose lines there); the others' is discarded where ``quiet_ranks``. The
@@ -146,7 +161,8 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
     try:
         for r, cmd in enumerate(commands):
             out = subprocess.DEVNULL if r and quiet_ranks else None
-            procs.append(subprocess.Popen(cmd, env={**base, **rank_env(r, n, port)}, stdout=out))
+            own = rank_envs[r] if rank_envs else {}
+            procs.append(subprocess.Popen(cmd, env={**base, **own, **rank_env(r, n, port)}, stdout=out))
         rc = 0
         pending = list(procs)
         while pending:

@@ -284,6 +284,10 @@ def _apply_tf32_override(df: pd.DataFrame, bs_dir: Path) -> int:
     return 0
 
 
+# the captures read from every rank of a multi-process case: the traces (rank 0's library logs stand for all)
+RANK_FORMATS = frozenset({*(d.trace_source for d in frameworks.REGISTRY.values()), "nsys"})
+
+
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     """Normalise the captures of every case results.json records (``RunDir.read_cases``: its typed key and
     its folder, ``RUN_DIR/<case>/bs<N>/*``) into ``RUN_DIR/records.parquet`` and ``RUN_DIR/attribution.json``;
@@ -318,7 +322,11 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
                                 "reason": f"the same capture as {f.with_suffix('.sqlite').name}, which was read"})
                 continue
             try:
-                adapters.detect(f)
+                fmt = adapters.detect(f)
+                if f.parent != bs_dir and fmt not in RANK_FORMATS:  # issue 39: a rank's library log
+                    skipped.append({"file": str(f.relative_to(run_dir)),
+                                    "reason": "a rank's library log: the case's library calls are rank 0's"})
+                    continue
                 files.append(f)
             except ParseError as exc:
                 skipped.append({"file": str(f.relative_to(run_dir)), "reason": exc.cause})

@@ -293,7 +293,7 @@ def _peaks(workload, framework: str) -> dict[str, Any]:
     return measure()
 
 
-def _spread(framework: str, config, argv: list[str] | None) -> int | None:
+def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> int | None:
     """A case on ``config.devices`` devices: its framework's environment for them set here, before the
     framework is imported (XLA's host device count); where it runs one process per device and this is not
     yet one of them, the ranks launched (``dataparallel.launch``) and their exit status returned; else None
@@ -307,7 +307,10 @@ def _spread(framework: str, config, argv: list[str] | None) -> int | None:
     os.environ.update(dataparallel.merged_env(os.environ, dp.env(config.devices, config.device)))
     if dp.processes and not dataparallel.is_rank():
         cmd = [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)]
-        return dataparallel.launch([cmd] * config.devices)
+        for r in range(1, config.devices):  # each rank's own folder, for its captures and library logs
+            dataparallel.rank_dir(case_dir, r).mkdir(parents=True, exist_ok=True)
+        envs = [dataparallel.rank_paths(os.environ, case_dir, r) for r in range(config.devices)]
+        return dataparallel.launch([cmd] * config.devices, rank_envs=envs)
     return None
 
 
@@ -336,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     config = spec.TrainConfig(**json.loads(args.config))
     data_info = DataInfo(**json.loads(args.data_info))
     try:
-        if config.devices > 1 and (launched := _spread(args.framework, config, argv)) is not None:
+        if config.devices > 1 and (launched := _spread(args.framework, config, argv, Path(args.dir))) is not None:
             return launched  # the ranks ran (one process per device) and wrote their results
     except KernelmapError as exc:
         print(f"kernelmap-worker: error: {exc}", file=sys.stderr)

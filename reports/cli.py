@@ -116,6 +116,8 @@ TABLES = {
     "comm_steps": "communication of multi-device cases per traced step and rank: compute, communication, exposed "
                   "communication, overlap share, bytes, share attributed to its op (analyses/comm.py)",
     "comm_cases": "communication of multi-device cases per case and rank: medians over the traced steps",
+    "comm_arrivals": "communication: which rank arrived last at each collective of each traced step, and how long "
+                     "after the first",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
     "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }

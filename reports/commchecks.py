@@ -22,7 +22,7 @@ TOLERANCE_MS = 1e-9  # the figures are sums of whole nanoseconds: equal within r
 def step_checks(run_name: str, steps) -> list[dict[str, Any]]:
     """The two checks per case of ``steps`` (``comm.per_step`` of one run's records)."""
     rows: list[dict[str, Any]] = []
-    for (case, fw, bs), g in steps.groupby(["run", "framework", "batch_size"], sort=True):
+    for (case, fw, bs, src), g in steps.groupby(["run", "framework", "batch_size", "source"], sort=True):
         share = g["linked_share"].dropna()
         if share.empty:
             rows.append(check_row(run_name, fw, bs, Check.COMM_LINKED, case, 1.0, None, NOT_CHECKED,
@@ -30,11 +30,11 @@ def step_checks(run_name: str, steps) -> list[dict[str, Any]]:
         else:
             worst = float(share.min())
             rows.append(check_row(run_name, fw, bs, Check.COMM_LINKED, case, 1.0, worst, PASS if worst >= 1.0 else FAIL,
-                                  f"lowest share over {len(share)} steps x ranks: {worst:.1%} of the communication "
+                                  f"{src}: lowest share over {len(share)} steps x ranks: {worst:.1%} of the communication "
                                   "time is an op of its own or linked to the op that issued it"))
         bad = g[(g["exposed_ms"] < -TOLERANCE_MS) | (g["exposed_ms"] > g["communication_ms"] + TOLERANCE_MS)
                 | (g["communication_ms"] > g["step_ms"] + TOLERANCE_MS)]
-        detail = (f"{len(g)} steps x ranks within" if bad.empty else
+        detail = (f"{src}: {len(g)} steps x ranks within" if bad.empty else
                   "; ".join(f"step {r.iteration} rank {r.rank}: exposed {r.exposed_ms:.3f}, communication "
                             f"{r.communication_ms:.3f}, step {r.step_ms:.3f} ms" for r in bad.head(3).itertuples()))
         rows.append(check_row(run_name, fw, bs, Check.COMM_BOUNDS, case, "0 <= exposed <= communication <= step",

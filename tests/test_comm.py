@@ -120,7 +120,7 @@ def _synthetic(comm_iv, compute_iv, step=(0, 100)) -> pd.DataFrame:
     rows += [{"kind": "op", "op_name": "aten::mm", "start_ns": s, "dur_ns": e - s, "canonical_op": "linear"}
              for s, e in compute_iv]
     df = pd.DataFrame({c: [r.get(c) for r in rows] for c in schema.COLUMNS})
-    df = df.assign(run="x", framework="pytorch", mode="eager", devices=2, batch_size=8, rank=0, iteration=1,
+    df = df.assign(run="x", framework="pytorch", mode="eager", devices=2, batch_size=8, rank=0, iteration=1, source="kineto",
                    source_file="t.json", event_id=np.arange(len(rows)), bytes=None, kernel_name=None)
     return df
 
@@ -152,3 +152,24 @@ def test_the_report_counts_each_devices_calls_and_checks_communication(tmp_path)
     assert all(r.expected == 2 * one[tuple(r.subject.split())] for r in calls.itertuples())  # 2 devices
     ours = got[got["check"].isin([Check.COMM_LINKED, Check.COMM_BOUNDS])]
     assert len(ours) == 6 and set(ours["status"]) == {PASS}
+
+
+def test_which_rank_arrived_last_at_each_allreduce(records):
+    """Against the raw traces (both ranks' Kineto files share one base time on this host): the n-th
+    c10d::allreduce_ of each rank, the later start is the rank that arrived last."""
+    starts = {}
+    for rank, rel in ((0, "pytorch-x2/bs32/trace.json.gz"), (1, "pytorch-x2/bs32/rank1/trace.json.gz")):
+        with gzip.open(DATA / rel, "rt") as fh:
+            doc = json.load(fh)
+        assert doc["distributedInfo"]["rank"] == rank
+        starts[rank] = (doc["baseTimeNanoseconds"],
+                        sorted(e["ts"] for e in doc["traceEvents"] if e.get("name") == "c10d::allreduce_"))
+    assert starts[0][0] == starts[1][0]
+    want = [(int(b > a), round(abs(b - a) / 1e3, 3)) for a, b in zip(starts[0][1], starts[1][1], strict=True)]
+    got = comm.arrivals(records)
+    pt = got[(got["run"] == "pytorch-x2/bs32") & (got["op_name"] == "c10d::allreduce_")]
+    pt = pt.sort_values(["iteration", "collective"])
+    assert [(int(r.last_rank), round(r.spread_ms, 3)) for r in pt.itertuples()] == want
+    assert set(got.loc[got["run"] == "mxnet-x2/bs32", "run"]) == set()  # one process, no ranks: no rows
+    jax = got[got["run"] == "jax-x2/bs32"]
+    assert len(jax) == 3 and set(jax["ranks"]) == {2}

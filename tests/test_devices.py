@@ -174,3 +174,30 @@ def test_run_devices_one_and_two_every_framework(tmp_path):
     assert manifest["parity_devices"] == {"pytorch-x2": True, "mxnet-x2": True, "jax-x2": True}
     par = json.loads((out / "parity-devices-pytorch-x2.json").read_text())
     assert par["devices"] == [1, 2] and par["steps"] == 2 and par["weights_worst"] <= devparity.TOLERANCES["weights_worst"]
+
+
+def test_each_rank_writes_its_own_library_logs(tmp_path):
+    case = tmp_path / "run" / "pytorch-x2" / "bs16"
+    env = {"MKL_VERBOSE_OUTPUT_FILE": str(case / "blas.log"), "CUDNN_LOGDEST_DBG": str(case / "cudnn.log"),
+           "OTHER": "/elsewhere/x.log", "ONEDNN_VERBOSE": "1"}
+    assert dataparallel.rank_paths(env, case, 0) == {}
+    assert dataparallel.rank_paths(env, case, 1) == {"MKL_VERBOSE_OUTPUT_FILE": str(case.resolve() / "rank1" / "blas.log"),
+                                                     "CUDNN_LOGDEST_DBG": str(case.resolve() / "rank1" / "cudnn.log")}
+
+
+@pytest.mark.slow
+def test_libs_pass_on_two_ranks_keeps_rank_zeros_logs(tmp_path):
+    """The CPU libs pass of PyTorch on 2 ranks: each rank's MKL log in its own folder; normalise reads rank 0's
+    library logs and every rank's trace, and says why it left rank 1's log out."""
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "cpu", "--devices", "2",
+            "--steps", "2", "--warmup", "1", "--trials", "1", "--max-repeats", "0", "--data", "synthetic",
+            "--batch-size", "16", "--profile", "libs", "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    case = out / "pytorch-x2" / "bs16"
+    assert (case / "blas.log").is_file() and (case / "rank1" / "blas.log").is_file()
+    att = json.loads((out / "attribution.json").read_text())
+    left = {x["file"]: x["reason"] for x in att["not_records"]}
+    assert "rank 0's" in left["pytorch-x2/bs16/rank1/blas.log"]

@@ -19,7 +19,8 @@ The rank is the trace's (Kineto's ``distributedInfo``; XLA's host device of each
 none (MXNet's one process drives its N contexts through one KVStore, whose sums and copies serve them all),
 the rows of a step form one group, rank NA. What the basis is: ``basis`` (device kernels or host ops).
 
-``reports/commchecks.py`` turns the figures into the report's self-checks.
+``arrivals``: which rank arrived last at each collective. ``reports/commchecks.py`` turns the figures into the
+report's self-checks.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..foreign import length_ns, overlap_ns, union_ns
 
 BASIS_DEVICE = "device kernels (GPU clock)"
 BASIS_HOST = "host framework ops (CPU clock)"
-COLUMNS = ["run", "framework", "mode", "devices", "batch_size", "rank", "iteration", "basis", "step_ms",
+COLUMNS = ["run", "framework", "mode", "devices", "batch_size", "source", "rank", "iteration", "basis", "step_ms",
            "compute_ms", "communication_ms", "exposed_ms", "overlap_share", "comm_bytes", "collectives",
            "linked_share"]
 _NS_MS = 1e6
@@ -93,7 +94,8 @@ def _case_rows(df: pd.DataFrame) -> list[dict]:
             linked, total = _linked_ns(comm, ops)
             issuing = comm[(comm["kind"] == "op").fillna(False)]
             out.append({"run": key["run"], "framework": key["framework"], "mode": key["mode"],
-                        "devices": key["devices"], "batch_size": key["batch_size"], "rank": r, "iteration": it,
+                        "devices": key["devices"], "batch_size": key["batch_size"], "source": key["source"],
+                        "rank": r, "iteration": it,
                         "basis": basis, "step_ms": step_ns / _NS_MS, "compute_ms": length_ns(w_iv) / _NS_MS,
                         "communication_ms": c_ns / _NS_MS, "exposed_ms": exposed / _NS_MS,
                         "overlap_share": (1 - exposed / c_ns) if c_ns else None,
@@ -108,7 +110,7 @@ def per_step(records: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     multi = records[(records["devices"].fillna(1) > 1)]
     rows: list[dict] = []
-    for _, df in multi.groupby("run", sort=True):
+    for _, df in multi.groupby(["run", "source"], sort=True):  # each capture pass on its own (its clock, its steps)
         rows += _case_rows(df)
     out = pd.DataFrame(rows, columns=COLUMNS)
     for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size"):
@@ -120,8 +122,8 @@ def per_case(steps: pd.DataFrame) -> pd.DataFrame:
     """Per case and rank: the medians over its traced steps of ``per_step``'s times, the overlap share of the
     summed times, the steps counted."""
     if steps.empty:
-        return pd.DataFrame(columns=[*COLUMNS[:7], "steps"])
-    g = steps.groupby(["run", "framework", "mode", "devices", "batch_size", "rank", "basis"], dropna=False)
+        return pd.DataFrame(columns=[*COLUMNS[:8], "steps"])
+    g = steps.groupby(["run", "framework", "mode", "devices", "batch_size", "source", "rank", "basis"], dropna=False)
     out = g.agg(steps=("iteration", "size"), step_ms=("step_ms", "median"), compute_ms=("compute_ms", "median"),
                 communication_ms=("communication_ms", "median"), exposed_ms=("exposed_ms", "median"),
                 comm_total_ms=("communication_ms", "sum"), exposed_total_ms=("exposed_ms", "sum"),
@@ -132,6 +134,40 @@ def per_case(steps: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["comm_total_ms", "exposed_total_ms"])
 
 
+ARRIVAL_COLUMNS = ["run", "framework", "devices", "source", "iteration", "collective", "op_name", "ranks", "first_rank",
+                   "last_rank", "spread_ms"]
+
+
+def arrivals(records: pd.DataFrame) -> pd.DataFrame:
+    """``ARRIVAL_COLUMNS``: which rank arrived last at each collective: per multi-device case, traced step and
+    collective (the k-th issuing op of the step on every rank, in start order), the rank whose op started last
+    and how long after the first (``spread_ms``; the ranks' traces share the host's clock on one machine). Only
+    where every rank issued the same op as its k-th; a case without ranks (MXNet's one process) has no rows."""
+    if records.empty or "devices" not in records:
+        return pd.DataFrame(columns=ARRIVAL_COLUMNS)
+    multi = records[(records["devices"].fillna(1) > 1)]
+    ops = multi[is_communication(multi) & (multi["kind"] == "op").fillna(False).to_numpy()
+                & multi["rank"].notna().to_numpy() & multi["iteration"].notna().to_numpy()]
+    rows = []
+    for (run, src, it), g in ops.groupby(["run", "source", "iteration"], sort=True):
+        g = g.sort_values("start_ns", kind="stable")
+        g = g.assign(k=g.groupby("rank").cumcount())
+        ranks = g["rank"].nunique()
+        for k, c in g.groupby("k", sort=True):
+            if len(c) != ranks or c["op_name"].nunique() != 1:
+                continue
+            first, last = c.iloc[0], c.iloc[-1]
+            rows.append({"run": run, "framework": first["framework"], "devices": first["devices"], "source": src,
+                         "iteration": it,
+                         "collective": int(k), "op_name": first["op_name"], "ranks": int(ranks),
+                         "first_rank": first["rank"], "last_rank": last["rank"],
+                         "spread_ms": (last["start_ns"] - first["start_ns"]) / _NS_MS})
+    out = pd.DataFrame(rows, columns=ARRIVAL_COLUMNS)
+    for col in ("devices", "iteration", "first_rank", "last_rank"):
+        out[col] = out[col].astype("Int64")
+    return out
+
+
 def tables(runs: list) -> dict[str, pd.DataFrame]:
     """The report's CSV tables of ``runs`` (``analyses.base.Run``): ``comm_steps`` (``per_step``) and
     ``comm_cases`` (``per_case``), each row's ``run`` the run directory's name, ``case`` its case folder."""
@@ -140,9 +176,12 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
     steps = [s for s in steps if len(s)]
     if not steps:
         return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
-                "comm_cases": pd.DataFrame(columns=["run", "case"])}
+                "comm_cases": pd.DataFrame(columns=["run", "case"]),
+                "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]])}
     all_steps = pd.concat(steps, ignore_index=True)
     cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
                        .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
     order = lambda df: df[["run", "case", *[c for c in df.columns if c not in ("run", "case")]]]  # noqa: E731
-    return {"comm_steps": order(all_steps), "comm_cases": order(cases)}
+    arrived = pd.concat([arrivals(r.records).rename(columns={"run": "case"}).assign(run=r.name)
+                         for r in runs if r.records is not None], ignore_index=True)
+    return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived)}
