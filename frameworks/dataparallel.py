@@ -65,6 +65,19 @@ def refusal(descriptor, mode: str, devices: int) -> str | None:
     return None
 
 
+# On the GPU, every framework's NCCL with NVLink multicast (NVLS) off: the multi-GPU machines this was written
+# for are to be used so (issue 39); a value the user set is kept
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def device_env(env: Mapping[str, str], devices: int, device: str) -> dict[str, str]:
+    """What a worker of ``devices`` devices on ``device`` adds to ``env``: ``NCCL_ENV`` on the GPU (where not
+    already set), nothing on one device or the CPU."""
+    if devices < 2 or device != "gpu":
+        return {}
+    return {k: v for k, v in NCCL_ENV.items() if k not in env}
+
+
 def rank() -> int:
     """This process's rank (``RANK_ENV``); 0 in a process that is not one of several."""
     return int(os.environ.get(RANK_ENV, "0"))

@@ -201,3 +201,9 @@ def test_libs_pass_on_two_ranks_keeps_rank_zeros_logs(tmp_path):
     att = json.loads((out / "attribution.json").read_text())
     left = {x["file"]: x["reason"] for x in att["not_records"]}
     assert "rank 0's" in left["pytorch-x2/bs16/rank1/blas.log"]
+
+
+def test_nccl_without_nvlink_multicast_on_several_gpus():
+    assert dataparallel.device_env({}, 2, "gpu") == {"NCCL_NVLS_ENABLE": "0"}
+    assert dataparallel.device_env({"NCCL_NVLS_ENABLE": "1"}, 4, "gpu") == {}  # the user's own setting kept
+    assert dataparallel.device_env({}, 1, "gpu") == {} and dataparallel.device_env({}, 2, "cpu") == {}
