@@ -23,8 +23,8 @@ def main(argv: list[str]) -> int:
         print("preload:", built.preload(argv[0]).describe())
         sys.path.insert(0, f"{argv[0]}/python")  # before numpy: the tree's numpy < 2 is MXNet's
     t0 = time.time()
-    import numpy as np
     import mxnet as mx
+    import numpy as np
     import torch
 
     print(f"mxnet {mx.__version__} ({mx.__file__}), numpy {np.__version__}, import {time.time() - t0:.1f} s")
