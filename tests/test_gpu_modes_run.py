@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
 from kernelmap.frameworks.case import CaseKey
+
 from kernelmap.rundir import RunDir
 
 RUN = Path(__file__).parent / "data" / "gpu_modes_run"
