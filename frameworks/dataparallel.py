@@ -28,10 +28,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kernelmap.errors import KernelmapError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RANK_ENV = "KERNELMAP_RANK"  # this process's rank among a case's processes (one per device)
 WORLD_ENV = "KERNELMAP_WORLD_SIZE"  # how many processes (= devices) the case runs
@@ -109,6 +111,8 @@ def rank_slice(order: np.ndarray, batch_size: int, r: int, devices: int) -> tupl
     """The samples device ``r`` of ``devices`` trains on, in order, and its batch size: its contiguous
     slice of each global batch of ``order`` (whole batches of ``batch_size``)."""
     b = local_batch(batch_size, devices)
+    import numpy as np  # noqa: F811  here: the descriptors import this module; `kernelmap --help` imports no numpy
+
     order = np.asarray(order)
     if order.size % batch_size:
         raise KernelmapError(f"{order.size} samples are not whole batches of {batch_size}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..dataparallel import DataParallel
 from ..registry import Framework, GpuVerdict, NsysWindow, Option, no_gpu
-from ..spec import Math
 from . import custom_op, ops
 
 # the ops of its Kineto trace that run CPU library calls: oneDNN's (convolutions, and linear/pooling where
@@ -33,9 +32,10 @@ MODE_HELP = {
 
 # issue 38: autocast (+ GradScaler for fp16) in every mode on the GPU; bf16 autocast on the CPU (oneDNN)
 MATH_REFUSALS = {
-    "cpu": {Math.FP16.value: "fp16 mixed precision is a GPU recipe here: oneDNN has fp16 convolutions only on CPUs "
-                             "with AVX512-FP16 or AMX-FP16 (torch.ops.mkldnn._is_mkldnn_fp16_supported()), elsewhere "
-                             "PyTorch's CPU autocast would run fp16 through slow reference kernels; use bf16 on the CPU"},
+    "cpu": {"fp16":  # spec.Math.FP16's value (spec imports numpy; `kernelmap --help` imports none)
+            "fp16 mixed precision is a GPU recipe here: oneDNN has fp16 convolutions only on CPUs "
+            "with AVX512-FP16 or AMX-FP16 (torch.ops.mkldnn._is_mkldnn_fp16_supported()), elsewhere "
+            "PyTorch's CPU autocast would run fp16 through slow reference kernels; use bf16 on the CPU"},
     "gpu": {},
 }
 
