@@ -92,7 +92,7 @@ def with_case_column(rec: pd.DataFrame) -> pd.DataFrame:
     names = []
     for fw, mode, math, devices in uniques:
         try:
-            names.append(Case(fw, mode, math or MATH_DEFAULT.value, int(devices)).name)
+            names.append(Case(fw, mode, math if isinstance(math, str) else MATH_DEFAULT.value, int(devices)).name)
         except (ValueError, TypeError):  # a framework or mode no descriptor registers: its framework
             names.append(fw)
     table = np.array([*names, None], dtype=object)
