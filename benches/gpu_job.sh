@@ -33,6 +33,9 @@
 #   fixture    the run trimmed for tests/data (no .nsys-rep, nsys.sqlite trimmed, logs gzipped)
 # RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1
 #            --max-repeats 0 (no --data: see DATA_DIR)
+# RUN_SETS   several runs at once, one per GPU: kernelmap run argument lists separated by ';', set i on GPU i
+#            (CUDA_VISIBLE_DEVICES=i), each into its own run directory; report, links and pack then take each.
+#            A set that says --devices runs after the others, alone, on every GPU. Default: one run of RUN_ARGS
 # DATA_DIR   a directory of IDX files (Fashion-MNIST, carried as .gpu/fashion-mnist): the data of every phase but
 #            bare and harness; default synthetic (the GPU machine has none)
 # VENV       a virtual environment whose python3 runs the job, kernelmap installed there (nox's .nox/frameworks)
@@ -166,12 +169,30 @@ if want reference; then stamp "reference loop"
     -p no:cacheprovider --benchmark-json="$out/reference.json" >"$out/reference.log" 2>&1
   echo "reference loop exit $?"; grep -E "^reference loop|passed|failed|skipped|Error" "$out/reference.log"
 fi
-run=/tmp/gpu-job-run-dir
-if want run; then stamp "run"
-  rm -rf "$run"
+run=/tmp/gpu-job-run-dir; runs=("$run")
+km_run() {  # km_run DIR NAME ARGS...: one kernelmap run into DIR, its output as NAME.json / NAME.err in $out
+  local d=$1 n=$2; shift 2; rm -rf "$d"
+  python3 -m kernelmap.cli run "$@" --data "$data" --out "$d" --json >"$out/$n.json" 2>"$out/$n.err"
+}
+if want run && [ -n "${RUN_SETS:-}" ]; then stamp "run sets"
+  IFS=';' read -ra sets <<<"$RUN_SETS"; runs=(); pids=(); names=(); alone=()
+  for i in "${!sets[@]}"; do
+    [[ " ${sets[$i]} " == *" --devices "* ]] && { alone+=("$i"); continue; }
+    runs+=("$run-$i"); names+=("$i")
+    # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
+    CUDA_VISIBLE_DEVICES=${#pids[@]} km_run "$run-$i" "run-$i" ${sets[$i]} & pids+=($!)
+  done
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"; i=${names[$k]}; echo "run set $i exit $? (GPU $k): ${sets[$i]}"; tail -n 12 "$out/run-$i.err"
+  done
+  for i in "${alone[@]}"; do stamp "run set $i alone: ${sets[$i]}"; runs+=("$run-$i")
+    # shellcheck disable=SC2086
+    km_run "$run-$i" "run-$i" ${sets[$i]}; echo "run set $i exit $?"; tail -n 12 "$out/run-$i.err"
+  done
+  run=${runs[0]}
+elif want run; then stamp "run"
   # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
-  python3 -m kernelmap.cli run ${RUN_ARGS:---framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1 --max-repeats 0} \
-    --data "$data" --out "$run" --json >"$out/run.json" 2>"$out/run.err"
+  km_run "$run" run ${RUN_ARGS:---framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1 --max-repeats 0}
   echo "run exit $?"; tail -n 25 "$out/run.err"
 fi
 if want bench; then stamp "step benchmarks"
@@ -229,14 +250,22 @@ if want custom-op; then routes=${CUSTOM_ROUTES:-jit setuptools cmake}; stamp "cu
     python3 "$repo/benches/custom_op_compare.py" "$run" "${custom[@]}" | tee "$out/custom_op_compare.txt"
   else echo "fc1 compared only with the run phase's built-in run and a route that built"; fi
 fi
-if want report; then stamp "report"
-  python3 -m kernelmap.cli report "$run" "${custom[@]}" "${storage[@]}" --out /tmp/gpu-job-report --replace \
-    --strict >"$out/report.log" 2>&1
-  echo "report --strict exit $?"; tail -n 30 "$out/report.log"
-  (cd /tmp/gpu-job-report 2>/dev/null && tar cJf "$out/report.tar.xz" .)
+sfx() { [ "${#runs[@]}" -gt 1 ] && echo "-${1##*-}"; }  # a run set's suffix in the file names
+if want report; then
+  for r in "${runs[@]}"; do [ -d "$r" ] || continue; x=$(sfx "$r"); stamp "report $r"; more=("${custom[@]}")
+    [ "$r" = "${runs[0]}" ] || more=()  # the custom-op runs are compared with the first run only
+    (python3 -m kernelmap.cli report "$r" "${more[@]}" "${storage[@]}" --out "/tmp/gpu-job-report$x" --replace \
+       --strict >"$out/report$x.log" 2>&1; echo $? >"$out/report$x.rc"
+     cd "/tmp/gpu-job-report$x" 2>/dev/null && tar cJf "$out/report$x.tar.xz" .) &  # the reports side by side
+  done
+  wait
+  for r in "${runs[@]}"; do x=$(sfx "$r"); [ -e "$out/report$x.rc" ] || continue
+    echo "report$x --strict exit $(cat "$out/report$x.rc")"; tail -n 30 "$out/report$x.log"
+  done
 fi
 if want links; then stamp "links"
-  python3 "$repo/benches/link_summary.py" "$run" --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
+  linked=(); for r in "${runs[@]}"; do [ -e "$r/attribution.json" ] && linked+=("$r"); done  # runs with a capture pass
+  python3 "$repo/benches/link_summary.py" "${linked[@]}" --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
   echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
 fi
 if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
@@ -262,9 +291,11 @@ r.trim_nsys(Path(sys.argv[2]), Path(sys.argv[2] + '.gz'))" "$repo/tests/data" "$
   find "$fx" -name '*.log' -size +0 -exec gzip -9 -f {} \;
   (cd "$fx" && tar cJf - . | split -b 15M -d - "$out/run_fixture.tar.xz.")
 fi
-if want run && [ -d "$run" ]; then stamp "pack"  # the run's small files: records, attribution, results, logs, worker json
-  (cd "$run" && tar cJf "$out/run.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
-     parity-*.json records.parquet attribution.json logs ./*/bs*/*.json 2>/dev/null)
+if want run; then stamp "pack"  # each run's small files: records, attribution, results, logs, worker json
+  for r in "${runs[@]}"; do [ -d "$r" ] || continue
+    (cd "$r" && tar cJf "$out/run$(sfx "$r").tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
+       parity-*.json records.parquet attribution.json logs ./*/bs*/*.json ./*/*/bs*/*.json 2>/dev/null)
+  done
 fi
 ls -l "$out"; du -sh "$out"
 stamp "done"
