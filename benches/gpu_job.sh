@@ -27,6 +27,8 @@
 #              kernelmap run --custom-op; fc1's kernels beside the run phase's built-in ones (custom_op_compare.py)
 #   report     kernelmap report --strict on the run (exit 4: a self-check failed)
 #   links      benches/link_summary.py: library-kernel time linked to its call per case and source
+#   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
+#              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate
 #   graph      benches/graph_vs_bare.py: the cuda-graph clean step against the bare replay (needs bare)
 #   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu)
 #   tests      the GPU tests (pytest -m gpu) against the installed package
@@ -44,7 +46,7 @@
 set -uo pipefail
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}; kit=${MX_KIT:-.mxtree}
-ALL="bare mxnet smoke reference run bench repeats harness custom-op report links graph sweep tests fixture"
+ALL="bare mxnet smoke reference run bench repeats harness custom-op report links findings graph sweep tests fixture"
 phases=${PHASES:-bare mxnet run report links}
 nsys=0  # nsys for the phases past the bare loops, the tree and its smoke
 for p in $phases; do
@@ -195,6 +197,13 @@ elif want run; then stamp "run"
   km_run "$run" run ${RUN_ARGS:---framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1 --max-repeats 0}
   echo "run exit $?"; tail -n 25 "$out/run.err"
 fi
+if want run; then stamp "pack"  # each run's small files: records, attribution, results, logs, worker json
+  for r in "${runs[@]}"; do [ -d "$r" ] || continue
+    (cd "$r" && tar cJf "$out/run$(sfx "$r").tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
+       parity-*.json records.parquet attribution.json logs ./*/bs*/*.json ./*/bs*/*.log ./*/bs*/counters/ncu.csv ./*/bs*/counters/ncu.log \
+       2>/dev/null)
+  done
+fi
 if want bench; then stamp "step benchmarks"
   b=/tmp/gpu-job-bench; rm -rf "$b"; mkdir -p "$b"; sizes=(); saved=()
   for n in ${BENCH_BS:-64 1024}; do sizes+=("--bench-batch-size=$n"); done
@@ -268,6 +277,12 @@ if want links; then stamp "links"
   python3 "$repo/benches/link_summary.py" "${linked[@]}" --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
   echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
 fi
+if want findings; then f=${runs[${FINDINGS_SET:-0}]}; stamp "findings $f"  # run the findings' remedies again
+  # shellcheck disable=SC2086  # word-split on purpose: kernelmap findings' arguments
+  python3 -m kernelmap.cli findings "$f" ${FINDINGS_ARGS:---batch-size 1024 --check-remedies 3} --check-out /tmp/gpu-job-checks \
+    --check-csv "$out/findings-checks.csv" >"$out/findings.txt" 2>&1
+  echo "findings exit $?"; tail -n 40 "$out/findings.txt"
+fi
 if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
   python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$run"
 fi
@@ -290,12 +305,6 @@ r.trim_nsys(Path(sys.argv[2]), Path(sys.argv[2] + '.gz'))" "$repo/tests/data" "$
   done
   find "$fx" -name '*.log' -size +0 -exec gzip -9 -f {} \;
   (cd "$fx" && tar cJf - . | split -b 15M -d - "$out/run_fixture.tar.xz.")
-fi
-if want run; then stamp "pack"  # each run's small files: records, attribution, results, logs, worker json
-  for r in "${runs[@]}"; do [ -d "$r" ] || continue
-    (cd "$r" && tar cJf "$out/run$(sfx "$r").tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
-       parity-*.json records.parquet attribution.json logs ./*/bs*/*.json ./*/*/bs*/*.json 2>/dev/null)
-  done
 fi
 ls -l "$out"; du -sh "$out"
 stamp "done"
