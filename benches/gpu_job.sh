@@ -35,9 +35,11 @@
 #   fixture    the run trimmed for tests/data (no .nsys-rep, nsys.sqlite trimmed, logs gzipped)
 # RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1
 #            --max-repeats 0 (no --data: see DATA_DIR)
-# RUN_SETS   several runs at once, one per GPU: kernelmap run argument lists separated by ';', set i on GPU i
-#            (CUDA_VISIBLE_DEVICES=i), each into its own run directory; report, links and pack then take each.
-#            A set that says --devices runs after the others, alone, on every GPU. Default: one run of RUN_ARGS
+# RUN_SETS   several runs at once: kernelmap run argument lists separated by ';', each into its own run directory
+#            (report, links and pack then take each). Set i runs on GPU i, or on the GPUs its first word names
+#            ("@2,3 --devices 2 ..."; CUDA_VISIBLE_DEVICES): sets of one GPU list run one after another, the lists
+#            side by side. A set that says --devices and names no GPUs runs after the others, alone, on every GPU.
+#            Default: one run of RUN_ARGS
 # DATA_DIR   a directory of IDX files (Fashion-MNIST, carried as .gpu/fashion-mnist): the data of every phase but
 #            bare and harness; default synthetic (the GPU machine has none)
 # VENV       a virtual environment whose python3 runs the job, kernelmap installed there (nox's .nox/frameworks)
@@ -172,21 +174,28 @@ if want reference; then stamp "reference loop"
   echo "reference loop exit $?"; grep -E "^reference loop|passed|failed|skipped|Error" "$out/reference.log"
 fi
 run=/tmp/gpu-job-run-dir; runs=("$run")
+sfx() { [ "${#runs[@]}" -gt 1 ] && echo "-${1##*-}"; }  # a run set's suffix in the file names
 km_run() {  # km_run DIR NAME ARGS...: one kernelmap run into DIR, its output as NAME.json / NAME.err in $out
   local d=$1 n=$2; shift 2; rm -rf "$d"
   python3 -m kernelmap.cli run "$@" --data "$data" --out "$d" --json >"$out/$n.json" 2>"$out/$n.err"
 }
 if want run && [ -n "${RUN_SETS:-}" ]; then stamp "run sets"
-  IFS=';' read -ra sets <<<"$RUN_SETS"; runs=(); pids=(); names=(); alone=()
+  IFS=';' read -ra sets <<<"$RUN_SETS"; runs=(); alone=(); declare -A lane=()  # lane: GPUs -> its sets, in order
   for i in "${!sets[@]}"; do
-    [[ " ${sets[$i]} " == *" --devices "* ]] && { alone+=("$i"); continue; }
-    runs+=("$run-$i"); names+=("$i")
-    # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
-    CUDA_VISIBLE_DEVICES=${#pids[@]} km_run "$run-$i" "run-$i" ${sets[$i]} & pids+=($!)
+    read -ra words <<<"${sets[$i]}"; g=""
+    [[ "${words[0]:-}" == @* ]] && { g=${words[0]#@}; sets[i]=${sets[$i]#*"${words[0]}"}; }
+    if [ -z "$g" ] && [[ " ${sets[$i]} " == *" --devices "* ]]; then alone+=("$i"); continue; fi
+    [ -z "$g" ] && g=$i
+    runs+=("$run-$i"); lane[$g]="${lane[$g]:-} $i"
   done
-  for k in "${!pids[@]}"; do
-    wait "${pids[$k]}"; i=${names[$k]}; echo "run set $i exit $? (GPU $k): ${sets[$i]}"; tail -n 12 "$out/run-$i.err"
+  for g in "${!lane[@]}"; do  # each lane in the background, its sets one after another
+    (for i in ${lane[$g]}; do
+       # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
+       CUDA_VISIBLE_DEVICES=$g km_run "$run-$i" "run-$i" ${sets[$i]}
+       echo "[$(( $(date +%s) - t0 )) s] run set $i exit $? (GPU $g):${sets[$i]}"; tail -n 12 "$out/run-$i.err"
+     done) &
   done
+  wait
   for i in "${alone[@]}"; do stamp "run set $i alone: ${sets[$i]}"; runs+=("$run-$i")
     # shellcheck disable=SC2086
     km_run "$run-$i" "run-$i" ${sets[$i]}; echo "run set $i exit $?"; tail -n 12 "$out/run-$i.err"
@@ -259,7 +268,6 @@ if want custom-op; then routes=${CUSTOM_ROUTES:-jit setuptools cmake}; stamp "cu
     python3 "$repo/benches/custom_op_compare.py" "$run" "${custom[@]}" | tee "$out/custom_op_compare.txt"
   else echo "fc1 compared only with the run phase's built-in run and a route that built"; fi
 fi
-sfx() { [ "${#runs[@]}" -gt 1 ] && echo "-${1##*-}"; }  # a run set's suffix in the file names
 if want report; then
   for r in "${runs[@]}"; do [ -d "$r" ] || continue; x=$(sfx "$r"); stamp "report $r"; more=("${custom[@]}")
     [ "$r" = "${runs[0]}" ] || more=()  # the custom-op runs are compared with the first run only
