@@ -100,14 +100,19 @@ def hlo_counts(path: Path) -> dict[str, Counter]:
     text = gzip.decompress(path.read_bytes()).decode()
     conv_dot: Counter = Counter()
     layer_values: Counter = Counter()
+    bias_sums: Counter = Counter()  # the bias gradients: a layer's reduce_sum in the backward (transpose)
     for line in text.splitlines():
         m = re.match(r"\s*(?:ROOT\s+)?%\S+ = \(?([a-z]+[0-9]*)\[[^=]*?\s(convolution|dot)\(", line)
         if m:
             conv_dot[f"{m[2]} {m[1]}"] += 1
+        m = re.match(r"\s*(?:ROOT\s+)?%\S+ = ([a-z]+[0-9]*)\[[^=]*?\sreduce\(.*op_name=\"[^\"]*transpose\([^\"]*/"
+                     r"(conv1|conv2|fc1|fc2)/reduce_sum\"", line)
+        if m:
+            bias_sums[f"{m[2]} {m[1]}"] += 1
         m = re.match(r"\s*(?:ROOT\s+)?%\S+ = ([a-z]+[0-9]*)\[", line)
         if m and re.search(r'op_name="[^"]*/(conv1|conv2|fc1|fc2)/', line):
             layer_values[m[1]] += 1
-    return {"conv_dot": conv_dot, "layer_values": layer_values}
+    return {"conv_dot": conv_dot, "layer_values": layer_values, "bias_sums": bias_sums}
 
 
 def _jax_python() -> str:
@@ -141,6 +146,10 @@ def test_jax_bf16_and_fp16_policies_on_the_cpu(tmp_path):
         # XLA's CPU compiler: every convolution and dot in f32 at every math (the deviation docs/ names); the
         # workload's own count (versions) is the independent reader's
         assert set(counts["conv_dot"]) == {"convolution f32", "dot f32"}, counts["conv_dot"]
+        # each bias gradient sums its layer's output gradient in f32 at every math (Flax's own bias add summed
+        # them in bf16/f16: the recipe's fp32 accumulation broken; fp32_bias in the workload)
+        assert counts["bias_sums"] == Counter({f"{n} f32": 1 for n in ("conv1", "conv2", "fc1", "fc2")}), \
+            counts["bias_sums"]
         versions = r["versions"]
         assert versions["hlo_conv_dot"] == (None if math == "fp32" else dict(counts["conv_dot"]))
         assert versions["param_dtypes"] == ["float32"]

@@ -83,12 +83,30 @@ class CNN(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        lp = {"dtype": self.dtype, "param_dtype": jnp.float32}
-        x = nn.max_pool(nn.relu(nn.Conv(32, (3, 3), padding=1, name="conv1", **lp)(x)), (2, 2), strides=(2, 2))
-        x = nn.max_pool(nn.relu(nn.Conv(64, (3, 3), padding=1, name="conv2", **lp)(x)), (2, 2), strides=(2, 2))
+        lp = {"dtype": self.dtype, "param_dtype": jnp.float32, "promote_dtype": fp32_bias}
+        out = jnp.float32 if self.dtype is None else self.dtype  # each layer's output: the bias added in fp32, then this
+
+        def conv(features: int, name: str, x: jax.Array) -> jax.Array:
+            y = nn.Conv(features, (3, 3), padding=1, name=name, **lp)(x).astype(out)
+            return nn.max_pool(nn.relu(y), (2, 2), strides=(2, 2))
+
+        x = conv(64, "conv2", conv(32, "conv1", x))
         x = x.reshape((x.shape[0], -1))  # H, W, C order (see the module docstring)
-        x = nn.relu(nn.Dense(128, name="fc1", **lp)(x))
-        return nn.Dense(spec.NUM_CLASSES, name="fc2", **lp)(x)
+        x = nn.relu(nn.Dense(128, name="fc1", **lp)(x).astype(out))
+        return nn.Dense(spec.NUM_CLASSES, name="fc2", **lp)(x).astype(out)
+
+
+def fp32_bias(inputs, kernel, bias, dtype=None):
+    """Flax's ``promote_dtype`` hook of every layer: the input and the kernel cast to the compute ``dtype`` (None:
+    float32, as they are), the float32 bias left float32. Flax's own casts the bias too and adds it to the rounded
+    conv/dot output in the low dtype, so the transpose of that add, the bias gradient, is a ``reduce_sum`` of the
+    low-precision output gradient accumulated in the low dtype (the HLO's ``reduce(f16[...])`` with an f16 add:
+    50,176 terms for conv1 at batch 64), against the recipe's fp32 accumulation of every weight gradient. With the
+    bias float32 the add is float32 (JAX promotes bf16 + f32), its transpose sums in float32, and the layer's
+    output is rounded to ``dtype`` by the caller; the conv/dot and their gradients are of ``dtype`` as before."""
+    if dtype is None:
+        return inputs, kernel, bias
+    return jnp.asarray(inputs, dtype), jnp.asarray(kernel, dtype), bias
 
 
 def loss_fn(params, model: CNN, images: jax.Array, labels: jax.Array) -> jax.Array:
