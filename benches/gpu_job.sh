@@ -10,7 +10,8 @@
 #   OUT=$OUT benches/gpu_job.sh build-mxnet   build the sm_90 tree from the carried kit .mxkit/, packed into $OUT
 # PHASES: which steps (default "bare mxnet run report links"); they run in this order, whatever order is given:
 #   bare       the reference bare loops (.gpu/probes: torch_modes.py, bare_loops.py per framework) at BARE_BS
-#              (default "64 1024"), before kernelmap is installed; MXNet's after the tree is unpacked
+#              (default "64 1024"), before kernelmap is installed; MXNet's after the tree is unpacked; BARE_MATH (default
+#              fp32): fp32 the reference probes, bf16/fp16 benches/bare_mixed_loop.py per framework (MXNet fp16 only)
 #   mxnet      unpack the carried sm_90 tree (mxtree.tar.xz.NN from `kernelmap build-mxnet --arch 90`, in MX_KIT,
 #              default .mxtree, and /tmp/mxparts) into $KERNELMAP_MXNET_HOME; MX_PARTS=N waits for N parts first;
 #              parts that do not unpack stop the job (exit 5), nothing half-unpacked left
@@ -126,11 +127,20 @@ bare() {  # bare MODE: one bare loop at $bs, a JSON line per batch size
   # shellcheck disable=SC2086  # word-split on purpose: a list of batch sizes
   (cd /tmp && with_tree env NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/bare_loops.py" "$1" $bs)
 }
-if want bare; then stamp "bare loops ($bs)"
-  # shellcheck disable=SC2086
-  (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/torch_modes.py" $bs \
-     >"$out/bare_modes.jsonl" 2>"$out/bare.err"; echo "torch_modes exit $?")
-  bare jax >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare jax exit $?"
+mixed() {  # mixed FRAMEWORK MATH: benches/bare_mixed_loop.py at $bs, a JSON line per batch size
+  # shellcheck disable=SC2086  # word-split on purpose: a list of batch sizes
+  (cd /tmp && with_tree timeout 300 python3 "$repo/benches/bare_mixed_loop.py" "$1" "$2" $bs \
+     >>"$out/bare_mixed.jsonl" 2>>"$out/bare.err"; echo "bare $1 $2 exit $?")
+}
+maths=${BARE_MATH:-fp32}  # fp32: the reference probes (.gpu/probes); bf16/fp16: benches/bare_mixed_loop.py
+if want bare; then stamp "bare loops ($bs; $maths)"
+  if [[ " $maths " == *" fp32 "* ]]; then
+    # shellcheck disable=SC2086
+    (cd /tmp && NVIDIA_TF32_OVERRIDE=0 timeout 300 python3 "$repo/.gpu/probes/torch_modes.py" $bs \
+       >"$out/bare_modes.jsonl" 2>"$out/bare.err"; echo "torch_modes exit $?")
+    bare jax >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare jax exit $?"
+  fi
+  for m in $maths; do [ "$m" = fp32 ] || { mixed pytorch "$m"; mixed jax "$m"; }; done
 fi
 if [ -n "${VENV:-}" ]; then PATH="$(realpath "$VENV")/bin:$PATH"; else stamp "install"
   python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore . 2>&1 | tail -n 3
@@ -156,7 +166,10 @@ if want mxnet && [ -z "$(tree)" ]; then
   fi
 fi
 if want bare && [ -n "$(tree)" ]; then  # MXNet's bare loops need the tree
-  for m in mxnet mxnet-hybridized; do bare $m >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare $m exit $?"; done
+  if [[ " $maths " == *" fp32 "* ]]; then
+    for m in mxnet mxnet-hybridized; do bare $m >>"$out/bare_loops.jsonl" 2>>"$out/bare.err"; echo "bare $m exit $?"; done
+  fi
+  [[ " $maths " == *" fp16 "* ]] && for m in mxnet mxnet-hybridized; do mixed "$m" fp16; done  # AMP: fp16 on the GPU
 fi
 cat "$out"/bare_*.jsonl 2>/dev/null
 cd /tmp || exit 3  # the installed package: the checkout's kernelmap/ would shadow it
