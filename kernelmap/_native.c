@@ -24,7 +24,10 @@
    (column, row, str) for string pid/tid values and string args (correlation, ext, seq, stream,
    bytes: NaN in their columns), close the offset in data of the "]" that ended the
    elements before end (a later member of the document holds an array of its own, whose "]" the
-   caller took for the array's), or -1. */
+   caller took for the array's), or -1.
+
+   first_value(): where a member's first string value of a few wanted ones is (the peek at a trace's first
+   device event; its twin: kineto._DEVICE_CAT). */
 
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -1305,6 +1308,65 @@ out:
     return res;
 }
 
+/* --- first_value(): the peek at a trace's first device event (kineto.refuse_unsupported) -------------
+   first_value(data, key, exact, prefixes): where in data the first string value of the member key (its
+   quoted name, e.g. b'"cat"') is one of exact (a tuple of bytes) or starts with one of prefixes: (start,
+   end) of the value's text, or None. The same as searching the regex key\s*:\s*"(prefix[^"]*|exact)"
+   (\s: space, \t, \n, \r, \f, \v), without sre's byte-at-a-time look for the key. */
+#define PEEK_WS(c) ((c) == ' ' || (c) == '\t' || (c) == '\n' || (c) == '\r' || (c) == '\f' || (c) == '\v')
+
+static int value_wanted(const char *v, Py_ssize_t n, PyObject *exact, PyObject *prefixes) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(exact); i++) {
+        PyObject *w = PyTuple_GET_ITEM(exact, i);
+        if (PyBytes_GET_SIZE(w) == n && !memcmp(PyBytes_AS_STRING(w), v, n)) return 1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        PyObject *w = PyTuple_GET_ITEM(prefixes, i);
+        if (PyBytes_GET_SIZE(w) <= n && !memcmp(PyBytes_AS_STRING(w), v, PyBytes_GET_SIZE(w))) return 1;
+    }
+    return 0;
+}
+
+static PyObject *first_value(PyObject *self, PyObject *args) {
+    Py_buffer view, key;
+    PyObject *exact, *prefixes;
+    if (!PyArg_ParseTuple(args, "y*y*O!O!", &view, &key, &PyTuple_Type, &exact, &PyTuple_Type, &prefixes)) return NULL;
+    PyObject *result = NULL;
+    for (int t = 0; t < 2; t++) {
+        PyObject *tup = t ? prefixes : exact;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tup); i++)
+            if (!PyBytes_Check(PyTuple_GET_ITEM(tup, i))) { PyErr_SetString(PyExc_TypeError, "values must be bytes"); goto out; }
+    }
+    if (key.len == 0) { PyErr_SetString(PyExc_ValueError, "empty key"); goto out; }
+    const char *p = view.buf, *end = p + view.len;
+    Py_ssize_t start = -1, stop = -1;
+    /* the tuples' bytes are read without the GIL: the caller's arguments hold them */
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end && (p = memmem(p, end - p, key.buf, key.len)) != NULL) {
+        const char *q = p + key.len;
+        p++;
+        while (q < end && PEEK_WS(*q)) q++;
+        if (q >= end || *q != ':') continue;
+        q++;
+        while (q < end && PEEK_WS(*q)) q++;
+        if (q >= end || *q != '"') continue;
+        q++;
+        const char *close = memchr(q, '"', end - q);
+        if (close && value_wanted(q, close - q, exact, prefixes)) {
+            start = q - (const char *)view.buf;
+            stop = close - (const char *)view.buf;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (start < 0) { result = Py_None; Py_INCREF(result); }
+    else result = Py_BuildValue("(nn)", start, stop);
+out:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&key);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"objcodes", objcodes, METH_VARARGS, "pd.factorize of an int64 array, and each value's first row."},
     {"same_objects", same_objects, METH_VARARGS, "Whether distinct[codes] equals address, row for row."},
@@ -1314,6 +1376,7 @@ static PyMethodDef methods[] = {
     {"query", query, METH_VARARGS, "An SQLite query's result as columns, or None."},
 #endif
     {"scan", scan, METH_VARARGS, "Columns of the complete events of a traceEvents array's text, or None."},
+    {"first_value", first_value, METH_VARARGS, "Where the first wanted string value of a member is, or None."},
     {NULL, NULL, 0, NULL},
 };
 

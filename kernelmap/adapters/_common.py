@@ -20,6 +20,52 @@ from ..errors import ParseError, SchemaError
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 
+try:  # optional: gzip inflated by Intel's ISA-L, ~3x zlib's speed (the same bytes; zlib where it is missing)
+    from isal import isal_zlib as _inflate_lib
+except ImportError:  # pragma: no cover - depends on the environment
+    _inflate_lib = zlib
+GZIP_WBITS = 31  # zlib's gzip container: each member's header, CRC-32 and length checked
+GZIP_ERRORS = (OSError, EOFError, zlib.error, _inflate_lib.error)  # what corrupt gzip data raises
+
+
+def gunzip(data: bytes) -> bytes:
+    """The content of gzip ``data`` (every member, as ``gzip.decompress``), by ISA-L where it is
+    installed; ``GZIP_ERRORS`` for corrupt or cut data."""
+    parts = []
+    while True:
+        d = _inflate_lib.decompressobj(GZIP_WBITS)
+        parts.append(d.decompress(data))
+        if not d.eof:
+            raise EOFError("the gzip data ends before its end-of-stream marker")
+        data = d.unused_data.lstrip(b"\0")  # gzip.decompress skips zero padding after a member too
+        if not data:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def gunzip_blocks(fh, block: int, read: int = 1 << 16) -> Iterator[bytes]:
+    """The content of the gzip file ``fh`` in blocks of ``block`` bytes (the last one shorter), reading
+    ``read`` bytes of the file at a time (what is held: a block, the bytes read, the inflater's
+    window); ``GZIP_ERRORS`` for corrupt or cut data, as ``gunzip``."""
+    d = _inflate_lib.decompressobj(GZIP_WBITS)
+    parts, have, pending = [], 0, False
+    while chunk := fh.read(read):
+        while chunk:
+            pending = True
+            out = d.decompress(chunk, block - have)
+            parts.append(out)
+            have += len(out)
+            if have == block:
+                yield b"".join(parts)
+                parts, have = [], 0
+            chunk = d.unconsumed_tail
+            if d.eof:  # the next member, if any
+                chunk, pending = d.unused_data.lstrip(b"\0"), False
+                d = _inflate_lib.decompressobj(GZIP_WBITS)
+    if have:
+        yield b"".join(parts)
+    if pending:
+        raise EOFError("the gzip data ends before its end-of-stream marker")
+
 
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The file's bytes, decompressed when the content (not the name) is gzip or xz."""
@@ -30,8 +76,8 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         raise ParseError(path, f"cannot read: {exc.strerror or exc}") from None
     if data[:2] == GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
+            data = gunzip(data)
+        except GZIP_ERRORS as exc:
             raise ParseError(path, f"corrupt gzip data: {exc}") from None
     elif data[:6] == XZ_MAGIC:
         try:
