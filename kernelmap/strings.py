@@ -488,13 +488,20 @@ def to_string_array(col) -> pd.arrays.StringArray:
     if cat is None:
         arr = col.array if isinstance(col, pd.Series) else col
         return arr if isinstance(arr, pd.arrays.StringArray) else pd.array(np.asarray(arr, dtype=object), dtype=STRING)
-    return _taken(cat.codes, cat.categories)[0]  # each category converted once
+    codes, uniques = cat.codes, cat.categories
+    if not len(codes):
+        return pd.array([], dtype=STRING)
+    if len(codes) < len(uniques):  # fewer rows than categories (a selection): only those its rows hold
+        used = np.unique(codes[codes >= 0])
+        codes = np.where(codes >= 0, np.searchsorted(used, codes), -1)
+        uniques = uniques[used]
+    return _taken(codes, uniques)[0]  # each category converted once
 
 
 def plain(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with its Categorical string columns as ``STRING`` (the other columns not copied):
     for pandas' own operations, whose answers on a Categorical differ (unobserved categories)."""
-    cats = [c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    cats = [c for c, t in frame.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
     if not cats:
         return frame
     out = frame.copy(deep=False)

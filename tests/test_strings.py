@@ -208,3 +208,17 @@ def test_object_columns_keep_object_str_and_restore_the_option():
         assert col.dtype == object and col.iloc[0] is name and col.iloc[2] is name
         assert pd.concat([col, col], ignore_index=True).dtype == object
     assert pd.DataFrame({"a": arr})["a"].dtype == before
+
+
+def test_string_array_of_a_selection_converts_only_its_categories(monkeypatch):
+    """``to_string_array`` of a few rows of a Categorical (a selection of the records): pandas' own string
+    array of those rows (NA stays NA), converting only the categories those rows hold (none for no rows)."""
+    cats = pd.Categorical.from_codes(np.array([0, 3, -1, 3, 1, 0, 2, 4, 4, 5]), categories=[f"k{i}" for i in range(50)])
+    seen: list[int] = []
+    taken = S._taken
+    monkeypatch.setattr(S, "_taken", lambda codes, uniques: seen.append(len(uniques)) or taken(codes, uniques))
+    for rows in ([1, 2, 3], [2], [0, 5, 7, 8], [], list(range(10))):
+        got = S.to_string_array(cats.take(rows))
+        want = pd.array(np.asarray(cats.take(rows), dtype=object), dtype=S.STRING)
+        assert got.dtype == S.STRING and got.equals(want), rows
+    assert seen == [1, 0, 2, 6]  # k3; none (NA only); k0, k4; k0-k5 (no call for no rows)
