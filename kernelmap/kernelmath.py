@@ -100,7 +100,9 @@ def fill(df: pd.DataFrame) -> dict:
         S.set_rows(df, "math_ran", fma, MathRan.FP32.value)
         S.set_rows(df, "math_source", fma, MathSource.NAME.value)
     rest = kern[~linked]
-    named = [name_math(n) for n in S.objects(df["kernel_name"])[rest]]
+    names = S.objects(df["kernel_name"])[rest]
+    by_name = {n: name_math(n) for n in set(names)}  # once per distinct name, not per kernel
+    named = [by_name[n] for n in names]
     hit = np.array([m is not None for m in named], dtype=bool)
     if hit.any():
         S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
