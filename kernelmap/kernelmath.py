@@ -10,7 +10,15 @@ xmma kernels of cuDNN and cuBLAS (``sm80_xmma_gemm_f32f32_tf32f32_f32_…``: sto
 and accumulator, e.g. ``tf32f32``), CUTLASS's tensor-op kernels (``cutlass_tensorop_bf16_s16816fprop…``),
 the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>``, whose
 first template argument is the data type). Every other kernel without a call stays NA: unknown, never
-guessed (a layout conversion, cuBLASLt's split-K reduction, an FFT, the sm90 ``nvjet`` gemms).
+guessed (a layout conversion, cuBLASLt's split-K reduction, an FFT, the sm90 ``nvjet`` gemms) -- except a
+library kernel (``attribution.library_kernels``) of an op whose logged calls all ran one math (``OP_RULE``, source
+``op``): the calls of its case, batch size, layer, op and phase (and its direction where the kernel has one of
+the calls' own; a coarse ``bwd`` takes every backward call of the op). A call's operand types are the framework's
+tensors, not the algorithm's, so whichever of those calls launched the kernel, it ran that math. The case it
+is for: a timing pass whose library chose other algorithms than the libs pass (MXNet's per-process cuDNN
+autotune: at bs 1024 on the H200 its nsys pass ran conv2's backward data as FFT kernels with another cgemm tile,
+``fft2d_r2c_16x16<float>`` and ``flip_filter``, which no logged call launched; calllink leaves them unlinked).
+Calls of two maths: NA.
 
 ``apply_override``: ``NVIDIA_TF32_OVERRIDE=0`` makes cuBLAS, cuBLASLt and cuDNN never use TF32, whatever
 the call asked (NVIDIA's documentation of the variable). cuDNN 9's log says it per call (its
@@ -26,6 +34,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from . import attribution
 from . import strings as S
 from .adapters import mathtypes as MT
 from .schema import MathRan, MathSource
@@ -39,6 +48,7 @@ _NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32"
           "cf32": MathRan.FP32, "f64": MathRan.FP64, "s1688": MathRan.TF32, "float": MathRan.FP32,
           "__nv_bfloat16": MathRan.BF16, "__half": MathRan.FP16}
 COLUMNS = ("math_ran", "math_dtypes", "math_source")
+OP_KEYS = ["run", "case", "batch_size", "layer", "canonical_op", "phase"]  # OP_RULE: the calls of a kernel's op
 
 
 def name_math(name: str | None) -> str | None:
@@ -107,4 +117,36 @@ def fill(df: pd.DataFrame) -> dict:
     if hit.any():
         S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
         S.set_rows(df, "math_source", rest[hit], MathSource.NAME.value)
-    return {"kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma)}
+    return {"kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma),
+            "kernels_math_from_op": from_op(df)}
+
+
+def from_op(df: pd.DataFrame) -> int:
+    """``OP_RULE`` (module docstring): each library kernel still without a math takes the one math every logged
+    call of its op ran; the number of kernels set."""
+    keys = [k for k in OP_KEYS if k in df.columns]
+    calls = df[S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]) & S.notna(df["layer"])]
+    bare = S.eq(df["kind"], "kernel") & S.isna(df["math_ran"]) & S.notna(df["layer"])
+    if not len(calls) or "layer" not in keys or not bare.any():
+        return 0
+    lib = df.index.get_indexer(attribution.library_kernels(df).index)
+    rows = lib[S.isna(df["math_ran"].iloc[lib]) & S.notna(df["layer"].iloc[lib])] if len(lib) else lib
+    if not len(rows):
+        return 0
+    maths: dict[tuple, set] = {}
+    for key, g in calls.groupby([*keys, "direction"], dropna=False, observed=True, sort=False):
+        for k in (tuple(key), (*key[:-1], None)):  # its own direction, and the op's (any of the phase's)
+            maths.setdefault(k, set()).update(g["math_ran"].astype(str))
+    kern = df.iloc[rows]
+    own = set(calls["direction"].dropna().astype(str))
+    picked, values = [], []
+    for pos, key, direction in zip(rows, kern[keys].itertuples(index=False, name=None),
+                                   S.objects(kern["direction"]), strict=True):
+        ran = maths.get((*key, direction if direction in own else None), set())
+        if len(ran) == 1:
+            picked.append(pos)
+            values.append(next(iter(ran)))
+    if picked:
+        S.set_rows(df, "math_ran", picked, values)
+        S.set_rows(df, "math_source", picked, MathSource.OP.value)
+    return len(picked)

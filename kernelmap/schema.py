@@ -137,6 +137,7 @@ class MathSource(enum.StrEnum):
     LOG = "log"  # the library's own API log (cuDNN, cuBLAS, cuBLASLt, oneDNN, MKL)
     HLO = "hlo"  # XLA's HLO text (the custom call's operand types and precision)
     NAME = "name"  # the kernel's name spells its MMA types (kernelmap/kernelmath.py NAME_RULES)
+    OP = "op"  # a library kernel no call was linked to: the one math its op's logged calls ran (kernelmath OP_RULE)
 
 
 KINDS = tuple(k.value for k in Kind)

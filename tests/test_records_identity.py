@@ -76,7 +76,7 @@ def case_columns(df: pd.DataFrame) -> set[tuple]:
 # what issue 38's math column added to attrs and summaries (tests/test_math_column.py checks them), left out
 # of the digests made before it
 MATH_ATTRS = ("tf32_override",)
-MATH_SUMMARY_KEYS = ("tf32_overridden_calls", "kernels_math_from_call", "kernels_math_from_name")
+MATH_SUMMARY_KEYS = ("tf32_overridden_calls", "kernels_math_from_call", "kernels_math_from_name", "kernels_math_from_op")
 
 
 def without_math(summary: dict) -> dict:
