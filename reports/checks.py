@@ -35,7 +35,9 @@ Checks (``Check``):
 * ``layer time vs batch size``: per run x framework x layer x direction x kind of time, a layer's
   time per step does not fall when the batch size grows, beyond noise; a host-clock pair is not checked
   where either pass ran slower or faster than its own clean pass beyond noise (not one time basis:
-  ``_apart_from_clean``). Noise: the 95% bootstrap
+  ``_apart_from_clean``); only like with like (``_unlike``): the same library calls, algorithm and kernel at
+  both sizes (else not checked, naming both), and no library-call time of a log that names no kernel or
+  algorithm (oneMKL verbose). Noise: the 95% bootstrap
   interval (``timing``'s seed and resample count) of the mean of the layer's per-step times, taken
   per traced iteration (framework-op and kernel time) or per logged step of the libs pass
   (library-call time: ``ops.logged_step_sums_ms``); FAIL where the larger batch's interval lies
@@ -291,10 +293,42 @@ def _layer_series(layers: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{"run": r["run"], "framework": r["framework"], "batch_size": r["batch_size"],
                           "layer": r["layer"], "direction": r["direction"], "level": r["level"],
                           "kind": str(k), "pass": p, "ms": float(ms),
-                          "steps_ms": s if isinstance(s, list) else None}
+                          "steps_ms": s if isinstance(s, list) else None, "ran": _ran(r)}
                          for r, k, p, ms, s in rows if ms is not None and pd.notna(ms)],
                         columns=["run", "framework", "batch_size", "layer", "direction", "level", "kind", "pass",
-                                 "ms", "steps_ms"])
+                                 "ms", "steps_ms", "ran"])
+
+
+def _names(v: Any) -> tuple[str, ...]:
+    return tuple(str(x) for x in v) if isinstance(v, list | tuple | np.ndarray) else ()
+
+
+def _ran(r: pd.Series) -> tuple[tuple[str, ...], ...]:
+    """What a layer-table row ran, as its library log or trace names it: (libraries, library calls, algorithms,
+    kernels or implementations)."""
+    return tuple(_names(r.get(c)) for c in ("libraries", "library_calls", "algos", "kernels"))
+
+
+def _ran_text(ran: tuple[tuple[str, ...], ...]) -> str:
+    parts = [", ".join(v[:3]) + (f" +{len(v) - 3} more" if len(v) > 3 else "") for v in ran[1:] if v]
+    return "; ".join(parts) or "no call named"
+
+
+def _unlike(kind: str, a: int, b: int, ra: pd.Series, rb: pd.Series) -> str:
+    """Why a layer's figures at batch sizes ``a`` and ``b`` are not like with like ('' where they are): another
+    library call, algorithm or kernel at one of them (a library chooses per shape, and the other choice may be the
+    faster one), or library-call time of a library whose log names the call but no kernel or algorithm (oneMKL's
+    verbose log: the call and its shape; it picks its code path and threads per problem size), so that a fall
+    may be another code path, not the same work done faster."""
+    if ra["ran"] != rb["ran"]:
+        return (f"not like with like: bs {a} ran {_ran_text(ra['ran'])}, bs {b} ran {_ran_text(rb['ran'])} "
+                "(another call, algorithm or kernel: the library chose per shape)")
+    libs, calls, algos, kernels = ra["ran"]
+    if kind == TimeKind.LIBRARY and calls and not algos and not kernels:
+        return (f"like with like not known: the {', '.join(libs) or 'library'} log names the call "
+                f"({', '.join(calls)}) but no kernel or algorithm (oneMKL picks its code path and threads per problem "
+                "size), so a fall may be another code path")
+    return ""
 
 
 def _layers_within_step(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
@@ -348,6 +382,11 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                     if a not in by_bs or b not in by_bs:
                         continue
                     ra, rb = by_bs[a], by_bs[b]
+                    unlike = _unlike(kind, a, b, ra, rb)
+                    if unlike:  # compare only the same call, algorithm and kernel at both batch sizes
+                        rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
+                                              NOT_CHECKED, unlike))
+                        continue
                     ca = mean_ci(ra["steps_ms"]) if ra["steps_ms"] else None
                     cb = mean_ci(rb["steps_ms"]) if rb["steps_ms"] else None
                     if ca is None or cb is None:
@@ -365,7 +404,8 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                     fell = exceeds(ra["ms"], rb["ms"], ca, cb, contended, LAYER_FALL_FLOOR_MS)
                     rows.append(check_row(
                         run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"], FAIL if fell else PASS,
-                        f"ms per step; at bs {b} {'falls below' if fell else 'not below'} bs {a} beyond noise: 95% "
+                        f"ms per step, like with like ({_ran_text(ra['ran'])} at both); at bs {b} "
+                        f"{'falls below' if fell else 'not below'} bs {a} beyond noise: 95% "
                         f"intervals of the mean per step [{cb[0]:.4g}–{cb[1]:.4g}] ms ({len(rb['steps_ms'])} steps) "
                         f"vs [{ca[0]:.4g}–{ca[1]:.4g}] ms ({len(ra['steps_ms'])} steps) ({ra['pass']} pass)"
                         + (f"; {CONTENDED_RULE}" if contended else "")

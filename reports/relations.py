@@ -13,7 +13,7 @@ the page's sections that must hold for the page not to contradict itself (docs/c
 * ``library call within its op`` (``call_within_op``): a layer's library-call time per step (libs pass) is
   not above its framework op's time per step (framework pass) beyond noise: the call runs inside the op. Not
   checked where the two passes are not one time basis (``basis.PAIR_RULE``: the libs pass ran slower or
-  faster than the framework pass beyond the processes' noise; the row says by how much).
+  faster than the framework pass beyond their own 95% intervals; the row says by how much).
 * ``one statement of library calls`` (``call_statement_checks``): on the CPU, the library calls the
   answer and layer table show, the library-call table's calls linked to an op and attribution.json's linked
   count say one thing (JAX: the timeline said "10 oneDNN calls/step ... linked", the answer "native (no call
