@@ -350,7 +350,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     ``validated``: ``df`` is what ``validate`` has just returned, unchanged since (not checked again).
     ``extra_meta`` is stored under ``kernelmap.meta`` (``read_meta``) in the Arrow schema's
     metadata; ``footer_meta`` instead in the file's footer, after the row groups (where pyarrow
-    can add footer entries; else as ``extra_meta``)."""
+    can add footer entries; else as ``extra_meta``): a dict, or a function that gives it, called
+    once the row groups are written (normalise's summary, made in another thread meanwhile)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -359,8 +360,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
     if not validated:
         validate(df, str(path))
     late_meta = hasattr(pq.ParquetWriter, "add_key_value_metadata")  # footer entries after the row groups
-    if footer_meta is not None and not late_meta:
-        extra_meta, footer_meta = footer_meta, None  # an older pyarrow: in the schema's metadata
+    if footer_meta is not None and not late_meta:  # an older pyarrow: in the schema's metadata
+        extra_meta, footer_meta = footer_meta() if callable(footer_meta) else footer_meta, None
     # the schema (pandas metadata included) as pyarrow gives it for this frame; the columns are
     # converted a row group at a time, so that only a group or two of Arrow copies are alive beside
     # df, and a group is encoded (pyarrow, without the GIL) while the next one is converted
@@ -407,6 +408,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, extra_meta: dict | 
         if as_dictionary:  # the string-typed schema and its metadata, as store_schema writes them
             footer["ARROW:schema"] = base64.b64encode(arrow_schema.serialize().to_pybytes()).decode()
             footer.update((k.decode(), v.decode()) for k, v in arrow_schema.metadata.items())
+        if callable(footer_meta):
+            footer_meta = footer_meta()
         if footer_meta is not None:
             footer["kernelmap.meta"] = json.dumps(footer_meta)
         if footer:

@@ -404,6 +404,42 @@ def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     assert b"kernelmap.meta" in pq.read_schema(first).metadata
 
 
+def test_records_of_one_row_group_summarised_while_written(tmp_path, capsys, monkeypatch):
+    """Records of one row group (``SUMMARY_BESIDE_WRITE``) are summarised in a second thread while the group is
+    converted and encoded: the same file, byte for byte, and the same summary as summarised first; a summary
+    that fails leaves no file."""
+    import threading
+
+    from kernelmap import attribution
+    from kernelmap import normalise as N
+
+    summarise, threads = attribution.summarise, []
+
+    def watched(*a, **k):
+        threads.append(threading.current_thread().name)
+        return summarise(*a, **k)
+
+    monkeypatch.setattr(attribution, "summarise", watched)
+    files = {}
+    for name, rows in (("first", 0), ("beside", N.SUMMARY_BESIDE_WRITE)):
+        monkeypatch.setattr(N, "SUMMARY_BESIDE_WRITE", rows)
+        files[name] = tmp_path / f"{name}.parquet"
+        assert cli(["normalise", str(KINETO_GPU), "-o", str(files[name]), "--json"]) == 0
+        files[name + " summary"] = json.loads(capsys.readouterr().out)
+    assert threads[0] == threading.main_thread().name and threads[1].startswith("kernelmap-summary")
+    assert files["first"].read_bytes() == files["beside"].read_bytes()
+    assert files["first summary"] == files["beside summary"] == schema.read_meta(files["beside"])["summary"]
+
+    def broken(*a, **k):
+        raise RuntimeError("summary failed")
+
+    monkeypatch.setattr(attribution, "summarise", broken)
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(RuntimeError, match="summary failed"):
+        cli(["normalise", str(KINETO_GPU), "-o", str(bad)])
+    assert sorted(tmp_path.iterdir()) == sorted([files["first"], files["beside"]])  # no file, no temporary
+
+
 @pytest.mark.parametrize("keys", [["kernel_name"], ["kernel_name", "canonical_op"], ["layer"], ["canonical_op", "direction"]])
 def test_top_groups_is_pandas_groupby(keys):
     """The summary's top-N table grouped by string codes is pandas' groupby table (same groups, order,
