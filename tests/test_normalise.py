@@ -366,6 +366,20 @@ def test_parquet_string_columns_written_from_codes_read_as_strings(tmp_path, mon
     assert schema.read_meta(coded) == {"summary": summary}
 
 
+def _no_file_when_the_summary_fails(tmp_path, monkeypatch, kept: list[Path]) -> None:
+    """``kernelmap normalise -o`` with a summary that raises: the error, and no file (nor temporary) beside ``kept``."""
+    from kernelmap import attribution
+
+    def broken(*a, **k):
+        raise RuntimeError("summary failed")
+
+    monkeypatch.setattr(attribution, "summarise", broken)
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(RuntimeError, match="summary failed"):
+        cli(["normalise", str(KINETO_GPU), "-o", str(bad)])
+    assert not bad.exists() and sorted(tmp_path.iterdir()) == sorted(kept)
+
+
 def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     """``kernelmap normalise -o`` summarises while the row groups are written: the footer holds the
     summary the command prints (read_meta), as the Arrow schema held it before (a file written that
@@ -373,7 +387,6 @@ def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     ``add_key_value_metadata`` summarises first."""
     import pyarrow.parquet as pq
 
-    from kernelmap import attribution
 
     monkeypatch.setattr(schema, "ROW_GROUP", 500)  # several groups written while it summarises
     out = tmp_path / "r.parquet"
@@ -387,14 +400,7 @@ def test_summary_written_beside_the_records(tmp_path, capsys, monkeypatch):
     schema.write_parquet(df, old, extra_meta={"summary": summary})
     assert b"kernelmap.meta" in pq.read_schema(old).metadata and schema.read_meta(old) == {"summary": printed}
 
-    def broken(*a, **k):
-        raise RuntimeError("summary failed")
-
-    monkeypatch.setattr(attribution, "summarise", broken)
-    bad = tmp_path / "bad.parquet"
-    with pytest.raises(RuntimeError, match="summary failed"):
-        cli(["normalise", str(KINETO_GPU), "-o", str(bad)])
-    assert not bad.exists() and sorted(tmp_path.iterdir()) == sorted([out, old])  # no temporary left either
+    _no_file_when_the_summary_fails(tmp_path, monkeypatch, [out, old])
     monkeypatch.undo()
     monkeypatch.delattr(pq.ParquetWriter, "add_key_value_metadata")
     first = tmp_path / "first.parquet"
@@ -430,14 +436,7 @@ def test_records_of_one_row_group_summarised_while_written(tmp_path, capsys, mon
     assert files["first"].read_bytes() == files["beside"].read_bytes()
     assert files["first summary"] == files["beside summary"] == schema.read_meta(files["beside"])["summary"]
 
-    def broken(*a, **k):
-        raise RuntimeError("summary failed")
-
-    monkeypatch.setattr(attribution, "summarise", broken)
-    bad = tmp_path / "bad.parquet"
-    with pytest.raises(RuntimeError, match="summary failed"):
-        cli(["normalise", str(KINETO_GPU), "-o", str(bad)])
-    assert sorted(tmp_path.iterdir()) == sorted([files["first"], files["beside"]])  # no file, no temporary
+    _no_file_when_the_summary_fails(tmp_path, monkeypatch, [files["first"], files["beside"]])
 
 
 @pytest.mark.parametrize("keys", [["kernel_name"], ["kernel_name", "canonical_op"], ["layer"], ["canonical_op", "direction"]])
