@@ -54,6 +54,12 @@ def load_workload(name: str):
     return importlib.import_module(f"kernelmap.frameworks.{name}.workload").Workload
 
 
+def load_parallel(name: str):
+    """Framework ``name``'s data-parallel module (``frameworks/<name>/parallel.py``; imports that framework)."""
+    get(name)
+    return importlib.import_module(f"kernelmap.frameworks.{name}.parallel")
+
+
 def parse_python(items: list[str]) -> dict[str, str]:
     """``--python FRAMEWORK=PATH`` arguments as {framework: interpreter} (ValueError naming a bad one)."""
     out = {}

@@ -39,6 +39,11 @@ RANK_ENV = "KERNELMAP_RANK"  # this process's rank among a case's processes (one
 WORLD_ENV = "KERNELMAP_WORLD_SIZE"  # how many processes (= devices) the case runs
 ADDR_ENV, PORT_ENV = "MASTER_ADDR", "MASTER_PORT"  # the rendezvous (torch.distributed's env:// names)
 RANK_DIR = "rank{}"  # the folder of rank r > 0 in a case folder (its pass results and captures)
+# The pass that times the same step with the gradients' reduction removed (issue 39's independent measure of
+# exposed communication): timed as the clean pass is, on the same N devices and data; each framework's
+# ``parallel.drop_reduction`` removes the collective (DDP's all-reduce, the KVStore's push and pull, XLA's
+# all-reduce) and nothing else it can keep. The weights then differ across devices: a timing pass only.
+NO_REDUCTION = "noreduce"
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,12 @@ def rank_dirs(case_dir: Path) -> list[Path]:
     """The folders of ranks r > 0 in a case folder (``rank_dir``), in rank order."""
     found = [(p, p.name[len(RANK_DIR.format("")):]) for p in Path(case_dir).glob(RANK_DIR.format("*"))]
     return [p for p, r in sorted(found, key=lambda x: int(x[1]) if x[1].isdigit() else -1) if r.isdigit() and p.is_dir()]
+
+
+def rank_folders(case_dir: Path) -> list[tuple[int, Path]]:
+    """(rank, folder) of every rank of a case: 0 the case folder, then ``rank_dirs``."""
+    cut = len(RANK_DIR.format(""))
+    return [(0, Path(case_dir)), *((int(p.name[cut:]), p) for p in rank_dirs(case_dir))]
 
 
 def merged_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:

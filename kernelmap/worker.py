@@ -30,7 +30,10 @@ from kernelmap.frameworks import dataparallel
 from kernelmap.frameworks.registry import NsysWindow
 from kernelmap.gcpause import no_gc
 
-PASSES = ("clean", "framework", "libs", "nsys", "counters")  # counters: kernelmap/run/counters.py
+# counters: kernelmap/run/counters.py; noreduce (dataparallel.NO_REDUCTION): the step without the gradients'
+# reduction on N devices, timed as the clean pass is
+PASSES = ("clean", "framework", "libs", "nsys", "counters", dataparallel.NO_REDUCTION)
+TIMED_AS_CLEAN = ("clean", dataparallel.NO_REDUCTION)  # no capture, the clean pass's timing (kernelmap.timing)
 EXIT_OOM = 75
 OOM_MARKER = "kernelmap-worker: out of memory"
 
@@ -219,7 +222,7 @@ def _timed(clocks: _Clocks, batches, *, clean: bool, reuse: bool, warmup: int, n
 
 def _result(clocks: _Clocks, workload, *, framework: str, pass_name: str, warmup: int, n_timed: int,
             reused: list[Any] | None) -> dict[str, Any]:
-    clean = pass_name == "clean"
+    clean = pass_name in TIMED_AS_CLEAN
     bs = workload.config.batch_size
     result = {"pass": pass_name, "warmup_steps": warmup, "steps": n_timed,
               "block_steps": timing.BLOCK_STEPS if clean else 1,
@@ -264,10 +267,10 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     (around the whole capture of a capture pass), started and stopped outside every clock; on the GPU
     ``gpu_state`` before and after the timed steps. Stages: _plan, _warm_up, _timed, _result."""
     # Per-step profiler ranges (workload.region) cost the clean pass: only capture passes trace them.
-    workload.trace_regions = pass_name != "clean"
+    workload.trace_regions = pass_name not in TIMED_AS_CLEAN
     bs = workload.config.batch_size
     total, order = _plan(workload, steps, epochs, warmup)
-    clean = pass_name == "clean"
+    clean = pass_name in TIMED_AS_CLEAN
     clocks = _Clocks(workload)
     capture = _capture(workload, pass_name, out_dir, framework)
     batches = iter(workload.batches("train", bs, order))
@@ -355,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         Workload = load_workload(args.framework)
         workload = Workload(config, data_info, args.cache_dir)
+        if args.pass_name == dataparallel.NO_REDUCTION:  # before the first step (DDP's hook must be)
+            if config.devices < 2:
+                raise KernelmapError(f"the {args.pass_name} pass removes the reduction over several devices: "
+                                     "this case trains on one")
+            frameworks.load_parallel(args.framework).drop_reduction(workload)
         t0 = time.perf_counter()
         result = run_pass(workload, framework=args.framework, pass_name=args.pass_name, out_dir=out_dir,
                           steps=None if epochs is not None else steps, epochs=epochs,

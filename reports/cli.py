@@ -118,6 +118,8 @@ TABLES = {
     "comm_cases": "communication of multi-device cases per case and rank: medians over the traced steps",
     "comm_arrivals": "communication: which rank arrived last at each collective of each traced step, and how long "
                      "after the first",
+    "comm_independent": "exposed communication from the traces against the clean step less the same step without "
+                        "the gradients' reduction (--profile comm), per case and rank, within 5% or not",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
     "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }

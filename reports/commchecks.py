@@ -6,14 +6,21 @@ case and check:
   the op that issued it (gloo's work spans, NCCL's kernels): the lowest share over the case's steps and ranks
   must be 100%. Not checked where no traced step recorded any communication (a clean-only run).
 - ``communication within its step``: for every traced step and rank, 0 <= exposed <= communication <= step.
+- ``exposed communication against the step without reduction`` (issue 39's independent measure): per case run
+  with ``--profile comm``, the traces' exposed communication (median over the traced steps) within
+  ``comm.AGREEMENT`` (5%) of the clean pass's median step less the same step without the gradients' reduction
+  (``comm.independent``), for every rank and trace source; not checked where the case has no such pass.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .analyses.base import Run
-from .analyses.comm import per_step
+import pandas as pd
+from kernelmap.frameworks.dataparallel import NO_REDUCTION
+
+from .analyses.base import BUSY, Run
+from .analyses.comm import AGREEMENT, independent, per_step
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
 
 TOLERANCE_MS = 1e-9  # the figures are sums of whole nanoseconds: equal within rounding
@@ -42,11 +49,46 @@ def step_checks(run_name: str, steps) -> list[dict[str, Any]]:
     return rows
 
 
+def independent_checks(run_name: str, table, results: list[dict]) -> list[dict[str, Any]]:
+    """The independent measure's check per multi-device case of ``results`` (``comm.independent``'s ``table``):
+    every row within ``AGREEMENT``; not checked where the case ran no step without reduction (or it was skipped)
+    or no traced step recorded communication."""
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        if (r.get("devices") or 1) < 2:
+            continue
+        case, fw, bs = r.get("dir"), r.get("framework"), r.get("batch_size")
+        nr = r.get(NO_REDUCTION) or {}
+        g = table[table["case"] == case] if len(table) else table
+        if not nr.get("ranks") or g.empty:
+            why = (nr.get("skipped") or f"no {NO_REDUCTION} pass (kernelmap run --profile comm)" if not nr.get("ranks")
+                   else "no traced step recorded communication (the framework pass)")
+            rows.append(check_row(run_name, fw, bs, Check.COMM_INDEPENDENT, case, f"within {AGREEMENT:.0%}", None,
+                                  NOT_CHECKED, why))
+            continue
+        bad = g[~g["within"].astype(bool)]
+        detail = "; ".join(
+            f"{x.source} rank {x.rank}: exposed {x.exposed_ms:.4g} ms (median of {x.traced_steps} traced steps) against "
+            f"{x.clean_ms:.4g} − {x.no_reduction_ms:.4g} = {x.difference_ms:.4g} ms"
+            + (" (not faster without the reduction: nothing to compare)" if pd.isna(x.rel_error)
+               else f" ({x.rel_error:+.1%})")
+            for x in (bad if len(bad) else g).head(4).itertuples())
+        busy = [f"{what}: {BUSY}, {c.get('text')}" for what, c in (("clean pass", r.get("contention") or {}),
+                                                                   (NO_REDUCTION, nr.get("contention") or {}))
+                if c.get("contended")]
+        worst = g["rel_error"].abs().max()
+        rows.append(check_row(run_name, fw, bs, Check.COMM_INDEPENDENT, case, f"within {AGREEMENT:.0%}",
+                              None if pd.isna(worst) else float(worst), PASS if bad.empty else FAIL,
+                              "the clean pass's median step less the step without reduction's (the same rank's, "
+                              f"timed as the clean pass is); {detail}" + (f"; {'; '.join(busy)}" if busy else "")))
+    return rows
+
+
 def comm_checks(run: Run) -> list[dict[str, Any]]:
     """The checks of every multi-device case of ``run``; a run without one: each check once, not checked."""
     rows = step_checks(run.name, per_step(run.records)) if run.records is not None else []
     if rows:
-        return rows
+        return rows + independent_checks(run.name, independent(run.records, run.results), run.results)
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
-            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]
+            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]  # the independent measure: per multi-device case

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -41,3 +42,21 @@ def placement(devices: list, n: int) -> Placement:
                              "(on the CPU the worker sets XLA's host device count before jax is imported)")
     mesh = Mesh(np.array(devices[:n]), (AXIS,))
     return Placement(NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(AXIS)))
+
+
+def drop_reduction(workload) -> None:
+    """``workload``'s step without XLA's all-reduce (``dataparallel.NO_REDUCTION``): the same step function,
+    jitted under ``jax.shard_map`` over the same mesh (the weights and optimizer state replicated, the batch
+    split along ``AXIS``) with no ``psum``, so that each device computes its slice's gradients and applies
+    them to its own copy, and XLA inserts no collective (``check_vma=False``: the replicated outputs are taken
+    as each device left them). The step's state arguments stay donated."""
+    train = workload.placement.train
+    if not isinstance(train, NamedSharding):
+        raise KernelmapError("the step without reduction needs several devices: this one trains on one")
+    # the workload's jitted step (``_train_step``: the only handle it keeps) and the function it jits
+    step = workload._train_step.__wrapped__
+    n_state = 2 if workload.loss_scale is None else 3  # params, optimizer state (, fp16's loss scale)
+    local = jax.shard_map(step, mesh=train.mesh, in_specs=(*(PartitionSpec(),) * n_state, PartitionSpec(AXIS),
+                                                            PartitionSpec(AXIS)),
+                          out_specs=PartitionSpec(), check_vma=False)
+    workload._train_step = jax.jit(local, donate_argnums=tuple(range(n_state)))

@@ -48,6 +48,21 @@ def kvstore(options: dict[str, str], ctxs: list[mx.Context]) -> dict[str, Any]:
     return {"kvstore": name}
 
 
+def drop_reduction(workload) -> None:
+    """``workload``'s step without the KVStore (``dataparallel.NO_REDUCTION``): its Trainer made again with
+    ``kvstore=None`` over the same parameters, optimizer and settings, so that ``Trainer.step`` pushes and pulls
+    nothing and updates each context's copy from that context's own gradients (Gluon's per-context updaters)."""
+    if len(workload.ctxs) == 1:
+        raise KernelmapError("the step without reduction needs several devices: this one trains on one")
+    workload.trainer = gluon.Trainer(workload.net.collect_params(), "sgd",
+                                     {"learning_rate": workload.config.lr, "momentum": workload.config.momentum},
+                                     kvstore=None)
+    if workload.math.loss_scaling:  # fp16: AMP's loss scaling on the new Trainer too (as the workload's)
+        from mxnet.contrib import amp
+
+        amp.init_trainer(workload.trainer)
+
+
 def split(loader, ctxs: list[mx.Context]):
     """(images, labels) of each global batch of ``loader`` as lists of slices, one per context."""
     for images, labels in loader:

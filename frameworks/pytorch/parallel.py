@@ -47,6 +47,24 @@ def wrap(model: nn.Module, devices: int, kind: str) -> nn.Module:
     return DistributedDataParallel(model)
 
 
+def _local_only(state, bucket):  # no annotations: DDP compares them to dist.GradBucket (these would be strings)
+    """A DDP communication hook that reduces nothing: the default hook's division by the world size (kept, so
+    that the step runs every kernel but the collective) and the bucket's own gradients as the result."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer().div_(dataparallel.world()))
+    return fut
+
+
+def drop_reduction(workload) -> None:
+    """``workload``'s step without DDP's all-reduce (``dataparallel.NO_REDUCTION``): a communication hook that
+    returns each bucket unreduced (``_local_only``); DDP's bucketing, its copies and the hooks still run.
+    Registered before the first step (DDP allows one hook, set before any forward)."""
+    module = workload.train_module
+    if not isinstance(module, DistributedDataParallel):
+        raise KernelmapError("the step without reduction needs several devices: this one trains on one")
+    module.register_comm_hook(None, _local_only)
+
+
 def global_mean(value: torch.Tensor) -> float:
     """A rank's loss (its slice's mean) as the global batch's mean loss: the mean over the ranks (an
     all-reduce outside the timed steps: the worker reads the loss after them)."""

@@ -90,6 +90,9 @@ class CaseRun:
         if p == counters.COUNTERS:
             self._counters(progress, notes)
             return
+        if p == dataparallel.NO_REDUCTION:
+            self._no_reduction(progress)
+            return
         if p == "nsys" and self.nsys_skip is not None:  # printed once for the run; a note per case
             notes.append(f"{self.name}: nsys pass skipped: {self.nsys_skip}")
             self.pass_results[p] = {"skipped": self.nsys_skip}
@@ -118,6 +121,25 @@ class CaseRun:
             else:
                 processes.run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path,
                                      forward_stderr=False, log_path=log_path)
+        finally:
+            progress.finish()
+        self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))
+
+    def _no_reduction(self, progress: RunProgress) -> None:
+        """The step without the gradients' reduction (``dataparallel.NO_REDUCTION``), timed as a clean trial is
+        (the same steps, warm-up, data and devices; every rank its own result); on one device skipped, its reason
+        in results.json."""
+        p = dataparallel.NO_REDUCTION
+        if self.key.devices < 2:
+            why = "one device: no reduction to remove"
+            self.pass_results[p] = {"skipped": why}
+            progress.total -= 1  # no worker starts
+            return
+        label = f"{self.name} ({p} pass: the step without the gradients' reduction, {self.decision.device})"
+        progress.start(label)
+        try:
+            processes.run_worker([*self.base, "--pass", p, "--no-evaluate"], label=label, batch_size=self.bs,
+                                 env=self._env(), forward_stderr=False, log_path=self.rd.log(self.key, p))
         finally:
             progress.finish()
         self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))

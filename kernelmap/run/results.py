@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .. import contention, timing
+from .. import contention, rundir, timing
+from ..frameworks import dataparallel
 from ..frameworks.case import CaseKey
 from .counters import COUNTERS
 from .devices import Decision
@@ -68,6 +69,25 @@ def _ci_fields(samples: list[float]) -> dict[str, float | None]:
     return {"ci95_low_s": None if ci is None else ci[0], "ci95_high_s": None if ci is None else ci[1]}
 
 
+def no_reduction_entry(result: dict[str, Any], used_ids: list[int], out_dir: Path) -> dict[str, Any]:
+    """The step without the gradients' reduction (``dataparallel.NO_REDUCTION``), rank 0's result: its figures,
+    and per rank (a framework of one process per device: each rank's own files, ``rank<r>/``; else the one
+    process) its median step without the reduction beside its clean pass's median over the same used trials
+    (``timing.step_stats`` of that rank's samples, as the case's figure is of rank 0's): what the report sets
+    against the exposed communication of the traces (reports/analyses/comm.py)."""
+    if "skipped" in result:
+        return result
+    ranks = []
+    for r, folder in dataparallel.rank_folders(out_dir):
+        own = rundir.read_json(folder / rundir.pass_result_name(dataparallel.NO_REDUCTION))
+        cleans = [rundir.read_json(folder / rundir.pass_result_name("clean", t))["step_times_s"] for t in used_ids]
+        ranks.append({"rank": r, "median_step_s": own["median_step_s"],
+                      "clean_median_step_s": timing.step_stats(cleans).median_s})
+    return {"median_step_s": result["median_step_s"], **_ci_fields(result["step_times_s"]), "steps": result["steps"],
+            "step_times_s": result["step_times_s"], "timing": result["timing"],
+            "contention": result.get("contention"), "clean_trials": list(used_ids), "ranks": ranks}
+
+
 def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, Any]],
                pass_results: dict[str, dict[str, Any]], repeat_trials: list[int], out_dir: Path, rel: Path,
                notes: list[str]) -> dict[str, Any]:
@@ -102,9 +122,13 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
                   "timing": clean["timing"], "contention": cont},
     }
     counters = None  # the counters pass (kernelmap/run/counters.py): not a timing pass, its own field
+    no_reduction = None
     for p, r in pass_results.items():
         if p == COUNTERS:
             counters = r
+            continue
+        if p == dataparallel.NO_REDUCTION:  # a timing of another step, not a capture of this one: its own field
+            no_reduction = no_reduction_entry(r, [t["trial"] for t in used], out_dir)
             continue
         if "skipped" in r:
             passes_summary[p] = r
@@ -151,6 +175,7 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
         "train_wall_s": first["train_wall_s"],
         "passes": passes_summary,
         **({COUNTERS: counters} if counters is not None else {}),
+        **({dataparallel.NO_REDUCTION: no_reduction} if no_reduction is not None else {}),
         "dir": str(rel),
         "files": files,
         "versions": first["versions"],

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import frameworks, timing
 from ..errors import KernelmapError
+from ..frameworks import dataparallel
 from ..frameworks.case import Case, CaseKey
 
 PROFILES = {
@@ -24,6 +25,9 @@ PROFILES = {
     # every capture pass, then one step under Nsight Compute (kernelmap/run/counters.py): its kernels are paired
     # with a timing pass's traced step and their calls' logged math; not in "all" yet
     "counters": ("clean", "framework", "libs", "nsys", "counters"),
+    # issue 39: the framework pass, then the step without the gradients' reduction on N > 1 devices, timed as the
+    # clean pass is (dataparallel.NO_REDUCTION): the exposed communication of the traces against the difference
+    "comm": ("clean", "framework", dataparallel.NO_REDUCTION),
 }
 # Timed steps of each capture pass (at most the clean pass's): enough for its overhead to be judged
 # against the clean pass's interval (kernelmap.timing).

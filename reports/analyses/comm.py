@@ -19,14 +19,18 @@ The rank is the trace's (Kineto's ``distributedInfo``; XLA's host device of each
 none (MXNet's one process drives its N contexts through one KVStore, whose sums and copies serve them all),
 the rows of a step form one group, rank NA. What the basis is: ``basis`` (device kernels or host ops).
 
-``arrivals``: which rank arrived last at each collective. ``reports/commchecks.py`` turns the figures into the
-report's self-checks.
+``arrivals``: which rank arrived last at each collective. ``independent``: the traces' exposed communication
+against an independent measure, the clean step less the same step without the gradients' reduction.
+``reports/commchecks.py`` turns the figures into the report's self-checks.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
+from kernelmap.frameworks.dataparallel import NO_REDUCTION
 
 from kernelmap.commlink import is_communication
 
@@ -168,6 +172,57 @@ def arrivals(records: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+AGREEMENT = 0.05  # issue 39: the traces' exposed communication within 5% of the step's change without reduction
+INDEPENDENT_COLUMNS = ["run", "case", "framework", "devices", "batch_size", "source", "rank", "traced_steps",
+                       "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error", "within"]
+CRITICAL_RANK = "the device with the most compute in each step"  # one process driving every device
+
+
+def _exposed(steps: pd.DataFrame, per_rank: bool) -> dict[Any, tuple[float, int]]:
+    """{rank: (median over traced steps of its exposed communication, steps)} of one case's ``per_step`` rows of
+    one source; one process (``per_rank`` False): key None, per step the exposed communication of the device
+    with the most compute (the one the others wait for: its exposed time is what the reduction adds to the step)."""
+    if per_rank:
+        return {int(r): (float(g["exposed_ms"].median()), len(g)) for r, g in steps.groupby("rank")}
+    crit = steps.sort_values("compute_ms", kind="stable").groupby("iteration").tail(1)
+    return {None: (float(crit["exposed_ms"].median()), len(crit))}
+
+
+def independent(records: pd.DataFrame, results: list[dict]) -> pd.DataFrame:
+    """``INDEPENDENT_COLUMNS``: per multi-device case with a step without reduction (results.json's
+    ``dataparallel.NO_REDUCTION`` entry), source and rank, the traces' exposed communication (``per_step``,
+    median over the traced steps) against the difference of the clean pass's median step and the step without
+    the gradients' reduction (``difference_ms``, the same rank's, timed as the clean pass is; one process: its
+    one figure against ``CRITICAL_RANK``'s exposed time); ``rel_error`` = (exposed − difference) / difference,
+    ``within`` |rel_error| <= ``AGREEMENT``. ``records``: one run's; its ``run`` column is the case."""
+    steps = per_step(records)
+    rows = []
+    for r in results:
+        nr = r.get(NO_REDUCTION) or {}
+        if not nr.get("ranks"):
+            continue
+        mine = steps[steps["run"] == r.get("dir")]
+        per_rank = len(nr["ranks"]) > 1  # one process per device: each rank its own clean and step without
+        by_rank = {x["rank"]: x for x in nr["ranks"]}
+        for src, g in mine.groupby("source", sort=True):
+            for rank, (exposed, n) in _exposed(g, per_rank).items():
+                t = by_rank.get(0 if rank is None else rank)
+                if t is None:
+                    continue
+                clean, without = t["clean_median_step_s"] * 1e3, t["median_step_s"] * 1e3
+                diff = clean - without
+                rel = (exposed - diff) / diff if diff > 0 else None
+                rows.append({"case": r.get("dir"), "framework": r.get("framework"), "devices": r.get("devices"),
+                             "batch_size": r.get("batch_size"), "source": src,
+                             "rank": CRITICAL_RANK if rank is None else rank, "traced_steps": n,
+                             "exposed_ms": exposed, "clean_ms": clean, "no_reduction_ms": without,
+                             "difference_ms": diff, "rel_error": rel,
+                             "within": rel is not None and abs(rel) <= AGREEMENT})
+    out = pd.DataFrame(rows, columns=INDEPENDENT_COLUMNS[1:])
+    out["rel_error"] = pd.to_numeric(out["rel_error"], errors="coerce")  # NA where the difference is not > 0
+    return out
+
+
 def tables(runs: list) -> dict[str, pd.DataFrame]:
     """The report's CSV tables of ``runs`` (``analyses.base.Run``): ``comm_steps`` (``per_step``) and
     ``comm_cases`` (``per_case``), each row's ``run`` the run directory's name, ``case`` its case folder."""
@@ -177,11 +232,15 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
     if not steps:
         return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
                 "comm_cases": pd.DataFrame(columns=["run", "case"]),
-                "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]])}
+                "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]]),
+                "comm_independent": pd.DataFrame(columns=INDEPENDENT_COLUMNS)}
     all_steps = pd.concat(steps, ignore_index=True)
     cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
                        .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
     order = lambda df: df[["run", "case", *[c for c in df.columns if c not in ("run", "case")]]]  # noqa: E731
     arrived = pd.concat([arrivals(r.records).rename(columns={"run": "case"}).assign(run=r.name)
                          for r in runs if r.records is not None], ignore_index=True)
-    return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived)}
+    checked = pd.concat([independent(r.records, r.results).assign(run=r.name)
+                         for r in runs if r.records is not None], ignore_index=True)
+    return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived),
+            "comm_independent": order(checked)}

@@ -1,0 +1,192 @@
+"""Issue 39's independent measure of exposed communication: the same step with the gradients' reduction removed
+(``kernelmap run --profile comm``: its ``noreduce`` pass), timed as the clean pass is, against the traces' exposed
+communication. On a real CPU run (tests/data/cpu_comm_run: `kernelmap run --framework all --device cpu --devices 2
+--profile comm --steps 4 --warmup 1 --batch-size 32 --data synthetic --trials 1 --max-repeats 0`, this 2-core
+machine with a load of about 7: every pass BUSY) the step without reduction ran slower than the clean step in all
+three frameworks (the ranks no longer wait for each other and compete for the two cores), so the check fails
+there, as it must; it passes where the difference is the exposed time and fails 6% off. Each framework's step
+without reduction really moves nothing: the devices' weights part after one step, and JAX's compiled step holds
+no all-reduce."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kernelmap.frameworks import REGISTRY, dataparallel
+from kernelmap.reports import commchecks
+from kernelmap.reports.analyses import comm
+from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
+
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data"
+RUN = DATA / "cpu_comm_run"
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ("pytorch-x2/bs32", "mxnet-x2/bs32", "jax-x2/bs32")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from kernelmap.reports.cli import load_runs
+
+    d = tmp_path_factory.mktemp("comm") / "run"
+    shutil.copytree(RUN, d)
+    normalise_run_dir(d)
+    return load_runs([str(d)])[0]
+
+
+def _median_of(path: Path) -> float:
+    return statistics.median(json.loads(path.read_text())["step_times_s"]) * 1e3
+
+
+def test_the_figures_are_each_ranks_own_clean_and_step_without_reduction(run):
+    t = comm.independent(run.records, run.results)
+    assert t["case"].tolist() == [CASES[0], *CASES]  # PyTorch: a row per rank
+    pt = t[t["case"] == CASES[0]]
+    assert pt["rank"].tolist() == [0, 1]  # one process per device: each rank against its own figures
+    for r, folder in ((0, RUN / CASES[0]), (1, RUN / CASES[0] / "rank1")):
+        row = pt[pt["rank"] == r].iloc[0]
+        assert row["clean_ms"] == pytest.approx(_median_of(folder / "clean-1.json"), rel=1e-12)
+        assert row["no_reduction_ms"] == pytest.approx(_median_of(folder / "noreduce.json"), rel=1e-12)
+        assert row["difference_ms"] == pytest.approx(row["clean_ms"] - row["no_reduction_ms"], rel=1e-12)
+    steps = comm.per_step(run.records)
+    for case in CASES[1:]:  # one process drives both devices: the device the others wait for, per step
+        row = t[t["case"] == case].iloc[0]
+        assert row["rank"] == comm.CRITICAL_RANK
+        assert row["clean_ms"] == pytest.approx(_median_of(RUN / case / "clean-1.json"), rel=1e-12)
+        s = steps[steps["run"] == case]
+        crit = [g.loc[g["compute_ms"].idxmax(), "exposed_ms"] for _, g in s.groupby("iteration")]
+        assert row["exposed_ms"] == pytest.approx(statistics.median(crit)) and row["traced_steps"] == len(crit)
+
+
+def test_on_the_busy_cpu_the_step_without_reduction_was_slower_and_the_check_fails(run):
+    t = comm.independent(run.records, run.results)
+    assert (t["difference_ms"] < 0).all() and t["rel_error"].isna().all() and not t["within"].any()
+    rows = [r for r in commchecks.comm_checks(run) if r["check"] == Check.COMM_INDEPENDENT]
+    assert [r["subject"] for r in rows] == list(CASES) and {r["status"] for r in rows} == {FAIL}
+    assert "not faster without the reduction" in rows[0]["detail"] and "BUSY" in rows[0]["detail"]
+
+
+def _with_difference(run, factor: float) -> list[dict]:
+    """``run``'s results with each rank's step without reduction set so that clean − it = exposed / factor."""
+    t = comm.independent(run.records, run.results)
+    out = json.loads(json.dumps(run.results))
+    for r in out:
+        for x in r[dataparallel.NO_REDUCTION]["ranks"]:
+            rank = x["rank"] if len(r[dataparallel.NO_REDUCTION]["ranks"]) > 1 else comm.CRITICAL_RANK
+            row = t[(t["case"] == r["dir"]) & (t["rank"] == rank)].iloc[0]
+            x["median_step_s"] = x["clean_median_step_s"] - row["exposed_ms"] / factor / 1e3
+    return out
+
+
+@pytest.mark.parametrize(("factor", "status"), [(1.0, PASS), (1.04, PASS), (0.96, PASS), (1.06, FAIL), (0.94, FAIL)])
+def test_the_check_holds_within_five_percent_and_fails_beyond(run, factor, status):
+    results = _with_difference(run, factor)
+    rows = commchecks.independent_checks("run", comm.independent(run.records, results), results)
+    assert len(rows) == 3 and {r["status"] for r in rows} == {status}
+    assert all(r["measured"] == pytest.approx(abs(factor - 1), abs=1e-9) for r in rows)
+
+
+def test_a_run_without_the_pass_is_not_checked_and_says_how_to_run_it(tmp_path):
+    from kernelmap.reports.cli import load_runs
+
+    d = tmp_path / "run"
+    shutil.copytree(DATA / "cpu_devices_run", d)  # --profile framework: no step without reduction
+    normalise_run_dir(d)
+    other = load_runs([str(d)])[0]
+    results = other.results
+    rows = commchecks.independent_checks("run", comm.independent(other.records, results), results)
+    assert len(rows) == 3 and {r["status"] for r in rows} == {NOT_CHECKED}
+    assert all("--profile comm" in r["detail"] for r in rows)
+
+
+# --- each framework's step without reduction moves nothing -------------------------------------------------
+PROBE = """
+import json, sys
+import numpy as np
+from kernelmap import frameworks
+from kernelmap.frameworks import dataparallel, spec
+
+fw, drop = sys.argv[1], sys.argv[2] == "1"
+w = frameworks.load_workload(fw)(spec.TrainConfig(batch_size=8, data="synthetic", devices=2))
+if drop:
+    frameworks.load_parallel(fw).drop_reduction(w)
+for x, y in w.batches("train", 8, spec.training_batches(w.data_info.n_train, 0, 8, 2).ravel()):
+    w.train_step(x, y)
+w.synchronize()
+out = {"rank": dataparallel.rank()}
+if fw == "mxnet":
+    p = w.net.collect_params()
+    out["copies"] = [float(np.abs(d.asnumpy()).sum()) for d in p[next(iter(p))].list_data()]
+elif fw == "jax":
+    out["copies"] = [float(np.abs(np.asarray(s.data)).sum()) for s in w.params["conv1"]["kernel"].addressable_shards]
+    out["all_reduce"] = next(iter(w.compiled_hlo().values())).count(" all-reduce(")
+else:
+    out["copies"] = [float(w.model.conv1.weight.detach().abs().sum())]
+print(json.dumps(out))
+"""
+
+
+def _probe(tmp_path: Path, fw: str, drop: bool) -> list[dict]:
+    """Two steps of ``fw`` on two CPU devices (with the reduction dropped or not): the devices' conv1 weights."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
+    if fw == "pytorch":  # one process per rank
+        outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+        cmds = [["sh", "-c", f'"{sys.executable}" "{script}" pytorch {int(drop)} > "{o}"'] for o in outs]
+        assert dataparallel.launch(cmds, env=env, timeout=300) == 0
+        return [json.loads(o.read_text()) for o in outs]
+    python = sys.executable
+    if fw == "jax":
+        python = os.environ.get("KERNELMAP_PYTHON_JAX") or str(ROOT / ".nox" / "jax-workers" / "bin" / "python")
+        if not Path(python).exists():
+            pytest.skip(f"no JAX interpreter at {python}")
+        env = dataparallel.merged_env(env, REGISTRY["jax"].data_parallel.env(2, "cpu"))
+    out = subprocess.run([python, str(script), fw, str(int(drop))], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+@pytest.mark.parametrize("fw", ["pytorch", "mxnet", "jax"])
+def test_without_reduction_the_devices_weights_part(tmp_path, fw):
+    """With the reduction both devices hold the same weights after two steps; without, each took its own slice's."""
+    def copies(drop: bool) -> list[float]:
+        got = _probe(tmp_path, fw, drop)
+        if fw == "jax":
+            assert got[0]["all_reduce"] == (0 if drop else 1)
+        return [c for g in got for c in g["copies"]]
+    same, parted = copies(False), copies(True)
+    assert len(same) == len(parted) == 2
+    assert same[0] == same[1] and parted[0] != parted[1]
+
+
+@pytest.mark.slow
+def test_run_profile_comm_times_each_rank_without_reduction(tmp_path):
+    """`kernelmap run --profile comm` end to end (PyTorch, CPU, N = 1 and 2): the step without reduction runs on
+    the two-rank case only, each rank writing its own result, and results.json sets each beside that rank's clean
+    median; on one device it is skipped with its reason."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "cpu", "--devices", "1",
+            "2", "--profile", "comm", "--steps", "2", "--warmup", "1", "--trials", "1", "--max-repeats", "0", "--data",
+            "synthetic", "--batch-size", "16", "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = {e["devices"]: e for e in json.loads((out / "results.json").read_text())}
+    assert results[1][dataparallel.NO_REDUCTION] == {"skipped": "one device: no reduction to remove"}
+    nr = results[2][dataparallel.NO_REDUCTION]
+    assert [x["rank"] for x in nr["ranks"]] == [0, 1] and nr["steps"] == 2 and nr["clean_trials"] == [1]
+    for r, folder in ((0, out / "pytorch-x2/bs16"), (1, out / "pytorch-x2/bs16/rank1")):
+        own = json.loads((folder / "noreduce.json").read_text())
+        assert own["pass"] == dataparallel.NO_REDUCTION and own["rank"] == r and own["block_steps"] == 10
+        assert nr["ranks"][r]["median_step_s"] == own["median_step_s"]
+        assert nr["ranks"][r]["clean_median_step_s"] == pytest.approx(_median_of(folder / "clean-1.json") / 1e3)
+    assert dataparallel.NO_REDUCTION not in results[2]["passes"]  # not a capture of the clean step
