@@ -483,11 +483,13 @@ def _library_figures(lk: pd.DataFrame) -> dict:
     }
 
 
-def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
+def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None, whole: tuple[dict, dict] | None = None) -> dict:
     """The kernel figures per profiler source (Kineto, nsys, MXNet profiler): each source is its
     own capture pass of other steps, so its kernels are counted once, never merged with another's.
     ``op_steps``: the steps in which the source recorded framework ops (the profiled window);
-    the ``..._in_op_steps`` figures count only kernels of those steps."""
+    the ``..._in_op_steps`` figures count only kernels of those steps. ``whole``: the kernel and library
+    figures of all of ``df``'s kernels and of ``lk`` (``summarise``'s), taken where a selection is all of them
+    (one source; every kernel in an op step) rather than counted again."""
     is_kernel = _kind(df, "kernel")
     k = _rows(df, is_kernel, ["source", "iteration", *_KERNEL_FIGURE_COLS])  # what is read here
     lk = library_kernels(df) if lk is None else lk
@@ -503,19 +505,21 @@ def by_source(df: pd.DataFrame, lk: pd.DataFrame | None = None) -> dict:
         # the distinct values of those rows, NA left out of the few, not of the rows)
         op_steps = sorted(int(i) for i in pd.unique(iteration.array[is_op & (source_codes == code)]) if not pd.isna(i))
         w = _some(g, g["iteration"].isin(op_steps).to_numpy())
-        fw = _kernel_figures(w)
+        fg = whole[0] if whole and g is k else _kernel_figures(g)
+        fw = fg if w is g else _kernel_figures(w)
+        ls = _some(lk, lk["source"].eq(src).to_numpy())
         out[str(src)] = {
-            **_kernel_figures(g),
+            **fg,
             "steps": int(g["iteration"].nunique()),
             "op_steps": len(op_steps),
             "kernels_in_op_steps": fw["kernels"],
             "kernel_time_in_op_steps_ns": fw["kernel_time_ns"],
             "attributed_kernel_time_share_in_op_steps": fw["attributed_kernel_time_share"],
             "launch_op_known_kernel_time_share_in_op_steps": fw["launch_op_known_kernel_time_share"],
-            **_library_figures(_some(lk, lk["source"].eq(src).to_numpy())),
+            **(lfs := whole[1] if whole and ls is lk else _library_figures(ls)),
         }
-        lw = _some(lk, (lk["source"].eq(src) & lk["iteration"].isin(op_steps)).to_numpy())
-        lf = _library_figures(lw)
+        lw = _some(ls, ls["iteration"].isin(op_steps).to_numpy())
+        lf = lfs if lw is ls else _library_figures(lw)
         out[str(src)].update(library_kernels_in_op_steps=lf["library_kernels"],
                              library_kernel_time_linked_share_in_op_steps=lf["library_kernel_time_linked_share"])
     return out
@@ -540,18 +544,19 @@ def _summarise(df: pd.DataFrame, log_steps: int | None, steady_calls: int | None
     blas = calls[calls["library"].eq("BLAS")]
     is_op = _kind(df, "op")
     lk = library_kernels(df, steady_calls, reasons)
+    kf, lf = _kernel_figures(_rows(df, _kind(df, "kernel"), _KERNEL_FIGURE_COLS)), _library_figures(lk)  # what it reads
     return {
         "events": len(df),
-        **_kernel_figures(_rows(df, _kind(df, "kernel"), _KERNEL_FIGURE_COLS)),  # what it reads
+        **kf,
         "ops": int((is_op & S.isin(df["source"], FRAMEWORK_OP_SOURCES)).sum()),
         "nvtx_ops": int((is_op & S.eq(df["source"], "nsys")).sum()),
         "canonical_ops": sorted(S.distinct(df["canonical_op"])),
         "library_calls": {str(n): int(c) for n, c in gpu_calls["library_call"].value_counts().sort_index().items()},
-        **_library_figures(lk),
+        **lf,
         "onednn_primitives": {str(n): int(c) for n, c in prims["op_name"].value_counts().sort_index().items()},
         "onednn_linked": int(prims["op_event_id"].notna().sum()),
         "blas_calls": {str(n): int(c) for n, c in blas["library_call"].value_counts().sort_index().items()},
         "blas_linked": int(blas["op_event_id"].notna().sum()),
-        "by_source": by_source(df, lk),
+        "by_source": by_source(df, lk, (kf, lf)),
         "library_links": library_links(df, log_steps),
     }

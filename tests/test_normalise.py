@@ -439,6 +439,28 @@ def test_records_of_one_row_group_summarised_while_written(tmp_path, capsys, mon
     _no_file_when_the_summary_fails(tmp_path, monkeypatch, [files["first"], files["beside"]])
 
 
+@pytest.mark.parametrize(("files", "saved"), [([KINETO_GPU], 1), ([KINETO_GPU, *GPU], 0)], ids=["one source", "two sources"])
+def test_by_source_takes_the_whole_runs_figures_where_a_source_is_all_of_it(files, saved, monkeypatch):
+    """``by_source`` given ``summarise``'s own figures of all kernels (``whole``) takes them where a source's
+    kernels (or its op steps' kernels) are all of them, instead of counting them again: the same summary as
+    counting every selection; one source: its kernels are the run's (one count saved; its op steps' kernels,
+    the same rows, are counted once either way); two sources: neither is all of them."""
+    from kernelmap import attribution
+
+    counted, by_source = [], attribution.by_source
+    figures = attribution._kernel_figures
+    monkeypatch.setattr(attribution, "_kernel_figures", lambda k: counted.append(len(k)) or figures(k))
+    summaries = []
+    for whole in (True, False):
+        monkeypatch.setattr(attribution, "by_source",
+                            lambda df, lk=None, w=None, whole=whole: by_source(df, lk, w if whole else None))
+        counted.clear()
+        summaries.append((normalise(files)[1], len(counted)))
+    (reused, n_reused), (recounted, n_recounted) = summaries
+    assert json.dumps(reused, sort_keys=True, default=str) == json.dumps(recounted, sort_keys=True, default=str)
+    assert n_recounted - n_reused == saved
+
+
 @pytest.mark.parametrize("keys", [["kernel_name"], ["kernel_name", "canonical_op"], ["layer"], ["canonical_op", "direction"]])
 def test_top_groups_is_pandas_groupby(keys):
     """The summary's top-N table grouped by string codes is pandas' groupby table (same groups, order,
