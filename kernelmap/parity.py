@@ -15,21 +15,27 @@ Each must be <= 1e-4 (``TOLERANCES``); exit status 1 when one is broken.
 
 Per math (``--math fp32 bf16 fp16``, issue 38): the pair is compared at each math, and a framework at a mixed math
 (bf16, fp16) is also compared with itself at fp32 (``--frameworks pytorch`` alone: only that). A low-precision
-side's figures are relative (``forward_logits_max_rel_diff`` = max|a-b| / max|a|) and their tolerance is derived
-from the format, not picked (``mixed_tolerance``): a conv or linear layer rounds its input and its weight to the
-low precision and its output once more, three roundings of relative size u = 2**-(mantissa bits + 1) (bfloat16:
-2**-8 = 3.9e-3; float16: 2**-11 = 4.9e-4), accumulating in fp32; the L = 4 layers in a row give 3 L u relative to
-the output's scale, per low-precision side (two sides: the sum): bf16 against fp32 3 * 4 * 2**-8 = 0.047, bf16
-against bf16 0.094, fp16 against fp32 0.0059. The loss (fp32 log-softmax + NLL of those logits) is held to the same
-bound. The weights: each step's update comes from gradients through the same rounded layers, so it carries a
-relative error of the same bound, and the difference after S steps is at most that bound times the distance the
-weights travelled (``weights_max_diff_per_path``: ||a-b||_2 over the sum of each step's ||w_k - w_(k-1)||_2, the
-reference's, recorded by its worker): a first-order bound (a difference's feedback into later gradients is left
-out), checked per tensor. In the 2-norm, where rounding errors add, not the max-norm: a ReLU or a max pool that
-switches differently at one step changes a few elements by a whole update, which the max-norm reports as the
-tensor's error (PyTorch bf16 against fp32, 20 steps of 64 Fashion-MNIST images: fc1.weight max-norm 0.080 of
-max|w|, 2-norm 0.037 of its path); the max-norm figures are reported, not checked. Convergence (``convergence``): each side's loss at the first and last step and its
-test-set accuracy after the steps, reported per math (no tolerance on accuracy: said, not checked).
+side's tolerance is derived from the format, not picked (``mixed_tolerance``), and holds what the derivation
+covers, the forward: a conv or linear layer rounds its input and its weight to the low precision and its output
+once more, three roundings of relative size u = 2**-(mantissa bits + 1) (bfloat16: 2**-8 = 3.9e-3; float16: 2**-11
+= 4.9e-4), accumulating in fp32; ReLU and max pool move no value by more than their input moved (1-Lipschitz); the
+L = 4 layers in a row give 3 L u relative to the output's scale, per low-precision side (two sides: the sum): bf16
+against fp32 3 * 4 * 2**-8 = 0.047, bf16 against bf16 0.094, fp16 against fp32 0.0059. Checked: the first batch's
+logits (``forward_logits_max_rel_diff``) and the first step's loss, which is those logits' log-softmax + NLL, a
+function that moves at most 2 max|dz| (its gradient p - onehot has an absolute sum <= 2): ``loss_first_diff_over_logits``
+= |a-b| of the first loss over 2 max|logits of a| <= the same bound.
+
+Not checked for a mixed side, reported (docs/MIXED_PRECISION.md has the measurements): every later step's loss
+(``loss_max_rel_diff``) and the weights after the steps (``weights_max_diff_per_path``: ||a-b||_2 over the sum of
+each step's ||w_k - w_(k-1)||_2, the reference's). No bound linear in u holds for them: (1) the backward goes through
+the derivatives of ReLU and max pool, which are steps: a rounding that carries an input across zero or across its
+window's maximum moves a whole term of a weight gradient's sum; such switches are a fraction ~u of the elements,
+their terms add in quadrature, so the gradient's relative error goes as sqrt(u), not u (measured, JAX on the CPU,
+the first update: conv tensors 4.2e-2 at bf16, 1.3e-2 at fp16, a ratio 0.31 where sqrt(2**-11 / 2**-8) = 0.35; the
+loss scale changes nothing); (2) training amplifies any difference: the fp32 step from initial weights perturbed
+by 1e-5 relative ends 20 steps 1.6e-2 of its path away (1e-7: 4.7e-5). Convergence (``convergence``): each side's
+loss at the first and last step and its test-set accuracy after the steps, reported per math (no tolerance on
+accuracy: said, not checked).
 
 ``--frameworks A,B`` picks the pair (default pytorch,mxnet; A is the reference). A framework whose
 dependencies clash with another's (JAX needs numpy >= 2, MXNet numpy < 1.24) runs its worker
@@ -72,7 +78,10 @@ DEFINITIONS = {
     "forward_logits_max_rel_diff": "max |a-b| / max |a| over the logits of the first batch, before any step",
     "weights_max_diff_per_path": "per tensor: ||a-b||_2 after the last step / the sum over steps of ||a_k - a_(k-1)||_2",
     "weights_worst_per_path": "max of weights_max_diff_per_path",
+    "loss_first_diff_over_logits": "|a-b| of the first step's loss / (2 max|a| over the first batch's logits)",
 }
+# a mixed comparison's figures reported but not held to a bound (the module docstring says why)
+REPORTED_MIXED = ("loss_max_rel_diff", "weights_worst_per_path")
 
 
 def mixed_tolerance(maths: tuple[str, str]) -> float | None:
@@ -91,7 +100,7 @@ def tolerances(maths: tuple[str, str]) -> dict[str, float]:
     tol = mixed_tolerance(maths)
     if tol is None:
         return dict(TOLERANCES)
-    return {"forward_logits_max_rel_diff": tol, "loss_max_rel_diff": tol, "weights_worst_per_path": tol}
+    return {"forward_logits_max_rel_diff": tol, "loss_first_diff_over_logits": tol}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +173,15 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
+def _first_loss(la: np.ndarray, lb: np.ndarray, logits: np.ndarray) -> float:
+    """|a-b| of the first step's loss over twice the largest first-batch logit of a (the module docstring)."""
+    if not la.size:
+        return 0.0
+    scale = 2.0 * float(np.max(np.abs(logits)))
+    diff = abs(float(la[0]) - float(lb[0]))
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
 def _per_path(a: dict[str, np.ndarray], b: dict[str, np.ndarray], name: str) -> float:
     """||a - b||_2 of one weight tensor over the distance the reference's tensor travelled (``path/<name>``: the sum
     over steps of ||w_k - w_(k-1)||_2); NaN for a worker that did not record it."""
@@ -188,6 +206,7 @@ def compare(a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: list[str]
     figures = {
         "forward_logits_max_abs_diff": float(np.max(np.abs(a["logits"].astype(np.float64) - b["logits"]))),
         "forward_logits_max_rel_diff": _relative(a["logits"], b["logits"]),
+        "loss_first_diff_over_logits": _first_loss(la, lb, a["logits"]),
         "loss_max_rel_diff": float(np.max(loss_rel)) if loss_rel.size else 0.0,
         "loss_rel_diff_per_step": [float(x) for x in loss_rel],
         "weights_max_rel_diff": weights,
@@ -364,7 +383,7 @@ def compute_parity(
         limits = tolerances((a[1], b[1]))
         figures = compare(results[a], results[b], spec.weight_names(), limits)
         compared.append({"sides": [_side_name(a), _side_name(b)], "maths": [a[1], b[1]], **figures,
-                         "tolerances": limits})
+                         "tolerances": limits, "reported": [k for k in REPORTED_MIXED if k not in limits]})
     first = compared[0]
     return {
         "frameworks": list(frameworks),
@@ -401,11 +420,15 @@ def format_text(result: dict[str, Any]) -> str:
             "forward_logits_max_rel_diff", "max|a-b|/max|a|")
         lines += [f"  {' vs '.join(c['sides'])}",
                   f"    forward logits {logits[1]}  {c[logits[0]]:.3e}  (<= {t[logits[0]]:.3g})",
-                  f"    loss max |a-b|/|a| per step     {c['loss_max_rel_diff']:.3e}  (<= {t['loss_max_rel_diff']:.3g})",
+                  f"    loss max |a-b|/|a| per step     {c['loss_max_rel_diff']:.3e}  " + (
+                      f"(<= {t['loss_max_rel_diff']:.3g})" if "loss_max_rel_diff" in t else "(reported)"),
+                  *([f"    first loss |a-b|/(2 max|logit|) {c['loss_first_diff_over_logits']:.3e}  "
+                     f"(<= {t['loss_first_diff_over_logits']:.3g})"] if "loss_first_diff_over_logits" in t else []),
                   f"    weights max|a-b|/max|a|         {c['weights_worst']:.3e}" + (
                       f"  (<= {t['weights_worst']:.3g})" if "weights_worst" in t else ""),
                   f"    weights ||a-b||/path            {c['weights_worst_per_path']:.3e}" + (
-                      f"  (<= {t['weights_worst_per_path']:.3g})" if "weights_worst_per_path" in t else "")]
+                      f"  (<= {t['weights_worst_per_path']:.3g})" if "weights_worst_per_path" in t else
+                      "  (reported)" if "loss_first_diff_over_logits" in t else "")]
         lines += [f"      {name:<14} {v:.3e}  per path {c['weights_max_diff_per_path'][name]:.3e}"
                   for name, v in c["weights_max_rel_diff"].items()]
         lines.append("    " + ("pass" if c["passed"] else "FAIL: " + "; ".join(c["failures"])))

@@ -251,16 +251,30 @@ def test_parity_tolerance_is_derived_from_the_format():
 
 
 def test_parity_compares_weights_against_the_distance_travelled():
+    """The weights after the steps: ||a-b|| over the path, reported at a mixed math (no bound linear in u holds
+    through ReLU's and max pool's step derivatives: parity's docstring), checked nowhere by it."""
     rng = np.random.default_rng(0)
     a = {"logits": rng.normal(size=(4, 10)), "losses": np.array([2.0, 1.5]), "weight/w": rng.normal(size=100),
          "path/w": np.float64(2.0)}
     tol = parity.mixed_tolerance(("fp32", "bf16"))
-    b = dict(a, **{"weight/w": a["weight/w"] + np.r_[0.9 * tol * 2.0, np.zeros(99)]})
-    ok = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "bf16")))
-    assert ok["weights_worst_per_path"] == pytest.approx(0.9 * tol) and ok["passed"]
-    b = dict(a, **{"weight/w": a["weight/w"] + np.r_[1.1 * tol * 2.0, np.zeros(99)]})
-    bad = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "bf16")))
-    assert not bad["passed"] and bad["failures"][0].startswith("weights_worst_per_path")
+    b = dict(a, **{"weight/w": a["weight/w"] + np.r_[3 * tol * 2.0, np.zeros(99)]})
+    r = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "bf16")))
+    assert r["weights_worst_per_path"] == pytest.approx(3 * tol) and r["passed"]
+    assert set(parity.REPORTED_MIXED).isdisjoint(parity.tolerances(("fp32", "bf16")))
+    assert set(parity.REPORTED_MIXED) <= set(r)
+
+
+def test_parity_holds_the_first_loss_to_the_logits_bound():
+    """The first step's loss moves at most 2 max|dz| (log-softmax + NLL): its difference over 2 max|logits| is held
+    to the derived bound; beyond it the comparison fails."""
+    logits = np.array([[0.5, -2.0], [1.0, 0.25]])
+    tol = parity.mixed_tolerance(("fp32", "fp16"))
+    a = {"logits": logits, "losses": np.array([2.0, 1.5]), "weight/w": np.ones(3), "path/w": np.float64(1.0)}
+    for factor, passed in ((0.9, True), (1.1, False)):
+        b = dict(a, losses=np.array([2.0 + factor * tol * 2 * 2.0, 1.5]))  # 2 max|logits| = 4
+        r = parity.compare(a, b, ["w"], parity.tolerances(("fp32", "fp16")))
+        assert r["loss_first_diff_over_logits"] == pytest.approx(factor * tol) and r["passed"] is passed
+    assert r["failures"][0].startswith("loss_first_diff_over_logits")
 
 
 def test_parity_refuses_what_it_cannot_compare():
