@@ -45,6 +45,7 @@ class Check(enum.StrEnum):
     COMM_LINKED = "communication attributed to its op"  # reports/commchecks.py (issue 39)
     COMM_BOUNDS = "communication within its step"
     COMM_INDEPENDENT = "exposed communication against the step without reduction"
+    SCALING = "scaling efficiency against one device"
     COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
     COUNTER_MATH = "log math vs counter math"
     COUNTERS_BUDGET = "counters pass within budget"

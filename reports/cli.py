@@ -37,6 +37,7 @@ from .analyses import basis as B
 from .analyses import comm as COMM
 from .analyses import findings as FD
 from .analyses import math as MATH
+from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
@@ -118,6 +119,8 @@ TABLES = {
     "comm_cases": "communication of multi-device cases per case and rank: medians over the traced steps",
     "comm_arrivals": "communication: which rank arrived last at each collective of each traced step, and how long "
                      "after the first",
+    "scaling": "scaling over devices per case: the clean step at N against one device at the same global batch, "
+               "speedup, efficiency t1 / (N · tN) with its interval, the traced steps' communication (analyses/scaling.py)",
     "comm_independent": "exposed communication from the traces against the clean step less the same step without "
                         "the gradients' reduction (--profile comm), per case and rank, within 5% or not",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
@@ -589,6 +592,18 @@ def _first_screen(a: Analysed) -> dict[str, Any]:
             "checks_failed_html": failed, "checks_html": every}
 
 
+def devices_screen(scaled: pd.DataFrame) -> dict[str, Any]:
+    """The first screen's section of a run with cases on several devices (issue 39): the frameworks side by side
+    per batch size and N, then every figure per case; nothing where no case ran on more than one device."""
+    if scaled.empty:
+        return {"devices_html": ""}
+    cols = ["run", "label", "device", "batch_size", "devices", "step_ms", "ci95_low_ms", "ci95_high_ms", "speedup",
+            "efficiency", "efficiency_low", "efficiency_high", "busy", "compute_ms", "communication_ms", "exposed_ms",
+            "overlap_share", "ranks", "comm_source"]
+    return {"devices_html": H.table(SC.side_by_side(scaled)), "devices_detail_html": H.table(scaled[cols]),
+            "devices_kind": SC.KIND}
+
+
 def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]) -> dict[str, Any]:
     """What the page's template reads."""
     runs, checks, contended, trace, best, summ, fallbacks = (a.runs, a.checks, a.contended, a.trace, a.best,
@@ -646,9 +661,9 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise,
-            **COMM.tables(a.runs)})
+            "scaling": (scaled := SC.scaling(a.runs)), **COMM.tables(a.runs)})
         with atomic_file(tmp / "report.html") as fh:
-            fh.write(H.render(_context(a, figs, trend, csvs)))
+            fh.write(H.render({**_context(a, figs, trend, csvs), **devices_screen(scaled)}))
     return Path(out), a.checks
 
 

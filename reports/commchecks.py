@@ -6,6 +6,8 @@ case and check:
   the op that issued it (gloo's work spans, NCCL's kernels): the lowest share over the case's steps and ranks
   must be 100%. Not checked where no traced step recorded any communication (a clean-only run).
 - ``communication within its step``: for every traced step and rank, 0 <= exposed <= communication <= step.
+- ``scaling efficiency against one device`` (``analyses/scaling.py``): each multi-device case did the same work
+  as its one-device case, and on the GPU is not more than N times faster beyond the 95% intervals.
 - ``exposed communication against the step without reduction`` (issue 39's independent measure): per case run
   with ``--profile comm``, the traces' exposed communication (median over the traced steps) within
   ``comm.AGREEMENT`` (5%) of the clean pass's median step less the same step without the gradients' reduction
@@ -19,8 +21,9 @@ from typing import Any
 import pandas as pd
 from kernelmap.frameworks.dataparallel import NO_REDUCTION
 
+from .analyses import scaling as SC
 from .analyses.base import BUSY, Run
-from .analyses.comm import AGREEMENT, independent, per_step
+from .analyses.comm import AGREEMENT, INDEPENDENT_COLUMNS, independent, per_step
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
 
 TOLERANCE_MS = 1e-9  # the figures are sums of whole nanoseconds: equal within rounding
@@ -84,11 +87,49 @@ def independent_checks(run_name: str, table, results: list[dict]) -> list[dict[s
     return rows
 
 
+def scaling_checks(run_name: str, table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The scaling figure's check per multi-device case (``scaling.scaling``'s ``table``): the same work as its
+    one-device case (the same global batch by construction, the same timed steps), and on the GPU no efficiency
+    above 1 beyond the two steps' 95% intervals (N devices more than N times faster at a fixed global batch: one
+    side did other work or was slowed); on the CPU the N devices share its cores, only the work is checked."""
+    rows: list[dict[str, Any]] = []
+    for x in table[table["devices"] > 1].itertuples():
+        expected = f"same work as {x.one_device_case or 'the one-device case'}" + (
+            "; efficiency <= 1 within the 95% intervals" if x.device == "gpu" else "")
+        if x.one_device_case is None or pd.isna(x.efficiency):
+            why = ("no one-device case of the same framework, mode, math and global batch in this run (kernelmap run "
+                   f"--devices 1 {x.devices})" if x.one_device_case is None else "no clean step median")
+            rows.append(check_row(run_name, x.framework, x.batch_size, Check.SCALING, x.case, expected, None,
+                                  NOT_CHECKED, why))
+            continue
+        figure = (f"efficiency {x.efficiency:.3f} [{x.efficiency_low:.3f}–{x.efficiency_high:.3f}] = "
+                  f"{x.one_device_step_ms:.4g} / ({x.devices} × {x.step_ms:.4g}) ms ({SC.KIND})"
+                  + (f"; {BUSY}" if x.busy else ""))
+        if x.steps != x.one_device_steps:
+            status, detail = FAIL, f"not the same work: {x.steps} timed steps against {x.one_device_steps}; {figure}"
+        elif x.device == "gpu" and x.efficiency_low > 1:
+            status, detail = FAIL, f"superlinear beyond the 95% intervals: {figure}"
+        else:
+            status = PASS
+            detail = figure + ("" if x.device == "gpu" else "; CPU devices share its cores: not a scaling figure")
+        rows.append(check_row(run_name, x.framework, x.batch_size, Check.SCALING, x.case, expected,
+                              float(x.efficiency), status, detail))
+    return rows
+
+
 def comm_checks(run: Run) -> list[dict[str, Any]]:
     """The checks of every multi-device case of ``run``; a run without one: each check once, not checked."""
     rows = step_checks(run.name, per_step(run.records)) if run.records is not None else []
-    if rows:
-        return rows + independent_checks(run.name, independent(run.records, run.results), run.results)
+    multi = any((r.get("devices") or 1) > 1 for r in run.results)
+    if multi and not rows:
+        rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,
+                          "no capture pass traced the multi-device cases' steps (--profile framework or comm)")
+                for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]
+    if multi:
+        table = independent(run.records, run.results) if run.records is not None else pd.DataFrame(
+            columns=INDEPENDENT_COLUMNS[1:])
+        return (rows + independent_checks(run.name, table, run.results)
+                + scaling_checks(run.name, SC.scaling([run])))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
             for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]  # the independent measure: per multi-device case
