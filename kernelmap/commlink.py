@@ -19,7 +19,8 @@ What is communication, per trace (the adapters label it; here only what needs th
   itself; on the GPU its NCCL kernels carry the instruction.
 
 ``bytes`` of a collective op or work span: its elements (the trace's ``Input Dims``) times 4, the gradients'
-float32 (the parameters' dtype at every math: mixed precision keeps fp32 master weights).
+float32 (the parameters' dtype at every math: mixed precision keeps fp32 master weights). XLA's trace gives no
+sizes: its adapter reads each all-reduce's bytes from the HLO text's result type (``xla_trace.collective_bytes``).
 """
 
 from __future__ import annotations

@@ -173,3 +173,15 @@ def test_which_rank_arrived_last_at_each_allreduce(records):
     assert set(got.loc[got["run"] == "mxnet-x2/bs32", "run"]) == set()  # one process, no ranks: no rows
     jax = got[got["run"] == "jax-x2/bs32"]
     assert len(jax) == 3 and set(jax["ranks"]) == {2}
+
+
+def test_jax_all_reduce_bytes_come_from_its_hlo(records):
+    """XLA's trace has no sizes: each all-reduce's bytes are its HLO result's, the 8 gradient tensors (every
+    parameter once) and the loss, a float32 scalar, reduced in one tuple all-reduce."""
+    with gzip.open(DATA / "jax-x2/bs32/jit__train_step.hlo.txt.gz", "rt") as fh:
+        line = next(x for x in fh if " all-reduce(" in x)
+    assert line.split(" all-reduce(")[0].count("f32[") == 9  # 8 parameters' gradients and the loss
+    jax = records[(records["run"] == "jax-x2/bs32") & commlink.is_communication(records)]
+    assert len(jax) == 6 and (jax["bytes"] == (spec.PARAM_COUNT + 1) * 4).all()
+    steps = comm.per_step(records)
+    assert (steps.loc[steps["run"] == "jax-x2/bs32", "comm_bytes"] == (spec.PARAM_COUNT + 1) * 4).all()

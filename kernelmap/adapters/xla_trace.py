@@ -247,12 +247,52 @@ class OpInfo:
     algo: str | None
     position: int
     target: str | None = None  # a custom call's target (``__cudnn$convForward``, ``__cublas$lt$matmul``)
+    bytes: int | None = None  # an all-reduce's: the bytes of its result (every tensor it reduces; issue 39)
 
 
 # XLA's collective instructions (and their async halves: all-reduce-start, all-reduce-done ...)
 COLLECTIVE_OPCODES = frozenset(f"{op}{half}" for op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                                                         "collective-permute", "collective-broadcast")
                                for half in ("", "-start", "-done"))
+
+
+# bytes per element of HLO's element types (the all-reduce's result); a type not here: no bytes
+HLO_TYPE_BYTES = {"f64": 8, "f32": 4, "s64": 8, "u64": 8, "s32": 4, "u32": 4, "f16": 2, "bf16": 2, "s16": 2, "u16": 2,
+                  "s8": 1, "u8": 1, "pred": 1}
+_TYPED = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+# the collectives whose result is the data they move (all-reduce's async start returns its result's shape); the
+# others' start returns a tuple of operands and results, their done a result alone: no bytes (not run here)
+BYTES_OPCODES = ("all-reduce", "all-reduce-start")
+
+
+def result_bytes(line: str, opcode: str) -> int | None:
+    """The bytes of the result type of an instruction's text (``(f32[32]{0}, f32[3,3,1,32]{...}) all-reduce(...)``:
+    the sum over its tensors of elements x element size), None for a type ``HLO_TYPE_BYTES`` lacks."""
+    head = line.split(f" {opcode}(", 1)[0]
+    total = 0
+    for dtype, dims in _TYPED.findall(head):
+        if dtype not in HLO_TYPE_BYTES:
+            return None
+        n = 1
+        for d in (int(x) for x in dims.split(",") if x):
+            n *= d
+        total += n * HLO_TYPE_BYTES[dtype]
+    return total
+
+
+def collective_bytes(text: str) -> dict[str, int]:
+    """HLO instruction name -> bytes of every all-reduce of the module's entry computation (``BYTES_OPCODES``)."""
+    out = {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        op = re.search(r"\}?\s([\w\-]+)\(", m.group(2))
+        if op and op.group(1) in BYTES_OPCODES:
+            b = result_bytes(m.group(2), op.group(1))
+            if b is not None:
+                out[m.group(1)] = b
+    return out
 
 
 def classify_module(text: str) -> dict[str, OpInfo]:
@@ -290,6 +330,7 @@ def classify_module(text: str) -> dict[str, OpInfo]:
         return None
 
     out: dict[str, OpInfo] = {}
+    sizes = collective_bytes(text)
     for pos, ins in enumerate(entry):
         lab = resolved(ins.name) if ins.opcode != "copy" or labels[ins.name] else None
         if ins.opcode in COLLECTIVE_OPCODES:  # issue 39: communication, whatever its operands compute
@@ -301,7 +342,7 @@ def classify_module(text: str) -> dict[str, OpInfo]:
         name = ins.name if len(cans) == 1 else f"{ins.name} [{'+'.join(sorted(cans, key=_rank))}]"
         out[ins.name] = OpInfo(name, label.canonical, label.direction, label.layer, _library(ins),
                                f"eng{ins.algo}" if ins.algo and (ins.target or "").startswith("__cudnn") else None, pos,
-                               ins.target)
+                               ins.target, sizes.get(ins.name))
     return out
 
 
@@ -478,6 +519,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "layer": pd.array(layer, dtype=STRING),
         "library": pd.array([lib if kind[j] != "runtime" else None for j, lib in enumerate(library)], dtype=STRING),
         "algo": pd.array([inf.algo if inf else None for inf in info], dtype=STRING),
+        # a collective's bytes on its op (the HLO text's result type), not on its kernels (issue 39)
+        "bytes": pd.array([inf.bytes if inf and kind[j] == "op" else None for j, inf in enumerate(info)], dtype="Int64"),
         "framework": FRAMEWORK,
         "device": "gpu" if dev.any() else "cpu",
     }
