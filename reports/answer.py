@@ -209,11 +209,11 @@ def _cpu_cell(st: CpuState | None, ms: Any) -> dict[str, Any]:
 def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
               op_totals: dict[tuple[str, str, Any], float]) -> tuple[pd.DataFrame, list[str]]:
     """The comparison on CPU time: per run x batch size, a whole-step row (the clean pass's CPU time per
-    step, median of its used trials, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``:
+    step, median of every clean trial: ``basis.CPU_ALL_TRIALS``, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``:
     ``op_totals`` is ``basis.traced_op_ms``,
     from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
     ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio``.
-    Contention is marked (``busy``), never a reason: a neighbour barely moves this clock."""
+    Contention is marked (``busy``); a reason only for a layer's row (``basis.UNEVEN_STRETCH``)."""
     keys = sorted({(k[0], k[2]) for k, st in states.items() if k[3] == CLEAN and st.figure},
                   key=lambda x: (str(x[0]), x[1] is None, x[1]))
     if not keys:

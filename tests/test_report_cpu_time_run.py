@@ -1,6 +1,7 @@
 """The comparison on CPU time on a real three-framework CPU run made on a busy machine
 (tests/data/cpu_run_cputime, every pass contended): the wall-time answer withholds its ratios, the CPU-time
-table has one for every layer and direction, and its figures are the workers' own samples."""
+table has the whole step's (its layers' only where their pass ran quiet), and its figures are the workers' own
+samples."""
 
 from __future__ import annotations
 
@@ -57,18 +58,32 @@ def test_whole_step_cpu_time_is_the_median_of_the_used_trials_samples(tables):
         assert step[f"{fw}.vs_ref"] == pytest.approx(want[fw] / want["pytorch"], rel=1e-12)
 
 
-def test_every_layer_and_direction_has_a_cpu_ratio_on_a_busy_machine(tables, run):
+def test_a_busy_pass_gives_its_layers_no_cpu_ratio(tables, run, tmp_path):
+    """Every framework pass of this run ran busy: a layer's CPU time (its share of the pass's traced wall time, which a
+    neighbour stretches unevenly: basis.UNEVEN_STRETCH) gets no ratio, each row saying why; the whole step has its
+    ratios. The same run with the framework passes marked quiet: a ratio for every layer and direction."""
     layers, cpu, fws = tables
     assert fws == list(FWS)
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
     # one forward and one backward row per layer: JAX's per-gradient rows summed with the others' bwd
     assert sorted(map(tuple, per_layer[["layer", "direction"]].to_numpy())) == sorted(
         (layer, d) for layer in ("conv1", "conv2", "fc1", "fc2") for d in ("fwd", ANS.BWD_ALL))
-    assert per_layer[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all(), per_layer.filter(like="no_ratio")
+    assert per_layer[["mxnet.vs_ref", "jax.vs_ref"]].isna().all().all()
+    assert all(B.UNEVEN_STRETCH in w for w in per_layer["mxnet.no_ratio"])
+    assert cpu.loc[cpu["layer"] == ANS.WHOLE_STEP, ["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all()
     # the wall-time answer of the same run withholds every ratio: its passes ran on a busy machine
     wall, _ = ANS.answer_table(layers, B.pass_states([run]))
     assert wall[["mxnet.vs_ref", "jax.vs_ref"]].isna().all().all()
     assert wall["mxnet.no_ratio"].dropna().str.contains("ran on a busy machine").all()
+    d = tmp_path / "quiet"
+    shutil.copytree(run.path, d)
+    res = json.loads((d / "results.json").read_text())
+    for r in res:
+        r["passes"]["framework"]["contention"] = {"contended": False, "text": "quiet"}
+    (d / "results.json").write_text(json.dumps(res))
+    q = A.load_run(d)
+    quiet, _ = ANS.cpu_table(A.layer_table([q]), B.cpu_states([q]), B.traced_op_ms([q]))
+    assert quiet[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all(), quiet.filter(like="no_ratio")
 
 
 def test_a_layers_cpu_time_is_its_share_of_the_traced_op_time(tables, run):

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import timing
+from kernelmap.rundir import pass_result_name, read_json
 
 from .base import NOT_MEASURED, Busy, Run, case_of, field_at, fw_label, passes_of
 from .summary import clean_stats
@@ -271,9 +272,13 @@ CPU_BASIS = ("the pass's process CPU time per step against its clean pass's: the
              "on CPU time whether or not the machine was busy)")
 PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU time per step (median) x the layer's "
                  "share of the op time its trace holds per step (outermost timed ops): the process's CPU time shared "
-                 "out over its ops by their traced time. An estimate that a busy machine barely moves (a neighbour "
-                 "stretches every op alike), not each op's own CPU time, which no profiler here records; time "
-                 "outside every op (Python, the framework's dispatch) is shared out with it")
+                 "out over its ops by their traced time. An estimate of a quiet pass, not each op's own CPU time, "
+                 "which no profiler here records; time outside every op (Python, the framework's dispatch) is shared "
+                 "out with it. A busy pass's layers are not compared (UNEVEN_STRETCH)")
+UNEVEN_STRETCH = ("a layer's share of a busy pass's traced wall time is not its share of the work: a neighbour stretches "
+                  "ops unevenly, one that needs both threads more than one on one (job 20261127T080924Z, framework "
+                  "passes busy: one framework's conv1 backward 5% -> 19% of its traced op time, another's traced op "
+                  "time 4.3x its quiet figure with its layer ops unstretched)")
 
 
 def traced_op_ms(runs: list[Run]) -> dict[tuple[str, str, Any], float]:
@@ -297,7 +302,7 @@ class CpuState:
     wall_median_s: float | None  # the same pass's wall-time median
     clean: dict | None  # the clean pass's timing.cpu_figure
     agreement: Agreement
-    busy: Busy  # the pass's contention: marked, never a reason on this clock
+    busy: Busy  # the pass's contention: marked; a reason only for a capture pass's layers (UNEVEN_STRETCH)
 
     @property
     def cpu_median_s(self) -> float | None:
@@ -315,6 +320,8 @@ class CpuState:
         who = f"{fw_label(self.framework)}'s {self.pass_name} pass"
         if self.figure is None or self.clean is None:
             return f"{who} records no CPU time (a run made before kernelmap measured it)"
+        if self.pass_name != CLEAN and self.busy.contended:  # its layers' shares (PER_LAYER_CPU) are of wall time
+            return f"{who} ran on a busy machine ({self.busy.text}): {UNEVEN_STRETCH}"
         if self.agreement is Agreement.AGREES:
             return ""
         ratio = self.cpu_median_s / self.clean["median_step_s"] if self.clean.get("median_step_s") else None
@@ -325,9 +332,42 @@ class CpuState:
                     self.agreement, f"{who}: {self.agreement}")
 
 
-def cpu_state(run_name: str, r: dict, pass_name: str) -> CpuState:
-    """The CPU-time state of pass ``pass_name`` (``clean`` included: it agrees with itself) of entry ``r``."""
-    clean = field_at(r, CPU_KEY)
+CPU_ALL_TRIALS = ("the clean pass's CPU time is over every clean trial, those run while the machine was busy included "
+                  "(the wall-time figure leaves them out): CPU time is the clock read on a busy machine, and a busy "
+                  "trial did the same work; with only the quiet ones a case with one quiet trial has no noise between "
+                  "processes, and a busy capture pass is held against a quiet process alone (job 20261127T080924Z, "
+                  "the reference at bs 64: 1 quiet trial of 5, 27.1 ms CPU a step; the busy ones 31.4-38.8)")
+
+
+def clean_cpu_figure(run: Run, r: dict) -> dict | None:
+    """``CPU_ALL_TRIALS``: ``timing.cpu_figure`` of every clean trial of entry ``r`` (its trial files); results.json's
+    figure (its used trials) where every trial was used, or where a trial's file is missing or records no CPU time."""
+    used = field_at(r, CPU_KEY)
+    used = used if isinstance(used, dict) else None
+    trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict) and "trial" in t]
+    folder = field_at(r, "dir")
+    if used is None or not isinstance(folder, str) or all(t.get("used") for t in trials):
+        return used
+    files = [run.path / folder / pass_result_name(CLEAN, int(t["trial"])) for t in trials]
+    if not all(f.is_file() for f in files):
+        return used
+    return timing.cpu_figure([read_json(f) for f in files]) or used
+
+
+def _trials_busy(r: dict) -> Busy:
+    """The contention of every clean trial of entry ``r`` together (``CPU_ALL_TRIALS``' figure): busy where any was."""
+    trials = [t for t in field_at(r, "trials", default=[]) or [] if isinstance(t, dict)]
+    busy = [b for b in (Busy.of(t) for t in trials) if b.contended]
+    if not busy:
+        return Busy.of(r)
+    return Busy(True, f"{len(busy)} of {len(trials)} trials: {busy[0].text}")
+
+
+def cpu_state(run_name: str, r: dict, pass_name: str, clean: dict | None = None) -> CpuState:
+    """The CPU-time state of pass ``pass_name`` (``clean`` included: it agrees with itself) of entry ``r``; ``clean``:
+    the clean pass's CPU figure (``clean_cpu_figure``; default results.json's, of its used trials)."""
+    pooled = isinstance(clean, dict) and clean is not field_at(r, CPU_KEY)
+    clean = clean if isinstance(clean, dict) else field_at(r, CPU_KEY)
     clean = clean if isinstance(clean, dict) else None
     p = passes_of(r).get(pass_name) or {}
     fig = clean if pass_name == CLEAN else field_at(p, CPU_KEY)
@@ -341,7 +381,7 @@ def cpu_state(run_name: str, r: dict, pass_name: str) -> CpuState:
                      else Agreement.SLOWER if ci[0] > judge[1] else Agreement.FASTER)
     return CpuState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name, fig,
                     float(wall) if isinstance(wall, int | float) else None, clean, agreement,
-                    Busy.of(r if pass_name == CLEAN else p))
+                    (_trials_busy(r) if pooled else Busy.of(r)) if pass_name == CLEAN else Busy.of(p))
 
 
 def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
@@ -352,9 +392,10 @@ def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
         for r in run.results:
             if field_at(r, "device") != "cpu":
                 continue  # on the GPU the host's CPU time is not the step's work
+            clean = clean_cpu_figure(run, r)
             for name in passes_of(r) or {CLEAN: {}}:
                 if field_at(passes_of(r).get(name, {}), "skipped") is None:
-                    s = cpu_state(run.name, r, name)
+                    s = cpu_state(run.name, r, name, clean)
                     out[(run.name, s.framework, s.batch_size, name)] = s
     return out
 
@@ -456,7 +497,7 @@ def step_noise(runs: list[Run]) -> pd.DataFrame:
         for bs, entries in by_bs.items():
             ref = entries[0]
             for r in entries[1:]:
-                for clock, fig in (("wall", clean_stats), ("CPU", lambda e: field_at(e, CPU_KEY) or {})):
+                for clock, fig in (("wall", clean_stats), ("CPU", lambda e, run=run: clean_cpu_figure(run, e) or {})):
                     if clock == "CPU" and "gpu" in (field_at(r, "device"), field_at(ref, "device")):
                         continue  # on the GPU the host's CPU time is not the step's work (cpu_states)
                     a, b = fig(r) or {}, fig(ref) or {}
