@@ -18,6 +18,8 @@ What is communication, per trace (the adapters label it; here only what needs th
 - **JAX** (XLA's trace): the ``all-reduce`` HLO instructions (the adapter: canonical op ``collective``), the op
   itself; on the GPU its NCCL kernels carry the instruction.
 
+An NCCL kernel's ``algo``: its algorithm and protocol where its name says them (``nccl_algorithm``).
+
 ``bytes`` of a collective op or work span: its elements (the trace's ``Input Dims``) times 4, the gradients'
 float32 (the parameters' dtype at every math: mixed precision keeps fp32 master weights). XLA's trace gives no
 sizes: its adapter reads each all-reduce's bytes from the HLO text's result type (``xla_trace.collective_bytes``).
@@ -64,6 +66,22 @@ def elements(shapes) -> int | None:
     return n or None
 
 
+# NCCL's kernels name their algorithm and protocol where NCCL compiled a kernel for them: 2.19 and later
+# ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` (collective, reduction, type, algorithm, protocol), before
+# ``ncclKernel_AllReduce_RING_LL_Sum_float(...)``; a generic kernel (``ncclDevKernel_Generic``: NCCL runs its other
+# algorithm x protocol pairs there) names none
+_NCCL_ALGOS = r"RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS_TREE|NVLS|PAT"
+_NCCL_NEW = re.compile(rf"^ncclDevKernel_[A-Za-z]+_[A-Za-z]+_\w+?_({_NCCL_ALGOS})_(LL128|LL|SIMPLE)\b")
+_NCCL_OLD = re.compile(rf"^ncclKernel_[A-Za-z]+_({_NCCL_ALGOS})_(LL128|LL|SIMPLE)_")
+
+
+def nccl_algorithm(kernel_name: str) -> str | None:
+    """``"<algorithm> <protocol>"`` (``RING LL``) an NCCL kernel's name says, else None (see above)."""
+    name = str(kernel_name)
+    m = _NCCL_NEW.match(name) or _NCCL_OLD.match(name)
+    return f"{m.group(1)} {m.group(2)}" if m else None
+
+
 def mark_copies(df: pd.DataFrame) -> pd.DataFrame:
     """The KVStore's copies of a case on more than one device, canonical op ``collective`` (see the docstring)."""
     copies = set()
@@ -89,6 +107,12 @@ def link(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df = mark_copies(df)
+    if "algo" in df and "kernel_name" in df:  # an NCCL kernel's algorithm and protocol, where its name says them
+        kern = (df["kind"] == "kernel").fillna(False).to_numpy() & df["algo"].isna().to_numpy()
+        said = pd.Series([nccl_algorithm(k) if h else None for k, h in zip(df["kernel_name"], kern, strict=True)],
+                         index=df.index, dtype=object)
+        if said.notna().any():
+            df.loc[said.notna(), "algo"] = said[said.notna()]
     coll = (df["canonical_op"] == COLLECTIVE).fillna(False).to_numpy()
     if not coll.any():
         return df

@@ -121,6 +121,8 @@ TABLES = {
                      "after the first",
     "scaling": "scaling over devices per case: the clean step at N against one device at the same global batch, "
                "speedup, efficiency t1 / (N · tN) with its interval, the traced steps' communication (analyses/scaling.py)",
+    "comm_collectives": "communication: every collective of each traced step and rank, its bytes, the work linked to "
+                        "it, its kernels' CUDA streams and NCCL algorithm/protocol where their names say them",
     "comm_independent": "exposed communication from the traces against the clean step less the same step without "
                         "the gradients' reduction (--profile comm), per case and rank, within 5% or not",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",

@@ -185,3 +185,38 @@ def test_jax_all_reduce_bytes_come_from_its_hlo(records):
     assert len(jax) == 6 and (jax["bytes"] == (spec.PARAM_COUNT + 1) * 4).all()
     steps = comm.per_step(records)
     assert (steps.loc[steps["run"] == "jax-x2/bs32", "comm_bytes"] == (spec.PARAM_COUNT + 1) * 4).all()
+
+
+def test_every_collective_of_each_rank_with_its_work(records):
+    """Per rank and traced step, DDP's two bucket all-reduces hold every parameter once (1,611,304 + 75,264 bytes),
+    each with its one gloo work span (its time the span's, from the raw trace); the first step also broadcasts
+    DDP's module state; XLA's one all-reduce a step is its own work. On the CPU no stream, no NCCL algorithm."""
+    t = comm.collectives(records)
+    pt = t[(t["run"] == "pytorch-x2/bs32") & (t["iteration"] > 1)]
+    assert len(pt) == 8 and (pt["op_name"] == "c10d::allreduce_").all() and (pt["work_rows"] == 1).all()
+    assert (pt.groupby(["rank", "iteration"])["bytes"].sum() == spec.PARAM_COUNT * commlink.GRADIENT_BYTES).all()
+    raw = sorted(e["dur"] for e in _events("pytorch-x2/bs32/trace.json.gz") if e.get("name") == "gloo:all_reduce")
+    mine = t[(t["run"] == "pytorch-x2/bs32") & (t["rank"] == 0) & (t["op_name"] == "c10d::allreduce_")]
+    assert sorted(mine["work_ms"] * 1e3) == pytest.approx(raw, abs=1e-3)
+    first = t[(t["run"] == "pytorch-x2/bs32") & (t["iteration"] == 1) & (t["rank"] == 0)]
+    assert first["op_name"].tolist() == ["c10d::broadcast_", "c10d::broadcast_", "c10d::allreduce_", "c10d::allreduce_"]
+    jax = t[t["run"] == "jax-x2/bs32"]
+    assert len(jax) == 6 and (jax["work_rows"] == 0).all() and (jax["collective"] == 0).all()
+    assert t["streams"].isna().all() and t["algorithm"].isna().all()
+
+
+def test_nccl_kernels_name_their_algorithm_and_protocol():
+    """NCCL kernel names as GPU traces of others record them (2.19+: ``ncclDevKernel_<coll>_<op>_<type>_<algo>_<proto>``;
+    earlier ``ncclKernel_<coll>_<algo>_<proto>_<op>_<type>``); a generic kernel names none."""
+    f = commlink.nccl_algorithm
+    assert f("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)") == "RING LL"
+    assert f("ncclDevKernel_AllReduce_Sum_f16_TREE_LL(ncclDevKernelArgs4K const)") == "TREE LL"
+    assert f("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "RING LL"
+    assert f("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)") is None
+    assert f("ncclDevKernel_SendRecv") is None and f("void at::native::vectorized_elementwise_kernel<4>") is None
+    # linked to its op, a kernel's algorithm and stream reach the op's row
+    df = _synthetic([(10, 30)], [(0, 20)])
+    kern = df.iloc[[1]].assign(kind="kernel", kernel_name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", stream=7,
+                               op_event_id=df.iloc[1]["event_id"], event_id=99, algo=None, op_name=None)
+    got = comm.collectives(commlink.link(pd.concat([df, kern], ignore_index=True)))
+    assert got[["algorithm", "streams", "work_rows"]].values.tolist() == [["RING LL", "7", 1]]

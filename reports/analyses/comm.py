@@ -172,6 +172,43 @@ def arrivals(records: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+COLLECTIVE_COLUMNS = ["run", "framework", "devices", "batch_size", "source", "rank", "iteration", "collective", "op_name",
+                      "bytes", "work_rows", "work_ms", "streams", "algorithm", "kernels"]
+
+
+def collectives(records: pd.DataFrame) -> pd.DataFrame:
+    """``COLLECTIVE_COLUMNS``: every collective of the traced steps of the multi-device cases, per rank in start
+    order (``collective``: its index in the step): its issuing op, bytes, the rows of work linked to it (gloo's
+    spans, NCCL's kernels: ``op_event_id``) with their summed time (the op's own where none is linked: XLA's thunk
+    on the CPU, MXNet's KVStore ops), the CUDA streams of its kernels, NCCL's algorithm and protocol where the
+    kernels' names say them (``commlink.nccl_algorithm``; NA for a generic NCCL kernel) and the kernels' names."""
+    if records.empty or "devices" not in records:
+        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    multi = records[(records["devices"].fillna(1) > 1)]
+    comm = multi[is_communication(multi)]
+    ops = comm[(comm["kind"] == "op").fillna(False) & comm["iteration"].notna()]
+    work = comm[(comm["kind"] != "op").fillna(True) & comm["op_event_id"].notna()]
+    by_op = {k: g for k, g in work.groupby(["run", "source", "source_file", "op_event_id"], sort=False)}
+    rows = []
+    for (case, src, rank, it), g in ops.groupby(["run", "source", "rank", "iteration"], sort=True, dropna=False):
+        for k, (_, op) in enumerate(g.sort_values("start_ns", kind="stable").iterrows()):
+            w = by_op.get((case, src, op["source_file"], op["event_id"]))
+            kern = w[(w["kind"] == "kernel").fillna(False)] if w is not None else work.iloc[0:0]
+            algos = sorted(kern["algo"].dropna().astype(str).unique()) if len(kern) else []
+            rows.append({"run": case, "framework": op["framework"], "devices": op["devices"],
+                         "batch_size": op["batch_size"], "source": src, "rank": rank, "iteration": it,
+                         "collective": k, "op_name": op["op_name"], "bytes": op["bytes"],
+                         "work_rows": 0 if w is None else len(w),
+                         "work_ms": (w["dur_ns"].sum() if w is not None else op["dur_ns"]) / _NS_MS,
+                         "streams": ";".join(str(int(x)) for x in sorted(kern["stream"].dropna().unique())) or None,
+                         "algorithm": ";".join(algos) or None,
+                         "kernels": ";".join(sorted(kern["kernel_name"].dropna().astype(str).unique())) or None})
+    out = pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+    for c in ("devices", "batch_size", "rank", "iteration", "bytes"):
+        out[c] = out[c].astype("Int64")
+    return out
+
+
 AGREEMENT = 0.05  # issue 39: the traces' exposed communication within 5% of the step's change without reduction
 INDEPENDENT_COLUMNS = ["run", "case", "framework", "devices", "batch_size", "source", "rank", "traced_steps",
                        "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error", "within"]
@@ -233,7 +270,8 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
         return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
                 "comm_cases": pd.DataFrame(columns=["run", "case"]),
                 "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]]),
-                "comm_independent": pd.DataFrame(columns=INDEPENDENT_COLUMNS)}
+                "comm_independent": pd.DataFrame(columns=INDEPENDENT_COLUMNS),
+                "comm_collectives": pd.DataFrame(columns=["run", "case", *COLLECTIVE_COLUMNS[1:]])}
     all_steps = pd.concat(steps, ignore_index=True)
     cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
                        .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
@@ -242,5 +280,7 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
                          for r in runs if r.records is not None], ignore_index=True)
     checked = pd.concat([independent(r.records, r.results).assign(run=r.name)
                          for r in runs if r.records is not None], ignore_index=True)
+    each = pd.concat([collectives(r.records).rename(columns={"run": "case"}).assign(run=r.name)
+                      for r in runs if r.records is not None], ignore_index=True)
     return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived),
-            "comm_independent": order(checked)}
+            "comm_independent": order(checked), "comm_collectives": order(each)}
