@@ -91,14 +91,17 @@ def _states(entries):
     return B.cpu_states([run]), run
 
 
-def test_cpu_ratios_are_drawn_on_a_busy_machine_and_marked():
-    """Every pass contended: the wall-time answer withholds its ratios, the CPU table draws them (each cell
-    marked BUSY); a layer's CPU time is its op time x its pass's CPU / wall time; every framework's
+@pytest.mark.parametrize("busy", [True, False])
+def test_cpu_ratios_are_drawn_on_a_busy_machine_and_marked(busy):
+    """Every pass contended: the wall-time answer withholds its ratios, the CPU table draws the whole step's (each
+    cell marked BUSY) and no layer's (a busy pass's traced wall time is shared out unevenly: basis.UNEVEN_STRETCH);
+    quiet, every ratio. A layer's CPU time is its op time x its pass's CPU / wall time; every framework's
     backward meets on one row (JAX's split rows summed)."""
     from kernelmap.reports import answer as ANS
+    from kernelmap.reports.analyses.basis import UNEVEN_STRETCH
 
-    states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, True), _entry("mxnet", 0.020, 0.080, 0.0201, True),
-                         _entry("jax", 0.030, 0.090, 0.0301, True)])
+    states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, busy),
+                         _entry("mxnet", 0.020, 0.080, 0.0201, busy), _entry("jax", 0.030, 0.090, 0.0301, busy)])
     layers = _layers({("pytorch", "conv1", "fwd"): 20.0, ("mxnet", "conv1", "fwd"): 16.0,
                       ("jax", "conv1", "fwd"): 9.0, ("pytorch", "conv1", "bwd"): 40.0, ("mxnet", "conv1", "bwd"): 32.0,
                       ("jax", "conv1", "bwd_weight"): 12.0, ("jax", "conv1", "bwd_data"): 6.0})
@@ -108,12 +111,17 @@ def test_cpu_ratios_are_drawn_on_a_busy_machine_and_marked():
     assert list(rows.index) == [(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS), ("conv1", "fwd"), ("conv1", ANS.BWD_ALL)]
     step = rows.loc[(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS)]
     assert step["pytorch.cpu_ms"] == pytest.approx(40.0, rel=0.01)
-    assert step["mxnet.vs_ref"] == pytest.approx(0.5, rel=0.02) and step["mxnet.busy"].startswith("other processes")
+    assert step["mxnet.vs_ref"] == pytest.approx(0.5, rel=0.02)
+    assert (step["mxnet.busy"] or "").startswith("other processes") is busy
     # conv1 fwd: 20 of PyTorch's 80 ms of traced op time per step, of its framework pass's 40.1 ms CPU time
     assert rows.loc[("conv1", "fwd"), "pytorch.cpu_ms"] == pytest.approx(20.0 / 80.0 * 40.1, rel=0.01)
     assert rows.loc[("conv1", ANS.BWD_ALL), "jax.cpu_ms"] == pytest.approx(18.0 / 36.0 * 30.1, rel=0.01)
-    assert cpu[[f"{fw}.vs_ref" for fw in fws if fw != "pytorch"]].notna().all().all()
-    # the wall-time answer on the same contended passes: no ratio at all
+    ratios = cpu.set_index(["layer", "direction"])[[f"{fw}.vs_ref" for fw in fws if fw != "pytorch"]]
+    assert ratios.loc[[(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS)]].notna().all().all()
+    layer_rows = ratios.drop(index=[(ANS.WHOLE_STEP, ANS.ALL_DIRECTIONS)])
+    assert (layer_rows.isna() if busy else layer_rows.notna()).all().all()
+    assert all((UNEVEN_STRETCH in w) is busy for w in rows["jax.no_ratio"].iloc[1:].fillna(""))
+    # the wall-time answer on the same passes without their states: no ratio at all
     wall = ANS.answer_table(layers, {})[0]
     assert wall[["mxnet.vs_ref", "jax.vs_ref"]].isna().all().all()
 
