@@ -640,14 +640,24 @@ def failed(checks: pd.DataFrame) -> pd.DataFrame:
 
 
 def causes(checks: pd.DataFrame, most: int = 3) -> list[str]:
-    """The first ``most`` failed checks in words, for the page's banner: a case that did not run the math it
-    asked for first (issue 38: the first screen says it), then the others in the table's order."""
+    """The failed checks in words for the page's banner, at most ``most`` lines: one per check (its first row, and
+    how many rows failed), the last naming the rest with their counts where more checks failed: a case that did not
+    run the math it asked for first (issue 38: the first screen says it), then the others in the table's order
+    (a busy run's 18 rows of one check no longer hide the other checks that failed)."""
     out = []
     f = failed(checks)
     first = (f["check"] == Check.MATH_AS_ASKED).to_numpy()
-    for _, r in pd.concat([f[first], f[~first]]).head(most).iterrows():
+    f = pd.concat([f[first], f[~first]])
+    kinds = list(dict.fromkeys(f["check"]))
+    shown = kinds if len(kinds) <= most else kinds[:most - 1]
+    for kind in shown:
+        g = f[f["check"] == kind]
+        r = g.iloc[0]
         who = " ".join(x for x in (fw_label(r["framework"]) if isinstance(r["framework"], str) else "",
                                    f"bs {r['batch_size']}" if pd.notna(r["batch_size"]) else "") if x)
-        out.append(f"{r['check']}: {who + ': ' if who else ''}{r['subject']} ({r['detail']})")
+        n = f" ({len(g)} rows; the first)" if len(g) > 1 else ""
+        out.append(f"{r['check']}{n}: {who + ': ' if who else ''}{r['subject']} ({r['detail']})")
+    if len(kinds) > len(shown):
+        out.append("also failed: " + ", ".join(f"{k} ({int((f['check'] == k).sum())})" for k in kinds[len(shown):]))
     return out
 

@@ -616,3 +616,19 @@ def test_library_calls_per_step_fails_on_a_call_of_another_direction(jax_run, tm
     lib = ch[(ch["check"] == C.Check.LIBRARY_CALLS) & (ch["framework"] == "jax")].set_index("subject")
     assert lib.loc["conv1 bwd_data", ["measured", "status"]].tolist() == [0.1, C.FAIL]
     assert lib.loc["conv1 bwd_weight", ["measured", "status"]].tolist() == [0.9, C.FAIL]
+
+
+def test_the_banner_names_every_failed_check_once():
+    """A busy run's 18 rows of one check do not hide the others: one line per failed check (its first row and how
+    many failed), the third line naming the rest with their counts (job 20261127T080924Z's 33 failures)."""
+    rows = [C.check_row("r", "pytorch", 64, C.Check.QUIET, f"answer: pass {i}", "quiet", "BUSY", C.FAIL, "busy")
+            for i in range(18)]
+    rows += [C.check_row("r", "mxnet", 64, C.Check.CALL_WITHIN_OP, "fc2 bwd", 1, 2, C.FAIL, "above")] * 9
+    rows += [C.check_row("r", "jax", 256, C.Check.LAYER_VS_BATCH, "fc1", 1, 2, C.FAIL, "fell")]
+    rows += [C.check_row("r", "jax", 64, C.Check.CLEAN_VS_BENCH, "key", 1, 2, C.FAIL, "apart")] * 5
+    rows += [C.check_row("r", "jax", 64, C.Check.CALLS, "conv1 fwd", 1, 1, C.PASS, "ok")]
+    said = C.causes(pd.DataFrame(rows, columns=C.COLUMNS))
+    assert said == [f"{C.Check.QUIET} (18 rows; the first): PyTorch bs 64: answer: pass 0 (busy)",
+                    f"{C.Check.CALL_WITHIN_OP} (9 rows; the first): MXNet bs 64: fc2 bwd (above)",
+                    f"also failed: {C.Check.LAYER_VS_BATCH} (1), {C.Check.CLEAN_VS_BENCH} (5)"]
+    assert len(C.causes(pd.DataFrame(rows[:28], columns=C.COLUMNS))) == 3  # three checks: a line each
