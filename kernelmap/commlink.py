@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from . import frameworks
+from .adapters import NCCL_LOG  # noqa: F401  each rank's NCCL log (run/devices.libs_env, the report's tables)
 from .adapters.canonical import COLLECTIVE, is_collective_kernel
 
 GRADIENT_BYTES = 4  # float32 gradients
@@ -80,6 +81,67 @@ def nccl_algorithm(kernel_name: str) -> str | None:
     name = str(kernel_name)
     m = _NCCL_NEW.match(name) or _NCCL_OLD.match(name)
     return f"{m.group(1)} {m.group(2)}" if m else None
+
+
+# --- NCCL's own log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=COLL,TUNING; the libs pass of a multi-GPU case) ---------
+NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL,TUNING"}  # + NCCL_DEBUG_FILE, the log's path
+# ncclDataType_t (nccl.h): ncclInt8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16,
+# Float8e4m3, Float8e5m2: bytes per element
+NCCL_TYPE_BYTES = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1)
+NCCL_ALGO_NAMES = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")  # older logs: numbers
+NCCL_PROTO_NAMES = ("LL", "LL128", "SIMPLE")
+NCCL_LOG_COLUMNS = ["line", "pid", "tid", "cuda_device", "func", "op_count", "count", "datatype", "bytes", "nranks",
+                    "comm", "stream", "algorithm"]
+# enqueue.cc, every rank: "<host>:<pid>:<tid> [<dev>] NCCL INFO AllReduce: opCount 1 sendbuff 0x.. recvbuff 0x.. count
+# 402826 datatype 7 op 0 root 0 comm 0x.. [nranks=2] stream 0x.."; rank 0 after it (TUNING, NCCL 2.19+): "AllReduce:
+# 1611304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}", before: "1611304 Bytes -> Algo 1 proto 2 time 12.3"
+_NCCL_COLL = re.compile(r"(?:^|\s)\S*?:(\d+):(\d+) \[(\d+)\] NCCL INFO (\w+): opCount ([0-9a-fA-F]+) .*?\bcount (\d+) "
+                        r"datatype (\d+) .*?\bcomm (\S+) \[nranks=(\d+)\](?: stream (\S+))?")
+_NCCL_TUNE = re.compile(r"NCCL INFO (?:(\w+): )?(\d+) Bytes -> Algo (\w+) proto (\w+)")
+
+
+def _named(value: str, names: tuple[str, ...]) -> str:
+    return names[int(value)] if value.isdigit() and int(value) < len(names) else value.upper()
+
+
+def read_nccl_log(path) -> pd.DataFrame:
+    """``NCCL_LOG_COLUMNS``: one row per collective NCCL logged (COLL), in the log's order: its bytes (count x the
+    datatype's size), communicator, stream, and the algorithm and protocol of the TUNING line that follows it in the
+    same process and thread (rank 0 logs them; NA elsewhere: every rank of a communicator runs the same pair). A line
+    that starts like one but does not parse: ``ParseError`` naming the file and the line."""
+    from .errors import ParseError
+
+    rows: list[dict] = []
+    last: dict[tuple[str, str], dict] = {}
+    with open(path, errors="replace") as fh:
+        for i, line in enumerate(fh, 1):
+            if "NCCL INFO" not in line:
+                continue
+            m = _NCCL_COLL.search(line)
+            if m:
+                pid, tid, dev, func, op, count, dtype, comm, nranks, stream = m.groups()
+                size = NCCL_TYPE_BYTES[int(dtype)] if int(dtype) < len(NCCL_TYPE_BYTES) else None
+                row = {"line": i, "pid": int(pid), "tid": int(tid), "cuda_device": int(dev), "func": func,
+                       "op_count": int(op, 16), "count": int(count), "datatype": int(dtype),
+                       "bytes": None if size is None else int(count) * size, "nranks": int(nranks), "comm": comm,
+                       "stream": stream, "algorithm": None}
+                rows.append(row)
+                last[(pid, tid)] = row
+                continue
+            t = _NCCL_TUNE.search(line)
+            if t:
+                key = tuple(line.split(" [", 1)[0].rsplit(":", 2)[-2:])
+                row = last.get(key)
+                if row is None or row["algorithm"] is not None or (row["bytes"] is not None
+                                                                   and row["bytes"] != int(t.group(2))):
+                    continue  # a tuning line of no logged collective (another thread's, or COLL off)
+                row["algorithm"] = f"{_named(t.group(3), NCCL_ALGO_NAMES)} {_named(t.group(4), NCCL_PROTO_NAMES)}"
+            elif " opCount " in line:
+                raise ParseError(path, f"line {i}: an NCCL collective line that does not parse: {line.strip()[:200]}")
+    out = pd.DataFrame(rows, columns=NCCL_LOG_COLUMNS)
+    for c in ("pid", "tid", "cuda_device", "op_count", "count", "datatype", "bytes", "nranks"):
+        out[c] = out[c].astype("Int64")
+    return out
 
 
 def mark_copies(df: pd.DataFrame) -> pd.DataFrame:

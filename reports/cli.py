@@ -123,6 +123,8 @@ TABLES = {
                "speedup, efficiency t1 / (N · tN) with its interval, the traced steps' communication (analyses/scaling.py)",
     "comm_collectives": "communication: every collective of each traced step and rank, its bytes, the work linked to "
                         "it, its kernels' CUDA streams and NCCL algorithm/protocol where their names say them",
+    "comm_nccl": "NCCL's own log per multi-GPU case and rank (libs pass): each collective's bytes, communicator, "
+                 "stream, and algorithm/protocol where rank 0 logged them",
     "comm_independent": "exposed communication from the traces against the clean step less the same step without "
                         "the gradients' reduction (--profile comm), per case and rank, within 5% or not",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",

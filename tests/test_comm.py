@@ -220,3 +220,63 @@ def test_nccl_kernels_name_their_algorithm_and_protocol():
                                op_event_id=df.iloc[1]["event_id"], event_id=99, algo=None, op_name=None)
     got = comm.collectives(commlink.link(pd.concat([df, kern], ignore_index=True)))
     assert got[["algorithm", "streams", "work_rows"]].values.tolist() == [["RING LL", "7", 1]]
+
+
+# NCCL's log lines as NCCL's own format strings print them (enqueue.cc's COLL line on every rank, rank 0's TUNING line
+# in its 2.19+ and earlier forms): no multi-GPU run has written a real one here yet (docs/DEVICES.md)
+NCCL_RANK0 = """\
+gpu1:100:100 [0] NCCL INFO Init COMPLETE
+gpu1:100:100 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f0a00 recvbuff 0x7f0a00 count 402826 datatype 7 op 0 root 0 comm 0x55aa [nranks=2] stream 0x55bb
+gpu1:100:100 [0] NCCL INFO AllReduce: 1611304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}
+gpu1:100:100 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x7f0b00 recvbuff 0x7f0b00 count 18816 datatype 7 op 0 root 0 comm 0x55aa [nranks=2] stream 0x55bb
+gpu1:100:100 [0] NCCL INFO 75264 Bytes -> Algo 1 proto 0 time 12.500000
+"""
+NCCL_RANK1 = """\
+gpu1:101:101 [1] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f1a00 recvbuff 0x7f1a00 count 402826 datatype 7 op 0 root 0 comm 0x66aa [nranks=2] stream 0x66bb
+gpu1:101:101 [1] NCCL INFO AllReduce: opCount 1 sendbuff 0x7f1b00 recvbuff 0x7f1b00 count 18816 datatype 7 op 0 root 0 comm 0x66aa [nranks=2] stream 0x66bb
+"""
+
+
+def test_nccl_log_each_collective_with_rank_zeros_algorithm(tmp_path):
+    from kernelmap.errors import ParseError
+
+    f = tmp_path / commlink.NCCL_LOG
+    f.write_text(NCCL_RANK0)
+    t = commlink.read_nccl_log(f)
+    assert t[["func", "op_count", "bytes", "stream", "algorithm"]].values.tolist() == [
+        ["AllReduce", 0, 1611304, "0x55bb", "RING SIMPLE"], ["AllReduce", 1, 75264, "0x55bb", "RING LL"]]
+    f.write_text(NCCL_RANK1)
+    assert commlink.read_nccl_log(f)["algorithm"].isna().all()  # only rank 0 logs the choice
+    f.write_text(NCCL_RANK0 + "gpu1:100:100 [0] NCCL INFO AllReduce: opCount 2 sendbuff 0x1 count ?\n")
+    with pytest.raises(ParseError, match="line 6"):
+        commlink.read_nccl_log(f)
+
+
+def test_the_libs_pass_logs_nccl_in_each_ranks_folder_on_several_gpus(tmp_path):
+    from kernelmap.frameworks import dataparallel
+
+    from kernelmap.run.devices import libs_env
+
+    assert "NCCL_DEBUG" not in libs_env("gpu", tmp_path, devices=1) and "NCCL_DEBUG" not in libs_env("cpu", tmp_path)
+    env = libs_env("gpu", tmp_path, devices=2)
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "COLL,TUNING"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / commlink.NCCL_LOG)
+    assert dataparallel.rank_paths(env, tmp_path, 1)["NCCL_DEBUG_FILE"] == str(tmp_path.resolve() / "rank1" / "nccl.log")
+
+
+def test_the_report_reads_each_ranks_nccl_log_and_names_the_algorithm_of_its_collectives(tmp_path):
+    from kernelmap.reports.cli import load_runs
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA, run)
+    (run / "pytorch-x2/bs32" / commlink.NCCL_LOG).write_text(NCCL_RANK0)
+    (run / "pytorch-x2/bs32/rank1" / commlink.NCCL_LOG).write_text(NCCL_RANK1)
+    normalise_run_dir(run)
+    loaded = load_runs([str(run)])[0]
+    logged = comm.nccl(loaded)
+    assert logged["rank"].tolist() == [0, 0, 1, 1] and set(logged["case"]) == {"pytorch-x2/bs32"}
+    got = comm.tables([loaded])["comm_collectives"]
+    pt = got[(got["case"] == "pytorch-x2/bs32") & (got["op_name"] == "c10d::allreduce_")]
+    assert set(pt.loc[pt["bytes"] == 1611304, "algorithm"]) == {"RING SIMPLE (NCCL log)"}
+    assert set(pt.loc[pt["bytes"] == 75264, "algorithm"]) == {"RING LL (NCCL log)"}
+    assert "nccl.log" not in " ".join(map(str, loaded.records["source_file"].unique()))  # a companion, not records

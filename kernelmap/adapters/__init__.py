@@ -49,8 +49,14 @@ FORMATS = {
 HLO_COMPANION = "the compiled program's HLO text, read with the XLA trace beside it (adapters/xla_trace.py)"
 
 
+NCCL_LOG = "nccl.log"  # NCCL's log in a rank's folder (the libs pass of a multi-GPU case: run/devices.libs_env)
+NCCL_COMPANION = "NCCL's own log (NCCL_DEBUG=INFO), read by the report's communication tables (commlink.read_nccl_log)"
+
+
 def companion(path: str | os.PathLike) -> str | None:
     """Why a file is an adapter's companion file, not a record source of its own; None for any other."""
+    if Path(path).name == NCCL_LOG:
+        return NCCL_COMPANION
     return HLO_COMPANION if str(path).endswith(xla_trace.HLO_SUFFIXES) else None
 
 

@@ -106,7 +106,7 @@ class CaseRun:
         stdout_path = None
         if p == "libs":
             cmd += ["--warmup", str(libs_warmup(self.descriptor, self.mode, self.train["warmup_steps"]))]
-            env.update(libs_env(self.decision.device, out_dir, fw, self.own_env))
+            env.update(libs_env(self.decision.device, out_dir, fw, self.own_env, self.key.devices))
             if self.decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
         log_path = self.rd.log(self.key, p)

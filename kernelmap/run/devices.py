@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import doctor, frameworks, gpuinfo, timing
+from ..commlink import NCCL_LOG, NCCL_LOG_ENV
 from ..frameworks.registry import NsysWindow
 from ..frameworks.spec import Math
 
@@ -59,11 +60,15 @@ def decide_device(framework: str, requested: str, probe: dict[str, Any], compute
 
 
 def libs_env(device: str, log_dir: Path, framework: str = frameworks.REFERENCE,
-             worker_env: dict[str, str] | None = None) -> dict[str, str]:
+             worker_env: dict[str, str] | None = None, devices: int = 1) -> dict[str, str]:
     """Environment that makes the math libraries log their calls into ``log_dir``; the framework's
-    descriptor names its cuDNN's log variable (MXNet's cuDNN 8 wheel logs under the older one)."""
+    descriptor names its cuDNN's log variable (MXNet's cuDNN 8 wheel logs under the older one). On several GPUs
+    NCCL logs each collective and its algorithm and protocol too (``commlink.NCCL_LOG_ENV``; each rank its own
+    file: ``dataparallel.rank_paths``)."""
     if device == "gpu":
+        nccl = ({**NCCL_LOG_ENV, "NCCL_DEBUG_FILE": str(log_dir / NCCL_LOG)} if devices > 1 else {})
         return {
+            **nccl,
             **frameworks.get(framework).cudnn_log_env(worker_env),
             "CUDNN_LOGDEST_DBG": str(log_dir / "cudnn.log"),
             "CUBLAS_LOGINFO_DBG": "1",

@@ -26,13 +26,14 @@ against an independent measure, the clean step less the same step without the gr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from kernelmap.frameworks.dataparallel import NO_REDUCTION
+from kernelmap.frameworks.dataparallel import NO_REDUCTION, rank_folders
 
-from kernelmap.commlink import is_communication
+from kernelmap.commlink import NCCL_LOG, NCCL_LOG_COLUMNS, is_communication, read_nccl_log
 
 from ..foreign import length_ns, overlap_ns, union_ns
 
@@ -209,6 +210,42 @@ def collectives(records: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def nccl(run) -> pd.DataFrame:
+    """NCCL's own log of every multi-device case of ``run`` (``commlink.read_nccl_log``; written by the libs pass on
+    several GPUs, each rank's in its folder): one row per logged collective with its case and rank (a process that
+    drives several GPUs: the rank is the CUDA device the line names)."""
+    frames = []
+    for r in run.results:
+        if (r.get("devices") or 1) < 2 or not r.get("dir"):
+            continue
+        folders = rank_folders(Path(run.path) / r["dir"])
+        for rank, folder in folders:
+            log = folder / NCCL_LOG
+            if log.is_file():
+                t = read_nccl_log(log)
+                frames.append(t.assign(case=r["dir"], framework=r.get("framework"),
+                                       rank=rank if len(folders) > 1 else t["cuda_device"]))
+    if not frames:
+        return pd.DataFrame(columns=["case", "framework", "rank", *NCCL_LOG_COLUMNS])
+    out = pd.concat(frames, ignore_index=True)
+    return out[["case", "framework", "rank", *NCCL_LOG_COLUMNS]]
+
+
+def with_logged_algorithms(each: pd.DataFrame, logged: pd.DataFrame) -> pd.DataFrame:
+    """``collectives``' rows whose kernels name no algorithm, given the one NCCL's log names for a collective of the
+    same case and bytes (NCCL chooses by size, the same on every rank), marked ``(NCCL log)``; others as they are."""
+    known = logged.dropna(subset=["algorithm", "bytes"])
+    if each.empty or known.empty:
+        return each
+    pairs = known.groupby(["case", "bytes"])["algorithm"].agg(lambda a: ";".join(sorted(set(a))))
+    out = each.copy()
+    for i, row in out[out["algorithm"].isna() & out["bytes"].notna()].iterrows():
+        algo = pairs.get((row["case"], int(row["bytes"])))
+        if algo is not None:
+            out.loc[i, "algorithm"] = f"{algo} (NCCL log)"
+    return out
+
+
 AGREEMENT = 0.05  # issue 39: the traces' exposed communication within 5% of the step's change without reduction
 INDEPENDENT_COLUMNS = ["run", "case", "framework", "devices", "batch_size", "source", "rank", "traced_steps",
                        "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error", "within"]
@@ -271,7 +308,8 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
                 "comm_cases": pd.DataFrame(columns=["run", "case"]),
                 "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]]),
                 "comm_independent": pd.DataFrame(columns=INDEPENDENT_COLUMNS),
-                "comm_collectives": pd.DataFrame(columns=["run", "case", *COLLECTIVE_COLUMNS[1:]])}
+                "comm_collectives": pd.DataFrame(columns=["run", "case", *COLLECTIVE_COLUMNS[1:]]),
+                "comm_nccl": pd.DataFrame(columns=["run", "case", "framework", "rank", *NCCL_LOG_COLUMNS])}
     all_steps = pd.concat(steps, ignore_index=True)
     cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
                        .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
@@ -280,7 +318,9 @@ def tables(runs: list) -> dict[str, pd.DataFrame]:
                          for r in runs if r.records is not None], ignore_index=True)
     checked = pd.concat([independent(r.records, r.results).assign(run=r.name)
                          for r in runs if r.records is not None], ignore_index=True)
-    each = pd.concat([collectives(r.records).rename(columns={"run": "case"}).assign(run=r.name)
+    logged = pd.concat([nccl(r).assign(run=r.name) for r in runs], ignore_index=True)
+    each = pd.concat([with_logged_algorithms(collectives(r.records).rename(columns={"run": "case"}),
+                                             logged[logged["run"] == r.name]).assign(run=r.name)
                       for r in runs if r.records is not None], ignore_index=True)
     return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived),
-            "comm_independent": order(checked), "comm_collectives": order(each)}
+            "comm_independent": order(checked), "comm_collectives": order(each), "comm_nccl": order(logged)}
