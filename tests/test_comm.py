@@ -280,3 +280,14 @@ def test_the_report_reads_each_ranks_nccl_log_and_names_the_algorithm_of_its_col
     assert set(pt.loc[pt["bytes"] == 1611304, "algorithm"]) == {"RING SIMPLE (NCCL log)"}
     assert set(pt.loc[pt["bytes"] == 75264, "algorithm"]) == {"RING LL (NCCL log)"}
     assert "nccl.log" not in " ".join(map(str, loaded.records["source_file"].unique()))  # a companion, not records
+
+
+def test_one_process_on_several_gpus_gets_figures_per_device():
+    """XLA's GPU trace names no rank, a process per device: each device's kernels are that device's rank."""
+    df = _synthetic([(10, 30)], [(0, 20)]).assign(rank=pd.NA)
+    kern = pd.concat([df.iloc[1:]] * 2, ignore_index=True).assign(kind="kernel", device_index=[0, 0, 1, 1],
+                                                                   event_id=[10, 11, 12, 13])
+    kern.loc[[2, 3], ["start_ns"]] = [[40], [30]]  # device 1: communication [40, 60), compute [30, 50)
+    steps = comm.per_step(pd.concat([df.iloc[:1], kern], ignore_index=True).assign(devices=2))
+    assert steps["rank"].tolist() == [0, 1]
+    assert (steps["exposed_ms"] * 1e6).round().tolist() == [10, 10] and steps["basis"].eq(comm.BASIS_DEVICE).all()

@@ -109,6 +109,19 @@ def _case_rows(df: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _device_ranks(df: pd.DataFrame) -> pd.DataFrame:
+    """One process's trace of several GPUs (XLA's: a process per device in one trace, no rank): each kernel's rank
+    its device's (``device_index``), so that each device gets its own figures; any other trace as it is."""
+    if "device_index" not in df or df["rank"].notna().any():
+        return df
+    kern = (df["kind"] == "kernel").fillna(False) & df["device_index"].notna()
+    if df.loc[kern, "device_index"].nunique() < 2:
+        return df
+    df = df.copy()
+    df.loc[kern, "rank"] = df.loc[kern, "device_index"]
+    return df
+
+
 def per_step(records: pd.DataFrame) -> pd.DataFrame:
     """``COLUMNS``: one row per multi-device case, traced step and rank (see the module docstring)."""
     if records.empty or "devices" not in records:
@@ -116,7 +129,7 @@ def per_step(records: pd.DataFrame) -> pd.DataFrame:
     multi = records[(records["devices"].fillna(1) > 1)]
     rows: list[dict] = []
     for _, df in multi.groupby(["run", "source"], sort=True):  # each capture pass on its own (its clock, its steps)
-        rows += _case_rows(df)
+        rows += _case_rows(_device_ranks(df))
     out = pd.DataFrame(rows, columns=COLUMNS)
     for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size"):
         out[c] = out[c].astype("Int64")
