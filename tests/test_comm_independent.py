@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from kernelmap.frameworks import REGISTRY, dataparallel
 from kernelmap.reports import commchecks
@@ -190,3 +191,30 @@ def test_run_profile_comm_times_each_rank_without_reduction(tmp_path):
         assert nr["ranks"][r]["median_step_s"] == own["median_step_s"]
         assert nr["ranks"][r]["clean_median_step_s"] == pytest.approx(_median_of(folder / "clean-1.json") / 1e3)
     assert dataparallel.NO_REDUCTION not in results[2]["passes"]  # not a capture of the clean step
+
+
+@pytest.mark.gpu
+def test_gpu_two_devices_step_without_reduction_and_its_check(tmp_path):
+    """On 2 GPUs (skipped with fewer): every framework's step without reduction runs (each PyTorch rank its own) and
+    the report sets the traces' exposed communication against it, for every case and rank (the check's verdict is
+    the figure's: within 5% or not; this test asks that it was computed, with the difference positive)."""
+    from kernelmap import gpuinfo
+
+    if len(gpuinfo.query().gpus) < 2:
+        pytest.skip("needs 2 GPUs")
+    out = tmp_path / "run"
+    jax = os.environ.get("KERNELMAP_PYTHON_JAX") or str(ROOT / ".nox" / "jax-workers" / "bin" / "python")
+    argv = [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "all", "--device", "gpu", "--devices", "1", "2",
+            "--profile", "comm", "--steps", "50", "--trials", "1", "--max-repeats", "0", "--data", "synthetic",
+            "--batch-size", "1024", "--python", f"jax={jax}", "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = {(e["framework"], e["devices"]): e for e in json.loads((out / "results.json").read_text())}
+    ranks = {fw: len(results[(fw, 2)][dataparallel.NO_REDUCTION]["ranks"]) for fw in ("pytorch", "mxnet", "jax")}
+    assert ranks == {"pytorch": 2, "mxnet": 1, "jax": 1}
+    rep = subprocess.run([sys.executable, "-m", "kernelmap.cli", "report", str(out), "-o", str(tmp_path / "report")],
+                         capture_output=True, text=True, timeout=1800)
+    assert rep.returncode in (0, 4), rep.stderr[-3000:]  # 4: a self-check failed (the page says which)
+    t = pd.read_csv(tmp_path / "report" / "tables" / "comm_independent.csv")
+    assert set(t["case"]) == {"pytorch-x2/bs1024", "mxnet-x2/bs1024", "jax-x2/bs1024"}
+    print(t[["case", "rank", "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error"]].to_string())
