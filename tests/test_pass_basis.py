@@ -21,7 +21,7 @@ from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
 from kernelmap.reports.analyses.basis import pair_basis, pass_states
 
-from kernelmap import timing
+from kernelmap import schema, timing
 from kernelmap.normalise import normalise_run_dir
 
 DATA = Path(__file__).parent / "data"
@@ -151,15 +151,23 @@ def test_the_check_still_fails_where_the_passes_ran_alike(bench, tmp_path):
     assert (at256["status"] == C.PASS).sum() == 3 and (at256["status"] == C.NOT_CHECKED).sum() == 0
 
 
-def test_a_libs_pass_faster_beyond_noise_is_withheld_too(bench, tmp_path):
+def test_a_libs_pass_faster_beyond_noise_is_still_held(bench, tmp_path):
+    """The libs pass's step figures at a quarter (faster beyond noise): its calls are still held against their ops
+    (its speed can hide a call above its op, never make one), each row saying the passes ran apart."""
     def faster(r: dict) -> None:
         libs = r["passes"]["libs"]
         libs.update({k: v / 4 for k, v in libs.items() if k in ("median_step_s", "ci95_low_s", "ci95_high_s")},
                     step_times_s=[v / 4 for v in libs["step_times_s"]])
-    rows = _within(_doctored(bench, tmp_path, 64, faster))
-    at64 = rows[rows["batch_size"] == 64]
-    assert set(at64["status"]) == {C.NOT_CHECKED}
-    assert all("faster beyond noise" in x for x in at64["detail"])
+    d = _doctored(bench, tmp_path, 64, faster)
+    at64 = _within(d)
+    at64 = at64[at64["batch_size"] == 64]
+    assert set(at64["status"]) == {C.PASS} and len(at64) == 8
+    assert all("held though the passes ran apart, the call's the faster" in x and "faster beyond noise" in x
+               for x in at64["detail"])
+    pair = pair_basis(pass_states([A.load_run(d)]), "doctored", "mxnet", 64, "libs", "framework")
+    assert pair.same is False and not pair.withheld and pair.ratio < 1
+    lt = A.layer_table([A.load_run(d)])
+    assert not lt.loc[lt["batch_size"] == 64, "time_source"].str.contains("not held against the op time").any()
 
 
 def _vs_batch(d: Path) -> pd.DataFrame:
@@ -182,3 +190,26 @@ def test_layer_time_vs_batch_size_holds_no_slowed_pass_against_another(bench, tm
         r["passes"]["libs"].update({k: r[k] for k in ("median_step_s", "ci95_low_s", "ci95_high_s", "step_times_s")})
     rows = _vs_batch(_doctored(bench, tmp_path, 256, like_clean))
     assert (rows["status"] == C.NOT_CHECKED).sum() == 0 and len(rows) == 16
+
+
+def test_a_faster_libs_pass_with_a_call_above_its_op_fails(default_bench, tmp_path):
+    """Job 20261127T071834Z, PyTorch bs 64: its libs pass ran 0.867x its framework pass (the profiler's overhead), its
+    8 calls held and within their ops; conv2 forward's oneDNN calls made 3x longer: above their op, FAIL."""
+    rows = _within_fw(default_bench, "pytorch")
+    assert set(rows["status"]) == {C.PASS} and len(rows) == 8
+    assert all("PyTorch's libs pass ran 0.867x its framework pass" in x for x in rows["detail"])
+    d = tmp_path / "longer"
+    shutil.copytree(default_bench, d)
+    rec = schema.read_parquet(d / "records.parquet")
+    hit = (rec["framework"].eq("pytorch") & rec["batch_size"].eq(64) & rec["kind"].eq("library_call")
+           & rec["layer"].eq("conv2") & rec["direction"].eq("fwd"))
+    assert int(hit.sum()) == 21  # one warm-up and 20 timed steps
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 3).astype(rec["dur_ns"].dtype)
+    schema.write_parquet(rec, d / "records.parquet")
+    rows = _within_fw(d, "pytorch").set_index("subject")
+    assert list(rows.index[rows["status"] == C.FAIL]) == ["conv2 fwd"]
+
+
+def _within_fw(d: Path, fw: str) -> pd.DataFrame:
+    c = C.self_checks([A.load_run(d)])
+    return c[(c["check"] == C.Check.CALL_WITHIN_OP) & (c["framework"] == fw) & (c["batch_size"] == 64)]

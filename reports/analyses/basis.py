@@ -230,9 +230,11 @@ PAIR_RULE = ("two capture passes' host-clock figures (a library call of the libs
              "that says another process may run as slow, not that these two ran alike, and the figures held against "
              "each other are these two processes' (one framework's clean trials on a 2-core VM: 10.3 to 22.1 ms a step, two "
              "speeds; a libs pass of the slow one, 1.71x its framework pass, read its call above its op). Where the one "
-             "ran slower or faster beyond that, its figures are withheld from relations against the other's: a "
-             "profiler that slows the work it logs (oneDNN's verbose log), a neighbour, or a process that ran at "
-             "another speed stretches the calls it times, so the two are not one clock")
+             "ran slower beyond that, its figures are withheld from 'not above the other's' relations: a profiler "
+             "that slows the work it logs (oneDNN's verbose log), a neighbour, or a process that ran at another speed "
+             "stretches the calls it times, so the two are not one clock. Where it ran faster (a framework pass "
+             "slowed by its own profiler), such a relation is still judged: the speeds can hide a call above its op, "
+             "never make one")
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,11 @@ class PairBasis:
     same: bool | None
     ratio: float | None  # a's step median over b's
     why: str
+
+    @property
+    def withheld(self) -> bool:
+        """Whether a's figures are kept from 'not above b's' relations: a ran slower than b beyond noise."""
+        return self.same is False and self.ratio is not None and self.ratio > 1
 
 
 def pair_basis(states: dict[StateKey, PassState], run: str, framework: str, batch_size: Any, a: str,

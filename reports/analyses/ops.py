@@ -220,7 +220,7 @@ def _layer_rows(run: Run, rec: pd.DataFrame, t) -> list[dict]:
             time = _library_time(run, t, calls, n_log, log_basis)
             time.update(_reorders(lcalls, calls, n_log, layer, op, d))
             pair = pair_basis(pass_states([run]), run.name, t.framework, t.batch_size, LIBS_PASS, t.pass_name)
-            if time["kind"] is TimeKind.LIBRARY and pair.same is False:  # the cell says why (basis.PAIR_RULE)
+            if time["kind"] is TimeKind.LIBRARY and pair.withheld:  # the cell says why (basis.PAIR_RULE)
                 time["source"] += f"; not held against the op time: {pair.why}"
         else:
             time = {"ms": op_ms, "calls_ps": None, "kind": TimeKind.KERNEL, "pass": t.pass_name,
