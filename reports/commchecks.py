@@ -102,12 +102,14 @@ def scaling_checks(run_name: str, table: pd.DataFrame) -> list[dict[str, Any]]:
             rows.append(check_row(run_name, x.framework, x.batch_size, Check.SCALING, x.case, expected, None,
                                   NOT_CHECKED, why))
             continue
-        figure = (f"efficiency {x.efficiency:.3f} [{x.efficiency_low:.3f}–{x.efficiency_high:.3f}] = "
-                  f"{x.one_device_step_ms:.4g} / ({x.devices} × {x.step_ms:.4g}) ms ({SC.KIND})"
-                  + (f"; {BUSY}" if x.busy else ""))
+        ranged = pd.notna(x.efficiency_low) and pd.notna(x.efficiency_high)
+        interval = (f"[{x.efficiency_low:.3f}–{x.efficiency_high:.3f}]" if ranged
+                    else "(no 95% interval: too few samples; not judged against 1)")
+        figure = (f"efficiency {x.efficiency:.3f} {interval} = {x.one_device_step_ms:.4g} / ({x.devices} × "
+                  f"{x.step_ms:.4g}) ms ({SC.KIND})" + (f"; {BUSY}" if x.busy else ""))
         if x.steps != x.one_device_steps:
             status, detail = FAIL, f"not the same work: {x.steps} timed steps against {x.one_device_steps}; {figure}"
-        elif x.device == "gpu" and x.efficiency_low > 1:
+        elif x.device == "gpu" and ranged and x.efficiency_low > 1:
             status, detail = FAIL, f"superlinear beyond the 95% intervals: {figure}"
         else:
             status = PASS

@@ -98,3 +98,11 @@ def test_the_first_screen_puts_the_frameworks_side_by_side(tmp_path):
     scaled = pd.read_csv(out / "tables" / "scaling.csv")
     assert len(scaled) == 6 and set(scaled["devices"]) == {1, 2}
     assert cli.devices_screen(scaled.iloc[0:0]) == {"devices_html": ""}  # one device only: no section
+
+
+def test_without_intervals_the_figure_is_still_checked_for_its_work(run):
+    """Too few samples for a 95% interval (one block a trial): the efficiency stands, its interval says why not."""
+    t = SC.scaling([run]).assign(device="gpu", efficiency_low=None, efficiency_high=None)
+    got = _checks(t)
+    assert {r["status"] for r in got.values()} == {PASS}
+    assert all("no 95% interval" in r["detail"] for r in got.values())
