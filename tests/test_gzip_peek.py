@@ -106,3 +106,35 @@ def test_first_device_category_on_a_real_trace():
     m = kineto._DEVICE_CAT.search(text)
     assert m is not None and m.group(1).startswith(b"mtia_")
     assert kineto.first_device_category(text) == m.group(1).decode()
+
+
+def test_one_ahead_makes_the_items_in_order_one_ahead_at_most():
+    """The peek's read-ahead (``kineto._one_ahead``): every item in order, the next made in a second thread
+    while the caller has this one, never two ahead; the maker's error is raised to the caller; closed early,
+    the maker is not asked for more."""
+    import threading
+
+    made, seen, where = [], [], set()
+
+    def items(n):
+        for i in range(n):
+            made.append(i)
+            where.add(threading.current_thread().name)
+            yield i
+
+    for x in kineto._one_ahead(items(6)):
+        assert made[-1] <= x + 1
+        seen.append(x)
+    assert seen == list(range(6)) and all(w.startswith("kernelmap-peek") for w in where)
+
+    def cut():
+        yield b"block"
+        raise EOFError("the gzip data ends before its end-of-stream marker")
+
+    with pytest.raises(EOFError):
+        list(kineto._one_ahead(cut()))
+    made.clear()
+    ahead = kineto._one_ahead(items(100))
+    assert next(ahead) == 0
+    ahead.close()
+    assert made in ([0], [0, 1])

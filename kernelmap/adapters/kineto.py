@@ -502,8 +502,8 @@ def _blocks(path):
     with open(path, "rb") as raw:
         magic = raw.read(6)
         raw.seek(0)
-        if magic[:2] == GZIP_MAGIC:
-            blocks = gunzip_blocks(raw, PEEK_BLOCK)  # ISA-L where installed (~3x zlib's speed)
+        if magic[:2] == GZIP_MAGIC:  # ISA-L where installed (~3x zlib's speed); the next block inflated while
+            blocks = _one_ahead(gunzip_blocks(raw, PEEK_BLOCK))  # this one is searched
         else:
             fh = lzma.LZMAFile(raw) if magic == XZ_MAGIC else raw
             blocks = iter(lambda: fh.read(PEEK_BLOCK), b"")
@@ -514,6 +514,22 @@ def _blocks(path):
                 tail = block[-64:]
         except (*GZIP_ERRORS, lzma.LZMAError):
             return
+        finally:
+            if hasattr(blocks, "close"):
+                blocks.close()  # the read-ahead thread done before the file closes
+
+
+def _one_ahead(items):
+    """``items``, each next one made in a second thread while the caller works on the one it has (both
+    without the GIL: the inflate, the native search); one item ahead, no more. OWLv2's peek (46 MB) at
+    load 1.1 on the 2-core VM: 22 -> 15 ms; at load 7-8, where the second core is taken, ~10 ms more."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="kernelmap-peek") as worker:
+        coming = worker.submit(next, items, None)
+        while (item := coming.result()) is not None:
+            coming = worker.submit(next, items, None)
+            yield item
 
 
 def refuse_unsupported(path: str | os.PathLike) -> None:
