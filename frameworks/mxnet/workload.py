@@ -20,6 +20,7 @@ import contextlib
 import gzip
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
-from . import built, cuda11, parallel
+from . import amp_ops, built, cuda11, parallel
 from .descriptor import HYBRIDIZED, MATH_REFUSALS, bf16_cpu_refusal
 
 # Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
@@ -50,6 +51,8 @@ _SPLIT_ATTRS = ("_train_data", "_train_label", "_test_data", "_test_label")
 # AMP patches mxnet's operator functions for the whole process, once (amp.init ignores a second call): the
 # target dtype it was started with, so that a Workload of another math in the same process is refused
 AMP_STARTED: dict[str, str] = {}
+# the operator names of AMP's lists this MXNet lacks (the sm_90 tree leaves legacy operators out), per list
+AMP_DROPPED: dict[str, list[str]] = {}
 
 
 @contextlib.contextmanager
@@ -191,7 +194,9 @@ class Workload(spec.WorkloadBase):
             raise KernelmapError(f"--math {self.math.value}: MXNet's AMP already runs at {started} in this process "
                                  "(amp.init patches the operators process-wide, once): one math per process")
         if target is not None and started is None:
-            amp.init(target_dtype=target)
+            AMP_DROPPED.update(amp_ops.start(mx, amp, target))  # the lists less what this MXNet lacks
+            if AMP_DROPPED:
+                print(amp_ops.dropped_line(AMP_DROPPED), file=sys.stderr, flush=True)
             AMP_STARTED["target_dtype"] = target
 
     # --- versions, weights ---------------------------------------------------------------------
@@ -216,11 +221,13 @@ class Workload(spec.WorkloadBase):
 
     def _precision(self) -> dict[str, Any]:
         """What the mixed-precision policy made of this run: AMP's target dtype (None: AMP off), the parameters'
-        dtypes (float32) and, at fp16, the loss scale the next step will use."""
+        dtypes (float32), at fp16 the loss scale the next step will use, and the operators of AMP's lists this
+        MXNet lacks (left out of amp.init: amp_ops)."""
         scaler = getattr(self.trainer, "_amp_loss_scaler", None)  # set by amp.init_trainer (fp16)
         return {"compute_dtype": self.math.low_precision or "float32", "amp_target_dtype": AMP_STARTED.get("target_dtype"),
                 "param_dtypes": sorted({np.dtype(p.dtype).name for p in self.net.collect_params().values()}),
-                "loss_scale": None if scaler is None else float(scaler.loss_scale)}
+                "loss_scale": None if scaler is None else float(scaler.loss_scale),
+                "amp_ops_not_in_build": {k: list(v) for k, v in AMP_DROPPED.items()}}
 
     def _params(self) -> dict[str, gluon.Parameter]:
         return {
