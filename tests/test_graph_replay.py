@@ -6,7 +6,8 @@ memsets (names, times, streams) but they correlate with one ``cudaGraphLaunch`` 
 and launches, as in a graph replay; the reference file is one eager step of the same trace. What each
 replayed kernel must get is what the eager trace itself says for it (the adapter's eager path).
 ``test_real_graph_replay_capture`` and the tests after it read real captures (an H200, torch 2.11+cu130),
-trimmed to 3 steps by tests/data/gpu_cuda_graph/trim.py, whose stdlib reader wrote their expected.json."""
+trimmed to 3 steps by tests/data/gpu_cuda_graph/trim.py, whose stdlib reader wrote their expected.json
+(fp16/: fp16 with GradScaler inside the graph, its 4-byte copies replayed as kernels "memcpy32_post")."""
 
 from __future__ import annotations
 
@@ -126,14 +127,15 @@ def _old_device_name(df, rows):
     return [str(k) if isinstance(k, str) else str(o) for k, o in zip(kn, on, strict=True)]
 
 
-def _check_real_capture(fx: Path) -> pd.DataFrame:
+def _check_real_capture(fx: Path, unlabelled: int = 0) -> pd.DataFrame:
     """A real capture (tests/data/gpu_cuda_graph/trim.py: the first steps of a framework pass of PyTorch's
     cuda-graph mode on an H200, torch 2.11+cu130) against its expected.json, written by trim.py's own
     stdlib reader (the device events correlating with cudaGraphLaunch: their count and summed duration;
     the launches whose events, in start order, are the reference step's in start order). Each replayed
     event's twin is the reference step's event at its position in its launch (the stdlib reader found
     every launch in the reference's order): it must carry that twin's labels as the eager reference
-    read by kineto.read gives them. Returns the replayed rows."""
+    read by kineto.read gives them; ``unlabelled`` kernels a launch have no canonical op, as their twins
+    (fp16: GradScaler's, whose ops the vocabulary lacks, eagerly as well). Returns the replayed rows."""
     from kernelmap.adapters import graph_replay
     from kernelmap.adapters._trace import DEVICE_KINDS
 
@@ -146,8 +148,9 @@ def _check_real_capture(fx: Path) -> pd.DataFrame:
     assert int(rep["dur_ns"].sum()) == expected["replayed_device_ns"]
     kern = rep[rep["kind"] == "kernel"]
     assert len(kern) == expected["replayed_kernels"]
-    assert kern["canonical_op"].notna().all() and not (kern["canonical_op"] == "other").any()
-    assert rep["canonical_op"].notna().all() and rep["direction"].notna().all()
+    assert kern["canonical_op"].isna().sum() == unlabelled * expected["graph_launches"]
+    assert not (kern["canonical_op"] == "other").any()
+    assert rep["canonical_op"].isna().sum() == rep["direction"].isna().sum() == unlabelled * expected["graph_launches"]
     # the twin of each replayed event: the reference step's event at its position
     ref = kineto.read(fx / GRAPH_REFERENCE)
     rdev = ref[ref["kind"].isin(list(DEVICE_KINDS))].sort_values("start_ns", kind="stable")
@@ -156,8 +159,11 @@ def _check_real_capture(fx: Path) -> pd.DataFrame:
     for corr in np.unique(launches):
         got = rep[launches == corr].sort_values("start_ns", kind="stable")
         assert len(got) == len(rdev)
-        node = (got["kind"] == "kernel").to_numpy() & got["kernel_name"].str.fullmatch(r"memset(8|16|32|64)?").to_numpy()
-        kinds = np.where(node, "memset", got["kind"].to_numpy(dtype=object))
+        kern_rows = (got["kind"] == "kernel").to_numpy()
+        memset_node = kern_rows & got["kernel_name"].str.fullmatch(r"memset(8|16|32|64)?").to_numpy()
+        memcpy_node = kern_rows & got["kernel_name"].str.fullmatch(r"memcpy(8|16|32|64|128)(_post)?").to_numpy()
+        node = memset_node | memcpy_node
+        kinds = np.where(memset_node, "memset", np.where(memcpy_node, "memcpy", got["kind"].to_numpy(dtype=object)))
         assert kinds.tolist() == rdev["kind"].astype(object).tolist()
         assert got["kernel_name"][~node].tolist() == rdev["kernel_name"][~node].tolist()
         for col in ("canonical_op", "direction", "layer", "phase", "library"):
@@ -245,3 +251,107 @@ def test_normalise_keys_the_mode_and_reads_the_reference_once(tmp_path):
     assert set(zip(rec["framework"], rec["mode"], rec["math"], rec["devices"], strict=True)) == {
         ("pytorch", "cuda-graph", "fp32", 1)}
     assert rec["kind"].isin(["kernel", "memset", "memcpy"]).sum() == len(replayed)
+
+
+# fp16 (GradScaler inside the graph), bs 64 and bs 1024: each step copies two 4-byte values (the reference's
+# gpu_memcpy "Memcpy DtoD") that the graph replays as kernels "memcpy32_post", and copies its input batch
+# eagerly (outside the graph: other sizes)
+FP16 = [GRAPH_FIXTURE / "fp16" / f"bs{bs}" for bs in (64, 1024)]
+
+
+@pytest.mark.parametrize("fx", FP16, ids=["bs64", "bs1024"])
+def test_real_fp16_capture_with_memcpy_nodes(fx, monkeypatch):
+    """Every replayed event of the fp16 captures takes its twin's labels (``_check_real_capture``); the
+    memcpy nodes those of the reference step's two copies. Without memcpy nodes (before the fix) the
+    real trace is an error: its two "memcpy32_post" a step are not in the reference."""
+    from kernelmap.adapters import graph_replay
+
+    expected = json.loads((fx / "expected.json").read_text())
+    assert expected["replayed_memcpy_nodes"] == 2 * expected["graph_launches"] == 6
+    assert expected["reference_memcpys"] == 2 and expected["reference_memcpy_bytes"] == [4, 4]
+    assert 4 not in expected["eager_memcpy_bytes"] and expected["eager_memcpys"] == 6
+    rep = _check_real_capture(fx, unlabelled=2)
+    gone = rep.loc[rep["canonical_op"].isna(), "kernel_name"].astype(str)
+    assert gone.str.contains("amp_update_scale_cuda_kernel").sum() == 3
+    assert gone.str.contains("_amp_foreach_non_finite_check_and_unscale_").sum() == 3
+    node = rep[(rep["kind"] == "kernel") & (rep["kernel_name"] == "memcpy32_post")]
+    assert len(node) == expected["replayed_memcpy_nodes"]
+    ref = kineto.read(fx / GRAPH_REFERENCE)
+    twins = ref[ref["kind"] == "memcpy"]
+    assert len(twins) == 2
+    labels = ["canonical_op", "direction", "phase"]
+    assert set(map(tuple, node[labels].astype(object).to_numpy())) == set(map(tuple, twins[labels].astype(object).to_numpy()))
+    assert node["canonical_op"].notna().all()
+    monkeypatch.setattr(graph_replay, "NODE_KINDS", graph_replay.NODE_KINDS[:1])  # memset nodes only
+    with pytest.raises(ParseError, match=r"not in the reference \[\('memcpy32_post', 2\)\]"):
+        kineto.read(fx / "trace.json.gz")
+
+
+def _edited_fp16(tmp_path, edit) -> Path:
+    """The bs 64 fp16 capture with ``edit(events of the first launch's memcpy nodes, all events)`` applied."""
+    import shutil
+
+    fx = FP16[0]
+    doc = json.loads(gzip.open(fx / "trace.json.gz").read())
+    ev = doc["traceEvents"]
+    first = min(e["args"]["correlation"] for e in ev if e.get("name") == "cudaGraphLaunch")
+    nodes = [e for e in ev if e.get("cat") == "kernel" and e["name"] == "memcpy32_post"
+             and e["args"]["correlation"] == first]
+    assert len(nodes) == 2
+    ev = edit(nodes, ev)
+    _write(tmp_path / "trace.json.gz", doc, ev)
+    shutil.copyfile(fx / GRAPH_REFERENCE, tmp_path / GRAPH_REFERENCE)
+    return tmp_path / "trace.json.gz"
+
+
+def test_a_copy_missing_from_the_graph_is_an_error(tmp_path, monkeypatch):
+    """A step whose graph lacks one of the reference step's 4-byte copies: an error, though the step copies
+    its input batch eagerly (memcpys of 200704 and 512 bytes), which by name alone stood for it."""
+    from kernelmap.adapters import graph_replay
+
+    path = _edited_fp16(tmp_path, lambda nodes, ev: [e for e in ev if e is not nodes[0]])
+    with pytest.raises(ParseError, match=r"step 5: .*neither replayed nor run eagerly \[\('memcpy of 4 bytes', 1\)\]"):
+        kineto.read(path)
+    monkeypatch.setattr(graph_replay, "_sized_names", graph_replay._device_name)  # by name alone: no error
+    assert len(kineto.read(path))
+
+
+def test_a_copy_replayed_as_two_kernels_is_an_error(tmp_path):
+    """A copy replayed as a body and its tail (a larger copy: pytorch/pytorch#191284) counts as two: one copy
+    more than the reference step has, an error naming it, never a guess at which pieces belong together."""
+    def body(nodes, ev):
+        extra = {**nodes[0], "name": "memcpy128", "ts": nodes[0]["ts"] - 0.5, "dur": 0.4}
+        return [*ev, extra]
+
+    with pytest.raises(ParseError, match=r"step 5: .* \(a graph's memset and memcpy nodes as such: 78 kernels, "
+                                         r"2 memsets and 3 memcpys\).*not in the reference \[\('memcpy', 1\)\]"):
+        kineto.read(_edited_fp16(tmp_path, body))
+
+
+def test_real_fp16_captures_normalise(tmp_path):
+    """Both fp16 captures as a run directory's pytorch-cuda-graph-fp16/bs{64,1024}: normalised, every replayed
+    device row attributed, the replayed device time in the records as the stdlib reader summed it."""
+    import shutil
+
+    from kernelmap.normalise import normalise_run_dir
+    from kernelmap.schema import read_parquet
+
+    keys = [CaseKey("pytorch", "cuda-graph", "fp16", 1, bs) for bs in (64, 1024)]
+    total = 0
+    for key, fx in zip(keys, FP16, strict=True):
+        case = tmp_path / case_dir(key)
+        case.mkdir(parents=True)
+        for f in ("trace.json.gz", GRAPH_REFERENCE):
+            shutil.copyfile(fx / f, case / f)
+        total += json.loads((fx / "expected.json").read_text())["replayed_device_ns"]
+    (tmp_path / "manifest.json").write_text(json.dumps({"run_version": RUN_VERSION}))
+    (tmp_path / "results.json").write_text(json.dumps([{**k.to_fields(), "dir": str(case_dir(k))} for k in keys]))
+    normalise_run_dir(tmp_path)
+    rec = read_parquet(tmp_path / "records.parquet")
+    rep = rec[rec["kind"].isin(["kernel", "memset"])]  # the memcpys left run eagerly: the input batch's copies
+    assert int(rep["dur_ns"].sum()) == total
+    assert not (rep["canonical_op"] == "other").any()
+    # GradScaler's two kernels a step have no canonical op (nor eagerly: their ops are not in the vocabulary)
+    assert rep["canonical_op"].isna().sum() == 2 * 6
+    node = rep[rep["kernel_name"] == "memcpy32_post"]
+    assert len(node) == 12 and set(node["phase"]) == {"optimizer"}

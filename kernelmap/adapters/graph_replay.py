@@ -10,9 +10,11 @@ whose steps replay graphs (docs/MODES.md)
 therefore profiles first, into a companion file beside its trace (``rundir.GRAPH_REFERENCE``), one
 step that launches the same kernels one by one, each under its op (the reference step). Here the
 device rows a step replays are matched to the reference step's by name and occurrence (the k-th
-``sm90_xmma_fprop...`` of a step is the k-th of the reference step). Exact or an error: a step that
-replays a kernel the reference step lacks, or lacks one of the reference step's kernels without
-running it eagerly (outside the graphs), is a ``ParseError`` naming the difference, never a guess.
+``sm90_xmma_fprop...`` of a step is the k-th of the reference step; a memset or memcpy by its kind, a
+graph's memset and memcpy nodes, which Kineto records as kernels "memset32", "memcpy32_post", included).
+Exact or an error: a step that replays a kernel the reference step lacks, or lacks one of the reference
+step's kernels without running it eagerly (outside the graphs: the same name, a memcpy or memset of the
+same size), is a ``ParseError`` naming the difference, never a guess.
 Matched rows take the reference row's canonical op, direction, layer, phase and library; their
 iteration stays the step whose ``cudaGraphLaunch`` they replay. A trace of kernelmap's own
 (``kernelmap:step#N`` steps) without its reference file is an error, as is a mismatch.
@@ -56,16 +58,36 @@ def replayed_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 # a memset node of a replayed graph, recorded by Kineto as a kernel (category "kernel") of this name
 MEMSET_NODE = re.compile(r"^memset(8|16|32|64)?$")
+# a memcpy node of a replayed graph, likewise: the driver runs a captured device-to-device copy as kernels
+# (GradScaler's 4-byte copies, H200, torch 2.11+cu130: one "memcpy32_post" each, where the reference step,
+# run eagerly, has a gpu_memcpy "Memcpy DtoD (Device -> Device)"). A larger copy may run as two such kernels
+# (a body and its "_post" tail: pytorch/pytorch#191284); each kernel counts as one copy here, so a copy
+# replayed as two is one memcpy more than the reference step has: an error, never a guess
+MEMCPY_NODE = re.compile(r"^memcpy(8|16|32|64|128)(_post)?$")
+NODE_KINDS = ((MEMSET_NODE, "memset"), (MEMCPY_NODE, "memcpy"))
+
+
+def _node_kind(kernel_name: str) -> str | None:
+    """"memset" or "memcpy" for the kernel name of a graph's memset or memcpy node, else None."""
+    return next((kind for pat, kind in NODE_KINDS if pat.match(kernel_name)), None)
 
 
 def _device_name(df: pd.DataFrame, rows: np.ndarray) -> list[str]:
     """The name of each device row: the kernel's; a memcpy or memset by its kind alone, since Kineto names
     the same memset "Memset (Device)" when run eagerly and "memset32" when replayed as a graph node (an
-    H200 capture, torch 2.11: one of a step's memsets replayed as a kernel "memset32")."""
+    H200 capture, torch 2.11: one of a step's memsets replayed as a kernel "memset32"), and the same copy
+    "Memcpy DtoD (Device -> Device)" eagerly and "memcpy32_post" replayed (``MEMCPY_NODE``)."""
     kind = df["kind"].to_numpy(dtype=object)[rows]
     kn = df["kernel_name"].to_numpy(dtype=object)[rows]
-    return [str(c) if c != "kernel" or not isinstance(k, str) else
-            "memset" if MEMSET_NODE.match(k) else str(k) for c, k in zip(kind, kn, strict=True)]
+    return [str(c) if c != "kernel" or not isinstance(k, str) else _node_kind(k) or str(k)
+            for c, k in zip(kind, kn, strict=True)]
+
+
+def _sized_names(df: pd.DataFrame, rows: np.ndarray) -> list[str]:
+    """``_device_name`` with the size of a memcpy or memset where the trace gives it ("memcpy of 4 bytes")."""
+    size = df["bytes"].to_numpy(dtype="float64", na_value=np.nan)[rows]
+    return [f"{n} of {int(b)} bytes" if n in ("memset", "memcpy") and b == b else n
+            for n, b in zip(_device_name(df, rows), size, strict=True)]
 
 
 def _occurrences(names: list[str]) -> list[tuple[str, int]]:
@@ -93,6 +115,14 @@ def counts(df: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:
     """How many of the device ``rows`` are kernels, memsets and memcpys (by kind: the trace's categories)."""
     kind = np.asarray(df["kind"].array.take(rows), dtype=object)
     return {f"{k}s": int((kind == k).sum()) for k in ("kernel", "memset", "memcpy")}
+
+
+def matched_counts(df: pd.DataFrame, rows: np.ndarray) -> dict[str, int]:
+    """``counts`` as the matching sees the rows: a graph's memset or memcpy node (a kernel in the trace)
+    counted as the memset or memcpy it replays."""
+    names = Counter(_device_name(df, rows))
+    nodes = {k: names.pop(k, 0) for k in ("memset", "memcpy")}
+    return {"kernels": sum(names.values()), "memsets": nodes["memset"], "memcpys": nodes["memcpy"]}
 
 
 def describe(c: dict[str, int]) -> str:
@@ -179,8 +209,10 @@ def _from_reference(df: pd.DataFrame, path, ref_path: Path, rows: np.ndarray, la
     if len(replayed_rows(ref)[0]):
         raise ParseError(ref_path, "the graph reference step itself replays a CUDA graph")
     rdev = reference_rows(ref)
-    ref_index = dict(zip(twin_keys(ref, rdev), rdev.tolist(), strict=True))
+    rkeys = twin_keys(ref, rdev)
+    ref_index = dict(zip(rkeys, rdev.tolist(), strict=True))
     want = Counter(_device_name(ref, rdev))
+    rsized = _sized_names(ref, rdev)
     src = np.empty(len(rows), dtype="int64")
     names = _device_name(df, rows)
     # one step: its launches' events (a compiler's graphs: several a step), else one launch
@@ -193,15 +225,19 @@ def _from_reference(df: pd.DataFrame, path, ref_path: Path, rows: np.ndarray, la
     for g in np.unique(group).tolist():
         at = np.flatnonzero(group == g)
         got = Counter(names[i] for i in at)
-        # the reference step's events a step does not replay must run there eagerly (not captured)
-        unreplayed = Counter(_device_name(df, np.flatnonzero(dev_all & ~replayed & (dev_it == g)))) if g >= 0 else Counter()
+        # the reference step's events no replayed row pairs with (a name's occurrences past the step's replayed
+        # ones) must run there eagerly (not captured): as many of the same name, a memcpy or memset of the same
+        # size (the input batch's copies outside the graph stand for no copy of the graph)
+        unpaired = Counter(s for s, (n, k) in zip(rsized, rkeys, strict=True) if k >= got[n])
+        outside = Counter(_sized_names(df, np.flatnonzero(dev_all & ~replayed & (dev_it == g)))) if g >= 0 else Counter()
         extra = sorted((got - want).items())[:3]
-        missing = sorted(((want - got) - unreplayed).items())[:3]
+        missing = sorted((unpaired - outside).items())[:3]
         if extra or missing:
             what = f"step {int(g)}" if g >= 0 else f"graph launch (correlation {int(-1 - g)})"
-            raise ParseError(path, f"{what}: its replayed {describe(counts(df, rows[at]))} are not those of the "
-                                   f"reference step in {GRAPH_REFERENCE} ({describe(counts(ref, rdev))}): not in the "
-                                   f"reference {extra}, neither replayed nor run eagerly {missing}")
+            raise ParseError(path, f"{what}: its replayed {describe(counts(df, rows[at]))} (a graph's memset and "
+                                   f"memcpy nodes as such: {describe(matched_counts(df, rows[at]))}) are not those "
+                                   f"of the reference step in {GRAPH_REFERENCE} ({describe(counts(ref, rdev))}): not in "
+                                   f"the reference {extra}, neither replayed nor run eagerly {missing}")
         src[at] = [ref_index[o] for o in _occurrences([names[i] for i in at])]
     for col in COPIED:
         strings.set_rows(df, col, rows, ref[col].array[src])

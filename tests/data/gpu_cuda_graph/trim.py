@@ -7,6 +7,14 @@ The capture: ``kernelmap run --framework pytorch --mode cuda-graph --device gpu 
     python trim.py RUN/pytorch-cuda-graph/bs64 tests/data/gpu_cuda_graph
     python trim.py RUN/pytorch-cuda-graph/bs1024 tests/data/gpu_cuda_graph/bs1024
 
+and fp16/ (fp16 with GradScaler inside the graph: its memcpys replayed as kernels "memcpy32_post"), from two
+runs of the 4x H200 hold of 2026-11-27 (commit 80ea457, torch 2.11+cu130): ``kernelmap run --math bf16 fp16
+--mode all --profile framework --batch-size 64`` (bs64) and ``kernelmap run --framework all --device gpu
+--math fp16 --mode all --profile all --batch-size 1024 --steps 20`` (bs1024):
+
+    python trim.py RUN4/pytorch-cuda-graph-fp16/bs64 tests/data/gpu_cuda_graph/fp16/bs64
+    python trim.py RUN1/pytorch-cuda-graph-fp16/bs1024 tests/data/gpu_cuda_graph/fp16/bs1024
+
 writes DEST/trace.json.gz (the first ``--steps`` profiled steps: their host events, the device events and
 flows their launches correlate with, their GPU step annotations; the events of no step kept), a copy of
 graph-reference.json.gz, and DEST/expected.json: what an independent reader (this file, no kernelmap)
@@ -17,10 +25,13 @@ counts in the trimmed trace, for tests/test_graph_replay.py:
   as benches/graph_vs_bare.py counts them;
 - replayed_memset_nodes: replayed events of category "kernel" named memset/memset8..64 (Kineto's name of
   a graph's memset node; eagerly the same memset is a gpu_memset "Memset (Device)");
+- replayed_memcpy_nodes: likewise memcpy8..128 with or without "_post" (a graph's memcpy node; eagerly a
+  gpu_memcpy "Memcpy DtoD (Device -> Device)"); eager_memcpys: gpu_memcpy events correlating with no graph
+  launch (the input batch copied into the graph's tensors), eager_memcpy_bytes their sizes;
 - reference_device_events, reference_memsets (gpu_memset), reference_memset_kernels (kernels named as a
-  memset node: 0 where the old name matching fails);
+  memset node: 0 where the old name matching fails), reference_memcpys (gpu_memcpy) and their bytes;
 - launches_in_reference_order: launches whose device events, in start order, are the reference step's in
-  start order (a memset node counted as a memset): each replayed event's twin is then the reference's
+  start order (a memset or memcpy node counted as a memset or memcpy, every gpu_memcpy as a memcpy): each replayed event's twin is then the reference's
   event at its position.
 """
 
@@ -39,6 +50,7 @@ DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
 LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
 STEP = "kernelmap:step#"
 MEMSET_NODE = re.compile(r"^memset(8|16|32|64)?$")
+MEMCPY_NODE = re.compile(r"^memcpy(8|16|32|64|128)(_post)?$")
 
 
 def _load(path: Path) -> dict:
@@ -72,7 +84,9 @@ def trim(doc: dict, steps: int) -> tuple[dict, list[str]]:
 
 
 def _norm(e: dict) -> str:
-    return "memset" if e["cat"] == "gpu_memset" or (e["cat"] == "kernel" and MEMSET_NODE.match(e["name"])) else e["name"]
+    if e["cat"] == "gpu_memset" or (e["cat"] == "kernel" and MEMSET_NODE.match(e["name"])):
+        return "memset"
+    return "memcpy" if e["cat"] == "gpu_memcpy" or (e["cat"] == "kernel" and MEMCPY_NODE.match(e["name"])) else e["name"]
 
 
 def count(trace: dict, reference: dict) -> dict:
@@ -84,6 +98,8 @@ def count(trace: dict, reference: dict) -> dict:
     ref = sorted((e for e in reference["traceEvents"] if e.get("ph") == "X" and e.get("cat") in DEVICE),
                  key=lambda e: e["ts"])
     ref_seq = [_norm(e) for e in ref]
+    eager = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "gpu_memcpy"
+             and e.get("args", {}).get("correlation") not in launch]
     per = {c: sorted((e for e in dev if e["args"]["correlation"] == c), key=lambda e: e["ts"]) for c in launch}
     return {"graph_launches": len(launch), "replayed_device_events": len(dev),
             "replayed_kernels": sum(1 for e in dev if e["cat"] == "kernel"),
@@ -92,6 +108,10 @@ def count(trace: dict, reference: dict) -> dict:
             "reference_device_events": len(ref),
             "reference_memsets": sum(1 for e in ref if e["cat"] == "gpu_memset"),
             "reference_memset_kernels": sum(1 for e in ref if e["cat"] == "kernel" and MEMSET_NODE.match(e["name"])),
+            "replayed_memcpy_nodes": sum(1 for e in dev if e["cat"] == "kernel" and MEMCPY_NODE.match(e["name"])),
+            "reference_memcpys": sum(1 for e in ref if e["cat"] == "gpu_memcpy"),
+            "reference_memcpy_bytes": [e["args"].get("bytes") for e in ref if e["cat"] == "gpu_memcpy"],
+            "eager_memcpys": len(eager), "eager_memcpy_bytes": sorted({e["args"].get("bytes") for e in eager}),
             "launches_in_reference_order": sum(1 for v in per.values() if [_norm(e) for e in v] == ref_seq)}
 
 
