@@ -186,6 +186,7 @@ CANONICAL_OPS = (
     "conv2d", "relu", "max_pool2d", "flatten", "linear", "log_softmax", "nll_loss",
     "softmax_cross_entropy", "pick", "mean", "sgd_update", "zero_grad", "copy", "fill",
     "add", "reorder", "sum", "mul", "batch_norm", "collective", "other",
+    "loss_scale",  # mixed precision's loss scaling: the gradients' finite check and unscale, the scale's update
 )
 
 _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,

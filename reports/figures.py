@@ -172,7 +172,7 @@ NO_OP_COLOR = "#ced4da"
 
 def lane_color(op) -> str:
     """A fixed colour per canonical op (its place in the schema's vocabulary), unique to it: tab20 then tab20b,
-    40 colours for the vocabulary's ops (21 now: conv2d and 'other' shared one of tab20's 20); grey when none."""
+    40 colours for the vocabulary's ops (22 now; at 21 conv2d and 'other' shared one of tab20's 20); grey when none."""
     palette = plt.get_cmap("tab20").colors + plt.get_cmap("tab20b").colors
     if len(CANONICAL_OPS) > len(palette):
         raise ValueError(f"{len(CANONICAL_OPS)} canonical ops, {len(palette)} timeline colours: add a palette")

@@ -134,8 +134,8 @@ def _check_real_capture(fx: Path, unlabelled: int = 0) -> pd.DataFrame:
     the launches whose events, in start order, are the reference step's in start order). Each replayed
     event's twin is the reference step's event at its position in its launch (the stdlib reader found
     every launch in the reference's order): it must carry that twin's labels as the eager reference
-    read by kineto.read gives them; ``unlabelled`` kernels a launch have no canonical op, as their twins
-    (fp16: GradScaler's, whose ops the vocabulary lacks, eagerly as well). Returns the replayed rows."""
+    read by kineto.read gives them; ``unlabelled`` kernels a launch have no canonical op, as their twins.
+    Returns the replayed rows."""
     from kernelmap.adapters import graph_replay
     from kernelmap.adapters._trace import DEVICE_KINDS
 
@@ -270,10 +270,12 @@ def test_real_fp16_capture_with_memcpy_nodes(fx, monkeypatch):
     assert expected["replayed_memcpy_nodes"] == 2 * expected["graph_launches"] == 6
     assert expected["reference_memcpys"] == 2 and expected["reference_memcpy_bytes"] == [4, 4]
     assert 4 not in expected["eager_memcpy_bytes"] and expected["eager_memcpys"] == 6
-    rep = _check_real_capture(fx, unlabelled=2)
-    gone = rep.loc[rep["canonical_op"].isna(), "kernel_name"].astype(str)
-    assert gone.str.contains("amp_update_scale_cuda_kernel").sum() == 3
-    assert gone.str.contains("_amp_foreach_non_finite_check_and_unscale_").sum() == 3
+    rep = _check_real_capture(fx)
+    # GradScaler's two kernels a step: its ops' canonical op (the vocabulary's loss_scale), replayed as captured
+    scale = rep.loc[rep["canonical_op"] == "loss_scale"]
+    assert scale["kernel_name"].astype(str).str.contains("amp_update_scale_cuda_kernel").sum() == 3
+    assert scale["kernel_name"].astype(str).str.contains("_amp_foreach_non_finite_check_and_unscale_").sum() == 3
+    assert len(scale) == 6 and set(scale["direction"]) == {"update"} and set(scale["phase"]) == {"optimizer"}
     node = rep[(rep["kind"] == "kernel") & (rep["kernel_name"] == "memcpy32_post")]
     assert len(node) == expected["replayed_memcpy_nodes"]
     ref = kineto.read(fx / GRAPH_REFERENCE)
@@ -351,7 +353,7 @@ def test_real_fp16_captures_normalise(tmp_path):
     rep = rec[rec["kind"].isin(["kernel", "memset"])]  # the memcpys left run eagerly: the input batch's copies
     assert int(rep["dur_ns"].sum()) == total
     assert not (rep["canonical_op"] == "other").any()
-    # GradScaler's two kernels a step have no canonical op (nor eagerly: their ops are not in the vocabulary)
-    assert rep["canonical_op"].isna().sum() == 2 * 6
+    # every replayed event has its op: GradScaler's two kernels a step are loss_scale's
+    assert rep["canonical_op"].notna().all() and (rep["canonical_op"] == "loss_scale").sum() == 2 * 6
     node = rep[rep["kernel_name"] == "memcpy32_post"]
     assert len(node) == 12 and set(node["phase"]) == {"optimizer"}

@@ -38,7 +38,7 @@ add_names(OPS, "elemwise_add _plus _grad_add add_n ElementWiseSum", "add", "none
 add_names(OPS, "sum", "sum", "none")
 # AMP (--math bf16|fp16): its casts into and out of the low dtype, and fp16's overflow check of the gradients
 add_names(OPS, "amp_cast amp_multicast _backward_amp_cast _backward_amp_multicast", "copy", "none")
-add_names(OPS, "multi_all_finite all_finite", "other", "update")  # no canonical op of its own
+add_names(OPS, "multi_all_finite all_finite", "loss_scale", "update")  # AMP's finite check of the scaled gradients
 
 VOCABULARY = Vocabulary(
     ops=OPS,

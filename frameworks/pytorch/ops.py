@@ -28,6 +28,8 @@ add_names(OPS, "NllLossBackward0 aten::nll_loss_backward", "nll_loss", "bwd")
 add_names(OPS, "aten::cross_entropy_loss", "softmax_cross_entropy", "fwd")
 add_names(OPS, "Optimizer.step#SGD.step", "sgd_update", "update")
 add_names(OPS, "Optimizer.zero_grad#SGD.zero_grad aten::zero_", "zero_grad", "none")
+# GradScaler (fp16): the gradients' finite check and unscale, then the scale's update (docs/MIXED_PRECISION.md)
+add_names(OPS, "aten::_amp_foreach_non_finite_check_and_unscale_ aten::_amp_update_scale_", "loss_scale", "update")
 add_names(OPS, "aten::fill_ aten::ones_like aten::zeros_like aten::zeros aten::ones", "fill", "none")
 # aten::_foreach_copy_: torch.compile's CUDA-graph trees copy a replayed graph's non-static inputs into
 # its static buffers with it (cudagraph_trees: _copy_inputs_and_remove_from_src)
