@@ -38,7 +38,7 @@ TABLE = ["run", "case", "batch_size", "math_asked", "canonical_op", "layer", "di
          "math_source", "math_dtypes", "per_step", "ms_per_step", "time_kind"]
 COVERAGE = ["run", "case", "batch_size", "math_asked", "time_kind", "library_ms_per_step", "with_math_ms_per_step",
             "share",
-            "kernels", "kernels_with_math", "unknown_top", "records_have_math"]
+            "kernels", "kernels_with_math", "unknown_top", "records_have_math", "calls_with_math"]
 # what each asked math allows a product to run: TF32 permits, never forces (a library may pick an FP32-FMA engine)
 ALLOWED = {"tf32": ("tf32", "fp32")}
 _KEYS = ["canonical_op", "layer", "direction", "library", "library_call", "math_ran", "math_source"]
@@ -119,8 +119,18 @@ def math_coverage(runs: list[Run]) -> pd.DataFrame:
                          "kernels": len(ev), "kernels_with_math": int(known.sum()),
                          "unknown_top": "; ".join(f"{k[:60]} {v / n / 1e6:.3f} ms/step" for k, v in top.items())
                          or None,
-                         "records_have_math": bool(records_of(run)["math_ran"].notna().any())})
+                         "records_have_math": bool(records_of(run)["math_ran"].notna().any()),
+                         "calls_with_math": _calls_with_math(records_of(run), fw, bs)})
     return pd.DataFrame(rows, columns=COVERAGE)
+
+
+def _calls_with_math(rec: pd.DataFrame, case: str, bs) -> int:
+    """The library calls of a case with a known math: the libs pass's logged calls (cuDNN, cuBLAS, cuBLASLt,
+    oneDNN, MKL) or XLA's in-trace calls (their HLO); none where the case ran no libs pass on the GPU."""
+    sel = (rec["kind"] == "library_call") & (rec["case"] == case) & rec["math_ran"].notna()
+    if bs is not None:
+        sel &= rec["batch_size"] == bs
+    return int(sel.sum())
 
 
 def math_mismatches(table: pd.DataFrame) -> pd.DataFrame:
