@@ -63,9 +63,56 @@ def base_ns(path: Path, trace: pd.DataFrame) -> int:
     return read_base(path)
 
 
+_LENGTH = re.compile(r"\d+")
+
+
+def _source_names(s: str, i: int) -> tuple[list[str], int]:
+    """The names of an Itanium-ABI mangled name from ``s[i]``: one ``<length><identifier>``, or a nested
+    ``N...`` up to its template arguments (``I``) or its end (``E``); substitutions (``S_``, ``S0_``) stand
+    for a prefix already read and are skipped, ``St`` is ``std``."""
+    nested = s.startswith("N", i)
+    i += nested
+    while nested and i < len(s) and s[i] in "rVK":  # a member function's qualifiers
+        i += 1
+    out: list[str] = []
+    while i < len(s):
+        if s.startswith("St", i):
+            out.append("std")
+            i += 2
+        elif s[i] == "S" and "_" in s[i:i + 8]:
+            i = s.index("_", i) + 1
+        elif m := _LENGTH.match(s, i):
+            out.append(s[m.end():m.end() + int(m.group())])
+            i = m.end() + int(m.group())
+        else:
+            break
+        if not nested:
+            break
+    return out, i
+
+
+def mangled_head(name: str) -> tuple[str, str | None] | None:
+    """(qualified function name, last name of its first template argument or None) of a kernel name left
+    Itanium-mangled (Kineto leaves cuDNN's 1,600-character CUTLASS names so where nsys and ncu demangle them:
+    ``_ZN17cutlass__5x_cudnn6KernelINS_4conv6kernel23ImplicitGemmConvolutionI...`` ->
+    (``cutlass__5x_cudnn::Kernel``, ``ImplicitGemmConvolution``)); None for a name that is not mangled."""
+    s = str(name)
+    if not s.startswith("_Z"):
+        return None
+    fn, i = _source_names(s, 2)
+    if not fn or not all(fn):
+        return None
+    first = _source_names(s, i + 1)[0] if s.startswith("I", i) else []
+    return "::".join(fn), (first[-1] if first and first[-1] else None)
+
+
 def short_name(name: str) -> str:
     """A kernel name without its template and argument lists (``void fft2d_r2c_32x32<...>(...)`` ->
-    ``fft2d_r2c_32x32``): what two profilers' demanglings agree on."""
+    ``fft2d_r2c_32x32``): what two profilers' demanglings agree on; a mangled name's function
+    (``mangled_head``)."""
+    head = mangled_head(name)
+    if head:
+        return head[0]
     s = str(name)
     s = s[5:] if s.startswith("void ") else s
     for anon in ("<unnamed>::", "(anonymous namespace)::"):

@@ -26,6 +26,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from test_gpu_bf16_run import kineto_library_kernels
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "gpu_link_run"
@@ -181,32 +182,12 @@ def test_library_calls_per_step_are_the_models(runs):
 
 
 # --- independent readers ------------------------------------------------------------------------
-# PyTorch's entry points into cuDNN and cuBLAS: a kernel whose innermost launching op is one of these
-LIBRARY_ENTRY_OPS = ("aten::cudnn_convolution", "aten::convolution_backward", "aten::addmm", "aten::mm")
-
-
 def _kineto_library_kernels(path: Path) -> tuple[int, int]:
-    """(count, total ns) of the library kernels of a PyTorch Kineto trace, from the raw Chrome trace:
-    kernel -> runtime call (correlation) -> the innermost cpu_op around it on its thread is a library entry
-    point (``LIBRARY_ENTRY_OPS``), and the kernel is not PyTorch's own (``at::native``)."""
-    ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-    ops: dict = {}
-    for e in ev:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
-            ops.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
-    launch = {e["args"]["correlation"]: e for e in ev if e.get("ph") == "X"
-              and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    n = t = 0
-    for e in ev:
-        if e.get("ph") != "X" or e.get("cat") != "kernel" or "at::native" in e["name"]:
-            continue
-        r = launch.get(e["args"].get("correlation"))
-        around = [o for o in ops.get((r["pid"], r["tid"]), []) if o[0] <= r["ts"] <= o[1]] if r else []
-        if not around or max(around)[2] not in LIBRARY_ENTRY_OPS:
-            continue
-        n += 1
-        t += round(e["dur"] * 1000)
-    return n, t
+    """(count, total ns) of the library kernels of a PyTorch Kineto trace, from the raw Chrome trace
+    (``test_gpu_bf16_run.kineto_library_kernels``: kernel -> runtime call -> the innermost cpu_op around it on its
+    thread is a library entry point, and the kernel is not PyTorch's own)."""
+    kernels = kineto_library_kernels(path)
+    return len(kernels), sum(ns for *_, ns in kernels)
 
 
 def _open_sqlite(path: Path, tmp: Path) -> sqlite3.Connection:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from kernelmap import schema
 from kernelmap.adapters import ncu
-from kernelmap.calllink import short_name
+from kernelmap.calllink import mangled_head, short_name
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
@@ -166,7 +166,12 @@ def kernel_key(name: str) -> str:
     ``Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8``,
     ``implicit_convolve_sgemm<__nv_bfloat16``). The rest is spelled differently: Kineto's GNU demangling writes
     ``at::native::(anonymous namespace)::``, ``{lambda(int)#1}``, ``false``, ``2ul``; ncu 2025.3 wrote
-    ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels."""
+    ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels.
+    A name Kineto left mangled (cuDNN's long CUTLASS kernels) gives the same key from its mangled head."""
+    head = mangled_head(name)
+    if head:
+        fn = head[0].split("::")[-1]
+        return f"{fn}<{head[1]}" if head[1] else fn
     s = re.sub(r"\((?:unsigned )?(?:int|long|long long|short|char|bool)\)(?=-?\d)", "", str(name))
     s = s.replace("(anonymous namespace)", "<unnamed>").replace("<unnamed>::", "")
     s = s[5:] if s.startswith("void ") else s

@@ -54,7 +54,8 @@ def trim_sqlite(src: Path, dst: Path) -> None:
             con.execute(f'create table "_{t}" as select {cols} from "{t}" order by rowid')
             con.execute(f'drop table "{t}"')
             con.execute(f'alter table "_{t}" rename to "{t}"')
-        for (name,) in con.execute("select name from sqlite_master where type='index'").fetchall():
+        # an index SQLite made for a UNIQUE constraint (no sql) goes with its table and cannot be dropped
+        for (name,) in con.execute("select name from sqlite_master where type='index' and sql is not null").fetchall():
             con.execute(f'drop index if exists "{name}"')
         con.commit()
         con.execute("vacuum")
