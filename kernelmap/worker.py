@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap import contention, frameworks, rundir, timing
+from kernelmap import contention, frameworks, rundir, stall, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.frameworks import dataparallel
@@ -320,6 +320,7 @@ def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
+    stall.dump_stacks_on_signal()  # the runner's stall guard asks for every thread's stack (into our log)
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
     p.add_argument("--framework", required=True, choices=frameworks.FRAMEWORKS)
     p.add_argument("--pass", dest="pass_name", required=True, choices=PASSES)
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = spec.TrainConfig(**json.loads(args.config))
     data_info = DataInfo(**json.loads(args.data_info))
+    stall.hang_for_test(args.framework, args.pass_name, config.batch_size)
     try:
         if config.devices > 1 and (launched := _spread(args.framework, config, argv, Path(args.dir))) is not None:
             return launched  # the ranks ran (one process per device) and wrote their results
@@ -391,7 +393,16 @@ def main(argv: list[str] | None = None) -> int:
         result["trial"] = args.trial
     with atomic_file(out_dir / rundir.pass_result_name(args.pass_name, args.trial)) as fh:
         json.dump(result, fh, indent=1)
+    leave_group(args.framework)
     return 0
+
+
+def leave_group(framework: str) -> None:
+    """A rank of a case run one process per device leaves its process group once its pass is done and written
+    (rank 0 of PyTorch's DDP x2 on the H200s: "destroy_process_group() was not called before program exit").
+    Not on a failed pass: destroying may wait on collectives its peers never join (launch stops them)."""
+    if dataparallel.is_rank():
+        frameworks.load_parallel(framework).leave()
 
 
 if __name__ == "__main__":

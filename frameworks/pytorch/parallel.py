@@ -47,6 +47,13 @@ def wrap(model: nn.Module, devices: int, kind: str) -> nn.Module:
     return DistributedDataParallel(model)
 
 
+def leave() -> None:
+    """This rank out of the process group ``wrap`` joined (``dist.destroy_process_group``, as PyTorch asks before
+    exit), where it is in one; called by the worker on a finished pass only (``worker.leave_group``)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _local_only(state, bucket):  # no annotations: DDP compares them to dist.GradBucket (these would be strings)
     """A DDP communication hook that reduces nothing: the default hook's division by the world size (kept, so
     that the step runs every kernel but the collective) and the bucket's own gradients as the result."""

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, frameworks, rundir
+from .. import doctor, frameworks, rundir, stall
 from ..errors import KernelmapError
 from ..frameworks import dataparallel
 from ..frameworks.case import Case, CaseKey
@@ -32,8 +32,11 @@ class CaseRun:
     entry. The key names its folder and logs (``rundir.case_dir``) and is written into its entry."""
 
     def __init__(self, key: CaseKey, decision: Decision, train: dict[str, Any], data_json: str, run_tmp: Path,
-                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str]):
+                 nsys: str | None, nsys_skip: str | None, threads: int, python: dict[str, str],
+                 stall_limit: float | None = None):
         self.key, self.decision, self.train = key, decision, train
+        self.stall_limit = stall_limit  # --stall-limit: seconds a worker may run (0: no limit), None: stall.limit_s
+        self.data = json.loads(data_json)
         self.fw, self.bs, self.mode = key.framework, key.batch_size, key.mode
         self.nsys, self.nsys_skip = nsys, nsys_skip
         self.rd = rundir.RunDir(run_tmp)
@@ -62,6 +65,14 @@ class CaseRun:
         """Whether ``job`` starts a worker here (an nsys pass that records nothing here does not)."""
         return not (job.pass_name == "nsys" and self.nsys_skip is not None)
 
+    def _stall(self, steps: int | None, warmup: int, evaluates: bool = False) -> float | None:
+        """The stall limit of a worker of this case that runs ``steps`` timed steps (None: the run's --epochs)
+        after ``warmup``: --stall-limit's (0: none), else ``stall.limit_s``'s."""
+        if self.stall_limit is not None:
+            return self.stall_limit or None
+        total = warmup + steps if steps is not None else self.train["epochs"] * -(-self.data["n_train"] // self.bs)
+        return stall.limit_s(self.decision.device, self.bs, total, self.data["n_test"] if evaluates else 0)
+
     def _env(self) -> dict[str, str]:
         shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
         return worker_environ(self.decision.device, self.key.math, self.threads_env, self.own_env, shared)
@@ -76,7 +87,8 @@ class CaseRun:
         t0 = time.monotonic()
         try:
             processes.run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(),
-                                 forward_stderr=False, log_path=self.rd.log(self.key, "clean", trial))
+                                 forward_stderr=False, log_path=self.rd.log(self.key, "clean", trial),
+                                 stall_s=self._stall(self.train["steps"], self.train["warmup_steps"], trial == 1))
         finally:
             progress.finish()
         self.trial_walls.append(time.monotonic() - t0)
@@ -104,8 +116,10 @@ class CaseRun:
         env = self._env()
         env.update(self.descriptor.pass_env.get(p, {}))
         stdout_path = None
+        warmup = self.train["warmup_steps"]
         if p == "libs":
-            cmd += ["--warmup", str(libs_warmup(self.descriptor, self.mode, self.train["warmup_steps"]))]
+            warmup = libs_warmup(self.descriptor, self.mode, warmup)
+            cmd += ["--warmup", str(warmup)]
             env.update(libs_env(self.decision.device, out_dir, fw, self.own_env, self.key.devices))
             if self.decision.device == "cpu":
                 stdout_path = out_dir / "onednn.log"
@@ -115,12 +129,13 @@ class CaseRun:
             window = self.descriptor.nsys_window(self.own_env)
             if p == "libs" and self.descriptor.libs_under_nsys and self.nsys_skip is None and window is not None:
                 # the libs pass's own kernels (kernelmap/calllink.py), recorded by nsys in the same process
-                self._under_nsys(out_dir / rundir.LIBS_TRACE_DIR, cmd, window, label, env, log_path)
+                self._under_nsys(out_dir / rundir.LIBS_TRACE_DIR, cmd, window, label, env, log_path,
+                                 self._stall(steps, warmup))
             elif p == "nsys":
-                self._under_nsys(out_dir, cmd, window, label, env, log_path)
+                self._under_nsys(out_dir, cmd, window, label, env, log_path, self._stall(steps, warmup))
             else:
                 processes.run_worker(cmd, label=label, batch_size=bs, env=env, stdout_path=stdout_path,
-                                     forward_stderr=False, log_path=log_path)
+                                     forward_stderr=False, log_path=log_path, stall_s=self._stall(steps, warmup))
         finally:
             progress.finish()
         self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))
@@ -139,7 +154,8 @@ class CaseRun:
         progress.start(label)
         try:
             processes.run_worker([*self.base, "--pass", p, "--no-evaluate"], label=label, batch_size=self.bs,
-                                 env=self._env(), forward_stderr=False, log_path=self.rd.log(self.key, p))
+                                 env=self._env(), forward_stderr=False, log_path=self.rd.log(self.key, p),
+                                 stall_s=self._stall(self.train["steps"], self.train["warmup_steps"]))
         finally:
             progress.finish()
         self.pass_results[p] = rundir.read_json(self.rd.pass_result(self.key, p))
@@ -160,13 +176,14 @@ class CaseRun:
         cmd = [*self.base, "--pass", counters.COUNTERS, "--steps", str(counters.STEPS), "--no-evaluate"]
         profile, imported = counters.commands(ncu, out, cmd)
         log_path = self.rd.log(self.key, counters.COUNTERS)
+        stall_s = self._stall(counters.STEPS, self.train["warmup_steps"])
         progress.start(label)
         try:
             with counters.Clock() as clock:
                 processes.run_worker(profile, label=label, batch_size=self.bs, env=self._env(), forward_stderr=False,
-                                     log_path=log_path)
+                                     log_path=log_path, stall_s=stall_s)
             processes.run_worker(imported, label=f"{label}: ncu --import", batch_size=self.bs,
-                                 stdout_path=out / counters.CSV, forward_stderr=False, log_path=log_path)
+                                 stdout_path=out / counters.CSV, forward_stderr=False, log_path=log_path, stall_s=stall_s)
             result = rundir.read_json(self.rd.pass_result(self.key, counters.COUNTERS))
             self.pass_results[counters.COUNTERS] = counters.summary(result, out, rundir.case_dir(self.key),
                                                                     clock.seconds)
@@ -178,14 +195,15 @@ class CaseRun:
             progress.finish()
 
     def _under_nsys(self, out: Path, cmd: list[str], window, label: str, env: dict[str, str],
-                    log_path: Path) -> None:
-        """Run worker ``cmd`` under nsys into ``out``, then export its report to SQLite there."""
+                    log_path: Path, stall_s: float | None) -> None:
+        """Run worker ``cmd`` under nsys into ``out``, then export its report to SQLite there (each of the two
+        within ``stall_s``)."""
         out.mkdir(parents=True, exist_ok=True)
         profile, export = nsys_commands(self.nsys, out, cmd, window)
         processes.run_worker(profile, label=label, batch_size=self.bs, env=env, forward_stderr=False,
-                             log_path=log_path)
+                             log_path=log_path, stall_s=stall_s)
         processes.run_worker([*export, str(nsys_report(out))], label=f"{label}: nsys export", batch_size=self.bs,
-                             forward_stderr=False, log_path=log_path)
+                             forward_stderr=False, log_path=log_path, stall_s=stall_s)
 
     def drop(self) -> None:
         """Leave this case out of the run: its folder goes (and its framework's, once empty)."""

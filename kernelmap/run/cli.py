@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import devparity, doctor, frameworks, gpuinfo, manifest, options, rundir, timing
+from .. import devparity, doctor, frameworks, gpuinfo, manifest, options, rundir, stall, timing
 from ..atomic import atomic_dir
 from ..errors import KernelmapError, MissingToolError
 from ..frameworks.case import Case, CaseKey
@@ -271,7 +271,7 @@ def run_cases(args: argparse.Namespace, opts: Options, p: Plan, data_json: str, 
     notes = [f"{c.name}: skipped: {why}" for c, why in p.mode_skips.items()]
     failed: list[str] = []
     cases = {c.at(bs): CaseRun(c.at(bs), p.decisions[c.framework], opts.train, data_json, tmp, p.nsys,
-                               p.case_skips.get(c), opts.threads, opts.python)
+                               p.case_skips.get(c), opts.threads, opts.python, stall_limit=args.stall_limit)
              for c in p.cases for bs in args.batch_size}
     run_schedule(cases, schedule(list(cases), args.trials, tuple(x for x in opts.passes if x != "clean")),
                  args.trials, progress, notes, failed)
@@ -405,6 +405,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat-budget", type=float, metavar="SECONDS",
                         help="wall time the extra trials may take (default: "
                              f"{REPEAT_BUDGET_SHARE * 100:.0f}%% of the run's time before them)")
+    parser.add_argument("--stall-limit", type=stall.seconds, metavar="SECONDS",
+                        help="seconds a worker may run before its threads' stacks are taken and it is killed, its "
+                             "case failed (0: no limit; default: 10 minutes plus a share per step it runs, "
+                             "kernelmap/stall.py)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of every framework (OMP/MKL); default: the physical cores")
     parser.add_argument("--python", action="append", default=[], metavar="FRAMEWORK=PATH",

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import interrupt
+from .. import interrupt, stall
 from ..errors import KernelmapError
 from ..frameworks.registry import NsysWindow
 
@@ -77,9 +77,26 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait()
 
 
+def _wait(proc: subprocess.Popen, stall_s: float | None) -> int | None:
+    """``proc``'s exit status; None where it is still running after ``stall_s`` seconds: then its process
+    group is sent ``stall.STACKS_SIGNAL`` (the workers write every thread's stack to their stderr), given
+    ``stall.DUMP_WAIT_S`` and killed."""
+    try:
+        return proc.wait(timeout=stall_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, stall.STACKS_SIGNAL)
+    time.sleep(stall.DUMP_WAIT_S)  # not proc.wait: a leader that dies of the signal (nsys) is no sign the dump is out
+    stop_group(proc, grace_s=stall.DUMP_WAIT_S)
+    return None
+
+
 def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, str] | None = None,
-               stdout_path: Path | None = None, forward_stderr: bool = True, log_path: Path | None = None) -> None:
-    """Run one worker command; raise ``KernelmapError`` (one line) when it fails.
+               stdout_path: Path | None = None, forward_stderr: bool = True, log_path: Path | None = None,
+               stall_s: float | None = None) -> None:
+    """Run one worker command; raise ``KernelmapError`` (one line) when it fails, or when it is still running
+    after ``stall_s`` seconds (None: no limit; ``kernelmap.stall``), once its stacks are out and its group killed.
 
     The worker's stdout goes to ``stdout_path`` (library verbose lines), else to ``log_path``, else
     to our stderr, so that our stdout stays clean for ``--json``. Its stderr (third-party warnings,
@@ -101,7 +118,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
                                         stderr=subprocess.PIPE, process_group=0)
                 tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
                 tee.start()
-            rc = proc.wait()
+            rc = _wait(proc, stall_s)
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
             if proc is not None:
                 tee.forward = False
@@ -113,6 +130,11 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
             stdout_fh.close()
         if log_fh:
             log_fh.close()
+    if rc is None:
+        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
+        raise KernelmapError(f"{label}: stalled: still running after its stall limit of {stall_s:.0f} s "
+                             f"(kernelmap run --stall-limit), its process group killed; every thread's stack "
+                             f"(signal {stall.STACKS_SIGNAL.name}) in {where}")
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")

@@ -1,0 +1,71 @@
+"""The guard against a worker that hangs: its threads' stacks on a signal, and the runner's limit on its wall time.
+
+On the H200s two MXNet GPU workers hung before their first convolution (empty log, 15+ minutes) and the run
+waited on them forever. Now every worker registers ``faulthandler`` on ``STACKS_SIGNAL`` (all threads, into its
+stderr: the worker's log), and the runner gives each worker a stall limit (``limit_s``; ``kernelmap run
+--stall-limit``): past it, it sends the worker's process group ``STACKS_SIGNAL``, waits ``DUMP_WAIT_S``, kills
+the group and fails the case with one line naming the limit and the log that holds the stacks; the run goes on.
+
+The default limit is ``BASE_S`` plus ``PER_STEP_S`` per step the worker runs (its warm-up and timed steps, and
+the test set's batches where it evaluates), scaled up by the batch size above ``PER_STEP_SAMPLES``. Chosen from
+the slowest workers on record: on the H200s (the 4x hold, 20-step passes at bs 1024) no worker took over 30 s,
+import, cuDNN autotuning and torch.compile included; on the 2-core CPU VM the slowest, a busy machine's PyTorch
+bs 64 clean trial, trained 25 steps in 66 s (2.6 s a step) and torch.compile's workers spend a minute or two
+compiling. ``BASE_S`` (10 minutes, 20x the slowest GPU worker) covers start-up, compilation, nsys/ncu start and
+the result; the per-step allowances are ~6x the CPU's slowest step and ~1000x a GPU step (ncu's counters pass
+replays one step's kernels: its budget is 60 s). A GPU pass of 20 steps gets 12 minutes (the hold's hung MXNet
+clean trial at bs 1024, with its evaluation: 13), the default 100-step clean trial at bs 64 on the CPU 36 minutes
+(75 with its evaluation, counted as training steps): far above their normal time, short of waiting forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import fnmatch
+import math
+import os
+import signal
+import sys
+import threading
+
+STACKS_SIGNAL = signal.SIGUSR1
+DUMP_WAIT_S = 5.0  # after the signal, before the group is killed: faulthandler writes at once, from the handler
+BASE_S = 600.0
+PER_STEP_S = {"cpu": 15.0, "gpu": 5.0}
+PER_STEP_SAMPLES = {"cpu": 64, "gpu": 1024}
+# test hook: a worker whose "framework/pass/bsN" matches this glob ("pytorch/clean/bs32", "*") hangs before its
+# workload loads, the way the MXNet workers hung on the GPU (tests/test_stall.py)
+HANG_ENV = "KERNELMAP_TEST_HANG"
+
+
+def dump_stacks_on_signal(file=None) -> None:
+    """Every thread's Python stack into ``file`` (default stderr) when ``STACKS_SIGNAL`` arrives (the worker)."""
+    faulthandler.register(STACKS_SIGNAL, file=file or sys.stderr, all_threads=True, chain=False)
+
+
+def hang_for_test(framework: str, pass_name: str, batch_size: int) -> None:
+    """Block forever where ``HANG_ENV`` matches this worker: the test of the guard. No-op without it."""
+    pattern = os.environ.get(HANG_ENV)
+    if pattern and fnmatch.fnmatchcase(f"{framework}/{pass_name}/bs{batch_size}", pattern):
+        print(f"kernelmap-worker: {HANG_ENV}={pattern}: hanging", file=sys.stderr, flush=True)
+        threading.Event().wait()
+
+
+def limit_s(device: str, batch_size: int, steps: int, test_images: int = 0) -> float:
+    """The default stall limit of a worker that runs ``steps`` training steps (warm-up included) of
+    ``batch_size`` on ``device`` ("cpu" or "gpu") and then evaluates ``test_images`` (each batch of them counted
+    as a training step: a ceiling)."""
+    steps += math.ceil(test_images / batch_size)
+    return BASE_S + steps * PER_STEP_S[device] * max(1.0, batch_size / PER_STEP_SAMPLES[device])
+
+
+def seconds(text: str) -> float:
+    """``--stall-limit``'s value: seconds, 0 for no limit; a negative or non-number refused by argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
+    if value < 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: the stall limit is seconds >= 0 (0: no limit)")
+    return value

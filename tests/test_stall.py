@@ -1,0 +1,124 @@
+"""The stall guard (kernelmap/stall.py): a worker that hangs has every thread's stack written into its log and
+its process group killed once past its stall limit, its case failed with one line; the run goes on. On the H200s
+two MXNet GPU workers hung before their first convolution with nothing in their logs and the run waited 15+
+minutes; here a worker is made to hang by the test hook (``stall.HANG_ENV``) on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import require_framework
+
+from kernelmap import stall
+from kernelmap.errors import KernelmapError
+from kernelmap.run import processes
+
+# a worker stand-in that starts as the worker does (faulthandler on the signal), starts a child in its process
+# group, and hangs in the hook
+HANGER = ("import subprocess, sys; from kernelmap import stall; stall.dump_stacks_on_signal(); "
+          "child = subprocess.Popen(['sleep', '600']); print(child.pid, flush=True); "
+          "stall.hang_for_test('mxnet', 'clean', 1024)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_hung_worker_leaves_its_stacks_in_its_log_and_its_group_killed(tmp_path):
+    log, out = tmp_path / "logs" / "mxnet-bs1024-clean-1.log", tmp_path / "stdout"
+    env = {**os.environ, stall.HANG_ENV: "mxnet/clean/*"}
+    t0 = time.monotonic()
+    with pytest.raises(KernelmapError) as err:
+        processes.run_worker([sys.executable, "-c", HANGER], label="mxnet bs 1024 (clean pass trial 1/1, gpu)",
+                             batch_size=1024, env=env, stdout_path=out, forward_stderr=False, log_path=log,
+                             stall_s=2)
+    took = time.monotonic() - t0
+    assert str(err.value) == (
+        "mxnet bs 1024 (clean pass trial 1/1, gpu): stalled: still running after its stall limit of 2 s "
+        "(kernelmap run --stall-limit), its process group killed; every thread's stack (signal SIGUSR1) in the "
+        "run's logs/mxnet-bs1024-clean-1.log")
+    assert 2 + stall.DUMP_WAIT_S <= took < 2 + 3 * stall.DUMP_WAIT_S
+    text = log.read_text()
+    assert "kernelmap-worker: KERNELMAP_TEST_HANG=mxnet/clean/*: hanging" in text
+    # faulthandler's dump of the hung main thread: where it waits, in the hook, called from the script
+    dump = text[text.index("Current thread"):]
+    assert dump.splitlines()[0].startswith("Current thread 0x") and "(most recent call first):" in dump
+    assert f'File "{Path(stall.__file__)}"' in dump and "in hang_for_test" in dump and "in wait" in dump
+    assert 'File "<string>", line 1 in <module>' in dump
+    child = int(out.read_text().split()[0])
+    assert not _alive(child)  # the worker's own child went with its group
+
+
+def test_a_worker_within_its_limit_is_left_alone(tmp_path):
+    processes.run_worker([sys.executable, "-c", "import time; time.sleep(0.5)"], label="quick", batch_size=1,
+                         forward_stderr=False, log_path=tmp_path / "logs" / "q.log", stall_s=30)
+    assert (tmp_path / "logs" / "q.log").read_text() == ""
+
+
+def test_the_default_limit_scales_with_steps_and_batch_size():
+    # the hold's hung MXNet clean trial: 5 warm-up + 20 steps at bs 1024 on the GPU, then the 10,000 test images
+    assert stall.limit_s("gpu", 1024, 25, 10_000) == 600 + (25 + 10) * 5.0
+    assert stall.limit_s("gpu", 64, 25) == stall.limit_s("gpu", 1024, 25) == 725.0  # a GPU step: bs <= 1024 alike
+    assert stall.limit_s("gpu", 2048, 25) == 600 + 25 * 5.0 * 2
+    assert stall.limit_s("cpu", 64, 105) == 600 + 105 * 15.0
+    assert stall.limit_s("cpu", 1024, 105) == 600 + 105 * 15.0 * 16
+
+
+@pytest.mark.parametrize(("text", "ok"), [("0", 0.0), ("90", 90.0), ("-1", None), ("inf", None), ("soon", None)])
+def test_stall_limit_option(text, ok):
+    if ok is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            stall.seconds(text)
+    else:
+        assert stall.seconds(text) == ok
+
+
+@pytest.mark.slow
+def test_a_run_fails_the_hung_case_and_goes_on(tmp_path):
+    """End to end on the CPU: PyTorch at bs 32 and 64, the bs 32 clean worker made to hang; --stall-limit 20."""
+    require_framework("pytorch")
+    out = tmp_path / "run"
+    env = {**os.environ, stall.HANG_ENV: "pytorch/clean/bs32"}
+    r = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "cpu",
+                        "--data", "synthetic", "--steps", "3", "--warmup", "1", "--batch-size", "32", "64",
+                        "--trials", "1", "--max-repeats", "0", "--stall-limit", "20", "--out", str(out), "--json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    line = ("kernelmap run: pytorch bs 32 (clean pass trial 1/1, cpu): stalled: still running after its stall limit "
+            "of 20 s (kernelmap run --stall-limit), its process group killed; every thread's stack (signal SIGUSR1) "
+            "in the run's logs/pytorch-bs32-clean-1.log; pytorch bs 32 left out of the run")
+    assert line in r.stderr.splitlines(), r.stderr[-3000:]
+    assert r.returncode == 3, r.stderr[-3000:]
+    dump = (out / "logs" / "pytorch-bs32-clean-1.log").read_text()
+    assert "Current thread 0x" in dump and "in hang_for_test" in dump and "kernelmap/worker.py" in dump
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["batch_size"], r["n_trials"]) for r in results] == [(64, 1)]  # the other case ran on
+    assert not (out / "pytorch" / "bs32").exists() and (out / "pytorch" / "bs64" / "clean-1.json").is_file()
+
+
+def test_a_ddp_rank_leaves_its_process_group_on_a_finished_pass():
+    """worker.leave_group in a rank (gloo, one process of one: the rendezvous of env://) destroys the group wrap
+    joined; outside a launched rank it does nothing."""
+    require_framework("pytorch")
+    code = ("import os, socket, torch.distributed as dist; from torch import nn\n"
+            "from kernelmap import worker; from kernelmap.frameworks import dataparallel\n"
+            "from kernelmap.frameworks.pytorch import parallel\n"
+            "worker.leave_group('pytorch'); before = dist.is_initialized()\n"  # not a rank yet: nothing to leave
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+            "os.environ.update(dataparallel.rank_env(0, 1, port))\n"
+            "parallel.wrap(nn.Linear(2, 2), 1, 'cpu'); joined = dist.is_initialized()\n"
+            "worker.leave_group('pytorch'); print(before, joined, dist.is_initialized())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False", "True", "False"]
