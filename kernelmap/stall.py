@@ -3,8 +3,11 @@
 On the H200s two MXNet GPU workers hung before their first convolution (empty log, 15+ minutes) and the run
 waited on them forever. Now every worker registers ``faulthandler`` on ``STACKS_SIGNAL`` (all threads, into its
 stderr: the worker's log), and the runner gives each worker a stall limit (``limit_s``; ``kernelmap run
---stall-limit``): past it, it sends the worker's process group ``STACKS_SIGNAL``, waits ``DUMP_WAIT_S``, kills
+--stall-limit``): past it, it sends ``STACKS_SIGNAL`` to the processes of the worker's group that catch it (the
+workers and their ranks: ``ask_for_stacks``; nsys or ncu would die of it), waits ``DUMP_WAIT_S``, kills
 the group and fails the case with one line naming the limit and the log that holds the stacks; the run goes on.
+Python's stacks show where Python waits; a hang inside a library (MXNet's engine threads, the CUDA driver) shows
+in the native stacks, which the runner adds with gdb where it is on PATH (``native_stacks``), before the kill.
 
 The default limit is ``BASE_S`` plus ``PER_STEP_S`` per step the worker runs (its warm-up and timed steps, and
 the test set's batches where it evaluates), scaled up by the batch size above ``PER_STEP_SAMPLES``. Chosen from
@@ -21,15 +24,21 @@ clean trial at bs 1024, with its evaluation: 13), the default 100-step clean tri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import fnmatch
 import math
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 STACKS_SIGNAL = signal.SIGUSR1
+NATIVE_TIMEOUT_S = 60.0  # gdb's time per process (attach, every thread's backtrace, detach)
+NATIVE_MAX_PROCESSES = 8  # of the worker's group: the worker, nsys or ncu, DDP ranks, compile workers
 DUMP_WAIT_S = 5.0  # after the signal, before the group is killed: faulthandler writes at once, from the handler
 BASE_S = 600.0
 PER_STEP_S = {"cpu": 15.0, "gpu": 5.0}
@@ -69,3 +78,59 @@ def seconds(text: str) -> float:
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r}: the stall limit is seconds >= 0 (0: no limit)")
     return value
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (its leader first), read from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return sorted(pids, key=lambda p: (p != pgid, p))
+
+
+def catches(pid: int, sig: signal.Signals = STACKS_SIGNAL) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (/proc's SigCgt): a worker that registered
+    ``dump_stacks_on_signal``; the others of its group (nsys, ncu, sleep) would die of it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def ask_for_stacks(pgid: int) -> list[int]:
+    """``STACKS_SIGNAL`` to each process of group ``pgid`` that catches it; those processes."""
+    asked = []
+    for pid in group_pids(pgid):
+        if catches(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, STACKS_SIGNAL)
+                asked.append(pid)
+    return asked
+
+
+def native_stacks(pgid: int, out: Path) -> str | None:
+    """Every thread's native stack of each process of group ``pgid`` (gdb's ``thread apply all bt``, up to
+    ``NATIVE_MAX_PROCESSES``) appended to ``out``; the tool's name, or None without gdb (said in ``out``)."""
+    gdb = shutil.which("gdb")
+    with open(out, "ab") as fh:
+        if gdb is None:
+            fh.write(b"kernelmap run: no native stacks: gdb is not on PATH\n")
+            return None
+        for pid in group_pids(pgid)[:NATIVE_MAX_PROCESSES]:
+            fh.write(f"kernelmap run: native stacks of pid {pid} (gdb: thread apply all bt)\n".encode())
+            fh.flush()
+            try:
+                subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-iex", "set auto-load python-scripts off",
+                                "-ex", "thread apply all bt"], stdin=subprocess.DEVNULL,
+                               stdout=fh, stderr=subprocess.STDOUT, timeout=NATIVE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                fh.write(f"kernelmap run: gdb on pid {pid} gave up after {NATIVE_TIMEOUT_S:.0f} s\n".encode())
+    return "gdb"

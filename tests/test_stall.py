@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,9 @@ HANGER = ("import subprocess, sys; from kernelmap import stall; stall.dump_stack
           "stall.hang_for_test('mxnet', 'clean', 1024)")
 
 
+GDB = shutil.which("gdb") is not None
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -44,11 +48,12 @@ def test_a_hung_worker_leaves_its_stacks_in_its_log_and_its_group_killed(tmp_pat
                              batch_size=1024, env=env, stdout_path=out, forward_stderr=False, log_path=log,
                              stall_s=2)
     took = time.monotonic() - t0
+    native = ", native: gdb" if GDB else ""
     assert str(err.value) == (
         "mxnet bs 1024 (clean pass trial 1/1, gpu): stalled: still running after its stall limit of 2 s "
-        "(kernelmap run --stall-limit), its process group killed; every thread's stack (signal SIGUSR1) in the "
-        "run's logs/mxnet-bs1024-clean-1.log")
-    assert 2 + stall.DUMP_WAIT_S <= took < 2 + 3 * stall.DUMP_WAIT_S
+        f"(kernelmap run --stall-limit), its process group killed; every thread's stack (Python: signal SIGUSR1{native}) "
+        "in the run's logs/mxnet-bs1024-clean-1.log")
+    assert 2 + stall.DUMP_WAIT_S <= took < 2 + 3 * stall.DUMP_WAIT_S + (2 * stall.NATIVE_TIMEOUT_S if GDB else 0)
     text = log.read_text()
     assert "kernelmap-worker: KERNELMAP_TEST_HANG=mxnet/clean/*: hanging" in text
     # faulthandler's dump of the hung main thread: where it waits, in the hook, called from the script
@@ -58,6 +63,17 @@ def test_a_hung_worker_leaves_its_stacks_in_its_log_and_its_group_killed(tmp_pat
     assert 'File "<string>", line 1 in <module>' in dump
     child = int(out.read_text().split()[0])
     assert not _alive(child)  # the worker's own child went with its group
+    if not GDB:
+        assert "kernelmap run: no native stacks: gdb is not on PATH" in text
+        return
+    # then gdb's native stacks of both processes of the group: the Python worker (its main thread waiting on a
+    # lock in the hook) and its sleep child, which was not sent the signal (it has no handler: it would have died)
+    heads = [line for line in text.splitlines() if line.startswith("kernelmap run: native stacks of pid ")]
+    assert len(heads) == 2 and heads[1] == f"kernelmap run: native stacks of pid {child} (gdb: thread apply all bt)"
+    assert text.index("Current thread") < text.index(heads[0])
+    worker_part, child_part = text[text.index(heads[0]):text.index(heads[1])], text[text.index(heads[1]):]
+    assert "Thread 1 " in worker_part and "futex" in worker_part and "Py_RunMain" in worker_part
+    assert '"sleep"' in child_part and "clock_nanosleep" in child_part
 
 
 def test_a_worker_within_its_limit_is_left_alone(tmp_path):
@@ -95,12 +111,14 @@ def test_a_run_fails_the_hung_case_and_goes_on(tmp_path):
                         "--trials", "1", "--max-repeats", "0", "--stall-limit", "20", "--out", str(out), "--json"],
                        capture_output=True, text=True, env=env, timeout=600)
     line = ("kernelmap run: pytorch bs 32 (clean pass trial 1/1, cpu): stalled: still running after its stall limit "
-            "of 20 s (kernelmap run --stall-limit), its process group killed; every thread's stack (signal SIGUSR1) "
-            "in the run's logs/pytorch-bs32-clean-1.log; pytorch bs 32 left out of the run")
+            "of 20 s (kernelmap run --stall-limit), its process group killed; every thread's stack (Python: signal "
+            f"SIGUSR1{', native: gdb' if GDB else ''}) in the run's logs/pytorch-bs32-clean-1.log; pytorch bs 32 left "
+            "out of the run")
     assert line in r.stderr.splitlines(), r.stderr[-3000:]
     assert r.returncode == 3, r.stderr[-3000:]
     dump = (out / "logs" / "pytorch-bs32-clean-1.log").read_text()
     assert "Current thread 0x" in dump and "in hang_for_test" in dump and "kernelmap/worker.py" in dump
+    assert not GDB or "kernelmap run: native stacks of pid " in dump
     results = json.loads((out / "results.json").read_text())
     assert [(r["batch_size"], r["n_trials"]) for r in results] == [(64, 1)]  # the other case ran on
     assert not (out / "pytorch" / "bs32").exists() and (out / "pytorch" / "bs64" / "clean-1.json").is_file()

@@ -51,6 +51,7 @@ class _StderrTee(threading.Thread):
             self.tail.append(chunk)
             if self.log is not None:
                 self.log.write(chunk)
+                self.log.flush()  # in order with what the stall guard appends (stall.native_stacks)
             if self.forward:
                 if out is not None:
                     out.write(chunk)
@@ -77,19 +78,20 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait()
 
 
-def _wait(proc: subprocess.Popen, stall_s: float | None) -> int | None:
-    """``proc``'s exit status; None where it is still running after ``stall_s`` seconds: then its process
-    group is sent ``stall.STACKS_SIGNAL`` (the workers write every thread's stack to their stderr), given
-    ``stall.DUMP_WAIT_S`` and killed."""
+def _wait(proc: subprocess.Popen, stall_s: float | None, log_path: Path | None) -> int | str | None:
+    """``proc``'s exit status; where it is still running after ``stall_s`` seconds, the workers of its process
+    group are sent ``stall.STACKS_SIGNAL`` (they write every thread's Python stack to their stderr), given
+    ``stall.DUMP_WAIT_S``, its native stacks added to ``log_path`` (``stall.native_stacks``) and killed: then
+    the tool that took the native stacks ("" where none did)."""
     try:
         return proc.wait(timeout=stall_s)
     except subprocess.TimeoutExpired:
         pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, stall.STACKS_SIGNAL)
-    time.sleep(stall.DUMP_WAIT_S)  # not proc.wait: a leader that dies of the signal (nsys) is no sign the dump is out
+    stall.ask_for_stacks(proc.pid)
+    time.sleep(stall.DUMP_WAIT_S)  # faulthandler writes from its handler, at once
+    native = stall.native_stacks(proc.pid, log_path) if log_path is not None else None
     stop_group(proc, grace_s=stall.DUMP_WAIT_S)
-    return None
+    return native or ""
 
 
 def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, str] | None = None,
@@ -118,7 +120,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
                                         stderr=subprocess.PIPE, process_group=0)
                 tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
                 tee.start()
-            rc = _wait(proc, stall_s)
+            rc = _wait(proc, stall_s, log_path)
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
             if proc is not None:
                 tee.forward = False
@@ -130,11 +132,11 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
             stdout_fh.close()
         if log_fh:
             log_fh.close()
-    if rc is None:
+    if isinstance(rc, str):
         where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
         raise KernelmapError(f"{label}: stalled: still running after its stall limit of {stall_s:.0f} s "
                              f"(kernelmap run --stall-limit), its process group killed; every thread's stack "
-                             f"(signal {stall.STACKS_SIGNAL.name}) in {where}")
+                             f"(Python: signal {stall.STACKS_SIGNAL.name}{', native: ' + rc if rc else ''}) in {where}")
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
