@@ -4,6 +4,8 @@ kernel (the table: ``reports/analyses/diff.py``; docs/diff.md). This module read
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from html import escape
 from pathlib import Path
@@ -162,7 +164,7 @@ def table(df: pd.DataFrame, top: int | None = None, cols: list[tuple[str, str, s
 def write(df: pd.DataFrame, places: pd.DataFrame, out: TextIO, top: int | None = None) -> None:
     """The header, the places (each layer or op and direction, its kernels together), then the kernels."""
     s = df.attrs["summary"]
-    print("\n".join(header(s)), file=out)
+    print("\n".join([*header(s), *conservation(df, places)]), file=out)
     print(f"\nby layer (op where no layer) and direction, ms per step of {s['a']['level']} time:", file=out)
     print(table(places, None, PLACE_COLUMNS), file=out)
     print(f"\nby {s['a']['level']}" + (f" (the {top} largest changes)" if top else "") + ":", file=out)
@@ -171,8 +173,44 @@ def write(df: pd.DataFrame, places: pd.DataFrame, out: TextIO, top: int | None =
     print("rows: " + ", ".join(f"{n} {k}" for k, n in counts.items()), file=out)
 
 
-def page(df: pd.DataFrame, places: pd.DataFrame) -> str:
-    """The header and both tables (every row) as one self-contained HTML page, styled as the report."""
+def conservation(df: pd.DataFrame, places: pd.DataFrame) -> list[str]:
+    """Each side's 100%, summed from the rows themselves (both tables) against its source's total."""
+    s = df.attrs["summary"]
+    lines = []
+    for name in ("a", "b"):
+        x, total = s[name], s[name]["total_ns"]
+        k, p = int(df[f"{name}_ns"].sum()), int(places[f"{name}_ns"].sum())
+        share = f"{k / total:.3%}" if total else "no time"
+        lines.append(f"conservation, {name.upper()}: the {len(df)} {x['level']} rows hold {k} ns and the {len(places)} "
+                     f"place rows {p} ns of its {total} ns of {x['level']} time from {x['source']} ({share})")
+    return lines
+
+
+def _side_html(line: str, contended: bool | None) -> str:
+    mark = {True: "<span class='busy'>BUSY machine</span> ", False: "<span class='quiet'>quiet machine</span> ",
+            None: "<span class='empty'>machine not measured</span> "}[contended]
+    return f"<p>{mark}{escape(line)}</p>"
+
+
+def _findings_html(found: pd.DataFrame) -> str:
+    """Each kind's findings, every row ranked with its cause (``html.findings_html``), and what its time is."""
+    from . import html as H
+
+    parts = [f"<h2 id='findings'>Findings, B against A and A against B</h2><div class='noise'>noise: "
+             f"{escape(found.attrs.get('rules', {}).get('noise', F.NOISE_RULE))}</div>"]
+    for kind in F.Kind:
+        rows = found[found["kind"] == str(kind)]
+        n = int((rows["call"] == str(F.Call.FINDING)).sum())
+        parts.append(f"<h3>{escape(str(kind))} findings <span class='meta'>({n} beyond noise, {len(rows) - n} noise "
+                     "or not judged)</span></h3>")
+        parts.append(H.findings_html(rows, str(kind), top=len(rows)) or "<p class='empty'>none</p>")
+        parts += [f"<p class='meta'>basis: {escape(b)}</p>" for b in dict.fromkeys(rows["basis"])]
+    return "".join(parts)
+
+
+def page(df: pd.DataFrame, places: pd.DataFrame, found: pd.DataFrame | None = None) -> str:
+    """The header (each side, its kind of time, trials, busy mark), the conservation, both tables (every row) and
+    the findings (every row, with its cause) as one self-contained HTML page, styled as the report."""
     from importlib import resources
 
     from . import html as H
@@ -181,17 +219,49 @@ def page(df: pd.DataFrame, places: pd.DataFrame) -> str:
     s = df.attrs["summary"]
     cols = {c: h for c, h, _ in PLACE_COLUMNS}
     kcols = {c: h for c, h, _ in KERNEL_COLUMNS}
-    head = "".join(f"<p>{escape(line)}</p>" for line in header(s))
+    lines = header(s)
+    head, sides = [], iter(("a", "b"))
+    for line in lines:
+        starts = line[:3] in ("A: ", "B: ")
+        head.append(_side_html(line, s[next(sides)]["contended"]) if starts else f"<p>{escape(line)}</p>")
+    head += [f"<p class='quiet'>{escape(line)}</p>" for line in conservation(df, places)]
     title = escape(f"kernelmap diff: {s['a']['label']} vs {s['b']['label']}")
+    level = escape(s["a"]["level"])
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{css}</style></head>"
-            f"<body><h1>{title}</h1>{head}<h2>By layer (op where no layer) and direction, ms per step</h2>"
-            f"{H.table(places, cols)}<h2>By {escape(s['a']['level'])}, ms per step</h2>{H.table(df, kcols)}"
-            "</body></html>")
+            f"<body><h1>{title}</h1>{''.join(head)}<h2>By layer (op where no layer) and direction, ms per step of "
+            f"{level} time</h2>{H.table(places, cols)}<h2>By {level}, ms per step</h2>{H.table(df, kcols)}"
+            f"{_findings_html(found) if found is not None else ''}</body></html>")
 
 
-def write_csv(df: pd.DataFrame, path: str) -> None:
-    with atomic_file(path) as fh:
-        df.to_csv(fh, index=False)
+def csv_text(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False)
+
+
+def writable(path: str) -> None:
+    """KernelmapError naming ``path`` where it cannot be written: a directory, or under a file or a folder this
+    process may not write (checked before anything is read, so a bad path costs nothing)."""
+    p = Path(path)
+    if p.is_dir():
+        raise KernelmapError(f"{p}: is a directory, not a file to write")
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise KernelmapError(f"{p}: cannot be written: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise KernelmapError(f"{p}: cannot be written: no permission to write in {parent}")
+
+
+def write_all(texts: dict[str, str]) -> None:
+    """Every output file, each written under a temporary name (``atomic_file``) and renamed into place only after
+    every one is written: an error names the file, and no output is left half-written."""
+    current = ""
+    try:
+        with contextlib.ExitStack() as stack:
+            for current, text in texts.items():
+                stack.enter_context(atomic_file(current)).write(text)
+    except OSError as exc:
+        raise KernelmapError(f"{exc.filename2 or current}: cannot be written: {exc.strerror or exc}") from exc
 
 
 def main(args: argparse.Namespace) -> int:
@@ -201,23 +271,25 @@ def main(args: argparse.Namespace) -> int:
         raise KernelmapError(f"--alpha {args.alpha}: a level between 0 and 1")
     if args.top is not None and args.top < 1:
         raise KernelmapError(f"--top {args.top}: at least 1")
+    outputs = [p for p in (args.csv, args.places_csv, args.html, args.findings_csv) if p]
+    for path in outputs:
+        writable(path)
+    if len({os.path.realpath(p) for p in outputs}) < len(outputs):
+        raise KernelmapError(f"two outputs name one file ({', '.join(outputs)}): one would overwrite the other")
     a, b = side(args.a, sa, args.source), side(args.b, sb, args.source)
     if a.level != b.level:
         raise KernelmapError(f"A is timed by {a.level}s ({a.source}), B by {b.level}s ({b.source}): "
                              "not one unit of time; diff a GPU side against a GPU side")
     df, places = D.diff(a, b, args.alpha), D.by_place(a, b, args.alpha)
-    for frame, path in ((df, args.csv), (places, args.places_csv)):
-        if path:
-            write_csv(frame, path)
+    want = args.findings is not None or args.findings_csv or args.html
+    found = F.findings([a, b], args.alpha) if want else None
+    texts = {path: csv_text(frame) for frame, path in ((df, args.csv), (places, args.places_csv),
+                                                        (found, args.findings_csv)) if path}
     if args.html:
-        with atomic_file(args.html) as fh:
-            fh.write(page(df, places))
+        texts[args.html] = page(df, places, found)
+    write_all(texts)
     write(df, places, sys.stdout, args.top)
-    if args.findings is not None or args.findings_csv:
-        found = F.findings([a, b], args.alpha)
-        if args.findings_csv:
-            write_csv(found, args.findings_csv)
-        if args.findings is not None:
-            print("\nfindings, B against A and A against B:", file=sys.stdout)
-            findingscli.write(found, sys.stdout, args.findings)
+    if args.findings is not None:
+        print("\nfindings, B against A and A against B:", file=sys.stdout)
+        findingscli.write(found, sys.stdout, args.findings)
     return 0

@@ -444,15 +444,4 @@ def test_a_trace_without_step_marks_is_one_step(tmp_path, capsys):
     assert sum(int(r["a_ns"]) for r in rows) == trace_kernel_ns(t) == 10862916
 
 
-def test_html_page_holds_every_row(tmp_path, capsys):
-    page = tmp_path / "d.html"
-    assert cli.main(["diff", str(RUN), str(RUN), "--case-a", "mode=cuda-graph", "--case-b", "mode=compile-graphs",
-                     "--html", str(page), "--csv", str(tmp_path / "k.csv"), "--places-csv", str(tmp_path / "p.csv")]) == 0
-    text = page.read_text()
-    with (tmp_path / "k.csv").open() as fh:
-        kernels = list(csv.DictReader(fh))
-    with (tmp_path / "p.csv").open() as fh:
-        places = list(csv.DictReader(fh))
-    assert text.count("<tr>") == len(kernels) + len(places) + 2  # each table's header row
-    assert "100% = 6624347 ns" in text and "triton_poi_fused_convolution_relu_0" in text
-    assert "&lt;" in text and "<float" not in text  # kernel names' templates escaped
+# the --html page: tests/test_diff_html.py
