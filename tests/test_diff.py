@@ -132,6 +132,22 @@ def test_kernel_moved_to_another_layer(gpu_run):
     assert (df.loc[~df.index.isin([*left.index, *came.index]), "status"] == "same").all()
 
 
+def test_the_same_kernel_under_another_call_in_its_place_is_not_moved(gpu_run):
+    """fc1's data-gradient gemm under another library call, in fc1 still (as JAX's XLA calls cuDNN where PyTorch calls
+    cudnnBackendExecute, the same kernels): library call changed on both sides, never 'moved to fc1' from fc1."""
+    def recall(rec):
+        m = kernels_of(rec, *FC1_DGRAD)
+        rec["library_call"] = rec["library_call"].astype(object)
+        rec.loc[m, "library_call"] = "cublasGemmEx"
+        rec["library_call"] = rec["library_call"].astype("string")
+        return rec
+    df, _ = planted(gpu_run, recall)
+    r = df[(df["where"] == "fc1") & (df["direction"] == "bwd_data")]
+    assert sorted(r["library_call"]) == ["cublasGemmEx", "cublasSgemm_v2"] and len(set(r["kernel"])) == 1
+    assert r["status"].tolist() == ["library call changed"] * 2
+    assert (df.loc[~df.index.isin(r.index), "status"] == "same").all()
+
+
 def renamed(rec: pd.DataFrame, new: str) -> pd.DataFrame:
     """conv2's data-gradient kernel (cuDNN) renamed ``new`` in every step: another algorithm, the same times."""
     m = kernels_of(rec, "conv2", "bwd_data", "cudnnBackendExecute")

@@ -199,7 +199,7 @@ def _where_order(w: str) -> tuple[int, str]:
 
 def _status(df: pd.DataFrame, level: str = LEVEL_KERNEL) -> tuple[list[str], list[str]]:
     """Each row's status and note. A row on one side only is named: ``moved`` where the other side has more
-    calls of that kernel and direction in another row; ``algorithm changed`` where the other side has, on one
+    calls of that kernel and direction in another place (layer or op); ``algorithm changed`` where the other side has, on one
     side only too, another kernel of the same where, direction and library call; ``library call changed``
     where it has another call of the same where and direction; ``algorithm changed`` too where it has another
     kernel of the same where and direction group (a bias gradient's kernel renamed is no longer ``bwd_bias``
@@ -224,8 +224,8 @@ def _status(df: pd.DataFrame, level: str = LEVEL_KERNEL) -> tuple[list[str], lis
             note.append("" if same else f"calls per step {_calls(r['a_calls_step'])} -> {_calls(r['b_calls_step'])}")
             continue
         other = "b" if this == "a" else "a"
-        moved = df[(df["kernel"] == r["kernel"]) & (df["direction"] == r["direction"]) & (df.index != i)
-                   & more[other] & (df["where"] != OUTSIDE)]
+        moved = df[(df["kernel"] == r["kernel"]) & (df["direction"] == r["direction"]) & (df["where"] != r["where"])
+                   & more[other] & (df["where"] != OUTSIDE)]  # the same place under another call: not a move
         real = r["where"] != OUTSIDE and r["kernel"] != NONE
         if real and len(moved):
             status.append(Status.MOVED)
