@@ -20,6 +20,19 @@ autotune: at bs 1024 on the H200 its nsys pass ran conv2's backward data as FFT 
 ``fft2d_r2c_16x16<float>`` and ``flip_filter``, which no logged call launched; calllink leaves them unlinked).
 Calls of two maths: NA.
 
+``UNIT_RULES`` (``name_unit``, the ``math_unit`` column): the unit a kernel's products ran on, from the name alone,
+for every kernel, whatever its call: a kernel's operand types (``math_ran``) do not say it (cuDNN's
+``implicit_convolve_sgemm<__nv_bfloat16, …>`` is a bf16 convolution on the FMA units). ``none`` first, a kernel
+that multiplies no operands (``cudnn::nchwToNhwcKernel``/``nhwcToNchwKernel``, cuBLASLt's ``splitKreduce_kernel``,
+CUTLASS's ``reduction::kernel::ReduceSplitK``, cuDNN's ``flip_filter``, ``calc_bias_diff``, ``memset32``,
+``init_device_workspace_kernel``: their names may carry a GEMM's types as template arguments); then an xmma
+kernel's math field (``tf32``/``bf16``/``f16``: ``tensor``; ``f32``: ``fma``, the ``…_ffma_…`` kernels); then
+``tensor``: CUTLASS ``_tensorop_``/``MmaTensorOp``, ``wmma``, ``hmma``, ``gmma``, an MMA shape (``s16816gemm``,
+``_tensor16x8x16_``), sm90 ``nvjet``; ``fma``: ``sgemm`` (``sgemm_largek``, ``implicit_convolve_sgemm``, CUTLASS
+``simt_sgemm``), ``_simt_``/``MmaSimt``, ``*_engine_float*``, ``ffma``. A name that two of them claim, or none
+(FFTs, Winograd transforms, cuDNN's legacy ``wgrad_alg0_engine``, framework kernels): NA. Checked against the
+tensor-pipe and FFMA/HFMA counts of two H200 ncu captures (tests/test_math_unit.py).
+
 ``apply_override``: ``NVIDIA_TF32_OVERRIDE=0`` makes cuBLAS, cuBLASLt and cuDNN never use TF32, whatever
 the call asked (NVIDIA's documentation of the variable). cuDNN 9's log says it per call (its
 ExecuteInternal block's ``enable_tf32``, and the variable in each trailer); the cuBLAS and cuBLASLt logs
@@ -37,7 +50,7 @@ import pandas as pd
 from . import attribution
 from . import strings as S
 from .adapters import mathtypes as MT
-from .schema import MathRan, MathSource
+from .schema import MathRan, MathSource, MathUnit
 
 OVERRIDE_NOTE = "NVIDIA_TF32_OVERRIDE=0"
 _OVERRIDDEN_SOURCES = ("cublas_log", "cublaslt_log")
@@ -48,6 +61,14 @@ _NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32"
           "cf32": MathRan.FP32, "f64": MathRan.FP64, "s1688": MathRan.TF32, "float": MathRan.FP32,
           "__nv_bfloat16": MathRan.BF16, "__half": MathRan.FP16}
 COLUMNS = ("math_ran", "math_dtypes", "math_source")
+# UNIT_RULES (module docstring), in this order
+_NO_PRODUCT = re.compile(r"nchwToNhwc|nhwcToNchw|splitKreduce|ReduceSplitK|reduction::kernel|flip_filter|calc_bias_diff"
+                         r"|init_device_workspace|^memset\d*$")
+_UNIT_OF_MATH = {"tf32": MathUnit.TENSOR, "bf16": MathUnit.TENSOR, "f16": MathUnit.TENSOR, "f32": MathUnit.FMA,
+                 "cf32": MathUnit.FMA}
+_TENSOR = re.compile(r"_tensorop_|MmaTensorOp|wmma|hmma|gmma|_[a-z]?(?:16816|1688|161616)(?:gemm|fprop|dgrad|wgrad)"
+                     r"|_tensor\d+x\d+x\d+_|^nvjet_sm\d+")
+_FMA = re.compile(r"sgemm|_simt_|MmaSimt|_engine_float|ffma")
 OP_KEYS = ["run", "case", "batch_size", "layer", "canonical_op", "phase"]  # OP_RULE: the calls of a kernel's op
 
 
@@ -63,6 +84,33 @@ def name_math(name: str | None) -> str | None:
     if m:
         return _NAMED[m.group(1) or "float"].value
     return None
+
+
+def name_unit(name: str | None) -> str | None:
+    """The unit a kernel's name says its products ran on (``UNIT_RULES``: ``schema.MathUnit``), or None."""
+    if not isinstance(name, str):
+        return None
+    if _NO_PRODUCT.search(name):
+        return MathUnit.NONE.value
+    m = _XMMA.search(name)
+    if m:
+        unit = _UNIT_OF_MATH.get(m.group(1))
+        return unit.value if unit else None
+    hits = {u for u, rule in ((MathUnit.TENSOR, _TENSOR), (MathUnit.FMA, _FMA)) if rule.search(name)}
+    return hits.pop().value if len(hits) == 1 else None
+
+
+def fill_unit(df: pd.DataFrame) -> None:
+    """``math_unit`` of every kernel from its name (``name_unit``, once per distinct name); other rows NA."""
+    kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
+    if not len(kern):
+        return
+    names = S.objects(df["kernel_name"])[kern]
+    by_name = {n: name_unit(n) for n in set(names)}
+    units = [by_name[n] for n in names]
+    hit = np.array([u is not None for u in units], dtype=bool)
+    if hit.any():
+        S.set_rows(df, "math_unit", kern[hit], [u for u in units if u is not None])
 
 
 def apply_override(df: pd.DataFrame, overrides: list[str]) -> int:
@@ -90,6 +138,7 @@ def fill(df: pd.DataFrame) -> dict:
     kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
     if not len(kern):
         return {"kernels_math_from_call": 0, "kernels_math_from_name": 0}
+    fill_unit(df)
     fma = np.array([], dtype=np.int64)
     calls = np.flatnonzero(S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]))
     ids = df["event_id"].to_numpy(dtype="float64", na_value=np.nan)

@@ -75,12 +75,15 @@ COLUMNS: dict[str, str] = {
     "math_ran": "string",  # fp32 | tf32 | bf16 | fp16 | fp64 | mixed: the multiply inputs' precision
     "math_dtypes": "string",  # the call's data types as its log gives them: "a=bf16 b=bf16 c=fp32 compute=fp32"
     "math_source": "string",  # log | hlo | name: where math_ran (and math_dtypes) come from
+    "math_unit": "string",  # tensor | fma | none: the unit a kernel's products ran on, by its name (MathUnit); NA: unknown
 }
 
 # columns added at the end within v2; a v2 file without them reads with them NA
 ADDED_COLUMNS = ("rank", "device_index")
 # columns added at the end within v3 (issue 38); a v3 file without them reads with them NA
 MATH_COLUMNS = ("math_ran", "math_dtypes", "math_source")
+# added at the end within v3 after them (issue 38); a v3 file without it reads with it NA
+UNIT_COLUMNS = ("math_unit",)
 
 
 class Kind(enum.StrEnum):
@@ -140,9 +143,17 @@ class MathSource(enum.StrEnum):
     OP = "op"  # a library kernel no call was linked to: the one math its op's logged calls ran (kernelmath OP_RULE)
 
 
+class MathUnit(enum.StrEnum):
+    """The unit a kernel's products ran on, from its name (kernelmap/kernelmath.py UNIT_RULES; docs/SCHEMA.md)."""
+    TENSOR = "tensor"  # tensor-core MMA (HMMA/HGMMA: xmma bf16/f16/tf32, CUTLASS tensorop/wmma, nvjet)
+    FMA = "fma"  # the CUDA cores' FMA (SIMT: sgemm, implicit_convolve_sgemm, *_engine_float*, xmma ..._ffma)
+    NONE = "none"  # no product: layout transposes, split-K reductions, bias-gradient sums, memsets
+
+
 KINDS = tuple(k.value for k in Kind)
 MATHS_RAN = tuple(m.value for m in MathRan)
 MATH_SOURCES = tuple(m.value for m in MathSource)
+MATH_UNITS = tuple(m.value for m in MathUnit)
 PHASES = tuple(p.value for p in Phase)
 DIRECTIONS = tuple(d.value for d in Direction)
 LIBRARIES = tuple(lib.value for lib in Library)
@@ -190,7 +201,8 @@ CANONICAL_OPS = (
 )
 
 _ENUMS = {"kind": KINDS, "phase": PHASES, "direction": DIRECTIONS, "library": LIBRARIES,
-          "canonical_op": CANONICAL_OPS, "math_ran": MATHS_RAN, "math_source": MATH_SOURCES}
+          "canonical_op": CANONICAL_OPS, "math_ran": MATHS_RAN, "math_source": MATH_SOURCES,
+          "math_unit": MATH_UNITS}
 
 
 # the pandas dtype of each column: "string" is STRING (Python objects, not the Arrow storage that
@@ -529,9 +541,11 @@ def read_parquet(path: str | os.PathLike, upgrade=None) -> pd.DataFrame:
         raise SchemaError(f"{path}: columns do not match their pandas metadata ({type(exc).__name__}: {exc})") from None
     if version < SCHEMA_VERSION:
         df = _upgrade_v2(df, upgrade)
-    elif list(df.columns) == list(COLUMNS)[:-len(MATH_COLUMNS)]:  # a v3 file from before the math columns
-        for c in MATH_COLUMNS:
-            df[c] = pd.array([pd.NA] * len(df), dtype=STRING)
+    else:  # a v3 file from before the math columns, or from before math_unit
+        for added in ((*MATH_COLUMNS, *UNIT_COLUMNS), UNIT_COLUMNS):
+            if list(df.columns) == list(COLUMNS)[:-len(added)]:
+                for c in added:
+                    df[c] = pd.array([pd.NA] * len(df), dtype=STRING)
     try:
         df = df.astype(DTYPES) if list(df.columns) == list(COLUMNS) else df
     except (TypeError, ValueError) as exc:
@@ -542,13 +556,13 @@ def read_parquet(path: str | os.PathLike, upgrade=None) -> pd.DataFrame:
 def _upgrade_v2(df: pd.DataFrame, upgrade) -> pd.DataFrame:
     """A v2 frame in v3's columns: rank and device_index NA where the file is older than them; the case's
     columns from ``upgrade`` of each distinct ``framework`` value (once per value, not per row)."""
-    v2 = [c for c in COLUMNS if c not in CASE_COLUMNS and c not in MATH_COLUMNS]
+    v2 = [c for c in COLUMNS if c not in (*CASE_COLUMNS, *MATH_COLUMNS, *UNIT_COLUMNS)]
     if list(df.columns) == v2[:-len(ADDED_COLUMNS)]:  # a file from before rank/device_index
         for c in ADDED_COLUMNS:
             df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
     if list(df.columns) != v2:
         return df  # validate names what differs
-    for c in MATH_COLUMNS:
+    for c in (*MATH_COLUMNS, *UNIT_COLUMNS):
         df[c] = pd.array([pd.NA] * len(df), dtype=STRING)
     codes, names = pd.factorize(df["framework"].astype(object), use_na_sentinel=True)
     values = [upgrade(n) for n in names]

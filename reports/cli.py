@@ -101,7 +101,8 @@ TABLES = {
                       "shapes' FLOP model (+-10%)",
     "counter_status": "counters pass: per case, kernels counted and paired, or why the pass recorded nothing",
     "math": "math each library call really ran (issue 38), per case x layer x direction x call: math, its source, "
-            "data types, kernels or calls per step and their time",
+            "the unit its kernels ran on (tensor core, FMA, none: by name), data types, kernels or calls per step "
+            "and their time",
     "math_coverage": "math: per case, the share of library time whose math is known (the issue asks >= 99%)",
     "coverage": "coverage: unattributed timed time",
     "coverage_top": "coverage: largest unattributed events",

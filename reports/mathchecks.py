@@ -4,7 +4,10 @@
   math is known ran the math the case asked for (``--math``): FAIL names each one that did not (layer, direction, call, the
   math it ran, its time per step): asked fp32, a call ran TF32; asked bf16, a conv ran fp32; asked tf32,
   tf32 or fp32 pass (TF32 is a permission: ``math.ALLOWED``), the detail giving the time of each. Not checked
-  where the case's math is not recorded or none of its products has a known math.
+  where the case's math is not recorded or none of its products has a known math. A product of a tensor-core
+  math (tf32, bf16, fp16) whose kernels ran on the FMA units (``math_unit``: ``math.fma_products``) is named in the
+  detail with its time and share of the conv/linear kernels' time, not failed: it ran the precision asked, on other units
+  (docs/MIXED_PRECISION.md "Tensor cores or FMA").
 * ``math known``: per case x batch size, the share of library time whose math is known is at least
   ``math.COVERAGE_GOAL``; FAIL names the largest unknown kernels. Not checked where the records were
   written before the math columns (re-normalise the run), the case has no library time, or it has no library
@@ -33,8 +36,7 @@ def math_checks(run: Run) -> list[dict[str, Any]]:
 
 def _as_asked(run: Run, c, table, wrong) -> list[dict[str, Any]]:
     mine = table[(table["case"] == c.case) & (table["batch_size"] == c.batch_size)]
-    products = mine[mine["canonical_op"].isin(M.MULTIPLY_OPS) & ~mine["direction"].isin(M.NOT_PRODUCTS)
-                    & (mine["math_ran"] != "unknown")]
+    products = M.products(mine)
     bad = wrong[(wrong["case"] == c.case) & (wrong["batch_size"] == c.batch_size)]
     subject = "conv/linear products"
     if c.math_asked is None:
@@ -48,11 +50,24 @@ def _as_asked(run: Run, c, table, wrong) -> list[dict[str, Any]]:
         what = "; ".join(f"{r.layer} {r.direction} {r.library_call} ran {r.math_ran} ({r.ms_per_step:.3f} ms/step)"
                          for r in bad.itertuples(index=False))
         return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked,
-                          "/".join(ran), FAIL, f"asked {c.math_asked}: {what}")]
+                          "/".join(ran), FAIL, f"asked {c.math_asked}: {what}{_on_fma(products)}")]
     ran = products.groupby("math_ran")["ms_per_step"].sum()
     said = ", ".join(f"{m} {ms:.3f} ms/step" for m, ms in ran.items())
     return [check_row(run.name, c.case, c.batch_size, Check.MATH_AS_ASKED, subject, c.math_asked,
-                      "/".join(ran.index), PASS, f"{len(products)} product row(s): {said} ({c.time_kind})")]
+                      "/".join(ran.index), PASS,
+                      f"{len(products)} product row(s): {said} ({c.time_kind}){_on_fma(products)}")]
+
+
+def _on_fma(products) -> str:
+    """The products of a tensor-core math that ran on the FMA units, with their time and share, or ''."""
+    fma = M.fma_products(products)
+    if not len(fma):
+        return ""
+    total = float(products["ms_per_step"].sum())
+    what = "; ".join(f"{r.layer} {r.direction} {r.library_call} {r.math_ran} {r.ms_per_step:.3f} ms/step"
+                     for r in fma.itertuples(index=False))
+    share = f", {float(fma['ms_per_step'].sum()) / total:.1%} of the conv/linear kernels' time" if total else ""
+    return f"; on FMA units, no tensor core (kernel names){share}: {what}"
 
 
 def _known(run: Run, c) -> dict[str, Any]:

@@ -32,11 +32,11 @@ def test_schema_dtypes_cost_what_pandas_says(fp, records):
     assert list(cols) == list(schema.COLUMNS)
     ints = [c for c in cols.values() if c.dtype == "Int64"]
     strs = [c for c in cols.values() if c.dtype == "string"]
-    assert (len(ints), len(strs)) == (23, 22)  # schema v3: devices; mode and math; math_ran, math_dtypes, math_source
+    assert (len(ints), len(strs)) == (23, 23)  # schema v3: devices; mode and math; math_ran, math_dtypes, math_source; math_unit
     # Int64: 8-byte values and a 1-byte mask; string: an 8-byte pointer a row (objects not counted)
     assert {c.bytes for c in ints} == {3256 * 9}
     assert {c.bytes for c in strs} == {3256 * 8}
-    assert sum(c.bytes for c in cols.values()) == 23 * 3256 * 9 + 22 * 3256 * 8 == 1_247_048
+    assert sum(c.bytes for c in cols.values()) == 23 * 3256 * 9 + 23 * 3256 * 8 == 1_273_096
 
 
 def test_narrowest_types_follow_the_fixture_ranges(fp, records):
@@ -69,9 +69,9 @@ def test_cli_figures_and_json(fp, records, tmp_path, capsys):
     js = tmp_path / "fp.json"
     assert fp.main([str(out), "--input", str(NSYS), "--json", str(js)]) == 0
     text = capsys.readouterr().out
-    assert "3,256 rows: 1.2 MB in the schema's dtypes (383 B a row)" in text
+    assert "3,256 rows: 1.3 MB in the schema's dtypes (391 B a row)" in text
     s = json.loads(js.read_text())
-    assert s["bytes"] == 1_247_048 and s["input_bytes"] == NSYS.stat().st_size
+    assert s["bytes"] == 1_273_096 and s["input_bytes"] == NSYS.stat().st_size
     assert s["interpreter_bytes"] > 30e6  # pandas and pyarrow alone are more than that
     assert s["floor_x_input"] == pytest.approx((s["interpreter_bytes"] + s["bytes"]) / s["input_bytes"])
 

@@ -37,7 +37,8 @@ GROUPS = {
 def frame_digest(df: pd.DataFrame) -> str:
     """The digest of the records' columns but the case's (schema v3's mode, math, devices: issue 36), which
     ``case_columns`` checks apart, and the math columns (issue 38: tests/test_math_column.py checks them): the
-    digests stored before them still hold for every other column."""
+    digests stored before them still hold for every other column. ``math_unit`` (``schema.UNIT_COLUMNS``) is in
+    the digests: they were rewritten when it was added, every other column checked unchanged first."""
     df = df.drop(columns=[*schema.CASE_COLUMNS, *schema.MATH_COLUMNS])
     h = hashlib.sha256()
     h.update(repr((len(df), list(df.columns))).encode())

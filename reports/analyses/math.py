@@ -2,7 +2,7 @@
 
 ``math_ran`` (records, ``kernelmap/adapters/mathtypes.py`` and ``kernelmap/kernelmath.py``): what a call's
 multiplications took as inputs, from its log (or HLO text), and each kernel its call's (else its name's).
-Three tables, DataFrames only:
+Tables, DataFrames only:
 
 * ``math_table``: per run x case x batch size x layer x direction x library call x math: kernels (GPU) or
   calls (CPU) per step and their time per step. GPU: the kernels of the source the case is timed from
@@ -15,6 +15,9 @@ Three tables, DataFrames only:
   the case asked for (``math`` column: ``--math``): under fp32 anything but fp32 (a TF32 call), under tf32
   anything but tf32 or fp32 (``ALLOWED``: TF32 is a permission), under bf16/fp16 anything but that type (a conv
   left in fp32, a mixed call).
+* ``fma_products``: the rows of ``math_table`` of a convolution or linear product that ran on the FMA units
+  (``math_unit`` ``fma``, by the kernel's name: ``kernelmath.name_unit``) in a case that asked a tensor-core math
+  (``TENSOR_MATHS``); ``math as asked`` names them without failing (docs/MIXED_PRECISION.md says why).
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ MULTIPLY_OPS = ("conv2d", "linear")
 NOT_PRODUCTS = ("bwd_bias",)
 CPU_SOURCES = ("onednn_verbose", "mkl_verbose")
 TABLE = ["run", "case", "batch_size", "math_asked", "canonical_op", "layer", "direction", "library", "library_call", "math_ran",
-         "math_source", "math_dtypes", "per_step", "ms_per_step", "time_kind"]
+         "math_source", "math_unit", "math_dtypes", "per_step", "ms_per_step", "time_kind"]
 COVERAGE = ["run", "case", "batch_size", "math_asked", "time_kind", "library_ms_per_step", "with_math_ms_per_step",
             "share",
             "kernels", "kernels_with_math", "unknown_top", "records_have_math", "calls_with_math"]
 # what each asked math allows a product to run: TF32 permits, never forces (a library may pick an FP32-FMA engine)
 ALLOWED = {"tf32": ("tf32", "fp32")}
-_KEYS = ["canonical_op", "layer", "direction", "library", "library_call", "math_ran", "math_source"]
+_KEYS = ["canonical_op", "layer", "direction", "library", "library_call", "math_ran", "math_source", "math_unit"]
+# the maths whose products NVIDIA's libraries run on tensor cores where they can (TF32 only there)
+TENSOR_MATHS = ("tf32", "bf16", "fp16")
 
 
 def _asked(rows: pd.DataFrame) -> str | None:
@@ -137,7 +142,21 @@ def math_mismatches(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``math_table`` of a convolution or linear product whose known math is not the case's."""
     if not len(table):
         return table
-    t = table[table["canonical_op"].isin(MULTIPLY_OPS) & ~table["direction"].isin(NOT_PRODUCTS) & table["math_asked"].notna()
-              & (table["math_ran"] != schema.UNKNOWN)]
+    t = products(table)
+    t = t[t["math_asked"].notna()]
     allowed = t["math_asked"].map(lambda m: ALLOWED.get(m, (m,)))
     return t[np.array([ran not in ok for ran, ok in zip(t["math_ran"], allowed, strict=True)], dtype=bool)]
+
+
+def products(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``math_table`` of a convolution or linear product (not a bias gradient) whose math is known."""
+    return table[table["canonical_op"].isin(MULTIPLY_OPS) & ~table["direction"].isin(NOT_PRODUCTS)
+                 & (table["math_ran"] != schema.UNKNOWN)]
+
+
+def fma_products(table: pd.DataFrame) -> pd.DataFrame:
+    """The product rows of a case asked a tensor-core math (``TENSOR_MATHS``) whose kernels ran on the FMA units."""
+    if not len(table):
+        return table
+    p = products(table)
+    return p[p["math_asked"].isin(TENSOR_MATHS) & (p["math_unit"] == schema.MathUnit.FMA.value)]
