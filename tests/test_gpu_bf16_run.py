@@ -379,3 +379,36 @@ def test_products_by_pipe(case, records, tmp_path):
     products = PIPES[case]["tensor"] + PIPES[case]["fma"]
     share = {"pytorch-bf16": 0.8542, "pytorch-cuda-graph-bf16": 0.8552, "jax-bf16": 0.6540}[case]
     assert round(PIPES[case]["tensor"] / products, 4) == share
+
+
+def hlo_linear_gradients(path: Path, batch: int) -> dict[str, tuple[str, str]]:
+    """HLO instruction -> (layer, direction) of each backward dot of a linear layer (``transpose(jvp(CNN))/fcN/``),
+    by its result's shape: [batch, in] is the input's gradient (bwd_data); one whose last two dimensions are
+    the layer's kernel (in, out), split-K partials in front, is the weight's (bwd_weight)."""
+    kernels = {"fc1": [3136, 128], "fc2": [128, 10]}
+    entry = re.search(r"^ENTRY .*?^}", _text(path), re.M | re.S)[0]  # what runs: not the fusions' bodies
+    out = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = [a-z]+\d*\[([\d,]*)\]\S* (?:fusion|dot)\(.*"
+                         r'op_name="[^"]*transpose\(jvp\(CNN\)\)/(fc\d)/', entry, re.M):
+        dims = [int(d) for d in m[2].split(",")]
+        if dims == [batch, kernels[m[3]][0]]:
+            out[m[1]] = (m[3], "bwd_data")
+        elif dims[-2:] == kernels[m[3]]:
+            out[m[1]] = (m[3], "bwd_weight")
+    return out
+
+
+@pytest.mark.parametrize("folder, batch", [(_case("jax-bf16"), BS), (DATA / "jax_cpu", 64)])
+def test_jax_linear_backward_directions(folder, batch):
+    """Under the bf16 policy XLA's input-gradient dots read the kernel's bf16 cast (``wrapped_convert.1 =
+    fusion(params__fc1____kernel__.1)``), on the CPU a layout copy of it: each was called bwd_weight, leaving
+    bwd_data of fc1 and fc2 empty (``xla_trace._from_param``)."""
+    from kernelmap import adapters
+
+    want = hlo_linear_gradients(next(folder.glob("*.hlo.txt*")), batch)
+    assert sorted(want.values()) == [("fc1", "bwd_data"), ("fc1", "bwd_weight"), ("fc2", "bwd_data"), ("fc2", "bwd_weight")]
+    df = adapters.read(folder / "trace.json.gz")
+    rows = df[df["kind"] == ("kernel" if "gpu" in str(folder) else "op")]
+    name = rows["op_name"].astype(str).str.split(" ").str[0]
+    got = {n: (lay, d) for n, lay, d in zip(name, rows["layer"], rows["direction"], strict=True) if n in want}
+    assert got == want

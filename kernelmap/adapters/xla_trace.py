@@ -40,9 +40,9 @@ is used; ``df.attrs["hlo_text"]`` says which modules had it.
 * an instruction with no name path at all (XLA's own zero fills, paddings, argmax recomputation)
   takes the classification of its first user that has one; a ``copy`` without, ``copy``.
 * conv/linear backward: cuDNN's ``convBackwardInput`` -> bwd_data, ``convBackwardFilter`` ->
-  bwd_weight; otherwise a dot whose operands include the layer's kernel parameter is bwd_data, and
-  one without it bwd_weight; a CPU convolution whose output has the layer's weight dimensions is
-  bwd_weight, else bwd_data.
+  bwd_weight; otherwise a dot whose operands include the layer's kernel parameter (or its cast:
+  ``_from_param``) is bwd_data, and one without it bwd_weight; a CPU convolution whose output has
+  the layer's weight dimensions is bwd_weight, else bwd_data.
 
 Library: cuDNN / cuBLAS / cuBLASLt from the custom-call target (``__cudnn$...``,
 ``__cublas$gemm``, ``__cublas$lt$matmul``); ``native`` for kernels XLA generates itself (loop,
@@ -363,6 +363,20 @@ def _rank(c: str) -> int:
     return PRIORITY.index(c) if c in PRIORITY else len(PRIORITY)
 
 
+def _from_param(name: str, param: str, by_name: dict[str, Instr], hops: int = 4) -> bool:
+    """Whether operand ``name`` is the parameter ``param`` or made from it alone: a chain of one-operand
+    instructions (convert, bitcast, copy, a one-operand fusion: under a bf16/fp16 policy the dot reads
+    ``wrapped_convert.1 = fusion(params__fc1____kernel__.1)``, not the parameter)."""
+    for _ in range(hops):
+        if name.startswith(param):
+            return True
+        ins = by_name.get(name)
+        if ins is None or len(ins.operands) != 1:
+            return False
+        name = ins.operands[0]
+    return name.startswith(param)
+
+
 def _refine(ins: Instr, lab: Label, by_name: dict[str, Instr]) -> Label:
     if lab.direction != "bwd" or lab.canonical not in ("conv2d", "linear"):
         return lab
@@ -375,7 +389,7 @@ def _refine(ins: Instr, lab: Label, by_name: dict[str, Instr]) -> Label:
         return lab
     if lab.canonical == "linear":
         kernel = f"params__{lab.layer}____kernel__"
-        uses = any(o.startswith(kernel) for o in ins.operands)
+        uses = any(_from_param(o, kernel, by_name) for o in ins.operands)
         return Label("linear", "bwd_data" if uses else "bwd_weight", lab.layer)
     if "conv" in ins.name or "ynn" in ins.name or ins.opcode in ("convolution", "fusion"):
         same = sorted(ins.shape) == _LAYER_DIMS[lab.layer]
