@@ -15,8 +15,8 @@ cuBLAS and cuBLASLt logs' text, the HLO text, the Kineto/XLA Chrome traces, the 
 * which products ran on tensor cores by their kernels' names: all but conv1's forward (C_in = 1), which cuDNN
   ran on FP32 FMA in both frameworks (``implicit_convolve_sgemm<__nv_bfloat16>``,
   ``convolve_common_engine_float_NHWC<__nv_bfloat16>``: bf16 data, no tensor-core math; the ncu probe of the
-  same kernel at bs 64, .gpu-out/ncu-probe: 0 bf16 tensor ops, 25.7M FFMA). The math column says bf16 for it:
-  it records the operands' type, not the pipe."""
+  same kernel at bs 64, .gpu-out/ncu-probe: 0 bf16 tensor ops, 25.7M FFMA). ``math_ran`` says bf16 for it (the
+  operands' type), ``math_unit`` fma (the pipe), as this module's own name rules do."""
 
 from __future__ import annotations
 
@@ -376,6 +376,8 @@ def test_products_by_pipe(case, records, tmp_path):
     fma = k[[pipe(n) == "fma" for n in k["kernel_name"]]]
     assert len(fma) == STEPS and int(fma["dur_ns"].sum()) == PIPES[case]["fma"]
     assert set(zip(fma["layer"], fma["direction"], fma["math_ran"], strict=True)) == {("conv1", "fwd", "bf16")}
+    # the records' math_unit (kernelmath's name rules) is this reader's pipe, kernel by kernel
+    assert list(k["math_unit"].astype(str)) == [pipe(n) for n in k["kernel_name"]]
     products = PIPES[case]["tensor"] + PIPES[case]["fma"]
     share = {"pytorch-bf16": 0.8542, "pytorch-cuda-graph-bf16": 0.8552, "jax-bf16": 0.6540}[case]
     assert round(PIPES[case]["tensor"] / products, 4) == share
