@@ -46,6 +46,7 @@ class Check(enum.StrEnum):
     COMM_BOUNDS = "communication within its step"
     COMM_INDEPENDENT = "exposed communication against the step without reduction"
     SCALING = "scaling efficiency against one device"
+    RANK_TIMELINE = "merged timeline's steps as the communication figures'"  # reports/commchecks.py
     COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
     COUNTER_MATH = "log math vs counter math"
     COUNTERS_BUDGET = "counters pass within budget"

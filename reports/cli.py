@@ -33,10 +33,12 @@ from . import answer as ANS
 from . import checks as C
 from . import figures as F
 from . import html as H
+from . import rankfigure as RF
 from .analyses import basis as B
 from .analyses import comm as COMM
 from .analyses import findings as FD
 from .analyses import math as MATH
+from .analyses import ranks as RT
 from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.roofline import counter_kernels, layer_counters
@@ -427,6 +429,7 @@ class Analysed:
     noise: pd.DataFrame  # the clean trials' spread and verdict per case (basis.trial_noise)
     step_noise: pd.DataFrame  # each clean step against the reference's, within noise or not (basis.step_noise)
     counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
+    ranks: list[tuple[str, RT.RankTimeline]]  # per run: the merged timeline of every rank (issue 39)
 
 
 def load_runs(run_dirs: list[str]) -> list[A.Run]:
@@ -464,7 +467,8 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
-        counters=_counters(runs), **_cpu_time(runs, layers))
+        counters=_counters(runs), ranks=[(r.name, RT.rank_timeline(r.records)) for r in runs],
+        **_cpu_time(runs, layers))
 
 
 def _counters(runs: list[A.Run]) -> dict[str, Any]:
@@ -491,7 +495,7 @@ def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
     figs = _figure_list(out, a)
     for f in figs:
         f["busy"], f["mark"] = H.busy_mark(a.ov, FIGURE_PASSES[f["stem"]], A.fw_label)
-    return figs
+    return RF.figures(out, a.ranks, a.ov, len(a.runs) > 1) + figs  # the multi-device cases' first
 
 
 def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:

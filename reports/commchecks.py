@@ -12,6 +12,9 @@ case and check:
   with ``--profile comm``, the traces' exposed communication (median over the traced steps) within
   ``comm.AGREEMENT`` (5%) of the clean pass's median step less the same step without the gradients' reduction
   (``comm.independent``), for every rank and trace source; not checked where the case has no such pass.
+- ``merged timeline's steps as the communication figures'`` (``analyses/ranks.py``): every step the merged timeline
+  of the ranks draws spans exactly (to the ns) the interval ``comm.per_step`` measured for that rank and step (a rank
+  drawn shifted, or a step drawn that the figures lack: FAIL).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kernelmap.frameworks.dataparallel import NO_REDUCTION
 from .analyses import scaling as SC
 from .analyses.base import BUSY, Run
 from .analyses.comm import AGREEMENT, INDEPENDENT_COLUMNS, independent, per_step
+from .analyses.ranks import rank_timeline, step_mismatches
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
 
 TOLERANCE_MS = 1e-9  # the figures are sums of whole nanoseconds: equal within rounding
@@ -119,9 +123,30 @@ def scaling_checks(run_name: str, table: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def timeline_checks(run_name: str, timeline, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """The merged timeline's check per case it draws (``ranks.rank_timeline``'s ``timeline`` against ``steps``,
+    ``comm.per_step`` of the same records): no ``ranks.step_mismatches``."""
+    rows = []
+    bad_all = step_mismatches(timeline, steps)
+    for c in timeline.cases.itertuples():
+        bad = bad_all[bad_all["run"] == c.run]
+        drawn = timeline.spans[timeline.spans["run"] == c.run]
+        detail = (f"{c.source}: {len(drawn)} steps x lane groups drawn (steps {c.iterations.replace(';', ', ')}), "
+                  "each at its communication figures' interval" if bad.empty else "; ".join(
+                      f"step {x.iteration} rank {x.rank}: {x.why} (figures {x.comm_start_ns}–{x.comm_end_ns}, "
+                      f"drawn {x.figure_start_ns}–{x.figure_end_ns} ns)" for x in bad.head(3).itertuples()))
+        rows.append(check_row(run_name, c.framework, c.batch_size, Check.RANK_TIMELINE, c.run,
+                              "every drawn step = comm_steps' step", f"{len(bad)} differ", PASS if bad.empty else FAIL,
+                              detail))
+    return rows
+
+
 def comm_checks(run: Run) -> list[dict[str, Any]]:
     """The checks of every multi-device case of ``run``; a run without one: each check once, not checked."""
-    rows = step_checks(run.name, per_step(run.records)) if run.records is not None else []
+    steps = per_step(run.records) if run.records is not None else None
+    rows = step_checks(run.name, steps) if steps is not None else []
+    if steps is not None:
+        rows += timeline_checks(run.name, rank_timeline(run.records), steps)
     multi = any((r.get("devices") or 1) > 1 for r in run.results)
     if multi and not rows:
         rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,

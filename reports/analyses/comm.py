@@ -12,6 +12,8 @@ Per traced step of each rank (``per_step``):
 - ``exposed_ms``: communication time during which no compute ran (communication minus its overlap with
   compute); ``overlap_share`` = 1 − exposed / communication (NA without communication);
 - ``comm_bytes``: bytes the step's collective ops moved (their sizes in the trace; NA where it gives none);
+- ``step_start_ns``, ``step_end_ns``: the step's interval on the trace's clock (the merged timeline of the ranks
+  draws it: ``analyses/ranks.py``);
 - ``linked_share``: the share of the communication rows' summed time that is an op of the framework's own
   or linked to the op that issued it (``op_event_id``; ``kernelmap/commlink.py``).
 
@@ -41,7 +43,7 @@ BASIS_DEVICE = "device kernels (GPU clock)"
 BASIS_HOST = "host framework ops (CPU clock)"
 COLUMNS = ["run", "framework", "mode", "devices", "batch_size", "source", "rank", "iteration", "basis", "step_ms",
            "compute_ms", "communication_ms", "exposed_ms", "overlap_share", "comm_bytes", "collectives",
-           "linked_share"]
+           "linked_share", "step_start_ns", "step_end_ns"]
 _NS_MS = 1e6
 
 
@@ -105,11 +107,12 @@ def _case_rows(df: pd.DataFrame) -> list[dict]:
                         "communication_ms": c_ns / _NS_MS, "exposed_ms": exposed / _NS_MS,
                         "overlap_share": (1 - exposed / c_ns) if c_ns else None,
                         "comm_bytes": int(issuing["bytes"].sum()) if issuing["bytes"].notna().any() else None,
-                        "collectives": len(issuing), "linked_share": linked / total if total else None})
+                        "collectives": len(issuing), "linked_share": linked / total if total else None,
+                        "step_start_ns": min(ends), "step_end_ns": max(ends)})
     return out
 
 
-def _device_ranks(df: pd.DataFrame) -> pd.DataFrame:
+def device_ranks(df: pd.DataFrame) -> pd.DataFrame:
     """One process's trace of several GPUs (XLA's: a process per device in one trace, no rank): each kernel's rank
     its device's (``device_index``), so that each device gets its own figures; any other trace as it is."""
     if "device_index" not in df or df["rank"].notna().any():
@@ -129,9 +132,9 @@ def per_step(records: pd.DataFrame) -> pd.DataFrame:
     multi = records[(records["devices"].fillna(1) > 1)]
     rows: list[dict] = []
     for _, df in multi.groupby(["run", "source"], sort=True):  # each capture pass on its own (its clock, its steps)
-        rows += _case_rows(_device_ranks(df))
+        rows += _case_rows(device_ranks(df))
     out = pd.DataFrame(rows, columns=COLUMNS)
-    for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size"):
+    for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size", "step_start_ns", "step_end_ns"):
         out[c] = out[c].astype("Int64")
     return out
 
