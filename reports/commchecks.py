@@ -151,7 +151,7 @@ def comm_checks(run: Run) -> list[dict[str, Any]]:
     if multi and not rows:
         rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,
                           "no capture pass traced the multi-device cases' steps (--profile framework or comm)")
-                for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]
+                for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.RANK_TIMELINE)]
     if multi:
         table = independent(run.records, run.results) if run.records is not None else pd.DataFrame(
             columns=INDEPENDENT_COLUMNS[1:])
@@ -159,4 +159,4 @@ def comm_checks(run: Run) -> list[dict[str, Any]]:
                 + scaling_checks(run.name, SC.scaling([run])))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
-            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS)]  # the independent measure: per multi-device case
+            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.COMM_INDEPENDENT, Check.SCALING, Check.RANK_TIMELINE)]

@@ -112,7 +112,8 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.CALL_STATEMENT, C.PASS): 2,  # per framework: the tables and attribution.json say one thing
         (C.Check.CPU_WALL, C.NOT_CHECKED): 2,  # recorded before the workers' CPU time
         (C.Check.COMM_LINKED, C.NOT_CHECKED): 1,  # issue 39: no case on more than one device (said once)
-        (C.Check.COMM_BOUNDS, C.NOT_CHECKED): 1,
+        (C.Check.COMM_BOUNDS, C.NOT_CHECKED): 1, (C.Check.COMM_INDEPENDENT, C.NOT_CHECKED): 1,
+        (C.Check.SCALING, C.NOT_CHECKED): 1, (C.Check.RANK_TIMELINE, C.NOT_CHECKED): 1,
         # issue 38: each framework's oneDNN/MKL calls ran fp32 as asked, every call's math known
         (C.Check.MATH_AS_ASKED, C.PASS): 2, (C.Check.MATH_KNOWN, C.PASS): 2,
     }
@@ -132,6 +133,8 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.BUSY_SHARE, C.NOT_CHECKED): 1,  # kernel time over the clean step: contention not measured
         (C.Check.CPU_WALL, C.NOT_CHECKED): 1,  # a GPU run: its host's CPU time is not the step's work
         (C.Check.COMM_LINKED, C.NOT_CHECKED): 1, (C.Check.COMM_BOUNDS, C.NOT_CHECKED): 1,  # issue 39: one device
+        (C.Check.COMM_INDEPENDENT, C.NOT_CHECKED): 1, (C.Check.SCALING, C.NOT_CHECKED): 1,
+        (C.Check.RANK_TIMELINE, C.NOT_CHECKED): 1,
         # issue 38: its cuDNN/cuBLAS calls ran fp32 (NVIDIA_TF32_OVERRIDE=0) as asked, every kernel's math known
         (C.Check.MATH_AS_ASKED, C.PASS): 1, (C.Check.MATH_KNOWN, C.PASS): 1}
     rc = _counts(_checks(runs["report_cpu_run"]))

@@ -100,7 +100,8 @@ def test_driver_window_without_a_driver_says_so(monkeypatch):
 def test_runs_the_worker_under_ncu(tmp_path, monkeypatch):
     calls = []
 
-    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                    stall_s=None):
         calls.append((list(cmd), stdout_path))
         if "kernelmap.worker" in cmd:
             d = Path(cmd[cmd.index("--dir") + 1])
@@ -130,7 +131,8 @@ def test_runs_the_worker_under_ncu(tmp_path, monkeypatch):
 
 
 def test_ncu_failure_is_recorded_and_the_case_goes_on(tmp_path, monkeypatch):
-    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                    stall_s=None):
         log = Path(cmd[cmd.index("--log-file") + 1])
         log.write_text("==PROF== Connected to process 1\n==ERROR== ERR_NVGPUCTRPERM - The user does not have "
                        "permission to access NVIDIA GPU Performance Counters on the target device 0.\n")

@@ -457,7 +457,8 @@ class FakeWorkers:
         self.plan = plan or {}
         self.calls: list[tuple] = []
 
-    def __call__(self, cmd, *, label, batch_size, env=None, stdout_path=None, forward_stderr=True, log_path=None):
+    def __call__(self, cmd, *, label, batch_size, env=None, stdout_path=None, forward_stderr=True, log_path=None,
+                 stall_s=None):
         arg = lambda name: cmd[cmd.index(name) + 1] if name in cmd else None  # noqa: E731
         fw, p, trial = arg("--framework"), arg("--pass"), arg("--trial")
         trial = int(trial) if trial else None
@@ -762,7 +763,8 @@ def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeyp
 
     calls = []
 
-    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                    stall_s=None):
         calls.append(list(cmd))
         if cmd[1] == "profile":
             out = Path(cmd[cmd.index("-o") + 1])
@@ -809,7 +811,8 @@ def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monk
 
     envs = []
 
-    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True):
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                    stall_s=None):
         envs.append((cmd[cmd.index("--pass") + 1], env))
         d = Path(cmd[cmd.index("--dir") + 1])
         name = rundir.pass_result_name("clean", 1) if "clean" in cmd else rundir.pass_result_name("framework")
@@ -820,7 +823,8 @@ def test_every_process_of_an_mxnet_case_shares_one_algorithm_file(tmp_path, monk
     tree = _tree(tmp_path / "tree", patches)
     case = run_case.CaseRun(CaseKey("mxnet", "hybridized", "fp32", 1, 1024),
                             run_devices.Decision("mxnet", "gpu", "gpu", None),
-                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path / "run", None, None, 1, {})
+                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, '{"n_train": 60000, "n_test": 10000}',
+                            tmp_path / "run", None, None, 1, {})
     case.own_env = {ENV_TREE: str(tree)}
     case.run_clean(1, "clean", run_processes.RunProgress(1, enabled=False))
     case.run_capture("framework", run_processes.RunProgress(1, enabled=False), [])
