@@ -787,3 +787,23 @@ def test_built_mxnet_runs_one_set_of_cudnn_algorithms_in_every_pass(tmp_path, mo
     assert run["algorithms_shared"] is True
     for src, b in run["by_source"].items():
         assert b["library_kernels"] > 0 and b["library_kernels_linked"] == b["library_kernels"], (src, b)
+
+
+def test_shipped_libraries_are_one_copy_each_and_links(tmp_path):
+    """OpenBLAS's three names are one file on the build host: the tree holds it once and links the others
+    (the tree carried to the H200 held three 36.5 MB copies)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "libopenblasp-r0.3.21.so").write_bytes(b"blas" * 100)
+    (src / "libopenblas.so.0").symlink_to("libopenblasp-r0.3.21.so")
+    (src / "libopenblas.so").symlink_to(src / "libopenblas.so.0")
+    (src / "liblapack.so.3").write_bytes(b"lapack")
+    build.ship_libraries(sorted(src.iterdir()), tmp_path / "lib")
+    lib = tmp_path / "lib"
+    assert sorted(p.name for p in lib.iterdir()) == ["liblapack.so.3", "libopenblas.so", "libopenblas.so.0",
+                                                     "libopenblasp-r0.3.21.so"]
+    assert sorted(p.name for p in lib.iterdir() if not p.is_symlink()) == ["liblapack.so.3", "libopenblasp-r0.3.21.so"]
+    for name in ("libopenblas.so", "libopenblas.so.0"):
+        link = lib / name
+        assert link.is_symlink() and not Path(link.readlink()).is_absolute()  # the tree moves as a whole
+        assert link.read_bytes() == b"blas" * 100
