@@ -798,12 +798,14 @@ def test_shipped_libraries_are_one_copy_each_and_links(tmp_path):
     (src / "libopenblas.so.0").symlink_to("libopenblasp-r0.3.21.so")
     (src / "libopenblas.so").symlink_to(src / "libopenblas.so.0")
     (src / "liblapack.so.3").write_bytes(b"lapack")
+    (src / "liblapack.so").write_bytes(b"lapack")  # a second copy, not a link: shipped as a link all the same
     build.ship_libraries(sorted(src.iterdir()), tmp_path / "lib")
     lib = tmp_path / "lib"
-    assert sorted(p.name for p in lib.iterdir()) == ["liblapack.so.3", "libopenblas.so", "libopenblas.so.0",
-                                                     "libopenblasp-r0.3.21.so"]
-    assert sorted(p.name for p in lib.iterdir() if not p.is_symlink()) == ["liblapack.so.3", "libopenblasp-r0.3.21.so"]
-    for name in ("libopenblas.so", "libopenblas.so.0"):
+    assert sorted(p.name for p in lib.iterdir()) == ["liblapack.so", "liblapack.so.3", "libopenblas.so",
+                                                     "libopenblas.so.0", "libopenblasp-r0.3.21.so"]
+    assert sorted(p.name for p in lib.iterdir() if not p.is_symlink()) == ["liblapack.so", "libopenblasp-r0.3.21.so"]
+    for name, data in (("libopenblas.so", b"blas" * 100), ("libopenblas.so.0", b"blas" * 100),
+                       ("liblapack.so.3", b"lapack")):
         link = lib / name
         assert link.is_symlink() and not Path(link.readlink()).is_absolute()  # the tree moves as a whole
-        assert link.read_bytes() == b"blas" * 100
+        assert link.read_bytes() == data

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import hashlib
 import json
 import os
 import re
@@ -456,14 +457,14 @@ def ship_libraries(files: list[Path], dest: Path) -> None:
     ``libopenblas.so``, ``.so.0`` and ``-r0.3.21.so`` are one file) a relative link to that copy. Copied as three
     files, OpenBLAS alone took 110 MB of the tree and 14 MB of its xz (49 -> 35 MB with the links)."""
     dest.mkdir()
-    first: dict[Path, str] = {}
+    first: dict[str, str] = {}
     for f in sorted(files, key=lambda p: (p.is_symlink(), p.name)):  # a real file's own name first
-        real = f.resolve()
-        if real in first:
-            (dest / f.name).symlink_to(first[real])
+        same = hashlib.sha256(f.read_bytes()).hexdigest()  # by content: a deb unpacked may hold copies, not links
+        if same in first:
+            (dest / f.name).symlink_to(first[same])
         else:
             shutil.copy2(f, dest / f.name, follow_symlinks=True)
-            first[real] = f.name
+            first[same] = f.name
 
 
 def cmake_command(src: Path, build: Path, curoot: Path, arch: int, openblas: tuple[Path, Path, list[Path]],
