@@ -799,7 +799,7 @@ def test_shipped_libraries_are_one_copy_each_and_links(tmp_path):
     (src / "libopenblas.so").symlink_to(src / "libopenblas.so.0")
     (src / "liblapack.so.3").write_bytes(b"lapack")
     (src / "liblapack.so").write_bytes(b"lapack")  # a second copy, not a link: shipped as a link all the same
-    build.ship_libraries(sorted(src.iterdir()), tmp_path / "lib")
+    built.ship_libraries(sorted(src.iterdir()), tmp_path / "lib")
     lib = tmp_path / "lib"
     assert sorted(p.name for p in lib.iterdir()) == ["liblapack.so", "liblapack.so.3", "libopenblas.so",
                                                      "libopenblas.so.0", "libopenblasp-r0.3.21.so"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import hashlib
 import json
 import os
 import re
@@ -452,21 +451,6 @@ def find_openblas(deps: Path | None) -> tuple[Path, Path, list[Path]]:
                            "libopenblas-dev, or pass the kit's openblas tarball in --source")
 
 
-def ship_libraries(files: list[Path], dest: Path) -> None:
-    """Copy the runtime libraries into ``dest``: each distinct file once, every other name of it (the system's
-    ``libopenblas.so``, ``.so.0`` and ``-r0.3.21.so`` are one file) a relative link to that copy. Copied as three
-    files, OpenBLAS alone took 110 MB of the tree and 14 MB of its xz (49 -> 35 MB with the links)."""
-    dest.mkdir()
-    first: dict[str, str] = {}
-    for f in sorted(files, key=lambda p: (p.is_symlink(), p.name)):  # a real file's own name first
-        same = hashlib.sha256(f.read_bytes()).hexdigest()  # by content: a deb unpacked may hold copies, not links
-        if same in first:
-            (dest / f.name).symlink_to(first[same])
-        else:
-            shutil.copy2(f, dest / f.name, follow_symlinks=True)
-            first[same] = f.name
-
-
 def cmake_command(src: Path, build: Path, curoot: Path, arch: int, openblas: tuple[Path, Path, list[Path]],
                   nvtx: bool = True, operator_sources: tuple[str, ...] = GPU_OPERATOR_SOURCES) -> list[str]:
     cmake = shutil.which("cmake")
@@ -575,7 +559,7 @@ def install_tree(src: Path, build: Path, home: Path, arch: int, tc: Toolchain,
         shutil.copytree(src / "python" / "mxnet", tmp / "python" / "mxnet",
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         shutil.copy2(lib, tmp / built.LIB_RELPATH)
-        ship_libraries(openblas[2], tmp / "lib")
+        built.ship_libraries(openblas[2], tmp / "lib")
         if numpy_wheel:  # given: bundled (also when building here for a machine with numpy 2.x)
             with zipfile.ZipFile(numpy_wheel) as zf:
                 zf.extractall(tmp / "python")

@@ -21,8 +21,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,3 +278,17 @@ def library_versions() -> dict[str, int | None]:
                 out["cublas"] = parts[0] * 10000 + parts[1] * 100 + parts[2]
     return out
 
+
+def ship_libraries(files: list[Path], dest: Path) -> None:
+    """Copy the runtime libraries into ``dest``: each distinct file once, every other name of it (the system's
+    ``libopenblas.so``, ``.so.0`` and ``-r0.3.21.so`` are one file) a relative link to that copy. Copied as three
+    files, OpenBLAS alone took 110 MB of the tree and 14 MB of its xz (49 -> 35 MB with the links)."""
+    dest.mkdir()
+    first: dict[str, str] = {}
+    for f in sorted(files, key=lambda p: (p.is_symlink(), p.name)):  # a real file's own name first
+        same = hashlib.sha256(f.read_bytes()).hexdigest()  # by content: a deb unpacked may hold copies, not links
+        if same in first:
+            (dest / f.name).symlink_to(first[same])
+        else:
+            shutil.copy2(f, dest / f.name, follow_symlinks=True)
+            first[same] = f.name
