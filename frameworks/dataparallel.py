@@ -156,6 +156,12 @@ def rank_folders(case_dir: Path) -> list[tuple[int, Path]]:
     return [(0, Path(case_dir)), *((int(p.name[cut:]), p) for p in rank_dirs(case_dir))]
 
 
+def case_env(base: Mapping[str, str], dp, devices: int, device: str) -> dict[str, str]:
+    """``base`` with what a case on ``devices`` devices needs: its framework's own (``dp.env``: XLA's host device
+    count, ...) and ``device_env``'s, merged (``merged_env``)."""
+    return merged_env(base, {**dp.env(devices, device), **device_env(base, devices, device)})
+
+
 def merged_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """``base`` with ``extra`` added; flag lists (``XLA_FLAGS``) already set are extended, not replaced."""
     out = dict(base)

@@ -60,8 +60,7 @@ def run_one(framework: str, devices: int, params: dict[str, Any], weights: Path,
         raise KernelmapError(why)
     env = worker_env(framework, params["device"])
     if devices > 1:
-        env = dataparallel.merged_env(env, {**d.data_parallel.env(devices, params["device"]),
-                                            **dataparallel.device_env(env, devices, params["device"])})
+        env = dataparallel.case_env(env, d.data_parallel, devices, params["device"])
     cmds = _worker_cmds(framework, devices, python, weights, result, params)
     if len(cmds) > 1:
         rc = dataparallel.launch(cmds, env, quiet_ranks=True, timeout=timeout)

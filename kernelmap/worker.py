@@ -307,9 +307,7 @@ def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> i
         raise KernelmapError(why)
     dp = d.data_parallel
     dataparallel.check_divides(config.batch_size, config.devices)
-    os.environ.update(dataparallel.merged_env(os.environ, {**dp.env(config.devices, config.device),
-                                                           **dataparallel.device_env(os.environ, config.devices,
-                                                                                     config.device)}))
+    os.environ.update(dataparallel.case_env(os.environ, dp, config.devices, config.device))
     if dp.processes and not dataparallel.is_rank():
         cmd = [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)]
         for r in range(1, config.devices):  # each rank's own folder, for its captures and library logs

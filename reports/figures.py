@@ -38,7 +38,8 @@ def _fw_color(fw: str) -> str:
     return FW_COLOR.get(fw) or color_of(fw) or "#495057"
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """``fig`` as a PNG at ``path`` (written atomically), then closed."""
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
@@ -99,7 +100,7 @@ def op_time_figure(op_time: pd.DataFrame, path: Path) -> Path | None:
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), bbox_to_anchor=(0.5, 1.0),
                frameon=False, title="phase")
     fig.tight_layout(rect=(0, 0, 1, 0.94))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def library_mix_figure(mix: pd.DataFrame, path: Path) -> Path | None:
@@ -131,7 +132,7 @@ def library_mix_figure(mix: pd.DataFrame, path: Path) -> Path | None:
               ncol=len(libs), frameon=False)
     ax.set_title("Library mix: which library's code the step's time is spent in")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def kernel_count_figure(counts: pd.DataFrame, path: Path) -> Path | None:
@@ -164,7 +165,7 @@ def kernel_count_figure(counts: pd.DataFrame, path: Path) -> Path | None:
         ax.legend(frameon=False)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 NO_OP_COLOR = "#ced4da"
@@ -274,7 +275,7 @@ def timeline_figure(tl: pd.DataFrame, libcalls: pd.DataFrame | None, path: Path)
     fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False,
                fontsize=8, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.5 + 0.25 * (len(handles) // 8)) / height, 1, 1))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
@@ -300,7 +301,7 @@ def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
     fig.text(0.01, 0.0, "step wall time: " + "; ".join(bases), fontsize=7, va="bottom", color="#495057")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _overhead_label(row: pd.Series) -> str:
@@ -362,7 +363,7 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
         why = sorted({f"{p} pass skipped: {w}" for p, w in zip(skipped["pass"], skipped["skipped"], strict=True)})
         fig.text(0.01, -0.02, "\n".join(why), fontsize=8, va="top", color="#862e9c")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
@@ -408,7 +409,7 @@ def roofline_figure(roof: pd.DataFrame, peaks: dict, path: Path) -> Path | None:
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(frameon=False, fontsize=8, loc="lower left")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 MATH_COLOR = {"tf32": "#1971c2", "bf16": "#e8590c", "fp16": "#c2255c", "fp32": "#2b8a3e", "mixed": "#7048e8"}
@@ -459,7 +460,7 @@ def counters_roofline_figure(kernels: pd.DataFrame, peaks: dict, path: Path) -> 
                  "clocks not locked): kernels under the roofs this run measured (a large GEMM per precision through the framework, "
                  "device copy); grey x: kernels not paired with a timing-pass kernel", fontsize=9, wrap=True)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _counter_roofs(ax, peaks: dict, intensity: pd.Series) -> None:
@@ -525,4 +526,4 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     ax.grid(alpha=0.3, which="both")
     ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)

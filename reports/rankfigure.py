@@ -17,8 +17,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 
-from kernelmap.atomic import atomic_path
-
 from . import figures as F
 from . import html as H
 from .analyses import ranks as RT
@@ -97,11 +95,7 @@ def rank_timeline_figure(tl: RankTimeline, case: str, path: Path) -> Path | None
     fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), frameon=False, fontsize=7,
                bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.45 + 0.25 * (len(handles) // 8)) / height, 1, 1))
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=F.DPI, bbox_inches="tight", format="png")
-    plt.close(fig)
-    return path
+    return F.save_png(fig, path)
 
 
 def _caption(c: pd.Series, marks: pd.DataFrame) -> str:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kernelmap import frameworks
 from kernelmap.commlink import is_communication
 
 from .comm import BASIS_DEVICE, BASIS_HOST, arrivals, device_ranks
+from .diff import source_pass
 
 SHOWN_STEPS = 2  # the last traced steps of each case
 
@@ -69,8 +69,7 @@ class RankTimeline:
 
 def capture_pass(source: str) -> str:
     """The pass that wrote a trace source: a framework's profiler trace the framework pass, else the source's own."""
-    traces = {d.trace_source for d in frameworks.REGISTRY.values()}
-    return "framework" if source in traces else str(source)
+    return source_pass(source) or str(source)
 
 
 def _timed(df: pd.DataFrame) -> pd.DataFrame:
