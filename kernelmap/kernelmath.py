@@ -139,7 +139,6 @@ def fill(df: pd.DataFrame) -> dict:
     if not len(kern):
         return {"kernels_math_from_call": 0, "kernels_math_from_name": 0}
     fill_unit(df)
-    fma = np.array([], dtype=np.int64)
     calls = np.flatnonzero(S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]))
     ids = df["event_id"].to_numpy(dtype="float64", na_value=np.nan)
     by_id = pd.Series(calls, index=ids[calls])

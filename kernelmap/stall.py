@@ -48,9 +48,9 @@ PER_STEP_SAMPLES = {"cpu": 64, "gpu": 1024}
 HANG_ENV = "KERNELMAP_TEST_HANG"
 
 
-def dump_stacks_on_signal(file=None) -> None:
-    """Every thread's Python stack into ``file`` (default stderr) when ``STACKS_SIGNAL`` arrives (the worker)."""
-    faulthandler.register(STACKS_SIGNAL, file=file or sys.stderr, all_threads=True, chain=False)
+def dump_stacks_on_signal() -> None:
+    """Every thread's Python stack into stderr (the worker's log) when ``STACKS_SIGNAL`` arrives (the worker)."""
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
 
 
 def hang_for_test(framework: str, pass_name: str, batch_size: int) -> None:
@@ -93,27 +93,24 @@ def group_pids(pgid: int) -> list[int]:
     return sorted(pids, key=lambda p: (p != pgid, p))
 
 
-def catches(pid: int, sig: signal.Signals = STACKS_SIGNAL) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (/proc's SigCgt): a worker that registered
+def catches(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for ``STACKS_SIGNAL`` (/proc's SigCgt): a worker that registered
     ``dump_stacks_on_signal``; the others of its group (nsys, ncu, sleep) would die of it."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+                return bool(int(line.split()[1], 16) >> (STACKS_SIGNAL - 1) & 1)
     except (OSError, ValueError):
         pass
     return False
 
 
-def ask_for_stacks(pgid: int) -> list[int]:
-    """``STACKS_SIGNAL`` to each process of group ``pgid`` that catches it; those processes."""
-    asked = []
+def ask_for_stacks(pgid: int) -> None:
+    """``STACKS_SIGNAL`` to each process of group ``pgid`` that catches it."""
     for pid in group_pids(pgid):
         if catches(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, STACKS_SIGNAL)
-                asked.append(pid)
-    return asked
 
 
 def native_stacks(pgid: int, out: Path) -> str | None:

@@ -55,8 +55,9 @@ def pruned_lists(mx, impl, target_dtype: str) -> tuple[dict[str, list], dict[str
     kept, dropped = {}, {}
     for key, entries in lists.items():
         names = [e[0] if isinstance(e, tuple) else e for e in entries]
-        kept[key] = [e for e, n in zip(entries, names, strict=True) if present(n)]
-        gone = [n for n in names if not present(n)]
+        ok = [present(n) for n in names]  # each name looked up once
+        kept[key] = [e for e, here in zip(entries, ok, strict=True) if here]
+        gone = [n for n, here in zip(names, ok, strict=True) if not here]
         if gone:
             dropped[key] = gone
     return kept, dropped

@@ -61,6 +61,11 @@ def resolve_data(train: dict[str, Any]):
 PARITY_STEPS = 20
 
 
+def parity_steps(train: dict) -> int:
+    """The steps each parity comparison trains: PARITY_STEPS, or the run's fewer --steps."""
+    return PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
+
+
 def parity_figures(train: dict[str, Any], batch_size: int, ran: dict[str, str],
                    python: dict[str, str]) -> dict[str, dict[str, Any]]:
     """``kernelmap parity`` figures of every framework that ran against the reference (each framework in its own
@@ -71,7 +76,7 @@ def parity_figures(train: dict[str, Any], batch_size: int, ran: dict[str, str],
 
     if frameworks.REFERENCE not in ran:
         return {}
-    steps = PARITY_STEPS if train["steps"] is None else min(PARITY_STEPS, train["steps"])
+    steps = parity_steps(train)
     out = {}
     for fw in frameworks.FRAMEWORKS:
         if fw not in ran or fw == frameworks.REFERENCE:
@@ -309,8 +314,7 @@ def write_run(args: argparse.Namespace, opts: Options, p: Plan, ran: Ran, result
     man["parity_failed"] = parity_failed
     # issue 39: each multi-device case against its framework on one device (kernelmap/devparity.py)
     man["parity_devices"] = devparity.run_parities(tmp, opts.train, results, opts.python, ran.notes,
-                                                   PARITY_STEPS if opts.train["steps"] is None
-                                                   else min(PARITY_STEPS, opts.train["steps"])) or None
+                                                   parity_steps(opts.train)) or None
     run_dir = rundir.RunDir(tmp)
     run_dir.write_json(run_dir.manifest, man)
     run_dir.write_json(run_dir.results, results)
