@@ -20,7 +20,7 @@ DATA = Path(__file__).resolve().parent / "data" / "bench_jobs"
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures each ``*_figure`` call drew, kept open and laid out (and written, as ``_save`` does)."""
+    """The figures each ``*_figure`` call drew, kept open and laid out (and written, as ``save_png`` does)."""
     figs = []
 
     def keep(fig, path):
@@ -29,7 +29,7 @@ def drawn(monkeypatch):
         fig.savefig(path, dpi=F.DPI, bbox_inches="tight", format="png")
         return Path(path)
 
-    monkeypatch.setattr(F, "_save", keep)
+    monkeypatch.setattr(F, "save_png", keep)
     yield figs
     for fig in figs:
         F.plt.close(fig)

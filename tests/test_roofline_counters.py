@@ -139,7 +139,7 @@ def test_roofline_figure_names_the_layers(tmp_path, monkeypatch):
     from kernelmap.reports import figures as F
 
     kept = []
-    monkeypatch.setattr(F, "_save", lambda fig, path: kept.append(fig) or fig.savefig(path) or Path(path))
+    monkeypatch.setattr(F, "save_png", lambda fig, path: kept.append(fig) or fig.savefig(path) or Path(path))
     kernels, _, peaks = roofline.counter_kernels([_run(tmp_path, _names())])
     assert F.counters_roofline_figure(kernels, peaks, tmp_path / "c.png").is_file()
     (ax,) = [a for a in kept[0].axes if a.get_visible()]
