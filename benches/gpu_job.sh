@@ -31,8 +31,10 @@
 #   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
 #              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate
 #   graph      benches/graph_vs_bare.py: the cuda-graph clean step against the bare replay (needs bare)
-#   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu)
-#   tests      the GPU tests (pytest -m gpu) against the installed package
+#   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu) in SWEEP_SHARDS shards side by side (default 1;
+#              shard k on GPU (k-1) mod the GPUs), their rows merged into sweep.md
+#   tests      the GPU tests (pytest -m gpu, TESTS_K: its -k) of TESTS_DIR (default the checkout's tests/) against
+#              the installed package
 #   fixture    the run trimmed for tests/data (no .nsys-rep, nsys.sqlite trimmed, logs gzipped)
 # RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1
 #            --max-repeats 0 (no --data: see DATA_DIR)
@@ -307,15 +309,22 @@ fi
 if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
   python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$run"
 fi
-if want sweep; then stamp "sweep"
+if want sweep; then n=${SWEEP_SHARDS:-1}; gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$gpus" -gt 0 ] || gpus=1; stamp "sweep: $n shards on $gpus GPUs"
   real=(); [ -n "${DATA_DIR:-}" ] && real=(--real-dir "$data")
-  # shellcheck disable=SC2086
-  python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} "${real[@]}" >"$out/sweep.md" 2>"$out/sweep.err"
-  echo "sweep exit $?"; cat "$out/sweep.md"; tail -n 5 "$out/sweep.err"
+  for k in $(seq 1 "$n"); do  # shard k on GPU (k-1) mod the GPUs, side by side, each its own rows and logs
+    # shellcheck disable=SC2086
+    (CUDA_VISIBLE_DEVICES=$(( (k - 1) % gpus )) python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} \
+       "${real[@]}" --shard "$k/$n" --out "$out/sweep-$k" >"$out/sweep-$k.md" 2>"$out/sweep-$k.err"
+     echo "[$(( $(date +%s) - t0 )) s] sweep shard $k/$n exit $?"; tail -n 3 "$out/sweep-$k.err") &
+  done
+  wait
+  python3 "$repo/benches/option_sweep.py" --table $(seq -f "$out/sweep-%g" 1 "$n") >"$out/sweep.md"; echo "sweep table exit $?"
+  tail -n 2 "$out/sweep.md"; grep -h "FAIL" "$out"/sweep-*.err | head -n 20
 fi
-if want tests; then stamp "gpu tests"
-  timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append "$repo/tests" \
-    >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -n 15 "$out/gpu_tests.log"
+if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the tests (.gpuhead has none)
+  k=(); [ -n "${TESTS_K:-}" ] && k=(-k "$TESTS_K")
+  timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append "${k[@]}" \
+    "${TESTS_DIR:-$repo/tests}" >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -n 15 "$out/gpu_tests.log"
 fi
 if want fixture && [ -d "$run" ]; then stamp "fixture"
   fx=/tmp/gpu-job-fixture; rm -rf "$fx"; cp -r "$run" "$fx"

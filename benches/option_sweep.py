@@ -11,7 +11,8 @@ has), a wrong number of timed steps.
 
     python benches/option_sweep.py --device cpu|gpu [--quick] [--out DIR] [--framework NAME] [--shard K/N]
                                    [--kernelmap "python -m kernelmap.cli"] [--python jax=PATH] [--real-dir DIR]
-    python benches/option_sweep.py --table DIR      # the markdown table of the rows DIR/sweep.jsonl holds
+                                   [--run-arg=--stall-limit=150 ...]
+    python benches/option_sweep.py --table DIR...   # the markdown table of the rows DIR/sweep.jsonl holds (shards merged)
 
 --budget SECONDS: start no combination after that long (exit 2); SIGTERM or Ctrl-C stops the running one (kernelmap
 run keeps nothing partial) and records no row for it.
@@ -135,12 +136,12 @@ def classify(c: dict, n_train: int, rc: int, stderr: str, stdout: str, out: Path
 
 
 def run_one(c: dict, n_train: int, kernelmap: list[str], python: list[str], out_dir: Path, real: Path,
-            timeout: float) -> dict:
+            timeout: float, extra: tuple[str, ...] = ()) -> dict:
     run_out = out_dir / "runs" / key(c)
     data = ["--data", "synthetic"] if c["data"] == "synthetic" else ["--data", str(real)]
     argv = [*kernelmap, "run", "--framework", c["framework"], "--mode", c["mode"], "--device", c["device"],
             "--batch-size", str(c["batch_size"]), *length_args(c["length"], c["batch_size"], n_train)[0], *data,
-            "--trials", "1", "--max-repeats", "0", "--profile", "none", "--out", str(run_out), *python]
+            "--trials", "1", "--max-repeats", "0", "--profile", "none", "--out", str(run_out), *python, *extra]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -212,10 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds one combination may take")
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="start no combination after this many seconds (exit 2; the same command goes on)")
-    p.add_argument("--table", metavar="DIR", help="print the table of DIR/sweep.jsonl and exit")
+    p.add_argument("--run-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for every kernelmap run (--run-arg=--stall-limit=150)")
+    p.add_argument("--table", metavar="DIR", nargs="+",
+                   help="print the table of DIR/sweep.jsonl (several: the shards of one sweep, merged) and exit")
     a = p.parse_args(argv)
     if a.table:
-        rows = read_rows(Path(a.table))
+        rows = [r for d in a.table for r in read_rows(Path(d))]
         print(table(rows))
         return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
     out = Path(a.out).absolute()
@@ -248,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                    "wall_s": 0.0}
         else:
             c["expected"] = expectation(c, n_train[c["data"]], memory)
-            row = run_one(c, n_train[c["data"]], shlex.split(a.kernelmap), python, out, real, a.timeout)
+            row = run_one(c, n_train[c["data"]], shlex.split(a.kernelmap), python, out, real, a.timeout,
+                         tuple(a.run_arg))
             if row["outcome"] != "FAIL" and row["outcome"] != {"run": "ran", "refuse": "refused"}[c["expected"]]:
                 row["said"] = f"expected to {c['expected']}: {row['said']}"
                 row["outcome"] = "FAIL"

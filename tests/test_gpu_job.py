@@ -111,3 +111,33 @@ def test_nox_reference_loop_runs_the_jobs_reference_and_repeats_with_nox_python(
                                       "kernelmap run": ["--data synthetic"] * 3}
     assert any(c.endswith("benches/repeats.py " + " ".join(str(tmp_path / "ref" / f"repeat{i}.json")
                                                           for i in (1, 2, 3))) for c in venv_calls), venv_calls
+
+
+def test_sweep_shards_run_side_by_side_one_gpu_each_and_merge_into_one_table(tmp_path):
+    """SWEEP_SHARDS=3 on a machine of two GPUs: shards 1/3 and 3/3 on GPU 0, 2/3 on GPU 1, each its own rows,
+    then one table of the three; TESTS_K and TESTS_DIR reach pytest."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$1" = -L ] && printf "GPU 0: H100 (UUID: a)\\nGPU 1: H100 (UUID: b)\\n"\nexit 0\n')
+    smi.chmod(0o755)
+    log = tmp_path / "python3.log"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "GPU=$CUDA_VISIBLE_DEVICES $@" >>"{log}"\nexit 0\n')
+    (bin_dir / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(out), "PHASES": "sweep tests",
+           "KERNELMAP_MXNET_HOME": str(tmp_path / "mxhome"), "SWEEP_SHARDS": "3", "TESTS_K": "graph_and_compiled",
+           "TESTS_DIR": "/some/tests"}
+    (tmp_path / "checkout").mkdir()
+    proc = subprocess.run(["bash", str(SCRIPT), "job"], cwd=tmp_path / "checkout", env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = log.read_text().splitlines()
+    shards = sorted((c.split()[0], c.split("--shard ")[1].split()[0], c.split("--out ")[1].split()[0])
+                    for c in calls if "option_sweep.py" in c and "--shard" in c)
+    assert shards == [("GPU=0", "1/3", f"{out}/sweep-1"), ("GPU=0", "3/3", f"{out}/sweep-3"),
+                      ("GPU=1", "2/3", f"{out}/sweep-2")]
+    (table,) = [c for c in calls if "--table" in c]
+    assert table.split("--table ")[1].split() == [f"{out}/sweep-{k}" for k in (1, 2, 3)]
+    (tests,) = [c for c in calls if "-m pytest" in c]
+    assert "-k graph_and_compiled /some/tests" in tests
