@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from . import frameworks
+from . import strings as S
 from .adapters import NCCL_LOG  # noqa: F401  each rank's NCCL log (run/devices.libs_env, the report's tables)
 from .adapters.canonical import COLLECTIVE, is_collective_kernel
 
@@ -144,45 +145,69 @@ def read_nccl_log(path) -> pd.DataFrame:
     return out
 
 
+def _copies() -> set[tuple[str, str]]:
+    """(framework, op name) of every framework's KVStore copies (its vocabulary's ``collective_copies``)."""
+    return {(name, c) for name, d in frameworks.REGISTRY.items()
+            if d.vocabulary is not None for c in d.vocabulary.collective_copies}
+
+
 def mark_copies(df: pd.DataFrame) -> pd.DataFrame:
     """The KVStore's copies of a case on more than one device, canonical op ``collective`` (see the docstring)."""
-    copies = set()
-    for name, d in frameworks.REGISTRY.items():
-        if d.vocabulary is not None and d.vocabulary.collective_copies:
-            copies |= {(name, c) for c in d.vocabulary.collective_copies}
+    copies = _copies()
     if not copies or df.empty or "devices" not in df:
         return df
-    key = list(zip(df["framework"].astype(object), df["op_name"].astype(object), strict=True))
-    hit = (np.array([k in copies for k in key], dtype=bool) & (df["kind"] == "op").fillna(False).to_numpy()
-           & (df["phase"] == OPTIMIZER_PHASE).fillna(False).to_numpy()
-           & (df["devices"].fillna(1) > 1).to_numpy())
+    cand = (df["devices"].fillna(1) > 1).to_numpy()  # a case on one device has none: no string looked at
+    if cand.any():
+        cand &= (S.eq(df["kind"], "op") & S.eq(df["phase"], OPTIMIZER_PHASE)
+                 & S.isin(df["op_name"], {c for _, c in copies}))
+    rows = np.flatnonzero(cand)
+    if not len(rows):
+        return df
+    key = zip(S.objects(df["framework"])[rows], S.objects(df["op_name"])[rows], strict=True)
+    hit = np.zeros(len(df), dtype=bool)
+    hit[rows[np.array([k in copies for k in key], dtype=bool)]] = True
     if hit.any():
         df.loc[hit, "canonical_op"] = COLLECTIVE
         df.loc[hit, "direction"] = "none"
     return df
 
 
+def _by_name(col, rows: np.ndarray, judge) -> np.ndarray:
+    """``judge(name)`` of each of ``rows``' names in ``col`` (None where NA), asked once per distinct name."""
+    codes, uniques = S.factorize(col)
+    codes = codes[rows]
+    table = np.full(len(uniques) + 1, None, dtype=object)  # code -1 (NA): the last
+    for c in np.unique(codes[codes >= 0]):
+        table[c] = judge(str(uniques[c]))
+    return table[codes]
+
+
 def link(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (one case's records) with its communication labelled and linked (see the docstring): the
     KVStore's copies marked, each collective work span's ``op_event_id`` its issuing op's, ``bytes`` filled on
-    collective ops and work spans from their sizes. The rows and their order are kept."""
+    collective ops and work spans from their sizes. The rows and their order are kept. Each distinct kernel name
+    is judged once; a case without a collective row stops after the NCCL kernels' names."""
     if df.empty:
         return df
     df = mark_copies(df)
     if "algo" in df and "kernel_name" in df:  # an NCCL kernel's algorithm and protocol, where its name says them
-        kern = (df["kind"] == "kernel").fillna(False).to_numpy() & df["algo"].isna().to_numpy()
-        said = pd.Series([nccl_algorithm(k) if h else None for k, h in zip(df["kernel_name"], kern, strict=True)],
-                         index=df.index, dtype=object)
-        if said.notna().any():
-            df.loc[said.notna(), "algo"] = said[said.notna()]
-    coll = (df["canonical_op"] == COLLECTIVE).fillna(False).to_numpy()
+        kern = np.flatnonzero(S.eq(df["kind"], "kernel") & S.isna(df["algo"]))
+        said = _by_name(df["kernel_name"], kern, nccl_algorithm)
+        hit = np.array([x is not None for x in said], dtype=bool)
+        if hit.any():
+            mask = np.zeros(len(df), dtype=bool)
+            mask[kern[hit]] = True
+            df.loc[mask, "algo"] = said[hit]
+    coll = S.eq(df["canonical_op"], COLLECTIVE)
     if not coll.any():
         return df
-    n = pd.Series([elements(s) if c else None for s, c in zip(df["shapes"], coll, strict=True)], index=df.index,
-                  dtype="Int64")
+    n = pd.Series(pd.NA, index=df.index, dtype="Int64")
+    pos = np.flatnonzero(coll)
+    n.iloc[pos] = pd.array([elements(s) for s in df["shapes"].to_numpy(dtype=object)[pos]], dtype="Int64")
     fill = coll & df["bytes"].isna().to_numpy() & n.notna().to_numpy()
     df.loc[fill, "bytes"] = (n[fill] * GRADIENT_BYTES).astype("Int64")
-    for _, g in df[coll].groupby("source_file", sort=False):
+    cols = ["source_file", "kind", "op_name", "event_id", "op_event_id", "start_ns"]  # what _link_work reads
+    for _, g in df.loc[coll, cols].groupby("source_file", sort=False):
         _link_work(df, g, n)
     return df
 
@@ -206,8 +231,6 @@ def _link_work(df: pd.DataFrame, g: pd.DataFrame, n: pd.Series) -> None:
 
 def is_communication(df: pd.DataFrame) -> np.ndarray:
     """Rows that are communication: canonical op ``collective`` (ops, work spans, kernels), and collective
-    kernels by name (NCCL's) whatever op they were attributed to."""
-    kernel = (df["kind"] == "kernel").fillna(False).to_numpy()
-    by_name = np.array([k and is_collective_kernel(str(x)) for k, x in zip(kernel, df["kernel_name"], strict=True)],
-                       dtype=bool)
-    return (df["canonical_op"] == COLLECTIVE).fillna(False).to_numpy() | by_name
+    kernels by name (NCCL's) whatever op they were attributed to (each distinct name judged once)."""
+    by_name = S.eq(df["kind"], "kernel") & S.matches(df["kernel_name"], lambda k: is_collective_kernel(str(k)))
+    return S.eq(df["canonical_op"], COLLECTIVE) | by_name
