@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap import contention, frameworks, rundir, stall, timing
+from kernelmap import contention, cpusampler, frameworks, rundir, stall, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.frameworks import dataparallel
@@ -139,6 +139,7 @@ class _Clocks:
         self.gpu_states: list[dict[str, Any] | None] = []
         self.e2e_wall = 0.0  # the windows' wall time: fetching their batches (clean pass) and their steps
         self.loss = None  # the last step's loss
+        self.sampler: cpusampler.Sampler | None = None  # the CPU framework pass's per-op CPU time
 
     def fetch(self, batches, n: int) -> list[Any]:
         out = []
@@ -153,6 +154,7 @@ class _Clocks:
         """Train ``block`` steps from ``fetched[k:]`` (steps ``i``...) between one read of each clock."""
         w = self.workload
         c0, m0 = time.process_time(), time.thread_time()  # outside the wall clock's reads
+        s0 = time.monotonic_ns() if self.sampler is not None else 0  # a capture pass: one step a block
         t0 = time.perf_counter()
         for j in range(block):
             images, labels = fetched[k + j]
@@ -160,6 +162,8 @@ class _Clocks:
                 self.loss = w.train_step(images, labels)
         w.synchronize()
         self.samples.append((time.perf_counter() - t0) / block)
+        if self.sampler is not None:
+            self.sampler.mark(i, s0, time.monotonic_ns())
         self.cpu_samples.append((time.process_time() - c0) / block)
         self.main_samples.append((time.thread_time() - m0) / block)
         self.sample_steps.append(block)
@@ -191,6 +195,8 @@ def _timed(clocks: _Clocks, batches, *, clean: bool, reuse: bool, warmup: int, n
         clocks.gpu_states.append(gpu_state())
     with capture:
         whole = None if clean else contention.CpuWindow.start()
+        if clocks.sampler is not None:  # inside the window: its CPU time is this process's waited-for child's
+            clocks.sampler.start()
         for window in windows:
             # timing.GC_RULE: a full collection before each window, outside every clock; the
             # collector off within it, so that cyclic garbage lives for one window at most.
@@ -213,6 +219,8 @@ def _timed(clocks: _Clocks, batches, *, clean: bool, reuse: bool, warmup: int, n
                 clocks.e2e_wall += time.perf_counter() - w0
                 if cpu is not None:
                     clocks.cpu_windows.append(cpu.stop())
+        if clocks.sampler is not None:
+            clocks.sampler.stop()
         if whole is not None:
             clocks.cpu_windows.append(whole.stop())
     if on_gpu:
@@ -246,6 +254,8 @@ def _result(clocks: _Clocks, workload, *, framework: str, pass_name: str, warmup
     loss = clocks.loss
     result["final_loss"] = workload.to_float(loss) if loss is not None else None
     result["threads"] = _threads(workload)
+    if clocks.sampler is not None:
+        result[cpusampler.RESULT_KEY] = clocks.sampler.figures  # its samples: cpusampler.SAMPLES_FILE
     if loss is not None and not np.isfinite(result["final_loss"]):
         raise KernelmapError(f"{framework} bs {bs}: the loss is {result['final_loss']} after training")
     return result
@@ -273,6 +283,8 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     clean = pass_name in TIMED_AS_CLEAN
     clocks = _Clocks(workload)
     capture = _capture(workload, pass_name, out_dir, framework)
+    if pass_name == "framework" and workload.config.device == "cpu":
+        clocks.sampler = cpusampler.Sampler(out_dir)
     batches = iter(workload.batches("train", bs, order))
     n_timed = total - warmup
     with _progress(total, progress, f"{framework} bs{bs} {pass_name}") as bar:

@@ -33,6 +33,7 @@ from kernelmap import frameworks, schema
 
 from . import analysis as A
 from .analyses.basis import CLEAN, CpuState, PassState, StateKey, TimeKind, comparable
+from .analyses.opcpu import LayerCpu, OpCpu, layer_cpu
 
 # one answer row: which layer and direction it is, then per framework these fields
 FW_FIELDS = ("libraries", "library_calls", "algos", "kernels", "ms_per_step", "time_source", "time_kind", "pass",
@@ -191,29 +192,45 @@ def _ratio(row: dict[str, Any], fw: str, ref: str, unsplit: bool) -> tuple[float
 # --- the comparison on CPU time (timing.CPU_RULE): ratios that hold on a busy machine ----------------
 WHOLE_STEP = "whole step"  # the CPU table's first row: the clean pass's CPU time per training step
 ALL_DIRECTIONS = "fwd + bwd + update"
-CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "comparable", "why_not")
+CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "method", "comparable", "why_not")
+SAMPLED = "ops' own CPU time (sampled)"  # a layer cell of opcpu.layer_cpu (basis.PER_OP_CPU)
+SHARED = "pass CPU time x the layer's share of traced op time"  # basis.PER_LAYER_CPU (runs without samples)
+STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
 
 
-def _cpu_cell(st: CpuState | None, ms: Any) -> dict[str, Any]:
-    """One framework's CPU-time cell: its ms, the pass, whether it may be compared and why not."""
+def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None) -> dict[str, Any]:
+    """One framework's CPU-time cell: its ms, the pass, how it was measured, whether it may be compared and why
+    not; ``lc``: the layer's sampled CPU time (``basis.PER_OP_CPU``), used where measured."""
     if st is None:
         return {"cpu_ms": None, "comparable": False, "why_not": "no pass figures in results.json"}
-    why = st.why_not()
     fig = st.figure or {}
+    if lc is not None and lc.ms is not None:
+        why = st.why_not(per_op=True)
+        return {"cpu_ms": lc.ms, "ci_ms": lc.ci_ms, "pass": st.pass_name, "utilisation": lc.utilisation,
+                "busy": st.busy.text if st.busy.contended else None, "method": SAMPLED, "comparable": not why,
+                "why_not": why}
+    why = st.why_not()
+    if why and lc is not None and lc.why:  # the share estimate withheld: why the sampled time is not there either
+        why = f"{why}; its ops' own CPU time: {lc.why}"
     ci = (fig.get("ci95_low_s"), fig.get("ci95_high_s")) if st.pass_name == CLEAN else (None, None)
     return {"cpu_ms": ms, "ci_ms": tuple(v * 1e3 for v in ci) if None not in ci else None,
             "pass": st.pass_name, "utilisation": st.utilisation,
-            "busy": st.busy.text if st.busy.contended else None, "comparable": not why, "why_not": why}
+            "busy": st.busy.text if st.busy.contended else None,
+            "method": STEP_CPU if st.pass_name == CLEAN else SHARED, "comparable": not why, "why_not": why}
 
 
 def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
-              op_totals: dict[tuple[str, str, Any], float]) -> tuple[pd.DataFrame, list[str]]:
+              op_totals: dict[tuple[str, str, Any], float],
+              sampled: dict[tuple[str, str, Any], OpCpu] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """The comparison on CPU time: per run x batch size, a whole-step row (the clean pass's CPU time per
     step, median of every clean trial: ``basis.CPU_ALL_TRIALS``, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``:
     ``op_totals`` is ``basis.traced_op_ms``,
     from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
     ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio``.
-    Contention is marked (``busy``); a reason only for a layer's row (``basis.UNEVEN_STRETCH``)."""
+    ``sampled`` (``opcpu.op_cpu_of``, by run, framework, batch size): a layer's cell is its ops' own sampled CPU
+    time where measured (``basis.PER_OP_CPU``), compared on a busy machine too; else the share estimate, whose
+    busy pass is a reason (``basis.UNEVEN_STRETCH``). Contention is marked (``busy``)."""
+    sampled = sampled or {}
     keys = sorted({(k[0], k[2]) for k, st in states.items() if k[3] == CLEAN and st.figure},
                   key=lambda x: (str(x[0]), x[1] is None, x[1]))
     if not keys:
@@ -237,7 +254,9 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
                 total = op_totals.get((run, r["framework"], bs))
                 ms = (r["op_ms_per_step"] / total * st.cpu_median_s * 1e3 if st and st.cpu_median_s is not None
                       and total and pd.notna(r["op_ms_per_step"]) else None)
-                row.update({f"{r['framework']}.{k}": v for k, v in _cpu_cell(st, ms).items()})
+                oc = sampled.get((run, r["framework"], bs))
+                lc = layer_cpu(oc, layer, set(BACKWARD) if d == BWD_ALL else {d}) if oc is not None else None
+                row.update({f"{r['framework']}.{k}": v for k, v in _cpu_cell(st, ms, lc).items()})
             rows.append(row)
     out = pd.DataFrame(rows)
     for fw in fws:

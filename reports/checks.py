@@ -106,6 +106,7 @@ from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
 )
 from .commchecks import comm_checks
 from .counterchecks import counter_checks
+from .cpuchecks import op_cpu_checks
 from .mathchecks import math_checks
 from .relations import (
     busy_share_basis,
@@ -534,6 +535,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         rows += run_complete(run, lt)
         rows += e2e_vs_step(run)
         rows += cpu_vs_wall(run)
+        rows += op_cpu_checks(run)
         rows += _capture_not_faster(run)
         rows += _clean_vs_bench(run, history)
         if not A.timed_events(run):

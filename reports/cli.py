@@ -41,6 +41,7 @@ from .analyses import math as MATH
 from .analyses import ranks as RT
 from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
+from .analyses.opcpu import op_cpu_of
 from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
 from .timeline import chrome_trace
@@ -479,7 +480,7 @@ def _counters(runs: list[A.Run]) -> dict[str, Any]:
 
 def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
     """The answer on CPU time and its check against wall time (``Analysed.cpu*``)."""
-    cpu, cpu_fws = ANS.cpu_table(layers, B.cpu_states(runs), B.traced_op_ms(runs))
+    cpu, cpu_fws = ANS.cpu_table(layers, B.cpu_states(runs), B.traced_op_ms(runs), op_cpu_of(runs))
     return {"cpu": cpu, "cpu_fws": cpu_fws, "cpu_wall": B.cpu_wall_agreement(runs), "noise": B.trial_noise(runs),
             "step_noise": B.step_noise(runs)}
 

@@ -126,6 +126,7 @@ class Run:
     cases: dict[str, Case] = field(default_factory=dict)  # {case's name: its typed case} (load_run)
     _timed: list | None = field(default=None, repr=False, compare=False)  # timed_events, computed once
     _pass_states: dict | None = field(default=None, repr=False, compare=False)  # basis.pass_states, computed once
+    _op_cpu: dict | None = field(default=None, repr=False, compare=False)  # opcpu.op_cpu, computed once
 
     @property
     def name(self) -> str:

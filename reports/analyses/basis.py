@@ -282,6 +282,11 @@ PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU
                  "out over its ops by their traced time. An estimate of a quiet pass, not each op's own CPU time, "
                  "which no profiler here records; time outside every op (Python, the framework's dispatch) is shared "
                  "out with it. A busy pass's layers are not compared (UNEVEN_STRETCH)")
+PER_OP_CPU = ("a layer's CPU time per step = the CPU time of the worker process within each of the layer's traced ops "
+              "(framework pass), summed per traced step, median over the steps with its 95% interval: kernelmap.cpusampler "
+              "samples the process's CPU clock beside the trace (opcpu.OP_CPU_METHOD). Measured, not shared out by wall "
+              "time, so a busy pass's layers are compared too, where the pass's CPU time per step agrees with its clean "
+              "pass's (CPU_BASIS); runs without the samples fall back to PER_LAYER_CPU")
 UNEVEN_STRETCH = ("a layer's share of a busy pass's traced wall time is not its share of the work: a neighbour stretches "
                   "ops unevenly, one that needs both threads more than one on one (job 20261127T080924Z, framework "
                   "passes busy: one framework's conv1 backward 5% -> 19% of its traced op time, another's traced op "
@@ -322,12 +327,13 @@ class CpuState:
         c, w = self.cpu_median_s, self.wall_median_s
         return c / w if c is not None and w else None
 
-    def why_not(self) -> str:
-        """Why this pass's CPU time may not be compared ('' where it may)."""
+    def why_not(self, per_op: bool = False) -> str:
+        """Why this pass's CPU time may not be compared ('' where it may); ``per_op``: a figure of the ops' own
+        sampled CPU time (``PER_OP_CPU``), which a busy machine does not keep from a comparison."""
         who = f"{fw_label(self.framework)}'s {self.pass_name} pass"
         if self.figure is None or self.clean is None:
             return f"{who} records no CPU time (a run made before kernelmap measured it)"
-        if self.pass_name != CLEAN and self.busy.contended:  # its layers' shares (PER_LAYER_CPU) are of wall time
+        if self.pass_name != CLEAN and self.busy.contended and not per_op:  # PER_LAYER_CPU: shares of wall time
             return f"{who} ran on a busy machine ({self.busy.text}): {UNEVEN_STRETCH}"
         if self.agreement is Agreement.AGREES:
             return ""

@@ -1,0 +1,106 @@
+"""The self-checks of the ops' own sampled CPU time (``analyses/opcpu.py``, ``kernelmap.cpusampler``), per CPU case
+whose framework pass sampled it:
+
+* ``sampled CPU time as the worker's``: the sampler's reading of the worker's CPU clock over each traced step (from
+  the worker's step marks) against the worker's own ``time.process_time`` of the same step (``timing.CPU_SAMPLES``):
+  two reads of one clock, their medians within ``SAMPLER_SLACK``. FAIL: the sampler read another clock, or the marks
+  are not the steps.
+* ``ops' CPU time within their steps'``: the traced ops' CPU time per step (summed, ``cpusampler.SHARE_RULE``) is at
+  most the process's over the marked steps (their means), within ``SAMPLER_SLACK``: ops put elsewhere on the clock
+  (a wrong offset) take CPU time from outside their steps.
+* ``ops' CPU time vs wall time`` (``OP_WALL_RULE``): per layer x direction, the process's CPU time over the ops'
+  spans is never above their wall time x the machine's cores, and on a quiet framework pass not below
+  ``OP_QUIET_FLOOR`` of it; on a busy pass only the upper bound is checked.
+
+Not checked where the case has no samples (``OpCpu.why``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .analyses import opcpu as OC
+from .analyses.base import Run, field_at
+from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row, pass_contention
+
+SAMPLER_SLACK = 0.02  # two reads of one clock (measured: 0.01-0.3% apart per case, quiet and busy, run 11:24-11:30 UTC)
+OP_QUIET_FLOOR = 0.8
+OP_WALL_RULE = ("the process's CPU time over a layer's op spans is not above their wall time x the machine's cores (its "
+                "threads cannot work more), and on a quiet machine not below "
+                f"{OP_QUIET_FLOOR:.0%} of it: a thread of the process runs each op through its span (its batches "
+                "fetched; the rest is the sampler's interpolation between reads and its own wake-ups); on a busy one the "
+                "process waits for a core within its ops, so only the upper bound holds")
+
+
+def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cores = field_at(field_at(run.manifest, "host", default={}) or {}, "cpu_count")
+    for (fw, bs), oc in OC.op_cpu(run).items():
+        if not oc.measured:
+            if oc.sampler is not None:  # sampled, but not put on the trace's clock
+                rows.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", None, None, FAIL, oc.why))
+            continue
+        rows += _sampler_rows(run, oc)
+        rows += _wall_rows(run, oc, cores if isinstance(cores, int) else None)
+    return rows
+
+
+def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
+    fw, bs = oc.framework, oc.batch_size
+    s, w = np.asarray(oc.step_cpu_ms), np.asarray(oc.worker_step_cpu_ms)
+    out = []
+    if not s.size or s.size != w.size:
+        out.append(check_row(run.name, fw, bs, Check.OP_CPU_SAMPLED, "CPU time per traced step", None, None, NOT_CHECKED,
+                             f"{s.size} marked steps against {w.size} worker step figures"))
+    elif np.isnan(s).any():
+        out.append(check_row(run.name, fw, bs, Check.OP_CPU_SAMPLED, "CPU time per traced step", None, None, FAIL,
+                             f"{int(np.isnan(s).sum())} of {s.size} marked steps lie outside the CPU samples: the "
+                             "sampler did not run through the traced steps"))
+    else:
+        ms, mw = float(np.median(s)), float(np.median(w))
+        ok = abs(ms - mw) <= SAMPLER_SLACK * mw
+        out.append(check_row(run.name, fw, bs, Check.OP_CPU_SAMPLED, "CPU time per traced step", mw, ms,
+                             PASS if ok else FAIL,
+                             f"sampler {ms:.4g} ms against the worker's own {mw:.4g} ms a step (medians of {s.size} "
+                             f"steps), {'within' if ok else 'beyond'} {SAMPLER_SLACK:.0%}"))
+    ev = oc.events
+    n = len(oc.iterations) or 1
+    ops_ms = float(np.nansum(ev["cpu_ns"].to_numpy(dtype=float))) / n / 1e6
+    steps_ms = float(s.mean()) if s.size and not np.isnan(s).any() else None
+    if steps_ms is None:
+        out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", None, ops_ms, NOT_CHECKED,
+                             "no marked step, or one outside the CPU samples"))
+    else:
+        ok = ops_ms <= steps_ms * (1 + SAMPLER_SLACK)
+        out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", steps_ms, ops_ms, PASS if ok else FAIL,
+                             f"{len(ev)} traced ops {ops_ms:.4g} ms CPU a step against the marked steps' {steps_ms:.4g} "
+                             f"ms (means over {n} steps; clock offset fitted from {oc.fit.n} marks, "
+                             f"{oc.fit.spread_ns / 1e3:.3g} µs median distance)"))
+    return out
+
+
+def _wall_rows(run: Run, oc: OC.OpCpu, cores: int | None) -> list[dict[str, Any]]:
+    """``OP_WALL_RULE``: one row per case, naming every layer x direction that breaks it, else the range."""
+    fw, bs = oc.framework, oc.batch_size
+    busy = pass_contention(run, fw, bs, OC.FRAMEWORK_PASS)
+    ev = oc.events[oc.events["canonical_op"].isin(OC.MODEL_OPS) & oc.events["layer"].notna()]
+    g = ev.groupby(["layer", ev["direction"].fillna("none")], sort=True)[["span_cpu_ns", "dur_ns"]].sum(min_count=1)
+    g = g[g["dur_ns"] > 0]
+    if g.empty or g["span_cpu_ns"].isna().any():
+        return [check_row(run.name, fw, bs, Check.OP_CPU_WALL, "layers x directions", None, None, NOT_CHECKED,
+                          "no layer op traced" if g.empty else "a layer's op lies outside the CPU samples")]
+    u = g["span_cpu_ns"] / g["dur_ns"]
+    high = u[u > cores] if cores is not None else u.iloc[:0]
+    low = u[u < OP_QUIET_FLOOR] if busy.contended is False else u.iloc[:0]
+    bad = ", ".join(f"{layer} {d} {x:.2f} x" for (layer, d), x in pd.concat([high, low]).items())
+    lo, hi = u.idxmin(), u.idxmax()
+    said = (f"{len(u)} layer x direction rows, CPU over wall {u[lo]:.2f} x ({' '.join(lo)}) to {u[hi]:.2f} x "
+            f"({' '.join(hi)}), {cores if cores is not None else 'unrecorded'} cores; framework pass "
+            + ("quiet" if busy.contended is False else f"busy or unmeasured ({busy.text}): lower bound not checked"))
+    checked = cores is not None or busy.contended is False
+    status = FAIL if bad else PASS if checked else NOT_CHECKED
+    return [check_row(run.name, fw, bs, Check.OP_CPU_WALL, "layers x directions", None, float(u.min()), status,
+                      f"{bad}: {said} ({OP_WALL_RULE})" if bad else said)]
