@@ -132,12 +132,15 @@ def apply_override(df: pd.DataFrame, overrides: list[str]) -> int:
     return len(rows)
 
 
-def fill(df: pd.DataFrame) -> dict:
+def fill(df: pd.DataFrame, overrides: list[str] = ()) -> dict:
     """Each kernel's math from its call (``call_event_id``: a library call of ``df`` with a math), else
-    from its name; figures of what was filled from where."""
+    from its name, else from its op's calls (``from_op``); figures of what was filled from where. ``overrides``:
+    ``NVIDIA_TF32_OVERRIDE`` as the run's logs and pass files give it, applied to the calls first
+    (``apply_override``): every kernel then takes the math its call or op ran, never the one the override undid."""
+    overridden = {"tf32_overridden_calls": apply_override(df, list(overrides))}
     kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
     if not len(kern):
-        return {"kernels_math_from_call": 0, "kernels_math_from_name": 0}
+        return {**overridden, "kernels_math_from_call": 0, "kernels_math_from_name": 0}
     fill_unit(df)
     calls = np.flatnonzero(S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]))
     ids = df["event_id"].to_numpy(dtype="float64", na_value=np.nan)
@@ -165,7 +168,7 @@ def fill(df: pd.DataFrame) -> dict:
     if hit.any():
         S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
         S.set_rows(df, "math_source", rest[hit], MathSource.NAME.value)
-    return {"kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma),
+    return {**overridden, "kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma),
             "kernels_math_from_op": from_op(df)}
 
 

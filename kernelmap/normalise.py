@@ -49,36 +49,40 @@ def _offset(df: pd.DataFrame, base: int) -> pd.DataFrame:
 
 def normalise(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
               batch_size: int | None = None, log_steps: int | None = None,
-              steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, dict]:
+              steady_calls: int | None = None, libs_trace: Path | None = None,
+              tf32_override: str | None = None) -> tuple[pd.DataFrame, dict]:
     """Records of all ``paths`` and the summary: overall figures, per-run figures, per-file notes.
     ``log_steps``: the training steps the library logs cover (for calls per step), where known;
     ``steady_calls``: their timed steps (after warm-up), where known: only a signature's last that
     many log calls must agree for its kernels to link (``attribution.link_library_calls``);
     ``libs_trace``: the libs pass's own kernel trace, where it recorded one (``kernelmap/calllink.py``:
-    the logged calls own their kernels there, and the links are carried to these records first)."""
-    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
+    the logged calls own their kernels there, and the links are carried to these records first);
+    ``tf32_override``: ``NVIDIA_TF32_OVERRIDE`` as the workers saw it (their pass files'), beside what the logs
+    say (``kernelmath.fill`` applies both before any kernel takes a math)."""
+    df, summary = records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace, tf32_override)
     summary = summary()
     return schema.in_schema_dtypes(df), summary
 
 
 def records(paths, run: str | None = None, framework: str | None = None, device: str | None = None,
             batch_size: int | None = None, log_steps: int | None = None,
-            steady_calls: int | None = None, libs_trace: Path | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
+            steady_calls: int | None = None, libs_trace: Path | None = None,
+            tf32_override: str | None = None) -> tuple[pd.DataFrame, Callable[[], dict]]:
     """``normalise``'s records (validated) and the function that summarises them (it only reads
     them: ``main`` runs it before the records are written). The records are compact
     (``schema.compact_records``: strings as Categoricals, some integer columns narrow)."""
     with schema.compact_records():
-        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace)
+        return _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace, tf32_override)
 
 
-def _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace=None):
+def _records(paths, run, framework, device, batch_size, log_steps, steady_calls, libs_trace=None, tf32_override=None):
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         key = run or (p.resolve().parent.name or p.stem)
         groups.setdefault(key, []).append(p)
     frames, linked, files = [], [], []
     for name, members in groups.items():
-        parts, base, overrides = [], 0, []
+        parts, base, overrides = [], 0, [] if tf32_override is None else [str(tf32_override)]
         for p in members:
             df = adapters.read(p)
             overrides += df.attrs.get("tf32_override", [])
@@ -121,8 +125,7 @@ def _records(paths, run, framework, device, batch_size, log_steps, steady_calls,
         links = attribution.link_library_calls(rdf, steady_calls, exclude=reasons)
         links.update(attribution.link_onednn(rdf))
         links.update(pre)
-        links["tf32_overridden_calls"] = kernelmath.apply_override(rdf, overrides)  # issue 38: each kernel's math
-        links.update(kernelmath.fill(rdf))
+        links.update(kernelmath.fill(rdf, overrides))  # issue 38: each kernel's math, after the TF32 override
         linked.append((name, rdf, links, reasons))
         frames.append(rdf)
     if len(frames) == 1:  # one run: its records are the table, its figures the overall ones
@@ -250,17 +253,24 @@ def _print_runs(s: dict) -> None:
 
 
 # --- run directories -------------------------------------------------------------------------
-def _log_steps(path: Path, warmup: bool = True) -> int | None:
-    """Steps the library-log pass ran (warm-up included: the logs are on from process start; without
-    it where ``warmup`` is False), from the worker's ``libs.json``; None where it is missing or does
-    not say."""
+def _pass_file(path: Path) -> dict | None:
+    """A worker's result of a pass (``libs.json``, ``framework.json``); None where it is missing or not an object;
+    not JSON: an error naming the file."""
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except ValueError as exc:
         raise KernelmapError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(d, dict):
+    return d if isinstance(d, dict) else None
+
+
+def _log_steps(path: Path, warmup: bool = True) -> int | None:
+    """Steps the library-log pass ran (warm-up included: the logs are on from process start; without
+    it where ``warmup`` is False), from the worker's ``libs.json``; None where it is missing or does
+    not say."""
+    d = _pass_file(path)
+    if d is None:
         return None
     w, n = d.get("warmup_steps"), d.get("steps")
     if not (isinstance(w, int) and isinstance(n, int)):
@@ -283,19 +293,16 @@ def own_file(f: Path) -> str | None:
     return adapters.companion(f)
 
 
-def _apply_tf32_override(df: pd.DataFrame, bs_dir: Path) -> int:
+def _tf32_override(bs_dir: Path) -> str | None:
     """``NVIDIA_TF32_OVERRIDE`` as the case's workers saw it (their pass files' ``tf32_override``: the libs
-    pass's, else the framework pass's); at 0, the calls whose TF32 the logs leave open are fp32
-    (``kernelmath.apply_override``) and each kernel takes its call's math again. The calls set."""
+    pass's, else the framework pass's), for ``kernelmath.fill``: at 0, the calls whose TF32 the logs leave open
+    are fp32 (``kernelmath.apply_override``) before any kernel takes its call's or its op's math."""
     for name in ("libs", "framework"):
-        f = bs_dir / pass_result_name(name)
-        if f.is_file():
-            value = json.loads(f.read_text()).get("tf32_override")  # read before by _log_steps: a bad file raised there
-            n = kernelmath.apply_override(df, [str(value)]) if value is not None else 0
-            if n:
-                kernelmath.fill(df)
-            return n
-    return 0
+        d = _pass_file(bs_dir / pass_result_name(name))
+        if d is not None:
+            value = d.get("tf32_override")
+            return None if value is None else str(value)
+    return None
 
 
 # the captures read from every rank of a multi-process case: the traces (rank 0's library logs stand for all)
@@ -351,10 +358,7 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
         libs = bs_dir / pass_result_name("libs")
         df, s = normalise(files, run=name, framework=fw, device=RunDir.framework_device(manifest, fw),
                           batch_size=bs, log_steps=_log_steps(libs), steady_calls=_log_steps(libs, warmup=False),
-                          libs_trace=libs_trace)
-        overridden = _apply_tf32_override(df, bs_dir)
-        if overridden:
-            s["runs"][name]["tf32_overridden_calls"] += overridden
+                          libs_trace=libs_trace, tf32_override=_tf32_override(bs_dir))
         case_cols = {c: key.to_fields()[c] for c in schema.CASE_COLUMNS}
         df = link_communication(df.assign(**case_cols))  # issue 39: communication linked to its issuing ops
         frames.append(df)
