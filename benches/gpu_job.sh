@@ -22,8 +22,11 @@
 #              default "64 1024"), kernelmap save-job; the report then checks "clean vs step benchmark"
 #   repeats    three clean-pass runs of PyTorch at 64/256/1024, their agreement (benches/repeats.py) and this
 #              host's own spread (benches/gpu_host_noise.py)
-#   harness    kernelmap's clean pass against the bare loop, HARNESS_N (default 5) processes each, interleaved,
-#              per mode at BARE_BS, synthetic data as the bare loop's (benches/harness_vs_bare.py)
+#   harness    kernelmap's clean pass against a bare loop, interleaved processes at BARE_BS, synthetic data. HARNESS_MATH
+#              (default fp32): fp32 the reference probes, HARNESS_N (default 5) processes each, every mode; bf16/fp16
+#              (issue 38's 5%): benches/harness_vs_bare.py run, HARNESS_N (default 3) rounds of bare_mixed_loop.py and
+#              kernelmap run --trials 3 per mode of HARNESS_MODES (default pytorch jax, + mxnet with a tree; MXNet
+#              fp16), HARNESS_STEPS (default 200) timed steps each; the verdict per mode in harness/summary.txt
 #   custom-op  per route in CUSTOM_ROUTES (default "jit setuptools cmake"): build, the seed's AddModel, parity,
 #              kernelmap run --custom-op; fc1's kernels beside the run phase's built-in ones (custom_op_compare.py)
 #   report     kernelmap report --strict on the run (exit 4: a self-check failed)
@@ -247,7 +250,15 @@ if want repeats; then stamp "repeats"
   python3 "$repo/benches/repeats.py" "$out"/repeat*.json | tee "$out/repeats.txt"
   python3 "$repo/benches/gpu_host_noise.py" --batch-size 64 256 --repeats 3 --cpus all 2-3 | tee "$out/host_noise.txt"
 fi
-if want harness; then stamp "harness: ${HARNESS_N:-5} processes each"
+if want harness && [ "${HARNESS_MATH:-fp32}" != fp32 ]; then  # issue 38: the mixed recipe, bare loop vs clean pass
+  h="$out/harness"; mkdir -p "$h"; modes=${HARNESS_MODES:-pytorch jax}; tree_arg=()
+  if [ -n "$(tree)" ]; then tree_arg=(--mxnet-tree "$(tree)"); [ -z "${HARNESS_MODES:-}" ] && modes="$modes mxnet"; fi
+  stamp "harness $HARNESS_MATH: ${HARNESS_N:-3} rounds of $modes at $bs"
+  # shellcheck disable=SC2086  # word-split on purpose: lists of batch sizes and modes
+  python3 "$repo/benches/harness_vs_bare.py" run "$h" --math "$HARNESS_MATH" --n "${HARNESS_N:-3}" --batch-size $bs \
+    --modes $modes --steps "${HARNESS_STEPS:-200}" "${tree_arg[@]}" 2>&1 | tee "$h/summary.txt"
+  echo "harness exit ${PIPESTATUS[0]}"
+elif want harness; then stamp "harness: ${HARNESS_N:-5} processes each"
   h="$out/harness"; mkdir -p "$h"; modes="pytorch jax"; [ -n "$(tree)" ] && modes="$modes mxnet mxnet-hybridized"
   for i in $(seq 1 "${HARNESS_N:-5}"); do
     for m in $modes; do
