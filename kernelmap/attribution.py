@@ -246,15 +246,9 @@ _LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "
                         "iteration", "dur_ns"]
 
 
-def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: dict | None = None) -> pd.DataFrame:
-    """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
-    linked). A kernel is a library kernel when it is linked to a log call, when its name says its
-    library, or when it is a non-native kernel of a convolution/linear op or of an op whose
-    signature a log call has. ``reasons``: row label -> the reason an unlinked kernel was given where it was
-    looked at (``calllink.carry``: the timing pass ran other kernels than the libs pass), before the rules."""
-    # which kernels are library kernels is worked out on the few columns it reads, and the rows
-    # are taken once, for those kernels only (peak memory of a large trace: not the kernels' whole
-    # rows copied at each step)
+def _library_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.Series, pd.DataFrame, pd.DataFrame]:
+    """(the non-native kernels' positions, which of them are library kernels, their signatures, their keyed
+    signature columns, the log calls): ``library_kernels``' rule, worked out on the few columns it reads."""
     rows = np.flatnonzero(_kind(df, "kernel"))
     rows = rows[~_native(_rows(df, rows, ["library", "kernel_name"]))]
     calls = _log_calls(df)
@@ -266,7 +260,25 @@ def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: 
     call_sigs = set(_sig(signed))
     lib = (head["call_event_id"].notna().to_numpy() | S.isin(head["library"], GPU_LIBS)
            | S.isin(head["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
-    del head
+    return rows, lib, sig, keyed, calls
+
+
+def library_kernel_rows(df: pd.DataFrame) -> np.ndarray:
+    """The positions in ``df`` of its library kernels (``library_kernels``' rows, without their reasons)."""
+    rows, lib, *_ = _library_rows(df)
+    return rows[lib]
+
+
+def library_kernels(df: pd.DataFrame, steady_calls: int | None = None, reasons: dict | None = None) -> pd.DataFrame:
+    """The kernels launched inside a GPU library call, linked or not, with ``reason`` (NA where
+    linked). A kernel is a library kernel when it is linked to a log call, when its name says its
+    library, or when it is a non-native kernel of a convolution/linear op or of an op whose
+    signature a log call has. ``reasons``: row label -> the reason an unlinked kernel was given where it was
+    looked at (``calllink.carry``: the timing pass ran other kernels than the libs pass), before the rules."""
+    # which kernels are library kernels is worked out on the few columns it reads, and the rows
+    # are taken once, for those kernels only (peak memory of a large trace: not the kernels' whole
+    # rows copied at each step)
+    rows, lib, sig, keyed, calls = _library_rows(df)
     k = _rows(df, rows[lib], _LIBRARY_KERNEL_COLS)  # the columns read here and by the figures
     sig = sig[lib]
     keyed = keyed[lib]

@@ -100,17 +100,24 @@ def name_unit(name: str | None) -> str | None:
     return hits.pop().value if len(hits) == 1 else None
 
 
+def _by_name(df: pd.DataFrame, rows: np.ndarray, judge) -> tuple[np.ndarray, np.ndarray]:
+    """(which of ``rows`` ``judge`` gave a value from their kernel's name, the values of those): each distinct
+    name judged once, not each kernel."""
+    names = S.objects(df["kernel_name"])[rows]
+    said = {n: judge(n) for n in set(names)}
+    values = np.array([said[n] for n in names] if len(names) else [], dtype=object)
+    hit = np.array([v is not None for v in values], dtype=bool)
+    return hit, values[hit]
+
+
 def fill_unit(df: pd.DataFrame) -> None:
     """``math_unit`` of every kernel from its name (``name_unit``, once per distinct name); other rows NA."""
     kern = np.flatnonzero(S.eq(df["kind"], "kernel"))
     if not len(kern):
         return
-    names = S.objects(df["kernel_name"])[kern]
-    by_name = {n: name_unit(n) for n in set(names)}
-    units = [by_name[n] for n in names]
-    hit = np.array([u is not None for u in units], dtype=bool)
+    hit, units = _by_name(df, kern, name_unit)
     if hit.any():
-        S.set_rows(df, "math_unit", kern[hit], [u for u in units if u is not None])
+        S.set_rows(df, "math_unit", kern[hit], list(units))
 
 
 def apply_override(df: pd.DataFrame, overrides: list[str]) -> int:
@@ -156,17 +163,15 @@ def fill(df: pd.DataFrame, overrides: list[str] = ()) -> dict:
     # a call that permitted TF32 may run an FP32-FMA kernel (cuDNN's implicit_convolve_sgemm<float>, an xmma
     # ..._f32f32_f32f32_..._ffma kernel): where the kernel's name says fp32, that is what the kernel ran
     tf32 = kern[linked][S.objects(df["math_ran"])[src] == MathRan.TF32.value]
-    fma = tf32[np.array([name_math(n) == MathRan.FP32.value for n in S.objects(df["kernel_name"])[tf32]], dtype=bool)]
+    hit, said = _by_name(df, tf32, name_math)
+    fma = tf32[hit][said == MathRan.FP32.value]
     if len(fma):
         S.set_rows(df, "math_ran", fma, MathRan.FP32.value)
         S.set_rows(df, "math_source", fma, MathSource.NAME.value)
     rest = kern[~linked]
-    names = S.objects(df["kernel_name"])[rest]
-    by_name = {n: name_math(n) for n in set(names)}  # once per distinct name, not per kernel
-    named = [by_name[n] for n in names]
-    hit = np.array([m is not None for m in named], dtype=bool)
+    hit, named = _by_name(df, rest, name_math)
     if hit.any():
-        S.set_rows(df, "math_ran", rest[hit], [m for m in named if m is not None])
+        S.set_rows(df, "math_ran", rest[hit], list(named))
         S.set_rows(df, "math_source", rest[hit], MathSource.NAME.value)
     return {**overridden, "kernels_math_from_call": int(linked.sum()) - len(fma), "kernels_math_from_name": int(hit.sum()) + len(fma),
             "kernels_math_from_op": from_op(df)}
@@ -174,30 +179,32 @@ def fill(df: pd.DataFrame, overrides: list[str] = ()) -> dict:
 
 def from_op(df: pd.DataFrame) -> int:
     """``OP_RULE`` (module docstring): each library kernel still without a math takes the one math every logged
-    call of its op ran; the number of kernels set."""
+    call of its op ran (looked up once per distinct op key and direction); the number of kernels set."""
     keys = [k for k in OP_KEYS if k in df.columns]
     calls = df[S.eq(df["kind"], "library_call") & S.notna(df["math_ran"]) & S.notna(df["layer"])]
     bare = S.eq(df["kind"], "kernel") & S.isna(df["math_ran"]) & S.notna(df["layer"])
     if not len(calls) or "layer" not in keys or not bare.any():
         return 0
-    lib = df.index.get_indexer(attribution.library_kernels(df).index)
-    rows = lib[S.isna(df["math_ran"].iloc[lib]) & S.notna(df["layer"].iloc[lib])] if len(lib) else lib
+    lib = attribution.library_kernel_rows(df)
+    rows = lib[bare[lib]]
     if not len(rows):
         return 0
     maths: dict[tuple, set] = {}
     for key, g in calls.groupby([*keys, "direction"], dropna=False, observed=True, sort=False):
         for k in (tuple(key), (*key[:-1], None)):  # its own direction, and the op's (any of the phase's)
             maths.setdefault(k, set()).update(g["math_ran"].astype(str))
-    kern = df.iloc[rows]
+    kern = df.iloc[rows][[*keys, "direction"]]
     own = set(calls["direction"].dropna().astype(str))
-    picked, values = [], []
-    for pos, key, direction in zip(rows, kern[keys].itertuples(index=False, name=None),
-                                   S.objects(kern["direction"]), strict=True):
+    group = kern.groupby([*keys, "direction"], dropna=False, observed=True, sort=False).ngroup().to_numpy()
+    firsts = np.unique(group, return_index=True)[1]
+    value = np.full(len(firsts), None, dtype=object)
+    for g, (*key, direction) in zip(group[firsts], kern.iloc[firsts].itertuples(index=False, name=None), strict=True):
         ran = maths.get((*key, direction if direction in own else None), set())
         if len(ran) == 1:
-            picked.append(pos)
-            values.append(next(iter(ran)))
-    if picked:
-        S.set_rows(df, "math_ran", picked, values)
-        S.set_rows(df, "math_source", picked, MathSource.OP.value)
-    return len(picked)
+            value[g] = next(iter(ran))
+    picked = value[group]
+    hit = np.array([v is not None for v in picked], dtype=bool)
+    if hit.any():
+        S.set_rows(df, "math_ran", rows[hit], list(picked[hit]))
+        S.set_rows(df, "math_source", rows[hit], MathSource.OP.value)
+    return int(hit.sum())
