@@ -809,3 +809,24 @@ def test_shipped_libraries_are_one_copy_each_and_links(tmp_path):
         link = lib / name
         assert link.is_symlink() and not Path(link.readlink()).is_absolute()  # the tree moves as a whole
         assert link.read_bytes() == data
+
+
+def test_cudnn_is_loaded_beside_the_header_the_tree_was_compiled_against(tmp_path):
+    """The 2-GPU H200s: the build's first recorded lib dir (/usr/local/cuda-13.0/lib64) held a system cuDNN 9.14,
+    pip's nvidia/cudnn (whose header compiled the tree) 9.19; the workers loaded 9.14 and crashed. cuDNN now comes
+    from beside its header; other libraries keep the recorded order; without that cuDNN, the order as before."""
+    system, pip_cudnn = tmp_path / "cuda-13.0" / "lib64", tmp_path / "nvidia" / "cudnn"
+    for d in (system, pip_cudnn / "lib", pip_cudnn / "include"):
+        d.mkdir(parents=True)
+    for f in (system / "libcudnn.so.9", system / "libcudart.so.13", pip_cudnn / "lib" / "libcudnn.so.9",
+              pip_cudnn / "lib" / "libcudart.so.13", pip_cudnn / "include" / "cudnn.h"):
+        f.write_bytes(b"")
+    dirs = [system, pip_cudnn / "lib"]
+    tree = built.BuiltTree(tmp_path / "tree", {"cudnn_header": str(pip_cudnn / "include" / "cudnn.h")})
+    assert built.library_candidates(tree, "libcudnn.so.9", dirs) == [pip_cudnn / "lib" / "libcudnn.so.9",
+                                                                      system / "libcudnn.so.9"]
+    assert built.library_candidates(tree, "libcudart.so.13", dirs)[0] == system / "libcudart.so.13"
+    (pip_cudnn / "lib" / "libcudnn.so.9").unlink()
+    assert built.library_candidates(tree, "libcudnn.so.9", dirs) == [system / "libcudnn.so.9"]
+    assert built.library_candidates(built.BuiltTree(tmp_path / "tree", {}), "libcudnn.so.9", dirs) == \
+        [system / "libcudnn.so.9"]

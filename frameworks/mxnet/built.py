@@ -195,6 +195,21 @@ def runtime_lib_dirs(tree: BuiltTree) -> list[Path]:
     return list(seen.values())
 
 
+def library_candidates(tree: BuiltTree, soname: str, dirs: list[Path]) -> list[Path]:
+    """The files ``soname`` may be loaded from, best first: ``dirs``' order, except that cuDNN comes first from
+    the lib/ beside the cuDNN header the tree was compiled against (its build info's ``cudnn_header``). On the
+    2-GPU H200s a system cuDNN 9.14 in /usr/local/cuda-13.0/lib64, the first of the build's recorded dirs, was
+    loaded under a tree compiled against pip's cuDNN 9.19 (MXNet: "cuDNN lib mismatch: linked-against version
+    91400 != compiled-against version 91900"), and the workers crashed at their first GPU operator."""
+    hits = [d / soname for d in dirs if (d / soname).exists()]
+    header = tree.info.get("cudnn_header")
+    if soname.startswith("libcudnn") and header:
+        own = Path(header).parent.parent / "lib" / soname
+        if own.exists():
+            hits = [own] + [h for h in hits if h.resolve() != own.resolve()]
+    return hits
+
+
 def tree_patches(tree_path: str | os.PathLike | None) -> list[str]:
     """The patches a built tree was built with (its build info), [] where there is no tree or no info."""
     if not tree_path:
@@ -231,7 +246,7 @@ def preload(tree_path: str | os.PathLike) -> Preloaded:
         result.loaded[DRIVER] = DRIVER
     pending = []
     for soname in wanted:
-        hits = [d / soname for d in dirs if (d / soname).exists()]
+        hits = library_candidates(tree, soname, dirs)
         if not hits:
             raise OSError(f"{soname}: needed by {tree.lib} and found in none of {', '.join(map(str, dirs))}")
         pending.append(hits[0])
