@@ -516,12 +516,12 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
 
 
 def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None,
-                answer: pd.DataFrame | None = None) -> pd.DataFrame:
+                answer: pd.DataFrame | None = None, comm=None) -> pd.DataFrame:
     """All checks of all runs, one row each (see the module docstring). ``history``:
     ``kernelmap.history.trend.load_history`` of the step benchmarks' storage, for ``clean vs step
     benchmark`` (without it that check is not checked). ``layers``: ``layer_table(runs)`` where the
     caller has it (computed here otherwise); ``answer``: ``answer.answer_table`` of the same layers (computed
-    here otherwise)."""
+    here otherwise); ``comm``: ``analyses.commfigures.of(runs)`` where the caller has it (per run here otherwise)."""
     from . import analysis as A
     from . import answer as ANS
 
@@ -547,7 +547,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
             continue
         rows += math_checks(run)  # issue 38: first among the record checks, so the page's banner names it
         rows += counter_checks(run)  # issue 38: only for a run with a counters pass
-        rows += comm_checks(run)  # issue 39: only for a run with multi-device cases
+        rows += comm_checks(run, comm)  # issue 39: only for a run with multi-device cases
         rows += _record_checks(run, expected)
         libcalls = A.library_calls([run])
         rows += _library_call_checks(run, libcalls)

@@ -35,10 +35,9 @@ from . import figures as F
 from . import html as H
 from . import rankfigure as RF
 from .analyses import basis as B
-from .analyses import comm as COMM
+from .analyses import commfigures as CF
 from .analyses import findings as FD
 from .analyses import math as MATH
-from .analyses import ranks as RT
 from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.opcpu import op_cpu_of
@@ -430,7 +429,7 @@ class Analysed:
     noise: pd.DataFrame  # the clean trials' spread and verdict per case (basis.trial_noise)
     step_noise: pd.DataFrame  # each clean step against the reference's, within noise or not (basis.step_noise)
     counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
-    ranks: list[tuple[str, RT.RankTimeline]]  # per run: the merged timeline of every rank (issue 39)
+    comm: CF.CommFigures  # issue 39: every run's communication figures, computed once (tables, checks, figures)
 
 
 def load_runs(run_dirs: list[str]) -> list[A.Run]:
@@ -456,6 +455,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
     cov, cov_top, attr, not_read = A.coverage(runs)
     layers = A.layer_table(runs)
     ans, ans_fws = ANS.answer_table(layers, B.pass_states(runs))
+    comm = CF.of(runs)
     return Analysed(
         runs=runs, fallbacks=_fallbacks(runs), summ=summ, ot=A.op_time(runs), mix=A.library_mix(runs),
         kc=A.kernel_counts(runs),
@@ -464,11 +464,11 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         busy=A.busy_share(runs), launch=launch, best=A.best_modes(launch, LAUNCH_BS), ov=ov, roof=roof, peaks=peaks,
         cov=cov, cov_top=cov_top, attr=attr, not_read=not_read, unlinked=A.unlinked_library_kernels(runs),
         raw_hist=raw_hist, layers=layers, ans=ans, ans_fws=ans_fws,
-        checks=C.self_checks(runs, raw_hist, layers, ans), libcalls=A.library_calls(runs),
+        checks=C.self_checks(runs, raw_hist, layers, ans, comm), libcalls=A.library_calls(runs),
         contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
-        counters=_counters(runs), ranks=[(r.name, RT.rank_timeline(r.records)) for r in runs],
+        counters=_counters(runs), comm=comm,
         **_cpu_time(runs, layers))
 
 
@@ -496,7 +496,7 @@ def _figures(out: Path, a: Analysed) -> list[dict[str, Any]]:
     figs = _figure_list(out, a)
     for f in figs:
         f["busy"], f["mark"] = H.busy_mark(a.ov, FIGURE_PASSES[f["stem"]], A.fw_label)
-    return RF.figures(out, a.ranks, a.ov, len(a.runs) > 1) + figs  # the multi-device cases' first
+    return RF.figures(out, list(a.comm.timelines.items()), a.ov, len(a.runs) > 1) + figs  # the multi-device cases' first
 
 
 def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
@@ -671,7 +671,7 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise,
-            "scaling": (scaled := SC.scaling(a.runs)), **COMM.tables(a.runs)})
+            "scaling": (scaled := a.comm.scaling), **CF.tables(a.runs, a.comm)})
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render({**_context(a, figs, trend, csvs), **devices_screen(scaled)}))
     return Path(out), a.checks

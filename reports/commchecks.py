@@ -24,10 +24,11 @@ from typing import Any
 import pandas as pd
 from kernelmap.frameworks.dataparallel import NO_REDUCTION
 
+from .analyses import commfigures as CF
 from .analyses import scaling as SC
 from .analyses.base import BUSY, Run
-from .analyses.comm import AGREEMENT, INDEPENDENT_COLUMNS, independent, per_step
-from .analyses.ranks import rank_timeline, step_mismatches
+from .analyses.comm import AGREEMENT, INDEPENDENT_COLUMNS
+from .analyses.ranks import step_mismatches
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
 
 TOLERANCE_MS = 1e-9  # the figures are sums of whole nanoseconds: equal within rounding
@@ -141,22 +142,23 @@ def timeline_checks(run_name: str, timeline, steps: pd.DataFrame) -> list[dict[s
     return rows
 
 
-def comm_checks(run: Run) -> list[dict[str, Any]]:
-    """The checks of every multi-device case of ``run``; a run without one: each check once, not checked."""
-    steps = per_step(run.records) if run.records is not None else None
+def comm_checks(run: Run, figures: CF.CommFigures | None = None) -> list[dict[str, Any]]:
+    """The checks of every multi-device case of ``run``; a run without one: each check once, not checked.
+    ``figures``: the report's communication figures (``commfigures.of``: computed here, of ``run``, without)."""
+    figures = CF.of([run]) if figures is None else figures
+    steps = figures.steps.get(run.name)
     rows = step_checks(run.name, steps) if steps is not None else []
     if steps is not None:
-        rows += timeline_checks(run.name, rank_timeline(run.records), steps)
+        rows += timeline_checks(run.name, figures.timelines[run.name], steps)
     multi = any((r.get("devices") or 1) > 1 for r in run.results)
     if multi and not rows:
         rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,
                           "no capture pass traced the multi-device cases' steps (--profile framework or comm)")
                 for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.RANK_TIMELINE)]
     if multi:
-        table = independent(run.records, run.results) if run.records is not None else pd.DataFrame(
-            columns=INDEPENDENT_COLUMNS[1:])
-        return (rows + independent_checks(run.name, table, run.results)
-                + scaling_checks(run.name, SC.scaling([run])))
+        table = figures.independent.get(run.name, pd.DataFrame(columns=INDEPENDENT_COLUMNS[1:]))
+        scaled = figures.scaling[figures.scaling["run"] == run.name]
+        return (rows + independent_checks(run.name, table, run.results) + scaling_checks(run.name, scaled))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
             for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.COMM_INDEPENDENT, Check.SCALING, Check.RANK_TIMELINE)]

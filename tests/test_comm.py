@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from kernelmap.frameworks import spec
 from kernelmap.reports import commchecks
-from kernelmap.reports.analyses import comm
+from kernelmap.reports.analyses import comm, commfigures
 from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
 
 from kernelmap import commlink, schema
@@ -275,7 +275,7 @@ def test_the_report_reads_each_ranks_nccl_log_and_names_the_algorithm_of_its_col
     loaded = load_runs([str(run)])[0]
     logged = comm.nccl(loaded)
     assert logged["rank"].tolist() == [0, 0, 1, 1] and set(logged["case"]) == {"pytorch-x2/bs32"}
-    got = comm.tables([loaded])["comm_collectives"]
+    got = commfigures.tables([loaded], commfigures.of([loaded]))["comm_collectives"]
     pt = got[(got["case"] == "pytorch-x2/bs32") & (got["op_name"] == "c10d::allreduce_")]
     assert set(pt.loc[pt["bytes"] == 1611304, "algorithm"]) == {"RING SIMPLE (NCCL log)"}
     assert set(pt.loc[pt["bytes"] == 75264, "algorithm"]) == {"RING LL (NCCL log)"}

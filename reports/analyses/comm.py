@@ -28,6 +28,7 @@ against an independent measure, the clean step less the same step without the gr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,39 @@ def _steps(df: pd.DataFrame) -> pd.Series:
     return pd.Series({it: (int(x["start"].min()), int(x["end"].max())) for it, x in g})
 
 
-def _case_rows(df: pd.DataFrame) -> list[dict]:
-    """The figures of one case's records (one run)."""
-    comm_mask = is_communication(df)
+@dataclass(frozen=True)
+class CaseFrame:
+    """One case's records of one capture source as the figures (``per_step``) and the merged timeline
+    (``analyses/ranks.py``) read them (``case_frame``)."""
+
+    rows: pd.DataFrame  # the rows of the traces that hold its communication, each device its rank (``device_ranks``)
+    comm: np.ndarray  # which of ``rows`` are communication (``commlink.is_communication``)
+    on_device: bool  # the case's trace has kernels: its compute is them (the device's clock), else its framework ops
+
+    @property
+    def basis(self) -> str:
+        return BASIS_DEVICE if self.on_device else BASIS_HOST
+
+    @property
+    def work(self) -> np.ndarray:
+        """Which of ``rows`` are of compute's kind (kernels on the device, else framework ops), communication too."""
+        return (self.rows["kind"] == ("kernel" if self.on_device else "op")).fillna(False).to_numpy()
+
+
+def case_frame(df: pd.DataFrame) -> CaseFrame:
+    """``CaseFrame`` of one case's records of one capture source."""
+    df = device_ranks(df)
     on_device = bool((df["kind"] == "kernel").any())
-    basis = BASIS_DEVICE if on_device else BASIS_HOST
-    work_kind = "kernel" if on_device else "op"
+    comm = is_communication(df)
+    keep = df["source_file"].isin(df.loc[comm, "source_file"].unique()).to_numpy()
+    return CaseFrame(df[keep], comm[keep], on_device)
+
+
+def _case_rows(case: CaseFrame) -> list[dict]:
+    """The figures of one case's records (one run, one source)."""
+    df, comm_mask, work_all = case.rows, case.comm, case.work
+    if df.empty:  # no communication traced
+        return []
     ops = set(df.loc[(df["kind"] == "op").fillna(False), "event_id"].dropna().tolist())
     key = df.iloc[0]
     out = []
@@ -82,15 +110,15 @@ def _case_rows(df: pd.DataFrame) -> list[dict]:
     for r in ranks:
         # the rank's rows and the rows that name no rank (a process's step regions), in the traces of its
         # communication (a rank's own trace; the one trace of a process that drives every device)
-        mine = df if r is None else df[(df["rank"] == r).fillna(False) | df["rank"].isna()]
-        mine = mine[mine["source_file"].isin(mine.loc[is_communication(mine), "source_file"].unique())]
-        comm_all = is_communication(mine)
+        sel = np.ones(len(df), dtype=bool) if r is None else ((df["rank"] == r).fillna(False) | df["rank"].isna()).to_numpy()
+        sel &= df["source_file"].isin(df.loc[sel & comm_mask, "source_file"].unique()).to_numpy()
+        mine, comm_all, work = df[sel], comm_mask[sel], work_all[sel]
         steps = _steps(mine)
         for it, (s0, s1) in steps.items():
             at = (mine["iteration"] == it).fillna(False).to_numpy()
             in_rank = np.ones(len(mine), dtype=bool) if r is None else (mine["rank"] == r).fillna(False).to_numpy()
             comm = mine[at & comm_all & in_rank]
-            compute = mine[at & ~comm_all & in_rank & (mine["kind"] == work_kind).fillna(False).to_numpy()]
+            compute = mine[at & ~comm_all & in_rank & work]
             c_iv, w_iv = _intervals(comm), _intervals(compute)
             c_ns = length_ns(c_iv)
             # the step on this rank: its region, widened to its work (an asynchronous framework's region
@@ -103,7 +131,7 @@ def _case_rows(df: pd.DataFrame) -> list[dict]:
             out.append({"run": key["run"], "framework": key["framework"], "mode": key["mode"],
                         "devices": key["devices"], "batch_size": key["batch_size"], "source": key["source"],
                         "rank": r, "iteration": it,
-                        "basis": basis, "step_ms": step_ns / _NS_MS, "compute_ms": length_ns(w_iv) / _NS_MS,
+                        "basis": case.basis, "step_ms": step_ns / _NS_MS, "compute_ms": length_ns(w_iv) / _NS_MS,
                         "communication_ms": c_ns / _NS_MS, "exposed_ms": exposed / _NS_MS,
                         "overlap_share": (1 - exposed / c_ns) if c_ns else None,
                         "comm_bytes": int(issuing["bytes"].sum()) if issuing["bytes"].notna().any() else None,
@@ -132,7 +160,7 @@ def per_step(records: pd.DataFrame) -> pd.DataFrame:
     multi = records[(records["devices"].fillna(1) > 1)]
     rows: list[dict] = []
     for _, df in multi.groupby(["run", "source"], sort=True):  # each capture pass on its own (its clock, its steps)
-        rows += _case_rows(device_ranks(df))
+        rows += _case_rows(case_frame(df))
     out = pd.DataFrame(rows, columns=COLUMNS)
     for c in ("rank", "iteration", "comm_bytes", "devices", "batch_size", "step_start_ns", "step_end_ns"):
         out[c] = out[c].astype("Int64")
@@ -278,14 +306,15 @@ def _exposed(steps: pd.DataFrame, per_rank: bool) -> dict[Any, tuple[float, int]
     return {None: (float(crit["exposed_ms"].median()), len(crit))}
 
 
-def independent(records: pd.DataFrame, results: list[dict]) -> pd.DataFrame:
+def independent(records: pd.DataFrame, results: list[dict], steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """``INDEPENDENT_COLUMNS``: per multi-device case with a step without reduction (results.json's
     ``dataparallel.NO_REDUCTION`` entry), source and rank, the traces' exposed communication (``per_step``,
     median over the traced steps) against the difference of the clean pass's median step and the step without
     the gradients' reduction (``difference_ms``, the same rank's, timed as the clean pass is; one process: its
     one figure against ``CRITICAL_RANK``'s exposed time); ``rel_error`` = (exposed − difference) / difference,
-    ``within`` |rel_error| <= ``AGREEMENT``. ``records``: one run's; its ``run`` column is the case."""
-    steps = per_step(records)
+    ``within`` |rel_error| <= ``AGREEMENT``. ``records``: one run's; its ``run`` column is the case; ``steps``: its
+    ``per_step`` where the caller has it (computed here otherwise)."""
+    steps = per_step(records) if steps is None else steps
     rows = []
     for r in results:
         nr = r.get(NO_REDUCTION) or {}
@@ -311,32 +340,3 @@ def independent(records: pd.DataFrame, results: list[dict]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=INDEPENDENT_COLUMNS[1:])
     out["rel_error"] = pd.to_numeric(out["rel_error"], errors="coerce")  # NA where the difference is not > 0
     return out
-
-
-def tables(runs: list) -> dict[str, pd.DataFrame]:
-    """The report's CSV tables of ``runs`` (``analyses.base.Run``): ``comm_steps`` (``per_step``) and
-    ``comm_cases`` (``per_case``), each row's ``run`` the run directory's name, ``case`` its case folder."""
-    steps = [per_step(r.records).rename(columns={"run": "case"}).assign(run=r.name)
-             for r in runs if r.records is not None]
-    steps = [s for s in steps if len(s)]
-    if not steps:
-        return {"comm_steps": pd.DataFrame(columns=["run", "case", *COLUMNS[1:]]),
-                "comm_cases": pd.DataFrame(columns=["run", "case"]),
-                "comm_arrivals": pd.DataFrame(columns=["run", "case", *ARRIVAL_COLUMNS[1:]]),
-                "comm_independent": pd.DataFrame(columns=INDEPENDENT_COLUMNS),
-                "comm_collectives": pd.DataFrame(columns=["run", "case", *COLLECTIVE_COLUMNS[1:]]),
-                "comm_nccl": pd.DataFrame(columns=["run", "case", "framework", "rank", *NCCL_LOG_COLUMNS])}
-    all_steps = pd.concat(steps, ignore_index=True)
-    cases = pd.concat([per_case(s.drop(columns=["run"]).rename(columns={"case": "run"}))
-                       .rename(columns={"run": "case"}).assign(run=s["run"].iloc[0]) for s in steps], ignore_index=True)
-    order = lambda df: df[["run", "case", *[c for c in df.columns if c not in ("run", "case")]]]  # noqa: E731
-    arrived = pd.concat([arrivals(r.records).rename(columns={"run": "case"}).assign(run=r.name)
-                         for r in runs if r.records is not None], ignore_index=True)
-    checked = pd.concat([independent(r.records, r.results).assign(run=r.name)
-                         for r in runs if r.records is not None], ignore_index=True)
-    logged = pd.concat([nccl(r).assign(run=r.name) for r in runs], ignore_index=True)
-    each = pd.concat([with_logged_algorithms(collectives(r.records).rename(columns={"run": "case"}),
-                                             logged[logged["run"] == r.name]).assign(run=r.name)
-                      for r in runs if r.records is not None], ignore_index=True)
-    return {"comm_steps": order(all_steps), "comm_cases": order(cases), "comm_arrivals": order(arrived),
-            "comm_independent": order(checked), "comm_collectives": order(each), "comm_nccl": order(logged)}

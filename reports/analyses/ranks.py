@@ -28,9 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kernelmap.commlink import is_communication
-
-from .comm import BASIS_DEVICE, BASIS_HOST, arrivals, device_ranks
+from .comm import arrivals, case_frame
 from .diff import source_pass
 
 SHOWN_STEPS = 2  # the last traced steps of each case
@@ -72,10 +70,6 @@ def capture_pass(source: str) -> str:
     return source_pass(source) or str(source)
 
 
-def _timed(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["start_ns"].notna() & df["dur_ns"].notna()]
-
-
 def _groups(df: pd.DataFrame, comm: np.ndarray, drawn: np.ndarray) -> list[tuple[str, object, object, np.ndarray]]:
     """(label, rank, process, the rows of the group) per lane group: a rank each where the communication names
     ranks, else a trace process each (the process id of the ``drawn`` rows: communication and compute)."""
@@ -92,14 +86,11 @@ def _groups(df: pd.DataFrame, comm: np.ndarray, drawn: np.ndarray) -> list[tuple
 
 def _case(df: pd.DataFrame, steps: int) -> tuple[dict, list[pd.DataFrame]] | None:
     """One case and source: its row of ``cases`` and its drawn rows (``EVENT_COLUMNS`` less ``rel_ns``)."""
-    df = _timed(device_ranks(df))
-    comm = is_communication(df)
-    df = df[df["source_file"].isin(df.loc[comm, "source_file"].unique())]  # the traces holding communication
-    comm = is_communication(df)
+    frame = case_frame(df)  # the traces holding communication, as comm.per_step reads them
+    timed = (frame.rows["start_ns"].notna() & frame.rows["dur_ns"].notna()).to_numpy()
+    df, comm, work = frame.rows[timed], frame.comm[timed], frame.work[timed]
     if not comm.any():
         return None
-    on_device = bool((df["kind"] == "kernel").any())
-    work = (df["kind"] == ("kernel" if on_device else "op")).fillna(False).to_numpy()
     is_step = (df["kind"] == "step").fillna(False).to_numpy() & df["iteration"].notna().to_numpy()
     shown = sorted(df.loc[is_step, "iteration"].unique().tolist())[-steps:]
     at = df["iteration"].isin(shown).fillna(False).to_numpy()
@@ -119,8 +110,8 @@ def _case(df: pd.DataFrame, steps: int) -> tuple[dict, list[pd.DataFrame]] | Non
     ranked_steps = df.loc[is_step, "rank"].notna().any()
     case = {"run": key["run"], "framework": key["framework"], "devices": key["devices"],
             "batch_size": key["batch_size"], "source": key["source"], "capture_pass": capture_pass(key["source"]),
-            "basis": BASIS_DEVICE if on_device else BASIS_HOST,
-            "clock": (CLOCK_PER_RANK if ranked_steps else CLOCK_ONE) + (DEVICE_TIMES if on_device else ""),
+            "basis": frame.basis,
+            "clock": (CLOCK_PER_RANK if ranked_steps else CLOCK_ONE) + (DEVICE_TIMES if frame.on_device else ""),
             "groups": len(groups), "iterations": ";".join(str(int(i)) for i in shown)}
     return case, parts
 
@@ -136,10 +127,9 @@ def step_spans(events: pd.DataFrame) -> pd.DataFrame:
     return out[SPAN_COLUMNS]
 
 
-def _marks(records: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """``comm.arrivals``' rows of the shown steps, each at the start of its last rank's issuing op (the k-th
-    communication op of that rank's step in start order, as ``arrivals`` counts them)."""
-    arr = arrivals(records)
+def _marks(arr: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """``comm.arrivals``' rows (``arr``) of the shown steps, each at the start of its last rank's issuing op (the
+    k-th communication op of that rank's step in start order, as ``arrivals`` counts them)."""
     ops = events[(events["lane"] == Lane.COMMUNICATION) & (events["kind"] == "op")]
     rows = []
     for a in arr.itertuples():
@@ -153,9 +143,11 @@ def _marks(records: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=MARK_COLUMNS[:-1])
 
 
-def rank_timeline(records: pd.DataFrame | None, steps: int = SHOWN_STEPS) -> RankTimeline:
+def rank_timeline(records: pd.DataFrame | None, steps: int = SHOWN_STEPS,
+                  arrived: pd.DataFrame | None = None) -> RankTimeline:
     """The merged timeline of every multi-device case of one run's ``records`` (see the module docstring); times
-    ``rel_ns`` from the case's first shown step (``origin_ns``: the earliest start over its groups)."""
+    ``rel_ns`` from the case's first shown step (``origin_ns``: the earliest start over its groups). ``arrived``:
+    ``comm.arrivals`` of the same records where the caller has it (computed here otherwise)."""
     empty = RankTimeline(pd.DataFrame(columns=CASE_COLUMNS), pd.DataFrame(columns=EVENT_COLUMNS),
                          pd.DataFrame(columns=SPAN_COLUMNS), pd.DataFrame(columns=MARK_COLUMNS))
     if records is None or records.empty or "devices" not in records:
@@ -175,7 +167,7 @@ def rank_timeline(records: pd.DataFrame | None, steps: int = SHOWN_STEPS) -> Ran
     origin = spans.groupby("run")["start_ns"].min()
     table = pd.DataFrame(cases, columns=CASE_COLUMNS[:-1]).assign(origin_ns=lambda t: t["run"].map(origin))
     events["rel_ns"] = (events["start_ns"] - events["run"].map(origin)).astype("int64")
-    marks = _marks(multi, events)
+    marks = _marks(arrivals(multi) if arrived is None else arrived, events)
     marks["rel_ns"] = (marks["at_ns"] - marks["run"].map(origin)).astype("int64")
     return RankTimeline(table, events[EVENT_COLUMNS], spans, marks[MARK_COLUMNS])
 

@@ -13,6 +13,7 @@ ranks of each rank's median step): compute, communication, exposed communication
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -44,12 +45,13 @@ def _label(r: dict) -> str:
         return str(fw)
 
 
-def _comm(records: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
-    """{case folder: the communication figures of its traced steps, the median over its ranks} (the first source
-    in name order where a case was traced by several passes)."""
-    if records is None:
+def _comm(steps: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
+    """{case folder: the communication figures of its traced steps (``steps``: ``comm.per_step`` of a run's
+    records), the median over its ranks} (the first source in name order where a case was traced by several
+    passes)."""
+    if steps is None:
         return {}
-    cases = per_case(per_step(records))
+    cases = per_case(steps)
     out = {}
     for case, g in cases.groupby("run", sort=True):
         src = sorted(g["source"].unique())[0]
@@ -62,15 +64,17 @@ def _ms(x: Any) -> float | None:
     return None if x is None else float(x) * 1e3
 
 
-def scaling(runs: list) -> pd.DataFrame:
+def scaling(runs: list, steps: Mapping[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """``COLUMNS``: one row per case of every run that has a case on more than one device (its one-device cases
-    too, efficiency 1 by definition), sorted by device, batch size, framework and N."""
+    too, efficiency 1 by definition), sorted by device, batch size, framework and N. ``steps``: run name ->
+    ``comm.per_step`` of its records where the caller has them (computed here otherwise)."""
     rows = []
     for run in runs:
         if not any((field_at(r, "devices") or 1) > 1 for r in run.results):
             continue
         base = {_key(r): r for r in run.results if (field_at(r, "devices") or 1) == 1}
-        comm = _comm(run.records)
+        comm = _comm(steps.get(run.name) if steps is not None
+                     else per_step(run.records) if run.records is not None else None)
         for r in run.results:
             n = int(field_at(r, "devices") or 1)
             one = base.get(_key(r))
