@@ -22,7 +22,7 @@ An NCCL kernel's ``algo``: its algorithm and protocol where its name says them (
 
 ``bytes`` of a collective op or work span: its elements (the trace's ``Input Dims``) times 4, the gradients'
 float32 (the parameters' dtype at every math: mixed precision keeps fp32 master weights). XLA's trace gives no
-sizes: its adapter reads each all-reduce's bytes from the HLO text's result type (``xla_trace.collective_bytes``).
+sizes: its adapter reads each all-reduce's bytes from the HLO text's result type (``xla_trace.result_bytes``).
 """
 
 from __future__ import annotations

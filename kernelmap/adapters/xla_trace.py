@@ -129,6 +129,7 @@ class Instr:
     operands: list[str]
     kind: str | None = None  # fusion kind (kLoop, kInput, kCustom)
     users: list[str] = field(default_factory=list)
+    bytes: int | None = None  # a collective's (``BYTES_OPCODES``): its result's bytes (``result_bytes``)
 
 
 def parse_hlo(text: str) -> tuple[list[Instr], dict[str, list[Instr]]]:
@@ -165,7 +166,8 @@ def parse_hlo(text: str) -> tuple[list[Instr], dict[str, list[Instr]]]:
         km = re.search(r"kind=(k\w+)", rest)
         cur.append(Instr(name, opcode, shape, on.group(1).replace("\\'", "'") if on else None,
                          _CALLS.findall(rest), tg.group(1) if tg else None, al.group(1) if al else None,
-                         _OPERANDS.findall(rest[paren:end]), km.group(1) if km else None))
+                         _OPERANDS.findall(rest[paren:end]), km.group(1) if km else None,
+                         bytes=result_bytes(rest, opcode) if opcode in BYTES_OPCODES else None))
     if entry is None:
         raise ValueError("no ENTRY computation")
     by_name = {i.name: i for i in comps[entry]}
@@ -280,21 +282,6 @@ def result_bytes(line: str, opcode: str) -> int | None:
     return total
 
 
-def collective_bytes(text: str) -> dict[str, int]:
-    """HLO instruction name -> bytes of every all-reduce of the module's entry computation (``BYTES_OPCODES``)."""
-    out = {}
-    for line in text.splitlines():
-        m = _INSTR.match(line)
-        if m is None:
-            continue
-        op = re.search(r"\}?\s([\w\-]+)\(", m.group(2))
-        if op and op.group(1) in BYTES_OPCODES:
-            b = result_bytes(m.group(2), op.group(1))
-            if b is not None:
-                out[m.group(1)] = b
-    return out
-
-
 def classify_module(text: str) -> dict[str, OpInfo]:
     """HLO instruction name -> what it computes (see the module docstring)."""
     entry, comps = parse_hlo(text)
@@ -330,7 +317,6 @@ def classify_module(text: str) -> dict[str, OpInfo]:
         return None
 
     out: dict[str, OpInfo] = {}
-    sizes = collective_bytes(text)
     for pos, ins in enumerate(entry):
         lab = resolved(ins.name) if ins.opcode != "copy" or labels[ins.name] else None
         if ins.opcode in COLLECTIVE_OPCODES:  # issue 39: communication, whatever its operands compute
@@ -342,7 +328,7 @@ def classify_module(text: str) -> dict[str, OpInfo]:
         name = ins.name if len(cans) == 1 else f"{ins.name} [{'+'.join(sorted(cans, key=_rank))}]"
         out[ins.name] = OpInfo(name, label.canonical, label.direction, label.layer, _library(ins),
                                f"eng{ins.algo}" if ins.algo and (ins.target or "").startswith("__cudnn") else None, pos,
-                               ins.target, sizes.get(ins.name))
+                               ins.target, ins.bytes)
     return out
 
 
