@@ -195,7 +195,7 @@ def _timed(clocks: _Clocks, batches, *, clean: bool, reuse: bool, warmup: int, n
         clocks.gpu_states.append(gpu_state())
     with capture:
         whole = None if clean else contention.CpuWindow.start()
-        if clocks.sampler is not None:  # inside the window: its CPU time is this process's waited-for child's
+        if clocks.sampler is not None:  # a thread of this process: its CPU time is the worker's own
             clocks.sampler.start()
         for window in windows:
             # timing.GC_RULE: a full collection before each window, outside every clock; the

@@ -198,14 +198,15 @@ SHARED = "pass CPU time x the layer's share of traced op time"  # basis.PER_LAYE
 STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
 
 
-def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None) -> dict[str, Any]:
+def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: float | None = None) -> dict[str, Any]:
     """One framework's CPU-time cell: its ms, the pass, how it was measured, whether it may be compared and why
-    not; ``lc``: the layer's sampled CPU time (``basis.PER_OP_CPU``), used where measured."""
+    not; ``lc``: the layer's sampled CPU time (``basis.PER_OP_CPU``), used where measured, ``ops_ms`` the pass's
+    traced ops' CPU time a step (``basis.OPS_WITHIN_CLEAN``)."""
     if st is None:
         return {"cpu_ms": None, "comparable": False, "why_not": "no pass figures in results.json"}
     fig = st.figure or {}
     if lc is not None and lc.ms is not None:
-        why = st.why_not(per_op=True)
+        why = st.why_not(per_op_ms=ops_ms)
         return {"cpu_ms": lc.ms, "ci_ms": lc.ci_ms, "pass": st.pass_name, "utilisation": lc.utilisation,
                 "busy": st.busy.text if st.busy.contended else None, "method": SAMPLED, "comparable": not why,
                 "why_not": why}
@@ -256,7 +257,8 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
                       and total and pd.notna(r["op_ms_per_step"]) else None)
                 oc = sampled.get((run, r["framework"], bs))
                 lc = layer_cpu(oc, layer, set(BACKWARD) if d == BWD_ALL else {d}) if oc is not None else None
-                row.update({f"{r['framework']}.{k}": v for k, v in _cpu_cell(st, ms, lc).items()})
+                cell = _cpu_cell(st, ms, lc, oc.ops_ms_per_step if oc is not None else None)
+                row.update({f"{r['framework']}.{k}": v for k, v in cell.items()})
             rows.append(row)
     out = pd.DataFrame(rows)
     for fw in fws:

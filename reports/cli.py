@@ -40,7 +40,7 @@ from .analyses import findings as FD
 from .analyses import math as MATH
 from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
-from .analyses.opcpu import op_cpu_of
+from .analyses.opcpu import OP_CPU_METHOD, op_cpu_of
 from .analyses.roofline import counter_kernels, layer_counters
 from .relations import library_call_statement
 from .timeline import chrome_trace
@@ -595,7 +595,7 @@ def _first_screen(a: Analysed) -> dict[str, Any]:
     failed, every = H.checks_tables(a.checks, CHECK_FIELDS, C.FAIL)
     ref = ANS.frameworks.REFERENCE
     return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP),
-            "cpu_method": f"{B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
+            "cpu_method": f"{B.PER_OP_CPU}. {OP_CPU_METHOD}. {B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
             "cpu_wall_html": H.table(a.cpu_wall),
             "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls),
             "answers_shared": _answer_tables(shared, a.ans_fws, a.fallbacks, a.summ, a.libcalls),

@@ -1,10 +1,10 @@
 """The self-checks of the ops' own sampled CPU time (``analyses/opcpu.py``, ``kernelmap.cpusampler``), per CPU case
 whose framework pass sampled it:
 
-* ``sampled CPU time as the worker's``: the sampler's reading of the worker's CPU clock over each traced step (from
-  the worker's step marks) against the worker's own ``time.process_time`` of the same step (``timing.CPU_SAMPLES``):
-  two reads of one clock, their medians within ``SAMPLER_SLACK``. FAIL: the sampler read another clock, or the marks
-  are not the steps.
+* ``sampled CPU time as the worker's``: the sampler's CPU time over each traced step (from the worker's step marks:
+  every thread's, its own included) against the worker's own ``time.process_time`` of the same step
+  (``timing.CPU_SAMPLES``): two reads of the same threads' time, their medians within ``SAMPLER_SLACK``. FAIL: a
+  thread not read (one missed, another process's clocks), or marks that are not the steps.
 * ``ops' CPU time within their steps'``: the traced ops' CPU time per step (summed, ``cpusampler.SHARE_RULE``) is at
   most the process's over the marked steps (their means), within ``SAMPLER_SLACK``: ops put elsewhere on the clock
   (a wrong offset) take CPU time from outside their steps.
@@ -51,6 +51,7 @@ def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
 def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
     fw, bs = oc.framework, oc.batch_size
     s, w = np.asarray(oc.step_cpu_ms), np.asarray(oc.worker_step_cpu_ms)
+    own = np.asarray(oc.sampler_step_cpu_ms) if len(oc.sampler_step_cpu_ms) == s.size else np.zeros(s.size)
     out = []
     if not s.size or s.size != w.size:
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_SAMPLED, "CPU time per traced step", None, None, NOT_CHECKED,
@@ -60,16 +61,18 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
                              f"{int(np.isnan(s).sum())} of {s.size} marked steps lie outside the CPU samples: the "
                              "sampler did not run through the traced steps"))
     else:
-        ms, mw = float(np.median(s)), float(np.median(w))
+        ms, mw, mo = float(np.median(s + own)), float(np.median(w)), float(np.median(own))
         ok = abs(ms - mw) <= SAMPLER_SLACK * mw
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_SAMPLED, "CPU time per traced step", mw, ms,
                              PASS if ok else FAIL,
-                             f"sampler {ms:.4g} ms against the worker's own {mw:.4g} ms a step (medians of {s.size} "
-                             f"steps), {'within' if ok else 'beyond'} {SAMPLER_SLACK:.0%}"))
+                             f"sampled {ms:.4g} ms (the worker's threads' and the sampler's own {mo:.3g} ms) against "
+                             f"the worker's process_time {mw:.4g} ms a step (medians of {s.size} steps), "
+                             f"{'within' if ok else 'beyond'} {SAMPLER_SLACK:.0%}"))
     ev = oc.events
     n = len(oc.iterations) or 1
     ops_ms = float(np.nansum(ev["cpu_ns"].to_numpy(dtype=float))) / n / 1e6
-    steps_ms = float(s.mean()) if s.size and not np.isnan(s).any() else None
+    o = np.asarray(oc.ops_step_cpu_ms)
+    steps_ms = float(o.mean()) if o.size and not np.isnan(o).any() else None
     if steps_ms is None:
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", None, ops_ms, NOT_CHECKED,
                              "no marked step, or one outside the CPU samples"))
@@ -77,7 +80,8 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
         ok = ops_ms <= steps_ms * (1 + SAMPLER_SLACK)
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", steps_ms, ops_ms, PASS if ok else FAIL,
                              f"{len(ev)} traced ops {ops_ms:.4g} ms CPU a step against the marked steps' {steps_ms:.4g} "
-                             f"ms (means over {n} steps; clock offset fitted from {oc.fit.n} marks, "
+                             f"ms ({'main thread included' if oc.main_in_ops else 'main thread left out: opcpu.MAIN_RULE'}"
+                             f"; means over {n} steps; clock offset fitted from {oc.fit.n} marks, "
                              f"{oc.fit.spread_ns / 1e3:.3g} µs median distance)"))
     return out
 

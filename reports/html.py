@@ -175,11 +175,12 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                      f'<td class="key">{html.escape(str(r["direction"]))}</td>']
             for fw in here:
                 ms, ci, busy = r.get(f"{fw}.cpu_ms"), r.get(f"{fw}.ci_ms"), r.get(f"{fw}.busy")
+                how = html.escape(str(r.get(f"{fw}.method") or ""))
                 under = f"{r.get(f'{fw}.pass')} pass" + (
                     f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
                 mark = (f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>'
                         if isinstance(busy, str) else "")
-                cells.append(f'<td class="num"><span class="pass">{html.escape(under)}</span>{mark} '
+                cells.append(f'<td class="num" title="{how}"><span class="pass">{html.escape(under)}</span>{mark} '
                              f"<b>{fmt(ms, 'ms_per_step')}</b></td>" if ms is not None and not pd.isna(ms)
                              else "<td>–</td>")
             cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)

@@ -285,8 +285,13 @@ PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU
 PER_OP_CPU = ("a layer's CPU time per step = the CPU time of the worker process within each of the layer's traced ops "
               "(framework pass), summed per traced step, median over the steps with its 95% interval: kernelmap.cpusampler "
               "samples the process's CPU clock beside the trace (opcpu.OP_CPU_METHOD). Measured, not shared out by wall "
-              "time, so a busy pass's layers are compared too, where the pass's CPU time per step agrees with its clean "
-              "pass's (CPU_BASIS); runs without the samples fall back to PER_LAYER_CPU")
+              "time, so a busy pass's layers are compared too, held to OPS_WITHIN_CLEAN; runs without the samples fall "
+              "back to PER_LAYER_CPU")
+OPS_WITHIN_CLEAN = ("the ops' own CPU time of a pass is compared where all its traced ops together took no more CPU "
+                    "time a step than its clean pass's whole step (its 95% interval widened to one more process, "
+                    "timing.PROCESS_RULE): above it, its profiler's work (or another process's speed) lies within "
+                    "its ops' spans. Not the pass's whole CPU time against its clean pass's: the profiler's own work "
+                    "between the ops, and the sampler's thread, are in that and in no op")
 UNEVEN_STRETCH = ("a layer's share of a busy pass's traced wall time is not its share of the work: a neighbour stretches "
                   "ops unevenly, one that needs both threads more than one on one (job 20261127T080924Z, framework "
                   "passes busy: one framework's conv1 backward 5% -> 19% of its traced op time, another's traced op "
@@ -327,13 +332,21 @@ class CpuState:
         c, w = self.cpu_median_s, self.wall_median_s
         return c / w if c is not None and w else None
 
-    def why_not(self, per_op: bool = False) -> str:
-        """Why this pass's CPU time may not be compared ('' where it may); ``per_op``: a figure of the ops' own
-        sampled CPU time (``PER_OP_CPU``), which a busy machine does not keep from a comparison."""
+    def why_not(self, per_op_ms: float | None = None) -> str:
+        """Why this pass's CPU time may not be compared ('' where it may); ``per_op_ms``: the pass's traced ops'
+        own sampled CPU time per step (``PER_OP_CPU``), held to ``OPS_WITHIN_CLEAN`` instead (a busy machine does
+        not keep it from a comparison)."""
         who = f"{fw_label(self.framework)}'s {self.pass_name} pass"
         if self.figure is None or self.clean is None:
             return f"{who} records no CPU time (a run made before kernelmap measured it)"
-        if self.pass_name != CLEAN and self.busy.contended and not per_op:  # PER_LAYER_CPU: shares of wall time
+        if per_op_ms is not None:
+            judge = timing.judging_interval(self.clean, between_processes=True)
+            if judge is None or per_op_ms * 1e-3 <= judge[1]:
+                return ""
+            return (f"{who}'s traced ops took {per_op_ms:.4g} ms of CPU time a step, above its clean pass's whole step "
+                    f"{self.clean['median_step_s'] * 1e3:.4g} ms (judged up to {judge[1] * 1e3:.4g} ms): "
+                    f"{OPS_WITHIN_CLEAN}")
+        if self.pass_name != CLEAN and self.busy.contended:  # PER_LAYER_CPU: shares of wall time
             return f"{who} ran on a busy machine ({self.busy.text}): {UNEVEN_STRETCH}"
         if self.agreement is Agreement.AGREES:
             return ""

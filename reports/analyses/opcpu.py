@@ -23,7 +23,13 @@ from .base import Run, case_of, field_at
 from .timed import Timed, records_of, timed_events
 
 FRAMEWORK_PASS = "framework"
-OP_CPU_METHOD = f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {cpusampler.FIT_RULE}"
+MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchronous engine's or XLA's ops, on threads of "
+             "their own), the main thread's CPU time is the framework's front end (Python, dispatch, the profiler's "
+             "records) and is left out of every op: else an op on an engine thread would hold the front end's work of "
+             "the moments it runs (measured, the asynchronous engine at bs 64 on a busy 2-core VM: its ops 20.6 ms CPU a "
+             "step with it, above its clean pass's whole step, 17.9 ms); where ops run on the main thread (the trace "
+             "names its thread: ops run as they are called), its time within an op is the op's")
+OP_CPU_METHOD = f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}"
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,22 @@ class OpCpu:
     iterations: tuple[int, ...] = ()
     fit: cpusampler.Fit | None = None
     sampler: dict | None = None  # the framework pass's cpusampler.RESULT_KEY (its figures, the marks)
-    step_cpu_ms: tuple[float, ...] = ()  # the sampler's CPU time over each marked step
+    step_cpu_ms: tuple[float, ...] = ()  # the worker's threads' sampled CPU time over each marked step
+    ops_step_cpu_ms: tuple[float, ...] = ()  # the same, of the threads the ops are given (MAIN_RULE)
+    main_in_ops: bool = True  # MAIN_RULE: whether the main thread's CPU time is within the ops'
+    sampler_step_cpu_ms: tuple[float, ...] = ()  # the sampler thread's own over each marked step
     worker_step_cpu_ms: tuple[float, ...] = ()  # the worker's own process CPU time of each step (timing.CPU_SAMPLES)
 
     @property
     def measured(self) -> bool:
         return not self.why
+
+    @property
+    def ops_ms_per_step(self) -> float | None:
+        """All traced ops' CPU time per traced step (their sum / the steps; NaN ops left out)."""
+        if not self.measured or not self.iterations:
+            return None
+        return float(np.nansum(self.events["cpu_ns"].to_numpy(dtype=float))) / len(self.iterations) / 1e6
 
 
 def _entry(run: Run, t: Timed) -> dict | None:
@@ -68,7 +84,7 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     samples_path = path.parent / str(fig.get("file", cpusampler.SAMPLES_FILE))
     if not samples_path.is_file():
         raise KernelmapError(f"{samples_path}: missing (the framework pass's result names it)")
-    samples = cpusampler.Samples.read(samples_path)
+    full = cpusampler.Samples.read(samples_path)
     marks = [list(map(int, m)) for m in fig.get(cpusampler.MARKS_KEY) or []]
     rec = records_of(run)
     steps = rec[(rec["case"] == fw) & (rec["batch_size"] == bs) & (rec["source"] == t.source)
@@ -76,9 +92,15 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     starts = {int(i): int(s) for i, s in zip(steps["iteration"], steps["start_ns"], strict=True)}
     fit = cpusampler.fit_offset(starts, marks)
     ev = t.events
-    base = dict(iterations=t.iterations, fit=fit, sampler=fig,
-                step_cpu_ms=tuple(float(x) / 1e6 for x in samples.between(
-                    np.asarray([m[1] for m in marks], dtype=np.int64), np.asarray([m[2] for m in marks], dtype=np.int64))),
+    starts_ns = np.asarray([m[1] for m in marks], dtype=np.int64)
+    ends_ns = np.asarray([m[2] for m in marks], dtype=np.int64)
+    pid = result.get("pid")
+    on_main = pid is not None and bool((ev["tid"] == pid).any())
+    samples = full if on_main else full.without_main()
+    base = dict(iterations=t.iterations, fit=fit, sampler=fig, main_in_ops=on_main,
+                step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns)),
+                ops_step_cpu_ms=tuple(float(x) / 1e6 for x in samples.between(starts_ns, ends_ns)),
+                sampler_step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns, own=True)),
                 worker_step_cpu_ms=tuple(float(x) * 1e3 for x in result.get(timing.CPU_SAMPLES) or ()))
     if fit is None or not fit.good:
         said = "no step of the trace among the worker's marks" if fit is None else (
