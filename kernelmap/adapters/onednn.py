@@ -200,24 +200,15 @@ def matmul_layer(problem: str) -> tuple[str | None, str | None]:
     out and in features are two of M, K, N, the third the batch; the contraction K says the direction (K = in:
     fwd, K = out: bwd_data, K = batch: bwd_weight; ``cublas_log.gemm_direction``). (None, None) where the dims
     fit no layer or are ambiguous (a batch equal to a feature count)."""
-    from ..frameworks.spec import LAYERS
     from .cublas_log import gemm_direction
 
     g = re.fullmatch(r"(\d+)x(\d+):(\d+)x(\d+)(?::\d+x\d+)?", problem)
     if g is None or g[2] != g[3]:
         return None, None
     m, k, n = int(g[1]), int(g[2]), int(g[4])
-    found = []
-    for layer in (x for x in LAYERS if x.kind == "linear"):
-        rest = [m, k, n]
-        for d in layer.weight_shape:
-            if d in rest:
-                rest.remove(d)
-        if len(rest) == 1:  # its out and in features are two of the dims, the batch the third
-            direction = gemm_direction(layer.name, m, n, k)
-            if direction is not None:
-                found.append((layer.name, direction))
-    return found[0] if len(found) == 1 else (None, None)
+    layer = C.linear_layer([m, k, n])  # its out and in features two of the dims, the batch the third
+    direction = gemm_direction(layer, m, n, k) if layer is not None else None
+    return (layer, direction) if direction is not None else (None, None)
 
 
 def _layer(canon: str, shapes) -> str | None:
