@@ -61,6 +61,15 @@ def hang_for_test(framework: str, pass_name: str, batch_size: int) -> None:
         threading.Event().wait()
 
 
+def worker_steps(batch_size: int, warmup: int, steps: int | None, epochs: int | None, n_train: int) -> int:
+    """The training steps a worker runs, warm-up included: ``warmup + steps``, or with ``epochs`` (``steps`` None
+    then) every epoch's full batches (``spec.steps_per_epoch``: the partial batch dropped). The worker's plan and its
+    stall limit count them both so."""
+    from .frameworks import spec
+
+    return epochs * spec.steps_per_epoch(n_train, batch_size) if epochs is not None else warmup + steps
+
+
 def limit_s(device: str, batch_size: int, steps: int, test_images: int = 0) -> float:
     """The default stall limit of a worker that runs ``steps`` training steps (warm-up included) of
     ``batch_size`` on ``device`` ("cpu" or "gpu") and then evaluates ``test_images`` (each batch of them counted

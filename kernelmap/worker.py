@@ -100,7 +100,7 @@ def _plan(workload, steps: int | None, epochs: int | None, warmup: int) -> tuple
     from kernelmap.frameworks import spec
 
     bs, info = workload.config.batch_size, workload.data_info
-    total = epochs * spec.steps_per_epoch(info.n_train, bs) if epochs is not None else warmup + steps
+    total = stall.worker_steps(bs, warmup, steps, epochs, info.n_train)
     if total <= warmup:
         raise KernelmapError(f"{total} steps of {bs} images, no more than the {warmup} warm-up steps: nothing to time")
     return total, spec.training_batches(info.n_train, workload.config.seed, bs, total).ravel()

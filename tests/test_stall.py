@@ -91,6 +91,23 @@ def test_the_default_limit_scales_with_steps_and_batch_size():
     assert stall.limit_s("cpu", 1024, 105) == 600 + 105 * 15.0 * 16
 
 
+def test_an_epochs_limit_counts_the_steps_the_worker_runs():
+    """Under --epochs the worker trains each epoch's full batches (spec.steps_per_epoch: the partial batch dropped);
+    the stall limit counts the same steps (it counted a ceiling: 60,000 images at bs 128 are 468 steps, not 469)."""
+    from types import SimpleNamespace
+
+    from kernelmap.frameworks import spec
+
+    from kernelmap.run.case import CaseRun
+
+    assert stall.worker_steps(128, 5, None, 2, 60_000) == 2 * spec.steps_per_epoch(60_000, 128) == 936
+    assert stall.worker_steps(128, 5, 20, None, 60_000) == 25
+    case = SimpleNamespace(stall_limit=None, train={"epochs": 2}, data={"n_train": 60_000, "n_test": 10_000}, bs=128,
+                           decision=SimpleNamespace(device="cpu"))
+    assert CaseRun._stall(case, None, 5) == stall.limit_s("cpu", 128, 936)
+    assert CaseRun._stall(case, None, 5, evaluates=True) == stall.limit_s("cpu", 128, 936, 10_000)
+
+
 @pytest.mark.parametrize(("text", "ok"), [("0", 0.0), ("90", 90.0), ("-1", None), ("inf", None), ("soon", None)])
 def test_stall_limit_option(text, ok):
     if ok is None:
