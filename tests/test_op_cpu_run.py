@@ -1,0 +1,213 @@
+"""The ops' own CPU time on a real three-framework CPU run with the CPU sampler (tests/data/cpu_opcpu_run: every
+framework pass ran while other processes used 1.0-1.1 of the 2 cores): the samples as recorded, the trace put on
+their clock, the CPU-time table's ratio for every layer and direction on a busy machine, and each self-check of
+the sampled time made to fail."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kernelmap.reports import analysis as A
+from kernelmap.reports import answer as ANS
+from kernelmap.reports.analyses import basis as B
+from kernelmap.reports.analyses import opcpu as OC
+from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
+from kernelmap.reports.cpuchecks import op_cpu_checks
+
+from kernelmap import cpusampler
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data" / "cpu_opcpu_run"
+FWS = ("pytorch", "mxnet", "jax")
+SAMPLES = {"pytorch": 2220, "mxnet": 1305, "jax": 4481}  # rows of each cpu_samples.npy (np.load)
+ROWS = [(layer, d) for layer in ("conv1", "conv2", "fc1", "fc2") for d in ("fwd", ANS.BWD_ALL)]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("opcpu") / "cpu_opcpu_run"
+    shutil.copytree(DATA, d)
+    normalise_run_dir(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(run_dir) -> A.Run:
+    return A.load_run(run_dir)
+
+
+def _cpu_table(run: A.Run):
+    return ANS.cpu_table(A.layer_table([run]), B.cpu_states([run]), B.traced_op_ms([run]), OC.op_cpu_of([run]))
+
+
+def _variant(run_dir: Path, tmp_path: Path, edit) -> A.Run:
+    """A copy of the normalised run with ``edit(copy)`` applied, loaded afresh."""
+    d = tmp_path / "variant"
+    shutil.copytree(run_dir, d)
+    edit(d)
+    return A.load_run(d)
+
+
+def _edit_json(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_samples_and_marks_as_recorded(run):
+    got = OC.op_cpu(run)
+    assert sorted(got) == sorted((fw, 64) for fw in FWS)
+    for fw in FWS:
+        rows = np.load(DATA / fw / "bs64" / cpusampler.SAMPLES_FILE)
+        fig = json.loads((DATA / fw / "bs64" / "framework.json").read_text())[cpusampler.RESULT_KEY]
+        assert rows.shape == (SAMPLES[fw], cpusampler.COLUMNS) == (fig["samples"], 4)
+        oc = got[(fw, 64)]
+        assert oc.measured, oc.why
+        assert [m[0] for m in fig[cpusampler.MARKS_KEY]] == list(range(5, 25)) == list(oc.iterations)
+        assert oc.fit.n == 20 and oc.fit.good
+        # marks lie within the samples: the sampler ran through the traced steps
+        assert rows[0, 0] < fig[cpusampler.MARKS_KEY][0][1] and fig[cpusampler.MARKS_KEY][-1][2] <= rows[-1, 0]
+    # the ops of an asynchronous engine and of XLA run off the main thread: its time is left out (MAIN_RULE)
+    assert [got[(fw, 64)].main_in_ops for fw in FWS] == [True, False, False]
+
+
+def test_the_trace_is_put_on_the_samples_clock_by_its_step_marks(run):
+    """PyTorch's fit against the Kineto file read with the standard library: its step events' ts (µs) x 1000."""
+    doc = json.loads(gzip.decompress((DATA / "pytorch" / "bs64" / "trace.json.gz").read_bytes()))
+    starts = {int(e["name"].split("#")[1]): round(e["ts"] * 1000) for e in doc["traceEvents"]
+              if str(e.get("name", "")).startswith("kernelmap:step#") and e.get("ph") == "X"}
+    marks = json.loads((DATA / "pytorch" / "bs64" / "framework.json").read_text())[cpusampler.RESULT_KEY][
+        cpusampler.MARKS_KEY]
+    want = int(np.median([starts[s] - a for s, a, _ in marks]))
+    assert abs(OC.op_cpu(run)[("pytorch", 64)].fit.offset_ns - want) <= 1
+
+
+def test_a_layers_cpu_time_from_the_samples_by_hand(run):
+    """PyTorch's conv2 forward: each op's CPU time interpolated from the .npy with numpy alone (its ops run one at
+    a time on the main thread: nothing to share), summed per traced step, the median."""
+    oc = OC.op_cpu(run)[("pytorch", 64)]
+    rows = np.load(DATA / "pytorch" / "bs64" / cpusampler.SAMPLES_FILE).astype(np.float64)
+    ev = oc.events[(oc.events["layer"] == "conv2") & (oc.events["direction"] == "fwd")
+                   & (oc.events["canonical_op"] == "conv2d")]
+    assert len(ev) == 20  # one a traced step
+    a = ev["start_ns"].to_numpy(dtype=np.int64) - oc.fit.offset_ns
+    b = a + ev["dur_ns"].to_numpy(dtype=np.int64)
+    by_hand = np.interp(b, rows[:, 0], rows[:, 1]) - np.interp(a, rows[:, 0], rows[:, 1])
+    lc = OC.layer_cpu(oc, "conv2", {"fwd"})
+    assert lc.ms == pytest.approx(float(np.median(by_hand)) / 1e6, rel=1e-9)
+    assert lc.ci_ms[0] <= lc.ms <= lc.ci_ms[1]
+    assert 0 < lc.utilisation <= 2  # CPU over wall within the 2 cores
+
+
+def test_every_layer_and_direction_has_a_cpu_ratio_on_a_busy_run(run):
+    assert all(r["passes"]["framework"]["contention"]["contended"] for r in run.results)
+    cpu, fws = _cpu_table(run)
+    assert fws == list(FWS)
+    per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
+    assert sorted(map(tuple, per_layer[["layer", "direction"]].to_numpy())) == sorted(ROWS)
+    assert per_layer[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all(), per_layer.filter(like="no_ratio")
+    assert (per_layer[[f"{fw}.method" for fw in FWS]] == ANS.SAMPLED).all().all()
+    assert per_layer["pytorch.busy"].str.startswith("other processes used").all()  # marked, not withheld
+    # the wall-time answer of the same run withholds its ratios: its passes ran busy
+    wall, _ = ANS.answer_table(A.layer_table([run]), B.pass_states([run]))
+    assert wall[["mxnet.vs_ref", "jax.vs_ref"]].isna().all().all()
+
+
+def test_the_checks_of_the_sampled_time_pass_on_the_real_run(run):
+    rows = op_cpu_checks(run)
+    assert sorted((r["framework"], r["check"]) for r in rows) == sorted(
+        (fw, c) for fw in FWS for c in (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_WALL))
+    assert {r["status"] for r in rows} == {PASS}, [r["detail"] for r in rows if r["status"] != PASS]
+
+
+def _status(run: A.Run, fw: str, check: Check) -> tuple[str, str]:
+    row = next(r for r in op_cpu_checks(run) if r["framework"] == fw and r["check"] == check)
+    return row["status"], row["detail"]
+
+
+def test_sampled_time_unlike_the_workers_own_fails(run_dir, tmp_path):
+    path = Path("mxnet/bs64/framework.json")
+    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / path, lambda doc: doc.update(
+        cpu_step_times_s=[x * 1.1 for x in doc["cpu_step_times_s"]])))
+    status, detail = _status(v, "mxnet", Check.OP_CPU_SAMPLED)
+    assert status == FAIL and "beyond 2%" in detail
+
+
+def test_marks_that_are_not_the_steps_fail(run_dir, tmp_path):
+    def shorten(doc):
+        marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
+        doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a, a + 1_000_000] for s, a, _ in marks]
+
+    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "pytorch/bs64/framework.json", shorten))
+    assert _status(v, "pytorch", Check.OP_CPU_WITHIN)[0] == FAIL  # the ops hold more than 1 ms a step
+    assert _status(v, "pytorch", Check.OP_CPU_SAMPLED)[0] == FAIL
+
+
+def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, run_dir, tmp_path):
+    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "manifest.json", lambda m: m["host"].update(cpu_count=1)))
+    status, detail = _status(v, "jax", Check.OP_CPU_WALL)  # JAX's small fusions ran above 1 core
+    assert status == FAIL and "1 cores" in detail
+
+    def quiet(doc):
+        for r in doc:
+            r["passes"]["framework"]["contention"] = {"contended": False, "text": "quiet"}
+
+    q = _variant(run_dir, tmp_path / "q", lambda d: _edit_json(d / "results.json", quiet))
+    status, detail = _status(q, "mxnet", Check.OP_CPU_WALL)  # busy, its ops got 0.45-0.97 of a core
+    assert status == FAIL and "quiet" in detail
+    assert _status(run, "mxnet", Check.OP_CPU_WALL)[0] == PASS  # as recorded (busy): the upper bound only
+
+
+def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run_dir, tmp_path):
+    def scatter(doc):
+        marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
+        doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a + i * 300_000, b] for i, (s, a, b) in
+                                                            enumerate(marks)]
+
+    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "jax/bs64/framework.json", scatter))
+    oc = OC.op_cpu(v)[("jax", 64)]
+    assert not oc.measured and "not put on the sampler's clock" in oc.why
+    assert _status(v, "jax", Check.OP_CPU_WITHIN)[0] == FAIL
+    cpu, _ = _cpu_table(v)
+    per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
+    assert (per_layer["jax.method"] == ANS.SHARED).all() and per_layer["jax.vs_ref"].isna().all()
+    assert per_layer["jax.no_ratio"].str.contains("not put on the sampler's clock").all()
+
+
+def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run_dir, tmp_path):
+    """basis.OPS_WITHIN_CLEAN: MXNet's clean pass set to half its CPU time, its two trials alike (no spread between
+    processes to widen by); its ops then hold more than a clean step."""
+    def halve(d: Path):
+        for f in (d / "mxnet" / "bs64").glob("clean-*.json"):
+            _edit_json(f, lambda doc: doc.update(cpu_step_times_s=[x / 2 for x in doc["cpu_step_times_s"]]))
+
+        def entry(doc):
+            for r in doc:
+                if r["framework"] == "mxnet":
+                    c = r["cpu_time"]
+                    for k in ("median_step_s", "ci95_low_s", "ci95_high_s"):
+                        c[k] /= 2
+                    c["trial_medians_s"] = [c["median_step_s"]] * 2
+
+        _edit_json(d / "results.json", entry)
+
+    v = _variant(run_dir, tmp_path, halve)
+    cpu, _ = _cpu_table(v)
+    per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
+    assert per_layer["mxnet.vs_ref"].isna().all() and per_layer["jax.vs_ref"].notna().all()
+    assert per_layer["mxnet.no_ratio"].str.contains("traced ops took").all()
+
+
+def test_a_run_without_samples_says_so(tmp_path):
+    d = tmp_path / "old"
+    shutil.copytree(Path(__file__).parent / "data" / "cpu_run_cputime", d)
+    normalise_run_dir(d)
+    run = A.load_run(d)
+    assert all("sampled no CPU time" in oc.why for oc in OC.op_cpu(run).values())
+    assert op_cpu_checks(run) == []
+    assert NOT_CHECKED  # the vocabulary the checks use where a case cannot be judged
