@@ -29,26 +29,21 @@ ROWS = [(layer, d) for layer in ("conv1", "conv2", "fc1", "fc2") for d in ("fwd"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("opcpu") / "cpu_opcpu_run"
-    shutil.copytree(DATA, d)
-    normalise_run_dir(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def run(run_dir) -> A.Run:
-    return A.load_run(run_dir)
+def run(tmp_path_factory) -> A.Run:
+    """The fixture normalised in a copy (``run.path``), loaded."""
+    copy = shutil.copytree(DATA, tmp_path_factory.mktemp("opcpu") / DATA.name)
+    normalise_run_dir(copy)
+    return A.load_run(copy)
 
 
 def _cpu_table(run: A.Run):
     return ANS.cpu_table(A.layer_table([run]), B.cpu_states([run]), B.traced_op_ms([run]), OC.op_cpu_of([run]))
 
 
-def _variant(run_dir: Path, tmp_path: Path, edit) -> A.Run:
+def _variant(run: A.Run, tmp_path: Path, edit) -> A.Run:
     """A copy of the normalised run with ``edit(copy)`` applied, loaded afresh."""
     d = tmp_path / "variant"
-    shutil.copytree(run_dir, d)
+    shutil.copytree(run.path, d)
     edit(d)
     return A.load_run(d)
 
@@ -130,26 +125,26 @@ def _status(run: A.Run, fw: str, check: Check) -> tuple[str, str]:
     return row["status"], row["detail"]
 
 
-def test_sampled_time_unlike_the_workers_own_fails(run_dir, tmp_path):
+def test_sampled_time_unlike_the_workers_own_fails(run, tmp_path):
     path = Path("mxnet/bs64/framework.json")
-    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / path, lambda doc: doc.update(
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / path, lambda doc: doc.update(
         cpu_step_times_s=[x * 1.1 for x in doc["cpu_step_times_s"]])))
     status, detail = _status(v, "mxnet", Check.OP_CPU_SAMPLED)
     assert status == FAIL and "beyond 2%" in detail
 
 
-def test_marks_that_are_not_the_steps_fail(run_dir, tmp_path):
+def test_marks_that_are_not_the_steps_fail(run, tmp_path):
     def shorten(doc):
         marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
         doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a, a + 1_000_000] for s, a, _ in marks]
 
-    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "pytorch/bs64/framework.json", shorten))
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / "pytorch/bs64/framework.json", shorten))
     assert _status(v, "pytorch", Check.OP_CPU_WITHIN)[0] == FAIL  # the ops hold more than 1 ms a step
     assert _status(v, "pytorch", Check.OP_CPU_SAMPLED)[0] == FAIL
 
 
-def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, run_dir, tmp_path):
-    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "manifest.json", lambda m: m["host"].update(cpu_count=1)))
+def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, tmp_path):
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / "manifest.json", lambda m: m["host"].update(cpu_count=1)))
     status, detail = _status(v, "jax", Check.OP_CPU_WALL)  # JAX's small fusions ran above 1 core
     assert status == FAIL and "1 cores" in detail
 
@@ -157,19 +152,19 @@ def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, run_dir, t
         for r in doc:
             r["passes"]["framework"]["contention"] = {"contended": False, "text": "quiet"}
 
-    q = _variant(run_dir, tmp_path / "q", lambda d: _edit_json(d / "results.json", quiet))
+    q = _variant(run, tmp_path / "q", lambda d: _edit_json(d / "results.json", quiet))
     status, detail = _status(q, "mxnet", Check.OP_CPU_WALL)  # busy, its ops got 0.45-0.97 of a core
     assert status == FAIL and "quiet" in detail
     assert _status(run, "mxnet", Check.OP_CPU_WALL)[0] == PASS  # as recorded (busy): the upper bound only
 
 
-def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run_dir, tmp_path):
+def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run, tmp_path):
     def scatter(doc):
         marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
         doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a + i * 300_000, b] for i, (s, a, b) in
                                                             enumerate(marks)]
 
-    v = _variant(run_dir, tmp_path, lambda d: _edit_json(d / "jax/bs64/framework.json", scatter))
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / "jax/bs64/framework.json", scatter))
     oc = OC.op_cpu(v)[("jax", 64)]
     assert not oc.measured and "not put on the sampler's clock" in oc.why
     assert _status(v, "jax", Check.OP_CPU_WITHIN)[0] == FAIL
@@ -179,7 +174,7 @@ def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run_dir
     assert per_layer["jax.no_ratio"].str.contains("not put on the sampler's clock").all()
 
 
-def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run_dir, tmp_path):
+def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run, tmp_path):
     """basis.OPS_WITHIN_CLEAN: MXNet's clean pass set to half its CPU time, its two trials alike (no spread between
     processes to widen by); its ops then hold more than a clean step."""
     def halve(d: Path):
@@ -196,7 +191,7 @@ def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run_dir, tmp_
 
         _edit_json(d / "results.json", entry)
 
-    v = _variant(run_dir, tmp_path, halve)
+    v = _variant(run, tmp_path, halve)
     cpu, _ = _cpu_table(v)
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
     assert per_layer["mxnet.vs_ref"].isna().all() and per_layer["jax.vs_ref"].notna().all()
