@@ -28,11 +28,13 @@ from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row, pass_contentio
 
 SAMPLER_SLACK = 0.02  # two reads of one clock (measured: 0.01-0.3% apart per case, quiet and busy, run 11:24-11:30 UTC)
 OP_QUIET_FLOOR = 0.8
+FLOOR_GAPS = 4  # the lower bound only for ops this many sampling gaps long (median): shorter ones are interpolated
 OP_WALL_RULE = ("the process's CPU time over a layer's op spans is not above their wall time x the machine's cores (its "
                 "threads cannot work more), and on a quiet machine not below "
                 f"{OP_QUIET_FLOOR:.0%} of it: a thread of the process runs each op through its span (its batches "
-                "fetched; the rest is the sampler's interpolation between reads and its own wake-ups); on a busy one the "
-                "process waits for a core within its ops, so only the upper bound holds")
+                "fetched; the rest is the sampler's interpolation between reads and its own wake-ups), for ops at least "
+                f"{FLOOR_GAPS} sampling gaps long (median): a shorter op's CPU time is its neighbourhood's rate; on a busy "
+                "machine the process waits for a core within its ops, so only the upper bound holds")
 
 
 def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
@@ -91,19 +93,23 @@ def _wall_rows(run: Run, oc: OC.OpCpu, cores: int | None) -> list[dict[str, Any]
     fw, bs = oc.framework, oc.batch_size
     busy = pass_contention(run, fw, bs, OC.FRAMEWORK_PASS)
     ev = oc.events[oc.events["canonical_op"].isin(OC.MODEL_OPS) & oc.events["layer"].notna()]
-    g = ev.groupby(["layer", ev["direction"].fillna("none")], sort=True)[["span_cpu_ns", "dur_ns"]].sum(min_count=1)
+    by = ev.groupby(["layer", ev["direction"].fillna("none")], sort=True)
+    g = by[["span_cpu_ns", "dur_ns"]].sum(min_count=1)
     g = g[g["dur_ns"] > 0]
+    gap_ns = float((oc.sampler or {}).get("median_gap_us") or 0) * 1e3
+    long_enough = by["dur_ns"].median().reindex(g.index) >= FLOOR_GAPS * gap_ns
     if g.empty or g["span_cpu_ns"].isna().any():
         return [check_row(run.name, fw, bs, Check.OP_CPU_WALL, "layers x directions", None, None, NOT_CHECKED,
                           "no layer op traced" if g.empty else "a layer's op lies outside the CPU samples")]
     u = g["span_cpu_ns"] / g["dur_ns"]
     high = u[u > cores] if cores is not None else u.iloc[:0]
-    low = u[u < OP_QUIET_FLOOR] if busy.contended is False else u.iloc[:0]
+    low = u[(u < OP_QUIET_FLOOR) & long_enough] if busy.contended is False else u.iloc[:0]
     bad = ", ".join(f"{layer} {d} {x:.2f} x" for (layer, d), x in pd.concat([high, low]).items())
     lo, hi = u.idxmin(), u.idxmax()
     said = (f"{len(u)} layer x direction rows, CPU over wall {u[lo]:.2f} x ({' '.join(lo)}) to {u[hi]:.2f} x "
             f"({' '.join(hi)}), {cores if cores is not None else 'unrecorded'} cores; framework pass "
-            + ("quiet" if busy.contended is False else f"busy or unmeasured ({busy.text}): lower bound not checked"))
+            + (f"quiet (lower bound on the {int(long_enough.sum())} with ops >= {FLOOR_GAPS} sampling gaps)"
+               if busy.contended is False else f"busy or unmeasured ({busy.text}): lower bound not checked"))
     checked = cores is not None or busy.contended is False
     status = FAIL if bad else PASS if checked else NOT_CHECKED
     return [check_row(run.name, fw, bs, Check.OP_CPU_WALL, "layers x directions", None, float(u.min()), status,
