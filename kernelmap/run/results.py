@@ -69,18 +69,23 @@ def _ci_fields(samples: list[float]) -> dict[str, float | None]:
     return {"ci95_low_s": None if ci is None else ci[0], "ci95_high_s": None if ci is None else ci[1]}
 
 
-def no_reduction_entry(result: dict[str, Any], used_ids: list[int], out_dir: Path) -> dict[str, Any]:
+def no_reduction_entry(result: dict[str, Any], used: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
     """The step without the gradients' reduction (``dataparallel.NO_REDUCTION``), rank 0's result: its figures,
     and per rank (a framework of one process per device: each rank's own files, ``rank<r>/``; else the one
     process) its median step without the reduction beside its clean pass's median over the same used trials
-    (``timing.step_stats`` of that rank's samples, as the case's figure is of rank 0's): what the report sets
-    against the exposed communication of the traces (reports/analyses/comm.py)."""
+    (``used``: rank 0's clean results; ``timing.step_stats`` of that rank's samples, as the case's figure is of
+    rank 0's): what the report sets against the exposed communication of the traces (reports/analyses/comm.py).
+    Rank 0's are ``result`` and ``used`` as given; the other ranks' are read from their folders."""
     if "skipped" in result:
         return result
+    used_ids = [t["trial"] for t in used]
     ranks = []
     for r, folder in dataparallel.rank_folders(out_dir):
-        own = rundir.read_json(folder / rundir.pass_result_name(dataparallel.NO_REDUCTION))
-        cleans = [rundir.read_json(folder / rundir.pass_result_name("clean", t))["step_times_s"] for t in used_ids]
+        if r == 0:  # the case folder's: what the caller read already
+            own, cleans = result, [t["step_times_s"] for t in used]
+        else:
+            own = rundir.read_json(folder / rundir.pass_result_name(dataparallel.NO_REDUCTION))
+            cleans = [rundir.read_json(folder / rundir.pass_result_name("clean", t))["step_times_s"] for t in used_ids]
         ranks.append({"rank": r, "median_step_s": own["median_step_s"],
                       "clean_median_step_s": timing.step_stats(cleans).median_s})
     return {"median_step_s": result["median_step_s"], **_ci_fields(result["step_times_s"]), "steps": result["steps"],
@@ -128,7 +133,7 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
             counters = r
             continue
         if p == dataparallel.NO_REDUCTION:  # a timing of another step, not a capture of this one: its own field
-            no_reduction = no_reduction_entry(r, [t["trial"] for t in used], out_dir)
+            no_reduction = no_reduction_entry(r, used, out_dir)
             continue
         if "skipped" in r:
             passes_summary[p] = r
