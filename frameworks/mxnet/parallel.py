@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import mxnet as mx
-from mxnet import autograd, gluon
-
 from kernelmap.errors import KernelmapError
 
 from .descriptor import KVSTORE_DEFAULT, KVSTORE_OPTION, KVSTORES
+
+# isort: off
+from .loaded import mx  # first: mxnet after its libraries (loaded.py)
+from mxnet import autograd, gluon
+# isort: on
 
 
 def contexts(ctx: mx.Context, n: int) -> list[mx.Context]:

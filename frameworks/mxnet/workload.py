@@ -32,20 +32,17 @@ from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
-from . import amp_ops, built, cuda11, parallel
+from . import amp_ops, built, cuda11
 from .descriptor import HYBRIDIZED, MATH_REFUSALS, bf16_cpu_refusal
 
-# Before mxnet loads: an MXNet built by `kernelmap build-mxnet` (the runner names its tree in the
-# environment, and has put its python/ first on PYTHONPATH) gets its CUDA/cuDNN/BLAS libraries
-# loaded; otherwise the CUDA 11 libraries of the nvidia-*-cu11 wheels (a no-op without them).
-BUILT_TREE = os.environ.get(built.ENV_TREE)
-PRELOAD = built.preload(BUILT_TREE) if BUILT_TREE else cuda11.preload()
-
-import mxnet as mx  # noqa: E402
-from mxnet import autograd, gluon  # noqa: E402
-from mxnet.contrib import amp  # noqa: E402
-from mxnet.gluon import nn  # noqa: E402
-from mxnet.gluon.data.vision import transforms  # noqa: E402
+# isort: off
+from .loaded import BUILT_TREE, PRELOAD, mx  # first: mxnet after its libraries (loaded.py)
+from . import parallel  # imports mxnet
+from mxnet import autograd, gluon
+from mxnet.contrib import amp
+from mxnet.gluon import nn
+from mxnet.gluon.data.vision import transforms
+# isort: on
 
 _SPLIT_ATTRS = ("_train_data", "_train_label", "_test_data", "_test_label")
 # AMP patches mxnet's operator functions for the whole process, once (amp.init ignores a second call): the
