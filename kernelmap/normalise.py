@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import adapters, attribution, calllink, frameworks, heap, kernelmath, schema, strings
+from . import adapters, attribution, calllink, cpusampler, frameworks, heap, kernelmath, schema, strings
 from .adapters import graph_replay
 from .commlink import link as link_communication
 from .errors import KernelmapError, ParseError
@@ -280,6 +280,8 @@ def _log_steps(path: Path, warmup: bool = True) -> int | None:
 
 OWN_RESULT = "kernelmap's own: the worker's result of this pass (its step timings, summarised in results.json)"
 HLO_COMPANION = adapters.HLO_COMPANION  # the reason of an adapter's companion file
+OWN_SAMPLES = ("kernelmap's own: the CPU framework pass's CPU-time samples (kernelmap/cpusampler.py), read by the "
+               "report for its ops' CPU time")
 
 
 def own_file(f: Path) -> str | None:
@@ -290,6 +292,8 @@ def own_file(f: Path) -> str | None:
     stem, _, trial = f.name.removesuffix(".json").partition("-")
     if f.name.endswith(".json") and stem in PASSES and (not trial or trial.isdigit()):
         return OWN_RESULT
+    if f.name == cpusampler.SAMPLES_FILE:
+        return OWN_SAMPLES
     return adapters.companion(f)
 
 

@@ -206,3 +206,11 @@ def test_a_run_without_samples_says_so(tmp_path):
     run = A.load_run(d)
     assert all("sampled no CPU time" in oc.why for oc in OC.op_cpu(run).values())
     assert op_cpu_checks(run) == []  # nothing sampled: no row of the three checks
+
+
+def test_the_samples_are_kernelmaps_own_not_unrecognised_content(run):
+    from kernelmap.normalise import OWN_SAMPLES
+
+    skipped = json.loads((run.path / "attribution.json").read_text())["not_records"]
+    mine = {s["file"]: s["reason"] for s in skipped if s["file"].endswith(cpusampler.SAMPLES_FILE)}
+    assert mine == {f"{fw}/bs64/{cpusampler.SAMPLES_FILE}": OWN_SAMPLES for fw in FWS}
