@@ -49,7 +49,14 @@ HANG_ENV = "KERNELMAP_TEST_HANG"
 
 
 def dump_stacks_on_signal() -> None:
-    """Every thread's Python stack into stderr (the worker's log) when ``STACKS_SIGNAL`` arrives (the worker)."""
+    """Every thread's Python stack into stderr (the worker's log) when ``STACKS_SIGNAL`` arrives, and on a fatal
+    signal (SIGSEGV, SIGABRT...), after which the worker dies of it (the worker, before any framework loads).
+
+    The fatal handler also keeps MXNet's own out: libmxnet installs its SIGSEGV handler only where none is set,
+    and that handler prints, walks the stack and calls exit(), which waits on the engine's threads. On the
+    H200s the workers that crashed at their first GPU operator (a wrong cuDNN bound) hung there, inside the
+    handler, until the stall limit; with faulthandler first they die at once and the runner names the signal."""
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
 
 

@@ -157,3 +157,45 @@ def test_a_ddp_rank_leaves_its_process_group_on_a_finished_pass():
                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["False", "True", "False"]
+
+
+CRASH = """
+import ctypes, sys
+from kernelmap import stall
+if sys.argv[1] == "guarded":
+    stall.dump_stacks_on_signal()  # what the worker does first
+import mxnet
+mxnet.nd.zeros((2, 2)).wait_to_read()
+print("mxnet loaded", flush=True)
+ctypes.string_at(0)  # a crash inside a library call, as the H200 workers' first GPU operator
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_worker_that_crashes_dies_of_its_signal_with_its_stack_not_in_mxnets_handler(guarded):
+    """The H200s' MXNet workers crashed at their first GPU operator and then hung in libmxnet's SIGSEGV handler
+    (print, stack walk, exit() waiting on the engine) until the stall limit. With the worker's faulthandler set
+    first, MXNet installs no handler: the process dies of SIGSEGV at once, its Python stack in its log. Control:
+    without it, MXNet's own handler runs ('Segmentation fault: 11', exit status 255 here on the CPU)."""
+    require_framework("mxnet")
+    proc = subprocess.run([sys.executable, "-c", CRASH, "guarded" if guarded else "bare"], capture_output=True,
+                          text=True, timeout=120)
+    assert "mxnet loaded" in proc.stdout, proc.stderr[-2000:]
+    if guarded:
+        assert proc.returncode == -11, proc.stderr[-2000:]
+        assert "Fatal Python error: Segmentation fault" in proc.stderr and "in string_at" in proc.stderr
+        assert "Segmentation fault: 11" not in proc.stderr
+    else:
+        assert "Segmentation fault: 11" in proc.stderr and proc.returncode != -11
+
+
+def test_a_crashed_worker_is_named_by_its_signal_and_its_log(tmp_path):
+    log = tmp_path / "logs" / "mxnet-bs64-clean-1.log"
+    script = "from kernelmap import stall; stall.dump_stacks_on_signal(); import ctypes; ctypes.string_at(0)"
+    with pytest.raises(KernelmapError) as info:
+        processes.run_worker([sys.executable, "-c", script], label="mxnet bs 64 (clean pass trial 1/1, gpu)",
+                             batch_size=64, log_path=log, forward_stderr=False, stall_s=60)
+    assert str(info.value) == ("mxnet bs 64 (clean pass trial 1/1, gpu): worker died of SIGSEGV (a crash inside "
+                               "the framework or a library it loaded); every thread's Python stack in the run's "
+                               "logs/mxnet-bs64-clean-1.log")
+    assert "Fatal Python error: Segmentation fault" in log.read_text()

@@ -140,6 +140,14 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
+    if isinstance(rc, int) and rc < 0:  # a fatal signal: the worker's faulthandler wrote its stacks first
+        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        raise KernelmapError(f"{label}: worker died of {name} (a crash inside the framework or a library it "
+                             f"loaded); every thread's Python stack in {where}")
     if rc != 0:
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
