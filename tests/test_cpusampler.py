@@ -100,3 +100,69 @@ def test_ops_that_run_at_once_share_the_cpu_time_of_their_overlap():
     assert s.between(start, end).tolist() == pytest.approx([4 * ms, 4 * ms, 1 * ms])  # unshared, each span
     out = cpusampler.shared_cpu(s, np.asarray([9 * ms]), np.asarray([12 * ms]))  # past the last sample
     assert np.isnan(out).all()
+
+
+class _SpinWorkload:
+    """A stand-in CPU workload whose every step spins ``SPIN_S`` of CPU on the main thread."""
+
+    SPIN_S = 0.004
+
+    def __init__(self):
+        from kernelmap.frameworks import spec
+
+        self.config = spec.TrainConfig(batch_size=1, device="cpu")
+        self.data_info = type("Info", (), {"n_train": 1000})()
+        self.profiled = None
+
+    def batches(self, split, batch_size, order):
+        for start in range(0, len(order), batch_size):
+            yield order[start : start + batch_size], None
+
+    def region(self, name):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def train_step(self, images, labels):
+        end = time.thread_time() + self.SPIN_S
+        while time.thread_time() < end:
+            pass
+        return 0.0
+
+    def to_float(self, loss):
+        return float(loss)
+
+    def synchronize(self):
+        pass
+
+    def threads(self):
+        return {}
+
+    def profile(self, out_dir):
+        import contextlib
+
+        self.profiled = out_dir
+        return contextlib.nullcontext()
+
+
+def test_the_cpu_framework_pass_samples_its_traced_steps(tmp_path):
+    """kernelmap.worker's CPU framework pass: the sampler runs through the timed steps (one mark each, inside the
+    samples), and its CPU time of each step is the worker's own process_time of it."""
+    from kernelmap import timing, worker
+
+    wl = _SpinWorkload()
+    result = worker.run_pass(wl, framework="fake", pass_name="framework", out_dir=tmp_path, steps=12, epochs=None,
+                             warmup=3, progress=False)
+    fig = result[cpusampler.RESULT_KEY]
+    marks = fig[cpusampler.MARKS_KEY]
+    assert [m[0] for m in marks] == list(range(3, 15))
+    x = cpusampler.Samples.read(tmp_path / cpusampler.SAMPLES_FILE)
+    assert x.mono_ns[0] < marks[0][1] and marks[-1][2] <= x.mono_ns[-1]
+    a, b = (np.asarray([m[k] for m in marks]) for k in (1, 2))
+    sampled = (x.between(a, b) + x.between(a, b, own=True)) / 1e9
+    assert np.median(sampled) == pytest.approx(np.median(result[timing.CPU_SAMPLES]), rel=0.02)
+    main = (np.interp(b, x.mono_ns, x.main_ns) - np.interp(a, x.mono_ns, x.main_ns)) / 1e9
+    assert np.median(main) >= _SpinWorkload.SPIN_S * 0.9  # the steps spin on the main thread
+    clean = worker.run_pass(_SpinWorkload(), framework="fake", pass_name="clean", out_dir=tmp_path / "c", steps=3,
+                            epochs=None, warmup=1, progress=False)
+    assert cpusampler.RESULT_KEY not in clean  # only the CPU framework pass samples
