@@ -3,6 +3,7 @@ Python twin), read back, fitted to a trace's clock and shared among ops that run
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -10,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from test_worker import FakeWorkload
 
 from kernelmap import cpusampler
 from kernelmap.errors import KernelmapError
@@ -102,46 +104,21 @@ def test_ops_that_run_at_once_share_the_cpu_time_of_their_overlap():
     assert np.isnan(out).all()
 
 
-class _SpinWorkload:
-    """A stand-in CPU workload whose every step spins ``SPIN_S`` of CPU on the main thread."""
+class _SpinWorkload(FakeWorkload):
+    """test_worker's stand-in on the CPU, each step spinning ``SPIN_S`` of CPU on the main thread, with a
+    framework profiler that records nothing."""
 
     SPIN_S = 0.004
 
     def __init__(self):
-        from kernelmap.frameworks import spec
+        super().__init__(n_train=1000, on_step=self._spin)
 
-        self.config = spec.TrainConfig(batch_size=1, device="cpu")
-        self.data_info = type("Info", (), {"n_train": 1000})()
-        self.profiled = None
-
-    def batches(self, split, batch_size, order):
-        for start in range(0, len(order), batch_size):
-            yield order[start : start + batch_size], None
-
-    def region(self, name):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def train_step(self, images, labels):
+    def _spin(self) -> None:
         end = time.thread_time() + self.SPIN_S
         while time.thread_time() < end:
             pass
-        return 0.0
-
-    def to_float(self, loss):
-        return float(loss)
-
-    def synchronize(self):
-        pass
-
-    def threads(self):
-        return {}
 
     def profile(self, out_dir):
-        import contextlib
-
-        self.profiled = out_dir
         return contextlib.nullcontext()
 
 
