@@ -776,8 +776,8 @@ def test_libs_pass_runs_under_nsys_where_the_framework_says_so(tmp_path, monkeyp
     monkeypatch.setattr(run_processes, "run_worker", fake_worker)
     key = CaseKey(fw, frameworks.get(fw).default_mode, "fp32", 1, 64)
     case = run_case.CaseRun(key, run_devices.Decision(fw, "gpu", "gpu", None),
-                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, "{}", tmp_path, "/opt/nsys/bin/nsys",
-                            None, 1, {})
+                            {"steps": 20, "warmup_steps": 5, "math": "fp32"}, '{"n_train": 60000, "n_test": 10000}',
+                            tmp_path, "/opt/nsys/bin/nsys", None, 1, {})
     case.own_env = {ENV_TREE: "/tree"} if fw == "mxnet" else {}
     case.run_capture("libs", run_processes.RunProgress(1, enabled=False), [])
     libs_dir = case.out_dir / "libs"
