@@ -284,7 +284,7 @@ PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU
                  "out with it. A busy pass's layers are not compared (UNEVEN_STRETCH)")
 PER_OP_CPU = ("a layer's CPU time per step = the CPU time of the worker process within each of the layer's traced ops "
               "(framework pass), summed per traced step, median over the steps with its 95% interval: kernelmap.cpusampler "
-              "samples the process's CPU clock beside the trace (opcpu.OP_CPU_METHOD). Measured, not shared out by wall "
+              "samples every worker thread's CPU clock beside the trace (opcpu.OP_CPU_METHOD). Measured, not shared out by wall "
               "time, so a busy pass's layers are compared too, held to OPS_WITHIN_CLEAN; runs without the samples fall "
               "back to PER_LAYER_CPU. It moves less than wall time, not nothing, and its interval is over one "
               "process's traced steps: the spread between processes is not in it. Measured on the 2-core VM, framework "
