@@ -8,8 +8,10 @@ call permits TF32; the engine it ran may not use tensor cores). A kernel with no
 one from its name only where NVIDIA's name spells the multiply's input type (``NAME_RULES``, source ``name``): the
 xmma kernels of cuDNN and cuBLAS (``sm80_xmma_gemm_f32f32_tf32f32_f32_…``: storage types, then the math
 and accumulator, e.g. ``tf32f32``), CUTLASS's tensor-op kernels (``cutlass_tensorop_bf16_s16816fprop…``),
-the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>``, whose
-first template argument is the data type). Every other kernel without a call stays NA: unknown, never
+the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>`` and cuDNN's legacy
+weight-gradient ``wgrad_alg0_engine[_NHWC]<float, …>``, whose first template argument is the data type; no
+tensor-core instruction takes that type, so a call that permitted TF32 ran fp32 there: seen under XLA's
+DEFAULT_MATH convolutions of a JAX tf32 case on the H200). Every other kernel without a call stays NA: unknown, never
 guessed (a layout conversion, cuBLASLt's split-K reduction, an FFT, the sm90 ``nvjet`` gemms) -- except a
 library kernel (``attribution.library_kernels``) of an op whose logged calls all ran one math (``OP_RULE``, source
 ``op``): the calls of its case, batch size, layer, op and phase (and its direction where the kernel has one of
@@ -54,9 +56,13 @@ from .schema import MathRan, MathSource, MathUnit
 
 OVERRIDE_NOTE = "NVIDIA_TF32_OVERRIDE=0"
 _OVERRIDDEN_SOURCES = ("cublas_log", "cublaslt_log")
-_XMMA = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:implicit_(?:precomp_)?gemm_)?[a-z0-9]+_(tf32|bf16|f16|f32|cf32|f64)")
+# the op, any qualifier words (``implicit_gemm``, ``indexed``, ``wo_smem``: sm80's
+# ``…fprop_implicit_gemm_indexed_wo_smem_tf32f32_tf32f32_f32_…``), the storage types, then the math field
+_XMMA = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:[a-z]+_)*?(?:tf32|bf16|f16|f32|cf32|f64)+"
+                   r"_(tf32|bf16|f16|f32|cf32|f64)")
 _CUTLASS = re.compile(r"cutlass\w*?_tensorop_(?:(bf16|f16)_s\d+|(s1688))")
-_SIMT = re.compile(r"^(?:void )?(?:\w+_)?sgemm_|^(?:void )?implicit_convolve_sgemm<(float|__nv_bfloat16|__half)\b")
+_SIMT = re.compile(r"^(?:void )?(?:\w+_)?sgemm_|^(?:void )?(?:implicit_convolve_sgemm|wgrad_alg0_engine(?:_NHWC)?)"
+                   r"<(float|__nv_bfloat16|__half)\b")
 _NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32": MathRan.FP32,
           "cf32": MathRan.FP32, "f64": MathRan.FP64, "s1688": MathRan.TF32, "float": MathRan.FP32,
           "__nv_bfloat16": MathRan.BF16, "__half": MathRan.FP16}

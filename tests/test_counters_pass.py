@@ -29,8 +29,8 @@ TRAIN = {"steps": 20, "warmup_steps": 5, "math": "fp32"}
 
 def _case(tmp_path: Path, fw: str, device: str) -> run_case.CaseRun:
     key = CaseKey(fw, frameworks.get(fw).default_mode, "fp32", 1, 64)
-    return run_case.CaseRun(key, run_devices.Decision(fw, device, device, None), TRAIN, "{}", tmp_path, None, None, 1,
-                            {})
+    return run_case.CaseRun(key, run_devices.Decision(fw, device, device, None), TRAIN,
+                            '{"n_train": 60000, "n_test": 10000}', tmp_path, None, None, 1, {})
 
 
 def test_refused_on_the_cpu_with_its_reason(tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ Tables, DataFrames only:
   the libs pass's logged steps.
 * ``math_coverage``: per case x batch size, the share of library-kernel time (GPU: the kernels
   ``attribution.library_kernels`` counts, in the timed source) or library-call time (CPU) whose math is
-  known; the issue asks >= ``COVERAGE_GOAL`` in every case.
+  known, a kernel that multiplies nothing (``math_unit`` ``none``: cuDNN's ``nchwToNhwcKernel``, its workspace
+  init) counted as known to have none; the issue asks >= ``COVERAGE_GOAL`` in every case.
 * ``math_mismatches``: the convolution and linear calls (and kernels) of a case whose math is not the one
   the case asked for (``math`` column: ``--math``): under fp32 anything but fp32 (a TF32 call), under tf32
   anything but tf32 or fp32 (``ALLOWED``: TF32 is a permission), under bf16/fp16 anything but that type (a conv
@@ -111,7 +112,11 @@ def math_coverage(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         for fw, bs, ev, n, kind in _cases(run):
             dur = ev["dur_ns"].fillna(0).astype("float64")
-            known = ev["math_ran"].notna()
+            # a kernel that multiplies nothing (math_unit none: a layout conversion, a workspace init) has no
+            # math to know: known as such, not unknown
+            none = (ev["math_unit"] == schema.MathUnit.NONE.value).fillna(False).to_numpy(dtype=bool) \
+                if "math_unit" in ev else np.zeros(len(ev), dtype=bool)
+            known = ev["math_ran"].notna().to_numpy(dtype=bool) | none
             total = float(dur.sum())
             unknown = ev[~known]
             top = (unknown.assign(_d=dur[~known]).groupby(unknown["kernel_name"].fillna(unknown["library_call"])
