@@ -247,7 +247,7 @@ def test_parity_tolerance_is_derived_from_the_format():
     assert parity.mixed_tolerance(("fp32", "bf16")) == 3 * 4 * 2.0**-8  # 3 roundings x 4 layers x bfloat16's u
     assert parity.mixed_tolerance(("bf16", "bf16")) == 2 * 3 * 4 * 2.0**-8
     assert parity.mixed_tolerance(("fp32", "fp16")) == 3 * 4 * 2.0**-11
-    assert parity.tolerances(("fp32", "fp32")) == parity.TOLERANCES
+    assert "weights_early_worst" in parity.tolerances(("fp32", "fp32"))  # fp32: its own rule (tests/test_parity.py)
 
 
 def test_parity_compares_weights_against_the_distance_travelled():

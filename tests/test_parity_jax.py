@@ -38,7 +38,7 @@ def test_jax_matches_pytorch_on_the_cpu(tmp_path):
                               python={"jax": python}, workdir=tmp_path)
     assert r["frameworks"] == ["pytorch", "jax"] and r["python"]["jax"] == python
     assert r["versions"]["jax"]["matmul_precision"] == "highest"
-    for key, tol in parity.TOLERANCES.items():
+    for key, tol in parity.tolerances(("fp32", "fp32")).items():  # the forward and the first 3 updates
         assert 0 <= r[key] <= tol, (key, r[key])
     assert r["passed"] and r["failures"] == []
     # the steps trained (the loss moved), so agreement is not two untouched copies of the weights
