@@ -497,7 +497,7 @@ def format_text(result: dict[str, Any]) -> str:
         lines += [f"  {' vs '.join(c['sides'])}",
                   f"    forward logits max|a-b|/max|a|  {_held(c, 'forward_logits_max_rel_diff')}",
                   f"    first loss |a-b|/(2 max|logit|) {_held(c, 'loss_first_diff_over_logits')}",
-                  f"    weights ||a-b||/path, first {len(early)} steps {_held(c, 'weights_early_worst')}"
+                  f"    first {len(early)} updates ||a-b||/path    {_held(c, 'weights_early_worst')}"
                   + (f"  per step {' '.join(f'{x:.2e}' for x in early)}" if early else ""),
                   f"    loss max |a-b|/|a| per step     {_held(c, 'loss_max_rel_diff')}",
                   f"    weights max|a-b|/max|a|         {_held(c, 'weights_worst')}",

@@ -324,3 +324,18 @@ def test_fp32_rule_passes_real_runs_and_fails_each_planted_bug(fp32_runs):
         assert r["forward_logits_max_rel_diff"] <= limits["forward_logits_max_rel_diff"], name  # the same forward
         assert [f.split(" = ")[0] for f in r["failures"]] == ["weights_early_worst"], (name, r["failures"])
         assert r["weights_early_worst"] > 3 * limits["weights_early_worst"], (name, r["weights_early_worst"])
+
+
+def test_text_says_which_figures_are_held_and_which_reported():
+    a, b = _early_pair(2e-4)
+    limits = parity.tolerances(("fp32", "fp32"))
+    c = {"sides": ["pytorch", "jax"], **parity.compare(a, b, NAMES, limits), "tolerances": limits}
+    result = {"frameworks": ["pytorch", "jax"], "device": "gpu", "math": "fp32", "steps": 20, "comparisons": [c],
+              "data": {"kind": "synthetic", "path": None}, "convergence": [], "passed": c["passed"],
+              "failures": c["failures"]}
+    text = parity.format_text(result)
+    assert f"first 3 updates ||a-b||/path    {c['weights_early_worst']:.3e}  (<= 0.00291)" in text
+    assert f"forward logits max|a-b|/max|a|  0.000e+00  (<= {limits['forward_logits_max_rel_diff']:.3g})" in text
+    for label in ("loss max |a-b|/|a| per step", "weights max|a-b|/max|a|", "weights ||a-b||/path  "):
+        assert next(line for line in text.splitlines() if label in line).endswith("(reported)"), label
+    assert text.endswith("PASS")
