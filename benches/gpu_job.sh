@@ -210,7 +210,7 @@ if want run && [ -n "${RUN_SETS:-}" ]; then stamp "run sets"
     (for i in ${lane[$g]}; do
        # shellcheck disable=SC2086  # word-split on purpose: kernelmap run's arguments
        CUDA_VISIBLE_DEVICES=$g km_run "$run-$i" "run-$i" ${sets[$i]}
-       echo "[$(( $(date +%s) - t0 )) s] run set $i exit $? (GPU $g):${sets[$i]}"; tail -n 12 "$out/run-$i.err"
+       rc=$?; echo "[$(( $(date +%s) - t0 )) s] run set $i exit $rc (GPU $g):${sets[$i]}"; tail -n 12 "$out/run-$i.err"
      done) &
   done
   wait
@@ -326,7 +326,7 @@ if want sweep; then n=${SWEEP_SHARDS:-1}; gpus=$(nvidia-smi -L 2>/dev/null | gre
     # shellcheck disable=SC2086
     (CUDA_VISIBLE_DEVICES=$(( (k - 1) % gpus )) python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} \
        "${real[@]}" --shard "$k/$n" --out "$out/sweep-$k" >"$out/sweep-$k.md" 2>"$out/sweep-$k.err"
-     echo "[$(( $(date +%s) - t0 )) s] sweep shard $k/$n exit $?"; tail -n 3 "$out/sweep-$k.err") &
+     rc=$?; echo "[$(( $(date +%s) - t0 )) s] sweep shard $k/$n exit $rc"; tail -n 3 "$out/sweep-$k.err") &
   done
   wait
   python3 "$repo/benches/option_sweep.py" --table $(seq -f "$out/sweep-%g" 1 "$n") >"$out/sweep.md"; echo "sweep table exit $?"

@@ -141,3 +141,21 @@ def test_sweep_shards_run_side_by_side_one_gpu_each_and_merge_into_one_table(tmp
     assert table.split("--table ")[1].split() == [f"{out}/sweep-{k}" for k in (1, 2, 3)]
     (tests,) = [c for c in calls if "-m pytest" in c]
     assert "-k graph_and_compiled /some/tests" in tests
+
+
+def test_a_failing_shard_and_run_set_say_their_own_exit_status(tmp_path):
+    """The status printed after a run set or a sweep shard is the command's, not the `date` substitution's
+    beside it (every line said 'exit 0': the H200 hold's MXNet run set that ran nothing read as exit 0)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/sh\ncase "$*" in *option_sweep.py*--shard*) exit 3;; '
+                                     '*"kernelmap.cli run"*) exit 2;; esac\nexit 0\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out"),
+           "PHASES": "run sweep", "RUN_SETS": "@0 --framework pytorch", "SWEEP_SHARDS": "1",
+           "KERNELMAP_MXNET_HOME": str(tmp_path / "mxhome")}
+    (tmp_path / "checkout").mkdir()
+    proc = subprocess.run(["bash", str(SCRIPT), "job"], cwd=tmp_path / "checkout", env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "run set 0 exit 2 (GPU 0)" in proc.stdout and "sweep shard 1/1 exit 3" in proc.stdout, proc.stdout

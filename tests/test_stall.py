@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -199,3 +200,14 @@ def test_a_crashed_worker_is_named_by_its_signal_and_its_log(tmp_path):
                                "the framework or a library it loaded); every thread's Python stack in the run's "
                                "logs/mxnet-bs64-clean-1.log")
     assert "Fatal Python error: Segmentation fault" in log.read_text()
+
+
+@pytest.mark.parametrize(("signum", "said"), [
+    (signal.SIGKILL, "worker killed (SIGKILL: the kernel's out-of-memory killer or another process)"),
+    (signal.SIGTERM, "worker stopped by SIGTERM from another process"),
+    (signal.SIGABRT, "worker died of SIGABRT (a crash inside the framework or a library it loaded); every "
+                     "thread's Python stack in the run's logs/x.log"),
+])
+def test_a_killed_worker_is_not_called_a_crash(signum, said):
+    """Only a crash leaves stacks (faulthandler); a kill from outside (the OOM killer, kill -9) leaves none."""
+    assert processes.died_of(signum, Path("/r/logs/x.log")) == said

@@ -19,11 +19,8 @@ KVSTORE_DEFAULT = {"cpu": "local", "gpu": "device"}
 
 PROBE = r"""
 import json
-import os
-from kernelmap.frameworks.mxnet import built, cuda11
-tree = os.environ.get(built.ENV_TREE)  # an MXNet built for this GPU (PYTHONPATH names its python/)
-pre = built.preload(tree) if tree else cuda11.preload()  # else the CUDA 11 wheels of mxnet-cu112, if any
-import mxnet as mx
+# mxnet after its libraries: a built tree's (PYTHONPATH names its python/), else the CUDA 11 wheels', if any
+from kernelmap.frameworks.mxnet.loaded import BUILT_TREE as tree, PRELOAD as pre, mx
 f = mx.runtime.Features()
 cuda = f.is_enabled("CUDA")
 d = {"version": mx.__version__, "cuda_build": cuda, "cudnn_build": f.is_enabled("CUDNN"),

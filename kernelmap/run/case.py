@@ -70,8 +70,8 @@ class CaseRun:
         after ``warmup``: --stall-limit's (0: none), else ``stall.limit_s``'s."""
         if self.stall_limit is not None:
             return self.stall_limit or None
-        total = stall.worker_steps(self.bs, warmup, steps, self.train["epochs"] if steps is None else None,
-                                   self.data["n_train"])
+        epochs = self.train["epochs"] if steps is None else None  # the images count only under --epochs
+        total = stall.worker_steps(self.bs, warmup, steps, epochs, self.data["n_train"] if epochs is not None else 0)
         return stall.limit_s(self.decision.device, self.bs, total, self.data["n_test"] if evaluates else 0)
 
     def _env(self) -> dict[str, str]:

@@ -63,6 +63,25 @@ class _StderrTee(threading.Thread):
         return error_line(b"".join(self.tail).decode(errors="replace"))
 
 
+# the fatal signals Python's faulthandler dumps every thread's stack on (the worker enables it first: stall.py)
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
+
+
+def died_of(signum: int, log_path: Path | None) -> str:
+    """What a worker's death by ``signum`` says: a crash (its stacks in its log), or a kill from outside."""
+    try:
+        sig = signal.Signals(signum)
+    except ValueError:
+        return f"worker died of signal {signum}"
+    if sig in CRASH_SIGNALS:
+        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
+        return (f"worker died of {sig.name} (a crash inside the framework or a library it loaded); every thread's "
+                f"Python stack in {where}")
+    if sig == signal.SIGKILL:
+        return "worker killed (SIGKILL: the kernel's out-of-memory killer or another process)"
+    return f"worker stopped by {sig.name} from another process"
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """SIGTERM the process group led by ``proc``, then SIGKILL it if it is not gone in ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -140,14 +159,8 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
-    if isinstance(rc, int) and rc < 0:  # a fatal signal: the worker's faulthandler wrote its stacks first
-        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        raise KernelmapError(f"{label}: worker died of {name} (a crash inside the framework or a library it "
-                             f"loaded); every thread's Python stack in {where}")
+    if isinstance(rc, int) and rc < 0:
+        raise KernelmapError(f"{label}: {died_of(-rc, log_path)}")
     if rc != 0:
         raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
 
