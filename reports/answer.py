@@ -192,7 +192,7 @@ def _ratio(row: dict[str, Any], fw: str, ref: str, unsplit: bool) -> tuple[float
 # --- the comparison on CPU time (timing.CPU_RULE): ratios that hold on a busy machine ----------------
 WHOLE_STEP = "whole step"  # the CPU table's first row: the clean pass's CPU time per training step
 ALL_DIRECTIONS = "fwd + bwd + update"
-CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "method", "comparable", "why_not")
+CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "method", "not_sampled", "comparable", "why_not")
 SAMPLED = "ops' own CPU time (sampled)"  # a layer cell of opcpu.layer_cpu (basis.PER_OP_CPU)
 SHARED = "pass CPU time x the layer's share of traced op time"  # basis.PER_LAYER_CPU (runs without samples)
 STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
@@ -211,13 +211,15 @@ def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: 
                 "busy": st.busy.text if st.busy.contended else None, "method": SAMPLED, "comparable": not why,
                 "why_not": why}
     why = st.why_not()
-    if why and lc is not None and lc.why:  # the share estimate withheld: why the sampled time is not there either
-        why = f"{why}; its ops' own CPU time: {lc.why}"
+    not_sampled = lc.why if lc is not None and lc.why else None  # why a layer's cell is not its ops' sampled time
+    if why and not_sampled:  # the share estimate withheld: why the sampled time is not there either
+        why = f"{why}; its ops' own CPU time: {not_sampled}"
     ci = (fig.get("ci95_low_s"), fig.get("ci95_high_s")) if st.pass_name == CLEAN else (None, None)
     return {"cpu_ms": ms, "ci_ms": tuple(v * 1e3 for v in ci) if None not in ci else None,
             "pass": st.pass_name, "utilisation": st.utilisation,
             "busy": st.busy.text if st.busy.contended else None,
-            "method": STEP_CPU if st.pass_name == CLEAN else SHARED, "comparable": not why, "why_not": why}
+            "method": STEP_CPU if st.pass_name == CLEAN else SHARED, "not_sampled": not_sampled,
+            "comparable": not why, "why_not": why}
 
 
 def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
@@ -269,11 +271,20 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
 
 
 def _cpu_ratio(row: dict[str, Any], fw: str, ref: str) -> tuple[float | None, str | None]:
+    """(fw's CPU time / ref's, None) where both cells are of one method and may be compared, else (None, why not):
+    a sampled cell (``SAMPLED``) and a share estimate (``SHARED``: a case whose trace was not put on the samples'
+    clock, or a layer whose ops lie outside them) measure different things, so no ratio crosses them."""
     ms, ref_ms = row.get(f"{fw}.cpu_ms"), row.get(f"{ref}.cpu_ms")
     if ms is None or pd.isna(ms):
         return None, None
     if ref_ms is None or pd.isna(ref_ms) or not ref_ms > 0:
         return None, f"{NO_RATIO}: no {A.fw_label(ref)} CPU time on this row"
+    how, ref_how = row.get(f"{fw}.method"), row.get(f"{ref}.method")
+    if how != ref_how:
+        why = "; ".join(f"{A.fw_label(f)}'s ops' own CPU time: {row[f'{f}.not_sampled']}" for f in (ref, fw)
+                        if isinstance(row.get(f"{f}.not_sampled"), str))
+        return None, (f"{NO_RATIO}: measured apart ({A.fw_label(fw)} {how}, {A.fw_label(ref)} {ref_how})"
+                      + (f"; {why}" if why else ""))
     why = [row[f"{f}.why_not"] for f in (ref, fw) if not row.get(f"{f}.comparable")]
     return (None, f"{NO_RATIO}: " + "; ".join(why)) if why else (float(ms) / float(ref_ms), None)
 

@@ -175,7 +175,8 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                      f'<td class="key">{html.escape(str(r["direction"]))}</td>']
             for fw in here:
                 ms, ci, busy = r.get(f"{fw}.cpu_ms"), r.get(f"{fw}.ci_ms"), r.get(f"{fw}.busy")
-                how = html.escape(str(r.get(f"{fw}.method") or ""))
+                why = r.get(f"{fw}.not_sampled")  # answer.cpu_table: why a layer's cell is not its ops' sampled time
+                how = html.escape(str(r.get(f"{fw}.method") or "") + (f" ({why})" if isinstance(why, str) else ""))
                 under = f"{r.get(f'{fw}.pass')} pass" + (
                     f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
                 mark = (f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>'

@@ -54,6 +54,16 @@ def _edit_json(path: Path, change) -> None:
     path.write_text(json.dumps(doc))
 
 
+def _scatter_marks(doc):
+    marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
+    doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a + i * 300_000, b] for i, (s, a, b) in enumerate(marks)]
+
+
+def _quiet_passes(doc):
+    for r in doc:
+        r["passes"]["framework"]["contention"] = {"contended": False, "text": "quiet"}
+
+
 def test_samples_and_marks_as_recorded(run):
     got = OC.op_cpu(run)
     assert sorted(got) == sorted((fw, 64) for fw in FWS)
@@ -148,11 +158,7 @@ def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, tmp_path):
     status, detail = _status(v, "jax", Check.OP_CPU_WALL)  # JAX's small fusions ran above 1 core
     assert status == FAIL and "1 cores" in detail
 
-    def quiet(doc):
-        for r in doc:
-            r["passes"]["framework"]["contention"] = {"contended": False, "text": "quiet"}
-
-    q = _variant(run, tmp_path / "q", lambda d: _edit_json(d / "results.json", quiet))
+    q = _variant(run, tmp_path / "q", lambda d: _edit_json(d / "results.json", _quiet_passes))
     status, detail = _status(q, "jax", Check.OP_CPU_WALL)  # busy, its 2.4 ms conv2 forwards got half a core
     assert status == FAIL and "conv2 fwd 0.50 x" in detail and "quiet" in detail
     assert _status(q, "pytorch", Check.OP_CPU_WALL)[0] == PASS  # 0.87-0.95: above the floor
@@ -160,12 +166,7 @@ def test_cpu_above_the_cores_or_below_wall_on_a_quiet_pass_fails(run, tmp_path):
 
 
 def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run, tmp_path):
-    def scatter(doc):
-        marks = doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY]
-        doc[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY] = [[s, a + i * 300_000, b] for i, (s, a, b) in
-                                                            enumerate(marks)]
-
-    v = _variant(run, tmp_path, lambda d: _edit_json(d / "jax/bs64/framework.json", scatter))
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / "jax/bs64/framework.json", _scatter_marks))
     oc = OC.op_cpu(v)[("jax", 64)]
     assert not oc.measured and "not put on the sampler's clock" in oc.why
     assert _status(v, "jax", Check.OP_CPU_WITHIN)[0] == FAIL
@@ -173,6 +174,26 @@ def test_a_trace_not_on_the_samples_clock_fails_and_its_layers_fall_back(run, tm
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
     assert (per_layer["jax.method"] == ANS.SHARED).all() and per_layer["jax.vs_ref"].isna().all()
     assert per_layer["jax.no_ratio"].str.contains("not put on the sampler's clock").all()
+
+
+def test_no_ratio_between_a_sampled_and_a_share_estimate_cell(run, tmp_path):
+    """JAX's trace off the samples' clock on quiet passes: its layers fall back to the share estimate, which a
+    quiet pass lets be compared, and PyTorch's stay sampled: two methods, no ratio between them (the ratio drawn
+    read conv1 fwd 6.30x, fc2 fwd 0.21x)."""
+    def edit(d: Path):
+        _edit_json(d / "jax/bs64/framework.json", _scatter_marks)
+        _edit_json(d / "results.json", _quiet_passes)
+
+    cpu, _ = _cpu_table(_variant(run, tmp_path, edit))
+    per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
+    assert (per_layer["jax.method"] == ANS.SHARED).all() and (per_layer["pytorch.method"] == ANS.SAMPLED).all()
+    assert per_layer["jax.comparable"].any()  # the share estimate alone would be drawn
+    assert per_layer["jax.vs_ref"].isna().all(), per_layer[["layer", "direction", "jax.vs_ref"]]
+    assert per_layer["jax.no_ratio"].str.contains("measured apart").all()
+    assert per_layer["jax.no_ratio"].str.contains("not put on the sampler's clock").all()  # why it fell back
+    assert per_layer["mxnet.vs_ref"].notna().all()  # sampled against sampled: drawn
+    whole = cpu[cpu["layer"] == ANS.WHOLE_STEP]
+    assert whole["jax.vs_ref"].notna().all()  # the whole step: one method for every framework
 
 
 def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run, tmp_path):
