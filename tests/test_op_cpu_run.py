@@ -220,6 +220,22 @@ def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run, tmp_path
     assert per_layer["mxnet.no_ratio"].str.contains("traced ops took").all()
 
 
+def test_a_clean_pass_without_an_interval_keeps_the_sampled_layers_from_a_ratio(run, tmp_path):
+    """basis.OPS_WITHIN_CLEAN needs the clean step's interval: where the clean pass records none, a sampled layer is
+    not judged, so not compared (as the share estimate's NO_INTERVAL)."""
+    def no_interval(doc):
+        for r in doc:
+            if r["framework"] == "mxnet":
+                del r["cpu_time"]["ci95_low_s"], r["cpu_time"]["ci95_high_s"]
+
+    v = _variant(run, tmp_path, lambda d: _edit_json(d / "results.json", no_interval))
+    cpu, _ = _cpu_table(v)
+    per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
+    assert (per_layer["mxnet.method"] == ANS.SAMPLED).all()
+    assert per_layer["mxnet.vs_ref"].isna().all() and per_layer["jax.vs_ref"].notna().all()
+    assert per_layer["mxnet.no_ratio"].str.contains("no interval to judge its ops by").all()
+
+
 def test_a_run_without_samples_says_so(tmp_path):
     d = tmp_path / "old"
     shutil.copytree(Path(__file__).parent / "data" / "cpu_run_cputime", d)

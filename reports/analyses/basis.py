@@ -346,7 +346,10 @@ class CpuState:
             return f"{who} records no CPU time (a run made before kernelmap measured it)"
         if per_op_ms is not None:
             judge = timing.judging_interval(self.clean, between_processes=True)
-            if judge is None or per_op_ms * 1e-3 <= judge[1]:
+            if judge is None:  # as the share estimate's Agreement.NO_INTERVAL: not judged, so not compared
+                return (f"{who}'s traced ops took {per_op_ms:.4g} ms of CPU time a step; its clean pass records no "
+                        f"interval to judge its ops by ({OPS_WITHIN_CLEAN})")
+            if per_op_ms * 1e-3 <= judge[1]:
                 return ""
             return (f"{who}'s traced ops took {per_op_ms:.4g} ms of CPU time a step, above its clean pass's whole step "
                     f"{self.clean['median_step_s'] * 1e3:.4g} ms (judged up to {judge[1] * 1e3:.4g} ms): "
