@@ -32,7 +32,8 @@ from kernelmap.gcpause import no_gc
 
 # counters: kernelmap/run/counters.py; noreduce (dataparallel.NO_REDUCTION): the step without the gradients'
 # reduction on N devices, timed as the clean pass is
-PASSES = ("clean", "framework", "libs", "nsys", "counters", dataparallel.NO_REDUCTION)
+FRAMEWORK_PASS = "framework"  # the framework profiler's pass (on the CPU, with kernelmap.cpusampler)
+PASSES = ("clean", FRAMEWORK_PASS, "libs", "nsys", "counters", dataparallel.NO_REDUCTION)
 TIMED_AS_CLEAN = ("clean", dataparallel.NO_REDUCTION)  # no capture, the clean pass's timing (kernelmap.timing)
 EXIT_OOM = 75
 OOM_MARKER = "kernelmap-worker: out of memory"
@@ -114,7 +115,7 @@ def _capture(workload, pass_name: str, out_dir: Path, framework: str) -> context
         from kernelmap import cudaprofiler
 
         return cudaprofiler.window(workload.synchronize)
-    if pass_name == "framework":
+    if pass_name == FRAMEWORK_PASS:
         return workload.profile(out_dir)  # writes out_dir/trace.json.gz (+ companions)
     if pass_name == "nsys":
         return workload.nsys_window()
@@ -283,7 +284,7 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
     clean = pass_name in TIMED_AS_CLEAN
     clocks = _Clocks(workload)
     capture = _capture(workload, pass_name, out_dir, framework)
-    if pass_name == "framework" and workload.config.device == "cpu":
+    if pass_name == FRAMEWORK_PASS and workload.config.device == "cpu":
         clocks.sampler = cpusampler.Sampler(out_dir)
     batches = iter(workload.batches("train", bs, order))
     n_timed = total - warmup

@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kernelmap.worker import FRAMEWORK_PASS
+
 from .analyses import opcpu as OC
 from .analyses.base import Run, field_at
+from .analyses.ops import LAYER_OPS
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row, pass_contention
 
 SAMPLER_SLACK = 0.02  # two reads of one clock (measured: 0.01-0.3% apart per case, quiet and busy, run 11:24-11:30 UTC)
@@ -91,8 +94,8 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
 def _wall_rows(run: Run, oc: OC.OpCpu, cores: int | None) -> list[dict[str, Any]]:
     """``OP_WALL_RULE``: one row per case, naming every layer x direction that breaks it, else the range."""
     fw, bs = oc.framework, oc.batch_size
-    busy = pass_contention(run, fw, bs, OC.FRAMEWORK_PASS)
-    ev = oc.events[oc.events["canonical_op"].isin(OC.MODEL_OPS) & oc.events["layer"].notna()]
+    busy = pass_contention(run, fw, bs, FRAMEWORK_PASS)
+    ev = oc.events[oc.events["canonical_op"].isin(LAYER_OPS) & oc.events["layer"].notna()]
     by = ev.groupby(["layer", ev["direction"].fillna("none")], sort=True)
     g = by[["span_cpu_ns", "dur_ns"]].sum(min_count=1)
     g = g[g["dur_ns"] > 0]

@@ -251,3 +251,16 @@ def test_the_samples_are_kernelmaps_own_not_unrecognised_content(run):
     skipped = json.loads((run.path / "attribution.json").read_text())["not_records"]
     mine = {s["file"]: s["reason"] for s in skipped if s["file"].endswith(cpusampler.SAMPLES_FILE)}
     assert mine == {f"{fw}/bs64/{cpusampler.SAMPLES_FILE}": OWN_SAMPLES for fw in FWS}
+
+
+def test_the_pass_and_the_layer_ops_are_one_constant_each():
+    """The framework pass's name is the worker's (it decides where the sampler runs); the layer ops are the layer
+    table's (the math check's products and the sampled layers' ops are its rows)."""
+    from kernelmap.reports import cpuchecks
+    from kernelmap.reports.analyses import math as M
+    from kernelmap.reports.analyses import ops
+
+    from kernelmap import worker
+
+    assert OC.FRAMEWORK_PASS is worker.FRAMEWORK_PASS is cpuchecks.FRAMEWORK_PASS and worker.FRAMEWORK_PASS in worker.PASSES
+    assert OC.LAYER_OPS is ops.LAYER_OPS is M.MULTIPLY_OPS is cpuchecks.LAYER_OPS

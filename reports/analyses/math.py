@@ -30,10 +30,11 @@ from kernelmap import attribution, schema
 
 from .base import Run
 from .linked import framework_rows, log_steps
+from .ops import LAYER_OPS
 from .timed import records_of, timed_events
 
 COVERAGE_GOAL = 0.99
-MULTIPLY_OPS = ("conv2d", "linear")
+MULTIPLY_OPS = LAYER_OPS  # the layer table's rows: every one a product
 # a conv's or linear's bias gradient is a reduction, no product; every other direction is checked, a call the
 # adapter could not place too (oneDNN's matmul under CPU autocast: no layer, direction none)
 NOT_PRODUCTS = ("bwd_bias",)

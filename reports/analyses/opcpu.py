@@ -18,11 +18,12 @@ import pandas as pd
 from kernelmap import cpusampler, timing
 from kernelmap.errors import KernelmapError
 from kernelmap.rundir import pass_result_name, read_json
+from kernelmap.worker import FRAMEWORK_PASS
 
 from .base import Run, case_of, field_at
+from .ops import LAYER_OPS
 from .timed import Timed, records_of, timed_events
 
-FRAMEWORK_PASS = "framework"
 MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchronous engine's or XLA's ops, on threads of "
              "their own), the main thread's CPU time is the framework's front end (Python, dispatch, the profiler's "
              "records) and is left out of every op: else an op on an engine thread would hold the front end's work of "
@@ -143,15 +144,12 @@ class LayerCpu:
         return self.ms / self.wall_ms if self.ms is not None and self.wall_ms else None
 
 
-MODEL_OPS = ("conv2d", "linear")  # the ops of the layer table's rows (ops.layer_table)
-
-
 def layer_cpu(oc: OpCpu, layer: str, directions: set[str]) -> LayerCpu:
     """``LayerCpu`` of ``layer``'s conv/linear ops of ``directions`` in case ``oc``."""
     if not oc.measured:
         return LayerCpu(None, None, (), None, oc.why)
     ev = oc.events
-    ev = ev[ev["canonical_op"].isin(MODEL_OPS) & (ev["layer"] == layer)
+    ev = ev[ev["canonical_op"].isin(LAYER_OPS) & (ev["layer"] == layer)
             & ev["direction"].fillna("none").isin(directions)]
     if ev.empty:
         return LayerCpu(None, None, (), None, "no traced op of this layer and direction")

@@ -188,9 +188,12 @@ def layer_table(runs: list[Run]) -> pd.DataFrame:
     return df
 
 
+LAYER_OPS = ("conv2d", "linear")  # the canonical ops of the model's layers (spec.Layer.kind): the layer table's rows
+
+
 def _layer_rows(run: Run, rec: pd.DataFrame, t) -> list[dict]:
     """``layer_table``'s rows of one timed framework x batch size: one per layer x op x direction."""
-    ev = t.events[t.events["canonical_op"].isin(["conv2d", "linear"]) & t.events["layer"].notna()]
+    ev = t.events[t.events["canonical_op"].isin(LAYER_OPS) & t.events["layer"].notna()]
     if ev.empty:
         return []
     allrows = fill_from_links(framework_rows(rec, t.framework, t.batch_size), framework_rows(rec, t.framework, t.batch_size))
