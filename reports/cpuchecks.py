@@ -31,7 +31,7 @@ from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row, pass_contentio
 
 SAMPLER_SLACK = 0.02  # two reads of one clock (measured: 0.01-0.3% apart per case, quiet and busy, run 11:24-11:30 UTC)
 OP_QUIET_FLOOR = 0.8
-FLOOR_GAPS = 4  # the lower bound only for ops this many sampling gaps long (median): shorter ones are interpolated
+FLOOR_GAPS = OC.LONG_OP_GAPS  # the lower bound only for ops this long (median): shorter ones are interpolated
 OP_WALL_RULE = ("the process's CPU time over a layer's op spans is not above their wall time x the machine's cores (its "
                 "threads cannot work more), and on a quiet machine not below "
                 f"{OP_QUIET_FLOOR:.0%} of it: a thread of the process runs each op through its span (its batches "
@@ -85,7 +85,7 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
         ok = ops_ms <= steps_ms * (1 + SAMPLER_SLACK)
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", steps_ms, ops_ms, PASS if ok else FAIL,
                              f"{len(ev)} traced ops {ops_ms:.4g} ms CPU a step against the marked steps' {steps_ms:.4g} "
-                             f"ms ({'main thread included' if oc.main_in_ops else 'main thread left out: opcpu.MAIN_RULE'}"
+                             f"ms (main thread, opcpu.MAIN_RULE: {oc.main_how}"
                              f"; means over {n} steps; clock offset fitted from {oc.fit.n} marks, "
                              f"{oc.fit.spread_ns / 1e3:.3g} µs median distance)"))
     return out

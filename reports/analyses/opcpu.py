@@ -24,12 +24,25 @@ from .base import Run, case_of, field_at
 from .ops import LAYER_OPS
 from .timed import Timed, records_of, timed_events
 
+LONG_OP_GAPS = 4  # an op this many sampling gaps long (median gap) is read from samples within it, not interpolated
+MAIN_IDLE = 0.1  # of a core: the main thread's CPU rate over an op below which it ran no part of the op
+MAIN_OFF = 0.5  # the main thread idle through at least this share of the long ops: it runs none of them
+MAIN_ON = 0.1  # idle through at most this share: it runs them (a descheduled thread may miss an op now and then)
+MAIN_MIN_OPS = 10  # long ops needed to decide from the samples
 MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchronous engine's or XLA's ops, on threads of "
              "their own), the main thread's CPU time is the framework's front end (Python, dispatch, the profiler's "
              "records) and is left out of every op: else an op on an engine thread would hold the front end's work of "
              "the moments it runs (measured, the asynchronous engine at bs 64 on a busy 2-core VM: its ops 20.6 ms CPU a "
-             "step with it, above its clean pass's whole step, 17.9 ms); where ops run on the main thread (the trace "
-             "names its thread: ops run as they are called), its time within an op is the op's")
+             "step with it, above its clean pass's whole step, 17.9 ms); where ops run on the main thread, its time "
+             "within an op is the op's. Decided by the trace's thread ids only where they are the OS's (the trace's "
+             "process id is the worker's); profilers that name threads by ids of their own (hashes, the XLA runtime's) are "
+             "decided from the samples: a thread that runs an op works through it, so where the main thread used under "
+             f"{MAIN_IDLE:g} of a core through at least {MAIN_OFF:.0%} of the ops {LONG_OP_GAPS} sampling gaps long or "
+             f"longer (at least {MAIN_MIN_OPS}) it runs none of them, where through at most {MAIN_ON:.0%} it runs them "
+             "(measured on the busy 2-core VM: ops run on the main thread, idle through 3% of 146; an asynchronous "
+             "engine's, through 76% of 116; XLA's, through all of 345); otherwise not decided, and the main thread's "
+             "time is kept in the ops (dropping it wrongly would read a layer near 0: a synchronous engine, NaiveEngine, "
+             "runs its ops on the main thread)")
 OP_CPU_METHOD = f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}"
 
 
@@ -47,7 +60,8 @@ class OpCpu:
     sampler: dict | None = None  # the framework pass's cpusampler.RESULT_KEY (its figures, the marks)
     step_cpu_ms: tuple[float, ...] = ()  # the worker's threads' sampled CPU time over each marked step
     ops_step_cpu_ms: tuple[float, ...] = ()  # the same, of the threads the ops are given (MAIN_RULE)
-    main_in_ops: bool = True  # MAIN_RULE: whether the main thread's CPU time is within the ops'
+    main_in_ops: bool | None = True  # MAIN_RULE: whether the ops run on the main thread (None: not decided, kept)
+    main_how: str = ""  # MAIN_RULE: how that was decided, in words
     sampler_step_cpu_ms: tuple[float, ...] = ()  # the sampler thread's own over each marked step
     worker_step_cpu_ms: tuple[float, ...] = ()  # the worker's own process CPU time of each step (timing.CPU_SAMPLES)
 
@@ -95,10 +109,9 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     ev = t.events
     starts_ns = np.asarray([m[1] for m in marks], dtype=np.int64)
     ends_ns = np.asarray([m[2] for m in marks], dtype=np.int64)
-    pid = result.get("pid")
-    on_main = pid is not None and bool((ev["tid"] == pid).any())
-    samples = full if on_main else full.without_main()
-    base = dict(iterations=t.iterations, fit=fit, sampler=fig, main_in_ops=on_main,
+    on_main, main_how = main_thread(ev, result.get("pid"), full, fit, fig.get("median_gap_us"))
+    samples = full if on_main is not False else full.without_main()  # MAIN_RULE: not decided, kept
+    base = dict(iterations=t.iterations, fit=fit, sampler=fig, main_in_ops=on_main, main_how=main_how,
                 step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns)),
                 ops_step_cpu_ms=tuple(float(x) / 1e6 for x in samples.between(starts_ns, ends_ns)),
                 sampler_step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns, own=True)),
@@ -112,6 +125,34 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     # cpu_ns: the op's share (cpusampler.SHARE_RULE); span_cpu_ns: the process's CPU time over its span, unshared
     return OpCpu(fw, bs, "", ev.assign(cpu_ns=cpusampler.shared_cpu(samples, start, end),
                                        span_cpu_ns=samples.between(start, end)), **base)
+
+
+def main_thread(ev: pd.DataFrame, pid: Any, full: cpusampler.Samples, fit: cpusampler.Fit | None,
+                gap_us: Any) -> tuple[bool | None, str]:
+    """``MAIN_RULE``: (whether the traced ops ``ev`` run on the worker's main thread, None where not decided; how it
+    was decided). ``pid``: the worker's OS pid; ``full``: its samples; ``fit``: the trace on their clock."""
+    if pid is not None and ev["pid"].notna().any() and bool((ev["pid"] == pid).all()):  # the OS's ids
+        on = bool((ev["tid"] == pid).any())
+        return on, ("the trace's thread ids are the OS's: " + ("ops on the main thread" if on
+                                                                else "no op on the main thread"))
+    if fit is None or not fit.good or not isinstance(gap_us, int | float):
+        return None, "not decided (the trace's thread ids are its own, and it is not on the samples' clock): kept"
+    long = ev[ev["dur_ns"] >= LONG_OP_GAPS * gap_us * 1e3]
+    start = long["start_ns"].to_numpy(dtype=np.int64) - fit.offset_ns
+    end = start + long["dur_ns"].to_numpy(dtype=np.int64)
+    mains = cpusampler.Samples(full.mono_ns, full.main_ns, full.own_ns, full.main_ns)
+    rate = mains.between(start, end) / np.maximum(end - start, 1)
+    rate = rate[~np.isnan(rate)]
+    if rate.size < MAIN_MIN_OPS:
+        return None, f"not decided ({rate.size} traced ops of {LONG_OP_GAPS} sampling gaps or longer): kept"
+    idle = float((rate < MAIN_IDLE).mean())
+    said = (f"the trace's thread ids are its own; from the samples, the main thread used under {MAIN_IDLE:g} of a core "
+            f"through {idle:.0%} of {rate.size} traced ops of {LONG_OP_GAPS} sampling gaps or longer")
+    if idle >= MAIN_OFF:
+        return False, f"{said}: it runs none of them, left out"
+    if idle <= MAIN_ON:
+        return True, f"{said}: it runs them"
+    return None, f"{said}: not decided, kept"
 
 
 def op_cpu(run: Run) -> dict[tuple[str, Any], OpCpu]:
