@@ -10,7 +10,11 @@ whose framework pass sampled it:
   (a wrong offset) take CPU time from outside their steps.
 * ``ops' CPU time vs wall time`` (``OP_WALL_RULE``): per layer x direction, the process's CPU time over the ops'
   spans is never above their wall time x the machine's cores, and on a quiet framework pass not below
-  ``OP_QUIET_FLOOR`` of it; on a busy pass only the upper bound is checked.
+  ``OP_QUIET_FLOOR`` of it; on a busy pass not checked (NOT_CHECKED, saying why) unless the upper bound fails, which
+  the threads' own clocks cannot exceed but through the sampler's interpolation.
+* ``sampled CPU time as the worker's``, subject ``the sampler's reads``: FAIL where the sampler missed a thread or
+  dropped samples (``threads_missed``); its largest gap between two reads named where over ``LARGE_GAP`` x the
+  median, and its own CPU share.
 
 Not checked where the case has no samples (``OpCpu.why``).
 """
@@ -49,8 +53,35 @@ def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
                 rows.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", None, None, FAIL, oc.why))
             continue
         rows += _sampler_rows(run, oc)
+        rows += _reads_rows(run, oc)
         rows += _wall_rows(run, oc, cores if isinstance(cores, int) else None)
     return rows
+
+
+LARGE_GAP = 10  # a gap between two reads this many times the median is named: ops within it read its average rate
+
+
+def _reads_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
+    """The sampler's own figures (``cpusampler.Sampler.figures``): FAIL where it missed a thread or dropped samples
+    (over the native sampler's thread table, or a failed allocation: ``threads_missed``); its largest gap between two
+    reads named where over ``LARGE_GAP`` x the median, and its own CPU share."""
+    fig = oc.sampler or {}
+    med, big, share = fig.get("median_gap_us"), fig.get("max_gap_us"), fig.get("own_cpu_share")
+    said = (f"{fig.get('samples')} samples of {fig.get('threads')} threads ({fig.get('sampler')}), median gap "
+            f"{med:.4g} µs, largest {big:.4g} µs" if isinstance(med, int | float) and isinstance(big, int | float)
+            else f"{fig.get('samples')} samples of {fig.get('threads')} threads, gaps not recorded")
+    if isinstance(med, int | float) and isinstance(big, int | float) and med > 0 and big > LARGE_GAP * med:
+        said += (f" ({big / med:.3g}x the median: the sampler waited for a core; an op within that gap reads its "
+                 "average rate)")
+    if isinstance(share, int | float):
+        said += f"; the sampler's own CPU {share:.1%} of a core (the worker's, in no op)"
+    missed = fig.get("threads_missed")
+    status = FAIL if missed else PASS if missed is False else NOT_CHECKED
+    why = {FAIL: "the sampler missed a thread or dropped samples (its thread table full, or a failed allocation): "
+                 "the sampled CPU time lacks some of the worker's work; ",
+           NOT_CHECKED: "the sampler recorded no threads_missed; "}.get(status, "")
+    return [check_row(run.name, oc.framework, oc.batch_size, Check.OP_CPU_SAMPLED, "the sampler's reads", False, missed,
+                      status, why + said)]
 
 
 def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
@@ -113,7 +144,11 @@ def _wall_rows(run: Run, oc: OC.OpCpu, cores: int | None) -> list[dict[str, Any]
             f"({' '.join(hi)}), {cores if cores is not None else 'unrecorded'} cores; framework pass "
             + (f"quiet (lower bound on the {int(long_enough.sum())} with ops >= {FLOOR_GAPS} sampling gaps)"
                if busy.contended is False else f"busy or unmeasured ({busy.text}): lower bound not checked"))
-    checked = cores is not None or busy.contended is False
-    status = FAIL if bad else PASS if checked else NOT_CHECKED
+    # on a busy pass only the upper bound is left, which the threads' own clocks cannot exceed but through the
+    # sampler's interpolation: not called a pass
+    status = FAIL if bad else PASS if busy.contended is False else NOT_CHECKED
+    if status == NOT_CHECKED:
+        said = ("not checked: on a busy pass the process waits for a core within its ops, so only the upper bound "
+                "(CPU <= wall x cores) holds, and per-thread clocks cannot exceed it: " + said)
     return [check_row(run.name, fw, bs, Check.OP_CPU_WALL, "layers x directions", None, float(u.min()), status,
                       f"{bad}: {said} ({OP_WALL_RULE})" if bad else said)]
