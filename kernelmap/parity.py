@@ -29,10 +29,10 @@ errors measured at bf16 and fp16, 0.27 to 0.44); with d = the forward bound, 0.4
 (``fp32_update_tolerance``), held on the weights after each of the first 3 steps relative to their path (momentum
 acts from the second step; by the third training has not yet amplified a difference, argument (2)). Measured on
 the CPU (Fashion-MNIST; docs/MIXED_PRECISION.md): PyTorch against JAX 9.4e-6 (bs 64) and 2.1e-4 (bs 1024), over
-data seeds 0-13 at bs 64 at most 1.26e-3 (one conv1 pooling window switched: a single switch is heavy-tailed at a
+data seeds 0-17 at bs 64 at most 1.26e-3 (one conv1 pooling window switched: a single switch is heavy-tailed at a
 small batch); PyTorch 1 thread against 2, 9.3e-5 and 5.0e-5; the initial weights perturbed by 1e-7, up to 3.1e-4,
 by 1e-6 (3-5x the real forward difference) up to 1.88e-3; each planted bug fails it: lr x 1.01 1.0e-2 to 1.3e-2,
-momentum 0.85 for 0.9 3.6e-2, a dropped bias update 1.0, and fc1's input in another order fails the forward
+momentum 0.85 for 0.9 3.6e-2 to 3.8e-2, a dropped bias update 1.0, and fc1's input in another order fails the forward
 (logits 0.92 of max) (tests/test_parity.py). (iii) **The 20-step figures are reported**: argument (2) below: on the
 H200 at bs 1024 the same command ended fc1.weight 4.4e-4, 3.75e-6 and 1.14e-3 (max|a-b|/max|a|) apart.
 The custom op's parity (one framework, one process) keeps the older figures held to 1e-4 (``TOLERANCES``).
