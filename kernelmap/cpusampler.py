@@ -202,6 +202,25 @@ class Samples:
         return self.cpu_at(end_ns, own) - self.cpu_at(start_ns, own)
 
 
+OWN_RULE = ("the sampler is a thread of the worker: time.process_time counts its CPU time (3.7-6% of a core, measured) "
+            "with the workload's, so a figure of the pass's process CPU time takes out the sampler's own, read per "
+            "marked step from its samples; the pass's wall time still holds it (a thread that takes a core from the "
+            "workload's on a machine of few cores)")
+
+
+def own_step_cpu_s(folder: Path, result: dict) -> np.ndarray | None:
+    """``OWN_RULE``: the sampler thread's own CPU seconds over each marked step of a pass's ``result`` (its samples in
+    ``folder``); None where the pass ran no sampler."""
+    fig = result.get(RESULT_KEY)
+    if not isinstance(fig, dict):
+        return None
+    path = Path(folder) / str(fig.get("file", SAMPLES_FILE))
+    if not path.is_file():
+        raise KernelmapError(f"{path}: missing (the pass's result names it)")
+    marks = np.asarray([m[1:3] for m in fig.get(MARKS_KEY) or []], dtype=np.int64).reshape(-1, 2)
+    return Samples.read(path).between(marks[:, 0], marks[:, 1], own=True) / 1e9
+
+
 FIT_TOLERANCE_NS = 50_000  # a fit whose marks lie further apart than this (median) does not put one clock on the other
 FIT_RULE = ("the trace's clock on the sampler's: offset = the median over the traced steps of the trace's step start "
             "less the worker's mark just before it (no drift between the two within a pass: run 11:24 UTC, residuals "

@@ -118,7 +118,9 @@ def _cell_time(r: pd.Series, lib_time: bool) -> tuple[TimeKind, Any, str | None,
         return TimeKind.KERNEL, r["ms_per_step"], r.get("pass"), r["time_source"]
     if lib_time:
         return TimeKind.LIBRARY, r["ms_per_step"], r.get("pass"), r["time_source"]
-    return TimeKind.OP, r["op_ms_per_step"], r.get("op_pass"), f"framework ops of the trace ({r['framework']})"
+    return TimeKind.OP, r["op_ms_per_step"], r.get("op_pass"), (
+        f"framework ops of the trace ({r['framework']}); a CPU framework pass that sampled CPU time also ran the CPU "
+        "sampler's thread beside them (cpusampler.OWN_RULE)")
 
 
 def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None = None
@@ -194,7 +196,7 @@ WHOLE_STEP = "whole step"  # the CPU table's first row: the clean pass's CPU tim
 ALL_DIRECTIONS = "fwd + bwd + update"
 CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "method", "not_sampled", "comparable", "why_not")
 SAMPLED = "ops' own CPU time (sampled)"  # a layer cell of opcpu.layer_cpu (basis.PER_OP_CPU)
-SHARED = "pass CPU time x the layer's share of traced op time"  # basis.PER_LAYER_CPU (runs without samples)
+SHARED = "pass CPU time (less the CPU sampler's own where it ran) x the layer's share of traced op time"  # basis.PER_LAYER_CPU
 STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
 
 

@@ -530,7 +530,9 @@ def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
                 "its change against the clean pass, stated only where it lies outside the clean pass's 95% "
                 "interval ('noise' otherwise; 'too few steps' under 20 timed steps). Capture passes synchronise "
                 "after every step (their traces need step boundaries), the clean pass every 10 steps, so a "
-                "capture pass's change includes that. The data lists each pass against its clean pass "
+                "capture pass's change includes that. On the CPU the framework pass also runs the CPU sampler "
+                "(a thread of the worker reading every thread's CPU clock, 3.7-6% of a core: cpusampler.OWN_RULE), "
+                "so its change includes that thread's too. The data lists each pass against its clean pass "
                 "(against_clean) and what else used the machine meanwhile (contention, BUSY where flagged).", F.overhead_figure, ov, ov,
                 why_empty="results.json records no capture passes"),
         _figure(out, "roofline", "Achieved FLOP/s vs peak",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -87,7 +88,7 @@ def _layers(ms: dict[tuple[str, str, str], float]) -> pd.DataFrame:
 def _states(entries):
     from kernelmap.reports.analyses import basis as B
 
-    run = SimpleNamespace(name="r", results=entries, manifest={"host": {"cpu_count": 2}})
+    run = SimpleNamespace(name="r", results=entries, manifest={"host": {"cpu_count": 2}}, path=Path("no-run-dir"))
     return B.cpu_states([run]), run
 
 

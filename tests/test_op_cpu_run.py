@@ -128,6 +128,30 @@ def test_main_thread_not_decided_is_kept(run, tmp_path):
     assert few[0] is None and "not decided" in few[1]
 
 
+def test_the_pass_cpu_time_leaves_the_samplers_own_out(run):
+    """cpusampler.OWN_RULE: the framework pass's process CPU time per step less the sampler thread's own over each
+    marked step (np.interp of the .npy's own column at the marks), against results.json's figure, which holds it."""
+    states = B.cpu_states([run])
+    results = {r["framework"]: r for r in json.loads((DATA / "results.json").read_text())}
+    for fw in FWS:
+        res = json.loads((DATA / fw / "bs64" / "framework.json").read_text())
+        rows = np.load(DATA / fw / "bs64" / cpusampler.SAMPLES_FILE).astype(np.float64)
+        marks = np.asarray(res[cpusampler.RESULT_KEY][cpusampler.MARKS_KEY], dtype=np.float64)
+        own = (np.interp(marks[:, 2], rows[:, 0], rows[:, 2]) - np.interp(marks[:, 1], rows[:, 0], rows[:, 2])) / 1e9
+        want = float(np.median(np.asarray(res["cpu_step_times_s"]) - own))
+        st = states[(run.name, fw, 64, "framework")]
+        recorded = results[fw]["passes"]["framework"]["cpu_time"]["median_step_s"]
+        assert st.cpu_median_s == pytest.approx(want, rel=1e-9) and st.cpu_median_s < recorded
+        assert st.sampler_ms == pytest.approx(float(np.median(own)) * 1e3, rel=1e-9)
+        assert 0.02 < st.sampler_ms / (recorded * 1e3) < 0.15  # 3.7-6% of a core, the steps ~1 core busy
+    # the figures that hold the sampler's thread name it: the share estimate, and the framework-op time of the
+    # wall-time answer (its ops ran beside that thread)
+    assert "less the CPU sampler's own" in B.PER_LAYER_CPU and "CPU sampler's own" in ANS.SHARED
+    wall, _ = ANS.answer_table(A.layer_table([run]), B.pass_states([run]))
+    assert wall[[f"{fw}.time_source" for fw in FWS]].map(lambda v: "CPU sampler" in v if isinstance(v, str) else True).all().all()
+    assert wall["pytorch.time_source"].map(lambda v: "CPU sampler" in str(v)).any()
+
+
 def test_the_trace_is_put_on_the_samples_clock_by_its_step_marks(run):
     """PyTorch's fit against the Kineto file read with the standard library: its step events' ts (µs) x 1000."""
     doc = json.loads(gzip.decompress((DATA / "pytorch" / "bs64" / "trace.json.gz").read_bytes()))

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import timing
+from kernelmap import cpusampler, timing
 from kernelmap.rundir import pass_result_name, read_json
 
 from .base import NOT_MEASURED, Busy, Run, case_of, field_at, fw_label, passes_of
@@ -277,7 +277,8 @@ CPU_KEY = "cpu_time"  # results.json: a case's (its used clean trials') and each
 CPU_BASIS = ("the pass's process CPU time per step against its clean pass's: their 95% intervals of the median, the "
              "clean pass's widened to one more process's 95% prediction interval from its trials (timing.PROCESS_RULE, "
              "on CPU time whether or not the machine was busy)")
-PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU time per step (median) x the layer's "
+PER_LAYER_CPU = ("a layer's CPU time per step = the framework pass's process CPU time per step (median; less the CPU "
+                 "sampler's own where it ran, cpusampler.OWN_RULE) x the layer's "
                  "share of the op time its trace holds per step (outermost timed ops): the process's CPU time shared "
                  "out over its ops by their traced time. An estimate of a quiet pass, not each op's own CPU time, "
                  "which no profiler here records; time outside every op (Python, the framework's dispatch) is shared "
@@ -325,6 +326,7 @@ class CpuState:
     clean: dict | None  # the clean pass's timing.cpu_figure
     agreement: Agreement
     busy: Busy  # the pass's contention: marked; a reason only for a capture pass's layers (UNEVEN_STRETCH)
+    sampler_ms: float | None = None  # the CPU sampler's own CPU ms a step taken out of the figure (cpusampler.OWN_RULE)
 
     @property
     def cpu_median_s(self) -> float | None:
@@ -360,6 +362,8 @@ class CpuState:
             return ""
         ratio = self.cpu_median_s / self.clean["median_step_s"] if self.clean.get("median_step_s") else None
         ran = f"took {ratio:.3g}x its clean pass's CPU time" if ratio else "took other CPU time than its clean pass"
+        if self.sampler_ms is not None:
+            ran += f" (less the CPU sampler's own {self.sampler_ms:.3g} ms a step)"
         return {Agreement.SLOWER: f"{who} {ran} (its profiler's own work)",
                 Agreement.FASTER: f"{who} {ran}, less beyond noise",
                 Agreement.NO_INTERVAL: f"{who} {ran}; no interval to judge it by"}.get(
@@ -397,14 +401,33 @@ def _trials_busy(r: dict) -> Busy:
     return Busy(True, f"{len(busy)} of {len(trials)} trials: {busy[0].text}")
 
 
-def cpu_state(run_name: str, r: dict, pass_name: str, clean: dict | None = None) -> CpuState:
+def less_sampler(run: Run, r: dict, pass_name: str) -> tuple[dict | None, float | None]:
+    """``cpusampler.OWN_RULE``: (the CPU figure of capture pass ``pass_name`` of entry ``r`` from its result file, its
+    every step's process CPU time less the sampler's own over it; the sampler's median ms a step); (None, None) where
+    the pass ran no sampler, or its samples do not cover each step (the figure as recorded then)."""
+    folder = field_at(r, "dir")
+    path = run.path / str(folder) / pass_result_name(pass_name, None)
+    if pass_name == CLEAN or not isinstance(folder, str) or not path.is_file():
+        return None, None
+    result = read_json(path)
+    own = cpusampler.own_step_cpu_s(path.parent, result)
+    steps = result.get(timing.CPU_SAMPLES) or []
+    if own is None or len(own) != len(steps) or not len(own) or np.isnan(own).any():
+        return None, None
+    less = {**result, timing.CPU_SAMPLES: [float(x) - float(o) for x, o in zip(steps, own, strict=True)]}
+    return timing.cpu_figure([less]), float(np.median(own)) * 1e3
+
+
+def cpu_state(run_name: str, r: dict, pass_name: str, clean: dict | None = None, figure: dict | None = None,
+              sampler_ms: float | None = None) -> CpuState:
     """The CPU-time state of pass ``pass_name`` (``clean`` included: it agrees with itself) of entry ``r``; ``clean``:
-    the clean pass's CPU figure (``clean_cpu_figure``; default results.json's, of its used trials)."""
+    the clean pass's CPU figure (``clean_cpu_figure``; default results.json's, of its used trials); ``figure``: a
+    capture pass's own in place of results.json's (``less_sampler``, whose ``sampler_ms`` it took out)."""
     pooled = isinstance(clean, dict) and clean is not field_at(r, CPU_KEY)
     clean = clean if isinstance(clean, dict) else field_at(r, CPU_KEY)
     clean = clean if isinstance(clean, dict) else None
     p = passes_of(r).get(pass_name) or {}
-    fig = clean if pass_name == CLEAN else field_at(p, CPU_KEY)
+    fig = clean if pass_name == CLEAN else figure if figure is not None else field_at(p, CPU_KEY)
     fig = fig if isinstance(fig, dict) else None
     wall = field_at(r, "median_step_s") if pass_name == CLEAN else field_at(p, "median_step_s")
     agreement = Agreement.NOT_MEASURED
@@ -415,7 +438,8 @@ def cpu_state(run_name: str, r: dict, pass_name: str, clean: dict | None = None)
                      else Agreement.SLOWER if ci[0] > judge[1] else Agreement.FASTER)
     return CpuState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name, fig,
                     float(wall) if isinstance(wall, int | float) else None, clean, agreement,
-                    (_trials_busy(r) if pooled else Busy.of(r)) if pass_name == CLEAN else Busy.of(p))
+                    (_trials_busy(r) if pooled else Busy.of(r)) if pass_name == CLEAN else Busy.of(p),
+                    sampler_ms if figure is not None else None)
 
 
 def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
@@ -429,7 +453,7 @@ def cpu_states(runs: list[Run]) -> dict[StateKey, CpuState]:
             clean = clean_cpu_figure(run, r)
             for name in passes_of(r) or {CLEAN: {}}:
                 if field_at(passes_of(r).get(name, {}), "skipped") is None:
-                    s = cpu_state(run.name, r, name, clean)
+                    s = cpu_state(run.name, r, name, clean, *less_sampler(run, r, name))
                     out[(run.name, s.framework, s.batch_size, name)] = s
     return out
 
