@@ -113,7 +113,8 @@ TABLES = {
     "unlinked_library_kernels": "coverage: library kernels not linked to the call that launched them, with the reason",
     "trend": "history: saved benchmarks (with --storage)",
     "cpu_answer": "the answer on CPU time: whole step and per layer x direction, frameworks side by side, ratios "
-                  "drawn on a busy machine too (answer.cpu_table)",
+                  "drawn on a busy machine too (answer.cpu_table; <fw>.method: how each cell was measured, "
+                  "docs/timing.md)",
     "cpu_wall": "CPU time against wall time per clean pass (basis.CPU_WALL_RULE)",
     "findings": "findings ranked by what they would save, per run: place (layer x direction) and whole step, "
                 "each with its cause, 95% interval and call (finding, busy machine, noise; analyses.findings)",

@@ -353,3 +353,14 @@ def test_the_pass_and_the_layer_ops_are_one_constant_each():
 
     assert OC.FRAMEWORK_PASS is worker.FRAMEWORK_PASS is cpuchecks.FRAMEWORK_PASS and worker.FRAMEWORK_PASS in worker.PASSES
     assert OC.LAYER_OPS is ops.LAYER_OPS is M.MULTIPLY_OPS is cpuchecks.LAYER_OPS
+
+
+def test_the_cpu_answer_csvs_columns_are_documented():
+    """tables/cpu_answer.csv (answer.cpu_table): each per-framework column is named in docs/timing.md, and the doc
+    says what withholds a sampled layer's ratio as the code does (basis.OPS_WITHIN_CLEAN, not the pass's CPU time)."""
+    doc = (Path(__file__).parents[1] / "docs" / "timing.md").read_text()
+    for field in (*ANS.CPU_FIELDS, "vs_ref", "no_ratio"):
+        assert f"`.{field}`" in doc or f"`<fw>.{field}`" in doc, field
+    for method in (ANS.SAMPLED, ANS.STEP_CPU, ANS.SHARED):
+        assert " ".join(method.split()) in " ".join(doc.split()), method
+    assert "lies apart from its clean pass's beyond noise" not in doc and "`basis.OPS_WITHIN_CLEAN`" in doc
