@@ -1,0 +1,113 @@
+"""A parity worker with a data-parallel fault planted in its N-device runs (tests/test_devices.py): run as
+``python -m devparity_plants`` (``devparity.WORKER_MODULE``) with this folder on PYTHONPATH and the fault named
+by ``PLANT_ENV``; it patches the framework in this process, then runs ``kernelmap.parity``'s worker as
+``python -m kernelmap.parity`` would. A worker on one device (``--params``' devices 1) runs unchanged, so the
+1-device run stays the reference.
+
+The faults (``PLANTS``):
+- ``scaled``: the step N x or 1/N of the right one, as each framework's API invites: PyTorch's DDP gradients summed
+  by a communication hook that leaves out the division by the world size (N x); MXNet's ``Trainer.step`` told the
+  slices' mean of the KVStore's sum, B x N images (1/N); JAX's step under ``shard_map`` with ``psum`` of the
+  gradients where ``pmean`` belongs (N x);
+- ``dropped``: the last rank's slice of every global batch never read (that rank trains on rank 0's slice);
+- ``late``: the last rank's slice taken from the next global batch (its data order one step ahead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from functools import partial
+
+PLANT_ENV = "KERNELMAP_TEST_DEVPARITY_PLANT"
+PLANTS = ("scaled", "dropped", "late")
+
+
+def _devices() -> int:
+    return int(json.loads(sys.argv[sys.argv.index("--params") + 1]).get("devices", 1))
+
+
+def _framework() -> str:
+    return sys.argv[sys.argv.index("--worker") + 1]
+
+
+def _plant_data(which: str, n: int) -> None:
+    """Every global batch's last slice replaced (``dropped``: by the first slice; ``late``: by the next batch's)."""
+    from kernelmap.frameworks import spec
+
+    real = spec.training_batches
+
+    def batches(n_train, seed, batch_size, n_batches):
+        rows = real(n_train, seed, batch_size, n_batches + 1).copy()
+        b = batch_size // n
+        last = slice((n - 1) * b, n * b)
+        rows[:-1, last] = rows[:-1, :b] if which == "dropped" else rows[1:, last]
+        return rows[:-1]
+
+    spec.training_batches = batches
+
+
+def _summed_hook(state, bucket):  # DDP's allreduce_hook without its division by the world size
+    import torch.distributed as dist
+
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _jax_psum_step(w, n_state):
+    import jax
+    import optax
+    from jax.sharding import PartitionSpec
+    from kernelmap.frameworks.jax import parallel, workload
+
+    def step(params, opt_state, images, labels):
+        loss, grads = jax.value_and_grad(partial(workload.loss_fn, model=w.model, images=images,
+                                                 labels=labels))(params)
+        grads = jax.lax.psum(grads, parallel.AXIS)  # the fault: pmean belongs here
+        updates, opt_state = w.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, parallel.AXIS)
+
+    spec_ = PartitionSpec()
+    local = jax.shard_map(step, mesh=w.placement.train.mesh,
+                          in_specs=(*(spec_,) * n_state, PartitionSpec(parallel.AXIS), PartitionSpec(parallel.AXIS)),
+                          out_specs=spec_, check_vma=False)
+    return jax.jit(local, donate_argnums=tuple(range(n_state)))
+
+
+def _plant_scaled(framework: str, n: int) -> None:
+    """Patch the framework's workload so that, once built, its step is N x (or 1/N) the right one."""
+    from kernelmap.frameworks import load_workload
+
+    cls = load_workload(framework)
+    real_init = cls.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        if framework == "pytorch":
+            self.train_module.register_comm_hook(None, _summed_hook)
+        elif framework == "mxnet":
+            step = self.trainer.step
+            self.trainer.step = lambda batch_size, *a, **k: step(batch_size * n, *a, **k)
+        else:
+            self._train_step = _jax_psum_step(self, 2)
+
+    cls.__init__ = init
+
+
+def main() -> None:
+    which = os.environ.get(PLANT_ENV, "")
+    if which not in PLANTS:
+        raise SystemExit(f"{PLANT_ENV}={which!r}: choose from {PLANTS}")
+    n = _devices()
+    if n > 1:
+        if which == "scaled":
+            _plant_scaled(_framework(), n)
+        else:
+            _plant_data(which, n)
+    sys.argv[0] = "kernelmap.parity"
+    runpy.run_module("kernelmap.parity", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
