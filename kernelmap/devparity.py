@@ -14,25 +14,29 @@ only in the order of their sums.
   and each image's forward is computed on its own (no sum runs across the batch), so the N devices compute each
   image's logits as one device does, but for the algorithm a library picks for the smaller slice (oneDNN's blocking,
   cuDNN's heuristics per shape): at most a sum per layer in another order on each side, what the bound covers. The
-  N-device loss is the mean of the slices' means, a mean in another order (order u = 2**-24 of the loss, 1e-7 of
-  the bound's 2 max|logit| x 1.04e-5).
+  N-device loss is the mean of the slices' means, a mean in another order: c u of the loss (ln 10 at the start),
+  which the figure divides by 2 max|logit| (0.26 to 0.55 at the start, seed 0): c u x 2.1 to 4.5, inside the bound
+  for c up to 38 (measured: at most 4.6e-7, c ~ 2).
 - **The first 3 updates, held** to ``parity.fp32_update_tolerance`` (2.9e-3): ``weights_early_worst``, per tensor
   the largest over the first 3 steps of ||a_k - b_k||_2 over the 1-device run's path to k. A weight gradient is
   the sum over the devices of each device's sum over its slice (DDP's bucketed all-reduce, the KVStore's sum,
   XLA's all-reduce) where one device sums the batch at once: the same terms in another order, a rounding of order
-  u times the sum's condition (at most sqrt(B H W) u ~ 6e-5 for conv1 at B = 1024, far inside); what is not
-  linear in u is the same as between two implementations (``parity``, argument (1)): a forward difference d
-  switches a fraction 4.2 d of the ReLU gates and max-pool windows and moves an update by 0.44 sqrt of that
+  u times the sum's condition (sqrt(B H W) u ~ 5e-5 for conv1 at B = 1024 where the terms' signs are random, far
+  inside); what is not linear in u is the same as between two implementations (``parity``, argument (1)): a
+  forward difference d switches a fraction 4.2 d of the ReLU gates and max-pool windows and moves an update by 0.44 sqrt of that
   fraction; from the second step the weights differ by the first update's difference, so a forward difference
   arises on the CPU too where step 1's is 0. d at the forward bound gives the bound.
 - **Reported, not held** (``parity.REPORTED_FP32``): every later loss and the weights after the last step (max
   |a-b|/max|a| and ||a-b||_2 over the path): training amplifies any difference (``parity``, argument (2)); on the
   GPU NCCL's ring and cuDNN's algorithm per slice size reorder more than the CPU's libraries do.
 
-This replaced 1e-5 on the last step's loss and weights, a margin of 50 over 8 CPU steps (never run on a GPU),
-exactly the rule that two fp32 implementations broke on the H200 (docs/MIXED_PRECISION.md). Measured on the CPU
-at N = 2 per framework, and each planted fault (an N x or 1/N step, one rank's slice dropped, a rank's data a
-step late) failing it: docs/DEVICES.md; tests/test_devices.py plants them in the N-device workers.
+This replaced 1e-5 on the 8th step's loss and weights (synthetic data, CPU only, never run on a GPU), the kind of
+rule two fp32 implementations broke on the H200 (docs/MIXED_PRECISION.md); on Fashion-MNIST it fails the CPU already
+(the 20-step weights: JAX 5.0e-5 at bs 64, 2.1e-4 at bs 1024; PyTorch 5.8e-5 at bs 1024). Measured on the CPU at
+N = 2 (docs/DEVICES.md): the forward bit-identical in every framework, the first updates at most 9.9e-5 (29x inside);
+each planted fault fails (tests/devparity_plants.py, in the N-device workers only): an N x or 1/N step 0.50 to 1.0
+and the other ranks' gradients dropped 1.21 (the first updates only), a rank's slice unread or a step late (the
+forward too, 0.69 to 0.70).
 """
 
 from __future__ import annotations
