@@ -16,7 +16,8 @@ whose framework pass sampled it:
   dropped samples (``threads_missed``); its largest gap between two reads named where over ``LARGE_GAP`` x the
   median, and its own CPU share.
 
-Not checked where the case has no samples (``OpCpu.why``).
+Not checked where the case has no samples (``OpCpu.why``); a run none of whose cases sampled says each check once,
+not checked (``NO_SAMPLES``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
         rows += _sampler_rows(run, oc)
         rows += _reads_rows(run, oc)
         rows += _wall_rows(run, oc, cores if isinstance(cores, int) else None)
-    return rows
+    said = {r["check"] for r in rows}
+    return rows + [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, NO_SAMPLES)
+                   for c in SAMPLER_CHECKS if c not in said]
+
+
+SAMPLER_CHECKS = (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_WALL)
+NO_SAMPLES = ("no case of this run sampled its ops' CPU time (the CPU framework pass's sampler: a GPU run, a run "
+              "without --profile framework on the CPU, or one recorded before the sampler)")
 
 
 LARGE_GAP = 10  # a gap between two reads this many times the median is named: ops within it read its average rate

@@ -17,7 +17,7 @@ from kernelmap.reports import answer as ANS
 from kernelmap.reports.analyses import basis as B
 from kernelmap.reports.analyses import opcpu as OC
 from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
-from kernelmap.reports.cpuchecks import op_cpu_checks
+from kernelmap.reports.cpuchecks import NO_SAMPLES, op_cpu_checks
 
 from kernelmap import cpusampler
 from kernelmap.normalise import normalise_run_dir
@@ -331,7 +331,9 @@ def test_a_run_without_samples_says_so(tmp_path):
     normalise_run_dir(d)
     run = A.load_run(d)
     assert all("sampled no CPU time" in oc.why for oc in OC.op_cpu(run).values())
-    assert op_cpu_checks(run) == []  # nothing sampled: no row of the three checks
+    rows = op_cpu_checks(run)  # nothing sampled: each of the three checks once, not checked, saying why
+    assert [(r["check"], r["status"], r["detail"]) for r in rows] == [
+        (c, NOT_CHECKED, NO_SAMPLES) for c in (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_WALL)]
 
 
 def test_the_samples_are_kernelmaps_own_not_unrecognised_content(run):
