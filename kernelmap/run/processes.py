@@ -67,6 +67,11 @@ class _StderrTee(threading.Thread):
 CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
 
 
+def log_place(log_path: Path | None) -> str:
+    """Where a worker's stderr went, as its messages name it."""
+    return f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
+
+
 def died_of(signum: int, log_path: Path | None) -> str:
     """What a worker's death by ``signum`` says: a crash (its stacks in its log), or a kill from outside."""
     try:
@@ -74,9 +79,8 @@ def died_of(signum: int, log_path: Path | None) -> str:
     except ValueError:
         return f"worker died of signal {signum}"
     if sig in CRASH_SIGNALS:
-        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
         return (f"worker died of {sig.name} (a crash inside the framework or a library it loaded); every thread's "
-                f"Python stack in {where}")
+                f"Python stack in {log_place(log_path)}")
     if sig == signal.SIGKILL:
         return "worker killed (SIGKILL: the kernel's out-of-memory killer or another process)"
     return f"worker stopped by {sig.name} from another process"
@@ -152,7 +156,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         if log_fh:
             log_fh.close()
     if isinstance(rc, str):
-        where = f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
+        where = log_place(log_path)
         raise KernelmapError(f"{label}: stalled: still running after its stall limit of {stall_s:.0f} s "
                              f"(kernelmap run --stall-limit), its process group killed; every thread's stack "
                              f"(Python: signal {stall.STACKS_SIGNAL.name}{', native: ' + rc if rc else ''}) in {where}")
