@@ -38,6 +38,8 @@
 #              shard k on GPU (k-1) mod the GPUs), their rows merged into sweep.md
 #   tests      the GPU tests (pytest -m gpu, TESTS_K: its -k) of TESTS_DIR (default the checkout's tests/) against
 #              the installed package
+#   commands   CMDS: shell command lines separated by ' ;; ' (e.g. kernelmap parity ...), one after another from /tmp
+#              with the MXNet tree's environment, each one's output in cmd-I.log and its exit status printed
 #   fixture    the run trimmed for tests/data (no .nsys-rep, nsys.sqlite trimmed, logs gzipped)
 # RUN_ARGS   default: --framework all --device gpu --mode all --profile all --batch-size 64 --steps 20 --trials 1
 #            --max-repeats 0 (no --data: see DATA_DIR)
@@ -54,7 +56,7 @@
 set -uo pipefail
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}; kit=${MX_KIT:-.mxtree}
-ALL="bare mxnet smoke reference run bench repeats harness custom-op report links findings graph sweep tests fixture"
+ALL="bare mxnet smoke reference run bench repeats harness custom-op report links findings graph sweep tests commands fixture"
 phases=${PHASES:-bare mxnet run report links}
 nsys=0  # nsys for the phases past the bare loops, the tree and its smoke
 for p in $phases; do
@@ -336,6 +338,11 @@ if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the 
   k=(); [ -n "${TESTS_K:-}" ] && k=(-k "$TESTS_K")
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append "${k[@]}" \
     "${TESTS_DIR:-$repo/tests}" >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -n 15 "$out/gpu_tests.log"
+fi
+if want commands; then stamp "commands"
+  i=0; while IFS= read -r c; do [ -n "${c// }" ] || continue; i=$((i+1)); stamp "command $i: $c"
+    with_tree timeout "${CMD_TIMEOUT:-600}" bash -c "$c" >"$out/cmd-$i.log" 2>&1; echo "command $i exit $?"; tail -n 12 "$out/cmd-$i.log"
+  done < <(awk 'BEGIN { RS = " ;; " } { print }' <<<"${CMDS:?the commands phase needs CMDS}")
 fi
 if want fixture && [ -d "$run" ]; then stamp "fixture"
   fx=/tmp/gpu-job-fixture; rm -rf "$fx"; cp -r "$run" "$fx"

@@ -159,3 +159,18 @@ def test_a_failing_shard_and_run_set_say_their_own_exit_status(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "run set 0 exit 2 (GPU 0)" in proc.stdout and "sweep shard 1/1 exit 3" in proc.stdout, proc.stdout
+
+
+def test_commands_run_one_after_another_each_its_log_and_exit_status(tmp_path):
+    """CMDS's lines (' ;; ' between them) run in order from /tmp, each with its own log and its own exit status;
+    a failing one does not stop the next; the phase without CMDS stops the job naming it."""
+    proc, _ = _job(tmp_path, "job", PHASES="commands",
+                   CMDS='echo one; pwd ;; echo "two words"; exit 3 ;; echo three')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    assert (out / "cmd-1.log").read_text().splitlines() == ["one", "/tmp"]
+    assert (out / "cmd-2.log").read_text() == "two words\n" and (out / "cmd-3.log").read_text() == "three\n"
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("command ")] == [
+        "command 1 exit 0", "command 2 exit 3", "command 3 exit 0"], proc.stdout
+    proc, _ = _job(tmp_path, "job", PHASES="commands")
+    assert "the commands phase needs CMDS" in proc.stderr and (tmp_path / "out" / "DONE").read_text().strip() != "0"
