@@ -63,6 +63,7 @@ for p in $phases; do
   [[ " $ALL " == *" $p "* ]] || { echo "PHASES: unknown phase '$p' (known: $ALL)" >&2; exit 2; }
   case $p in bare|mxnet|smoke) ;; *) nsys=1;; esac
 done
+[[ " $phases " == *" commands "* ]] && [ -z "${CMDS:-}" ] && { echo "PHASES: the commands phase needs CMDS (command lines, ' ;; ' between them)" >&2; exit 2; }
 [[ " ${RUN_ARGS:-} " == *" --data"* ]] && { echo "RUN_ARGS: no --data there; give a directory as DATA_DIR" >&2; exit 2; }
 if [ -n "${DATA_DIR:-}" ] && [ ! -d "$DATA_DIR" ]; then
   echo "DATA_DIR=$DATA_DIR: no such directory (the IDX files, e.g. .gpu/fashion-mnist)" >&2; exit 2
@@ -342,7 +343,7 @@ fi
 if want commands; then stamp "commands"
   i=0; while IFS= read -r c; do [ -n "${c// }" ] || continue; i=$((i+1)); stamp "command $i: $c"
     with_tree timeout "${CMD_TIMEOUT:-600}" bash -c "$c" >"$out/cmd-$i.log" 2>&1; echo "command $i exit $?"; tail -n 12 "$out/cmd-$i.log"
-  done < <(awk 'BEGIN { RS = " ;; " } { print }' <<<"${CMDS:?the commands phase needs CMDS}")
+  done < <(awk 'BEGIN { RS = " ;; " } { print }' <<<"$CMDS")
 fi
 if want fixture && [ -d "$run" ]; then stamp "fixture"
   fx=/tmp/gpu-job-fixture; rm -rf "$fx"; cp -r "$run" "$fx"

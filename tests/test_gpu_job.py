@@ -163,7 +163,7 @@ def test_a_failing_shard_and_run_set_say_their_own_exit_status(tmp_path):
 
 def test_commands_run_one_after_another_each_its_log_and_exit_status(tmp_path):
     """CMDS's lines (' ;; ' between them) run in order from /tmp, each with its own log and its own exit status;
-    a failing one does not stop the next; the phase without CMDS stops the job naming it."""
+    a failing one does not stop the next; the phase without CMDS is refused before anything starts."""
     proc, _ = _job(tmp_path, "job", PHASES="commands",
                    CMDS='echo one; pwd ;; echo "two words"; exit 3 ;; echo three')
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -173,4 +173,4 @@ def test_commands_run_one_after_another_each_its_log_and_exit_status(tmp_path):
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("command ")] == [
         "command 1 exit 0", "command 2 exit 3", "command 3 exit 0"], proc.stdout
     proc, _ = _job(tmp_path, "job", PHASES="commands")
-    assert "the commands phase needs CMDS" in proc.stderr and (tmp_path / "out" / "DONE").read_text().strip() != "0"
+    assert proc.returncode == 2 and "the commands phase needs CMDS" in proc.stderr, proc.stdout + proc.stderr
