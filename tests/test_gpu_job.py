@@ -140,7 +140,7 @@ def test_sweep_shards_run_side_by_side_one_gpu_each_and_merge_into_one_table(tmp
     (table,) = [c for c in calls if "--table" in c]
     assert table.split("--table ")[1].split() == [f"{out}/sweep-{k}" for k in (1, 2, 3)]
     (tests,) = [c for c in calls if "-m pytest" in c]
-    assert "-k graph_and_compiled /some/tests" in tests
+    assert "-k graph_and_compiled -rfs --continue-on-collection-errors /some/tests" in tests
 
 
 def test_a_failing_shard_and_run_set_say_their_own_exit_status(tmp_path):

@@ -83,6 +83,35 @@ def test_a_worker_within_its_limit_is_left_alone(tmp_path):
     assert (tmp_path / "logs" / "q.log").read_text() == ""
 
 
+@pytest.mark.parametrize("code", [0, 139])
+def test_a_workers_leftover_children_are_killed_when_it_exits(tmp_path, code):
+    """A worker (here ncu's stand-in) that exits, cleanly or crashed, while a child it started lives on: the child
+    is killed with the group and the log says so (on the H200s ncu died of SIGSEGV under JAX and its target
+    kept 75% of the GPU's memory: every later case on that GPU ran out of memory); a worker with no leftovers
+    gets no such line."""
+    log, out = tmp_path / "logs" / "jax-bs64-counters.log", tmp_path / "stdout"
+    leaver = ("import subprocess, sys; child = subprocess.Popen(['sleep', '600']); print(child.pid, flush=True); "
+              f"sys.exit({code})")
+    t0 = time.monotonic()
+    if code:
+        with pytest.raises(KernelmapError, match="worker exited 139"):
+            processes.run_worker([sys.executable, "-c", leaver], label="jax bs 64 (counters pass under ncu, gpu)",
+                                 batch_size=64, stdout_path=out, forward_stderr=False, log_path=log, stall_s=60)
+    else:
+        processes.run_worker([sys.executable, "-c", leaver], label="jax bs 64 (counters pass under ncu, gpu)",
+                             batch_size=64, stdout_path=out, forward_stderr=False, log_path=log, stall_s=60)
+    assert time.monotonic() - t0 < 8  # not the tee's 10 s wait on a pipe the leftover holds open
+    child = int(out.read_text().split()[0])
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert "processes of this worker's process group were still running after it exited" in log.read_text()
+    processes.run_worker([sys.executable, "-c", "print(1)"], label="clean", batch_size=1, stdout_path=out,
+                         forward_stderr=False, log_path=tmp_path / "logs" / "clean.log", stall_s=60)
+    assert "still running after it exited" not in (tmp_path / "logs" / "clean.log").read_text()
+
+
 def test_the_default_limit_scales_with_steps_and_batch_size():
     # the hold's hung MXNet clean trial: 5 warm-up + 20 steps at bs 1024 on the GPU, then the 10,000 test images
     assert stall.limit_s("gpu", 1024, 25, 10_000) == 600 + (25 + 10) * 5.0

@@ -101,6 +101,22 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait()
 
 
+def stop_leftovers(proc: subprocess.Popen, log_fh=None) -> bool:
+    """After ``proc`` exited: SIGKILL whatever is left of its process group and say so in its log; True where
+    something was. A worker's own children outlive it when it dies first: on the H200s ``ncu`` crashed
+    (SIGSEGV) under JAX, its target process stayed, holding 75% of the GPU's memory (XLA's preallocation),
+    and every later case on that GPU ran out of memory."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if log_fh is not None:
+        log_fh.write(b"\nkernelmap: processes of this worker's process group were still running after it exited "
+                     b"(a child it started, e.g. ncu's target after ncu itself died): killed\n")
+        log_fh.flush()
+    return True
+
+
 def _wait(proc: subprocess.Popen, stall_s: float | None, log_path: Path | None) -> int | str | None:
     """``proc``'s exit status; where it is still running after ``stall_s`` seconds, the workers of its process
     group are sent ``stall.STACKS_SIGNAL`` (they write every thread's Python stack to their stderr), given
@@ -144,6 +160,7 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
                 tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
                 tee.start()
             rc = _wait(proc, stall_s, log_path)
+            stop_leftovers(proc, log_fh)  # before the tee's join: a leftover holds the stderr pipe open
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
             if proc is not None:
                 tee.forward = False
