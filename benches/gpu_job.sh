@@ -334,7 +334,7 @@ if want sweep; then n=${SWEEP_SHARDS:-1}; gpus=$(nvidia-smi -L 2>/dev/null | gre
   done
   wait
   python3 "$repo/benches/option_sweep.py" --table $(seq -f "$out/sweep-%g" 1 "$n") >"$out/sweep.md"; echo "sweep table exit $?"
-  tail -n 2 "$out/sweep.md"; grep -h "FAIL" "$out"/sweep-*.err | head -n 20
+  tail -n 2 "$out/sweep.md"; grep -hE "FAIL|blocked|held by other processes" "$out"/sweep-*.err | head -n 20
 fi
 if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the tests (.gpuhead has none)
   k=(); [ -n "${TESTS_K:-}" ] && k=(-k "$TESTS_K")

@@ -9,9 +9,15 @@ non-zero exit with one `error:` line, no worker started, no run directory left).
 ran where it should have been refused (or the reverse: a batch size the estimate says fits, a mode this device
 has), a wrong number of timed steps.
 
+What is expected to fit comes from the device's capacity (options.Memory.capacity: a GPU's memory.free +
+memory.used, the host's MemTotal), not from what other processes leave free at the moment. A combination expected
+to run that `kernelmap run` refuses for memory (options.MEMORY_NEED) is **blocked**: other processes held the
+memory it fits in (the row names the device, what was free of its capacity and who held it). Blocked is no
+result: it fails the sweep (exit 1), and a sweep that goes on runs it again.
+
     python benches/option_sweep.py --device cpu|gpu [--quick] [--out DIR] [--framework NAME] [--shard K/N]
                                    [--kernelmap "python -m kernelmap.cli"] [--python jax=PATH] [--real-dir DIR]
-                                   [--run-arg=--stall-limit=150 ...]
+                                   [--run-arg=--stall-limit=150 ...] [--only PATTERN,...]
     python benches/option_sweep.py --table DIR...   # the markdown table of the rows DIR/sweep.jsonl holds (shards merged)
 
 --budget SECONDS: start no combination after that long (exit 2); SIGTERM or Ctrl-C stops the running one (kernelmap
@@ -20,11 +26,14 @@ run keeps nothing partial) and records no row for it.
 Rows are appended to OUT/sweep.jsonl as each combination finishes, and a combination already there is not run
 again: a sweep cut off (a 10-minute command limit) goes on where it stopped when run again with the same --out.
 Each combination's stderr is kept under OUT/logs/. The batch size that does not fit is twice the largest the
-estimate of kernelmap/options.py fits in what is free at the start (per framework)."""
+estimate of kernelmap/options.py fits in the device's capacity read at the start (per framework). --only: the
+combinations whose name (framework-mode-bsN-length-data, the batch that does not fit as bsnofit) matches one of the
+comma-separated shell patterns, e.g. mxnet-hybridized-bs1024-*-real."""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shlex
@@ -50,7 +59,9 @@ WITHIN_STEPS = 20
 # that does not fit once (it is refused whatever the length)
 QUICK = ((1, "synthetic", "within"), (64, "real", "beyond"), (64, "real", "epochs"), (1024, "synthetic", "within"),
          (1024, "real", "beyond"), (1024, "real", "epochs"), (NOFIT, "synthetic", "within"))
-OUTCOMES = ("ran", "refused", "FAIL", "not run")
+BLOCKED = "blocked"  # refused for memory that other processes held: no result, fails the sweep, run again
+OUTCOMES = ("ran", "refused", BLOCKED, "FAIL", "not run")
+FAILING = ("FAIL", BLOCKED)
 
 
 def length_args(length: str, bs: int, n_train: int) -> tuple[list[str], int | None]:
@@ -104,8 +115,27 @@ def key(c: dict) -> str:
     return f"{c['framework']}-{c['mode']}-bs{c['batch_size']}-{c['length']}-{c['data']}"
 
 
+def slot(c: dict) -> str:
+    """The combination's name whatever the device: ``key`` with the batch that does not fit as bsnofit (--only)."""
+    return key({**c, "batch_size": NOFIT}) if c["nofit"] else key(c)
+
+
+def only(todo: list[dict], patterns: str | None) -> list[dict]:
+    """The combinations of ``todo`` whose ``slot`` matches one of the comma-separated ``patterns`` (all without);
+    ValueError naming a pattern that matches none of the sweep's combinations."""
+    if not patterns:
+        return todo
+    wanted = [x.strip() for x in patterns.split(",") if x.strip()]
+    idle = [w for w in wanted if not any(fnmatch.fnmatchcase(slot(c), w) for c in todo)]
+    if idle:
+        raise ValueError(f"--only {', '.join(idle)}: no combination of this sweep (e.g. {slot(todo[0])})"
+                         if todo else f"--only {patterns}: this sweep has no combination")
+    return [c for c in todo if any(fnmatch.fnmatchcase(slot(c), w) for w in wanted)]
+
+
 def expectation(c: dict, n_train: int, memory: options.Memory | None) -> str:
-    """``run`` or ``refuse``: what the combination should do here."""
+    """``run`` or ``refuse``: what the combination should do here. ``memory``: the device's capacity
+    (options.Memory.capacity), not what others leave free of it."""
     if c["mode"] not in frameworks.get(c["framework"]).modes_on(c["device"]):
         return "refuse"
     bs = c["batch_size"]
@@ -168,11 +198,37 @@ def run_one(c: dict, n_train: int, kernelmap: list[str], python: list[str], out_
             "wall_s": round(wall, 1)}
 
 
-def nofit_sizes(device: str) -> tuple[dict[str, int], options.Memory | None]:
-    memory = options.free_memory(device, has_gpu=device == "gpu")
+def read_memory(device: str) -> options.Memory | None:
+    """What ``kernelmap run --device DEVICE`` reads: the memory free, the device's capacity, who holds it."""
+    return options.free_memory(device, has_gpu=device == "gpu")
+
+
+def nofit_sizes(memory: options.Memory | None) -> dict[str, int]:
+    """Per framework, twice the largest batch the estimate fits in the device's capacity (``memory.capacity()``:
+    what is free where the capacity was not read)."""
     if memory is None:
-        return {fw: 10**9 for fw in frameworks.FRAMEWORKS}, None
-    return {fw: 2 * max(options.largest_fitting(fw, memory), 1) for fw in frameworks.FRAMEWORKS}, memory
+        return {fw: 10**9 for fw in frameworks.FRAMEWORKS}
+    return {fw: 2 * max(options.largest_fitting(fw, memory.capacity()), 1) for fw in frameworks.FRAMEWORKS}
+
+
+def held_said(memory: options.Memory | None) -> str:
+    """"GPU 1 held by other processes, 0.5 of 139.8 GiB free (pid 8715 python3.12 holds 105.0 GiB)"."""
+    if memory is None:
+        return "memory held by other processes"
+    cap = "" if memory.capacity_bytes is None else f" of {memory.capacity_bytes / options.GIB:.1f}"
+    return (f"{memory.unit} held by other processes, {memory.free_bytes / options.GIB:.1f}{cap} GiB free"
+            + options.holders_said(memory))
+
+
+def verdict(row: dict, memory: options.Memory | None) -> dict:
+    """The row against its expectation: a refusal for memory of a combination expected to run (a batch that fits
+    the device's capacity) is ``BLOCKED``, named with what is free now and who holds it (``memory``: read again,
+    now); any other mismatch is a FAIL."""
+    if row["outcome"] == "refused" and row["expected"] == "run" and options.MEMORY_NEED in row["said"]:
+        return {**row, "outcome": BLOCKED, "said": f"{BLOCKED}: {held_said(memory)}: {row['said']}"}
+    if row["outcome"] not in ("FAIL", {"run": "ran", "refuse": "refused"}[row["expected"]]):
+        return {**row, "outcome": "FAIL", "said": f"expected to {row['expected']}: {row['said']}"}
+    return row
 
 
 def table(rows: list[dict]) -> str:
@@ -185,13 +241,21 @@ def table(rows: list[dict]) -> str:
                      f"**{r['outcome']}** | {r['exit']} | {r['wall_s']} | {said} |")
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
     lines.append("")
-    lines.append(", ".join(f"{n} {o}" for o, n in counts.items()) + f" of {len(rows)} combinations")
+    lines.append(", ".join(f"{n} {o}" for o, n in counts.items()) + f" of {len(rows)} combinations"
+                 + (f" ({counts[BLOCKED]} blocked: a batch that fits the device refused because other processes held "
+                    "its memory; no result, run them again)" if counts[BLOCKED] else ""))
     return "\n".join(lines)
 
 
 def read_rows(out: Path) -> list[dict]:
     path = out / "sweep.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def latest(rows: list[dict]) -> list[dict]:
+    """The rows less each blocked row that a later row of its combination follows (it was run again)."""
+    last = {key(r): i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if r["outcome"] != BLOCKED or last[key(r)] == i]
 
 
 def _interrupt(signum, frame):
@@ -215,17 +279,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="start no combination after this many seconds (exit 2; the same command goes on)")
     p.add_argument("--run-arg", action="append", default=[], metavar="ARG",
                    help="one more argument for every kernelmap run (--run-arg=--stall-limit=150)")
+    p.add_argument("--only", metavar="PATTERN,...",
+                   help="only the combinations named so (framework-mode-bsN-length-data, bsnofit; shell patterns)")
     p.add_argument("--table", metavar="DIR", nargs="+",
-                   help="print the table of DIR/sweep.jsonl (several: the shards of one sweep, merged) and exit")
+                   help="print the table of DIR/sweep.jsonl (several: the shards of one sweep, merged; a blocked "
+                        "row gives way to a later row of its combination) and exit")
     a = p.parse_args(argv)
     if a.table:
-        rows = [r for d in a.table for r in read_rows(Path(d))]
+        rows = latest([r for d in a.table for r in read_rows(Path(d))])
         print(table(rows))
-        return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
+        return 1 if any(r["outcome"] in FAILING for r in rows) else 0
     out = Path(a.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     k, n = (int(x) for x in a.shard.split("/"))
-    nofit, memory = nofit_sizes(a.device)
+    memory = read_memory(a.device)
+    nofit = nofit_sizes(memory)
+    capacity = memory.capacity() if memory else None
     real = Path(a.real_dir or kdata.DEFAULT_DIRS["fashion-mnist"])
     real_missing = None if real.is_dir() else f"no real data at {real} ({kdata.FIX})"
     if a.real_subset and not real_missing:
@@ -233,11 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     n_train = {"synthetic": kdata.SYNTHETIC_SIZES[0],
                "real": None if real_missing else kdata.resolve_data(argparse.Namespace(data=str(real), data_dir=None,
                                                                                        seed=0)).n_train}
-    done = {key(r) for r in read_rows(out)}
-    todo = [c for i, c in enumerate(combos(a.device, a.quick, a.framework, nofit)) if i % n == k - 1]
+    done = {key(r) for r in read_rows(out) if r["outcome"] != BLOCKED}
+    try:
+        chosen = only(combos(a.device, a.quick, a.framework, nofit), a.only)
+    except ValueError as exc:
+        p.error(str(exc))
+    todo = [c for i, c in enumerate(chosen) if i % n == k - 1]
     print(f"option sweep on the {a.device.upper()}: {len(todo)} combinations ({len(done)} already in {out}); memory "
-          f"read: {memory.to_dict() if memory else 'none'}; training images {n_train}; no-fit batch sizes {nofit}",
-          file=sys.stderr)
+          f"read: {memory.to_dict() if memory else 'none'}; expected from: {capacity.where if capacity else 'none'}; "
+          f"training images {n_train}; no-fit batch sizes {nofit}", file=sys.stderr)
+    if memory and memory.capacity_bytes and memory.free_bytes < memory.capacity_bytes / 2:
+        print(f"option sweep: {held_said(memory)}: combinations that need more will be blocked", file=sys.stderr)
     python = [x for item in a.python for x in ("--python", item)]
     signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
@@ -251,18 +326,16 @@ def main(argv: list[str] | None = None) -> int:
             row = {**c, "expected": "run", "argv": "", "exit": None, "outcome": "not run", "said": real_missing,
                    "wall_s": 0.0}
         else:
-            c["expected"] = expectation(c, n_train[c["data"]], memory)
+            c["expected"] = expectation(c, n_train[c["data"]], capacity)
             row = run_one(c, n_train[c["data"]], shlex.split(a.kernelmap), python, out, real, a.timeout,
                          tuple(a.run_arg))
-            if row["outcome"] != "FAIL" and row["outcome"] != {"run": "ran", "refuse": "refused"}[c["expected"]]:
-                row["said"] = f"expected to {c['expected']}: {row['said']}"
-                row["outcome"] = "FAIL"
+            row = verdict(row, (read_memory(a.device) if row["outcome"] == "refused" else None) or memory)
         with open(out / "sweep.jsonl", "a") as fh:
             fh.write(json.dumps(row) + "\n")
         print(f"{row['outcome']:8} {row['wall_s']:7.1f} s  {key(c)}: {row['said'][:160]}", file=sys.stderr)
-    rows = [r for r in read_rows(out) if r["device"] == a.device]
+    rows = latest([r for r in read_rows(out) if r["device"] == a.device])
     print(table(rows))
-    return 1 if any(r["outcome"] == "FAIL" for r in rows) else 0
+    return 1 if any(r["outcome"] in FAILING for r in rows) else 0
 
 
 if __name__ == "__main__":

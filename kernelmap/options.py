@@ -12,7 +12,8 @@ What is checked:
 - each batch size against the training set: every step trains on a full batch (``spec.PARTIAL_BATCH_NOTE``), so
   a batch larger than the training set is refused, and so is ``--epochs`` that leaves no step after the warm-up;
 - each batch size against the memory free: a training step's estimated memory (``estimate_bytes``) against the
-  GPU's free memory (nvidia-smi) or the host's available RAM (``MemAvailable``).
+  GPU's free memory (nvidia-smi) or the host's available RAM (``MemAvailable``); the refusal names the device's
+  capacity (``Memory.capacity_bytes``) and, on a GPU, the processes nvidia-smi says hold its memory.
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ FIXED_BYTES = {"cpu": 2 * GIB, "gpu": 1 * GIB}
 DEVICES = tuple(FIXED_BYTES)
 
 
+# the words every memory refusal says (memory_problem); benches/option_sweep.py knows a memory refusal by them
+MEMORY_NEED = "a training step needs about"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding a GPU's memory, as ``nvidia-smi --query-compute-apps`` lists it."""
+
+    pid: int
+    name: str
+    used_bytes: int
+
+
 @dataclass(frozen=True)
 class Memory:
     """Memory free where the run trains, as read before the run."""
@@ -46,9 +60,26 @@ class Memory:
     device: str  # cpu | gpu
     where: str  # what was read: "host RAM (MemAvailable)", "GPU 0 (NVIDIA H100 ..., nvidia-smi memory.free)"
     free_bytes: int
+    # what the device has for processes, whoever holds it now: a GPU's memory.free + memory.used (its total less
+    # the driver's reserve), the host's MemTotal; None where it was not read
+    capacity_bytes: int | None = None
+    holders: tuple[Holder, ...] = ()  # the GPU's compute processes and their memory (nvidia-smi), largest first
+
+    @property
+    def unit(self) -> str:
+        """The device alone: "GPU 1", "host RAM"."""
+        return self.where.split(" (")[0]
+
+    def capacity(self) -> Memory:
+        """This device as if nothing else held its memory: what an expectation of what fits is made of."""
+        if self.capacity_bytes is None:
+            return self
+        return Memory(self.device, f"{self.unit} capacity", self.capacity_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "where": self.where, "free_bytes": self.free_bytes}
+        return {"device": self.device, "where": self.where, "free_bytes": self.free_bytes,
+                "capacity_bytes": self.capacity_bytes,
+                "holders": [{"pid": h.pid, "name": h.name, "used_bytes": h.used_bytes} for h in self.holders]}
 
 
 def gib(n: float) -> str:
@@ -157,8 +188,18 @@ def largest_fitting(framework: str, memory: Memory) -> int:
     return max(int((memory.free_bytes - FIXED_BYTES[memory.device]) // bytes_per_image(framework)), 0)
 
 
+def holders_said(memory: Memory, most: int = 3) -> str:
+    """" (pid 8715 python3.12 holds 105.0 GiB, ...)": the processes nvidia-smi says hold the GPU's memory."""
+    if not memory.holders:
+        return ""
+    named = [f"pid {h.pid} {h.name} holds {gib(h.used_bytes)}" for h in memory.holders[:most]]
+    more = len(memory.holders) - most
+    return " (" + ", ".join(named) + (f" and {more} more process{'es' * (more > 1)}" if more > 0 else "") + ")"
+
+
 def memory_problem(batch_size: int, names: list[str], memory: Memory) -> str | None:
-    """Why ``batch_size`` does not fit ``memory`` in one of the frameworks ``names`` (None where it fits all)."""
+    """Why ``batch_size`` does not fit ``memory`` in one of the frameworks ``names`` (None where it fits all):
+    the need, what was free (of the device's capacity, and who holds the memory, where known)."""
     over = [fw for fw in names if estimate_bytes(fw, batch_size, memory.device) > memory.free_bytes]
     if not over:
         return None
@@ -166,8 +207,14 @@ def memory_problem(batch_size: int, names: list[str], memory: Memory) -> str | N
                       f"({bytes_per_image(fw) / MIB:.2f} MiB an image, at most {largest_fitting(fw, memory):,} "
                       "images fit)" for fw in over)
     fits = [frameworks.get(fw).label for fw in names if fw not in over]
-    return (f"a training step needs about {needs}, estimated with {gib(FIXED_BYTES[memory.device])} fixed, and "
-            f"{memory.where} had {gib(memory.free_bytes)} free" + (f" ({', '.join(fits)} would fit)" if fits else ""))
+    of = "" if memory.capacity_bytes is None else f" of {gib(memory.capacity_bytes)}"
+    held = ""
+    if memory.capacity_bytes is not None and all(estimate_bytes(fw, batch_size, memory.device) <= memory.capacity_bytes
+                                                 for fw in over):
+        held = f"; it would fit {memory.unit}'s {gib(memory.capacity_bytes)} were other processes not holding it"
+    return (f"{MEMORY_NEED} {needs}, estimated with {gib(FIXED_BYTES[memory.device])} fixed, and "
+            f"{memory.where} had {gib(memory.free_bytes)} free{of}{holders_said(memory)}"
+            + (f" ({', '.join(fits)} would fit)" if fits else "") + held)
 
 
 def batch_problems(batch_size: int, n_train: int, data: str, names: list[str], memory: Memory | None) -> list[str]:
@@ -215,20 +262,46 @@ def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory |
 
 # --- what is free -------------------------------------------------------------------------------
 def host_available(meminfo: str = "/proc/meminfo") -> Memory | None:
-    """The host's available RAM (``MemAvailable``), None where it cannot be read."""
+    """The host's available RAM (``MemAvailable``; its capacity ``MemTotal``), None where it cannot be read."""
+    kib: dict[str, int] = {}
     try:
         with open(meminfo) as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return Memory("cpu", "host RAM (MemAvailable)", int(line.split()[1]) * 1024)
-    except OSError:
+                name, _, rest = line.partition(":")
+                if name in ("MemAvailable", "MemTotal") and rest.split():
+                    kib[name] = int(rest.split()[0])
+    except (OSError, ValueError):
         return None
-    return None
+    if "MemAvailable" not in kib:
+        return None
+    total = kib.get("MemTotal")
+    return Memory("cpu", "host RAM (MemAvailable)", kib["MemAvailable"] * 1024, None if total is None else total * 1024)
 
 
-def parse_smi_free(text: str, visible: str | None) -> Memory | None:
-    """The first visible GPU's free memory from ``nvidia-smi --query-gpu=index,uuid,name,memory.free
-    --format=csv,noheader,nounits`` output; ``visible``: $CUDA_VISIBLE_DEVICES (an index or a UUID first)."""
+SMI_GPU_QUERY = "--query-gpu=index,uuid,name,memory.free,memory.used"
+SMI_APPS_QUERY = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
+
+
+def parse_smi_holders(text: str, uuid: str) -> tuple[Holder, ...]:
+    """The processes holding GPU ``uuid``'s memory, largest first, from ``nvidia-smi SMI_APPS_QUERY
+    --format=csv,noheader,nounits`` output (a process name may hold commas; a line that does not read is left out:
+    the refusal stands without it)."""
+    held = []
+    for line in text.splitlines():
+        head = line.split(",", 2)
+        tail = head[-1].rsplit(",", 1)
+        if len(head) < 3 or len(tail) < 2 or head[0].strip() != uuid:
+            continue
+        pid, name, used = head[1].strip(), tail[0].strip(), tail[1].strip()
+        if pid.isdigit() and used.isdigit():
+            held.append(Holder(int(pid), name, int(used) * MIB))
+    return tuple(sorted(held, key=lambda h: -h.used_bytes))
+
+
+def parse_smi_free(text: str, visible: str | None, apps: str = "") -> Memory | None:
+    """The first visible GPU's free memory from ``nvidia-smi SMI_GPU_QUERY --format=csv,noheader,nounits`` output
+    (its capacity: memory.free + memory.used, where the fifth column is there and a number); ``visible``:
+    $CUDA_VISIBLE_DEVICES (an index or a UUID first); ``apps``: ``SMI_APPS_QUERY``'s output, who holds it."""
     rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
     if not rows:
         return None
@@ -236,20 +309,32 @@ def parse_smi_free(text: str, visible: str | None) -> Memory | None:
     chosen = next((r for r in rows if first and first in (r[0], r[1])), None) if first else rows[0]
     if chosen is None or not chosen[3].replace(".", "").isdigit():
         return None
-    return Memory("gpu", f"GPU {chosen[0]} ({chosen[2]}, nvidia-smi memory.free)", int(float(chosen[3]) * MIB))
+    free = int(float(chosen[3]) * MIB)
+    used = chosen[4] if len(chosen) > 4 and chosen[4].replace(".", "").isdigit() else None
+    return Memory("gpu", f"GPU {chosen[0]} ({chosen[2]}, nvidia-smi memory.free)", free,
+                  None if used is None else free + int(float(used) * MIB), parse_smi_holders(apps, chosen[1]))
+
+
+def smi_output(smi: str, query: str) -> str | None:
+    """``nvidia-smi QUERY --format=csv,noheader,nounits``'s output, None where it failed."""
+    try:
+        out = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
 def gpu_free(smi: str | None = None) -> Memory | None:
-    """The free memory of the GPU a worker will use (nvidia-smi), None without nvidia-smi or a reading."""
+    """The free memory of the GPU a worker will use (nvidia-smi), its capacity and who holds it; None without
+    nvidia-smi or a reading."""
     smi = smi or shutil.which("nvidia-smi")
     if smi is None:
         return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    gpus = smi_output(smi, SMI_GPU_QUERY)
+    if gpus is None:
         return None
-    return parse_smi_free(out.stdout, os.environ.get("CUDA_VISIBLE_DEVICES")) if out.returncode == 0 else None
+    return parse_smi_free(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), smi_output(smi, SMI_APPS_QUERY) or "")
 
 
 def free_memory(device: str, has_gpu: bool) -> Memory | None:

@@ -252,3 +252,26 @@ def bench_module(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# --- a fake nvidia-smi: the 2x H200 of session 10's GPU job, GPU 1 held by leaked processes ---------------
+# free (MiB) as that job's sweep shards read them (GPU 0: 150,109,945,856 bytes; GPU 1: 585,105,408); used: the
+# rest of GPU 0's free on an idle card (143,156 MiB); the holders (pids and split) stand in for the leaked JAX worker
+FAKE_SMI = r"""#!/bin/sh
+case "$*" in
+  *compute_cap*) printf '0, NVIDIA H200, 9.0, 580.159.04, 143771\n1, NVIDIA H200, 9.0, 580.159.04, 143771\n' ;;
+  *memory.free*) printf '0, GPU-aaa, NVIDIA H200, 143156, 0\n1, GPU-bbb, NVIDIA H200, 558, 142598\n' ;;
+  *query-compute-apps*) printf 'GPU-bbb, 8790, pt_main_thread, 35078\nGPU-bbb, 8715, python3.12, 107520\n' ;;
+  *) echo "fake nvidia-smi: $*" >&2; exit 9 ;;
+esac
+"""
+
+
+def fake_nvidia_smi(where: Path) -> Path:
+    """``where/nvidia-smi`` answering kernelmap's three queries (gpuinfo's, options.SMI_GPU_QUERY,
+    options.SMI_APPS_QUERY) as ``FAKE_SMI`` says; returns ``where`` (for $PATH)."""
+    where.mkdir(parents=True, exist_ok=True)
+    smi = where / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    return where

@@ -16,13 +16,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import SMALL_SIZES, require_framework
+from conftest import SMALL_SIZES, fake_nvidia_smi, require_framework
 from kernelmap.frameworks import spec
 
 from kernelmap import frameworks, options, worker
 from kernelmap.errors import KernelmapError
 
 GIB = options.GIB
+MIB = options.MIB
 
 
 # --- the partial-batch rule -------------------------------------------------------------------------
@@ -198,7 +199,8 @@ def test_epochs_that_leave_only_warmup_are_refused_and_the_plan_is_returned():
 def test_free_memory_readings(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20971520 kB\n")
-    assert options.host_available(str(meminfo)) == options.Memory("cpu", "host RAM (MemAvailable)", 20 * GIB)
+    assert options.host_available(str(meminfo)) == options.Memory("cpu", "host RAM (MemAvailable)", 20 * GIB,
+                                                                   24000000 * 1024)
     assert options.host_available(str(tmp_path / "none")) is None
     smi = "0, GPU-aaa, NVIDIA H100 80GB HBM3, 81000\n1, GPU-bbb, NVIDIA H100 80GB HBM3, 1024\n"
     first = options.parse_smi_free(smi, None)
@@ -206,6 +208,46 @@ def test_free_memory_readings(tmp_path):
     assert options.parse_smi_free(smi, "1,0").free_bytes == 1024 << 20  # CUDA_VISIBLE_DEVICES: the first listed
     assert options.parse_smi_free(smi, "GPU-bbb").free_bytes == 1024 << 20
     assert options.parse_smi_free(smi, "7") is None and options.parse_smi_free("", None) is None
+    assert first.capacity_bytes is None and first.holders == ()  # no memory.used column: capacity not read
+
+
+def test_a_gpu_memory_refusal_names_its_capacity_and_who_holds_it(tmp_path, monkeypatch):
+    """nvidia-smi (fake: session 10's GPU 1, 0.5 GiB free of 139.8, two processes holding it): the refusal of a batch
+    that fits the GPU names what was free of its capacity, the processes that hold the rest and that it would fit."""
+    smi = str(fake_nvidia_smi(tmp_path) / "nvidia-smi")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    held = options.gpu_free(smi)
+    assert held == options.Memory("gpu", "GPU 1 (NVIDIA H200, nvidia-smi memory.free)", 558 * MIB,
+                                  (558 + 142598) * MIB, (options.Holder(8715, "python3.12", 107520 * MIB),
+                                                         options.Holder(8790, "pt_main_thread", 35078 * MIB)))
+    with pytest.raises(KernelmapError) as exc:
+        options.validate(_args(framework="mxnet", batch_size=[64]), 60_000, "synthetic", held)
+    assert str(exc.value) == (
+        "--batch-size 64: a training step needs about 1.0 GiB in MXNet (0.80 MiB an image, at most 0 images fit), "
+        "estimated with 1.0 GiB fixed, and GPU 1 (NVIDIA H200, nvidia-smi memory.free) had 0.5 GiB free of 139.8 GiB "
+        "(pid 8715 python3.12 holds 105.0 GiB, pid 8790 pt_main_thread holds 34.3 GiB); it would fit GPU 1's 139.8 "
+        "GiB were other processes not holding it")
+    # a batch the GPU cannot hold whoever holds it: no "would fit"
+    with pytest.raises(KernelmapError) as exc:
+        options.validate(_args(framework="mxnet", batch_size=[200_000]), 300_000, "synthetic", held)
+    assert "had 0.5 GiB free of 139.8 GiB (pid 8715" in str(exc.value) and "would fit" not in str(exc.value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa")
+    idle = options.gpu_free(smi)
+    assert (idle.free_bytes, idle.capacity_bytes, idle.holders) == (143156 * MIB, 143156 * MIB, ())
+    options.validate(_args(framework="mxnet", batch_size=[64]), 60_000, "synthetic", idle)
+    assert options.gpu_free(str(tmp_path / "none")) is None
+
+
+def test_smi_holders_of_one_gpu_largest_first():
+    apps = ("GPU-b, 12, small, 10\nGPU-a, 13, other gpu, 900\nGPU-b, 14, python, my, job, 300\n"
+            "GPU-b, 15, no reading, [N/A]\nGPU-b, 16, big, 2048\n")
+    assert options.parse_smi_holders(apps, "GPU-b") == (
+        options.Holder(16, "big", 2048 * MIB), options.Holder(14, "python, my, job", 300 * MIB),
+        options.Holder(12, "small", 10 * MIB))
+    four = options.Memory("gpu", "GPU 1 (x, nvidia-smi memory.free)", 0, None,
+                          tuple(options.Holder(i, "p", GIB) for i in range(4)))
+    assert options.holders_said(four) == (" (pid 0 p holds 1.0 GiB, pid 1 p holds 1.0 GiB, pid 2 p holds 1.0 GiB "
+                                          "and 1 more process)")
 
 
 # --- the CLI: refused before any work, one line ----------------------------------------------------------
