@@ -54,7 +54,8 @@ REQUIRED = ("CMakeLists.txt", "include/mxnet/base.h", "python/mxnet/__init__.py"
 # GPU kernels of the operators the MNIST CNN uses (relative to src/operator): Convolution,
 # FullyConnected, Activation, Pooling, Flatten/reshape, softmax/log_softmax, pick, mean/sum,
 # argmax, sgd(_mom)_update and multi_sgd, casts, elementwise and broadcast arithmetic/comparison,
-# zeros/ones, add_n (gradient accumulation), pointwise fusion (hybridized graphs). Every other
+# zeros/ones, add_n (gradient accumulation), pointwise fusion (hybridized graphs); for --math fp16,
+# AMP's amp_cast/amp_multicast and the loss scaler's multi_all_finite (the last two files). Every other
 # operator keeps its CPU version only. The .cu files outside src/operator are always compiled.
 GPU_OPERATOR_SOURCES = (
     "nn/activation.cu", "nn/convolution.cu", "nn/fully_connected.cu", "nn/pooling.cu",
@@ -66,6 +67,7 @@ GPU_OPERATOR_SOURCES = (
     "tensor/elemwise_unary_op_basic.cu", "tensor/broadcast_reduce_op_value.cu",
     "tensor/broadcast_reduce_sum_value.cu", "tensor/broadcast_reduce_op_index.cu",
     "tensor/init_op.cu", "tensor/matrix_op.cu", "tensor/elemwise_sum.cu", "tensor/cast_storage.cu",
+    "tensor/amp_cast.cu", "contrib/all_finite.cu",
 )
 
 # CPU source folders (relative to src/) left out of the build (patch 0006): the numpy-style operators
