@@ -13,7 +13,10 @@ The libs pass logs the cuDNN/cuBLAS/cuBLASLt calls and, in the same process, rec
 * cuBLAS, cuBLASLt (``OWN_BY_SEQUENCE``): their logs stamp whole seconds only, so by order: per
   signature (canonical op, layer, direction), the n-th of the last N logged calls owns the kernels of
   the n-th of the N launching ops in the trace whose kernels have that signature (the trace covers
-  the pass's last steps; the log runs from process start).
+  the pass's last steps; the log runs from process start). A backward op whose kernels its trace does
+  not split (direction ``bwd``: MXNet's ``_backward_FullyConnected`` makes a ``bwd_weight`` and a
+  ``bwd_data`` ``cublasSgemmEx``) takes its calls a group per op, and its kernels, cut into one gemm
+  (with its split-K reduction) per call, go to them in order (``_own_unsplit``).
 
 An owning call's ``iteration`` (and ``phase``) become its kernels' step: a logged call without one
 ran outside the traced steps (warm-up, the framework's autotuning), which the report counts apart.
@@ -37,7 +40,9 @@ import pandas as pd
 
 from . import adapters
 from . import strings as S
+from .adapters.kernel_libraries import follows_a_gemm
 from .errors import ParseError
+from .schema import Direction
 
 OWN_BY_TIME = ("cudnn_log",)
 OWN_BY_SEQUENCE = ("cublas_log", "cublaslt_log")
@@ -49,6 +54,7 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 OP_KEY = ["op_name", "op_canonical", "op_layer", "op_direction", "op_nth"]
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 LIBRARY_OPS = ("conv2d", "linear")  # the ops whose kernels are library kernels, owned or not
+SPLIT_BWD = (Direction.BWD_DATA.value, Direction.BWD_WEIGHT.value)  # what an unsplit backward's calls are
 
 
 def base_ns(path: Path, trace: pd.DataFrame) -> int:
@@ -207,14 +213,11 @@ def own(df: pd.DataFrame, lk: pd.DataFrame) -> Ownership:
                              f"+-{CLOCK_STEPS // 4} h: the log's threads or times do not meet the trace's launches")
     # by sequence: per signature, the last N calls <-> the last N launching ops whose kernels have it
     seq = calls[calls["source"].isin(OWN_BY_SEQUENCE) & calls[SIGNATURE].notna().all(axis=1)]
+    seq = seq.sort_values("event_id", kind="stable")
     free = lk[owner.isna().to_numpy() & lk[SIGNATURE].notna().all(axis=1).to_numpy()]
-    for sig, c in seq.sort_values("event_id").groupby(SIGNATURE, sort=False):
+    for sig, c in seq.groupby(SIGNATURE, sort=False):
         k = free[(free[SIGNATURE] == pd.Series(sig, index=SIGNATURE)).all(axis=1)]
-        if k.empty:
-            continue
-        if c["library"].nunique() > 1:
-            res.notes.append(f"{'/'.join(map(str, sig))}: calls of {sorted(c['library'].unique())} in the logs; "
-                             "not linked by order")
+        if k.empty or not _one_library(c, "/".join(map(str, sig)), res):
             continue
         occ = list(dict.fromkeys(k["op_event_id"].tolist()))  # launching ops in launch order
         n = min(len(c), len(occ))
@@ -223,8 +226,71 @@ def own(df: pd.DataFrame, lk: pd.DataFrame) -> Ownership:
             rows = k.index[k["op_event_id"].eq(op_id).to_numpy()]
             owner.loc[rows] = call_id
             res.by_sequence += len(rows)
+    _own_unsplit(seq, free, owner, res)
     res.owner = owner
     return res
+
+
+def _one_library(c: pd.DataFrame, what: str, res: Ownership) -> bool:
+    """Whether the calls ``c`` of one signature are of one library (else a note: two logs' calls are not
+    ordered against each other)."""
+    if c["library"].nunique() > 1:
+        res.notes.append(f"{what}: calls of {sorted(c['library'].unique())} in the logs; not linked by order")
+        return False
+    return True
+
+
+def _call_runs(names: list[str]) -> list[list[int]]:
+    """One backward op's library kernels (in launch order) cut into the runs its library calls launched: each
+    run starts with a gemm, the kernels that finish it (split-K reductions: ``kernel_libraries.follows_a_gemm``)
+    follow it inside the same call."""
+    runs: list[list[int]] = []
+    for i, name in enumerate(names):
+        if runs and follows_a_gemm(name):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _own_unsplit(seq: pd.DataFrame, free: pd.DataFrame, owner: pd.Series, res: Ownership) -> None:
+    """Backward kernels not split by their op (direction ``bwd``: MXNet's ``_backward_FullyConnected`` runs the
+    weight and the data gradient's gemm, two ``cublasSgemmEx`` of directions ``bwd_weight`` and ``bwd_data``)
+    owned by those calls. Per (op, layer) whose logged calls are all split, each launching op made one call of
+    each direction, in one order: the last N groups of that many calls <-> the last N launching ops. Inside an
+    op, its library kernels in launch order cut into one run per call (``_call_runs``) go to its calls in
+    their order; an op whose kernels do not cut so stays unowned (a note)."""
+    bwd = free[free["direction"].eq(Direction.BWD.value).to_numpy()]
+    split = seq[seq["direction"].isin(SPLIT_BWD).to_numpy()]
+    for (op, layer), k in bwd.groupby(["canonical_op", "layer"], sort=False):
+        c = split[split["canonical_op"].eq(op).to_numpy() & split["layer"].eq(layer).to_numpy()]
+        mixed = seq["canonical_op"].eq(op).to_numpy() & seq["layer"].eq(layer).to_numpy() & seq["direction"].eq(
+            Direction.BWD.value).to_numpy()
+        what = f"{op}/{layer}/{Direction.BWD.value}"
+        if c.empty or mixed.any() or not _one_library(c, what, res):
+            continue
+        per_op = c["direction"].nunique()
+        ops = list(dict.fromkeys(k["op_event_id"].tolist()))
+        n = min(len(c) // per_op, len(ops))
+        ids = c["event_id"].to_numpy(dtype="int64")[len(c) - n * per_op:].reshape(n, per_op)
+        dirs = c["direction"].to_numpy(dtype=object)[len(c) - n * per_op:].reshape(n, per_op)
+        if len({tuple(d) for d in dirs}) > 1 or any(len(set(d)) != per_op for d in dirs):
+            res.notes.append(f"{what}: its {len(c)} logged calls ({', '.join(sorted(set(c['direction'])))}) do "
+                             f"not come in groups of one call per direction; not linked by order")
+            continue
+        odd = 0
+        for op_id, call_ids in zip(ops[len(ops) - n:], ids, strict=True):
+            g = k[k["op_event_id"].eq(op_id).to_numpy()]
+            runs = _call_runs(g["kernel_name"].tolist())
+            if len(runs) != per_op:
+                odd += 1
+                continue
+            for run, call_id in zip(runs, call_ids, strict=True):
+                owner.loc[g.index[run]] = call_id
+                res.by_sequence += len(run)
+        if odd:
+            res.notes.append(f"{what}: {odd} of {n} ops launched library kernels that do not cut into one gemm "
+                             f"(and its split-K reduction) per call of {per_op} ({', '.join(dirs[0])}); not owned")
 
 
 def mark_calls(df: pd.DataFrame, lk: pd.DataFrame, ownership: Ownership) -> None:
@@ -345,8 +411,8 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
 
 def _set_links(df: pd.DataFrame, rows: list, ids: list[int], calls: pd.DataFrame) -> None:
     """Link the kernel rows labelled ``rows`` to the log calls ``ids`` (``calls``: the log calls by event id):
-    the call's id, library, API, algo and math mode; a convolution backward kernel not split by its name
-    (FFT: direction ``bwd``) takes the direction of its call."""
+    the call's id, library, API, algo and math mode; a backward kernel not split by its name or op (cuDNN's
+    FFT, MXNet's ``_backward_FullyConnected`` gemms: direction ``bwd``) takes the direction of its call."""
     if not rows:
         return
     pos = df.index.get_indexer(np.asarray(rows))

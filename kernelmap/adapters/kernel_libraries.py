@@ -52,6 +52,17 @@ KERNEL_LIBRARIES: tuple[tuple[str, str, str], ...] = (
 
 _COMPILED = tuple((lib, re.compile(p)) for lib, p, _ in KERNEL_LIBRARIES)
 
+# The kernels that finish the gemm launched just before them in the same library call, never a call's first
+# kernel: split-K reductions, as real cuBLAS traces name them (cuBLASLt's ``cublasLt::splitKreduce_kernel``
+# after ``cutlass::Kernel2<cutlass_80_simt_sgemm_...>``; xmma's ``..._execute_split_k_kernel__5x_cublas`` after
+# its ``..._execute_kernel__5x_cublas``: MXNet's FullyConnected on an H200, tests/data/gpu_mxnet_h200_libs/)
+GEMM_FOLLOWERS = re.compile(r"splitKreduce_kernel|_execute_split_k_kernel")
+
+
+def follows_a_gemm(name) -> bool:
+    """Whether a kernel only finishes the gemm before it in its library call (``GEMM_FOLLOWERS``)."""
+    return isinstance(name, str) and GEMM_FOLLOWERS.search(name) is not None
+
 
 def library_of(name) -> str | None:
     """The library of a kernel by its name (the first row of ``KERNEL_LIBRARIES`` that matches), else None."""
