@@ -27,12 +27,95 @@ EXIT_OOM = 75  # kernelmap.worker.EXIT_OOM (not imported: the worker module impo
 ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)|kernelmap-worker: error)\b.*:")
 
 
+# What a worker's stderr says when a GPU ran out of memory in a way no exception of the worker names (the 2x H200's
+# x2 cases, GPU 1 held by a leftover process): NCCL's allocation (PyTorch DDP's rank 1 exited 1 with "Failed to CUDA
+# calloc async 8 bytes"), cuBLAS's handle (MXNet died of SIGABRT, "CUBLAS_STATUS_SUCCESS (3 vs. 0) : Create cublas
+# handle failed"), the CUDA driver's and runtime's out-of-memory errors.
+GPU_MEMORY_SAID = re.compile(r"Failed to CUDA calloc|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
+                             r"CUDA error: out of memory|CUBLAS_STATUS_SUCCESS \(3 vs\. 0\)")
+# cuBLAS's status codes (cublasStatus_t), as a failed check prints them ("CUBLAS_STATUS_SUCCESS (3 vs. 0)")
+CUBLAS_STATUS = {1: "CUBLAS_STATUS_NOT_INITIALIZED: the CUDA runtime could not start",
+                 3: "CUBLAS_STATUS_ALLOC_FAILED: cuBLAS could not allocate GPU memory",
+                 7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
+                 13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
+                 15: "CUBLAS_STATUS_NOT_SUPPORTED"}
+CXX_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.+)")
+
+
+def crash_cause(text: str) -> str:
+    """What the C++ exception that aborted a worker said ("terminate called after throwing an instance of 'T'" and
+    its "what(): ..." line in ``text``, its time stamp and file's directory left out), with what a cuBLAS status in it
+    means; "" where ``text`` has none."""
+    m = CXX_TERMINATE.search(text.replace("\r", "\n"))
+    if m is None:
+        return ""
+    what = re.sub(r"^\[\d\d:\d\d:\d\d\]\s*", "", m.group(2).strip())
+    what = re.sub(r"^\S*/([^/\s]+:\d+:)", r"\1", what)
+    status = re.search(r"CUBLAS_STATUS_SUCCESS \((\d+) vs\. 0\)", what)
+    meaning = CUBLAS_STATUS.get(int(status.group(1))) if status else None
+    return f"{m.group(1)}: {what}" + (f" (cuBLAS status {status.group(1)} is {meaning})" if meaning else "")
+
+
+def memory_said(text: str) -> str:
+    """"; the GPU ran out of memory ..." where a worker's stderr ``text`` says so in one of ``GPU_MEMORY_SAID``'s
+    ways (naming the rank whose line it is), else ""."""
+    line = next((x for x in reversed(text.replace("\r", "\n").splitlines()) if GPU_MEMORY_SAID.search(x)), None)
+    if line is None:
+        return ""
+    rank = re.match(r"\s*\[rank(\d+)\]", line)
+    whose = f"rank {rank.group(1)}'s GPU" if rank else "the GPU"
+    return (f"; {whose} ran out of memory: another process may hold it (nvidia-smi --query-compute-apps=pid,"
+            "gpu_uuid,used_memory)")
+
+
 def error_line(text: str) -> str:
     """The line of a worker's stderr tail that says what went wrong: the last exception or error line
     (torch.compile prints advice after its traceback: "Set TORCHDYNAMO_VERBOSE=1 ..."), else the last line."""
     lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
     errors = [line for line in lines if ERROR_LINE.match(line)]
     return errors[-1] if errors else (lines[-1] if lines else "")
+
+
+class XlaDeviceWait:
+    """XLA's two lines for a multi-device step that will never end: one device could not allocate GPU memory (its
+    allocator's retries, "[1] Failed to allocate device memory of 21.11MiB ...: out of memory", or the BFC
+    allocator's "Allocator (GPU_1_bfc) ran out of memory trying to allocate ..."), then a rendezvous "may be stuck":
+    the failed device's thread left the step, the others wait for it at the collective, and XLA warns after 10 s but
+    never ends the wait (the 2x H200's jax-x2 case: GPU 1 held by a leftover process, stopped at the stall limit of
+    150 s). ``found`` is set once both were seen, in that order; ``said()`` is what the runner says then."""
+
+    OOM = re.compile(r"\] \[(\d+)\] (Failed to allocate device memory of \S+).*out of memory"
+                     r"|Allocator \(GPU_(\d+)_bfc\) (ran out of memory trying to allocate \S+)")
+    STUCK = re.compile(r"rendezvous\.cc:\d+\] (?:\[id=\d+\] )?(This thread has been waiting for .*may be stuck)")
+
+    def __init__(self) -> None:
+        self.found = threading.Event()
+        self.device: str | None = None
+        self.tries = 0
+        self.last = ""
+        self.stuck = ""
+        self.found_at: float | None = None
+
+    def see(self, line: str) -> None:
+        if (m := self.OOM.search(line)) is not None:
+            device, what = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+            self.tries = self.tries + 1 if device == self.device else 1
+            self.device, self.last = device, what
+        elif self.device is not None and (m := self.STUCK.search(line)) is not None:
+            self.stuck = m.group(1)
+            self.found_at = time.monotonic()
+            self.found.set()
+
+    def found_after(self, started: float) -> float:
+        """Seconds from ``started`` (time.monotonic) to the stuck line."""
+        return (self.found_at or started) - started
+
+    def said(self) -> str:
+        stuck = self.stuck if len(self.stuck) <= 240 else self.stuck[:237] + "..."
+        return (f"XLA's device {self.device} could not allocate GPU memory ({self.last}: out of memory"
+                f"{f', the last of {self.tries} tries' if self.tries > 1 else ''}) and another device waits for it at "
+                f"a collective (\"{stuck}\"), a wait XLA never ends (another process may hold that GPU's memory: "
+                "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory)")
 
 
 class _StderrTee(threading.Thread):
@@ -44,11 +127,21 @@ class _StderrTee(threading.Thread):
         self.forward = forward
         self.log = log
         self.tail: collections.deque[bytes] = collections.deque(maxlen=64)
+        self.xla = XlaDeviceWait()
+        self._partial = b""
+
+    def _scan(self, chunk: bytes) -> None:
+        """Hand each whole line to ``self.xla`` (a line's start kept for the next chunk, at most 64 KiB of it)."""
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()[-65536:]
+        for line in lines:
+            self.xla.see(line.decode(errors="replace"))
 
     def run(self) -> None:
         out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         for chunk in iter(lambda: self.stream.read1(65536), b""):
             self.tail.append(chunk)
+            self._scan(chunk)
             if self.log is not None:
                 self.log.write(chunk)
                 self.log.flush()  # in order with what the stall guard appends (stall.native_stacks)
@@ -59,8 +152,11 @@ class _StderrTee(threading.Thread):
                 else:
                     sys.stderr.write(chunk.decode(errors="replace"))
 
+    def text(self) -> str:
+        return b"".join(self.tail).decode(errors="replace")
+
     def last_line(self) -> str:
-        return error_line(b"".join(self.tail).decode(errors="replace"))
+        return error_line(self.text())
 
 
 # the fatal signals Python's faulthandler dumps every thread's stack on (the worker enables it first: stall.py)
@@ -72,15 +168,17 @@ def log_place(log_path: Path | None) -> str:
     return f"the run's {log_path.parent.name}/{log_path.name}" if log_path is not None else "our stderr"
 
 
-def died_of(signum: int, log_path: Path | None) -> str:
-    """What a worker's death by ``signum`` says: a crash (its stacks in its log), or a kill from outside."""
+def died_of(signum: int, log_path: Path | None, stderr: str = "") -> str:
+    """What a worker's death by ``signum`` says: a crash (its stacks in its log; the C++ exception that aborted it,
+    where its ``stderr`` tail says one: ``crash_cause``), or a kill from outside."""
     try:
         sig = signal.Signals(signum)
     except ValueError:
         return f"worker died of signal {signum}"
     if sig in CRASH_SIGNALS:
-        return (f"worker died of {sig.name} (a crash inside the framework or a library it loaded); every thread's "
-                f"Python stack in {log_place(log_path)}")
+        cause = crash_cause(stderr)
+        return (f"worker died of {sig.name} (a crash inside the framework or a library it loaded"
+                f"{': ' + cause if cause else ''}); every thread's Python stack in {log_place(log_path)}")
     if sig == signal.SIGKILL:
         return "worker killed (SIGKILL: the kernel's out-of-memory killer or another process)"
     return f"worker stopped by {sig.name} from another process"
@@ -117,15 +215,25 @@ def stop_leftovers(proc: subprocess.Popen, log_fh=None) -> bool:
     return True
 
 
-def _wait(proc: subprocess.Popen, stall_s: float | None, log_path: Path | None) -> int | str | None:
-    """``proc``'s exit status; where it is still running after ``stall_s`` seconds, the workers of its process
-    group are sent ``stall.STACKS_SIGNAL`` (they write every thread's Python stack to their stderr), given
-    ``stall.DUMP_WAIT_S``, its native stacks added to ``log_path`` (``stall.native_stacks``) and killed: then
-    the tool that took the native stacks ("" where none did)."""
-    try:
-        return proc.wait(timeout=stall_s)
-    except subprocess.TimeoutExpired:
-        pass
+POLL_S = 0.5  # how often a waiting runner looks at what the worker's stderr said (XlaDeviceWait)
+
+
+def _wait(proc: subprocess.Popen, stall_s: float | None, log_path: Path | None,
+          hung: threading.Event | None = None) -> int | str | None:
+    """``proc``'s exit status; where it is still running after ``stall_s`` seconds, or once ``hung`` is set (its
+    stderr said it waits for ever: ``XlaDeviceWait``), the workers of its process group are sent
+    ``stall.STACKS_SIGNAL`` (they write every thread's Python stack to their stderr), given ``stall.DUMP_WAIT_S``,
+    its native stacks added to ``log_path`` (``stall.native_stacks``) and killed: then the tool that took the
+    native stacks ("" where none did)."""
+    deadline = None if stall_s is None else time.monotonic() + stall_s
+    while True:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            return proc.wait(timeout=POLL_S if left is None else min(POLL_S, left))
+        except subprocess.TimeoutExpired:
+            pass
+        if (hung is not None and hung.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+            break
     stall.ask_for_stacks(proc.pid)
     time.sleep(stall.DUMP_WAIT_S)  # faulthandler writes from its handler, at once
     native = stall.native_stacks(proc.pid, log_path) if log_path is not None else None
@@ -159,7 +267,8 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
                                         stderr=subprocess.PIPE, process_group=0)
                 tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
                 tee.start()
-            rc = _wait(proc, stall_s, log_path)
+            started = time.monotonic()
+            rc = _wait(proc, stall_s, log_path, tee.xla.found)
             stop_leftovers(proc, log_fh)  # before the tee's join: a leftover holds the stderr pipe open
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
             if proc is not None:
@@ -173,17 +282,21 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
         if log_fh:
             log_fh.close()
     if isinstance(rc, str):
-        where = log_place(log_path)
+        stacks = (f"every thread's stack (Python: signal {stall.STACKS_SIGNAL.name}{', native: ' + rc if rc else ''}) "
+                  f"in {log_place(log_path)}")
+        if tee.xla.found.is_set():
+            raise KernelmapError(f"{label}: stopped {tee.xla.found_after(started):.0f} s in, not left to its stall "
+                                 f"limit: {tee.xla.said()}; its process group killed; {stacks}")
         raise KernelmapError(f"{label}: stalled: still running after its stall limit of {stall_s:.0f} s "
-                             f"(kernelmap run --stall-limit), its process group killed; every thread's stack "
-                             f"(Python: signal {stall.STACKS_SIGNAL.name}{', native: ' + rc if rc else ''}) in {where}")
+                             f"(kernelmap run --stall-limit), its process group killed; {stacks}")
     if rc == EXIT_OOM:
         raise KernelmapError(f"{label}: out of memory at batch size {batch_size}; "
                              f"try a smaller --batch-size ({tee.last_line()})")
     if isinstance(rc, int) and rc < 0:
-        raise KernelmapError(f"{label}: {died_of(-rc, log_path)}")
+        raise KernelmapError(f"{label}: {died_of(-rc, log_path, tee.text())}{memory_said(tee.text())}")
     if rc != 0:
-        raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}")
+        raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}"
+                             f"{memory_said(tee.text())}")
 
 
 def nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str],

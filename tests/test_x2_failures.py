@@ -1,0 +1,126 @@
+"""What the runner says when a case on several GPUs fails because one GPU has no memory free, from the logs of the
+2x H200 run (``kernelmap run --framework all --device gpu --devices 1 2 --profile comm --batch-size 1024``, GPU 1
+held by a leftover process: tests/data/gpu_x2_busy_gpu/, the run's own worker logs). A stand-in worker writes a real
+log to its stderr as the worker did and then ends as the worker did (exit 1, SIGABRT, or waits for ever):
+
+- JAX x2: device 1 could not allocate (82 tries down to 21.11 MiB), device 0 then waited at the all-reduce's
+  clique rendezvous for ever; the runner waited for its 150 s stall limit. Now it stops the worker once XLA's
+  two lines are out (``processes.XlaDeviceWait``) and says why;
+- MXNet x2: died of SIGABRT, cuBLAS's "Create cublas handle failed" (status 3, ALLOC_FAILED) in the log only;
+  now the message names the C++ exception and the status;
+- PyTorch x2: rank 1 exited 1, NCCL's "Failed to CUDA calloc async 8 bytes"; now said to be GPU memory."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelmap.errors import KernelmapError
+from kernelmap.run import processes
+
+DATA = Path(__file__).parent / "data" / "gpu_x2_busy_gpu"
+LABEL = "{fw}-x2 bs 1024 (clean pass trial 1/1, gpu)"
+
+
+def _log(name: str) -> str:
+    path = DATA / name
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def _stand_in(text: str, then: str) -> list[str]:
+    """A worker that writes ``text`` to its stderr (as the worker did, faulthandler on as the worker has it), then
+    runs ``then``."""
+    return [sys.executable, "-c", "import sys; from kernelmap import stall; stall.dump_stacks_on_signal(); "
+            f"sys.stderr.write({text!r}); sys.stderr.flush(); {then}"]
+
+
+def _jax_until_stuck() -> tuple[str, list[str]]:
+    """The JAX x2 worker's log up to XLA's stuck rendezvous (what it wrote before the runner acted), and the sizes
+    device 1's allocator tried in turn."""
+    text = _log("jax-x2-bs1024-clean-1.log.gz")
+    end = text.index("\n", text.index("may be stuck")) + 1
+    head = text[:end]
+    return head, re.findall(r"\] \[1\] Failed to allocate device memory of (\S+) ", head)
+
+
+def test_the_jax_worker_waiting_for_a_device_without_memory_is_stopped_at_once(tmp_path):
+    head, sizes = _jax_until_stuck()
+    assert len(sizes) == 82 and sizes[0] == "104.85GiB" and sizes[-1] == "21.11MiB"
+    log = tmp_path / "logs" / "jax-x2-bs1024-clean-1.log"
+    t0 = time.monotonic()
+    with pytest.raises(KernelmapError) as info:
+        processes.run_worker(_stand_in(head, "import time; time.sleep(600)"), label=LABEL.format(fw="jax"),
+                             batch_size=1024, log_path=log, forward_stderr=False, stall_s=150)
+    took = time.monotonic() - t0
+    assert took < 60  # the stall limit was 150 s; the stacks' wait is 5 s
+    msg = str(info.value)
+    assert msg.startswith("jax-x2 bs 1024 (clean pass trial 1/1, gpu): stopped ")
+    assert re.search(r"stopped \d+ s in, not left to its stall limit: XLA's device 1 could not allocate GPU memory "
+                     r"\(Failed to allocate device memory of 21\.11MiB: out of memory, the last of 82 tries\) and "
+                     r"another device waits for it at a collective \(\"This thread has been waiting for `\[0\] "
+                     r"\[rank=0\] \[run_id=-1872174331\] Acquire clique: devices=2:\[0,1\]; ", msg), msg
+    native = ", native: gdb" if shutil.which("gdb") else ""
+    assert msg.endswith(f"its process group killed; every thread's stack (Python: signal SIGUSR1{native}) in the "
+                        "run's logs/jax-x2-bs1024-clean-1.log")
+    assert "\n" not in msg and "Thread 0x" in log.read_text()  # the stacks are in the log
+
+
+def test_an_allocation_retried_to_success_and_a_slow_rendezvous_alone_are_not_a_hang(tmp_path):
+    """XLA's allocator retries smaller until one fits (the lines without the stuck rendezvous): the worker goes on
+    and ends well. A rendezvous that waits without any device out of memory (a slow compile on one device) is left
+    to the stall limit."""
+    head, _ = _jax_until_stuck()
+    oom_only = "".join(x for x in head.splitlines(keepends=True) if "may be stuck" not in x)
+    processes.run_worker(_stand_in(oom_only, "import time; time.sleep(2)"), label="jax-x2", batch_size=1024,
+                         log_path=tmp_path / "a.log", forward_stderr=False, stall_s=150)
+    stuck_only = "".join(x for x in head.splitlines(keepends=True) if "may be stuck" in x)
+    with pytest.raises(KernelmapError) as info:
+        processes.run_worker(_stand_in(stuck_only, "import time; time.sleep(600)"), label="jax-x2", batch_size=1024,
+                             log_path=tmp_path / "b.log", forward_stderr=False, stall_s=3)
+    assert str(info.value).startswith("jax-x2: stalled: still running after its stall limit of 3 s")
+
+
+def test_the_mxnet_workers_abort_names_cublas_and_its_status(tmp_path):
+    text = _log("mxnet-x2-bs1024-clean-1.log")
+    before = text[:text.index("Fatal Python error")]  # what libmxnet wrote; faulthandler writes the rest again
+    log = tmp_path / "logs" / "mxnet-x2-bs1024-clean-1.log"
+    with pytest.raises(KernelmapError) as info:
+        processes.run_worker(_stand_in(before, "import os; os.abort()"), label=LABEL.format(fw="mxnet"),
+                             batch_size=1024, log_path=log, forward_stderr=False, stall_s=60)
+    assert str(info.value) == (
+        "mxnet-x2 bs 1024 (clean pass trial 1/1, gpu): worker died of SIGABRT (a crash inside the framework or a "
+        "library it loaded: dmlc::Error: stream_gpu-inl.h:133: Check failed: err == CUBLAS_STATUS_SUCCESS (3 vs. 0) "
+        ": Create cublas handle failed (cuBLAS status 3 is CUBLAS_STATUS_ALLOC_FAILED: cuBLAS could not allocate GPU "
+        "memory)); every thread's Python stack in the run's logs/mxnet-x2-bs1024-clean-1.log; the GPU ran out of "
+        "memory: another process may hold it (nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory)")
+
+
+def test_the_pytorch_ranks_nccl_allocation_is_said_to_be_gpu_memory(tmp_path):
+    text = _log("pytorch-x2-bs1024-clean-1.log")
+    with pytest.raises(KernelmapError) as info:
+        processes.run_worker(_stand_in(text, "sys.exit(1)"), label=LABEL.format(fw="pytorch"), batch_size=1024,
+                             log_path=tmp_path / "p.log", forward_stderr=False, stall_s=60)
+    assert str(info.value) == (
+        "pytorch-x2 bs 1024 (clean pass trial 1/1, gpu): worker exited 1: [rank1]: Failed to CUDA calloc async 8 "
+        "bytes; rank 1's GPU ran out of memory: another process may hold it (nvidia-smi "
+        "--query-compute-apps=pid,gpu_uuid,used_memory)")
+
+
+@pytest.mark.parametrize(("text", "cause"), [
+    ("", ""),
+    ("Fatal Python error: Aborted\n", ""),
+    ("terminate called after throwing an instance of 'std::runtime_error'\n  what():  bad thing\n",
+     "std::runtime_error: bad thing"),
+    ("terminate called after throwing an instance of 'dmlc::Error'\n  what():  [01:02:03] /a/b/c.h:7: Check failed: "
+     "err == CUBLAS_STATUS_SUCCESS (14 vs. 0) : x\n",
+     "dmlc::Error: c.h:7: Check failed: err == CUBLAS_STATUS_SUCCESS (14 vs. 0) : x (cuBLAS status 14 is "
+     "CUBLAS_STATUS_INTERNAL_ERROR)"),
+])
+def test_crash_cause(text, cause):
+    assert processes.crash_cause(text) == cause
