@@ -8,8 +8,12 @@ A CPU window (``CpuWindow.start()`` ... ``.stop()``) reads three clocks at both 
 - this process's own CPU time: ``getrusage`` of itself and of its waited-for children;
 - the wall clock (``time.perf_counter``).
 
-Other processes' CPU = busy CPU-seconds - own CPU-seconds, clamped at 0; every figure is given in
-*cores*: CPU-seconds per wall-second. Steal (time the hypervisor gave another guest) in cores too.
+Other processes' CPU = busy CPU-seconds - own CPU-seconds - the case's other processes' CPU-seconds, clamped at
+0; every figure is given in *cores*: CPU-seconds per wall-second. Steal (time the hypervisor gave another guest) in
+cores too. The case's other processes (``case_cpu_s``): where this process is one rank of a case that runs one
+process per device (PyTorch DDP: ``dataparallel.WORLD_ENV`` > 1), the worker that launched the ranks and the other
+ranks; they are this run's own, not "other processes" (each rank of a 2-device case counted the other's core as
+contention: on a 2-core machine always BUSY).
 
 ``is_contended`` is the one rule (constants below): other processes used at least
 ``max(OTHER_CPU_MIN_CORES, OTHER_CPU_SHARE x NCPU)`` cores, or steal took at least
@@ -33,6 +37,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from frameworks.dataparallel import WORLD_ENV
 
 NCPU: int = os.cpu_count() or 1
 
@@ -109,6 +115,35 @@ def own_cpu_s() -> float:
     return total
 
 
+# /proc/<pid>/stat after the command's ")": state ppid pgrp ...; utime stime cutime cstime at these places
+_STAT_PPID, _STAT_TIMES = 1, slice(11, 15)
+
+
+def case_cpu_s(proc_root: str = "/proc", pid: int | None = None, ppid: int | None = None,
+               world: str | None = None) -> float | None:
+    """CPU-seconds (user + system, with their waited-for children's) of this case's other processes, read from
+    /proc/<pid>/stat: where this process is a rank of a case of several processes (``world``, else
+    $``WORLD_ENV``, above 1), its parent (the worker that launched the ranks) and its parent's other children (the
+    other ranks); None for a case of one process."""
+    world = os.environ.get(WORLD_ENV) if world is None else world
+    if not (world or "").isdigit() or int(world) < 2:
+        return None
+    pid = os.getpid() if pid is None else pid
+    ppid = os.getppid() if ppid is None else ppid
+    ticks = 0
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit() or int(entry.name) == pid:
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(entry.name) == ppid or int(fields[_STAT_PPID]) == ppid:
+            ticks += sum(int(v) for v in fields[_STAT_TIMES])
+    return ticks / clock_ticks()
+
+
 def load1() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
@@ -128,6 +163,7 @@ class CpuSources:
     own_cpu_s: Callable[[], float] = own_cpu_s
     wall_s: Callable[[], float] = time.perf_counter
     load1: Callable[[], float | None] = load1
+    case_cpu_s: Callable[[], float | None] = case_cpu_s
     clk_tck: int = clock_ticks()
     ncpu: int = NCPU
 
@@ -147,24 +183,31 @@ class CpuWindow:
     wall0: float
     own0: float
     stat0: str | None
+    case0: float | None = None
 
     @classmethod
     def start(cls, sources: CpuSources = SYSTEM) -> CpuWindow:
         stat = sources.proc_stat()
+        case = sources.case_cpu_s()
         own = sources.own_cpu_s()
-        return cls(sources, sources.wall_s(), own, stat)
+        return cls(sources, sources.wall_s(), own, stat, case)
 
     def stop(self) -> dict[str, Any]:
-        """{"wall_s", "own_cpu_cores", "other_cpu_cores", "steal_cores", "ncpu", "load1", "resolution_cores",
-        "measured", "why_not", "contended"}: cores = CPU-seconds per wall-second of the window."""
+        """{"wall_s", "own_cpu_cores", "case_cpu_cores", "other_cpu_cores", "steal_cores", "ncpu", "load1",
+        "resolution_cores", "measured", "why_not", "contended"}: cores = CPU-seconds per wall-second of the window;
+        ``case_cpu_cores``: the case's other processes (``case_cpu_s``; None for a case of one process), left out
+        of "other"."""
         src = self.sources
         wall1 = src.wall_s()
         own1 = src.own_cpu_s()
+        case1 = src.case_cpu_s()
         stat1 = src.proc_stat()
         wall = wall1 - self.wall0
         own = own1 - self.own0
+        case = None if self.case0 is None or case1 is None else max(case1 - self.case0, 0.0)
         window: dict[str, Any] = {
             "wall_s": _round(wall), "own_cpu_cores": _round(own / wall) if wall > 0 else None,
+            "case_cpu_cores": _round(case / wall) if case is not None and wall > 0 else None,
             "other_cpu_cores": None, "steal_cores": None, "ncpu": src.ncpu, "load1": src.load1(),
             "resolution_cores": None, "measured": False, "why_not": None,
         }
@@ -181,7 +224,7 @@ class CpuWindow:
                                      f"used {own:.2f}: its counters do not see this machine's processes (a sandbox?)")
             else:
                 window.update(
-                    other_cpu_cores=_round(max(busy_s - own, 0.0) / wall),
+                    other_cpu_cores=_round(max(busy_s - own - (case or 0.0), 0.0) / wall),
                     steal_cores=(None if steal0 is None or steal1 is None
                                  else _round(max(steal1 - steal0, 0) / src.clk_tck / wall)),
                     resolution_cores=_round(TICK_SLACK / src.clk_tck / wall),

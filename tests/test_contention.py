@@ -205,3 +205,51 @@ def test_a_proc_stat_that_misses_our_own_cpu_is_not_measured():
     w = CpuWindow.start(scripted((STAT_0, STAT_1), (0.0, 2.0), (5.0, 6.0))).stop()
     assert w["measured"] and w["other_cpu_cores"] == 0.0
     assert not CpuWindow.start(scripted((STAT_0, STAT_1), (0.0, 2.2), (5.0, 6.0))).stop()["measured"]
+
+
+# --- a case of several processes: the other ranks and their launcher are the case's own ---------------------------
+def test_the_cases_other_processes_are_not_other_processes():
+    """A rank of a 2-device case (PyTorch DDP: one process per device) counted the other rank's core as another
+    process's: on the 2-core machine every such pass read BUSY. Its case's other processes (``case_cpu_s``: the
+    launcher and the other ranks) are left out of "other" and said apart."""
+    cases = iter((3.0, 3.4))  # the other rank used 0.4 CPU-seconds in the window
+    src = CpuSources(proc_stat=iter((STAT_0, STAT_1)).__next__, own_cpu_s=iter((0.25, 0.75)).__next__,
+                     wall_s=iter((100.0, 101.0)).__next__, load1=lambda: 1.35, case_cpu_s=lambda: next(cases),
+                     clk_tck=100, ncpu=2)
+    w = CpuWindow.start(src).stop()
+    # 1.02 busy CPU-seconds: 0.5 ours, 0.4 the other rank's, 0.12 others'
+    assert (w["own_cpu_cores"], w["case_cpu_cores"], w["other_cpu_cores"]) == (0.5, 0.4, 0.12)
+    assert w["contended"] is False  # 0.12 - 0.02 < 0.25; with the other rank counted: 0.52, contended
+    assert window(own_s=0.5)["case_cpu_cores"] is None and window(own_s=0.5)["contended"] is True  # one process
+
+
+def test_case_cpu_is_none_for_a_case_of_one_process():
+    assert contention.case_cpu_s(world="1") is None and contention.case_cpu_s(world="") is None
+
+
+# a launcher (the worker that starts the ranks) that spends CPU, starts one rank that spends CPU and waits, then a
+# second rank that reads case_cpu_s; each reports its own process_time (clock_gettime: not /proc)
+_SPIN = "import time\nt = time.process_time() + {s}\nwhile time.process_time() < t: pass\n"
+_RANK_BUSY = _SPIN.format(s=0.3) + "import sys\nprint(time.process_time(), flush=True)\nsys.stdin.read()\n"
+_RANK_READS = "from kernelmap import contention\nprint(contention.case_cpu_s(), flush=True)\n"
+_LAUNCHER = _SPIN.format(s=0.2) + f"""import os, subprocess, sys
+env = dict(os.environ, {contention.WORLD_ENV}="2")
+busy = subprocess.Popen([sys.executable, "-c", {_RANK_BUSY!r}], env=env, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
+busy_cpu = float(busy.stdout.readline())
+before = time.process_time()
+seen = float(subprocess.run([sys.executable, "-c", {_RANK_READS!r}], env=env, capture_output=True,
+                            text=True, check=True).stdout)
+after = time.process_time()
+busy.communicate("")
+print(busy_cpu, before, after, seen)
+"""
+
+
+def test_case_cpu_reads_the_launcher_and_the_other_ranks_from_proc():
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER], capture_output=True, text=True, check=True, timeout=120)
+    busy_cpu, before, after, seen = (float(x) for x in out.stdout.split())
+    tick = 1 / contention.clock_ticks()
+    # /proc counts whole ticks of each process (two here): the launcher's between its two reads, the busy rank's
+    assert busy_cpu >= 0.3 and before >= 0.2
+    assert before + busy_cpu - 2 * tick <= seen <= after + busy_cpu + 2 * tick, (busy_cpu, before, after, seen)
