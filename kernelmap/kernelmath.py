@@ -26,6 +26,7 @@ Calls of two maths: NA.
 for every kernel, whatever its call: a kernel's operand types (``math_ran``) do not say it (cuDNN's
 ``implicit_convolve_sgemm<__nv_bfloat16, …>`` is a bf16 convolution on the FMA units). ``none`` first, a kernel
 that multiplies no operands (``cudnn::nchwToNhwcKernel``/``nhwcToNchwKernel``, cuBLASLt's ``splitKreduce_kernel``,
+cuBLAS's ``scal_kernel`` and cuDNN's ``scalePackedTensor_kernel`` (a scale by the call's beta),
 CUTLASS's ``reduction::kernel::ReduceSplitK``, cuDNN's ``flip_filter``, ``calc_bias_diff``, ``memset32``,
 ``init_device_workspace_kernel``: their names may carry a GEMM's types as template arguments); then an xmma
 kernel's math field (``tf32``/``bf16``/``f16``: ``tensor``; ``f32``: ``fma``, the ``…_ffma_…`` kernels); then
@@ -34,6 +35,21 @@ kernel's math field (``tf32``/``bf16``/``f16``: ``tensor``; ``f32``: ``fma``, th
 ``simt_sgemm``), ``_simt_``/``MmaSimt``, ``*_engine_float*``, ``ffma``. A name that two of them claim, or none
 (FFTs, Winograd transforms, cuDNN's legacy ``wgrad_alg0_engine``, framework kernels): NA. Checked against the
 tensor-pipe and FFMA/HFMA counts of two H200 ncu captures (tests/test_math_unit.py).
+
+``COUNTED_RULES`` (``counted_math``): the floating-point arithmetic a kernel executes, in the vocabulary of the
+counters pass (``adapters.ncu.kernel_math``: ``tf32``/``bf16``/``fp16`` tensor cores, ``fp32`` the CUDA cores' FP32
+FMA/ADD/MUL, ``fp16/bf16 (CUDA cores)``, ``none``), from the log's math and what the name says beyond it, so that
+the two are compared per kernel (``reports/analyses/roofline.py``: "log math vs counter math"). A tensor-unit
+kernel: its ``math_ran``. An FMA-unit kernel whose name says single precision (``sgemm``, ``_engine_float``,
+``ffma``, an xmma ``f32`` math field): ``fp32`` whatever its call's operand types (``implicit_convolve_sgemm<
+__nv_bfloat16, ...>`` converts its bf16 operands and multiplies in FP32: 25,690,112 FFMA, no tensor op, no HFMA but
+HFMA2.MMA moves in the 2x H200 capture). A kernel that multiplies no operands but computes in a type its template
+names: cuDNN's layout transforms (``nchwToNhwcKernel<in, out, compute, ...>``: one FMUL an element, the scale by
+alpha: 401,408 for conv2's 64x32x14x14 input), cuBLASLt's ``splitKreduce_kernel<.., int, partials, ...>`` (the sum of
+the split-K partials: FADD), CUTLASS's ``ReduceSplitK<..., ReduceAdd<float, ...>>``: that type (``float``:
+``fp32``; ``__half``/``bf16``: the CUDA cores' half precision). Any other no-product kernel: unknown
+(cuBLAS's ``scal_kernel`` scales by the call's beta, which its name does not give; with beta 0 it writes zeros: no
+FP instruction in the capture; cuDNN's ``scalePackedTensor_kernel`` likewise). A kernel of no unit by name: its ``math_ran``. None where nothing is known.
 
 ``apply_override``: ``NVIDIA_TF32_OVERRIDE=0`` makes cuBLAS, cuBLASLt and cuDNN never use TF32, whatever
 the call asked (NVIDIA's documentation of the variable). cuDNN 9's log says it per call (its
@@ -52,6 +68,7 @@ import pandas as pd
 from . import attribution
 from . import strings as S
 from .adapters import mathtypes as MT
+from .adapters import ncu
 from .schema import MathRan, MathSource, MathUnit
 
 OVERRIDE_NOTE = "NVIDIA_TF32_OVERRIDE=0"
@@ -69,7 +86,7 @@ _NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32"
 COLUMNS = ("math_ran", "math_dtypes", "math_source")
 # UNIT_RULES (module docstring), in this order
 _NO_PRODUCT = re.compile(r"nchwToNhwc|nhwcToNchw|splitKreduce|ReduceSplitK|reduction::kernel|flip_filter|calc_bias_diff"
-                         r"|init_device_workspace|^memset\d*$")
+                         r"|init_device_workspace|^memset\d*$|\bscal_kernel<|scalePackedTensor_kernel<")
 _UNIT_OF_MATH = {"tf32": MathUnit.TENSOR, "bf16": MathUnit.TENSOR, "f16": MathUnit.TENSOR, "f32": MathUnit.FMA,
                  "cf32": MathUnit.FMA}
 _TENSOR = re.compile(r"_tensorop_|MmaTensorOp|wmma|hmma|gmma|_[a-z]?(?:16816|1688|161616)(?:gemm|fprop|dgrad|wgrad)"
@@ -104,6 +121,54 @@ def name_unit(name: str | None) -> str | None:
         return unit.value if unit else None
     hits = {u for u, rule in ((MathUnit.TENSOR, _TENSOR), (MathUnit.FMA, _FMA)) if rule.search(name)}
     return hits.pop().value if len(hits) == 1 else None
+
+
+# COUNTED_RULES (module docstring): the values of ``adapters.ncu.kernel_math`` a kernel's log and name can give
+COUNTED_FP32, COUNTED_HALF = ncu.MATH_FP32, ncu.MATH_HALF  # FP32 / half precision on the CUDA cores
+_SINGLE = re.compile(r"sgemm|_engine_float|ffma")  # an FMA-unit kernel that multiplies in FP32
+# a no-product kernel's template argument (0-based) that is the type it computes in
+_TYPED = ((re.compile(r"(?:nchwToNhwc|nhwcToNchw)Kernel<"), 2), (re.compile(r"splitKreduce_kernel<"), 3),
+          (re.compile(r"ReduceAdd<"), 0))
+_TYPE_MATH = {"float": COUNTED_FP32, "__half": COUNTED_HALF, "half": COUNTED_HALF, "__nv_bfloat16": COUNTED_HALF,
+              "bfloat16_t": COUNTED_HALF, "half_t": COUNTED_HALF}
+
+
+def template_args(name: str, at: int) -> list[str]:
+    """The top-level arguments of the template list that opens at ``name[at]`` (a ``<``), each stripped and without
+    its namespaces (``cutlass__5x_cudnn::bfloat16_t`` -> ``bfloat16_t``); [] where the list does not close."""
+    args, depth, start = [], 0, at + 1
+    for i in range(at, len(name)):
+        c = name[i]
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+            if depth == 0:
+                args.append(name[start:i])
+                return [a.strip().split("::")[-1] for a in args]
+        elif c == "," and depth == 1:
+            args.append(name[start:i])
+            start = i + 1
+    return []
+
+
+def counted_math(name: str | None, math_ran: str | None) -> str | None:
+    """The arithmetic the counters should find in a kernel (``COUNTED_RULES``: ``adapters.ncu.kernel_math``'s
+    values), from its log's ``math_ran`` and what its name says (its unit: ``name_unit``; the type a no-product
+    kernel computes in); None where they do not say."""
+    ran = None if math_ran is None or pd.isna(math_ran) else str(math_ran)
+    if not isinstance(name, str):
+        return None
+    for rule, arg in _TYPED:
+        m = rule.search(name)
+        if m:
+            args = template_args(name, m.end() - 1)
+            return _TYPE_MATH.get(args[arg]) if len(args) > arg else None
+    unit = name_unit(name)
+    if unit == MathUnit.FMA.value:
+        x = _XMMA.search(name)
+        return COUNTED_FP32 if (x.group(1) == "f32" if x else _SINGLE.search(name)) else None
+    return None if unit == MathUnit.NONE.value else ran
 
 
 def _by_name(df: pd.DataFrame, rows: np.ndarray, judge) -> tuple[np.ndarray, np.ndarray]:

@@ -3,10 +3,12 @@
 Rows only for the cases of a run that asked for the pass (``--profile counters``); none otherwise.
 
 * ``counters cover the step``: the timing step's kernel time in kernels that have counters (``paired_time_share``)
-  is at least ``COVERAGE_GOAL``; FAIL says why the rest is unpaired (counts or names differ). Not checked where
-  the pass recorded nothing (its reason: the CPU, no ncu, ncu failed).
-* ``log math vs counter math``: every paired kernel whose log math (the call's ``math_ran``) and counter math
-  are both known agrees; FAIL names each that does not. Not checked where none has both.
+  is at least ``COVERAGE_GOAL``; FAIL says why the rest is unpaired (counts or names differ). The detail says where
+  the kernels were paired by name and launch configuration because the two steps launched them in another order
+  (``roofline.match_kernels``). Not checked where the pass recorded nothing (its reason: the CPU, no ncu, ncu failed).
+* ``log math vs counter math``: every paired kernel whose log math (the arithmetic its call's ``math_ran`` and its
+  name imply: ``kernelmath.counted_math``) and counter math are both known agrees; FAIL names each that does not.
+  Not checked where none has both.
 * ``counters pass within budget``: ncu's wall time for the case is at most ``COUNTERS_BUDGET_S`` (the issue's
   60 s per framework and case).
 
@@ -45,8 +47,9 @@ def _covered(run: Run, s: dict) -> dict[str, Any]:
     share = s["paired_time_share"]
     if share is None or share != share:
         return check_row(*args, None, NOT_CHECKED, f"no timing step to pair with: {s['reason']}")
-    detail = (f"{s['matched']} of {s['kernels']} counted kernels paired with the {s['source']} step's "
-              f"{s['timed_kernels']}")
+    by = f", by {s['pairing']}" if str(s.get("pairing")).startswith(R.BY_IDENTITY) else ""
+    detail = (f"{int(s['matched'])} of {int(s['kernels'])} counted kernels paired with the {s['source']} step's "
+              f"{int(s['timed_kernels'])}{by}")
     if share >= COVERAGE_GOAL:
         return check_row(*args, f"{share:.1%}", PASS, detail)
     return check_row(*args, f"{share:.1%}", FAIL, f"{detail}: {s['reason']}")

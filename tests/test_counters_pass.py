@@ -172,3 +172,33 @@ def test_peaks_measured_through_pytorch(override):
     assert g["bf16"]["flops_per_s"] > 2 * g["fp32"]["flops_per_s"] > 0 and g["fp16"]["flops_per_s"] > 0
     assert ("not_measured" in g["tf32"]) == (override == "0")
     assert p["dram"]["bytes_per_s"] > 1e11 and len(p["dram"]["ms"]) == 10
+
+
+def test_jax_counters_pass_reads_the_algorithms_its_case_chose(tmp_path, monkeypatch):
+    """JAX's processes of a GPU case share XLA's autotuning results (frameworks/jax/descriptor.py): the first writes
+    them, every later one, the counters pass under ncu too, reads them and autotunes nothing; the counters pass
+    takes memory as needed and prints a crash's Python stack. On the CPU no flag is added."""
+    from kernelmap.frameworks.jax import descriptor as jax_descriptor
+
+    envs = []
+
+    def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                    stall_s=None):
+        envs.append(dict(env or {}))
+        raise KernelmapError(f"{label}: worker exited 139: Segmentation fault")
+
+    monkeypatch.setattr(run_processes, "run_worker", fake_worker)
+    monkeypatch.setattr(counters, "find_ncu", lambda: "/opt/ncu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/mine")
+    case = _case(tmp_path, "jax", "gpu")
+    tuned = case.out_dir / "algorithms.textproto"
+    case.out_dir.mkdir(parents=True)
+    first = case._env()["XLA_FLAGS"]
+    assert first == f"--xla_dump_to=/tmp/mine {jax_descriptor.AUTOTUNE_DUMP}={tuned}"
+    tuned.write_text("version: 3\n")  # what the first process wrote
+    case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), [])
+    (env,) = envs
+    assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/mine {jax_descriptor.AUTOTUNE_LOAD}={tuned}"
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and env["PYTHONFAULTHANDLER"] == "1"
+    assert case.pass_results[counters.COUNTERS]["skipped"].startswith("ncu failed: ")
+    assert _case(tmp_path / "cpu", "jax", "cpu")._env()["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"

@@ -58,8 +58,9 @@ def test_every_kernel_paired_where_the_steps_agree(tmp_path):
     assert status.iloc[0][["kernels", "timed_kernels", "matched", "source", "iteration"]].tolist() == [
         31, 31, 31, "kineto", 7]
     assert status.iloc[0]["paired_time_share"] == 1.0
-    # the log's math (stand-in: bf16 on the three tensor-core kernels) against the counters': all three agree
-    assert status.iloc[0][["math_compared", "math_agree", "math_disagree"]].tolist() == [3, 3, []]
+    # the log's math (stand-in: bf16 on the three tensor-core kernels; FP32 by the compute type in the names of
+    # cuDNN's three layout transforms) against the counters': all six agree
+    assert status.iloc[0][["math_compared", "math_agree", "math_disagree"]].tolist() == [6, 6, []]
     assert status.iloc[0]["ncu_wall_s"] is None and status.iloc[0]["within_budget"] is None
     assert peaks["run"]["gemm"]["bf16"]["flops_per_s"] == 7.0e14
     conv2 = kernels[kernels["kernel_name"].str.contains("bf16_s16816fprop")].iloc[0]
@@ -77,7 +78,7 @@ def test_counts_that_differ_pair_nothing(tmp_path):
     names = _names()
     kernels, status, _ = roofline.counter_kernels([_run(tmp_path, names[:-1])])
     assert not kernels["matched"].any() and kernels["layer"].isna().all()
-    why = "the counters step ran 31 kernels, the kineto step 30: kernels are paired by order only"
+    why = "the counters step ran 31 kernels, the kineto step 30: kernels are paired only where both ran the same"
     assert kernels["reason"].str.startswith(why).all() and status.iloc[0]["matched"] == 0
     assert status.iloc[0]["reason"].startswith(why)
 
@@ -157,7 +158,7 @@ def test_math_disagreement_and_budget_are_said(tmp_path, monkeypatch):
     run = _run(tmp_path, _names(), {"csv": "pytorch/bs64/counters/ncu.csv", "peaks": PEAKS, "ncu_wall_s": 61.5})
     _, status, _ = roofline.counter_kernels([run])
     s = status.iloc[0]
-    assert (s["math_compared"], s["math_agree"]) == (3, 2)
+    assert (s["math_compared"], s["math_agree"]) == (6, 5)
     assert s["math_disagree"] == ["nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT: log tf32, counters bf16"]
     assert s["ncu_wall_s"] == 61.5 and not s["within_budget"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..dataparallel import DataParallel
 from ..registry import Framework, GpuVerdict, no_gpu
 
@@ -30,13 +32,39 @@ def gpu_verdict(probe: dict, cc: tuple[int, int] | None, gpu_problem: str | None
                       "install jax[cuda13] (or the CUDA build matching the driver)")
 
 
+# XLA's autotuning results (the algorithm of each convolution, GEMM and fusion), shared by a case's processes
+AUTOTUNE_DUMP = "--xla_gpu_dump_autotune_results_to"
+AUTOTUNE_LOAD = "--xla_gpu_load_autotune_results_from"
+AUTOTUNE_SUFFIX = ".textproto"  # XLA writes and reads a text proto where the name ends so
+
+
+def shared_algorithms_env(path: str, env: dict[str, str] | None) -> dict[str, str]:
+    """XLA autotunes each convolution, GEMM and fusion when a process compiles the step: the case's first GPU
+    process writes the results it chose beside ``path`` (``algorithms.textproto``), every later one reads them
+    and measures nothing (XLA's cache: a result it holds is used, one it lacks is still autotuned). Every timing
+    pass then runs the algorithms the first chose, and the counters pass autotunes nothing under ncu: on the
+    2x H200 XLA's autotuner under ncu printed "Delay kernel timed out" (its timer's delay kernel outlasted by
+    launches slowed by ncu) and the process died of SIGSEGV before the window opened (docs/COUNTERS.md). The
+    libs pass's own ``XLA_FLAGS`` (``pass_env``) replace these: it does not autotune at all. An inherited
+    ``XLA_FLAGS`` is kept."""
+    file = os.path.splitext(path)[0] + AUTOTUNE_SUFFIX
+    flag = f"{AUTOTUNE_LOAD}={file}" if os.path.isfile(file) else f"{AUTOTUNE_DUMP}={file}"
+    inherited = os.environ.get("XLA_FLAGS", "").strip()
+    return {"XLA_FLAGS": f"{inherited} {flag}".strip()}
+
+
 DESCRIPTOR = Framework(
     name="jax", label="JAX", color="#2b8a3e", import_names=("jax", "flax", "optax"), install_fix=INSTALL_FIX,
     probe=PROBE, gpu_verdict=gpu_verdict, trace_source="xla_trace", modes=("jit",),
     # XLA autotunes convolutions and GEMMs at compile time by running candidates through cuDNN and
     # cuBLASLt: with autotuning on, the library logs hold hundreds of trial calls (143 MB for 8 steps).
     # The libs pass turns it off, so its calls are the default algorithms, not necessarily the traced ones.
-    pass_env={"libs": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}},
+    pass_env={"libs": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"},
+              # the counters pass: memory taken as needed, not 75% of the GPU at start (ncu's kernel replay saves
+              # and restores what each kernel writes; a process ncu leaves behind holds less); the kernels are the
+              # compiled program's either way
+              "counters": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}},
+    shared_algorithms_env=shared_algorithms_env,
     cpu_env={"JAX_PLATFORMS": "cpu"},  # jax's CPU backend, even where a CUDA plugin is installed
     # its kernels' hlo_op names the custom call (__cudnn$conv..., __cublas$lt$matmul) that launched them
     library_calls_in_trace=True, trace_ops_are_framework_ops=False,

@@ -75,7 +75,8 @@ class CaseRun:
         return stall.limit_s(self.decision.device, self.bs, total, self.data["n_test"] if evaluates else 0)
 
     def _env(self) -> dict[str, str]:
-        shared = self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
+        shared = (self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
+                  if self.decision.device == "gpu" else {})  # the libraries' algorithms: a GPU's
         return worker_environ(self.decision.device, self.key.math, self.threads_env, self.own_env, shared)
 
     def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
@@ -178,10 +179,11 @@ class CaseRun:
         profile, imported = counters.commands(ncu, out, cmd)
         log_path = self.rd.log(self.key, counters.COUNTERS)
         stall_s = self._stall(counters.STEPS, self.train["warmup_steps"])
+        env = {**self._env(), **self.descriptor.pass_env.get(counters.COUNTERS, {}), **counters.ENV}
         progress.start(label)
         try:
             with counters.Clock() as clock:
-                processes.run_worker(profile, label=label, batch_size=self.bs, env=self._env(), forward_stderr=False,
+                processes.run_worker(profile, label=label, batch_size=self.bs, env=env, forward_stderr=False,
                                      log_path=log_path, stall_s=stall_s)
             processes.run_worker(imported, label=f"{label}: ncu --import", batch_size=self.bs,
                                  stdout_path=out / counters.CSV, forward_stderr=False, log_path=log_path, stall_s=stall_s)

@@ -31,6 +31,9 @@ COUNTERS = "counters"  # the pass's name (worker --pass, results.json entry fiel
 DIR = "counters"  # its folder in the case's folder
 STEPS = 1  # one training step: the budget is 60 s per framework and case, and ncu replays each kernel
 REPORT, CSV, LOG = "ncu.ncu-rep", "ncu.csv", "ncu.log"
+# the worker's environment under ncu (beside its framework's ``pass_env["counters"]``): a crash of the process
+# (JAX under ncu on the 2x H200: SIGSEGV, nothing else said) prints its Python stack in the worker's log
+ENV = {"PYTHONFAULTHANDLER": "1"}
 FLAGS = ("--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
          "--replay-mode", "kernel", "--nvtx")
 

@@ -3,13 +3,14 @@ from the counters pass's hardware counters (``counter_kernels``, ``layer_counter
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kernelmap import schema
+from kernelmap import kernelmath, schema
 from kernelmap.adapters import ncu
 from kernelmap.calllink import mangled_head, short_name
 from kernelmap.errors import KernelmapError
@@ -86,12 +87,14 @@ def roofline(runs: list[Run]) -> tuple[pd.DataFrame, dict[str, Any]]:
 # (kernelmap/run/counters.py writes RUN_DIR/<case>/bs<N>/counters/ncu.csv; kernelmap/adapters/ncu.py reads it)
 TENSOR_MATHS = tuple(ncu.TENSOR_OPS)  # tf32, bf16, fp16: a kernel whose counters say it ran the tensor cores
 # the log's math of a kernel: what its call ran (issue 38's math column, kernelmap/kernelmath.py), else, in records
-# written before it, what the call permitted (``math_mode``)
+# written before it, what the call permitted (``math_mode``); compared as the arithmetic it implies
+# (kernelmath.counted_math: the column ``log_math``)
 LOG_MATH = "math_ran"
 FLOP_TOLERANCE = 0.10
 OWN_LIBRARIES = (schema.Library.NATIVE.value, schema.Library.CUSTOM.value)  # kernels no GPU library launched  # counter FLOPs of a conv/linear layer x direction within +-10% of the shapes' (issue 38)
 KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "matched", "reason", "source",
-                  "iteration", "layer", "canonical_op", "direction", "library", "library_call", "log_math",
+                  "iteration", "layer", "canonical_op", "direction", "library", "library_call", "math_ran", "math_unit",
+                  "log_math",
                   "counter_math", "math_agrees", "ncu_ns", "timed_ns", "flops", "flops_complete", "bytes",
                   "flops_per_s", "bytes_per_s", "intensity", "peak_flops_per_s", "attainable_flops_per_s",
                   "roofline_share", "sm_clock_hz", "unmeasured"]
@@ -99,7 +102,8 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
 # ncu_wall_s against COUNTERS_BUDGET_S (issue 38: the pass costs <= 60 s per framework and case); math_*: the
 # paired kernels whose log math and counter math are both known, how many agree, the ones that do not
 COUNTERS_BUDGET_S = 60.0
-STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "paired_time_share", "source",
+STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "pairing", "paired_time_share",
+                  "source",
                   "iteration", "ncu_wall_s", "within_budget", "math_compared", "math_agree", "math_disagree",
                   "profiler_messages", "reason"]
 
@@ -139,25 +143,89 @@ def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None
     return k.iloc[0:0], None, None
 
 
-def match_kernels(counted: pd.DataFrame, timed: pd.DataFrame, source: str | None) -> tuple[pd.Series, list]:
-    """Pair the counters step's kernels (ncu's profiling order) with a timing step's (``timed_step``), by order
-    and name: only where both steps ran the same number of kernels, position by position, where the names agree
-    (``kernel_key``: the function's name and its first template argument). Returns
-    (index into ``timed`` per counted kernel, NA where unpaired; the reason per counted kernel, None where
-    paired). Counts that differ pair nothing: order alone cannot say which kernel is which."""
+# how a case's kernels were paired (``counter_status.pairing``)
+BY_ORDER = "launch order and name"
+BY_IDENTITY = "name and launch configuration, in launch order per kernel (the two steps' launch orders differ)"
+
+
+def match_kernels(counted: pd.DataFrame, timed: pd.DataFrame, source: str | None) -> tuple[pd.Series, list, str | None]:
+    """Pair the counters step's kernels (ncu's profiling order) with a timing step's (``timed_step``). Only where
+    both steps ran the same number of kernels: position by position where every name agrees (``kernel_key``: the
+    function's name and its first template argument); else, where both ran the same kernels in another order
+    (``launch_identity``: the name, grid and block of each, the same multiset on both sides: a framework whose
+    threads launch onto several streams, MXNet's engine, launches them in another interleaving in each process),
+    the n-th launch of each kernel with its n-th; else position by position where the names agree, the rest
+    unpaired with its reason. Returns (index into ``timed`` per counted kernel, NA where unpaired; the reason per
+    counted kernel, None where paired; how they were paired: ``BY_ORDER``, ``BY_IDENTITY``, None where none was).
+    Counts that differ pair nothing: a kernel one step ran and the other did not leaves order and identity
+    unable to say which kernel is which."""
     n, m = len(counted), len(timed)
     if source is None:
-        return pd.Series([pd.NA] * n, dtype="Int64"), ["no timing pass traced a step of this case"] * n
+        return pd.Series([pd.NA] * n, dtype="Int64"), ["no timing pass traced a step of this case"] * n, None
     if n != m:
-        why = (f"the counters step ran {n} kernels, the {source} step {m}: kernels are paired by order only "
-               "where both ran the same number")
-        return pd.Series([pd.NA] * n, dtype="Int64"), [why] * n
+        why = (f"the counters step ran {n} kernels, the {source} step {m}: kernels are paired only where both ran "
+               "the same number")
+        return pd.Series([pd.NA] * n, dtype="Int64"), [why] * n, None
     a = [kernel_key(x) for x in counted["kernel_name"]]
     b = [kernel_key(x) for x in timed["kernel_name"]]
+    if a != b:
+        found = _by_identity(launch_identity(counted, a), launch_identity(timed, b))
+        if found is not None:
+            return (pd.Series(found, dtype="Int64"), [None] * n,
+                    f"{BY_IDENTITY}: {out_of_order(found)} of {n} launched at another point")
     idx = [i if x == y else pd.NA for i, (x, y) in enumerate(zip(a, b, strict=True))]
     why = [None if x == y else f"name differs at position {i}: counters {_said(x)}, {source} {_said(y)}"
            for i, (x, y) in enumerate(zip(a, b, strict=True))]
-    return pd.Series(idx, dtype="Int64"), why
+    return pd.Series(idx, dtype="Int64"), why, (BY_ORDER if any(w is None for w in why) else None)
+
+
+def launch_identity(df: pd.DataFrame, keys: list[str]) -> list[tuple] | None:
+    """Per kernel: (``kernel_key``, grid, block) from ncu's ``grid``/``block`` text (``(1568, 1, 1)``) or a
+    trace's ``grid_x``... columns; None where a kernel's launch configuration is not known."""
+    if "grid" in df.columns:
+        dims = [tuple(_dims(g)) + tuple(_dims(b)) for g, b in zip(df["grid"], df["block"], strict=True)]
+    elif "grid_x" in df.columns:
+        cols = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+        dims = [tuple(None if pd.isna(v) else int(v) for v in row) for row in df[cols].itertuples(index=False)]
+    else:
+        return None
+    if any(None in d or len(d) != 6 for d in dims):
+        return None
+    return [(k, *d) for k, d in zip(keys, dims, strict=True)]
+
+
+def _dims(text) -> list:
+    if not isinstance(text, str):
+        return [None]
+    try:
+        return [int(x) for x in text.strip().strip("()").split(",")]
+    except ValueError:
+        return [None]
+
+
+def out_of_order(idx: list[int]) -> int:
+    """How many kernels of a pairing sit elsewhere in the other step: the pairs less the longest run of them in the
+    same relative order on both sides (a longest increasing subsequence of ``idx``)."""
+    tails: list[int] = []
+    for j in idx:
+        k = bisect.bisect_left(tails, j)
+        tails[k:k + 1] = [j]
+    return len(idx) - len(tails)
+
+
+def _by_identity(a: list[tuple] | None, b: list[tuple] | None) -> list[int] | None:
+    """The n-th kernel of each identity of ``a`` with the n-th of ``b``; None unless both hold the same multiset."""
+    if a is None or b is None or sorted(a) != sorted(b):
+        return None
+    at: dict[tuple, list[int]] = {}
+    for j, ident in enumerate(b):
+        at.setdefault(ident, []).append(j)
+    for v in at.values():
+        v.reverse()
+    return [at[ident].pop() for ident in a]
+
+
+BOOL_ARGS = {"true": "1", "false": "0"}  # kernel_key: a bool template argument as ncu writes it
 
 
 def kernel_key(name: str) -> str:
@@ -166,7 +234,9 @@ def kernel_key(name: str) -> str:
     ``Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8``,
     ``implicit_convolve_sgemm<__nv_bfloat16``). The rest is spelled differently: Kineto's GNU demangling writes
     ``at::native::(anonymous namespace)::``, ``{lambda(int)#1}``, ``false``, ``2ul``; ncu 2025.3 wrote
-    ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels.
+    ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels;
+    a bool template argument is ``true`` in Kineto's name and a bare ``1`` in ncu's (cuBLAS's ``sgemm_largek_lds64``
+    of the 2x H200 fp32 run), so ``true``/``false`` read as ``1``/``0`` (the whole argument only: ``true_type`` stays).
     A name Kineto left mangled (cuDNN's long CUTLASS kernels) gives the same key from its mangled head."""
     head = mangled_head(name)
     if head:
@@ -181,6 +251,7 @@ def kernel_key(name: str) -> str:
         return fn
     first = re.split(r"[<,(>]", rest, maxsplit=1)[0].strip().split("::")[-1]
     first = re.sub(r"(?<=\d)(?:ull|ul|u|ll|l)$", "", first)  # 2ul -> 2
+    first = BOOL_ARGS.get(first, first)  # a bool argument: Kineto's ``true``, ncu's ``1``
     return f"{fn}<{first}"
 
 
@@ -206,7 +277,7 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
         return pd.DataFrame(columns=KERNEL_COLUMNS), {**status, "reason": str(exc)}
     f = ncu.flops(df)
     timed, source, it = timed_step(rec, run_id)
-    idx, why = match_kernels(df, timed, source)
+    idx, why, how = match_kernels(df, timed, source)
     t = timed.reindex(idx.fillna(-1).astype(int)).reset_index(drop=True)  # unpaired: NA rows
     out = pd.DataFrame({
         "run": run.name, "case": case, "batch_size": bs, "position": df["id"].to_numpy(),
@@ -214,7 +285,7 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
         "source": source, "iteration": it,
         **{c_: t[c_].to_numpy() if len(t) else pd.NA for c_ in ("layer", "canonical_op", "direction", "library",
                                                                 "library_call")},
-        "log_math": t[LOG_MATH if LOG_MATH in t.columns else "math_mode"].to_numpy() if len(t) else pd.NA,
+        **_log_math(t),
         "counter_math": f["math"].to_numpy(),
         "ncu_ns": df["duration_ns"].to_numpy(), "timed_ns": t["dur_ns"].to_numpy() if len(t) else pd.NA,
         "flops": f["flops"].to_numpy(), "flops_complete": f["flops_complete"].to_numpy(),
@@ -224,13 +295,27 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
     step_ns = pd.to_numeric(timed["dur_ns"], errors="coerce").sum()
     paired_ns = pd.to_numeric(out.loc[out["matched"], "timed_ns"], errors="coerce").sum()
     wall = c.get("ncu_wall_s")
-    status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), source=source,
+    status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), pairing=how,
+                  source=source,
                   iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None, ncu_wall_s=wall,
                   within_budget=None if wall is None else wall <= COUNTERS_BUDGET_S, **math_agreement(out),
                   profiler_messages=list(dict.fromkeys([*(c.get("profiler_messages") or []),
                                                         *df.attrs["profiler_messages"]])),
                   reason=None if out["matched"].all() else next(w for w in why if w))
     return out[KERNEL_COLUMNS], status
+
+
+def _log_math(t: pd.DataFrame) -> dict[str, Any]:
+    """The paired timing kernels' math as their records give it (``math_ran``: the call's operand types, else, in
+    records written before it, ``math_mode``), the unit their names say (``kernelmath.name_unit``), and
+    ``log_math``: the arithmetic those imply, which the counters should find (``kernelmath.counted_math``: an
+    FMA-unit bf16 conv computes in fp32, a layout transform in its compute type)."""
+    if not len(t):
+        return {"math_ran": pd.NA, "math_unit": pd.NA, "log_math": pd.NA}
+    ran = t[LOG_MATH if LOG_MATH in t.columns else "math_mode"].astype(object).to_numpy()
+    names = t["kernel_name"].astype(object).to_numpy()
+    return {"math_ran": ran, "math_unit": [kernelmath.name_unit(n) if isinstance(n, str) else None for n in names],
+            "log_math": [kernelmath.counted_math(n, r) for n, r in zip(names, ran, strict=True)]}
 
 
 def _rates(out: pd.DataFrame, peaks: dict) -> pd.DataFrame:
