@@ -244,10 +244,25 @@ def batch_plan(batch_sizes: list[int], n_train: int) -> dict[str, Any]:
             "per_batch_size": [spec.epoch_plan(n_train, bs) for bs in batch_sizes]}
 
 
-def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory | None) -> dict[str, Any]:
+def check_devices_memory(args: argparse.Namespace, devices_memory: list[Memory] | None) -> None:
+    """KernelmapError where a device past the first of an N-device case (``--devices``) has not the memory free for
+    its slice of the global batch (B / N images, ``memory_problem``); ``devices_memory``: the visible GPUs in CUDA's
+    order (``devices_free``). The first device is held to the whole batch by ``validate``. On the 2x H200 GPU 1 had
+    0.5 GiB free (a leftover process held the rest) and every x2 case failed minutes in, each its own way."""
+    for n in getattr(args, "devices", None) or [1]:
+        for r, memory in enumerate((devices_memory or [])[1:n], start=1):
+            for bs in args.batch_size:
+                if problem := memory_problem(bs // n, chosen(args), memory):
+                    raise KernelmapError(f"--devices {n} --batch-size {bs}: device {r} of {n} trains {bs // n:,} "
+                                         f"images a step: {problem}")
+
+
+def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory | None,
+             devices_memory: list[Memory] | None = None) -> dict[str, Any]:
     """Refuse (KernelmapError, one line naming the option and why) any option or combination that cannot run;
     return the batch plan for the manifest (``batch_plan``, with the memory read). ``n_train``: training images
-    of the data ``data`` (its kind); ``memory``: ``free_memory``'s reading, None where it could not be read."""
+    of the data ``data`` (its kind); ``memory``: ``free_memory``'s reading, None where it could not be read;
+    ``devices_memory``: ``devices_free``'s, for ``--devices`` above 1 (``check_devices_memory``)."""
     check_args(args)
     for bs in args.batch_size:
         why = batch_problems(bs, n_train, data, chosen(args), memory)
@@ -255,7 +270,9 @@ def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory |
             raise KernelmapError(f"--batch-size {bs}: " + "; and ".join(why))
         if args.epochs is not None:
             check_epochs(bs, n_train, args.epochs, args.warmup)
+    check_devices_memory(args, devices_memory)
     return {**batch_plan(args.batch_size, n_train), "memory": None if memory is None else memory.to_dict(),
+            "devices_memory": None if devices_memory is None else [m.to_dict() for m in devices_memory],
             "memory_estimate": {"fixed_bytes": FIXED_BYTES, "floats_per_image": spec.activation_floats_per_image(),
                                 "bytes_per_image": {fw: bytes_per_image(fw) for fw in chosen(args)}}}
 
@@ -298,21 +315,28 @@ def parse_smi_holders(text: str, uuid: str) -> tuple[Holder, ...]:
     return tuple(sorted(held, key=lambda h: -h.used_bytes))
 
 
-def parse_smi_free(text: str, visible: str | None, apps: str = "") -> Memory | None:
-    """The first visible GPU's free memory from ``nvidia-smi SMI_GPU_QUERY --format=csv,noheader,nounits`` output
-    (its capacity: memory.free + memory.used, where the fifth column is there and a number); ``visible``:
-    $CUDA_VISIBLE_DEVICES (an index or a UUID first); ``apps``: ``SMI_APPS_QUERY``'s output, who holds it."""
+def parse_smi_devices(text: str, visible: str | None, apps: str = "") -> list[Memory]:
+    """The visible GPUs' free memory, in CUDA's order, from ``nvidia-smi SMI_GPU_QUERY --format=csv,noheader,nounits``
+    output (each one's capacity: memory.free + memory.used, where the fifth column is there and a number);
+    ``visible``: $CUDA_VISIBLE_DEVICES (indices or UUIDs; as CUDA, none past the first that names no GPU), else every
+    GPU; ``apps``: ``SMI_APPS_QUERY``'s output, who holds each. A GPU whose memory.free does not read ends the list."""
     rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
-    if not rows:
-        return None
-    first = (visible or "").split(",")[0].strip()
-    chosen = next((r for r in rows if first and first in (r[0], r[1])), None) if first else rows[0]
-    if chosen is None or not chosen[3].replace(".", "").isdigit():
-        return None
-    free = int(float(chosen[3]) * MIB)
-    used = chosen[4] if len(chosen) > 4 and chosen[4].replace(".", "").isdigit() else None
-    return Memory("gpu", f"GPU {chosen[0]} ({chosen[2]}, nvidia-smi memory.free)", free,
-                  None if used is None else free + int(float(used) * MIB), parse_smi_holders(apps, chosen[1]))
+    names = [x.strip() for x in visible.split(",")] if visible else [r[0] for r in rows]
+    out = []
+    for name in names:
+        row = next((r for r in rows if name and name in (r[0], r[1])), None)
+        if row is None or not row[3].replace(".", "").isdigit():
+            break
+        free = int(float(row[3]) * MIB)
+        used = row[4] if len(row) > 4 and row[4].replace(".", "").isdigit() else None
+        out.append(Memory("gpu", f"GPU {row[0]} ({row[2]}, nvidia-smi memory.free)", free,
+                          None if used is None else free + int(float(used) * MIB), parse_smi_holders(apps, row[1])))
+    return out
+
+
+def parse_smi_free(text: str, visible: str | None, apps: str = "") -> Memory | None:
+    """The first visible GPU's free memory (``parse_smi_devices``), None where none reads."""
+    return next(iter(parse_smi_devices(text, visible, apps)), None)
 
 
 def smi_output(smi: str, query: str) -> str | None:
@@ -325,8 +349,8 @@ def smi_output(smi: str, query: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def gpu_free(smi: str | None = None) -> Memory | None:
-    """The free memory of the GPU a worker will use (nvidia-smi), its capacity and who holds it; None without
+def gpus_free(smi: str | None = None) -> list[Memory] | None:
+    """The free memory of each visible GPU, in CUDA's order (nvidia-smi), its capacity and who holds it; None without
     nvidia-smi or a reading."""
     smi = smi or shutil.which("nvidia-smi")
     if smi is None:
@@ -334,7 +358,20 @@ def gpu_free(smi: str | None = None) -> Memory | None:
     gpus = smi_output(smi, SMI_GPU_QUERY)
     if gpus is None:
         return None
-    return parse_smi_free(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), smi_output(smi, SMI_APPS_QUERY) or "")
+    return parse_smi_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), smi_output(smi, SMI_APPS_QUERY) or "")
+
+
+def gpu_free(smi: str | None = None) -> Memory | None:
+    """The free memory of the GPU a worker will use (``gpus_free``' first), None without nvidia-smi or a reading."""
+    return next(iter(gpus_free(smi) or ()), None)
+
+
+def devices_free(device: str, has_gpu: bool, devices: list[int]) -> list[Memory] | None:
+    """Each visible GPU's free memory where a case trains on several GPUs (``--devices`` above 1 on ``--device`` gpu,
+    or auto where a GPU is listed), else None (a CPU "device" is a share of the host's memory, read once)."""
+    if max(devices or [1]) > 1 and (device == "gpu" or (device == "auto" and has_gpu)):
+        return gpus_free()
+    return None
 
 
 def free_memory(device: str, has_gpu: bool) -> Memory | None:

@@ -250,6 +250,36 @@ def test_smi_holders_of_one_gpu_largest_first():
                                           "and 1 more process)")
 
 
+def test_a_device_of_a_multi_gpu_case_without_memory_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The 2x H200 (fake nvidia-smi: session 10's GPU 1, 0.5 GiB free): ``--devices 1 2`` checked GPU 0 alone, and
+    each x2 case failed minutes in, its own way (PyTorch rank 1: NCCL 'Failed to CUDA calloc async 8 bytes'; MXNet:
+    SIGABRT, cuBLAS's handle; JAX: device 0 waited at the all-reduce to the stall limit). Each device past the
+    first is now held to its slice (B / N images) before any work."""
+    smi = str(fake_nvidia_smi(tmp_path) / "nvidia-smi")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = options.gpus_free(smi)
+    assert [(m.unit, m.free_bytes) for m in gpus] == [("GPU 0", 143156 * MIB), ("GPU 1", 558 * MIB)]
+    need = options.estimate_bytes("pytorch", 512, "gpu")
+    assert need == GIB + 512 * spec.activation_floats_per_image() * 4  # PyTorch's factor 1
+    with pytest.raises(KernelmapError) as exc:
+        options.validate(_args(framework="pytorch", batch_size=[1024], devices=[1, 2]), 20_000, "fashion-mnist",
+                         gpus[0], gpus)
+    assert str(exc.value) == (
+        f"--devices 2 --batch-size 1024: device 1 of 2 trains 512 images a step: a training step needs about "
+        f"{need / GIB:.1f} GiB in PyTorch (0.40 MiB an image, at most 0 images fit), estimated with 1.0 GiB fixed, "
+        "and GPU 1 (NVIDIA H200, nvidia-smi memory.free) had 0.5 GiB free of 139.8 GiB (pid 8715 python3.12 holds "
+        "105.0 GiB, pid 8790 pt_main_thread holds 34.3 GiB); it would fit GPU 1's 139.8 GiB were other processes "
+        "not holding it")
+    plan = options.validate(_args(framework="pytorch", batch_size=[1024], devices=[1]), 20_000, "fashion-mnist",
+                            gpus[0], gpus)  # one device: GPU 1 is not used
+    assert [m["free_bytes"] for m in plan["devices_memory"]] == [143156 * MIB, 558 * MIB]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # CUDA's order: GPU 1 is the first device
+    assert [m.unit for m in options.gpus_free(smi)] == ["GPU 1", "GPU 0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7,1")  # CUDA stops at the first that names no GPU
+    assert [m.unit for m in options.gpus_free(smi)] == ["GPU 0"]
+    assert options.devices_free("cpu", True, [1, 2]) is None and options.devices_free("gpu", True, [1]) is None
+
+
 # --- the CLI: refused before any work, one line ----------------------------------------------------------
 def _kernelmap_run(*argv: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
@@ -272,6 +302,24 @@ def test_refused_before_any_work_with_one_line(tmp_path, idx_dir_gz, argv, names
     assert proc.stderr.splitlines() == [proc.stderr.strip()] and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"kernelmap run: error: {names}"), proc.stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_multi_gpu_run_with_a_held_gpu_is_refused_before_any_work(tmp_path, idx_dir_gz):
+    """``kernelmap run --device gpu --devices 1 2`` on the fake 2x H200 (GPU 1 held): exit 2, one line, before any
+    framework is probed or a worker started; nothing written."""
+    smi_dir = fake_nvidia_smi(tmp_path / "bin")
+    out = tmp_path / "run"
+    env = dict(os.environ, PATH=f"{smi_dir}{os.pathsep}{os.environ['PATH']}")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-m", "kernelmap.cli", "run", "--framework", "pytorch", "--device", "gpu",
+                           "--devices", "1", "2", "--batch-size", "64", "--data", str(idx_dir_gz), "--out",
+                           str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("kernelmap run: error: --devices 2 --batch-size 64: device 1 of 2 trains 32 "
+                                  "images a step: a training step needs about"), proc.stderr
+    assert "GPU 1 (NVIDIA H200, nvidia-smi memory.free) had 0.5 GiB free of 139.8 GiB (pid 8715" in proc.stderr
+    assert not out.exists()
 
 
 # --- the CPU combinations, each framework in its own worker process ------------------------------------

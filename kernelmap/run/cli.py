@@ -344,7 +344,8 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     gpus = gpuinfo.query()  # the GPUs listed (nvidia-smi); the frameworks are probed in ``plan``
     # each batch size against the training set and the memory free, before any probe (the partial-batch rule)
     batches = options.validate(args, data_info.n_train, data_info.kind,
-                               options.free_memory(args.device, bool(gpus.gpus)))
+                               options.free_memory(args.device, bool(gpus.gpus)),
+                               options.devices_free(args.device, bool(gpus.gpus), args.devices))
     p = plan(args, opts, gpus, load_start)
     normalise_error: KernelmapError | None = None
     with atomic_dir(opts.out, replace=args.replace) as tmp:
