@@ -279,6 +279,8 @@ def _log_steps(path: Path, warmup: bool = True) -> int | None:
 
 
 OWN_RESULT = "kernelmap's own: the worker's result of this pass (its step timings, summarised in results.json)"
+OWN_ALGORITHMS = ("kernelmap's own: the library algorithms the case's processes shared (the first chose them; "
+                  "Framework.shared_algorithms_env)")
 HLO_COMPANION = adapters.HLO_COMPANION  # the reason of an adapter's companion file
 OWN_SAMPLES = ("kernelmap's own: the CPU framework pass's CPU-time samples (kernelmap/cpusampler.py), read by the "
                "report for its ops' CPU time")
@@ -294,6 +296,8 @@ def own_file(f: Path) -> str | None:
         return OWN_RESULT
     if f.name == cpusampler.SAMPLES_FILE:
         return OWN_SAMPLES
+    if f.stem == Path(ALGORITHM_FILE).stem:  # MXNet's algorithms.tsv, XLA's algorithms.textproto
+        return OWN_ALGORITHMS
     return adapters.companion(f)
 
 

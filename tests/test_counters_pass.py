@@ -202,3 +202,13 @@ def test_jax_counters_pass_reads_the_algorithms_its_case_chose(tmp_path, monkeyp
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and env["PYTHONFAULTHANDLER"] == "1"
     assert case.pass_results[counters.COUNTERS]["skipped"].startswith("ncu failed: ")
     assert _case(tmp_path / "cpu", "jax", "cpu")._env()["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"
+
+
+def test_the_shared_algorithm_files_are_kernelmaps_own(tmp_path):
+    """normalise lists a case's shared algorithm file (MXNet's algorithms.tsv, XLA's algorithms.textproto) as
+    kernelmap's own, not as a file no adapter recognises."""
+    for name in ("algorithms.tsv", "algorithms.textproto"):
+        (tmp_path / name).write_text("version: 3\n")
+        assert normalise.own_file(tmp_path / name) == normalise.OWN_ALGORITHMS
+    (tmp_path / "other.textproto").write_text("version: 3\n")
+    assert normalise.own_file(tmp_path / "other.textproto") is None
