@@ -13,7 +13,9 @@ What is checked:
   a batch larger than the training set is refused, and so is ``--epochs`` that leaves no step after the warm-up;
 - each batch size against the memory free: a training step's estimated memory (``estimate_bytes``) against the
   GPU's free memory (nvidia-smi) or the host's available RAM (``MemAvailable``); the refusal names the device's
-  capacity (``Memory.capacity_bytes``) and, on a GPU, the processes nvidia-smi says hold its memory.
+  capacity (``Memory.capacity_bytes``) and, on a GPU, the processes nvidia-smi says hold its memory;
+- with ``--devices`` above 1 on the GPU, every device past the first against its slice of the batch (B / N images:
+  ``check_devices_memory``, each visible GPU read by ``devices_free``).
 """
 
 from __future__ import annotations
