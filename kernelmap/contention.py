@@ -13,7 +13,9 @@ Other processes' CPU = busy CPU-seconds - own CPU-seconds - the case's other pro
 cores too. The case's other processes (``case_cpu_s``): where this process is one rank of a case that runs one
 process per device (PyTorch DDP: ``dataparallel.WORLD_ENV`` > 1), the worker that launched the ranks and the other
 ranks; they are this run's own, not "other processes" (each rank of a 2-device case counted the other's core as
-contention: on a 2-core machine always BUSY).
+contention: on a 2-core machine always BUSY). Which other processes (``top_others``): /proc's process tables at the
+window's two ends name the ones that used the most of it, with their command lines (on the 2x H200 every 1-device
+case read "other processes used 28.9-31.3 of 32 cores" and nothing said it was an orphaned ncu target).
 
 ``is_contended`` is the one rule (constants below): other processes used at least
 ``max(OTHER_CPU_MIN_CORES, OTHER_CPU_SHARE x NCPU)`` cores, or steal took at least
@@ -115,33 +117,97 @@ def own_cpu_s() -> float:
     return total
 
 
-# /proc/<pid>/stat after the command's ")": state ppid pgrp ...; utime stime cutime cstime at these places
-_STAT_PPID, _STAT_TIMES = 1, slice(11, 15)
+# /proc/<pid>/stat after the command's ")": state ppid pgrp ...; utime stime, cutime cstime at these places
+_STAT_PPID, _STAT_OWN, _STAT_CHILDREN = 1, slice(11, 13), slice(13, 15)
+TOP_OTHERS = 3  # the other processes a window names, those that used the most CPU in it ...
+TOP_MIN_CORES = 0.1  # ... each at least this many cores
+CMDLINE_CHARS = 100  # of a named process's command line (its first 60 in a summary's text)
+TEXT_COMMAND_CHARS = 60
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc/<pid>/stat has it."""
+
+    ppid: int
+    name: str  # the command's name (stat's comm, at most 15 characters)
+    ticks: int  # user + system
+    child_ticks: int  # its waited-for children's user + system
+
+
+def process_table(proc_root: str = "/proc") -> dict[int, Proc]:
+    """Every process /proc lists (one that ends while it is read is left out)."""
+    table = {}
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as fh:
+                text = fh.read()
+            head, _, rest = text.rpartition(")")
+            fields = rest.split()
+            table[int(entry.name)] = Proc(int(fields[_STAT_PPID]), head.partition("(")[2],
+                                          sum(int(v) for v in fields[_STAT_OWN]),
+                                          sum(int(v) for v in fields[_STAT_CHILDREN]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def rank_of_several(world: str | None = None) -> bool:
+    """Whether this process is one rank of a case of several processes (``world``, else $``WORLD_ENV``, above 1)."""
+    world = os.environ.get(WORLD_ENV) if world is None else world
+    return (world or "").isdigit() and int(world) >= 2
+
+
+def case_pids(table: dict[int, Proc], pid: int | None = None, ppid: int | None = None) -> set[int]:
+    """This rank's case's other processes in ``table``: its parent (the worker that launched the ranks) and its
+    parent's other children (the other ranks)."""
+    pid = os.getpid() if pid is None else pid
+    ppid = os.getppid() if ppid is None else ppid
+    return {q for q, p in table.items() if q != pid and (q == ppid or p.ppid == ppid)}
 
 
 def case_cpu_s(proc_root: str = "/proc", pid: int | None = None, ppid: int | None = None,
                world: str | None = None) -> float | None:
-    """CPU-seconds (user + system, with their waited-for children's) of this case's other processes, read from
-    /proc/<pid>/stat: where this process is a rank of a case of several processes (``world``, else
-    $``WORLD_ENV``, above 1), its parent (the worker that launched the ranks) and its parent's other children (the
-    other ranks); None for a case of one process."""
-    world = os.environ.get(WORLD_ENV) if world is None else world
-    if not (world or "").isdigit() or int(world) < 2:
+    """CPU-seconds (user + system, with their waited-for children's) of this case's other processes (``case_pids``),
+    read from /proc/<pid>/stat, where this process is a rank of several (``rank_of_several``); None for a case of
+    one process."""
+    if not rank_of_several(world):
         return None
-    pid = os.getpid() if pid is None else pid
-    ppid = os.getppid() if ppid is None else ppid
-    ticks = 0
-    for entry in os.scandir(proc_root):
-        if not entry.name.isdigit() or int(entry.name) == pid:
+    table = process_table(proc_root)
+    return sum(table[q].ticks + table[q].child_ticks for q in case_pids(table, pid, ppid)) / clock_ticks()
+
+
+def command_line(pid: int, name: str, proc_root: str = "/proc") -> str:
+    """Process ``pid``'s command line (its first ``CMDLINE_CHARS`` characters), else ``name``."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
+            line = " ".join(fh.read(4 * CMDLINE_CHARS).replace(b"\0", b" ").decode(errors="replace").split())
+    except OSError:
+        return name
+    return _cut(line, CMDLINE_CHARS) or name
+
+
+def _cut(text: str, n: int) -> str:
+    return text[:n - 3] + "..." if len(text) > n else text
+
+
+def top_others(before: dict[int, Proc], after: dict[int, Proc], wall_s: float, clk_tck: int,
+               exclude: set[int], proc_root: str = "/proc") -> list[dict[str, Any]]:
+    """The processes but ``exclude`` that used the most CPU between two process tables (``TOP_OTHERS`` of them, each
+    at least ``TOP_MIN_CORES``; one that started between them: all its CPU), most first: {"pid", "name", "cores",
+    "command"}."""
+    rows = []
+    for pid, p in after.items():
+        b = before.get(pid)
+        if pid in exclude or wall_s <= 0 or (b is not None and b.name != p.name):
             continue
-        try:
-            with open(os.path.join(entry.path, "stat")) as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(entry.name) == ppid or int(fields[_STAT_PPID]) == ppid:
-            ticks += sum(int(v) for v in fields[_STAT_TIMES])
-    return ticks / clock_ticks()
+        cores = (p.ticks - (b.ticks if b is not None else 0)) / clk_tck / wall_s
+        if cores >= TOP_MIN_CORES:
+            rows.append({"pid": pid, "name": p.name, "cores": _round(cores)})
+    rows.sort(key=lambda r: -r["cores"])
+    return [{**r, "command": command_line(r["pid"], r["name"], proc_root)} for r in rows[:TOP_OTHERS]]
 
 
 def load1() -> float | None:
@@ -166,9 +232,10 @@ class CpuSources:
     case_cpu_s: Callable[[], float | None] = case_cpu_s
     clk_tck: int = clock_ticks()
     ncpu: int = NCPU
+    processes: Callable[[], dict[int, Proc] | None] = lambda: None  # the process tables the top others come from
 
 
-SYSTEM = CpuSources()
+SYSTEM = CpuSources(processes=process_table)
 
 
 def _round(x: float | None) -> float | None:
@@ -184,24 +251,28 @@ class CpuWindow:
     own0: float
     stat0: str | None
     case0: float | None = None
+    procs0: dict[int, Proc] | None = None
 
     @classmethod
     def start(cls, sources: CpuSources = SYSTEM) -> CpuWindow:
+        procs = sources.processes()
         stat = sources.proc_stat()
         case = sources.case_cpu_s()
         own = sources.own_cpu_s()
-        return cls(sources, sources.wall_s(), own, stat, case)
+        return cls(sources, sources.wall_s(), own, stat, case, procs)
 
     def stop(self) -> dict[str, Any]:
         """{"wall_s", "own_cpu_cores", "case_cpu_cores", "other_cpu_cores", "steal_cores", "ncpu", "load1",
-        "resolution_cores", "measured", "why_not", "contended"}: cores = CPU-seconds per wall-second of the window;
-        ``case_cpu_cores``: the case's other processes (``case_cpu_s``; None for a case of one process), left out
-        of "other"."""
+        "resolution_cores", "measured", "why_not", "contended", "top_other"}: cores = CPU-seconds per wall-second of
+        the window; ``case_cpu_cores``: the case's other processes (``case_cpu_s``; None for a case of one process),
+        left out of "other"; ``top_other``: the other processes that used the most of it (``top_others``; None where
+        the sources read no process tables)."""
         src = self.sources
         wall1 = src.wall_s()
         own1 = src.own_cpu_s()
         case1 = src.case_cpu_s()
         stat1 = src.proc_stat()
+        procs1 = src.processes()
         wall = wall1 - self.wall0
         own = own1 - self.own0
         case = None if self.case0 is None or case1 is None else max(case1 - self.case0, 0.0)
@@ -231,6 +302,10 @@ class CpuWindow:
                     measured=True,
                 )
         window["contended"] = is_contended(window)
+        window["top_other"] = None
+        if self.procs0 is not None and procs1 is not None:
+            exclude = {os.getpid()} | (case_pids(procs1) if self.case0 is not None else set())
+            window["top_other"] = top_others(self.procs0, procs1, wall, src.clk_tck, exclude)
         return window
 
 
@@ -361,8 +436,11 @@ def summarise(windows: Iterable[dict[str, Any]], gpu: Iterable[dict[str, Any] | 
     busy_steal = [w for w in busy if contended_by(w)[1]]
     up_to = "up to " if len(measured) > 1 else ""
     reasons: list[str] = []
+    top = tops_of(busy_other)
     if busy_other:
-        reasons.append(f"other processes used {up_to}{max(other):.1f} of {ncpu} cores")
+        most = "; ".join(f"pid {t['pid']} {_cut(t['command'], TEXT_COMMAND_CHARS)}: {t['cores']:.1f}" for t in top)
+        reasons.append(f"other processes used {up_to}{max(other):.1f} of {ncpu} cores" + (f" (most: {most})" if most
+                                                                                             else ""))
     if busy_steal:
         reasons.append(f"the hypervisor stole {up_to}{max(steal):.1f} cores")
     gpu_reasons = list(dict.fromkeys(r for s in states for r in gpu_contention(s)))
@@ -387,4 +465,16 @@ def summarise(windows: Iterable[dict[str, Any]], gpu: Iterable[dict[str, Any] | 
         "ncpu": ncpu, "windows": len(windows), "windows_measured": len(measured), "windows_contended": len(busy),
         "gpu_other_processes": max(len(p) for p in seen_pids) if seen_pids else None,
         "gpu_clock_reasons": sorted({r for s in states for r in s.get("clock_reasons") or ()}),
+        "top_other": top,
     }
+
+
+def tops_of(windows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The other processes the windows name (``top_other``), each once with its most cores, most first
+    (``TOP_OTHERS`` of them)."""
+    best: dict[int, dict[str, Any]] = {}
+    for w in windows:
+        for t in w.get("top_other") or ():
+            if t["pid"] not in best or t["cores"] > best[t["pid"]]["cores"]:
+                best[t["pid"]] = t
+    return sorted(best.values(), key=lambda t: -t["cores"])[:TOP_OTHERS]

@@ -253,3 +253,47 @@ def test_case_cpu_reads_the_launcher_and_the_other_ranks_from_proc():
     # /proc counts whole ticks of each process (two here): the launcher's between its two reads, the busy rank's
     assert busy_cpu >= 0.3 and before >= 0.2
     assert before + busy_cpu - 2 * tick <= seen <= after + busy_cpu + 2 * tick, (busy_cpu, before, after, seen)
+
+
+# --- which other processes: the window names those that used the most of it --------------------------------------
+def _table(*rows):
+    return {pid: contention.Proc(ppid, name, ticks, 0) for pid, ppid, name, ticks in rows}
+
+
+def test_a_window_names_the_other_processes_that_used_most_of_it():
+    """On the 2x H200 every 1-device case read "other processes used 28.9-31.3 of 32 cores" and said nothing of
+    whom: an orphaned ncu target (pid 8715) of an earlier run set. The window now names them from /proc's tables at
+    its two ends: the ones of at least 0.1 cores, most first, three at most; one that started within it: all its CPU."""
+    before = _table((8715, 1, "python3.12", 1000), (20, 1, "sshd", 50), (30, 1, "idle", 7), (40, 1, "small", 0))
+    after = _table((8715, 1, "python3.12", 1000 + 2950), (20, 1, "sshd", 62), (30, 1, "idle", 7), (40, 1, "small", 5),
+                   (55, 1, "new", 30))
+    src = CpuSources(proc_stat=iter((STAT_0, STAT_1)).__next__, own_cpu_s=iter((0.25, 0.75)).__next__,
+                     wall_s=iter((100.0, 101.0)).__next__, load1=lambda: 1.35, clk_tck=100, ncpu=2,
+                     processes=iter((before, after)).__next__)
+    w = CpuWindow.start(src).stop()
+    # 29.5 cores (2950 ticks in 1 s: the table's own figure, not the machine's 2), 0.3 (new), 0.12 (sshd); 0.05 left out
+    assert [(t["pid"], t["name"], t["cores"]) for t in w["top_other"]] == [(8715, "python3.12", 29.5), (55, "new", 0.3),
+                                                                          (20, "sshd", 0.12)]
+    assert all(t["command"] == t["name"] for t in w["top_other"])  # no /proc/<pid>/cmdline of these pids here
+    s = contention.summarise([w, {**w, "top_other": [{**w["top_other"][0], "cores": 28.0}]}])
+    assert s["text"] == ("other processes used up to 0.5 of 2 cores (most: pid 8715 python3.12: 29.5; pid 55 new: 0.3; "
+                         "pid 20 sshd: 0.1)")
+    assert window(own_s=0.5)["top_other"] is None  # sources without process tables: not named, text as before
+    assert contention.summarise([window(own_s=0.5)])["text"] == "other processes used 0.5 of 2 cores"
+
+
+def test_a_busy_process_is_named_with_its_command_line():
+    hog = subprocess.Popen([sys.executable, "-c", "while True:\n pass", "kernelmap-test-hog"])
+    try:
+        time.sleep(0.3)
+        w = CpuWindow.start()
+        time.sleep(1.0)
+        w = w.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    named = {t["pid"]: t for t in w["top_other"]}
+    assert hog.pid in named, w["top_other"]
+    assert named[hog.pid]["cores"] >= 0.3
+    assert named[hog.pid]["command"] == f"{sys.executable} -c while True: pass kernelmap-test-hog"  # one line
+    assert os.getpid() not in named
