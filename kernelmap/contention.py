@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from frameworks.dataparallel import WORLD_ENV
+from .frameworks.dataparallel import WORLD_ENV
 
 NCPU: int = os.cpu_count() or 1
 
