@@ -61,8 +61,11 @@ def _math(run: Run, s: dict) -> dict[str, Any]:
         return check_row(*args, None, NOT_CHECKED, "no paired kernel has both a log math and a counter math"
                          + (f" ({s['reason']})" if s.get("reason") else ""))
     n, agree = int(s["math_compared"]), int(s["math_agree"])
+    rest = int(s["matched"]) - n
     if agree == n:
-        return check_row(*args, f"{agree} of {n}", PASS, f"{n} kernel(s): the counters say the math the log says")
+        return check_row(*args, f"{agree} of {n}", PASS, f"{n} kernel(s): the counters say the math the log says; "
+                         f"{rest} other paired kernel(s) not compared (no log math: the framework's own, a scale "
+                         "by beta; or the counters' unknown)")
     return check_row(*args, f"{agree} of {n}", FAIL, "; ".join(s["math_disagree"]))
 
 
