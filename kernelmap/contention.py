@@ -121,7 +121,7 @@ def own_cpu_s() -> float:
 _STAT_PPID, _STAT_OWN, _STAT_CHILDREN = 1, slice(11, 13), slice(13, 15)
 TOP_OTHERS = 3  # the other processes a window names, those that used the most CPU in it ...
 TOP_MIN_CORES = 0.1  # ... each at least this many cores
-CMDLINE_CHARS = 100  # of a named process's command line (its first 60 in a summary's text)
+CMDLINE_CHARS = 100  # of a named process's command line (the busiest one's first 60 in a summary's text)
 TEXT_COMMAND_CHARS = 60
 
 
@@ -438,9 +438,9 @@ def summarise(windows: Iterable[dict[str, Any]], gpu: Iterable[dict[str, Any] | 
     reasons: list[str] = []
     top = tops_of(busy_other)
     if busy_other:
-        most = "; ".join(f"pid {t['pid']} {_cut(t['command'], TEXT_COMMAND_CHARS)}: {t['cores']:.1f}" for t in top)
-        reasons.append(f"other processes used {up_to}{max(other):.1f} of {ncpu} cores" + (f" (most: {most})" if most
-                                                                                             else ""))
+        most = "".join(f" (most: pid {t['pid']} {_cut(t['command'], TEXT_COMMAND_CHARS)}, {t['cores']:.1f} cores)"
+                       for t in top[:1])  # the others in top_other: the console's column stays one short line
+        reasons.append(f"other processes used {up_to}{max(other):.1f} of {ncpu} cores{most}")
     if busy_steal:
         reasons.append(f"the hypervisor stole {up_to}{max(steal):.1f} cores")
     gpu_reasons = list(dict.fromkeys(r for s in states for r in gpu_contention(s)))
