@@ -250,9 +250,10 @@ def test_case_cpu_reads_the_launcher_and_the_other_ranks_from_proc():
     out = subprocess.run([sys.executable, "-c", _LAUNCHER], capture_output=True, text=True, check=True, timeout=120)
     busy_cpu, before, after, seen = (float(x) for x in out.stdout.split())
     tick = 1 / contention.clock_ticks()
-    # /proc counts whole ticks of each process (two here): the launcher's between its two reads, the busy rank's
+    # /proc gives each process's user and system time in whole ticks, each cut down (two processes here: up to 4
+    # ticks under their clocks): the launcher's between its two reads, the busy rank's
     assert busy_cpu >= 0.3 and before >= 0.2
-    assert before + busy_cpu - 2 * tick <= seen <= after + busy_cpu + 2 * tick, (busy_cpu, before, after, seen)
+    assert before + busy_cpu - 4 * tick <= seen <= after + busy_cpu + 4 * tick, (busy_cpu, before, after, seen)
 
 
 # --- which other processes: the window names those that used the most of it --------------------------------------
