@@ -124,3 +124,20 @@ def test_the_pytorch_ranks_nccl_allocation_is_said_to_be_gpu_memory(tmp_path):
 ])
 def test_crash_cause(text, cause):
     assert processes.crash_cause(text) == cause
+
+
+def test_xla_device_wait_reads_the_bfc_allocators_line_too():
+    """Mid-run (not at start) XLA's BFC allocator says it (the format of tsl's bfc_allocator.cc, as reported in
+    multi-GPU hangs); the device is the allocator's; a rendezvous line before any out-of-memory line is nothing."""
+    w = processes.XlaDeviceWait()
+    w.see("E1127 14:25:04.080677   11930 rendezvous.cc:116] [id=0] This thread has been waiting for `x` for 10 "
+          "seconds and may be stuck. Expected 2 threads to join the rendezvous, but not all of them arrived on time.")
+    assert not w.found.is_set()
+    w.see("W1127 14:25:00.000000   11819 bfc_allocator.cc:514] Allocator (GPU_3_bfc) ran out of memory trying to "
+          "allocate 22.66GiB (rounded to 24331616256)requested by op")
+    w.see("E1127 14:25:14.080677   11930 rendezvous.cc:116] [id=0] This thread has been waiting for `y` for 10 "
+          "seconds and may be stuck.")
+    assert w.found.is_set() and w.device == "3" and w.tries == 1
+    assert w.said().startswith("XLA's device 3 could not allocate GPU memory (ran out of memory trying to allocate "
+                               "22.66GiB) and another device waits for it at a collective (\"This "
+                               "thread has been waiting for `y` for 10 seconds and may be stuck\")")

@@ -98,7 +98,8 @@ class XlaDeviceWait:
 
     def see(self, line: str) -> None:
         if (m := self.OOM.search(line)) is not None:
-            device, what = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+            device, what = ((m.group(1), f"{m.group(2)}: out of memory") if m.group(1) is not None
+                            else (m.group(3), m.group(4)))
             self.tries = self.tries + 1 if device == self.device else 1
             self.device, self.last = device, what
         elif self.device is not None and (m := self.STUCK.search(line)) is not None:
@@ -112,7 +113,7 @@ class XlaDeviceWait:
 
     def said(self) -> str:
         stuck = self.stuck if len(self.stuck) <= 240 else self.stuck[:237] + "..."
-        return (f"XLA's device {self.device} could not allocate GPU memory ({self.last}: out of memory"
+        return (f"XLA's device {self.device} could not allocate GPU memory ({self.last}"
                 f"{f', the last of {self.tries} tries' if self.tries > 1 else ''}) and another device waits for it at "
                 f"a collective (\"{stuck}\"), a wait XLA never ends (another process may hold that GPU's memory: "
                 "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory)")
