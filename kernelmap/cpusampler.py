@@ -260,21 +260,38 @@ SHARE_RULE = ("ops that run at once (an asynchronous engine's or XLA's ops on se
               "sums to at most the process's over the traced steps")
 
 
-def shared_cpu(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+PENDING_SHARE_RULE = ("an asynchronous XLA thunk runs on its own thread for its dispatch only; from there to its "
+                      "completion it ran on the pool or waited for it, and takes a share of the CPU time only of the "
+                      "stretches where no op runs (else a thunk waiting behind a convolution would take half of its "
+                      "CPU time)")
+
+
+def shared_cpu(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray,
+               running_end_ns: np.ndarray | None = None) -> np.ndarray:
     """Each op's CPU ns (``SHARE_RULE``): over every stretch between two op boundaries, the process's CPU time
-    (``Samples.cpu_at``) divided among the ops open in it; NaN for an op outside the samples."""
+    (``Samples.cpu_at``) divided among the ops running in it, or where none runs among those pending
+    (``running_end_ns``: where each op stops running and, up to its end, is pending: ``PENDING_SHARE_RULE``;
+    None: ops run to their end); NaN for an op outside the samples."""
     a, b = np.asarray(start_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64)
     if not a.size:
         return np.zeros(0)
-    points = np.unique(np.concatenate([a, b]))
+    r = b if running_end_ns is None else np.clip(np.asarray(running_end_ns, dtype=np.int64), a, b)
+    points = np.unique(np.concatenate([a, r, b]))
     cpu = samples.cpu_at(points)
-    opened = np.zeros(points.size, dtype=np.int64)
-    np.add.at(opened, np.searchsorted(points, a), 1)
-    np.add.at(opened, np.searchsorted(points, b), -1)
-    active = np.cumsum(opened)[:-1]  # ops open over [points[k], points[k + 1])
-    seg = np.diff(cpu)
-    share = np.where(active > 0, seg / np.maximum(active, 1), 0.0)
-    cum = np.concatenate([[0.0], np.cumsum(np.nan_to_num(share))])
-    out = cum[np.searchsorted(points, b)] - cum[np.searchsorted(points, a)]
+    seg = np.nan_to_num(np.diff(cpu))
+
+    def open_over(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:  # ops open over [points[k], points[k + 1])
+        opened = np.zeros(points.size, dtype=np.int64)
+        np.add.at(opened, np.searchsorted(points, lo), 1)
+        np.add.at(opened, np.searchsorted(points, hi), -1)
+        return np.cumsum(opened)[:-1]
+
+    running, pending = open_over(a, r), open_over(r, b)
+    run_share = np.where(running > 0, seg / np.maximum(running, 1), 0.0)
+    pend_share = np.where((running == 0) & (pending > 0), seg / np.maximum(pending, 1), 0.0)
+    cum_run = np.concatenate([[0.0], np.cumsum(run_share)])
+    cum_pend = np.concatenate([[0.0], np.cumsum(pend_share)])
+    ia, ir, ib = (np.searchsorted(points, x) for x in (a, r, b))
+    out = cum_run[ir] - cum_run[ia] + cum_pend[ib] - cum_pend[ir]
     out[np.isnan(samples.cpu_at(a)) | np.isnan(samples.cpu_at(b))] = np.nan
     return out

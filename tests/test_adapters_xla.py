@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_thunk_completion import completion_ns, stdlib_thunks
 
 from kernelmap import adapters, schema
 from kernelmap.adapters import xla_trace
@@ -54,7 +55,12 @@ def test_cpu_thunks_are_ops_with_the_trace_totals(cpu):
     thunks = [e for e in x if "hlo_op" in e.get("args", {})]
     ops = cpu[cpu["kind"].eq("op")]
     assert len(ops) == len(thunks) > 0
-    assert int(ops["dur_ns"].sum()) == sum(round(e["dur"] * 1000) for e in thunks)
+    # each thunk from its start to its completion (tests/test_thunk_completion.py): its traced span where its
+    # end: event falls inside it, else past it (18 of the 240 complete asynchronously)
+    ev, pairs = stdlib_thunks(CPU)
+    assert int(ops["dur_ns"].sum()) == sum(completion_ns(ev, r, m) - r["s"] for v in pairs.values() for r, m in v)
+    assert sum(1 for v in pairs.values() for r, m in v if m["s"] > r["e"]) == 18
+    assert int(ops["dur_ns"].sum()) > sum(round(e["dur"] * 1000) for e in thunks)
     assert len(cpu) == len(x)
     steps = sorted(int(e["name"].split("#")[1]) for e in x if e["name"].startswith("kernelmap:step#"))
     assert sorted(cpu.loc[cpu["kind"].eq("step"), "iteration"].tolist()) == steps

@@ -7,8 +7,9 @@ Records (``ph: X`` events; metadata, counters and flows are not records):
   with ``memcpy_details``/``Memset_details``. ``correlation_id``, ``stream`` (the tid) and the
   grid/block of ``kernel_details`` as the trace gives them.
 * CPU (process ``/host:CPU``): each XLA thunk (``args.hlo_op``) is an ``op`` — the CPU backend's
-  unit of execution, as a oneDNN primitive or an ATen op is for the other frameworks; the
-  ``end: <op>`` completion markers of asynchronous thunks are annotations. A host event with a
+  unit of execution, as a oneDNN primitive or an ATen op is for the other frameworks — timed from its
+  start to its completion (``thunk_completion.py``: an asynchronous thunk's traced span is its dispatch
+  only); the ``end: <op>`` completion markers are annotations owned by their thunk. A host event with a
   ``correlation_id`` (a CUDA or HIP API call: a launch, even where it also carries the ``hlo_op`` of
   the kernel it launches, as ROCm's do) is ``runtime``, and its kernel, linked to it by that id, takes
   its ``hlo_op`` where the kernel's own event has none; ``kernelmap:step#N`` is ``step``; every other
@@ -71,15 +72,19 @@ from ..frameworks.spec import LAYERS
 from ..strings import STRING
 from . import canonical as C
 from . import mathtypes as MT
+from . import thunk_completion
 from ._common import finish, frame, int64_array, ns_from_us, parse_exact, read_bytes
 from .kernel_libraries import library_of
 
 # What the report's self-checks may ask of this source (reports/checks.py reads these):
 # an XLA op is a fused kernel or thunk of the compiled program, not one call of a framework op, so its
 # count per step is no framework-call count; on the CPU, XLA's thunks run asynchronously and a thunk's
-# span includes waiting, so op time is not busy time.
+# time, start to completion, includes waiting for a pool thread, so op time is not busy time.
 OPS_ARE_FRAMEWORK_CALLS = False
 CPU_OP_TIME_IS_BUSY = False
+# an asynchronous CPU thunk is timed to its completion (thunk_completion.py), past the thunks its thread ran
+# meanwhile: a thunk inside another's traced span (a control-flow thunk's body) says so by its op_event_id
+OP_SPANS_MAY_OVERLAP = True
 
 SOURCE = "xla_trace"
 FRAMEWORK = frameworks.of_trace_source(SOURCE).name  # the framework whose profiler writes it
@@ -487,6 +492,10 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         else:
             kind[j] = "annotation"
     _inherit_hlo_op(kind, hlo_op, module, corr)
+    # asynchronous CPU thunks: timed to their completion, not their dispatch (thunk_completion.py)
+    start, dur, owner, completions = thunk_completion.complete(
+        kind, names, hlo_op, start, dur, [r[1].get("pid") for r in rows], [r[1].get("tid") for r in rows],
+        ~(dev | derived))
     grid = np.full((n, 6), np.nan)
     for j, (_, _, a) in enumerate(rows):
         m = _GRID.search(str(a.get("kernel_details", "")))
@@ -514,6 +523,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         "op_name": pd.array(op_name, dtype=STRING),
         "kernel_name": pd.array([names[j] if dev[j] else None for j in range(n)], dtype=STRING),
         "start_ns": start, "dur_ns": dur,
+        "op_event_id": pd.array(owner, dtype="Int64"),
         "canonical_op": pd.array(canon, dtype=STRING),
         "direction": pd.array(direc, dtype=STRING),
         "layer": pd.array(layer, dtype=STRING),
@@ -538,6 +548,8 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
         cols[col] = int64_array(grid[:, k], path, col, idx) if n else pd.array([], dtype="Int64")
     df = finish(cols, path, SOURCE)
     df.attrs["hlo_text"] = sorted(hlo)
+    if completions:
+        df.attrs["thunk_completions"] = completions
     df.attrs["hlo_ops_unresolved"] = int(sum(1 for j in range(n) if hlo_op[j] is not None and info[j] is None))
     _label_steps(df)
     return _with_library_calls(df, [inf.target if inf and inf.library in GPU_LIBRARIES else None for inf in info],

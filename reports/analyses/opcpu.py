@@ -43,7 +43,8 @@ MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchrono
              "engine's, through 76% of 116; XLA's, through all of 345); otherwise not decided, and the main thread's "
              "time is kept in the ops (dropping it wrongly would read a layer near 0: a synchronous engine, NaiveEngine, "
              "runs its ops on the main thread)")
-OP_CPU_METHOD = f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}"
+OP_CPU_METHOD = (f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {cpusampler.PENDING_SHARE_RULE}; {MAIN_RULE}; "
+                 f"{cpusampler.FIT_RULE}")
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,28 @@ def _measure(run: Run, t: Timed) -> OpCpu:
         return OpCpu(fw, bs, f"its trace is not put on the sampler's clock: {said}", **base)
     start = ev["start_ns"].to_numpy(dtype=np.int64) - fit.offset_ns
     end = start + ev["dur_ns"].to_numpy(dtype=np.int64)
+    running = running_ends(rec, ev) - fit.offset_ns
     # cpu_ns: the op's share (cpusampler.SHARE_RULE); span_cpu_ns: the process's CPU time over its span, unshared
-    return OpCpu(fw, bs, "", ev.assign(cpu_ns=cpusampler.shared_cpu(samples, start, end),
+    return OpCpu(fw, bs, "", ev.assign(cpu_ns=cpusampler.shared_cpu(samples, start, end, running),
                                        span_cpu_ns=samples.between(start, end)), **base)
+
+
+def running_ends(rec: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
+    """Where each op of ``ev`` stops running on its own thread (``cpusampler.PENDING_SHARE_RULE``): an
+    asynchronous XLA thunk where its dispatch returned, the start of the pending record it owns (an annotation
+    whose ``op_event_id`` is the op, reaching to or past its end: ``thunk_completion.PENDING_RULE``); else its end."""
+    end = (ev["start_ns"] + ev["dur_ns"]).to_numpy(dtype=np.int64)
+    pend = rec[rec["kind"].eq("annotation") & rec["op_event_id"].notna() & rec["run"].isin(ev["run"].unique())]
+    if pend.empty:
+        return end
+    spans = {(r, int(o)): (int(s), int(s) + int(d)) for r, o, s, d in
+             zip(pend["run"], pend["op_event_id"], pend["start_ns"], pend["dur_ns"].fillna(0), strict=True)}
+    out = end.copy()
+    for i, (r, e) in enumerate(zip(ev["run"], ev["event_id"], strict=True)):
+        got = spans.get((r, int(e)))
+        if got is not None and got[1] >= end[i] > got[0]:
+            out[i] = got[0]
+    return out
 
 
 def main_thread(ev: pd.DataFrame, pid: Any, full: cpusampler.Samples, fit: cpusampler.Fit | None,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import frameworks, schema
+from kernelmap import adapters, frameworks, schema
 from kernelmap.errors import KernelmapError
 
 from .base import TRACE_SOURCES, Run, case_of, expected_calls_per_step, field_at, passes_of, with_case_column
@@ -22,12 +22,17 @@ def records_of(run: Run) -> pd.DataFrame:
 
 
 def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
-    """Keep op rows not contained in another op row of the same (pid, tid)."""
+    """Keep op rows not contained in another op row of the same (pid, tid). A source whose op spans may
+    reach past other ops of their thread (its adapter's ``OP_SPANS_MAY_OVERLAP``: XLA's asynchronous CPU
+    thunks, timed to their completion) says nesting itself: its rows that no other op owns (``op_event_id``)."""
     if ops.empty:
         return ops
-    keep = []
-    for _, g in ops.sort_values(["start_ns", "dur_ns"], ascending=[True, False]).groupby(
-            [ops["pid"].fillna(-1), ops["tid"].fillna(-1)], sort=False):
+    by_owner = ops["source"].map(lambda s: bool(getattr(adapters.FORMATS.get(s), "OP_SPANS_MAY_OVERLAP", False)))
+    owned = by_owner & ops["op_event_id"].notna()
+    keep = list(ops.index[by_owner & ~owned])
+    spans = ops[~by_owner]
+    for _, g in spans.sort_values(["start_ns", "dur_ns"], ascending=[True, False]).groupby(
+            [spans["pid"].fillna(-1), spans["tid"].fillna(-1)], sort=False):
         end = -1
         for idx, s, d in zip(g.index, g["start_ns"], g["dur_ns"], strict=True):
             if pd.isna(s) or pd.isna(d):
