@@ -69,7 +69,20 @@ CPU_RULE = ("CPU time counts the work a process does, not the time it waits for 
 # their sibling waited for a core); with OMP_WAIT_POLICY=PASSIVE 78-93 ms wall and 30-31 ms CPU, the
 # CPU time of the same step on one thread (26-30 ms). The runner sets it for every framework's worker.
 WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# glibc malloc keeps what a worker frees for its next step (issue 42, docs/timing.md "Memory"): its mmap threshold
+# fixed at glibc's own ceiling (32 MiB on 64-bit), the trim threshold and top pad so high that neither the main heap
+# nor a thread's heaps go back to the kernel between steps. Otherwise the threshold moves with what was freed
+# first, and in which thread: MXNet 1.9 on the CPU allocates every array with posix_memalign and frees it on its
+# engine thread (no pool), so one process faulted 10,000-17,000 fresh pages a step at bs 256 (page-fault kernel
+# time: 15-26 ms a step, CPU 65-74 ms) and the next almost none (48-50 ms), and a process could change speed
+# midway; measured on the 2-core VM, 6 processes each, interleaved. PyTorch's CPU allocator (posix_memalign, no
+# cache) faulted 8,000-12,500 pages a step at bs 256 (CPU 103-105 ms, 84-86 ms with these). Set by the runner for
+# every framework's worker and pass, read by glibc at the worker's start; the step benchmarks, in the pytest
+# process, set the same with mallopt (run.devices.keep_freed_memory).
+ALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+             "MALLOC_TOP_PAD_": str(256 << 20)}
 CPU_SAMPLES = "cpu_step_times_s"  # a worker result's per-sample process CPU time (seconds per step)
+FAULT_SAMPLES = "minor_faults_per_step"  # a worker result's per-sample minor page faults of its process, per step
 MAIN_THREAD_SAMPLES = "main_thread_cpu_step_times_s"
 
 

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -90,7 +91,7 @@ def _progress(total: int, enabled: bool, desc: str):
 
 def _threads(workload) -> dict[str, Any]:
     """CPU thread settings this worker ran with: the environment the runner set, and the framework's own."""
-    env = {k: os.environ.get(k) for k in (*timing.THREAD_ENV, *timing.WAIT_ENV)}
+    env = {k: os.environ.get(k) for k in (*timing.THREAD_ENV, *timing.WAIT_ENV, *timing.ALLOC_ENV)}
     return {"env": env, "framework": workload.threads()}
 
 
@@ -134,6 +135,7 @@ class _Clocks:
         self.samples: list[float] = []
         self.cpu_samples: list[float] = []
         self.main_samples: list[float] = []
+        self.fault_samples: list[float] = []  # minor page faults of the process a step
         self.sample_steps: list[int] = []
         self.loader_times: list[float] = []
         self.cpu_windows: list[dict[str, Any]] = []
@@ -154,6 +156,7 @@ class _Clocks:
     def block(self, fetched: list[Any], k: int, i: int, block: int) -> None:
         """Train ``block`` steps from ``fetched[k:]`` (steps ``i``...) between one read of each clock."""
         w = self.workload
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c0, m0 = time.process_time(), time.thread_time()  # outside the wall clock's reads
         s0 = time.monotonic_ns() if self.sampler is not None else 0  # a capture pass: one step a block
         t0 = time.perf_counter()
@@ -167,6 +170,7 @@ class _Clocks:
             self.sampler.mark(i, s0, time.monotonic_ns())
         self.cpu_samples.append((time.process_time() - c0) / block)
         self.main_samples.append((time.thread_time() - m0) / block)
+        self.fault_samples.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / block)
         self.sample_steps.append(block)
 
 
@@ -238,6 +242,7 @@ def _result(clocks: _Clocks, workload, *, framework: str, pass_name: str, warmup
               "step_times_s": clocks.samples, "sample_steps": clocks.sample_steps,
               "timing": timing.STEP_METHOD if clean else timing.CAPTURE_METHOD,
               timing.CPU_SAMPLES: clocks.cpu_samples, timing.MAIN_THREAD_SAMPLES: clocks.main_samples,
+              timing.FAULT_SAMPLES: clocks.fault_samples,
               "cpu_timing": timing.CPU_METHOD,
               **summarise(clocks.samples, bs)}
     if clocks.loader_times:

@@ -289,7 +289,8 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
         assert trial["e2e_step_s"] * steps >= sum(trial["step_times_s"][k] * b for k, b in enumerate(blocks))
         assert "batches_reused" not in trial
         assert trial["threads"]["env"] == {**{k: str(man["config"]["threads"]) for k in timing.THREAD_ENV},
-                                           **timing.WAIT_ENV}
+                                           **timing.WAIT_ENV, **timing.ALLOC_ENV}
+        assert len(trial[timing.FAULT_SAMPLES]) == len(trial["step_times_s"])  # page faults a step, per sample
         assert len(trial[timing.CPU_SAMPLES]) == len(trial["step_times_s"]) and min(trial[timing.CPU_SAMPLES]) > 0
         assert (trial["test_accuracy"] is None) == (t > 1)  # accuracy from the first trial only
     assert len(pids) == n_trials  # each trial its own process

@@ -156,8 +156,32 @@ def physical_cores() -> int:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The same CPU thread settings for every framework's worker; OpenMP threads sleep while they wait
-    (``timing.WAIT_ENV``), so that CPU time counts work, not spinning for a sibling a neighbour preempted."""
-    return {**{k: str(threads) for k in timing.THREAD_ENV}, **timing.WAIT_ENV}
+    (``timing.WAIT_ENV``), so that CPU time counts work, not spinning for a sibling a neighbour preempted; glibc
+    malloc keeps what the worker frees (``timing.ALLOC_ENV``), so that no step pays for faulting in fresh pages
+    that an earlier one gave back, by an allocation history that differs from process to process."""
+    return {**{k: str(threads) for k in timing.THREAD_ENV}, **timing.WAIT_ENV, **timing.ALLOC_ENV}
+
+
+# mallopt's parameters (glibc's malloc.h) for timing.ALLOC_ENV's variables
+MALLOPT_PARAMS = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
+
+
+def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """``timing.ALLOC_ENV`` applied to this running process with glibc's mallopt (its variables are read only at
+    a process's start): what the step benchmarks' pytest process does before a framework loads. A variable set in
+    ``environ`` was applied by glibc at start and is left; returns what was set ({} without glibc's mallopt)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return {}
+    done = {}
+    for name, value in timing.ALLOC_ENV.items():
+        if name not in environ and mallopt(MALLOPT_PARAMS[name], int(value)) == 1:
+            done[name] = int(value)
+    return done
 
 
 def decide_devices(chosen: list[str], device: str, python: dict[str, str],
