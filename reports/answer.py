@@ -29,7 +29,7 @@ import pandas as pd
 from kernelmap.frameworks import spec
 from kernelmap.frameworks.case import order_names
 
-from kernelmap import frameworks, schema
+from kernelmap import adapters, frameworks, schema
 
 from . import analysis as A
 from .analyses.basis import CLEAN, CpuState, PassState, StateKey, TimeKind, comparable
@@ -118,9 +118,16 @@ def _cell_time(r: pd.Series, lib_time: bool) -> tuple[TimeKind, Any, str | None,
         return TimeKind.KERNEL, r["ms_per_step"], r.get("pass"), r["time_source"]
     if lib_time:
         return TimeKind.LIBRARY, r["ms_per_step"], r.get("pass"), r["time_source"]
+    says = _op_time_says(r["framework"])
     return TimeKind.OP, r["op_ms_per_step"], r.get("op_pass"), (
-        f"framework ops of the trace ({r['framework']}); a CPU framework pass that sampled CPU time also ran the CPU "
-        "sampler's thread beside them (cpusampler.OWN_RULE)")
+        f"framework ops of the trace ({r['framework']}){f' ({says})' if says else ''}; a CPU framework pass that "
+        "sampled CPU time also ran the CPU sampler's thread beside them (cpusampler.OWN_RULE)")
+
+
+def _op_time_says(framework: str) -> str | None:
+    """What an op's time is in the framework's trace where its adapter says (``OP_TIME_SAYS``: XLA's CPU thunks)."""
+    source = getattr(frameworks.REGISTRY.get(framework), "trace_source", None)
+    return getattr(adapters.FORMATS.get(source), "OP_TIME_SAYS", None) if source else None
 
 
 def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None = None

@@ -507,7 +507,8 @@ def _figure_list(out: Path, a: Analysed) -> list[dict[str, Any]]:
     return [
         _figure(out, "op_time", "Time per canonical op",
                 "Per framework, time per training step spent in each canonical op, stacked by phase "
-                "(forward / backward / optimizer). GPU runs sum kernel time; CPU runs sum outermost framework-op time.",
+                "(forward / backward / optimizer). GPU runs sum kernel time; CPU runs sum outermost framework-op time "
+                "(XLA's CPU thunks: start to completion, an asynchronous one's including waiting for a pool thread).",
                 F.op_time_figure, ot, ot),
         _figure(out, "library_mix", "Library mix",
                 "Share of the timed time per step that runs in each library (cuDNN, cuBLAS, cuBLASLt, oneDNN, "

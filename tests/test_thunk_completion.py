@@ -15,7 +15,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+from conftest import report
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
 from kernelmap.reports.analyses.timed import outermost_ops
@@ -193,3 +195,30 @@ def test_the_dispatch_alone_fails_the_check(run_dir, tmp_path):
             & c["subject"].eq("fc1 bwd_weight, framework-op time: bs 64 -> 256")].iloc[0]
     assert (row["status"], row["expected"], row["measured"]) == (
         C.FAIL, pytest.approx(0.1566858), pytest.approx(0.0163222))
+
+
+def test_the_page_says_what_an_xla_thunk_time_is(run_dir, tmp_path):
+    assert report(str(run_dir), "-o", str(tmp_path / "rep")) == 0
+    cells = pd.read_csv(tmp_path / "rep" / "tables" / "answer.csv")
+    said = cells.loc[cells["jax.time_kind"].eq("framework-op time"), "jax.time_source"]
+    assert len(said) > 0 and said.str.contains(xla_trace.OP_TIME_SAYS, regex=False).all()
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "CPU thunks: start to completion, an asynchronous one" in page  # the op-time figure's caption
+
+
+def test_the_cpu_sampler_runs_a_pending_thunk_only_over_its_dispatch(run_dir):
+    from kernelmap.reports.analyses.opcpu import running_ends
+    from kernelmap.reports.analyses.timed import records_of, timed_events
+
+    run = A.load_run(run_dir)
+    t = next(x for x in timed_events(run) if x.batch_size == 256)
+    ev = t.events.sort_values("start_ns")
+    ends = pd.Series(running_ends(records_of(run), ev), index=ev.index)
+    ev_stdlib, pairs = stdlib_thunks(_trace(256))
+    dots = ev["op_name"].eq("dot")
+    assert ends[dots].tolist() == [r["e"] for r, _ in pairs["dot"]]  # where each dispatch returned
+    sync = ev["op_name"].eq("ynn_fusion.9")  # fc1 forward, YNNPACK: completes inside its span
+    assert (ends[sync] == ev.loc[sync, "start_ns"] + ev.loc[sync, "dur_ns"]).all() and sync.sum() == 5
+    # pending for a while: each thunk that completed after its dispatch returned
+    pending = sum(1 for v in pairs.values() for r, m in v if completion_ns(ev_stdlib, r, m) > r["e"])
+    assert int((ends < ev["start_ns"] + ev["dur_ns"]).sum()) == pending > 0

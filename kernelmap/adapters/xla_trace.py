@@ -85,6 +85,9 @@ CPU_OP_TIME_IS_BUSY = False
 # an asynchronous CPU thunk is timed to its completion (thunk_completion.py), past the thunks its thread ran
 # meanwhile: a thunk inside another's traced span (a control-flow thunk's body) says so by its op_event_id
 OP_SPANS_MAY_OVERLAP = True
+OP_TIME_SAYS = ("each XLA thunk from its start to its completion: an asynchronous one's (a dot on Eigen's pool, a "
+                "loop fusion split over the pool, a large copy) includes waiting for a pool thread; "
+                "thunk_completion.COMPLETION_RULE")
 
 SOURCE = "xla_trace"
 FRAMEWORK = frameworks.of_trace_source(SOURCE).name  # the framework whose profiler writes it
