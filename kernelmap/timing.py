@@ -73,8 +73,8 @@ WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # fixed at glibc's own ceiling (32 MiB on 64-bit), the trim threshold and top pad so high that neither the main heap
 # nor a thread's heaps go back to the kernel between steps. Otherwise the threshold moves with what was freed
 # first, and in which thread: MXNet 1.9 on the CPU allocates every array with posix_memalign and frees it on its
-# engine thread (no pool), so one process faulted 10,000-17,000 fresh pages a step at bs 256 (page-fault kernel
-# time: 15-26 ms a step, CPU 65-74 ms) and the next almost none (48-50 ms), and a process could change speed
+# engine thread (no pool), so one process faulted 10,000-17,000 fresh pages a step at bs 256 (kernel time
+# 14-26 ms a step, CPU 65-74 ms) and the next almost none (48-50 ms), and a process could change speed
 # midway; measured on the 2-core VM, 6 processes each, interleaved. PyTorch's CPU allocator (posix_memalign, no
 # cache) faulted 8,000-12,500 pages a step at bs 256 (CPU 103-105 ms, 84-86 ms with these). Set by the runner for
 # every framework's worker and pass, read by glibc at the worker's start; the step benchmarks, in the pytest
