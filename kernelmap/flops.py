@@ -67,3 +67,37 @@ def _fits(flops: int) -> int | None:
 
 def _ints(v, n: int) -> bool:
     return isinstance(v, list | tuple) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)
+
+
+# --- the GEMM each direction is, as a tiled kernel runs it ------------------------------------------
+def gemm_dims(layer: str, direction: str, batch_size: int) -> tuple[int, int, int] | None:
+    """(M, N, K) of the GEMM a ``direction`` of ``layer`` is, ``2 * M * N * K`` = ``layer_flops``. A conv as an
+    implicit GEMM in CUTLASS's convention (docs/implicit_gemm_convolution.md of NVIDIA/cutlass): forward
+    M = N·H·W, N = C_out, K = C_in·kh·kw; data gradient M = N·H·W, N = C_in, K = C_out·kh·kw; weight gradient
+    M = C_out, N = C_in·kh·kw, K = N·H·W. A linear layer as cuBLAS runs a row-major framework's matmul (column
+    major: C^T = B^T A^T): forward m = out, n = batch, k = in; data gradient m = in, n = batch, k = out; weight
+    gradient m = in, n = out, k = batch. None where ``direction`` is not one of ``DIRECTIONS``."""
+    lay = _LAYERS.get(layer)
+    if lay is None or direction not in DIRECTIONS:
+        return None
+    if lay.kind == "conv2d":
+        c_out, c_in, kh, kw = lay.weight_shape
+        npq = batch_size * _HW[layer][0] * _HW[layer][1]
+        return {"fwd": (npq, c_out, c_in * kh * kw), "bwd_data": (npq, c_in, c_out * kh * kw),
+                "bwd_weight": (c_out, c_in * kh * kw, npq)}[direction]
+    out_f, in_f = lay.weight_shape
+    return {"fwd": (out_f, batch_size, in_f), "bwd_data": (in_f, batch_size, out_f),
+            "bwd_weight": (in_f, out_f, batch_size)}[direction]
+
+
+def winograd_wgrad_dims(layer: str, batch_size: int, m: int) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of the batched GEMM of a Winograd weight gradient with output tiles of m x m: one GEMM per
+    point of the (m + kh - 1) x (m + kw - 1) transformed tile, M = C_out, N = C_in, K = the tiles,
+    N·ceil(H/m)·ceil(W/m) (cuDNN's ``winogradWgrad*4x4`` kernels: F(4x4, 3x3), 6x6 = 36 GEMMs). None for a
+    layer that is not a conv."""
+    lay = _LAYERS.get(layer)
+    if lay is None or lay.kind != "conv2d":
+        return None
+    c_out, c_in, kh, kw = lay.weight_shape
+    h, w = _HW[layer]
+    return (m + kh - 1) * (m + kw - 1), c_out, c_in, batch_size * -(-h // m) * -(-w // m)

@@ -13,6 +13,7 @@ import pytest
 from kernelmap.reports.analyses import roofline
 from kernelmap.reports.analyses.base import Run
 
+from kernelmap import gemmwork
 from kernelmap.adapters import ncu
 
 DATA = Path(__file__).parent / "data" / "ncu"
@@ -124,16 +125,31 @@ def test_layer_figures_tensor_share_and_flop_model(tmp_path):
 
 
 def test_flop_verdict_where_counted_fully():
-    """The ±10% rule itself: counter FLOPs complete, within and beyond the tolerance (fc2's 16-wide padding: 1.6x)."""
-    def kern(layer, flops):
+    """The ±10% rule itself, against the executed FLOPs (kernelmap/gemmwork.py), not the shapes': the 2x H200 run's
+    fc1 forward (nvjet, 64x32 tiles, 8 blocks = 2 x 2 output tiles x 2 splits of K: 2 x 1600 of 3136) and fc2's
+    (16x16 tiles, 10 outputs run as 16): within; the same kernels counting 12% more: beyond; a name without a tile:
+    no verdict, and why."""
+    def kern(layer, flops, name, grid):
         return {"run": "r", "case": "pytorch", "batch_size": 64, "layer": layer, "canonical_op": "linear",
                 "direction": "fwd", "matched": True, "timed_ns": 100, "counter_math": "bf16", "flops": flops,
-                "flops_complete": True, "library": "cuBLASLt"}
-    k = pd.DataFrame([kern("fc1", 52_428_800), kern("fc2", 262_144)])
-    lay = roofline.layer_counters(k).set_index("layer")
-    fc1, fc2 = lay.loc["fc1", "within_tolerance"], lay.loc["fc2", "within_tolerance"]
-    assert fc1 is not None and bool(fc1) and lay.loc["fc1", "ratio"] == pytest.approx(1.0204, abs=1e-4)
-    assert fc2 is not None and not bool(fc2) and lay.loc["fc2", "ratio"] == 1.6
+                "flops_complete": True, "library": "cuBLASLt", "kernel_name": name, "grid": grid}
+    fc1 = ("nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT", "(4, 2, 1)")
+    fc2 = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align2>(T1::Params)",
+           "(4, 1, 1)")
+
+    def verdicts(f1, f2, name2=fc2[0]):
+        k = pd.DataFrame([kern("fc1", f1, *fc1), kern("fc2", f2, name2, fc2[1])])
+        k["expected_flops"], k["expected_from"] = gemmwork.expected_columns(k)
+        return roofline.layer_counters(k).set_index("layer")
+    lay = verdicts(52_428_800, 265_216)
+    assert list(lay["expected_flops"]) == [52_428_800, 262_144]
+    assert [bool(x) for x in lay["within_tolerance"]] == [True, True]
+    assert lay.loc["fc2", "ratio"] == pytest.approx(265_216 / 163_840)  # the shapes' ratio stays, as a measurement
+    lay = verdicts(52_428_800 * 1.12, 262_144 * 0.88)
+    assert [bool(x) for x in lay["within_tolerance"]] == [False, False]
+    lay = verdicts(52_428_800, 265_216, name2="void sgemm_largek_lds64<1, 0, 5, 5, 4, 4, 4, 34>(float *)")
+    assert lay.loc["fc2", "within_tolerance"] is None and pd.isna(lay.loc["fc2", "expected_flops"])
+    assert lay.loc["fc2", "expected_from"] == f"sgemm_largek_lds64: {gemmwork.NO_TILE}"
 
 
 def test_roofline_figure_names_the_layers(tmp_path, monkeypatch):
@@ -212,14 +228,20 @@ def test_real_run_with_other_kernels_pairs_nothing(tmp_path):
 
 
 def test_flop_model_compares_the_library_kernels():
-    """A conv's bias add (native) is left out of the comparison where the records name the library's kernels."""
-    def kern(library, flops):
+    """A conv's bias add (native) is left out of the comparison where the records name the library's kernels; the
+    verdict is the conv kernel's own (not its layout transform's), against its executed FLOPs."""
+    fprop = "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_64x64_32x10_nhwc_align8>(T1::Params)"
+
+    def kern(library, flops, name, grid="(1, 1, 1)"):
         return {"run": "r", "case": "pytorch", "batch_size": 64, "layer": "conv2", "canonical_op": "conv2d",
                 "direction": "fwd", "matched": True, "timed_ns": 100, "counter_math": "bf16", "flops": flops,
-                "flops_complete": True, "library": library}
-    k = pd.DataFrame([kern("cuDNN", 462_422_016), kern("native", 6_422_528), kern("cuDNN", 401_408)])
+                "flops_complete": True, "library": library, "kernel_name": name, "grid": grid}
+    k = pd.DataFrame([kern("cuDNN", 462_422_016, fprop, "(196, 1, 1)"), kern("native", 6_422_528, "void at::add"),
+                      kern("cuDNN", 401_408, "void cudnn::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, 0, 1, 0>")])
+    k["expected_flops"], k["expected_from"] = gemmwork.expected_columns(k)
     row = roofline.layer_counters(k).iloc[0]
     assert row["counter_flops"] == 462_422_016 + 401_408 and row["flops_from"] == "library kernels"
+    assert row["gemm_counter_flops"] == row["expected_flops"] == 462_422_016
     assert bool(row["within_tolerance"]) and row["kernels"] == 3
     row = roofline.layer_counters(k.assign(library=None)).iloc[0]
     assert row["counter_flops"] == 462_422_016 + 401_408 + 6_422_528 and row["flops_from"].startswith("all kernels")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import kernelmath, schema
+from kernelmap import gemmwork, kernelmath, schema
 from kernelmap.adapters import ncu
 from kernelmap.calllink import mangled_head, short_name
 from kernelmap.errors import KernelmapError
@@ -97,7 +97,9 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
                   "log_math",
                   "counter_math", "math_agrees", "ncu_ns", "timed_ns", "flops", "flops_complete", "bytes",
                   "flops_per_s", "bytes_per_s", "intensity", "peak_flops_per_s", "attainable_flops_per_s",
-                  "roofline_share", "sm_clock_hz", "unmeasured"]
+                  "roofline_share", "sm_clock_hz", "unmeasured", "grid", "expected_flops", "expected_from"]
+# expected_flops: the FLOPs a tiled conv/GEMM kernel executes by its shape, tile and launch (kernelmap/gemmwork.py),
+# expected_from how they were derived or why they are not
 # paired_time_share: the timing step's kernel time in kernels that have counters (issue 38: >= 99%)
 # ncu_wall_s against COUNTERS_BUDGET_S (issue 38: the pass costs <= 60 s per framework and case); math_*: the
 # paired kernels whose log math and counter math are both known, how many agree, the ones that do not
@@ -290,7 +292,8 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
         "ncu_ns": df["duration_ns"].to_numpy(), "timed_ns": t["dur_ns"].to_numpy() if len(t) else pd.NA,
         "flops": f["flops"].to_numpy(), "flops_complete": f["flops_complete"].to_numpy(),
         "bytes": f["bytes"].to_numpy(), "sm_clock_hz": df["sm_clock_hz"].to_numpy(),
-        "unmeasured": df["unmeasured"].to_numpy()})
+        "unmeasured": df["unmeasured"].to_numpy(), "grid": df["grid"].to_numpy()})
+    out["expected_flops"], out["expected_from"] = gemmwork.expected_columns(out)
     out = _rates(out, peaks)
     step_ns = pd.to_numeric(timed["dur_ns"], errors="coerce").sum()
     paired_ns = pd.to_numeric(out.loc[out["matched"], "timed_ns"], errors="coerce").sum()
@@ -372,11 +375,14 @@ def counter_kernels(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
 def layer_counters(kernels: pd.DataFrame) -> pd.DataFrame:
     """Per case x layer x direction (the paired kernels only): the timing pass's kernel time, the share of it
     in kernels whose counters say tensor cores (``tensor_share``), the counter FLOPs beside the project's FLOP
-    model from the shapes (``kernelmap/flops.py``; conv2d and linear only) and whether they agree within
-    ``FLOP_TOLERANCE`` (None where the model has no figure or a counter that may matter was not measured). The
-    counter FLOPs are the layer's library kernels' (cuDNN, cuBLAS...: the conv or GEMM and its layout kernels), not
-    the framework's own bias adds, whose HFMA2.MMA register moves ncu counts as half-precision FLOPs; all its
-    kernels where the records name no library (``flops_from`` says which)."""
+    model from the shapes (``kernelmap/flops.py``: the direct algorithm's useful work; conv2d and linear only;
+    ``ratio``, a measurement), and the verdict: the layer's conv/GEMM kernels' counter FLOPs (``gemm_counter_flops``)
+    against the FLOPs those kernels execute by their shape, tile and launch (``expected_flops``,
+    ``kernelmap/gemmwork.py``: tile padding, split-K, Winograd) within ``FLOP_TOLERANCE`` (``within_tolerance``;
+    None, with ``expected_from`` saying why, where a kernel's work is not derivable or a counter that may matter
+    was not measured). The counter FLOPs are the layer's library kernels' (cuDNN, cuBLAS...: the conv or GEMM and
+    its layout kernels), not the framework's own bias adds, whose HFMA2.MMA register moves ncu counts as
+    half-precision FLOPs; all its kernels where the records name no library (``flops_from`` says which)."""
     k = kernels[kernels["matched"].astype(bool) & kernels["layer"].notna()]
     rows = []
     for (run, case, bs, layer, op, d), g in k.groupby(["run", "case", "batch_size", "layer", "canonical_op",
@@ -393,10 +399,36 @@ def layer_counters(kernels: pd.DataFrame) -> pd.DataFrame:
                      "kernels": len(g), "timed_ms": t.sum() / 1e6, "tensor_share": tensor / t.sum() if t.sum() else None,
                      "counter_flops": fl, "flops_from": "library kernels" if len(lib) else "all kernels (no library known)",
                      "flops_complete": complete, "model_flops": model, "ratio": ratio,
-                     "within_tolerance": (None if ratio is None or not complete
-                                          else abs(ratio - 1) <= FLOP_TOLERANCE),
+                     **(executed_verdict(g) if model else dict.fromkeys(EXECUTED_COLUMNS)),
                      "maths": "/".join(sorted(set(g["counter_math"])))})
     return pd.DataFrame(rows, columns=["run", "case", "batch_size", "layer", "canonical_op", "direction", "kernels",
                                        "timed_ms", "tensor_share", "counter_flops", "flops_from", "flops_complete",
-                                       "model_flops",
-                                       "ratio", "within_tolerance", "maths"])
+                                       "model_flops", "ratio", *EXECUTED_COLUMNS, "maths"])
+
+
+EXECUTED_COLUMNS = ["gemm_counter_flops", "expected_flops", "expected_ratio", "expected_from", "within_tolerance"]
+
+
+def executed_verdict(g: pd.DataFrame) -> dict[str, Any]:
+    """One layer direction's conv/GEMM kernels (those ``expected_from`` speaks of): their counter FLOPs against the
+    FLOPs they execute by ``gemmwork``'s rule, within ``FLOP_TOLERANCE``; no verdict, and the reason, where a
+    kernel's work is not derivable (its name gives no tile...) or its counters are a lower bound."""
+    out = dict.fromkeys(EXECUTED_COLUMNS)
+    gm = g[g["expected_from"].notna()] if "expected_from" in g.columns else g.iloc[0:0]
+    if gm.empty:
+        return {**out, "expected_from": "no conv or GEMM kernel among the layer's paired kernels"}
+    fl = float(pd.to_numeric(gm["flops"], errors="coerce").sum())
+    out["gemm_counter_flops"] = fl
+    missing = gm[gm["expected_flops"].isna()]
+    if len(missing):
+        return {**out, "expected_from": "; ".join(f"{short_name(n)}: {w}" for n, w in
+                                                  zip(missing["kernel_name"], missing["expected_from"], strict=True))}
+    exp = float(pd.to_numeric(gm["expected_flops"]).sum())
+    out.update(expected_flops=exp, expected_ratio=fl / exp if exp else None,
+               expected_from="; ".join(f"{short_name(n)}: {w}" for n, w in
+                                       zip(gm["kernel_name"], gm["expected_from"], strict=True)))
+    if not gm["flops_complete"].astype(bool).all():
+        out["expected_from"] = "counter FLOPs a lower bound (a metric not measured); " + out["expected_from"]
+    elif exp:
+        out["within_tolerance"] = abs(fl / exp - 1) <= FLOP_TOLERANCE
+    return out

@@ -1,0 +1,134 @@
+"""The FLOPs a tiled conv or GEMM kernel executes, derived from the layer's shape, the tile its name gives and
+the thread blocks its launch ran (issue 38: counter FLOPs against the shapes' within ±10%).
+
+``kernelmap/flops.py`` counts the useful work of the direct algorithm (2·M·N·K). A tiled kernel executes
+more or less: each thread block computes a whole tile_M x tile_N block of the output over the whole reduction
+rounded up to tile_K (out-of-range rows and columns are zero-filled and multiplied all the same: a C_in of 32
+under a 64-wide tile runs twice the MACs), split-K divides the reduction's tiles among the blocks of the grid's z
+(CUTLASS's threadblock swizzle), and Winograd replaces the direct convolution by a batched GEMM over its
+transformed tiles. The rule (``expected_flops``)::
+
+    2 · blocks · tile_M · tile_N · K_block,  K_block = tile_K · ceil(ceil(K / tile_K) / splits)
+
+with blocks = the grid's product (ncu's launch), splits = grid z (or, where the name says split-K and z is 1,
+blocks over the output's tiles), K from ``flops.gemm_dims`` (a Winograd GEMM's from ``flops.winograd_wgrad_dims``,
+whose grid z is its 36 GEMMs, not splits). Nothing is fitted to the counters: they only check it. A kernel whose
+name gives no tile (cuDNN's precompiled ``implicit_convolve_sgemm``, ``wgrad_alg0_engine``, ``dgrad_engine``,
+cuBLAS's ``sgemm_largek_lds64``) gets no figure, and its reason."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kernelmap import flops
+
+# the tile a kernel's name gives: (regex, what it reads); the groups are tile_M, tile_N[, tile_K]
+TILE_NAMES = (
+    (re.compile(r"tilesize(\d+)x(\d+)x(\d+)"), "xmma tilesize MxNxK"),
+    (re.compile(r"GemmShape<(\d+), ?(\d+), ?(\d+)>"), "CUTLASS GemmShape<M, N, K>"),
+    (re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"), "MxN_KxStages (CUTLASS; nvjet read the same way)"),
+    (re.compile(r"_(\d+)x(\d+)_(?:nn|nt|tn|tt)_"), "CUTLASS MxN, no K tile in the name"),
+)
+# a kernel that computes a conv or GEMM's products (the rest of a layer's library kernels transform layouts,
+# reduce split-K partials, scale, add a bias: not compared)
+GEMM_KERNEL = re.compile(r"gemm|fprop|dgrad|wgrad|nvjet|ImplicitGemm|_engine<")
+WINOGRAD_TRANSFORM = re.compile(r"winograd\w*?(?:Data|Delta|Output|Filter)(\d+)x\1")
+SPLIT_K_NAME = re.compile(r"splitK")
+NO_TILE = ("no tile in the kernel's name (a precompiled cuDNN/cuBLAS kernel whose template arguments are not "
+           "documented): its executed work is not derivable")
+
+
+def is_gemm_kernel(name: str) -> bool:
+    """A kernel that multiplies the conv's or GEMM's operands (not a layout, reduction, scale or Winograd transform)."""
+    return bool(GEMM_KERNEL.search(name)) and not WINOGRAD_TRANSFORM.search(name)
+
+
+def tile_of(name: str) -> tuple[int, int, int | None, str] | None:
+    """(tile_M, tile_N, tile_K or None, which naming) from a kernel's name; None where it names none."""
+    for pat, how in TILE_NAMES:
+        m = pat.search(name)
+        if m:
+            g = [int(x) for x in m.groups()]
+            return g[0], g[1], (g[2] if len(g) > 2 else None), how
+    return None
+
+
+def grid_of(text) -> tuple[int, int, int] | None:
+    """ncu's ``Grid Size`` text ``(2, 1, 23)`` as ints; None where it is not one."""
+    try:
+        g = tuple(int(x) for x in str(text).strip().strip("()").split(","))
+    except ValueError:
+        return None
+    return g if len(g) == 3 and min(g) > 0 else None
+
+
+def winograd_tile(names) -> int | None:
+    """The output tile m of the Winograd algorithm a layer direction ran (its transform kernels'
+    ``winogradWgradData4x4``: 4), None where none of ``names`` is a Winograd transform."""
+    for n in names:
+        m = WINOGRAD_TRANSFORM.search(str(n))
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def expected_flops(name: str, grid, layer: str, direction: str, batch_size: int,
+                   winograd: int | None = None) -> tuple[int | None, str]:
+    """(the FLOPs the kernel executes by the module's rule, how they were derived) or (None, why not)."""
+    tile = tile_of(name)
+    g = grid_of(grid)
+    if tile is None:
+        return None, NO_TILE
+    if g is None:
+        return None, "the launch's grid is not known"
+    tm, tn, tk, how = tile
+    blocks = g[0] * g[1] * g[2]
+    if winograd:
+        if direction != "bwd_weight":
+            return None, f"Winograd {winograd}x{winograd} {direction}: only the weight gradient's GEMM is derived"
+        dims = flops.winograd_wgrad_dims(layer, batch_size, winograd)
+        if dims is None:
+            return None, f"{layer} is not a conv"
+        _, m, n, k = dims
+        splits, what = 1, f"Winograd F({winograd}x{winograd}) weight-gradient GEMM, K = {k} tiles, grid z = its GEMMs"
+    else:
+        dims = flops.gemm_dims(layer, direction, batch_size)
+        if dims is None:
+            return None, f"no GEMM known for {layer} {direction}"
+        m, n, k = dims
+        splits = g[2]
+        if splits == 1 and SPLIT_K_NAME.search(name):
+            splits = max(1, blocks // (math.ceil(m / tm) * math.ceil(n / tn)))
+        what = f"M N K {m} {n} {k}"
+    k_block = tk * math.ceil(math.ceil(k / tk) / splits) if tk else math.ceil(k / splits)
+    note = "" if tk else " (K tile not in the name: K not rounded)"
+    return (2 * blocks * tm * tn * k_block,
+            f"{what}; {blocks} blocks of {tm}x{tn} ({how}), {splits} split(s) of K, {k_block} a block{note}")
+
+
+def expected_columns(kernels) -> tuple[list, list]:
+    """Per row of a counters table (``kernel_name``, ``grid``, ``layer``, ``canonical_op``, ``direction``,
+    ``batch_size``): the executed FLOPs ``expected_flops`` derives for a conv or GEMM kernel of a conv2d or linear
+    layer, and how (or why none); (None, None) for every other kernel. A layer direction whose kernels include a
+    Winograd transform has its GEMM read as Winograd's."""
+    wino: dict[tuple, int | None] = {}
+    for key, g in kernels.groupby(["case", "layer", "direction"], sort=False) if len(kernels) else []:
+        wino[key] = winograd_tile(g["kernel_name"])
+    exp, why = [], []
+    for r in kernels.itertuples(index=False):
+        name = str(r.kernel_name)
+        op = r.canonical_op if isinstance(r.canonical_op, str) else None  # NA: a kernel left unpaired
+        if op not in ("conv2d", "linear") or not is_gemm_kernel(name):
+            exp.append(None)
+            why.append(None)
+            continue
+        if r.direction not in flops.DIRECTIONS:
+            exp.append(None)
+            why.append(f"direction {r.direction!r}: the records do not say which gradient (data or weight) it is")
+            continue
+        e, w = expected_flops(name, r.grid, r.layer, r.direction, int(r.batch_size),
+                              wino.get((r.case, r.layer, r.direction)))
+        exp.append(e)
+        why.append(w)
+    return exp, why
