@@ -100,7 +100,8 @@ TABLES = {
     "counter_kernels": "counters pass: each counted kernel (Nsight Compute), paired with its timing-pass kernel or why "
                        "not; FLOPs, DRAM bytes, math from the counters beside the log's, roofline position",
     "counter_layers": "counters pass: per layer x direction, tensor-core share of the time, counter FLOPs vs the "
-                      "shapes' FLOP model (+-10%)",
+                      "shapes' FLOP model (a ratio) and vs the FLOPs its conv/GEMM kernels execute by shape, tile "
+                      "and launch (+-10%, or why not derivable)",
     "counter_status": "counters pass: per case, kernels counted and paired, or why the pass recorded nothing",
     "math": "math each library call really ran (issue 38), per case x layer x direction x call: math, its source, "
             "the unit its kernels ran on (tensor core, FMA, none: by name), data types, kernels or calls per step "

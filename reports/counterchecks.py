@@ -13,7 +13,8 @@ Rows only for the cases of a run that asked for the pass (``--profile counters``
   60 s per framework and case).
 
 Counter FLOPs against the shapes' model is a measurement, not a self-check (padding of small GEMM tiles is
-real work: fc2's 10 outputs run as 16): ``counter_layers`` shows it.
+real work: fc2's 10 outputs run as 16); against the FLOPs the kernels execute by shape, tile and launch
+(kernelmap/gemmwork.py) ``counter_layers`` gives the ±10% verdict, or why a kernel's work is not derivable.
 """
 
 from __future__ import annotations
