@@ -131,6 +131,9 @@ class Vocabulary:
 
 CUDNN9_LOG = {"CUDNN_LOGLEVEL_DBG": "3"}  # cuDNN 9's API log (3 = info)
 ANY_OP = ("*",)  # Framework.cpu_library_entry_ops: every op of its trace runs its own library calls
+# the worker passes a framework's shared_algorithms_env tells apart: the clean trials (the only processes that write
+# a case's algorithms; kernelmap.worker's --pass clean) and the counters pass under ncu (kernelmap.run.counters)
+CLEAN_PASS, COUNTERS_PASS = "clean", "counters"
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,12 @@ class Framework:
     # same library algorithms, given the case's file of them (``RunDir.algorithm_file``) and its worker
     # environment: the first process chooses (autotunes) and writes them, the others read them. {} where
     # the framework cannot share them (each process then chooses its own; kernelmap/calllink.py names
-    # the kernels of a pass whose choice differs from the libs pass's)
-    shared_algorithms_env: Callable[[str, Mapping[str, str] | None], Mapping[str, str]] = lambda path, worker_env: {}
+    # the kernels of a pass whose choice differs from the libs pass's). The third argument is the worker's pass
+    # (``CLEAN_PASS``, ``COUNTERS_PASS``, another capture pass's name)
+    shared_algorithms_env: Callable[..., Mapping[str, str]] = lambda path, worker_env, pass_name=None: {}
+    # what a pass (its name) of a case ran instead where the case's shared algorithms file (``path``) was not there
+    # to read, or None: the counters pass's note says it (an XLA process that autotunes under ncu died)
+    shared_algorithms_note: Callable[[str, str], str | None] = lambda path, pass_name: None
     # per CPU library (oneDNN, BLAS): the ops of its profiler trace that run that library's calls (the n-th
     # call of a layer and direction is the n-th such op: attribution.link_onednn); ANY_OP where its ops are
     # flat; {} where its trace has no such ops

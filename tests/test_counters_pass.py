@@ -193,15 +193,53 @@ def test_jax_counters_pass_reads_the_algorithms_its_case_chose(tmp_path, monkeyp
     case = _case(tmp_path, "jax", "gpu")
     tuned = case.out_dir / "algorithms.textproto"
     case.out_dir.mkdir(parents=True)
-    first = case._env()["XLA_FLAGS"]
+    first = case._env("clean")["XLA_FLAGS"]
     assert first == f"--xla_dump_to=/tmp/mine {jax_descriptor.AUTOTUNE_DUMP}={tuned}"
     tuned.write_text("version: 3\n")  # what the first process wrote
-    case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), [])
+    notes = []
+    case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), notes)
     (env,) = envs
     assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/mine {jax_descriptor.AUTOTUNE_LOAD}={tuned}"
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and env["PYTHONFAULTHANDLER"] == "1"
     assert case.pass_results[counters.COUNTERS]["skipped"].startswith("ncu failed: ")
-    assert _case(tmp_path / "cpu", "jax", "cpu")._env()["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"
+    assert "algorithms" not in case.pass_results[counters.COUNTERS] and not any("autotun" in n for n in notes)
+    assert _case(tmp_path / "cpu", "jax", "cpu")._env("clean")["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"
+
+
+@pytest.mark.parametrize("pass_name", ["framework", "nsys", "noreduce", "counters"])
+def test_only_a_clean_trial_writes_jaxs_algorithms(tmp_path, monkeypatch, pass_name):
+    """Where no clean trial wrote the case's XLA autotuning results (the first failed before it compiled), no other
+    pass writes them: the framework and nsys passes autotune on their own, the counters pass autotunes nothing under
+    ncu (XLA's default algorithms) and its note and results.json say so; once the file is there every pass reads it."""
+    from kernelmap.frameworks.jax import descriptor as jax_descriptor
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    case = _case(tmp_path, "jax", "gpu")
+    case.out_dir.mkdir(parents=True)
+    tuned = case.out_dir / "algorithms.textproto"
+    flags = case._env(pass_name).get("XLA_FLAGS", "")
+    assert jax_descriptor.AUTOTUNE_DUMP not in flags and jax_descriptor.AUTOTUNE_LOAD not in flags
+    assert (flags == jax_descriptor.NO_AUTOTUNE) == (pass_name == counters.COUNTERS)
+    assert case._env("clean")["XLA_FLAGS"] == f"{jax_descriptor.AUTOTUNE_DUMP}={tuned}"
+    if pass_name == counters.COUNTERS:
+        envs = []
+
+        def fake_worker(cmd, *, label, batch_size, env=None, log_path=None, stdout_path=None, forward_stderr=True,
+                        stall_s=None):
+            envs.append(dict(env or {}))
+            raise KernelmapError(f"{label}: worker exited 1")
+
+        monkeypatch.setattr(run_processes, "run_worker", fake_worker)
+        monkeypatch.setattr(counters, "find_ncu", lambda: "/opt/ncu")
+        notes = []
+        case.run_capture(counters.COUNTERS, run_processes.RunProgress(1, enabled=False), notes)
+        assert envs[0]["XLA_FLAGS"] == jax_descriptor.NO_AUTOTUNE
+        said = case.pass_results[counters.COUNTERS]["algorithms"]
+        assert "no clean trial wrote" in said and jax_descriptor.NO_AUTOTUNE in said
+        assert [n for n in notes if said in n] == [f"{case.name}: counters pass: {said}"]
+    tuned.write_text("version: 3\n")
+    assert case._env(pass_name)["XLA_FLAGS"] == f"{jax_descriptor.AUTOTUNE_LOAD}={tuned}"
+    assert jax_descriptor.algorithms_note(str(tuned), counters.COUNTERS) is None
 
 
 def test_the_shared_algorithm_files_are_kernelmaps_own(tmp_path):

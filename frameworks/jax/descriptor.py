@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..dataparallel import DataParallel
-from ..registry import Framework, GpuVerdict, no_gpu
+from ..registry import CLEAN_PASS, COUNTERS_PASS, Framework, GpuVerdict, no_gpu
 
 INSTALL_FIX = ("pip install 'jax[cpu]' flax optax (CPU) or 'jax[cuda13]' flax optax (NVIDIA GPU), in an environment "
                "with numpy >= 2; point kernelmap at it with --python jax=PATH or KERNELMAP_PYTHON_JAX")
@@ -38,19 +38,48 @@ AUTOTUNE_LOAD = "--xla_gpu_load_autotune_results_from"
 AUTOTUNE_SUFFIX = ".textproto"  # XLA writes and reads a text proto where the name ends so
 
 
-def shared_algorithms_env(path: str, env: dict[str, str] | None) -> dict[str, str]:
-    """XLA autotunes each convolution, GEMM and fusion when a process compiles the step: the case's first GPU
-    process writes the results it chose beside ``path`` (``algorithms.textproto``), every later one reads them
-    and measures nothing (XLA's cache: a result it holds is used, one it lacks is still autotuned). Every timing
-    pass then runs the algorithms the first chose, and the counters pass autotunes nothing under ncu: on the
-    2x H200 XLA's autotuner under ncu printed "Delay kernel timed out" (its timer's delay kernel outlasted by
-    launches slowed by ncu) and the process died of SIGSEGV before the window opened (docs/COUNTERS.md). The
+NO_AUTOTUNE = "--xla_gpu_autotune_level=0"  # XLA's default algorithms, none measured (the libs pass's too)
+
+
+def algorithms_file(path: str) -> str:
+    """Where a case's XLA autotuning results are (``path`` with XLA's text-proto suffix)."""
+    return os.path.splitext(path)[0] + AUTOTUNE_SUFFIX
+
+
+def shared_algorithms_env(path: str, env: dict[str, str] | None, pass_name: str | None = None) -> dict[str, str]:
+    """XLA autotunes each convolution, GEMM and fusion when a process compiles the step: a clean trial of the case
+    (``CLEAN_PASS``; the first that runs) writes the results it chose beside ``path`` (``algorithms.textproto``),
+    every later process reads them and measures nothing (XLA's cache: a result it holds is used, one it lacks is
+    still autotuned). Only a clean trial writes them: where the file is not there (the first clean trial failed
+    before it compiled), the framework and nsys passes autotune on their own and write nothing, and the counters
+    pass (``COUNTERS_PASS``) autotunes nothing (``NO_AUTOTUNE``: XLA's default algorithms; ``algorithms_note``
+    says so): on the 2x H200 XLA's autotuner under ncu printed "Delay kernel timed out" (its timer's delay kernel
+    outlasted by launches slowed by ncu) and the process died of SIGSEGV before the window opened
+    (docs/COUNTERS.md). Every timing pass after the first clean trial runs the algorithms that trial chose. The
     libs pass's own ``XLA_FLAGS`` (``pass_env``) replace these: it does not autotune at all. An inherited
     ``XLA_FLAGS`` is kept."""
-    file = os.path.splitext(path)[0] + AUTOTUNE_SUFFIX
-    flag = f"{AUTOTUNE_LOAD}={file}" if os.path.isfile(file) else f"{AUTOTUNE_DUMP}={file}"
+    file = algorithms_file(path)
+    if os.path.isfile(file):
+        flag = f"{AUTOTUNE_LOAD}={file}"
+    elif pass_name == CLEAN_PASS:
+        flag = f"{AUTOTUNE_DUMP}={file}"
+    elif pass_name == COUNTERS_PASS:
+        flag = NO_AUTOTUNE
+    else:
+        flag = ""
     inherited = os.environ.get("XLA_FLAGS", "").strip()
-    return {"XLA_FLAGS": f"{inherited} {flag}".strip()}
+    return {"XLA_FLAGS": f"{inherited} {flag}".strip()} if flag or inherited else {}
+
+
+def algorithms_note(path: str, pass_name: str) -> str | None:
+    """The counters pass's note where no clean trial wrote the case's autotuning results (``shared_algorithms_env``):
+    it ran XLA's default algorithms, not the timing passes' autotuned ones; None where it read them."""
+    file = algorithms_file(path)
+    if pass_name != COUNTERS_PASS or os.path.isfile(file):
+        return None
+    return (f"no clean trial wrote the case's XLA autotuning results ({os.path.basename(file)}): the counters pass "
+            f"autotuned nothing under ncu ({NO_AUTOTUNE}) and ran XLA's default algorithms, which may not be the "
+            "traced step's (a kernel of another algorithm is left unpaired)")
 
 
 DESCRIPTOR = Framework(
@@ -64,7 +93,7 @@ DESCRIPTOR = Framework(
               # and restores what each kernel writes; a process ncu leaves behind holds less); the kernels are the
               # compiled program's either way
               "counters": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}},
-    shared_algorithms_env=shared_algorithms_env,
+    shared_algorithms_env=shared_algorithms_env, shared_algorithms_note=algorithms_note,
     cpu_env={"JAX_PLATFORMS": "cpu"},  # jax's CPU backend, even where a CUDA plugin is installed
     # its kernels' hlo_op names the custom call (__cudnn$conv..., __cublas$lt$matmul) that launched them
     library_calls_in_trace=True, trace_ops_are_framework_ops=False,

@@ -124,10 +124,11 @@ ALGO_FILE_ENV = "MXNET_CUDNN_ALGO_FILE"
 ALGO_FILE_PATCH = "0008-cudnn-algo-file-shared-by-processes.patch"
 
 
-def shared_algorithms_env(path: str, env: dict[str, str] | None) -> dict[str, str]:
+def shared_algorithms_env(path: str, env: dict[str, str] | None, pass_name: str | None = None) -> dict[str, str]:
     """Only an MXNet built by build-mxnet with patch 0008 reads and writes the file; the cu11x wheels and
     older built trees choose per process (MXNet's autotune: at bs 1024 on the H200 the libs and nsys
-    passes ran different conv2 backward algorithms)."""
+    passes ran different conv2 backward algorithms). Every pass gets the file (``pass_name`` is not read): the
+    patch has no read-only mode, so a process that finds a layer missing autotunes it and appends it."""
     from .built import ENV_TREE, tree_patches
 
     return {ALGO_FILE_ENV: path} if env and ALGO_FILE_PATCH in tree_patches(env.get(ENV_TREE)) else {}

@@ -20,6 +20,7 @@ from .. import doctor, frameworks, rundir, stall
 from ..errors import KernelmapError
 from ..frameworks import dataparallel
 from ..frameworks.case import Case, CaseKey
+from ..frameworks.registry import CLEAN_PASS
 from . import counters, processes
 from .devices import Decision, libs_env, thread_env, worker_environ, worker_own_env
 from .processes import RunProgress, nsys_commands, nsys_report
@@ -74,9 +75,11 @@ class CaseRun:
         total = stall.worker_steps(self.bs, warmup, steps, epochs, self.data["n_train"] if epochs is not None else 0)
         return stall.limit_s(self.decision.device, self.bs, total, self.data["n_test"] if evaluates else 0)
 
-    def _env(self) -> dict[str, str]:
-        shared = (self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env)
-                  if self.decision.device == "gpu" else {})  # the libraries' algorithms: a GPU's
+    def _env(self, pass_name: str) -> dict[str, str]:
+        """A worker's environment for ``pass_name`` (the libraries' algorithms shared on a GPU: only a clean trial
+        writes them, ``Framework.shared_algorithms_env``)."""
+        shared = (self.descriptor.shared_algorithms_env(str(self.rd.algorithm_file(self.key)), self.own_env, pass_name)
+                  if self.decision.device == "gpu" else {})
         return worker_environ(self.decision.device, self.key.math, self.threads_env, self.own_env, shared)
 
     def run_clean(self, trial: int, label: str, progress: RunProgress, repeat: bool = False) -> None:
@@ -88,7 +91,7 @@ class CaseRun:
         progress.start(label)
         t0 = time.monotonic()
         try:
-            processes.run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(),
+            processes.run_worker([*self.base, *extra], label=label, batch_size=self.bs, env=self._env(CLEAN_PASS),
                                  forward_stderr=False, log_path=self.rd.log(self.key, "clean", trial),
                                  stall_s=self._stall(self.train["steps"], self.train["warmup_steps"], trial == 1))
         finally:
@@ -115,7 +118,7 @@ class CaseRun:
         label = f"{self.name} ({p} pass, {self.decision.device})"
         steps = PASS_STEPS[p] if self.train["steps"] is None else min(PASS_STEPS[p], self.train["steps"])
         cmd = [*self.base, "--pass", p, "--steps", str(steps), "--no-evaluate"]
-        env = self._env()
+        env = self._env(p)
         env.update(self.descriptor.pass_env.get(p, {}))
         stdout_path = None
         warmup = self.train["warmup_steps"]
@@ -156,7 +159,7 @@ class CaseRun:
         progress.start(label)
         try:
             processes.run_worker([*self.base, "--pass", p, "--no-evaluate"], label=label, batch_size=self.bs,
-                                 env=self._env(), forward_stderr=False, log_path=self.rd.log(self.key, p),
+                                 env=self._env(p), forward_stderr=False, log_path=self.rd.log(self.key, p),
                                  stall_s=self._stall(self.train["steps"], self.train["warmup_steps"]))
         finally:
             progress.finish()
@@ -179,7 +182,10 @@ class CaseRun:
         profile, imported = counters.commands(ncu, out, cmd)
         log_path = self.rd.log(self.key, counters.COUNTERS)
         stall_s = self._stall(counters.STEPS, self.train["warmup_steps"])
-        env = {**self._env(), **self.descriptor.pass_env.get(counters.COUNTERS, {}), **counters.ENV}
+        env = {**self._env(counters.COUNTERS), **self.descriptor.pass_env.get(counters.COUNTERS, {}), **counters.ENV}
+        algorithms = self.descriptor.shared_algorithms_note(str(self.rd.algorithm_file(self.key)), counters.COUNTERS)
+        if algorithms is not None:  # the case's shared algorithms were not there to read
+            notes.append(f"{self.name}: counters pass: {algorithms}")
         progress.start(label)
         try:
             with counters.Clock() as clock:
@@ -196,6 +202,8 @@ class CaseRun:
             self.pass_results[counters.COUNTERS] = {"skipped": why}
         finally:
             progress.finish()
+        if algorithms is not None:
+            self.pass_results[counters.COUNTERS]["algorithms"] = algorithms
 
     def _under_nsys(self, out: Path, cmd: list[str], window, label: str, env: dict[str, str],
                     log_path: Path, stall_s: float | None) -> None:

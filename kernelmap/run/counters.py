@@ -26,8 +26,9 @@ from typing import Any
 
 from .. import doctor
 from ..adapters import ncu as ncu_csv
+from ..frameworks.registry import COUNTERS_PASS
 
-COUNTERS = "counters"  # the pass's name (worker --pass, results.json entry field)
+COUNTERS = COUNTERS_PASS  # the pass's name (worker --pass, results.json entry field; frameworks read it too)
 DIR = "counters"  # its folder in the case's folder
 STEPS = 1  # one training step: the budget is 60 s per framework and case, and ncu replays each kernel
 REPORT, CSV, LOG = "ncu.ncu-rep", "ncu.csv", "ncu.log"
