@@ -345,7 +345,7 @@ if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the 
 fi
 if want commands; then stamp "commands"
   i=0; while IFS= read -r c; do [ -n "${c// }" ] || continue; i=$((i+1)); stamp "command $i: $c"
-    timeout "${CMD_TIMEOUT:-600}" bash -c "$c" >"$out/cmd-$i.log" 2>&1; echo "command $i exit $?"; tail -n 12 "$out/cmd-$i.log"
+    timeout "${CMD_TIMEOUT:-600}" bash -c "$c" </dev/null >"$out/cmd-$i.log" 2>&1; echo "command $i exit $?"; tail -n 12 "$out/cmd-$i.log"
   done < <(awk 'BEGIN { RS = " ;; " } { print }' <<<"$CMDS")
 fi
 if want fixture && [ -d "$run" ]; then stamp "fixture"

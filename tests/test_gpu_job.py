@@ -163,9 +163,9 @@ def test_a_failing_shard_and_run_set_say_their_own_exit_status(tmp_path):
 
 def test_commands_run_one_after_another_each_its_log_and_exit_status(tmp_path):
     """CMDS's lines (' ;; ' between them) run in order from /tmp, each with its own log and its own exit status;
-    a failing one does not stop the next; the phase without CMDS is refused before anything starts."""
+    a failing one (or one that reads its standard input) does not stop the next; the phase without CMDS is refused before anything starts."""
     proc, _ = _job(tmp_path, "job", PHASES="commands",
-                   CMDS='echo one; pwd ;; echo "two words"; exit 3 ;; echo three')
+                   CMDS='echo one; pwd ;; cat >/dev/null; echo "two words"; exit 3 ;; echo three')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "out"
     assert (out / "cmd-1.log").read_text().splitlines() == ["one", "/tmp"]

@@ -107,6 +107,7 @@ def test_a_workers_leftover_children_are_killed_when_it_exits(tmp_path, code):
         time.sleep(0.05)
     assert not _alive(child)
     assert "processes of this worker's process group were still running after it exited" in log.read_text()
+    assert f"pid {child} sleep; killed" in log.read_text()  # named: which process was left
     processes.run_worker([sys.executable, "-c", "print(1)"], label="clean", batch_size=1, stdout_path=out,
                          forward_stderr=False, log_path=tmp_path / "logs" / "clean.log", stall_s=60)
     assert "still running after it exited" not in (tmp_path / "logs" / "clean.log").read_text()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import interrupt, stall
@@ -76,47 +77,91 @@ def error_line(text: str) -> str:
     return errors[-1] if errors else (lines[-1] if lines else "")
 
 
+XLA_GRACE_S = 60.0  # silence after a stuck rendezvous (that followed a device's failed allocation) that stops a worker
+
+
+class _DueEvent(threading.Event):
+    """An event that sets itself once ``due()`` says so, checked whenever it is asked (``is_set``): the waiting
+    runner polls it (``_wait``), so a deadline needs no thread of its own."""
+
+    def __init__(self, due: Callable[[], bool]) -> None:
+        super().__init__()
+        self._due = due
+
+    def is_set(self) -> bool:
+        if not super().is_set() and self._due():
+            self.set()
+        return super().is_set()
+
+
 class XlaDeviceWait:
-    """XLA's two lines for a multi-device step that will never end: one device could not allocate GPU memory (its
-    allocator's retries, "[1] Failed to allocate device memory of 21.11MiB ...: out of memory", or the BFC
-    allocator's "Allocator (GPU_1_bfc) ran out of memory trying to allocate ..."), then a rendezvous "may be stuck":
-    the failed device's thread left the step, the others wait for it at the collective, and XLA warns after 10 s but
-    never ends the wait (the 2x H200's jax-x2 case: GPU 1 held by a leftover process, stopped at the stall limit of
-    150 s). ``found`` is set once both were seen, in that order; ``said()`` is what the runner says then."""
+    """XLA's lines for a multi-device step that will never end: one device could not allocate GPU memory, then a
+    rendezvous "may be stuck" (the failed device's thread left the step, the others wait for it at the collective;
+    XLA warns after 10 s but never ends the wait), then nothing (the 2x H200's jax-x2 case: GPU 1 held by a leftover
+    process; device 1's allocator tried 82 sizes down to 21.11 MiB, device 0 waited at the clique's rendezvous until
+    the stall limit of 150 s).
+
+    Each line alone is harmless, and so is their pair: XLA's allocator ("[1] Failed to allocate device memory of
+    ...: out of memory") steps its size down by 0.9 until one fits, and a try that succeeds prints nothing (the
+    counters pass's JAX worker on the busy GPU 1 stepped down from 104.85 to 36.56 GiB and then ran); the BFC
+    allocator's "ran out of memory ... The caller indicates that this is not a failure" is an autotuning try (left
+    out here); and XLA says "may be stuck" of any rendezvous slower than 10 s (a slow first NCCL clique) and "This
+    thread is unstuck" when it ends. So the worker is stopped only where a device's last allocation line is a failure
+    (a step-down with no success seen: the log cannot tell, hence the wait; or the BFC allocator's own failure), a
+    rendezvous is stuck after it, and the worker then says nothing more for ``grace_s`` (``XLA_GRACE_S``): any line
+    restarts the wait, "unstuck" ends it. nvidia-smi cannot tell the two apart either: a step-down that succeeds
+    leaves the GPU as full as one that fails (XLA took what was free). ``found`` is set (when asked) once the wait is
+    over; ``said()`` is what the runner says then."""
 
     OOM = re.compile(r"\] \[(\d+)\] (Failed to allocate device memory of \S+).*out of memory"
                      r"|Allocator \(GPU_(\d+)_bfc\) (ran out of memory trying to allocate \S+)")
+    NOT_A_FAILURE = "not a failure"  # tsl's BFC allocator: "The caller indicates that this is not a failure, ..."
     STUCK = re.compile(r"rendezvous\.cc:\d+\] (?:\[id=\d+\] )?(This thread has been waiting for .*may be stuck)")
+    UNSTUCK = re.compile(r"rendezvous\.cc:\d+\] .*(?:This thread is unstuck|Thread is unstuck)")
 
-    def __init__(self) -> None:
-        self.found = threading.Event()
+    def __init__(self, grace_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = XLA_GRACE_S if grace_s is None else grace_s
+        self.clock = clock
+        self.found = _DueEvent(self._due)
         self.device: str | None = None
         self.tries = 0
         self.last = ""
         self.stuck = ""
+        self.stuck_at: float | None = None
+        self.heard_at = 0.0  # the worker's last line other than a stuck rendezvous
         self.found_at: float | None = None
 
     def see(self, line: str) -> None:
-        if (m := self.OOM.search(line)) is not None:
-            device, what = ((m.group(1), f"{m.group(2)}: out of memory") if m.group(1) is not None
-                            else (m.group(3), m.group(4)))
+        if self.found.is_set():
+            return  # what it says once stopped (its stacks) changes nothing
+        if not (m := self.STUCK.search(line)):
+            self.heard_at = self.clock()
+        if self.UNSTUCK.search(line):
+            self.stuck_at = None
+        elif (o := self.OOM.search(line)) is not None and self.NOT_A_FAILURE not in line:
+            device, what = ((o.group(1), f"{o.group(2)}: out of memory") if o.group(1) is not None
+                            else (o.group(3), o.group(4)))
             self.tries = self.tries + 1 if device == self.device else 1
             self.device, self.last = device, what
-        elif self.device is not None and (m := self.STUCK.search(line)) is not None:
-            self.stuck = m.group(1)
-            self.found_at = time.monotonic()
-            self.found.set()
+        elif m and self.device is not None and self.stuck_at is None:
+            self.stuck, self.stuck_at = m.group(1), self.clock()
+
+    def _due(self) -> bool:
+        if self.stuck_at is None or self.clock() - max(self.heard_at, self.stuck_at) < self.grace_s:
+            return False
+        self.found_at = self.clock()
+        return True
 
     def found_after(self, started: float) -> float:
-        """Seconds from ``started`` (time.monotonic) to the stuck line."""
+        """Seconds from ``started`` (the clock's) to the moment the wait was over."""
         return (self.found_at or started) - started
 
     def said(self) -> str:
         stuck = self.stuck if len(self.stuck) <= 240 else self.stuck[:237] + "..."
         return (f"XLA's device {self.device} could not allocate GPU memory ({self.last}"
                 f"{f', the last of {self.tries} tries' if self.tries > 1 else ''}) and another device waits for it at "
-                f"a collective (\"{stuck}\"), a wait XLA never ends (another process may hold that GPU's memory: "
-                "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory)")
+                f"a collective (\"{stuck}\", then no line for {self.grace_s:.0f} s), a wait XLA never ends (another "
+                "process may hold that GPU's memory: nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory)")
 
 
 class _StderrTee(threading.Thread):
@@ -200,18 +245,42 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait()
 
 
-def stop_leftovers(proc: subprocess.Popen, log_fh=None) -> bool:
-    """After ``proc`` exited: SIGKILL whatever is left of its process group and say so in its log; True where
-    something was. A worker's own children outlive it when it dies first: on the H200s ``ncu`` crashed
-    (SIGSEGV) under JAX, its target process stayed, holding 75% of the GPU's memory (XLA's preallocation),
-    and every later case on that GPU ran out of memory."""
+def _group_members(pgid: int, proc_root: str = "/proc") -> list[tuple[int, str]]:
+    """(pid, name) of the live processes of process group ``pgid`` but its leader, from /proc (none where it
+    cannot be read)."""
+    members = []
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        entries = os.listdir(proc_root)
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == pgid:
+            continue
+        try:
+            with open(f"{proc_root}/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if len(rest) > 2 and rest[0] != "Z" and int(rest[2]) == pgid:
+            members.append((int(entry), name))
+    return members
+
+
+def stop_leftovers(proc: subprocess.Popen, log_fh=None) -> bool:
+    """Once ``proc`` has exited (not yet reaped, so its group's id is still its own): SIGKILL the processes left
+    in its process group and say which in its log; True where there were any. A worker's own children outlive it
+    when it dies first: on the H200s ``ncu`` crashed (SIGSEGV) under JAX, its target process stayed, holding 75%
+    of the GPU's memory (XLA's preallocation), and every later case on that GPU ran out of memory."""
+    left = _group_members(proc.pid)
+    if not left:
         return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
     if log_fh is not None:
-        log_fh.write(b"\nkernelmap: processes of this worker's process group were still running after it exited "
-                     b"(a child it started, e.g. ncu's target after ncu itself died): killed\n")
+        names = ", ".join(f"pid {pid} {name}" for pid, name in left)
+        log_fh.write(f"\nkernelmap: processes of this worker's process group were still running after it exited "
+                     f"(a child it started, e.g. ncu's target after ncu itself died): {names}; killed\n".encode())
         log_fh.flush()
     return True
 
@@ -219,20 +288,34 @@ def stop_leftovers(proc: subprocess.Popen, log_fh=None) -> bool:
 POLL_S = 0.5  # how often a waiting runner looks at what the worker's stderr said (XlaDeviceWait)
 
 
+def _exited(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` has exited within ``timeout`` seconds, left unreaped (``WNOWAIT``): while it is a zombie
+    no new process can take its pid as a process group's id, so ``stop_leftovers`` kills only its own group."""
+    deadline, pause = time.monotonic() + timeout, 0.0005
+    while True:
+        if proc.returncode is not None or os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
+
+
 def _wait(proc: subprocess.Popen, stall_s: float | None, log_path: Path | None,
-          hung: threading.Event | None = None) -> int | str | None:
+          hung: threading.Event | None = None, on_exit: Callable[[], object] | None = None) -> int | str | None:
     """``proc``'s exit status; where it is still running after ``stall_s`` seconds, or once ``hung`` is set (its
     stderr said it waits for ever: ``XlaDeviceWait``), the workers of its process group are sent
     ``stall.STACKS_SIGNAL`` (they write every thread's Python stack to their stderr), given ``stall.DUMP_WAIT_S``,
     its native stacks added to ``log_path`` (``stall.native_stacks``) and killed: then the tool that took the
-    native stacks ("" where none did)."""
+    native stacks ("" where none did). ``on_exit``: called once the worker has exited, before it is reaped."""
     deadline = None if stall_s is None else time.monotonic() + stall_s
     while True:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        try:
-            return proc.wait(timeout=POLL_S if left is None else min(POLL_S, left))
-        except subprocess.TimeoutExpired:
-            pass
+        if _exited(proc, POLL_S if left is None else min(POLL_S, left)):
+            if on_exit is not None:
+                on_exit()  # the leader is a zombie: its process group's id cannot be reused yet
+            return proc.wait()
         if (hung is not None and hung.is_set()) or (deadline is not None and time.monotonic() >= deadline):
             break
     stall.ask_for_stacks(proc.pid)
@@ -269,8 +352,8 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
                 tee = _StderrTee(proc.stderr, forward_stderr, log_fh)
                 tee.start()
             started = time.monotonic()
-            rc = _wait(proc, stall_s, log_path, tee.xla.found)
-            stop_leftovers(proc, log_fh)  # before the tee's join: a leftover holds the stderr pipe open
+            # leftovers killed before the tee's join (a leftover holds the stderr pipe open) and before the reap
+            rc = _wait(proc, stall_s, log_path, tee.xla.found, on_exit=lambda: stop_leftovers(proc, log_fh))
         except BaseException:  # Ctrl-C: the worker must be gone before the run dir is removed
             if proc is not None:
                 tee.forward = False
