@@ -171,6 +171,15 @@ def counted_math(name: str | None, math_ran: str | None) -> str | None:
     return None if unit == MathUnit.NONE.value else ran
 
 
+def counted_by_name(name: str | None) -> bool:
+    """Whether ``counted_math`` gives ``name``'s arithmetic from the name alone, whatever the log's ``math_ran``: a
+    no-product kernel whose template names its type, or an FMA-unit kernel (``sgemm`` computes FP32 whatever its
+    call's operands). The log's math is then not what the counters are compared with."""
+    if not isinstance(name, str):
+        return False
+    return any(rule.search(name) for rule, _ in _TYPED) or name_unit(name) == MathUnit.FMA.value
+
+
 def _by_name(df: pd.DataFrame, rows: np.ndarray, judge) -> tuple[np.ndarray, np.ndarray]:
     """(which of ``rows`` ``judge`` gave a value from their kernel's name, the values of those): each distinct
     name judged once, not each kernel."""

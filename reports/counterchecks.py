@@ -8,7 +8,10 @@ Rows only for the cases of a run that asked for the pass (``--profile counters``
   (``roofline.match_kernels``). Not checked where the pass recorded nothing (its reason: the CPU, no ncu, ncu failed).
 * ``log math vs counter math``: every paired kernel whose log math (the arithmetic its call's ``math_ran`` and its
   name imply: ``kernelmath.counted_math``) and counter math are both known agrees; FAIL names each that does not.
-  Not checked where none has both.
+  Not checked where none has both. The detail says how many were compared by the kernel's name alone
+  (``kernelmath.counted_by_name``: an FMA-unit kernel computes FP32 whatever its call's math, a no-product kernel in its
+  template's type), and names each FMA-unit kernel whose call's ``math_ran`` is another math (a bf16 call that ran an
+  sgemm): the counters cannot disagree with those, so that is where such a finding is said.
 * ``counters pass within budget``: ncu's wall time for the case is at most ``COUNTERS_BUDGET_S`` (the issue's
   60 s per framework and case).
 
@@ -63,11 +66,24 @@ def _math(run: Run, s: dict) -> dict[str, Any]:
                          + (f" ({s['reason']})" if s.get("reason") else ""))
     n, agree = int(s["math_compared"]), int(s["math_agree"])
     rest = int(s["matched"]) - n
+    said = by_name(s)
     if agree == n:
-        return check_row(*args, f"{agree} of {n}", PASS, f"{n} kernel(s): the counters say the math the log says; "
-                         f"{rest} other paired kernel(s) not compared (no log math: the framework's own, a scale "
-                         "by beta; or the counters' unknown)")
-    return check_row(*args, f"{agree} of {n}", FAIL, "; ".join(s["math_disagree"]))
+        return check_row(*args, f"{agree} of {n}", PASS, f"{n} kernel(s): the counters say the math the log says "
+                         f"({said}); {rest} other paired kernel(s) not compared (no log math: the framework's own, "
+                         "a scale by beta; or the counters' unknown)")
+    return check_row(*args, f"{agree} of {n}", FAIL, "; ".join(s["math_disagree"]) + f" ({said})")
+
+
+def by_name(s: dict) -> str:
+    """How many of the compared kernels' log math came from the name alone, not the call's ``math_ran``
+    (``roofline.math_agreement``), and the FMA-unit ones whose call ran another math (a bf16 call on FP32 FMA)."""
+    n, products = int(s.get("math_by_name") or 0), int(s.get("math_products_by_name") or 0)
+    text = (f"{n} of them by the kernel's name alone, not the call's math: {products} FMA-unit kernel(s), "
+            f"{n - products} that multiply no operands (layout transforms, split-K reductions)")
+    apart = s.get("math_call_vs_name")
+    if isinstance(apart, list) and apart:
+        text += f"; the call's math differs from the name's in {len(apart)}: {'; '.join(apart)}"
+    return text
 
 
 def _budget(run: Run, s: dict) -> dict[str, Any]:

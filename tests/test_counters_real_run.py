@@ -171,8 +171,10 @@ def test_a_kernel_the_steps_do_not_share_fails_the_check(tmp_path, plant, measur
     assert (cover["status"], cover["measured"]) == (FAIL, measured) and cover["detail"].startswith(said)
     real = {r["check"]: r for r in counterchecks.counter_checks(load_run(RUN)) if r["framework"] == "mxnet"}
     assert real["counters cover the step"]["status"] == PASS
-    assert real["log math vs counter math"]["detail"].startswith("26 kernel(s): the counters say the math the log "
-                                                                 "says; 25 other paired kernel(s) not compared")
+    assert real["log math vs counter math"]["detail"].startswith(
+        "26 kernel(s): the counters say the math the log says (11 of them by the kernel's name alone, not the call's "
+        "math: 8 FMA-unit kernel(s), 3 that multiply no operands (layout transforms, split-K reductions)); 25 other "
+        "paired kernel(s) not compared")
 
 
 def test_a_log_math_the_counters_contradict_fails_the_check(tmp_path):
@@ -186,7 +188,34 @@ def test_a_log_math_the_counters_contradict_fails_the_check(tmp_path):
     rows = {r["check"]: r for r in counterchecks.counter_checks(load_run(run)) if r["framework"] == "pytorch-bf16"}
     row = rows["log math vs counter math"]
     assert (row["status"], row["measured"]) == (FAIL, "24 of 25")
-    assert row["detail"] == "cutlass__5x_cudnn::Kernel: log fp16, counters bf16"
+    assert row["detail"] == ("cutlass__5x_cudnn::Kernel: log fp16, counters bf16 (15 of them by the kernel's name "
+                             "alone, not the call's math: 1 FMA-unit kernel(s), 14 that multiply no operands (layout "
+                             "transforms, split-K reductions); the call's math differs from the name's in 1: "
+                             "implicit_convolve_sgemm: call bf16, name fp32 on the FMA units)")
+
+
+def test_the_math_check_says_what_it_read_from_names(tmp_path):
+    """For an FMA-unit kernel the log side of the comparison is the name's (``sgemm``: FP32 whatever the call), so the
+    counters cannot contradict the call there: the detail counts the kernels compared by name and names each FMA-unit
+    kernel whose call ran another math. The real bf16 run: conv1's forward, a bf16 call on cuDNN's FP32 FMA conv
+    (its FFMA count: test_the_capture_as_the_stdlib_reads_it). Planted: MXNet's FMA kernels' calls said bf16 still
+    PASS against the counters, and the detail names each of them."""
+    _, status, _ = roofline.counter_kernels([load_run(RUN)])
+    s = status.set_index("case")
+    got = {c: (s.loc[c, "math_by_name"], s.loc[c, "math_products_by_name"], s.loc[c, "math_call_vs_name"])
+           for c in CASES}
+    assert got == {"pytorch": (11, 10, []), "mxnet": (11, 8, []),
+                   "pytorch-bf16": (15, 1, ["implicit_convolve_sgemm: call bf16, name fp32 on the FMA units"])}
+
+    def change(rec, step):
+        rows = [i for i in step if kernelmath.name_unit(rec.loc[i, "kernel_name"]) == "fma"]
+        rec.loc[rows, "math_ran"] = "bf16"
+        return rec
+
+    row = _planted(tmp_path, change)["log math vs counter math"]
+    assert (row["status"], row["measured"]) == (PASS, "26 of 26")
+    named = row["detail"].split("the call's math differs from the name's in ")[1]
+    assert named.startswith("8: ") and named.count("call bf16, name fp32 on the FMA units") == 8
 
 
 def test_counted_math_rules():

@@ -107,7 +107,11 @@ COUNTERS_BUDGET_S = 60.0
 STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "pairing", "paired_time_share",
                   "source",
                   "iteration", "ncu_wall_s", "within_budget", "math_compared", "math_agree", "math_disagree",
-                  "profiler_messages", "reason"]
+                  "math_by_name", "math_products_by_name", "math_call_vs_name", "profiler_messages", "reason"]
+# math_by_name: of math_compared, the kernels whose log math is their name's alone (kernelmath.counted_by_name: the
+# call's math_ran not used), math_products_by_name those of them that multiply operands (FMA-unit kernels), and
+# math_call_vs_name the FMA-unit ones whose call's math_ran differs from the name's arithmetic (a bf16 call that
+# ran on the FP32 FMA units), each "kernel: call X, name Y on the FMA units"
 
 
 def measured_peaks(run: Run) -> dict[str, Any]:
@@ -344,9 +348,16 @@ def math_agreement(kernels: pd.DataFrame) -> dict[str, Any]:
     how many were compared, how many agree, and each that does not ("kernel: log X, counters Y")."""
     k = kernels[kernels["math_agrees"].notna()]
     bad = k[~k["math_agrees"].astype(bool)]
+    named = k[np.array([kernelmath.counted_by_name(n) for n in k["kernel_name"]], dtype=bool)]
+    fma = named[named["math_unit"].astype(object) == kernelmath.MathUnit.FMA.value]
+    apart = fma[np.array([isinstance(r, str) and r != lm for r, lm in zip(fma["math_ran"], fma["log_math"],
+                                                                          strict=True)], dtype=bool)]
     return {"math_compared": len(k), "math_agree": len(k) - len(bad),
             "math_disagree": [f"{short_name(n)}: log {lm}, counters {cm}" for n, lm, cm in
-                              zip(bad["kernel_name"], bad["log_math"], bad["counter_math"], strict=True)]}
+                              zip(bad["kernel_name"], bad["log_math"], bad["counter_math"], strict=True)],
+            "math_by_name": len(named), "math_products_by_name": len(fma),
+            "math_call_vs_name": [f"{short_name(n)}: call {r}, name {lm} on the FMA units" for n, r, lm in
+                                  zip(apart["kernel_name"], apart["math_ran"], apart["log_math"], strict=True)]}
 
 
 def counter_kernels(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
