@@ -49,7 +49,8 @@ def _jax_until_stuck() -> tuple[str, list[str]]:
     return head, re.findall(r"\] \[1\] Failed to allocate device memory of (\S+) ", head)
 
 
-def test_the_jax_worker_waiting_for_a_device_without_memory_is_stopped_at_once(tmp_path):
+def test_the_jax_worker_waiting_for_a_device_without_memory_is_stopped_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(processes, "XLA_GRACE_S", 2.0)  # 60 s in a run: a unit test below holds that
     head, sizes = _jax_until_stuck()
     assert len(sizes) == 82 and sizes[0] == "104.85GiB" and sizes[-1] == "21.11MiB"
     log = tmp_path / "logs" / "jax-x2-bs1024-clean-1.log"
@@ -65,6 +66,7 @@ def test_the_jax_worker_waiting_for_a_device_without_memory_is_stopped_at_once(t
                      r"\(Failed to allocate device memory of 21\.11MiB: out of memory, the last of 82 tries\) and "
                      r"another device waits for it at a collective \(\"This thread has been waiting for `\[0\] "
                      r"\[rank=0\] \[run_id=-1872174331\] Acquire clique: devices=2:\[0,1\]; ", msg), msg
+    assert "may be stuck\", then no line for 2 s), a wait XLA never ends" in msg
     native = ", native: gdb" if shutil.which("gdb") else ""
     assert msg.endswith(f"its process group killed; every thread's stack (Python: signal SIGUSR1{native}) in the "
                         "run's logs/jax-x2-bs1024-clean-1.log")
@@ -126,18 +128,101 @@ def test_crash_cause(text, cause):
     assert processes.crash_cause(text) == cause
 
 
+class _Clock:
+    """A clock the test moves (XlaDeviceWait's ``clock``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+STUCK = ("E1127 14:25:04.080677   11930 rendezvous.cc:116] [id=0] This thread has been waiting for `[0] [rank=0] "
+         "[run_id=-1872174331] Acquire clique: devices=2:[0,1]; local_participants=2; communication_id=0; "
+         "incarnations=[]` for 10 seconds and may be stuck. Expected 2 threads to join the rendezvous, but not all of "
+         "them arrived on time.")
+# XLA's line when that rendezvous ends after all (xla/service/rendezvous.cc, as printed in a slow 8-GPU clique)
+UNSTUCK = ("E0915 03:15:25.101290     395 rendezvous.cc:130] [id=6] This thread is unstuck waiting for `[1] [rank=1] "
+           "[run_id=2012504188] Initialize clique: devices=8:[0,1,2,3,4,5,6,7]; local_participants=8; "
+           "communication_id=0; incarnations=[]` after 32.941385531s. All threads joined the rendezvous on time "
+           "however the leader took long time to complete it. Warning above was a false-positive. Perhaps the "
+           "timeout is too short.")
+# tsl's BFC allocator on an autotuning try its caller can do without (as printed in TensorFlow GPU runs)
+NOT_A_FAILURE = ("2021-11-05 09:30:48.424570: W tensorflow/core/common_runtime/bfc_allocator.cc:271] Allocator "
+                 "(GPU_0_bfc) ran out of memory trying to allocate 2.55GiB with freed_by_count=0. The caller "
+                 "indicates that this is not a failure, but may mean that there could be performance gains if more "
+                 "memory were available.")
+
+
+def _seen(lines, clock: _Clock) -> processes.XlaDeviceWait:
+    w = processes.XlaDeviceWait(grace_s=60, clock=clock)
+    for line in lines:
+        w.see(line)
+    return w
+
+
+def test_the_real_jax_hang_is_stopped_after_60_s_of_silence_after_the_stuck_line():
+    head, _ = _jax_until_stuck()
+    clock = _Clock()
+    w = _seen(head.splitlines(), clock)
+    assert not w.found.is_set()  # the stuck line alone: a rendezvous slower than 10 s may yet end
+    clock.now += 59.9
+    assert not w.found.is_set()
+    clock.now += 0.1
+    assert w.found.is_set() and w.device == "1" and w.tries == 82 and w.found_after(1000.0) == 60.0
+
+
+def test_a_step_down_that_succeeded_then_a_slow_rendezvous_is_not_a_hang():
+    """The counters pass's JAX worker on the busy GPU 1 (tests/data/gpu_x2_busy_gpu/jax-bs64-counters.log, the 2x
+    H200 run): XLA's allocator stepped down from 104.85 GiB to 36.56 GiB, the next size fit (silently) and the worker
+    went on. A slow first NCCL clique after it warns "may be stuck" and ends "unstuck": no stop, however long after."""
+    lines = (DATA / "jax-bs64-counters.log").read_text().splitlines()
+    sizes = [x.split(" of ")[1].split(" ")[0] for x in lines if "Failed to allocate device memory" in x]
+    assert len(sizes) == 11 and sizes[0] == "104.85GiB" and sizes[-1] == "36.56GiB" and lines[-1] == "Segmentation fault"
+    clock = _Clock()
+    w = _seen([*lines[:-1], STUCK], clock)
+    clock.now += 32.9
+    w.see(UNSTUCK)
+    clock.now += 600
+    assert not w.found.is_set()
+
+
+def test_an_autotuning_allocation_that_is_not_a_failure_then_a_slow_rendezvous_is_not_a_hang():
+    clock = _Clock()
+    w = _seen([NOT_A_FAILURE, STUCK], clock)
+    clock.now += 600
+    assert not w.found.is_set() and w.device is None
+
+
+def test_any_line_after_the_stuck_line_restarts_the_wait():
+    head, _ = _jax_until_stuck()
+    clock = _Clock()
+    w = _seen(head.splitlines(), clock)
+    clock.now += 50
+    w.see("2026-11-27 14:25:54 some progress")
+    clock.now += 50
+    assert not w.found.is_set()
+    clock.now += 10
+    assert w.found.is_set() and w.found_after(1000.0) == 110.0
+
+
 def test_xla_device_wait_reads_the_bfc_allocators_line_too():
     """Mid-run (not at start) XLA's BFC allocator says it (the format of tsl's bfc_allocator.cc, as reported in
     multi-GPU hangs); the device is the allocator's; a rendezvous line before any out-of-memory line is nothing."""
-    w = processes.XlaDeviceWait()
+    clock = _Clock()
+    w = processes.XlaDeviceWait(grace_s=60, clock=clock)
     w.see("E1127 14:25:04.080677   11930 rendezvous.cc:116] [id=0] This thread has been waiting for `x` for 10 "
           "seconds and may be stuck. Expected 2 threads to join the rendezvous, but not all of them arrived on time.")
+    clock.now += 100
     assert not w.found.is_set()
     w.see("W1127 14:25:00.000000   11819 bfc_allocator.cc:514] Allocator (GPU_3_bfc) ran out of memory trying to "
           "allocate 22.66GiB (rounded to 24331616256)requested by op")
     w.see("E1127 14:25:14.080677   11930 rendezvous.cc:116] [id=0] This thread has been waiting for `y` for 10 "
           "seconds and may be stuck.")
+    clock.now += 60
     assert w.found.is_set() and w.device == "3" and w.tries == 1
     assert w.said().startswith("XLA's device 3 could not allocate GPU memory (ran out of memory trying to allocate "
                                "22.66GiB) and another device waits for it at a collective (\"This "
-                               "thread has been waiting for `y` for 10 seconds and may be stuck\")")
+                               "thread has been waiting for `y` for 10 seconds and may be stuck\", then no line for "
+                               "60 s)")
