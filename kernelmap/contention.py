@@ -256,10 +256,13 @@ class CpuWindow:
     @classmethod
     def start(cls, sources: CpuSources = SYSTEM) -> CpuWindow:
         procs = sources.processes()
+        # the case's /proc walk inside the own-CPU bracket (own first at start, last at stop): its CPU is this
+        # process's, counted busy by /proc/stat between the two stat reads, so it must be counted own too
         stat = sources.proc_stat()
-        case = sources.case_cpu_s()
+        wall = sources.wall_s()
         own = sources.own_cpu_s()
-        return cls(sources, sources.wall_s(), own, stat, case, procs)
+        case = sources.case_cpu_s()
+        return cls(sources, wall, own, stat, case, procs)
 
     def stop(self) -> dict[str, Any]:
         """{"wall_s", "own_cpu_cores", "case_cpu_cores", "other_cpu_cores", "steal_cores", "ncpu", "load1",
@@ -268,9 +271,9 @@ class CpuWindow:
         left out of "other"; ``top_other``: the other processes that used the most of it (``top_others``; None where
         the sources read no process tables)."""
         src = self.sources
-        wall1 = src.wall_s()
+        case1 = src.case_cpu_s()  # before own: see ``start``
         own1 = src.own_cpu_s()
-        case1 = src.case_cpu_s()
+        wall1 = src.wall_s()
         stat1 = src.proc_stat()
         procs1 = src.processes()
         wall = wall1 - self.wall0

@@ -223,6 +223,37 @@ def test_the_cases_other_processes_are_not_other_processes():
     assert window(own_s=0.5)["case_cpu_cores"] is None and window(own_s=0.5)["contended"] is True  # one process
 
 
+class _Machine:
+    """A machine whose clocks move only when read: the case's /proc walk (``case_cpu_s``) costs this process 0.3
+    CPU-seconds (30 ticks busy in /proc/stat, 0.3 s own), as the real walk is this process's CPU; nothing else runs,
+    and the other rank is idle."""
+
+    def __init__(self) -> None:
+        self.busy, self.own, self.wall = 21692, 0.25, 100.0
+
+    def stat(self) -> str:
+        return f"cpu  {self.busy} 0 0 25300 1711 0 0 526 0 0\n"
+
+    def case_cpu_s(self) -> float:
+        self.busy, self.own = self.busy + 30, self.own + 0.3
+        return 3.0
+
+    def sources(self) -> CpuSources:
+        return CpuSources(proc_stat=self.stat, own_cpu_s=lambda: self.own, wall_s=lambda: self.wall,
+                          load1=lambda: 1.0, case_cpu_s=self.case_cpu_s, clk_tck=100, ncpu=2)
+
+
+def test_the_case_walk_is_this_processs_own_cpu_not_another_processs():
+    """The walk's CPU falls between the two /proc/stat reads (busy) and must fall between the two own reads too:
+    read stat, own, case at the start and case, own, stat at the stop. Read case between stat and own (as before)
+    and the two walks (0.6 CPU-seconds in a 1 s window) read as 0.6 cores of other processes: BUSY on 2 cores."""
+    m = _Machine()
+    w = CpuWindow.start(m.sources())
+    m.wall += 1.0
+    w = w.stop()
+    assert (w["own_cpu_cores"], w["case_cpu_cores"], w["other_cpu_cores"], w["contended"]) == (0.6, 0.0, 0.0, False)
+
+
 def test_case_cpu_is_none_for_a_case_of_one_process():
     assert contention.case_cpu_s(world="1") is None and contention.case_cpu_s(world="") is None
 
