@@ -61,6 +61,7 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 # pooling and softmax calls): neither their calls nor their kernels have a layer, so their signature
 # is (op, ANY_LAYER, direction): one per op and direction, over all of the op's layers.
 LAYERLESS_OPS = ("relu", "max_pool2d", "log_softmax")
+LIBRARY_OPS = ("conv2d", "linear")  # the model's ops whose non-native kernels are library kernels, linked or not
 ANY_LAYER = "*"
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
 
@@ -246,20 +247,40 @@ _LIBRARY_KERNEL_COLS = ["call_event_id", "library", *SIGNATURE, "kernel_name", "
                         "iteration", "dur_ns"]
 
 
+def _library_rule(k: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarray, pd.Series, pd.DataFrame]:
+    """``library_kernel_mask`` of the kernels ``k`` (non-native ones) against the log calls ``calls``
+    (``_log_calls``), with each kernel's signature and its keyed signature columns."""
+    # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
+    keyed = _keyed(k[SIGNATURE])  # the rows keep their own layer (NA for a weightless op)
+    sig = _sig(keyed) if len(calls) else pd.Series(None, index=k.index, dtype=object)
+    call_sigs = set(_sig(calls[_signed(calls)]))
+    linked = k["call_event_id"].notna().to_numpy() if "call_event_id" in k else np.zeros(len(k), dtype=bool)
+    lib = (linked | S.isin(k["library"], GPU_LIBS) | S.isin(k["canonical_op"], list(LIBRARY_OPS))
+           | sig.isin(call_sigs).to_numpy())
+    return lib, sig, keyed
+
+
+def library_kernel_mask(k: pd.DataFrame, records: pd.DataFrame) -> np.ndarray:
+    """Which of the kernel rows ``k`` are library kernels: the one rule, read by the timing passes' figures
+    (``library_kernels``) and by the libs pass for its own trace (``calllink.launches``). A kernel is one when it
+    is not the framework's own (``native_kernels``) and it is linked to a log call (``call_event_id``, where
+    ``k`` has it), its name says its library (``library`` one of ``GPU_LIBS``), its op is one of
+    ``LIBRARY_OPS``, or its signature is a call's of the GPU library logs in ``records``.
+    ``k``: columns library, kernel_name, canonical_op, layer, direction (call_event_id optional)."""
+    keep = ~np.asarray(_native(k), dtype=bool)
+    out = np.zeros(len(k), dtype=bool)
+    out[keep] = _library_rule(_some(k, keep), _log_calls(records))[0]
+    return out
+
+
 def _library_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.Series, pd.DataFrame, pd.DataFrame]:
     """(the non-native kernels' positions, which of them are library kernels, their signatures, their keyed
-    signature columns, the log calls): ``library_kernels``' rule, worked out on the few columns it reads."""
+    signature columns, the log calls): ``library_kernel_mask`` worked out on the few columns it reads."""
     rows = np.flatnonzero(_kind(df, "kernel"))
     rows = rows[~_native(_rows(df, rows, ["library", "kernel_name"]))]
     calls = _log_calls(df)
-    signed = calls[_signed(calls)]
     head = _rows(df, rows, ["call_event_id", "library", *SIGNATURE])
-    # without log calls no kernel has a call's signature (nor an ambiguous one): no strings to build
-    keyed = _keyed(head)  # the rows keep their own layer (NA for a weightless op)
-    sig = _sig(keyed) if len(calls) else pd.Series(None, index=head.index, dtype=object)
-    call_sigs = set(_sig(signed))
-    lib = (head["call_event_id"].notna().to_numpy() | S.isin(head["library"], GPU_LIBS)
-           | S.isin(head["canonical_op"], ["conv2d", "linear"]) | sig.isin(call_sigs).to_numpy())
+    lib, sig, keyed = _library_rule(head, calls)
     return rows, lib, sig, keyed, calls
 
 

@@ -2,7 +2,8 @@
 
 The libs pass logs the cuDNN/cuBLAS/cuBLASLt calls and, in the same process, records the kernels
 (``rundir.LIBS_TRACE_DIR``: PyTorch's Kineto profiler over its timed steps; the framework's
-``Workload.libs_trace``). There each logged call owns the kernels it launched:
+``Workload.libs_trace``). Its library kernels are those of the timing passes' own rule
+(``attribution.library_kernel_mask``). There each logged call owns the kernels it launched:
 
 * cuDNN (``OWN_BY_TIME``): the log stamps every call with the wall clock (microseconds) and the OS
   thread; the trace stamps each kernel's launch (its runtime call) with the host clock and thread.
@@ -41,6 +42,7 @@ import pandas as pd
 from . import adapters
 from . import strings as S
 from .adapters.kernel_libraries import follows_a_gemm
+from .attribution import LIBRARY_OPS, library_kernel_mask
 from .errors import ParseError
 from .schema import Direction
 
@@ -53,7 +55,6 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 # linear backward share name, layer and direction: the first is the data gradient, the second the weight's)
 OP_KEY = ["op_name", "op_canonical", "op_layer", "op_direction", "op_nth"]
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
-LIBRARY_OPS = ("conv2d", "linear")  # the ops whose kernels are library kernels, owned or not
 SPLIT_BWD = (Direction.BWD_DATA.value, Direction.BWD_WEIGHT.value)  # what an unsplit backward's calls are
 
 
@@ -136,16 +137,25 @@ def _nth(frame: pd.DataFrame) -> np.ndarray:
     return pd.Series(nth, index=ops["op_event_id"].to_numpy()).reindex(frame["op_event_id"].to_numpy()).to_numpy()
 
 
-def launches(trace: pd.DataFrame, base_ns: int, kinds: tuple[str, ...] = ("kernel",)) -> pd.DataFrame:
-    """The trace's library kernels (not native, launched inside an op) with their launch: the runtime
-    call of the same correlation id (thread, start in Unix ns), the launching op (name, signature, start)
-    and their order. Index: the kernel rows' labels in ``trace``. ``kinds``: the device rows taken (a
-    graph reference step's memsets too: ``link_replayed``)."""
-    from .attribution import native_kernels
-
+def library_rows(trace: pd.DataFrame, records: pd.DataFrame, kinds: tuple[str, ...] = ("kernel",)) -> pd.DataFrame:
+    """The rows of ``trace`` (of ``kinds``) that are library kernels by the timing passes' own rule
+    (``attribution.library_kernel_mask``, the signatures of ``records``' GPU library-log calls), launched inside
+    an op or not."""
     t = S.plain(trace)
-    k = t[t["kind"].isin(list(kinds)) & t["op_event_id"].notna()]
-    k = k[~native_kernels(k)]
+    k = t[t["kind"].isin(list(kinds))]
+    return k[library_kernel_mask(k, records)]
+
+
+def launches(trace: pd.DataFrame, base_ns: int, records: pd.DataFrame, kinds: tuple[str, ...] = ("kernel",)
+             ) -> pd.DataFrame:
+    """The trace's library kernels (``library_rows``: the timing passes' rule, against the log calls of
+    ``records``) launched inside an op, with their launch: the runtime call of the same correlation id
+    (thread, start in Unix ns), the launching op (name, signature, start) and their order. Index: the kernel
+    rows' labels in ``trace``. ``kinds``: the device rows taken (a graph reference step's memsets too:
+    ``link_replayed``)."""
+    t = S.plain(trace)
+    k = library_rows(t, records, kinds)
+    k = k[k["op_event_id"].notna()]
     rt = t[t["kind"].eq("runtime") & t["correlation_id"].notna()].drop_duplicates("correlation_id")
     rt = rt.set_index("correlation_id")
     ops = t[t["kind"].eq("op")].drop_duplicates("event_id").set_index("event_id")
@@ -352,12 +362,10 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
     left unlinked for a known reason, that reason (``reasons``: row label -> text). Where the case's
     processes did not share their algorithms (``algorithms_shared`` False), an algorithm difference
     says so."""
-    from .attribution import native_kernels
-
     calls = S.plain(df[S.eq(df["kind"], "library_call")]).drop_duplicates("event_id").set_index("event_id")
     t = S.plain(df[S.eq(df["kind"], "kernel") & df["op_event_id"].notna().to_numpy()
                    & df["call_event_id"].isna().to_numpy()])
-    t = t[~native_kernels(t)]
+    t = t[library_kernel_mask(t, df)]  # the libs pass's templates hold its library kernels by the same rule
     info = {"linked": 0, "differs": [], "reasons": {}}
     if t.empty or not tpl:
         return info
@@ -430,19 +438,25 @@ def _set_links(df: pd.DataFrame, rows: list, ids: list[int], calls: pd.DataFrame
 def link_in_libs_pass(df: pd.DataFrame, trace: pd.DataFrame, base_ns: int, algorithms_shared: bool = True) -> dict:
     """Own the libs trace's kernels by the log calls of ``df``, mark the owning calls' steps, and carry
     the links to ``df``'s own kernels (``carry``). Returns what the summary reports."""
-    lk = launches(trace, base_ns)
+    lk = launches(trace, base_ns, df)
     ow = own(df, lk)
     mark_calls(df, lk, ow)
     tpl = templates(lk, ow.owner)
     info = carry(df, tpl, algorithms_shared)
     owned = ow.owner.notna()
+    outside = library_rows(trace, df)  # counted as the timing passes count theirs: outside an op too (no owner)
+    outside = outside.loc[outside["op_event_id"].isna(), "kernel_name"].map(short_name)
+    unowned = pd.concat([lk.loc[~owned.to_numpy(), "short"], outside])
+    if len(outside):
+        ow.notes.append(f"{len(outside)} library kernels of the libs trace ran outside any op (a CUDA graph's replays: "
+                        f"a replay mode's are owned in its reference step instead); no launching op, not owned here")
     return {
-        "libs_trace_library_kernels": len(lk),
+        "libs_trace_library_kernels": len(lk) + len(outside),
         "libs_trace_kernels_owned": int(owned.sum()),
         "libs_trace_kernels_owned_by_time": ow.by_time,
         "libs_trace_kernels_owned_by_order": ow.by_sequence,
         "libs_trace_unowned_top": [{"kernel_name": n, "count": int(c)} for n, c in
-                                   lk.loc[~owned.to_numpy(), "short"].value_counts().head(10).items()],
+                                   unowned.value_counts().head(10).items()],
         "log_clock_offset_ns": ow.clock_offset_ns,
         "libs_pass_notes": ow.notes,
         "carried_kernels_linked": info["linked"],
@@ -468,9 +482,8 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
     unlinked, with the reason (a memset no call owns is the framework's own: left as it is). Returns the
     figures and ``reasons`` (row label -> text)."""
     from .adapters import graph_replay
-    from .attribution import native_kernels
 
-    lk = launches(ref, base_ns, kinds=("kernel", "memset"))
+    lk = launches(ref, base_ns, df, kinds=("kernel", "memset"))
     ow = own(df, lk)
     rdev = graph_replay.reference_rows(ref)
     owner_at = ow.owner.reindex(ref.index[rdev]).to_numpy()
@@ -487,7 +500,7 @@ def link_replayed(df: pd.DataFrame, ref: pd.DataFrame, base_ns: int) -> dict:
         it = sub["iteration"].to_numpy(dtype="float64", na_value=np.nan)[rep]
         want = (S.eq(sub["canonical_op"], REPLAY_UNSPLIT[0]) & S.eq(sub["direction"], REPLAY_UNSPLIT[1])
                 & sub["call_event_id"].isna().to_numpy())[rep]
-        want &= ~native_kernels(S.plain(sub.iloc[rep]))  # a generated kernel fusing a convolution's epilogue
+        want &= library_kernel_mask(S.plain(sub.iloc[rep]), df)  # not a generated kernel fusing its epilogue
         for g in np.unique(it[~np.isnan(it)]).tolist():
             at = rep[it == g]  # one step's replayed rows, in start order
             for r, key, w in zip(at, graph_replay.twin_keys(sub, at), want[it == g], strict=True):

@@ -73,7 +73,7 @@ def test_carry_links_the_kernels_of_ops_that_ran_the_same_kernels():
     launching op and kernel sequence to the nsys pass of the same run links every nsys library kernel of
     those ops, each to the call the signature join links it to."""
     kin = _linked(DATA / "gpu_kineto.json.gz")
-    lk = calllink.launches(kin, 0)
+    lk = calllink.launches(kin, 0, kin)
     owners = kin.loc[lk.index, "call_event_id"]
     tpl = calllink.templates(lk, owners)
     # conv2d and linear ops, and their kinds per step (two aten::mm per linear backward: data, then weight)
@@ -95,7 +95,7 @@ def test_carry_names_what_each_pass_ran_where_the_kernels_differ():
     """bs 1024's conv2 backward ran FFT kernels; the bs-64 mapping has ALGO-style kernels there: those
     kernels are not linked, and the reason names both."""
     kin = _linked(DATA / "gpu_kineto.json.gz")
-    lk = calllink.launches(kin, 0)
+    lk = calllink.launches(kin, 0, kin)
     tpl = calllink.templates(lk, kin.loc[lk.index, "call_event_id"])
     fft = _linked(DATA / "gpu_kineto_bs1024_fft.json.gz")
     fft["call_event_id"] = pd.array([pd.NA] * len(fft), dtype="Int64")
@@ -184,7 +184,7 @@ def test_a_log_of_another_process_owns_no_kernel_by_time():
     and ops of one signature: it assumes one process, which the libs pass's own trace is.)"""
     df, _ = normalise([*LOGS, DATA / "gpu_kineto.json.gz"], run="r")
     trace = adapters.read(DATA / "gpu_kineto.json.gz")
-    lk = calllink.launches(trace, calllink.base_ns(DATA / "gpu_kineto.json.gz", trace))
+    lk = calllink.launches(trace, calllink.base_ns(DATA / "gpu_kineto.json.gz", trace), df)
     assert set(lk["tid"].dropna().astype(int)) == {527, 569}
     cudnn = df[(df["kind"] == "library_call") & (df["source"] == "cudnn_log")]
     # the libs process's main thread and its autograd thread (zcat gpu_cudnn.log.gz | grep -o "Thread=[0-9]*")

@@ -49,7 +49,7 @@ def _raw_gemms() -> list[dict]:
     return out
 
 
-def _raw_trace() -> tuple[list[dict], dict[str, dict]]:
+def raw_trace() -> tuple[list[dict], dict[str, dict]]:
     """The trace rows (stdlib csv) and its ops by event id."""
     rows = list(csv.DictReader(io.TextIOWrapper(gzip.open(DATA / "trace.csv.gz"))))
     return rows, {r["event_id"]: r for r in rows if r["kind"] == "op"}
@@ -57,12 +57,12 @@ def _raw_trace() -> tuple[list[dict], dict[str, dict]]:
 
 def _raw_fc_kernels() -> list[dict]:
     """The library kernels launched inside a FullyConnected op (not MXNet's own: library ``native``), in start order."""
-    rows, ops = _raw_trace()
+    rows, ops = raw_trace()
     return [r for r in rows if r["kind"] == "kernel" and r["library"] != "native" and r["op_event_id"]
             and ops[r["op_event_id"]]["op_name"] in FC_OPS]
 
 
-def _trace() -> pd.DataFrame:
+def read_trace() -> pd.DataFrame:
     t = pd.read_csv(DATA / "trace.csv.gz", dtype=str, keep_default_na=False, na_values=[""])
     for c in ("event_id", "iteration", "start_ns", "dur_ns", "correlation_id", "op_event_id", "tid"):
         t[c] = pd.array(pd.to_numeric(t[c]), dtype="Int64")
@@ -78,7 +78,7 @@ def libs():
 def linked(libs):
     """The logs normalised as the run does (its NVIDIA_TF32_OVERRIDE), the trace's launches and their owners."""
     df, _ = normalise(LOGS, run="r", tf32_override=libs["tf32_override"])
-    lk = calllink.launches(_trace(), 0)
+    lk = calllink.launches(read_trace(), 0, df)
     return df, lk, calllink.own(df, lk)
 
 
@@ -154,12 +154,12 @@ def test_an_op_whose_kernels_do_not_cut_per_call_stays_unowned(linked):
     """Where an op's kernels make more gemm runs than it made calls (here: one step's split-K reduction renamed
     to a gemm), that op's kernels are left without an owner, said in a note; the other ops keep theirs."""
     df = linked[0]
-    t = _trace()
-    lk = calllink.launches(t, 0)
+    t = read_trace()
+    lk = calllink.launches(t, 0, df)
     op = lk.loc[lk["short"].eq("cublasLt::splitKreduce_kernel"), "op_event_id"].iloc[5]
     hit = t["kind"].eq("kernel") & t["op_event_id"].eq(op) & t["kernel_name"].str.contains("splitKreduce")
     t.loc[hit, "kernel_name"] = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_execute_kernel__5x_cublas"
-    lk = calllink.launches(t, 0)
+    lk = calllink.launches(t, 0, df)
     ow = calllink.own(df, lk)
     in_op = lk["op_event_id"].eq(op).to_numpy() & ~lk["kernel_name"].str.contains("native").to_numpy()
     assert ow.owner[in_op].isna().all() and in_op.sum() == 3
@@ -181,9 +181,9 @@ def test_calls_out_of_their_groups_own_nothing_of_that_layer(linked):
                         "call per direction; not linked by order"]
 
 
-def test_the_trace_rows_read_as_a_trace():
+def test_the_trace_rows_read_as_a_trace(linked):
     """The fixture's trace is the run's own nsys rows: every kernel has its launch (thread, time) and its op."""
-    lk = calllink.launches(_trace(), 0)
+    lk = calllink.launches(read_trace(), 0, linked[0])
     assert lk["tid"].notna().all() and lk["launch_ns"].notna().all() and lk["op_name"].notna().all()
     assert adapters.kernel_libraries.follows_a_gemm("void cublasLt::splitKreduce_kernel<(int)32>(...)")
     assert not adapters.kernel_libraries.follows_a_gemm("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn>")
