@@ -314,6 +314,20 @@ def test_library_kernels_linked_to_their_call(case, source, run_dir, records, tm
         assert got == collections.Counter((a, n) for a, n, _ in raw)
 
 
+@pytest.mark.parametrize("case", ["pytorch-bf16", "pytorch-cuda-graph-bf16"])
+def test_the_libs_pass_counts_its_library_kernels_as_the_timing_passes(case, run_dir):
+    """One rule for a library kernel (``attribution.library_kernel_mask``): the libs pass's own trace counts as many
+    as the stdlib reader finds there and as the Kineto pass has (eager: 520, every one owned by its call; cuda-graph:
+    580 replayed outside any op, none owned there: its reference step owns them, ``link_replayed``)."""
+    libs = FIXTURE / case / f"bs{BS}" / "libs"
+    graph = "graph" in case
+    raw = replayed_library_kernels(libs) if graph else kineto_library_kernels(libs / "trace.json.gz")
+    run = _attr(run_dir, case)
+    assert run["libs_trace_library_kernels"] == len(raw) == run["by_source"]["kineto"]["library_kernels"]
+    assert run["libs_trace_kernels_owned"] == (0 if graph else len(raw))
+    assert any("ran outside any op" in n for n in run["libs_pass_notes"]) == graph
+
+
 def test_a_mangled_kineto_name_is_the_kernel_nsys_demangles():
     """cuDNN's CUTLASS wgrad kernel of conv1 (bwd_weight): Kineto records its name mangled, nsys demangled; the
     nsys pass's 100 conv1 bwd_weight kernels were left unlinked (420 of 520, 56.5% of the time, "each process of
