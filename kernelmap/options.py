@@ -14,8 +14,9 @@ What is checked:
 - each batch size against the memory free: a training step's estimated memory (``estimate_bytes``) against the
   GPU's free memory (nvidia-smi) or the host's available RAM (``MemAvailable``); the refusal names the device's
   capacity (``Memory.capacity_bytes``) and, on a GPU, the processes nvidia-smi says hold its memory;
-- with ``--devices`` above 1 on the GPU, every device past the first against its slice of the batch (B / N images:
-  ``check_devices_memory``, each visible GPU read by ``devices_free``).
+- with ``--devices`` above 1 on the GPU, every device against its slice of the batch for each N asked (B / N images;
+  device 0 against B / min N: ``check_devices_memory``, each visible GPU read by ``devices_free``, matched to CUDA's
+  device by nvidia-smi's row in PCI bus order: ``CUDA_ORDER_ENV``).
 """
 
 from __future__ import annotations
@@ -247,16 +248,17 @@ def batch_plan(batch_sizes: list[int], n_train: int) -> dict[str, Any]:
 
 
 def check_devices_memory(args: argparse.Namespace, devices_memory: list[Memory] | None) -> None:
-    """KernelmapError where a device past the first of an N-device case (``--devices``) has not the memory free for
-    its slice of the global batch (B / N images, ``memory_problem``); ``devices_memory``: the visible GPUs in CUDA's
-    order (``devices_free``). The first device is held to the whole batch by ``validate``. On the 2x H200 GPU 1 had
-    0.5 GiB free (a leftover process held the rest) and every x2 case failed minutes in, each its own way."""
+    """KernelmapError where a device of an N-device case (``--devices``, each N asked) has not the memory free for its
+    slice of the global batch (B / N images, ``memory_problem``; device 0 so meets B / min N); ``devices_memory``:
+    the visible GPUs in CUDA's order (``devices_free``). On the 2x H200 GPU 1 had 0.5 GiB free (a leftover process
+    held the rest) and every x2 case failed minutes in, each its own way."""
     for n in getattr(args, "devices", None) or [1]:
-        for r, memory in enumerate((devices_memory or [])[1:n], start=1):
+        for r, memory in enumerate((devices_memory or [])[:n]):
             for bs in args.batch_size:
                 if problem := memory_problem(bs // n, chosen(args), memory):
-                    raise KernelmapError(f"--devices {n} --batch-size {bs}: device {r} of {n} trains {bs // n:,} "
-                                         f"images a step: {problem}")
+                    case = f"--devices {n} " if n > 1 else ""
+                    raise KernelmapError(f"{case}--batch-size {bs}: device {r} of {n} trains {bs // n:,} images a "
+                                         f"step: {problem}")
 
 
 def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory | None,
@@ -264,10 +266,11 @@ def validate(args: argparse.Namespace, n_train: int, data: str, memory: Memory |
     """Refuse (KernelmapError, one line naming the option and why) any option or combination that cannot run;
     return the batch plan for the manifest (``batch_plan``, with the memory read). ``n_train``: training images
     of the data ``data`` (its kind); ``memory``: ``free_memory``'s reading, None where it could not be read;
-    ``devices_memory``: ``devices_free``'s, for ``--devices`` above 1 (``check_devices_memory``)."""
+    ``devices_memory``: ``devices_free``'s, for ``--devices`` above 1 (``check_devices_memory``: then each GPU, the
+    first too, is held to its slice for each N asked, not ``memory`` to the whole batch)."""
     check_args(args)
     for bs in args.batch_size:
-        why = batch_problems(bs, n_train, data, chosen(args), memory)
+        why = batch_problems(bs, n_train, data, chosen(args), None if devices_memory else memory)
         if why:
             raise KernelmapError(f"--batch-size {bs}: " + "; and ".join(why))
         if args.epochs is not None:
@@ -299,6 +302,13 @@ def host_available(meminfo: str = "/proc/meminfo") -> Memory | None:
 
 SMI_GPU_QUERY = "--query-gpu=index,uuid,name,memory.free,memory.used"
 SMI_APPS_QUERY = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
+# nvidia-smi lists the GPUs (and numbers them) by PCI bus id; CUDA enumerates them so only with CUDA_DEVICE_ORDER=
+# PCI_BUS_ID (its default, FASTEST_FIRST, may put another GPU first, and reads $CUDA_VISIBLE_DEVICES' indices in its
+# own order). ``kernelmap run`` sets it for itself and so for every worker where the user has not (``pci_order``):
+# then device r of a worker is the r-th visible row of nvidia-smi. Where $CUDA_VISIBLE_DEVICES names UUIDs, CUDA
+# takes them in the order named whatever the order variable says.
+CUDA_ORDER_ENV = "CUDA_DEVICE_ORDER"
+CUDA_ORDER_PCI = "PCI_BUS_ID"
 
 
 def parse_smi_holders(text: str, uuid: str) -> tuple[Holder, ...]:
@@ -317,13 +327,18 @@ def parse_smi_holders(text: str, uuid: str) -> tuple[Holder, ...]:
     return tuple(sorted(held, key=lambda h: -h.used_bytes))
 
 
-def parse_smi_devices(text: str, visible: str | None, apps: str = "") -> list[Memory]:
+def parse_smi_devices(text: str, visible: str | None, apps: str = "", order: str | None = None) -> list[Memory]:
     """The visible GPUs' free memory, in CUDA's order, from ``nvidia-smi SMI_GPU_QUERY --format=csv,noheader,nounits``
     output (each one's capacity: memory.free + memory.used, where the fifth column is there and a number);
     ``visible``: $CUDA_VISIBLE_DEVICES (indices or UUIDs; as CUDA, none past the first that names no GPU), else every
-    GPU; ``apps``: ``SMI_APPS_QUERY``'s output, who holds each. A GPU whose memory.free does not read ends the list."""
+    GPU; ``apps``: ``SMI_APPS_QUERY``'s output, who holds each. A GPU whose memory.free does not read ends the list.
+    ``order``: $``CUDA_ORDER_ENV`` (None: unset, so ``kernelmap run`` sets ``CUDA_ORDER_PCI``); another order than
+    nvidia-smi's, with $CUDA_VISIBLE_DEVICES naming no UUIDs, matches no GPU: [] (no reading, no check)."""
     rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
     names = [x.strip() for x in visible.split(",")] if visible else [r[0] for r in rows]
+    by_uuid = bool(names) and all(x.startswith(("GPU-", "MIG-")) for x in names)
+    if not by_uuid and (order or CUDA_ORDER_PCI) != CUDA_ORDER_PCI:
+        return []
     out = []
     for name in names:
         row = next((r for r in rows if name and name in (r[0], r[1])), None)
@@ -336,9 +351,9 @@ def parse_smi_devices(text: str, visible: str | None, apps: str = "") -> list[Me
     return out
 
 
-def parse_smi_free(text: str, visible: str | None, apps: str = "") -> Memory | None:
+def parse_smi_free(text: str, visible: str | None, apps: str = "", order: str | None = None) -> Memory | None:
     """The first visible GPU's free memory (``parse_smi_devices``), None where none reads."""
-    return next(iter(parse_smi_devices(text, visible, apps)), None)
+    return next(iter(parse_smi_devices(text, visible, apps, order)), None)
 
 
 def smi_output(smi: str, query: str) -> str | None:
@@ -352,15 +367,22 @@ def smi_output(smi: str, query: str) -> str | None:
 
 
 def gpus_free(smi: str | None = None) -> list[Memory] | None:
-    """The free memory of each visible GPU, in CUDA's order (nvidia-smi), its capacity and who holds it; None without
-    nvidia-smi or a reading."""
+    """The free memory of each visible GPU, in CUDA's order (nvidia-smi's rows, ``parse_smi_devices``), its capacity
+    and who holds it; None without nvidia-smi or a reading."""
     smi = smi or shutil.which("nvidia-smi")
     if smi is None:
         return None
     gpus = smi_output(smi, SMI_GPU_QUERY)
     if gpus is None:
         return None
-    return parse_smi_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), smi_output(smi, SMI_APPS_QUERY) or "")
+    return parse_smi_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), smi_output(smi, SMI_APPS_QUERY) or "",
+                             os.environ.get(CUDA_ORDER_ENV))
+
+
+def pci_order(environ: dict[str, str] | None = None) -> None:
+    """Set $``CUDA_ORDER_ENV`` to ``CUDA_ORDER_PCI`` in ``environ`` (this process's: its workers inherit it) where
+    it is not set, so that CUDA numbers the GPUs as nvidia-smi does (``parse_smi_devices``)."""
+    (os.environ if environ is None else environ).setdefault(CUDA_ORDER_ENV, CUDA_ORDER_PCI)
 
 
 def gpu_free(smi: str | None = None) -> Memory | None:

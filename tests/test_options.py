@@ -257,6 +257,7 @@ def test_a_device_of_a_multi_gpu_case_without_memory_is_refused_before_any_work(
     first is now held to its slice (B / N images) before any work."""
     smi = str(fake_nvidia_smi(tmp_path) / "nvidia-smi")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     gpus = options.gpus_free(smi)
     assert [(m.unit, m.free_bytes) for m in gpus] == [("GPU 0", 143156 * MIB), ("GPU 1", 558 * MIB)]
     need = options.estimate_bytes("pytorch", 512, "gpu")
@@ -278,6 +279,59 @@ def test_a_device_of_a_multi_gpu_case_without_memory_is_refused_before_any_work(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7,1")  # CUDA stops at the first that names no GPU
     assert [m.unit for m in options.gpus_free(smi)] == ["GPU 0"]
     assert options.devices_free("cpu", True, [1, 2]) is None and options.devices_free("gpu", True, [1]) is None
+
+
+def test_each_device_is_held_to_its_share_for_each_n_asked_device_0_too():
+    """``--devices 2`` alone trains B / 2 images a step on GPU 0 too: it was held to the whole batch B (``memory``)
+    and refused a batch that fits. Device 0 now meets B / min N; with ``--devices 1 2`` the 1-device case holds it
+    to B."""
+    need = options.estimate_bytes("pytorch", 1024, "gpu")
+    half = options.estimate_bytes("pytorch", 512, "gpu")
+    gpu0 = options.Memory("gpu", "GPU 0 (NVIDIA H200, nvidia-smi memory.free)", (need + half) // 2, 140 * GIB)
+    gpu1 = options.Memory("gpu", "GPU 1 (NVIDIA H200, nvidia-smi memory.free)", 140 * GIB, 140 * GIB)
+    assert half < gpu0.free_bytes < need
+    for devices in ([2], [2, 4]):
+        plan = options.validate(_args(framework="pytorch", batch_size=[1024], devices=devices), 20_000,
+                                "fashion-mnist", gpu0, [gpu0, gpu1, gpu1, gpu1])
+        assert plan["devices_memory"][0]["free_bytes"] == gpu0.free_bytes
+    with pytest.raises(KernelmapError) as exc:
+        options.validate(_args(framework="pytorch", batch_size=[1024], devices=[1, 2]), 20_000, "fashion-mnist",
+                         gpu0, [gpu0, gpu1])
+    assert str(exc.value).startswith("--batch-size 1024: device 0 of 1 trains 1,024 images a step: a training step "
+                                     f"needs about {need / GIB:.1f} GiB in PyTorch")
+    with pytest.raises(KernelmapError) as exc:  # device 0 of 4 at B / 4 fits; of 2 at B / 2 it does not
+        options.validate(_args(framework="pytorch", batch_size=[2048], devices=[2, 4]), 20_000, "fashion-mnist",
+                         gpu0, [gpu0, gpu1, gpu1, gpu1])
+    assert str(exc.value).startswith("--devices 2 --batch-size 2048: device 0 of 2 trains 1,024 images a step: ")
+    # no per-device reading (one device, or the CPU): the memory read holds the whole batch, as before
+    with pytest.raises(KernelmapError, match=r"^--batch-size 1024: a training step needs"):
+        options.validate(_args(framework="pytorch", batch_size=[1024], devices=[2]), 20_000, "fashion-mnist",
+                         gpu0, None)
+
+
+def test_nvidia_smis_rows_are_cudas_devices_only_in_pci_bus_order(tmp_path, monkeypatch):
+    """nvidia-smi lists the GPUs by PCI bus id; CUDA numbers them so only with CUDA_DEVICE_ORDER=PCI_BUS_ID, which
+    ``kernelmap run`` sets for itself and its workers where it is unset. A user's other order matches GPUs by UUID
+    only ($CUDA_VISIBLE_DEVICES naming UUIDs, which CUDA takes in the order named), else reads none."""
+    smi = str(fake_nvidia_smi(tmp_path) / "nvidia-smi")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert [m.unit for m in options.gpus_free(smi)] == ["GPU 0", "GPU 1"]  # unset: kernelmap run sets PCI_BUS_ID
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    assert options.gpus_free(smi) == [] and options.gpu_free(smi) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert options.gpus_free(smi) == []  # indices in CUDA's own order: which GPU is 1 is not nvidia-smi's to say
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbb,GPU-aaa")
+    assert [m.unit for m in options.gpus_free(smi)] == ["GPU 1", "GPU 0"]
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert [m.unit for m in options.gpus_free(smi)] == ["GPU 1", "GPU 0"]
+    env: dict[str, str] = {}
+    options.pci_order(env)
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    options.pci_order(env)  # the user's own order stays
+    assert env == {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
 
 
 # --- the CLI: refused before any work, one line ----------------------------------------------------------

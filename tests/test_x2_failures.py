@@ -4,8 +4,8 @@ held by a leftover process: tests/data/gpu_x2_busy_gpu/, the run's own worker lo
 log to its stderr as the worker did and then ends as the worker did (exit 1, SIGABRT, or waits for ever):
 
 - JAX x2: device 1 could not allocate (82 tries down to 21.11 MiB), device 0 then waited at the all-reduce's
-  clique rendezvous for ever; the runner waited for its 150 s stall limit. Now it stops the worker once XLA's
-  two lines are out (``processes.XlaDeviceWait``) and says why;
+  clique rendezvous for ever; the runner waited for its 150 s stall limit. Now it stops the worker 60 s after
+  XLA's stuck line where nothing follows it (``processes.XlaDeviceWait``) and says why;
 - MXNet x2: died of SIGABRT, cuBLAS's "Create cublas handle failed" (status 3, ALLOC_FAILED) in the log only;
   now the message names the C++ exception and the status;
 - PyTorch x2: rank 1 exited 1, NCCL's "Failed to CUDA calloc async 8 bytes"; now said to be GPU memory."""

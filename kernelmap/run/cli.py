@@ -341,6 +341,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     opts = validate(args)
     data_info = resolve_data(opts.train)  # a bad --data is refused before any probe too
     load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    options.pci_order()  # CUDA numbers the GPUs as nvidia-smi does, here and in every worker
     gpus = gpuinfo.query()  # the GPUs listed (nvidia-smi); the frameworks are probed in ``plan``
     # each batch size against the training set and the memory free, before any probe (the partial-batch rule)
     batches = options.validate(args, data_info.n_train, data_info.kind,
