@@ -17,7 +17,7 @@ import os
 import pytest
 
 from kernelmap import doctor, frameworks, gpuinfo
-from kernelmap.history.keys import FRAMEWORK_MODES, Mode
+from kernelmap.history.keys import FRAMEWORK_MODES, MALLOC_INFO, Mode
 from kernelmap.run import devices as run_devices
 
 BATCH_SIZES = (64, 256, 1024)
@@ -27,7 +27,7 @@ BATCH_SIZES = (64, 256, 1024)
 # A variable already set is kept (as the runner's --threads would say it).
 # glibc reads timing.ALLOC_ENV's variables at a process's start only: this process applies them with mallopt
 # (those not already set), and its children inherit them.
-run_devices.keep_freed_memory()
+MALLOC = run_devices.malloc_settings(run_devices.keep_freed_memory())
 for _name, _value in run_devices.thread_env(run_devices.physical_cores()).items():
     os.environ.setdefault(_name, _value)
 
@@ -46,6 +46,14 @@ def pytest_addoption(parser):
     group.addoption("--bench-data", default="synthetic",
                     help="data of the benchmarked batch: synthetic (default), auto, fashion-mnist, mnist or a "
                          "directory (`nox -s bench` passes its run's --data, default auto)")
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Every saved benchmark records the malloc settings its process ran with (``extra_info["malloc"]``:
+    ``history.keys.MALLOC``), so that ``kernelmap compare`` and the trend say where two saved runs differ in them
+    (a step at e894c6d: MXNet's CPU step 65-74 -> 46-50 ms CPU at bs 256, docs/timing.md "Memory")."""
+    for b in output_json.get("benchmarks", []):
+        b.setdefault("extra_info", {})[MALLOC_INFO] = MALLOC
 
 
 def bench_batch_sizes(config) -> tuple[int, ...]:

@@ -583,6 +583,8 @@ def _trend(out: Path, raw_hist: pd.DataFrame | None, storage: str | None) -> tup
             for c, t in zip(hist["contended"], hist.get("contention_text", [None] * len(hist)),
                             strict=True)])
         extra["contention"] = "machine during the benchmark"
+    if "malloc" in hist.columns:
+        extra["malloc"] = "malloc settings (timing.ALLOC_ENV)"
     # the storage by its folder's name, as runs are: no path of this machine on the page
     trend = {"storage": Path(storage).name or str(storage),
              "file": "trend.png" if p else None, "data_uri": H.data_uri(p) if p else None,

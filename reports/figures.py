@@ -484,7 +484,9 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     time order (x: ``job_axis``; one job = one ``nox -s bench`` or ``nox -s benchmarks``, a run saved
     before jobs is a job of its own). y: the ``stat`` of the step benchmark, ms per training step
     (timed in blocks of steps like the clean pass). A point measured under contention (another process
-    used the machine, ``kernelmap.contention``) is ringed in red. None when no saved benchmark carries
+    used the machine, ``kernelmap.contention``) is ringed in red; a point whose process ran with other glibc malloc
+    settings than the key's previous point (``timing.ALLOC_ENV``, or recorded there first: ``trend_series``'s
+    ``malloc_changed``) is boxed in black, since the step may be theirs. None when no saved benchmark carries
     a key."""
     from kernelmap.history.keys import flagged
     from kernelmap.history.trend import trend_series
@@ -510,6 +512,10 @@ def trend_figure(history: pd.DataFrame, path: Path, stat: str = "median") -> Pat
     if not busy.empty:
         ax.scatter(busy["x"], busy["value"] * 1e3, s=160, facecolors="none", edgecolors="red", linewidths=1.5,
                    zorder=5, label="measured under contention")
+    moved = points[points["malloc_changed"].astype(bool)] if "malloc_changed" in points.columns else points.iloc[0:0]
+    if not moved.empty:
+        ax.scatter(moved["x"], moved["value"] * 1e3, s=220, marker="s", facecolors="none", edgecolors="black",
+                   linewidths=1.2, zorder=5, label="malloc settings other than the previous point's (or first recorded)")
     ax.set_xticks(ticks["x"].tolist(), [f"{p} ({m})" if several_machines else p
                                         for p, m in zip(ticks["point"], ticks["machine"], strict=True)],
                   rotation=20, ha="right")

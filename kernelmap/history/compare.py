@@ -25,7 +25,9 @@ such, never guessed. A benchmark that records none of the four is not a framewor
 When runs named as BASE and NEW pair nothing, ``main`` exits 2 with one line naming what each side
 holds. Computing (``compare_runs``, ``compare_latest``) returns a ``Comparison``; printing is
 ``format_comparison``, which also names each side measured under contention (``extra_info``'s
-``contention``, ``kernelmap.contention.summarise``). ``main`` exits 1 when a benchmark got slower
+``contention``, ``kernelmap.contention.summarise``) and each pair whose sides ran with other malloc settings
+(``extra_info``'s ``malloc``, ``timing.ALLOC_ENV``; a side saved before they were recorded says "not recorded").
+``main`` exits 1 when a benchmark got slower
 than a threshold given as ``--fail mean:5%`` (relative) or ``--fail min:0.001`` (absolute seconds),
 the grammar of pytest-benchmark's ``--benchmark-compare-fail``.
 
@@ -45,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import KernelmapError
-from .keys import STATS, Entry, SavedRun, Unpaired, flagged, run_entries
+from .keys import STATS, Entry, SavedRun, Unpaired, flagged, malloc_differs, run_entries
 from .storage import default_storage, list_runs, pick_runs
 
 # stats where larger is better; a rise there is not a slowdown
@@ -259,13 +261,14 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
             c = e.contention
             row[f"contended_{side}"] = bool(c["contended"]) if c and c.get("contended") is not None else None
             row[f"contention_{side}"] = c.get("text") if c else None
+        row["malloc"] = malloc_differs(b.malloc, n.malloc)  # None: the same settings, or neither recorded any
         row["p_value"], row["noise"] = noise_verdict(b, n)
         for s in STATS:
             bs, ns = _num(b.stats.get(s)), _num(n.stats.get(s))
             row.update({f"{s}_base": bs, f"{s}_new": ns, f"{s}_delta": ns - bs,
                         f"{s}_rel": (ns - bs) / bs if bs else float("nan")})
         rows.append(row)
-    cols = [*_ROW_ID, "label", "base_job", "new_job", *_CONTENTION_COLS, "p_value", "noise",
+    cols = [*_ROW_ID, "label", "base_job", "new_job", *_CONTENTION_COLS, "malloc", "p_value", "noise",
             *(f"{s}_{w}" for s in STATS for w in ("base", "new", "delta", "rel"))]
     table = pd.DataFrame(rows, columns=cols)
     failures, within_noise = [], []
@@ -281,7 +284,8 @@ def _build(pairs: list[tuple[Entry, Entry]], only_base: list[Entry], only_new: l
                 failures.append(f"{r['label']} ({r['base_run']} -> {r['new_run']}): {t.stat} {got} exceeds {t}"
                                 + ("" if pd.notna(r["p_value"]) else f"; {r['noise']}")
                                 + "".join(f"; {side.upper()} measured under contention ({r[f'contention_{side}']})"
-                                          for side in ("base", "new") if flagged(r[f"contended_{side}"])))
+                                          for side in ("base", "new") if flagged(r[f"contended_{side}"]))
+                                + (f"; {r['malloc']}" if isinstance(r["malloc"], str) else ""))
     if base_runs is None:
         base_runs = sorted({b.run for b, _ in pairs} | {e.run for e in only_base}, key=_run_order)
     if new_runs is None:
@@ -403,6 +407,12 @@ def format_comparison(cmp: Comparison, stats: tuple[str, ...] = ("min", "mean", 
     if contended:
         lines.append("\nmeasured under contention (other work on the machine; its change is not the code's alone):")
         lines.extend(contended)
+    malloc = [f"  {r['label']} ({r['base_run']} -> {r['new_run']}): {r['malloc']}"
+              for _, r in cmp.table.iterrows() if isinstance(r["malloc"], str)]
+    if malloc:
+        lines.append("\nmalloc settings differ between the two sides (docs/timing.md \"Memory\": MXNet's and PyTorch's CPU "
+                     "steps faulted fresh pages without them; the change is not the code's alone):")
+        lines.extend(malloc)
     if cmp.only_base:
         lines.append(f"\nonly in BASE: {', '.join(cmp.only_base)}")
     if cmp.only_new:

@@ -29,6 +29,9 @@ PARTS_KEY = "kernelmap_parts"  # top-level key of a saved job: the per-framework
 # extra_info fields of the step benchmark (benches/bench_train_step.py)
 STEPS_PER_ROUND = "steps_per_round"  # training steps per round, the device synchronised once per round
 CONTENTION = "contention"  # kernelmap.contention.summarise() of the benchmark's rounds
+# the glibc malloc settings (timing.ALLOC_ENV: name -> value, None where glibc's default) of the benchmark's process;
+# absent in runs saved before they were recorded
+MALLOC_INFO = "malloc"
 
 
 # How a framework executes the benchmarked step: every mode of every framework's descriptor
@@ -113,6 +116,12 @@ class Entry:
         return c if isinstance(c, dict) else None
 
     @property
+    def malloc(self) -> dict | None:
+        """The malloc settings the benchmark's process ran with (``MALLOC_INFO``); None where not recorded."""
+        m = self.extra_info.get(MALLOC_INFO)
+        return m if isinstance(m, dict) else None
+
+    @property
     def samples(self) -> np.ndarray | None:
         """The saved per-round times (pytest-benchmark's ``stats["data"]``: ``--benchmark-json`` and
         ``--benchmark-save-data`` keep them), or None where the run kept only the statistics."""
@@ -193,6 +202,24 @@ def run_entries(run: SavedRun) -> tuple[list[Entry], list[Unpaired]]:
                                  f"{e.label}")
         seen[e.ident] = e.name
     return entries, unpaired
+
+
+def malloc_text(settings: dict | None) -> str:
+    """A benchmark's malloc settings as one line: ``NAME=value`` each (``default`` where glibc's own), or "not
+    recorded" (a run saved before they were)."""
+    if not isinstance(settings, dict):
+        return "not recorded"
+    return " ".join(f"{k}={'default' if v is None else v}" for k, v in sorted(settings.items())) or "none set"
+
+
+def malloc_differs(base: dict | None, new: dict | None) -> str | None:
+    """Why two benchmarks' step times may differ by their malloc settings (``MALLOC_INFO``): one line naming both
+    sides where they differ or one side recorded none; None where both recorded the same, or neither recorded any."""
+    if base is None and new is None:
+        return None
+    if base == new:
+        return None
+    return f"malloc settings differ (timing.ALLOC_ENV): BASE {malloc_text(base)}; NEW {malloc_text(new)}"
 
 
 def flagged(x) -> bool:

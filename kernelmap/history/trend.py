@@ -9,11 +9,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from .keys import CONTENTION, KEY_FIELDS, STATS, STEPS_PER_ROUND, BenchKey, parse_when, run_entries
+from .keys import (
+    CONTENTION,
+    KEY_FIELDS,
+    MALLOC_INFO,
+    STATS,
+    STEPS_PER_ROUND,
+    BenchKey,
+    malloc_text,
+    parse_when,
+    run_entries,
+)
 from .storage import list_runs
 
 HISTORY_COLUMNS = ["run", "machine", "job", "datetime", "commit", "name", "bench", "framework", "mode", "device",
-                   "batch_size", "key", "unpaired", "steps_per_round", "contended", "contention_text", *STATS]
+                   "batch_size", "key", "unpaired", "steps_per_round", "contended", "contention_text", "malloc",
+                   *STATS]
 
 
 def _steps_per_round(b: dict) -> int:
@@ -32,7 +43,8 @@ def load_history(storage: str | Path) -> pd.DataFrame:
     batch_size; ``key`` is the BenchKey id, None for a plain benchmark), ``unpaired`` (why it cannot
     be paired, else None), ``steps_per_round`` (int; ``_steps_per_round``), ``contended`` (bool; None
     where the benchmark recorded no contention) and ``contention_text`` (the measured figure, e.g.
-    "other processes used 1.7 of 2 cores"), then its stats (times in seconds per training step)."""
+    "other processes used 1.7 of 2 cores"), ``malloc`` (``keys.malloc_text``: the glibc malloc settings its process
+    ran with, or "not recorded"), then its stats (times in seconds per training step)."""
     rows = []
     for run in list_runs(storage):
         entries, unpaired = run_entries(run)
@@ -45,7 +57,8 @@ def load_history(storage: str | Path) -> pd.DataFrame:
             c = c if isinstance(c, dict) else {}
             return {"steps_per_round": _steps_per_round(b),
                     "contended": bool(c["contended"]) if c.get("contended") is not None else None,
-                    "contention_text": c.get("text"), **{s: (b.get("stats") or {}).get(s) for s in STATS}}
+                    "contention_text": c.get("text"), "malloc": malloc_text((b.get("extra_info") or {}).get(MALLOC_INFO)),
+                    **{s: (b.get("stats") or {}).get(s) for s in STATS}}
 
         for e in entries:
             k = e.key
@@ -83,7 +96,8 @@ def trend_series(history: pd.DataFrame, stat: str = "median") -> dict[str, pd.Da
     """One series per key (framework benchmarks only) over jobs: label -> rows (machine, job, run,
     datetime, the key's fields, ``value``: the stat in seconds per step, ``contended``, ``point`` and
     ``x``: the job's place on ``job_axis``) in time order, one row per job (a job's key saved twice:
-    its latest run). The label is the key's (``pytorch eager cpu bs64``), prefixed by the test
+    its latest run; ``malloc`` its malloc settings and ``malloc_changed`` True where they differ from the key's
+    previous point's: a step there may be theirs). The label is the key's (``pytorch eager cpu bs64``), prefixed by the test
     function when the history holds several, suffixed by the machine when it holds several."""
     h = history[history["key"].notna()]
     if h.empty:
@@ -103,8 +117,10 @@ def trend_series(history: pd.DataFrame, stat: str = "median") -> dict[str, pd.Da
             label = f"{label} ({machine})"
         g = (g.assign(value=pd.to_numeric(g[stat], errors="coerce"), num=g["run"].astype(int))
              .sort_values(["x", "num"]).drop_duplicates("x", keep="last"))
-        out[label] = g[["machine", "job", "run", "datetime", *KEY_FIELDS, "value", "contended", "point", "x"]
-                       ].reset_index(drop=True)
+        before = g["malloc"].shift(1)
+        g = g.assign(malloc_changed=[isinstance(b, str) and m != b for m, b in zip(g["malloc"], before, strict=True)])
+        out[label] = g[["machine", "job", "run", "datetime", *KEY_FIELDS, "value", "contended", "malloc",
+                        "malloc_changed", "point", "x"]].reset_index(drop=True)
     return out
 
 

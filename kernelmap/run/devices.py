@@ -184,6 +184,14 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]
     return done
 
 
+def malloc_settings(applied: Mapping[str, int], environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
+    """The glibc malloc settings of ``timing.ALLOC_ENV`` this process runs with: each variable's value from
+    ``environ`` (glibc read it at start), else the one ``keep_freed_memory`` applied (``applied``), else None
+    (glibc's default: its mmap threshold then moves with what the process frees)."""
+    return {name: environ.get(name) if name in environ else (str(applied[name]) if name in applied else None)
+            for name in timing.ALLOC_ENV}
+
+
 def decide_devices(chosen: list[str], device: str, python: dict[str, str],
                    gpus: gpuinfo.GpuReport) -> dict[str, Decision]:
     """Each framework's device, decided before any work, every downgrade said on stderr."""

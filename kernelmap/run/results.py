@@ -196,7 +196,10 @@ def timing_config(args: argparse.Namespace, budget: float, budget_said: str) -> 
             "min_capture_steps": timing.MIN_CAPTURE_STEPS,
             "contention": contention.RULE, "trials_disagree": timing.TRIALS_DISAGREE_RULE,
             "max_repeats": args.max_repeats, "repeat_budget_s": budget,
-            "repeat_budget": budget_said}
+            "repeat_budget": budget_said,
+            # the glibc malloc settings every worker ran with (docs/timing.md "Memory"; each worker's result
+            # records its own in threads.env)
+            "malloc": dict(timing.ALLOC_ENV)}
 
 
 def summary(out: Path, results: list[dict[str, Any]], decisions: dict[str, Decision], notes: list[str],
