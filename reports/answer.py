@@ -205,6 +205,7 @@ CPU_FIELDS = ("cpu_ms", "ci_ms", "pass", "utilisation", "busy", "method", "not_s
 SAMPLED = "ops' own CPU time (sampled)"  # a layer cell of opcpu.layer_cpu (basis.PER_OP_CPU)
 SHARED = "pass CPU time (less the CPU sampler's own where it ran) x the layer's share of traced op time"  # basis.PER_LAYER_CPU
 STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
+WITHHELD = "not sampled: withheld (no figure, no estimate)"  # a layer whose ops shared XLA's pool (cpusampler.POOL_RULE)
 
 
 def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: float | None = None) -> dict[str, Any]:
@@ -214,6 +215,10 @@ def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: 
     if st is None:
         return {"cpu_ms": None, "comparable": False, "why_not": "no pass figures in results.json"}
     fig = st.figure or {}
+    if lc is not None and lc.withheld:  # cpusampler.POOL_RULE: the samples hold another op's work; no estimate either
+        return {"cpu_ms": None, "ci_ms": None, "pass": st.pass_name, "utilisation": None,
+                "busy": st.busy.text if st.busy.contended else None, "method": WITHHELD, "not_sampled": lc.why,
+                "comparable": False, "why_not": f"its ops' own CPU time not sampled: {lc.why}"}
     if lc is not None and lc.ms is not None:
         why = st.why_not(per_op_ms=ops_ms)
         return {"cpu_ms": lc.ms, "ci_ms": lc.ci_ms, "pass": st.pass_name, "utilisation": lc.utilisation,
@@ -284,6 +289,10 @@ def _cpu_ratio(row: dict[str, Any], fw: str, ref: str) -> tuple[float | None, st
     a sampled cell (``SAMPLED``) and a share estimate (``SHARED``: a case whose trace was not put on the samples'
     clock, or a layer whose ops lie outside them) measure different things, so no ratio crosses them."""
     ms, ref_ms = row.get(f"{fw}.cpu_ms"), row.get(f"{ref}.cpu_ms")
+    withheld = [f for f in (fw, ref) if row.get(f"{f}.method") == WITHHELD]
+    if withheld:  # cpusampler.POOL_RULE: no ratio, and the row says why
+        return None, f"{NO_RATIO}: " + "; ".join(f"{A.fw_label(f)}'s ops' own CPU time not sampled: "
+                                                 f"{row.get(f'{f}.not_sampled')}" for f in withheld)
     if ms is None or pd.isna(ms):
         return None, None
     if ref_ms is None or pd.isna(ref_ms) or not ref_ms > 0:

@@ -75,6 +75,7 @@ import pandas as pd
 from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, frameworks, timing
+from kernelmap.adapters import thunk_completion
 from kernelmap.rundir import MANIFEST, asked_cases, pass_result_name, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
 
@@ -264,8 +265,10 @@ def _record_checks(run: Run, expected: dict[tuple[str, str], int]) -> list[dict[
         busy_ms = float(t.events["dur_ns"].sum()) / t.n_steps / per / 1e6
         what = f"{t.level} time per step ({t.source})" + (f", per device of {per}" if per > 1 else "")
         if t.level == "op" and not getattr(source, "CPU_OP_TIME_IS_BUSY", True):
+            found = thunk_completion.from_attribution(run.attribution, fw, bs)  # its trace's thunks, as normalised
             rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED,
-                             f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"))
+                             f"{t.source} op spans on the CPU include waiting (asynchronous thunks)"
+                             + (f"; {thunk_completion.describe(found)}" if found else "")))
         elif st is None:
             rows.append(check_row(run.name, fw, bs, Check.TIME_WITHIN_STEP, what, None, busy_ms, NOT_CHECKED, basis))
         elif len(st) != t.n_steps:

@@ -114,7 +114,10 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
                              f"{'within' if ok else 'beyond'} {SAMPLER_SLACK:.0%}"))
     ev = oc.events
     n = len(oc.iterations) or 1
-    ops_ms = float(np.nansum(ev["cpu_ns"].to_numpy(dtype=float))) / n / 1e6
+    # the ops' shares together, those not sampled apart included (cpusampler.POOL_RULE: the process's over their spans)
+    ops_ms = float(np.nansum(ev[oc.total_column].to_numpy(dtype=float))) / n / 1e6
+    held = (f"; {oc.withheld} of them not sampled apart, their shares in this sum (cpusampler.POOL_RULE)"
+            if oc.withheld else "")
     o = np.asarray(oc.ops_step_cpu_ms)
     steps_ms = float(o.mean()) if o.size and not np.isnan(o).any() else None
     if steps_ms is None:
@@ -124,7 +127,7 @@ def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
         ok = ops_ms <= steps_ms * (1 + SAMPLER_SLACK)
         out.append(check_row(run.name, fw, bs, Check.OP_CPU_WITHIN, "traced ops", steps_ms, ops_ms, PASS if ok else FAIL,
                              f"{len(ev)} traced ops {ops_ms:.4g} ms CPU a step against the marked steps' {steps_ms:.4g} "
-                             f"ms (main thread, opcpu.MAIN_RULE: {oc.main_how}"
+                             f"ms{held} (main thread, opcpu.MAIN_RULE: {oc.main_how}"
                              f"; means over {n} steps; clock offset fitted from {oc.fit.n} marks, "
                              f"{oc.fit.spread_ns / 1e3:.3g} µs median distance)"))
     return out

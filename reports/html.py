@@ -183,13 +183,18 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                         if isinstance(busy, str) else "")
                 cells.append(f'<td class="num" title="{how}"><span class="pass">{html.escape(under)}</span>{mark} '
                              f"<b>{fmt(ms, 'ms_per_step')}</b></td>" if ms is not None and not pd.isna(ms)
-                             else "<td>–</td>")
+                             else f'<td class="withheld" title="{html.escape(why)}">not sampled</td>'
+                             if isinstance(why, str) else "<td>–</td>")
             cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
                       for fw in others]
             body.append("<tr>" + "".join(cells) + "</tr>")
         n_ratio = sum(int(g[f"{fw}.vs_ref"].notna().sum()) for fw in others)
         n_cells = sum(int(g[f"{fw}.cpu_ms"].notna().sum()) for fw in others)
+        # cells with no figure that say why (answer.WITHHELD: not sampled apart), counted as such, not as figures
+        n_withheld = sum(int((g[f"{fw}.cpu_ms"].isna() & g[f"{fw}.not_sampled"].map(lambda v: isinstance(v, str)))
+                             .sum()) for fw in here if f"{fw}.not_sampled" in g)
         out.append({"title": f"Run {run}, batch size {bs}", "ratios": n_ratio, "ratio_cells": n_cells,
+                    "withheld": n_withheld,
                     "html": f'<table class="answer cpu"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
                             f"</tbody></table>" + notes_list(notes, anchor)})
     return out

@@ -180,14 +180,21 @@ def test_a_layers_cpu_time_from_the_samples_by_hand(run):
     assert 0 < lc.utilisation <= 2  # CPU over wall within the 2 cores
 
 
-def test_every_layer_and_direction_has_a_cpu_ratio_on_a_busy_run(run):
+def test_every_sampled_layer_and_direction_has_a_cpu_ratio_on_a_busy_run(run):
     assert all(r["passes"]["framework"]["contention"]["contended"] for r in run.results)
     cpu, fws = _cpu_table(run)
     assert fws == list(FWS)
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
     assert sorted(map(tuple, per_layer[["layer", "direction"]].to_numpy())) == sorted(ROWS)
-    assert per_layer[["mxnet.vs_ref", "jax.vs_ref"]].notna().all().all(), per_layer.filter(like="no_ratio")
-    assert (per_layer[[f"{fw}.method" for fw in FWS]] == ANS.SAMPLED).all().all()
+    # JAX's layers whose ops shared XLA's pool with a pending thunk's work have no figure (cpusampler.POOL_RULE,
+    # tests/test_thunk_completion.py): all but conv2 fwd here
+    held = per_layer["jax.method"].eq(ANS.WITHHELD)
+    assert sorted(map(tuple, per_layer.loc[~held, ["layer", "direction"]].to_numpy())) == [("conv2", "fwd")]
+    assert per_layer.loc[held, "jax.cpu_ms"].isna().all()
+    assert per_layer.loc[held, "jax.no_ratio"].str.contains("JAX's ops' own CPU time not sampled: ").all()
+    assert per_layer["mxnet.vs_ref"].notna().all() and per_layer.loc[~held, "jax.vs_ref"].notna().all()
+    assert (per_layer[["pytorch.method", "mxnet.method"]] == ANS.SAMPLED).all().all()
+    assert (per_layer.loc[~held, "jax.method"] == ANS.SAMPLED).all()
     assert per_layer["pytorch.busy"].str.startswith("other processes used").all()  # marked, not withheld
     # the wall-time answer of the same run withholds its ratios: its passes ran busy
     wall, _ = ANS.answer_table(A.layer_table([run]), B.pass_states([run]))
@@ -305,7 +312,8 @@ def test_ops_above_their_clean_step_keep_their_layers_from_a_ratio(run, tmp_path
     v = _variant(run, tmp_path, halve)
     cpu, _ = _cpu_table(v)
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
-    assert per_layer["mxnet.vs_ref"].isna().all() and per_layer["jax.vs_ref"].notna().all()
+    assert per_layer["mxnet.vs_ref"].isna().all()
+    assert per_layer["jax.vs_ref"].notna().tolist() == per_layer["jax.method"].eq(ANS.SAMPLED).tolist()
     assert per_layer["mxnet.no_ratio"].str.contains("traced ops took").all()
 
 
@@ -321,7 +329,8 @@ def test_a_clean_pass_without_an_interval_keeps_the_sampled_layers_from_a_ratio(
     cpu, _ = _cpu_table(v)
     per_layer = cpu[cpu["layer"] != ANS.WHOLE_STEP]
     assert (per_layer["mxnet.method"] == ANS.SAMPLED).all()
-    assert per_layer["mxnet.vs_ref"].isna().all() and per_layer["jax.vs_ref"].notna().all()
+    assert per_layer["mxnet.vs_ref"].isna().all()
+    assert per_layer["jax.vs_ref"].notna().tolist() == per_layer["jax.method"].eq(ANS.SAMPLED).tolist()
     assert per_layer["mxnet.no_ratio"].str.contains("no interval to judge its ops by").all()
 
 

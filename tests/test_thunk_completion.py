@@ -222,3 +222,135 @@ def test_the_cpu_sampler_runs_a_pending_thunk_only_over_its_dispatch(run_dir):
     # pending for a while: each thunk that completed after its dispatch returned
     pending = sum(1 for v in pairs.values() for r, m in v if completion_ns(ev_stdlib, r, m) > r["e"])
     assert int((ends < ev["start_ns"] + ev["dur_ns"]).sum()) == pending > 0
+
+
+def _overlap(a0: int, a1: int, b0: int, b1: int) -> bool:
+    return a0 < b1 and b0 < a1
+
+
+def stdlib_pool(bs: int) -> tuple[dict, dict]:
+    """From the trace alone (stdlib), per execution (thunk name, its start ns): whether its pending stretch (its
+    dispatch's return to its completion) overlaps another execution (start to completion), and the names of the
+    thunks whose pending stretch overlaps its own dispatch (start to its dispatch's return)."""
+    ev, pairs = stdlib_thunks(_trace(bs))
+    runs = [(op, r, min(r["e"], completion_ns(ev, r, m)), completion_ns(ev, r, m)) for op, v in pairs.items()
+            for r, m in v]
+    beside, shared = {}, {}
+    for op, r, ran, done in runs:
+        key = (op, r["s"])
+        beside[key] = ran < done and any(_overlap(ran, done, o["s"], d) for _, o, _, d in runs if o is not r)
+        shared[key] = sorted({o2 for o2, o, ran2, d in runs if o is not r and ran2 < d
+                              and _overlap(r["s"], ran, ran2, d)})
+    return beside, shared
+
+
+def _op_cpu(run_dir: Path, bs: int):
+    from kernelmap.reports.analyses import opcpu as OC
+
+    return OC.op_cpu(A.load_run(run_dir))[("jax", bs)]
+
+
+@pytest.mark.parametrize("bs", [64, 256])
+def test_a_thunk_whose_work_ran_on_the_pool_beside_other_ops_has_no_sampled_cpu(run_dir, bs):
+    """cpusampler.POOL_RULE: the fc1 weight-gradient dot read its dispatch's CPU time (0.157 ms a step at bs 64, 1.22
+    at bs 256: 7.8x for 4x the work), its pool work credited to the ops beside it; now no figure, and why."""
+    oc = _op_cpu(run_dir, bs)
+    ev = oc.events
+    beside, shared = stdlib_pool(bs)
+    hlo = ev["op_name"].astype(str).str.split(" [", regex=False).str[0]  # the report's name adds the ops it fuses
+    assert len(ev) == len(beside) == 400
+    got_beside = {(o, s): w == cpusampler.POOL_WHY for o, s, w in zip(hlo, ev["start_ns"], ev["cpu_why"], strict=True)}
+    assert got_beside == beside and sum(beside.values()) == {64: 34, 256: 48}[bs]
+    held = ev["cpu_why"].eq(cpusampler.BESIDE_POOL_WHY)
+    got_shared = {(o, s): sorted({n.split(" [")[0] for n in w}) if h else [] for o, s, w, h in zip(
+        hlo, ev["start_ns"], ev["pool_with"], held, strict=True) if not beside[(o, s)]}
+    assert got_shared == {k: v for k, v in shared.items() if not beside[k]}
+    assert held.sum() == sum(1 for k, v in shared.items() if v and not beside[k]) == {64: 91, 256: 88}[bs]
+    dots = ev[ev["op_name"].eq("dot")]
+    assert len(dots) == 5 and dots["cpu_ns"].isna().all() and dots["cpu_why"].eq(cpusampler.POOL_WHY).all()
+    conv1 = ev[ev["op_name"].eq("ynn_fusion.13")]  # conv1 forward: copy.26 pending beside it (4 of 5 steps at bs 256)
+    assert conv1["cpu_ns"].isna().all() and sum("copy.26" in w for w in conv1["pool_with"]) == {64: 5, 256: 4}[bs]
+    # nothing withheld has a figure, everything else keeps its share; the ops' sum is the process's as before
+    assert ev["cpu_ns"].isna().tolist() == ev["cpu_why"].notna().tolist()
+    kept = ev["cpu_why"].isna()
+    assert (ev.loc[kept, "cpu_ns"] == ev.loc[kept, "shared_cpu_ns"]).all()
+    assert oc.ops_ms_per_step == pytest.approx(float(ev["shared_cpu_ns"].sum()) / 5 / 1e6)
+
+
+WITHHELD_ROWS = {("conv1", "fwd"), ("conv1", "bwd_weight"), ("conv2", "bwd_weight"), ("conv2", "bwd_bias"),
+                 ("fc1", "bwd_data"), ("fc1", "bwd_weight")}
+
+
+def test_the_cpu_table_withholds_those_layers_and_says_why(run_dir, tmp_path):
+    from kernelmap.reports import answer as ANS
+    from kernelmap.reports.analyses import basis as B
+    from kernelmap.reports.analyses import opcpu as OC
+
+    run = A.load_run(run_dir)
+    cpu, _ = ANS.cpu_table(A.layer_table([run]), B.cpu_states([run]), B.traced_op_ms([run]), OC.op_cpu_of([run]))
+    rows = cpu[cpu["layer"] != ANS.WHOLE_STEP].set_index(["batch_size", "layer", "direction"])
+    held = rows["jax.method"].eq(ANS.WITHHELD)
+    assert {k[1:] for k in rows.index[held]} == WITHHELD_ROWS and held.sum() == 2 * len(WITHHELD_ROWS)
+    assert rows.loc[held, "jax.cpu_ms"].isna().all()  # no figure, not even the share estimate
+    w = rows.loc[(64, "fc1", "bwd_weight")]
+    assert w["jax.not_sampled"] == f"5 of its 5 traced ops not sampled apart: 5 x {cpusampler.POOL_WHY}"
+    assert cpusampler.BESIDE_POOL_WHY in rows.loc[(256, "conv1", "fwd"), "jax.not_sampled"]
+    assert (rows.loc[~held, "jax.method"] == ANS.SAMPLED).all()
+    # the page: the cell says not sampled, the heading counts the withheld cells apart from the figures
+    assert report(str(run_dir), "-o", str(tmp_path / "rep")) == 0
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert page.count('<td class="withheld" title="') == 2 * len(WITHHELD_ROWS)
+    assert page.count("6 cells withheld, no figure (not sampled: hover the cell)") == 2
+
+
+def test_the_time_within_step_check_says_how_thunks_were_timed(run_dir):
+    att = json.loads((run_dir / "attribution.json").read_text())
+    for bs in (64, 256):
+        ev, pairs = stdlib_thunks(_trace(bs))
+        late = sum(1 for v in pairs.values() for r, m in v if m["s"] > r["e"])
+        files = att["runs"][f"jax/bs{bs}"]["files"]
+        assert [f["thunk_completions"]["asynchronous"] for f in files if "thunk_completions" in f] == [late]
+    c = C.self_checks([A.load_run(run_dir)])
+    rows = c[c["check"].eq(C.Check.TIME_WITHIN_STEP)].set_index("batch_size")
+    assert "XLA thunks: 45 of 400 'end:' events after their thunk's dispatch" in rows.loc[64, "detail"]
+    assert "XLA thunks: 67 of 400 'end:' events" in rows.loc[256, "detail"]
+    assert "pending together on several devices" not in rows.loc[64, "detail"]
+
+
+def test_thunks_of_several_devices_pending_together_are_said(run_dir, tmp_path):
+    """Doctored: the bs 64 trace with each dot's thunk and 'end:' event repeated on a second executor thread, as one
+    program on two devices runs it: the two dispatches have returned when the first 'end: dot' comes, so the trace
+    does not say which ended (PAIR_RULE). attribution.json and the check say so."""
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d)
+    path = d / "jax" / "bs64" / "trace.json.gz"
+    doc = json.loads(gzip.open(path).read(), parse_float=Decimal)
+    _, pairs = stdlib_thunks(_trace(64))
+    for r, m in pairs["dot"]:
+        twin, twin_end = dict(r, tid=987654), dict(m, tid=987654)
+        twin["ts"], twin_end["ts"] = Decimal(r["ts"]) + Decimal("0.001"), Decimal(m["ts"]) + Decimal("0.002")
+        for e in (twin, twin_end):
+            e.pop("s"), e.pop("e")
+        doc["traceEvents"] += [twin, twin_end]
+    path.write_bytes(gzip.compress(json.dumps(doc, default=float).encode()))
+    normalise_run_dir(d)
+    att = json.loads((d / "attribution.json").read_text())
+    got = next(f["thunk_completions"] for f in att["runs"]["jax/bs64"]["files"] if "thunk_completions" in f)
+    assert (got["ops_ambiguous"], got["markers_ambiguous"]) == (10, 10)  # 2 executions, 2 'end:' events a step
+    c = C.self_checks([A.load_run(d)])
+    row = c[c["check"].eq(C.Check.TIME_WITHIN_STEP) & c["batch_size"].eq(64)].iloc[0]
+    assert ("10 executions of one op pending together on several devices (10 'end:' events): the trace does not say "
+            "which ended when") in row["detail"]
+
+
+def test_a_thunk_whose_owner_is_not_passed_in_stays_outermost(case):
+    """A thunk inside a control-flow thunk that names no canonical op: its owner is not among the rows passed
+    (timed.timed_events passes those with a canonical op), so it is outermost; with its owner passed, it is not."""
+    bs, df, ev, pairs = case
+    ops = df[df["kind"].eq("op")].sort_values("start_ns")
+    owner, inner = ops.index[0], ops.index[1]
+    nested = ops.copy()
+    nested.loc[inner, "op_event_id"] = nested.loc[owner, "event_id"]
+    assert inner not in outermost_ops(nested).index  # its owner among the rows: nested
+    alone = outermost_ops(nested.drop(index=owner))
+    assert inner in alone.index and len(alone) == len(ops) - 1

@@ -30,6 +30,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import schema
 from . import canonical as C
 
 END_PREFIX = "end: "  # XLA's consumer event on a thunk's completion (TracedExecute)
@@ -48,6 +49,41 @@ PENDING_RULE = (
     "an asynchronous thunk's 'end: <op>' record (op_event_id: the thunk) spans from the return of its dispatch "
     "(its traced span's end) to XLA's end event: the thunk ran on the pool, or waited for it, from its start to "
     "there; its dispatch alone ran on its own thread (cpusampler.shared_cpu)")
+
+
+SUMMARY_KEY = "thunk_completions"  # the adapter's df.attrs key: normalise keeps it per file in attribution.json
+
+
+def describe(found: dict) -> str:
+    """``complete``'s counts in words: what was timed to completion, and what was left as traced and why."""
+    g = {k: int(found.get(k) or 0) for k in ("markers", "asynchronous", "from_continuation", "markers_ambiguous",
+                                                "ops_ambiguous", "markers_unpaired", "ops_without_marker")}
+    said = (f"XLA thunks: {g['asynchronous']} of {g['markers']} 'end:' events after their thunk's dispatch, those "
+            f"thunks timed to their completion ({g['from_continuation']} at the executor's continuation, the rest at "
+            f"the event; +{float(found.get('added_ms') or 0):.4g} ms over the trace)")
+    if g["ops_ambiguous"]:
+        said += (f"; {g['ops_ambiguous']} executions of one op pending together on several devices "
+                 f"({g['markers_ambiguous']} 'end:' events): the trace does not say which ended when, so they keep "
+                 "their traced spans, which may be the dispatch only (PAIR_RULE)")
+    if g["markers_unpaired"]:
+        said += f"; {g['markers_unpaired']} 'end:' events of thunks started before the trace"
+    if g["ops_without_marker"]:
+        said += f"; {g['ops_without_marker']} thunks with no 'end:' event (the trace ended first): their spans kept"
+    return said
+
+
+def from_attribution(attribution: dict | None, case: str, batch_size: int | None) -> dict | None:
+    """The ``SUMMARY_KEY`` counts of one case's files (its ranks' traces summed) from a run's attribution.json;
+    None where none of its files has them."""
+    runs = (attribution or {}).get("runs") if isinstance(attribution, dict) else None
+    got: dict = {}
+    for r in (runs or {}).values():
+        if not isinstance(r, dict) or r.get("case") != case or r.get("batch_size") != batch_size:
+            continue
+        for f in r.get("files") or []:
+            for k, v in ((f or {}).get(SUMMARY_KEY) or {}).items():
+                got[k] = got.get(k, 0) + v
+    return got or None
 
 
 def _threads(pid: list, tid: list) -> np.ndarray:
@@ -82,12 +118,12 @@ def complete(kind, names: list, hlo_op: list, start: np.ndarray, dur: np.ndarray
     thread = _threads(pid, tid)
     end = start + dur
     owner: list = [None] * n
-    ops = np.array([j for j in range(n) if host[j] and kind[j] == "op" and hlo_op[j] is not None], dtype="int64")
+    ops = np.array([j for j in range(n) if host[j] and kind[j] == schema.Kind.OP and hlo_op[j] is not None], dtype="int64")
     if ops.size:
         parent = C.nest(thread[ops], start[ops], end[ops])
         for k in np.nonzero(parent >= 0)[0]:
             owner[int(ops[k])] = int(ops[parent[k]])
-    markers = [j for j in range(n) if host[j] and kind[j] == "annotation" and names[j].startswith(END_PREFIX)]
+    markers = [j for j in range(n) if host[j] and kind[j] == schema.Kind.ANNOTATION and names[j].startswith(END_PREFIX)]
     if not markers:
         return start, dur, owner, {}
     by_end: dict = {}

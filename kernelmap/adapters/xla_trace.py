@@ -552,7 +552,7 @@ def read(path: str | os.PathLike) -> pd.DataFrame:
     df = finish(cols, path, SOURCE)
     df.attrs["hlo_text"] = sorted(hlo)
     if completions:
-        df.attrs["thunk_completions"] = completions
+        df.attrs[thunk_completion.SUMMARY_KEY] = completions  # normalise keeps it in attribution.json, per file
     df.attrs["hlo_ops_unresolved"] = int(sum(1 for j in range(n) if hlo_op[j] is not None and info[j] is None))
     _label_steps(df)
     return _with_library_calls(df, [inf.target if inf and inf.library in GPU_LIBRARIES else None for inf in info],

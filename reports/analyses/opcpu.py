@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import cpusampler, timing
+from kernelmap import cpusampler, schema, timing
 from kernelmap.errors import KernelmapError
 from kernelmap.rundir import pass_result_name, read_json
 from kernelmap.worker import FRAMEWORK_PASS
@@ -43,8 +43,8 @@ MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchrono
              "engine's, through 76% of 116; XLA's, through all of 345); otherwise not decided, and the main thread's "
              "time is kept in the ops (dropping it wrongly would read a layer near 0: a synchronous engine, NaiveEngine, "
              "runs its ops on the main thread)")
-OP_CPU_METHOD = (f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {cpusampler.PENDING_SHARE_RULE}; {MAIN_RULE}; "
-                 f"{cpusampler.FIT_RULE}")
+OP_CPU_METHOD = (f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {cpusampler.PENDING_SHARE_RULE}; "
+                 f"{cpusampler.POOL_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class OpCpu:
     framework: str
     batch_size: int | None
     why: str = ""
-    events: pd.DataFrame | None = None  # Timed.events plus cpu_ns, span_cpu_ns (NaN: outside the samples)
+    # Timed.events plus cpu_ns (NaN: outside the samples, or not sampled apart: cpu_why), shared_cpu_ns, span_cpu_ns
+    events: pd.DataFrame | None = None
     iterations: tuple[int, ...] = ()
     fit: cpusampler.Fit | None = None
     sampler: dict | None = None  # the framework pass's cpusampler.RESULT_KEY (its figures, the marks)
@@ -72,10 +73,22 @@ class OpCpu:
 
     @property
     def ops_ms_per_step(self) -> float | None:
-        """All traced ops' CPU time per traced step (their sum / the steps; NaN ops left out)."""
+        """All traced ops' CPU time per traced step (their sum / the steps; ops outside the samples left out)."""
         if not self.measured or not self.iterations:
             return None
-        return float(np.nansum(self.events["cpu_ns"].to_numpy(dtype=float))) / len(self.iterations) / 1e6
+        return float(np.nansum(self.events[self.total_column].to_numpy(dtype=float))) / len(self.iterations) / 1e6
+
+    @property
+    def total_column(self) -> str:
+        """The column whose sum is the ops' CPU time together: their shares, withheld ones' included
+        (``cpusampler.POOL_RULE``: the sum is the process's over the ops' spans however it is parted)."""
+        return "shared_cpu_ns" if self.events is not None and "shared_cpu_ns" in self.events else "cpu_ns"
+
+    @property
+    def withheld(self) -> int:
+        """Ops whose CPU time is not sampled apart (``cpusampler.POOL_RULE``)."""
+        ev = self.events
+        return int(ev["cpu_why"].notna().sum()) if ev is not None and "cpu_why" in ev else 0
 
 
 def _entry(run: Run, t: Timed) -> dict | None:
@@ -124,9 +137,55 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     start = ev["start_ns"].to_numpy(dtype=np.int64) - fit.offset_ns
     end = start + ev["dur_ns"].to_numpy(dtype=np.int64)
     running = running_ends(rec, ev) - fit.offset_ns
-    # cpu_ns: the op's share (cpusampler.SHARE_RULE); span_cpu_ns: the process's CPU time over its span, unshared
-    return OpCpu(fw, bs, "", ev.assign(cpu_ns=cpusampler.shared_cpu(samples, start, end, running),
-                                       span_cpu_ns=samples.between(start, end)), **base)
+    # shared_cpu_ns: the op's share (cpusampler.SHARE_RULE); cpu_ns: the same where it is the op's own, NaN where
+    # its span shared XLA's pool with another's work (cpu_why: cpusampler.POOL_RULE); span_cpu_ns: unshared
+    shared = cpusampler.shared_cpu(samples, start, end, running)
+    why = pool_why(ev, _untimed_ops(rec, ev, t), rec)
+    return OpCpu(fw, bs, "", ev.assign(cpu_ns=np.where(why["cpu_why"].notna(), np.nan, shared), shared_cpu_ns=shared,
+                                       **why, span_cpu_ns=samples.between(start, end)), **base)
+
+
+POOL_NAMES = 3  # the pending thunks a layer's reason names (the rest counted)
+
+
+def _untimed_ops(rec: pd.DataFrame, ev: pd.DataFrame, t: Timed) -> pd.DataFrame:
+    """The case's other op records of its trace (no canonical op, nested, outside the traced steps): a thunk pending
+    among them shares the pool as a timed one does (``pool_why``)."""
+    cols = ["run", "event_id", "op_name", "start_ns", "dur_ns"]
+    ops = rec[(rec["case"] == t.framework) & (rec["batch_size"] == t.batch_size) & (rec["source"] == t.source)
+              & rec["kind"].eq(schema.Kind.OP) & rec["run"].isin(ev["run"].unique()) & rec["start_ns"].notna()
+              & rec["dur_ns"].notna()]
+    return ops.loc[~ops.set_index(["run", "event_id"]).index.isin(ev.set_index(["run", "event_id"]).index), cols]
+
+
+def pool_why(ev: pd.DataFrame, more: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+    """``cpusampler.POOL_RULE`` per op of ``ev``, among its case's other ops ``more``: ``cpu_why``, why its CPU time
+    is not sampled (None where it is), and ``pool_with``, the pending thunks whose work its span shared (op names)."""
+    every = pd.concat([ev[more.columns], more], ignore_index=True) if len(more) else ev
+    start = every["start_ns"].to_numpy(dtype=np.int64)
+    beside_others, beside_pending = cpusampler.pool_overlaps(
+        start, running_ends(rec, every), start + every["dur_ns"].to_numpy(dtype=np.int64))
+    names = every["op_name"].astype(object).tolist()
+    why: list = [None] * len(ev)
+    with_: list = [None] * len(ev)
+    for i, (alone, pend) in enumerate(zip(beside_others[:len(ev)], beside_pending[:len(ev)], strict=True)):
+        if alone:
+            why[i] = cpusampler.POOL_WHY
+        elif pend:
+            why[i] = cpusampler.BESIDE_POOL_WHY
+            with_[i] = tuple(sorted({str(names[p]) for p in pend}))
+    return pd.DataFrame({"cpu_why": pd.Series(why, index=ev.index, dtype=object),
+                         "pool_with": pd.Series(with_, index=ev.index, dtype=object)})
+
+
+def _withheld_why(ev: pd.DataFrame) -> str:
+    """A layer's ops not sampled apart (``pool_why``), in words: how many for each reason, the thunks named."""
+    said = []
+    for w, g in ev[ev["cpu_why"].notna()].groupby("cpu_why", sort=True):
+        who = sorted({n for t in g["pool_with"].dropna() for n in t})
+        more = f" and {len(who) - POOL_NAMES} more" if len(who) > POOL_NAMES else ""
+        said.append(f"{len(g)} x {w}" + (f" ({', '.join(who[:POOL_NAMES])}{more})" if who else ""))
+    return "; ".join(said)
 
 
 def running_ends(rec: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
@@ -134,7 +193,7 @@ def running_ends(rec: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
     asynchronous XLA thunk where its dispatch returned, the start of the pending record it owns (an annotation
     whose ``op_event_id`` is the op, reaching to or past its end: ``thunk_completion.PENDING_RULE``); else its end."""
     end = (ev["start_ns"] + ev["dur_ns"]).to_numpy(dtype=np.int64)
-    pend = rec[rec["kind"].eq("annotation") & rec["op_event_id"].notna() & rec["run"].isin(ev["run"].unique())]
+    pend = rec[rec["kind"].eq(schema.Kind.ANNOTATION) & rec["op_event_id"].notna() & rec["run"].isin(ev["run"].unique())]
     if pend.empty:
         return end
     spans = {(r, int(o)): (int(s), int(s) + int(d)) for r, o, s, d in
@@ -192,13 +251,14 @@ class LayerCpu:
     """A layer's CPU time in some directions per traced step of one case: ``steps_ms`` (one a traced step),
     their median ``ms`` and its 95% interval (``timing.capture_ci``: a step that spun or waited on a busy
     machine moves it less than a mean), the same ops' wall time per step (median), and ``why`` where it is not
-    measured (an op outside the samples)."""
+    measured (an op outside the samples; ``withheld``: an op not sampled apart, ``cpusampler.POOL_RULE``)."""
 
     ms: float | None
     ci_ms: tuple[float, float] | None
     steps_ms: tuple[float, ...]
     wall_ms: float | None
     why: str = ""
+    withheld: bool = False  # not sampled apart (cpusampler.POOL_RULE): no figure, not even the share estimate
 
     @property
     def utilisation(self) -> float | None:
@@ -214,9 +274,13 @@ def layer_cpu(oc: OpCpu, layer: str, directions: set[str]) -> LayerCpu:
             & ev["direction"].fillna("none").isin(directions)]
     if ev.empty:
         return LayerCpu(None, None, (), None, "no traced op of this layer and direction")
-    lost = int(ev["cpu_ns"].isna().sum())
+    why = ev["cpu_why"] if "cpu_why" in ev else pd.Series(None, index=ev.index, dtype=object)
+    lost = int((ev["cpu_ns"].isna() & why.isna()).sum())
     if lost:
         return LayerCpu(None, None, (), None, f"{lost} of its {len(ev)} traced ops lie outside the CPU samples")
+    if why.notna().any():  # cpusampler.POOL_RULE: no figure that holds another op's work, nor a share estimate
+        return LayerCpu(None, None, (), None, f"{int(why.notna().sum())} of its {len(ev)} traced ops not sampled "
+                                              f"apart: {_withheld_why(ev)}", withheld=True)
     its = oc.iterations or tuple(sorted(int(i) for i in ev["iteration"].dropna().unique()))
     per, wall = ev.groupby("iteration")["cpu_ns"].sum(), ev.groupby("iteration")["dur_ns"].sum()
     steps = tuple(float(per.get(i, 0.0)) / 1e6 for i in its)

@@ -28,7 +28,7 @@ def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
     if ops.empty:
         return ops
     by_owner = ops["source"].map(lambda s: bool(getattr(adapters.FORMATS.get(s), "OP_SPANS_MAY_OVERLAP", False)))
-    owned = by_owner & ops["op_event_id"].notna()
+    owned = by_owner & _owner_among(ops)
     keep = list(ops.index[by_owner & ~owned])
     spans = ops[~by_owner]
     for _, g in spans.sort_values(["start_ns", "dur_ns"], ascending=[True, False]).groupby(
@@ -42,6 +42,16 @@ def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
                 end = s + d
             # else: nested inside the current outermost op
     return ops.loc[sorted(keep)]
+
+
+def _owner_among(ops: pd.DataFrame) -> pd.Series:
+    """Whether each row's owner (``op_event_id``) is itself a row of ``ops``, of the same run (event ids are a
+    run's): a row whose owner was not passed in (a thunk in a control-flow thunk that names no canonical op) has
+    no owner here and is outermost."""
+    runs = ops["run"].astype(object).where(ops["run"].notna(), None) if "run" in ops else pd.Series(None, ops.index)
+    ids = {(r, int(e)) for r, e in zip(runs, ops["event_id"], strict=True) if pd.notna(e)}
+    return pd.Series([pd.notna(o) and (r, int(o)) in ids
+                      for r, o in zip(runs, ops["op_event_id"].astype("Int64"), strict=True)], index=ops.index)
 
 
 @dataclass
