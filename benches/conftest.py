@@ -26,7 +26,7 @@ BATCH_SIZES = (64, 256, 1024)
 # before any framework loads here, so that a step benchmark and its clean pass run with the same threads.
 # A variable already set is kept (as the runner's --threads would say it).
 # glibc reads timing.ALLOC_ENV's variables at a process's start only: this process applies them with mallopt
-# (those not already set), and its children inherit them.
+# (those not already set) and raises the mmap threshold as every worker does (timing.MMAP_THRESHOLD_RAISED).
 MALLOC = run_devices.malloc_settings(run_devices.keep_freed_memory())
 for _name, _value in run_devices.thread_env(run_devices.physical_cores()).items():
     os.environ.setdefault(_name, _value)

@@ -45,8 +45,17 @@ def _mallopt():
 # mallopt's parameters (glibc's malloc.h) and the values used here
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 GLIBC_DEFAULT_THRESHOLD = 128 << 10  # both thresholds' defaults
-KEPT_MMAP_THRESHOLD = 32 << 20  # the largest mmap threshold glibc takes on 64-bit (HEAP_MAX_SIZE / 2)
+KEPT_MMAP_THRESHOLD = 32 << 20  # the largest mmap threshold every glibc takes on 64-bit (HEAP_MAX_SIZE / 2)
 KEPT_TRIM_THRESHOLD = (1 << 31) - 1  # mallopt's int: no automatic trim
+
+
+def set_mmap_threshold(value: int) -> bool:
+    """glibc's mmap threshold of this process set to ``value`` with mallopt; whether glibc took it. An older
+    glibc refuses a value above 32 MiB (``do_set_mmap_threshold``: ``value <= HEAP_MAX_SIZE / 2``) and keeps the one
+    it had; 2.36 (the 2-core VM) took 64 and 256 MiB. Where ``MALLOC_MMAP_THRESHOLD_`` names such a value, a glibc that
+    refuses it runs with no fixed threshold at all, hence mallopt, after start, beside a 32 MiB variable."""
+    mallopt = _mallopt()
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, int(value)) == 1
 
 
 @contextlib.contextmanager

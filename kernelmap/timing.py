@@ -81,6 +81,16 @@ WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # process, set the same with mallopt (run.devices.keep_freed_memory).
 ALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
              "MALLOC_TOP_PAD_": str(256 << 20)}
+# ...and the mmap threshold raised with mallopt at the worker's start (heap.set_mmap_threshold; the step benchmarks'
+# process too) to a thread arena's whole heap (HEAP_MAX_SIZE, 64 MiB on 64-bit): at 32 MiB a block of 32-64 MiB
+# that a thread's heap had no room for was mapped fresh at each allocation and unmapped at its free (MXNet bs 512,
+# conv1's 49 MiB output and its gradients: 37,635 faults a step, CPU 154-155 ms; 64 MiB: 0-1,568 and 90-95 ms, 2
+# processes each, 2-core VM, docs/timing.md "Memory"). Where glibc refuses it (an older glibc), the 32 MiB variable
+# stays; the worker records which (``MMAP_THRESHOLD_SET``). Blocks above 64 MiB are mapped fresh in a thread arena
+# whatever the threshold (no heap holds them).
+MMAP_THRESHOLD_RAISED = 64 << 20
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"  # ALLOC_ENV's variable that the raise replaces
+MMAP_THRESHOLD_SET = "mmap_threshold_set"  # a worker result's threads field: the threshold mallopt set, else None
 CPU_SAMPLES = "cpu_step_times_s"  # a worker result's per-sample process CPU time (seconds per step)
 FAULT_SAMPLES = "minor_faults_per_step"  # a worker result's per-sample minor page faults of its process, per step
 MAIN_THREAD_SAMPLES = "main_thread_cpu_step_times_s"

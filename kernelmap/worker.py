@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelmap import contention, cpusampler, frameworks, rundir, stall, timing
+from kernelmap import contention, cpusampler, frameworks, heap, rundir, stall, timing
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
 from kernelmap.frameworks import dataparallel
@@ -92,7 +92,21 @@ def _progress(total: int, enabled: bool, desc: str):
 def _threads(workload) -> dict[str, Any]:
     """CPU thread settings this worker ran with: the environment the runner set, and the framework's own."""
     env = {k: os.environ.get(k) for k in (*timing.THREAD_ENV, *timing.WAIT_ENV, *timing.ALLOC_ENV)}
-    return {"env": env, "framework": workload.threads()}
+    return {"env": env, "framework": workload.threads(), timing.MMAP_THRESHOLD_SET: _MMAP_THRESHOLD[0]}
+
+
+_MMAP_THRESHOLD: list[int | None] = [None]  # the mmap threshold raise_mmap_threshold set, else None
+
+
+def raise_mmap_threshold(environ=os.environ) -> int | None:
+    """Where the runner gave this worker ``timing.ALLOC_ENV``'s mmap threshold, raise it to
+    ``timing.MMAP_THRESHOLD_RAISED`` with mallopt (``heap.set_mmap_threshold``); the threshold set, None where
+    glibc refused it or the variable is another's (kept)."""
+    name = timing.MMAP_THRESHOLD_ENV
+    if environ.get(name) != timing.ALLOC_ENV[name] or not heap.set_mmap_threshold(timing.MMAP_THRESHOLD_RAISED):
+        return None
+    _MMAP_THRESHOLD[0] = timing.MMAP_THRESHOLD_RAISED
+    return timing.MMAP_THRESHOLD_RAISED
 
 
 def _plan(workload, steps: int | None, epochs: int | None, warmup: int) -> tuple[int, np.ndarray]:
@@ -337,6 +351,7 @@ def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> i
 
 def main(argv: list[str] | None = None) -> int:
     stall.dump_stacks_on_signal()  # the runner's stall guard asks for every thread's stack (into our log)
+    raise_mmap_threshold()  # before any framework allocates
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])
     p.add_argument("--framework", required=True, choices=frameworks.FRAMEWORKS)
     p.add_argument("--pass", dest="pass_name", required=True, choices=PASSES)

@@ -37,13 +37,83 @@ def _keep(env: dict[str, str]) -> dict:
     return json.loads(proc.stdout)
 
 
+RAISED = {"MALLOC_MMAP_THRESHOLD_": timing.MMAP_THRESHOLD_RAISED}  # where glibc takes it (2.36 here)
+
+
 def test_the_benchmarks_process_sets_the_same_with_mallopt():
-    """The step benchmarks run in the pytest process, whose start glibc's variables missed: mallopt sets them;
-    one the user set is left as glibc read it."""
+    """The step benchmarks run in the pytest process, whose start glibc's variables missed: mallopt sets them, the
+    mmap threshold raised as every worker raises it; one the user set is left as glibc read it."""
     env = {k: v for k, v in os.environ.items() if k not in timing.ALLOC_ENV}
-    assert _keep(env) == {k: int(v) for k, v in timing.ALLOC_ENV.items()}
+    assert _keep(env) == {**{k: int(v) for k, v in timing.ALLOC_ENV.items()}, **RAISED}
     mine = dict(env, MALLOC_TOP_PAD_="0")
-    assert _keep(mine) == {k: int(v) for k, v in timing.ALLOC_ENV.items() if k != "MALLOC_TOP_PAD_"}
+    assert _keep(mine) == {**{k: int(v) for k, v in timing.ALLOC_ENV.items() if k != "MALLOC_TOP_PAD_"}, **RAISED}
+    theirs = dict(env, MALLOC_MMAP_THRESHOLD_="131072")  # another's threshold: kept, not raised
+    assert "MALLOC_MMAP_THRESHOLD_" not in _keep(theirs)
+
+
+def test_a_worker_raises_the_mmap_threshold_only_where_glibc_takes_it(monkeypatch):
+    """The runner's 32 MiB variable is raised to 64 MiB with mallopt (what an older glibc refuses in the variable);
+    refused, or another's threshold: left, and the worker's result says None."""
+    from kernelmap import heap, worker
+
+    ours = {"MALLOC_MMAP_THRESHOLD_": timing.ALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]}
+    asked = []
+    monkeypatch.setattr(heap, "set_mmap_threshold", lambda v: asked.append(v) or True)
+    monkeypatch.setattr(worker, "_MMAP_THRESHOLD", [None])
+    assert worker.raise_mmap_threshold({"MALLOC_MMAP_THRESHOLD_": "131072"}) is None and asked == []
+    assert worker.raise_mmap_threshold(ours) == timing.MMAP_THRESHOLD_RAISED == 64 << 20 and asked == [64 << 20]
+    monkeypatch.setattr(worker, "_MMAP_THRESHOLD", [None])
+    monkeypatch.setattr(heap, "set_mmap_threshold", lambda v: False)  # an older glibc
+    assert worker.raise_mmap_threshold(ours) is None and worker._MMAP_THRESHOLD == [None]
+
+
+def _faults_in_a_thread_heap(threshold: int | None) -> int:
+    """Minor faults of 5 rounds of malloc + touch + free of 33 MiB on a thread whose arena holds 40 MiB (a thread's
+    heap is 64 MiB: no room), in a process with ALLOC_ENV; ``threshold``: mallopt's raise first."""
+    code = f"""
+import ctypes, resource, threading
+from kernelmap import heap
+if {threshold!r} is not None:
+    assert heap.set_mmap_threshold({threshold!r})
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p; libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]; libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+out = []
+def run():
+    held = libc.malloc(40 << 20)
+    n = 33 << 20
+    p = libc.malloc(n); libc.memset(p, 1, n); libc.free(p)
+    r0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for _ in range(5):
+        p = libc.malloc(n); libc.memset(p, 1, n); libc.free(p)
+    out.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - r0)
+t = threading.Thread(target=run); t.start(); t.join()
+print(out[0])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          env={**os.environ, **timing.ALLOC_ENV})
+    return int(proc.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_block_a_thread_heap_has_no_room_for_is_mapped_fresh_below_the_raised_threshold():
+    """With ALLOC_ENV alone a 33 MiB block on a thread whose 64 MiB heap holds 40 MiB is mmapped and unmapped each
+    time: every page faulted again (8,449 a round of 8,448 pages); with the threshold raised to 64 MiB a second heap
+    keeps it (0)."""
+    assert _faults_in_a_thread_heap(None) >= 5 * (33 << 20) // 4096
+    assert _faults_in_a_thread_heap(timing.MMAP_THRESHOLD_RAISED) < 100
+
+
+def _mxnet_run(tmp_path, batch_size: int, trials: int):
+    """``kernelmap run`` of MXNet's clean pass on the CPU (20 steps); its run directory."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "mxnet", "--device", "cpu", "--profile", "none",
+         "--batch-size", str(batch_size), "--steps", "20", "--warmup", "5", "--trials", str(trials),
+         "--max-repeats", "0", "--data", "synthetic", "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
 
 
 @pytest.mark.mxnet
@@ -52,13 +122,7 @@ def test_mxnet_cpu_steps_fault_in_no_fresh_pages(tmp_path):
     (``timing.FAULT_SAMPLES``) stay near 0. Under the old environment (no ALLOC_ENV) 5 of 5 such processes faulted
     11,000-14,000 pages a step (a `kernelmap run` of 6 trials, 2026-11-27), and 2 of 14 processes of a script
     timing the same loop ran without."""
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernelmap.cli", "run", "--framework", "mxnet", "--device", "cpu", "--profile", "none",
-         "--batch-size", "256", "--steps", "20", "--warmup", "5", "--trials", "2", "--max-repeats", "0",
-         "--data", "synthetic", "--out", str(out), "--json"],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = _mxnet_run(tmp_path, 256, 2)
     for trial in (1, 2):
         result = json.loads((out / "mxnet" / "bs256" / f"clean-{trial}.json").read_text())
         assert {k: result["threads"]["env"][k] for k in timing.ALLOC_ENV} == timing.ALLOC_ENV
@@ -66,3 +130,14 @@ def test_mxnet_cpu_steps_fault_in_no_fresh_pages(tmp_path):
         assert len(faults) == len(result["step_times_s"]) == 2
         # a step's arrays are ~100 MB; 100 pages (400 KiB) a step is far below one array faulted in again
         assert float(np.median(faults)) < 100, (trial, faults)
+
+
+@pytest.mark.mxnet
+def test_mxnet_cpu_steps_at_bs_512_fault_in_no_fresh_pages(tmp_path):
+    """bs 512: conv1's output (and its ReLU's, and their gradients) is 49 MiB, above ALLOC_ENV's 32 MiB threshold;
+    with it alone every MXNet process faulted 37,635 pages a step (CPU 154-155 ms, 2 of 2 processes), with the
+    worker's raise to 64 MiB 0-1,568 (90-95 ms)."""
+    out = _mxnet_run(tmp_path, 512, 1)
+    result = json.loads((out / "mxnet" / "bs512" / "clean-1.json").read_text())
+    assert result["threads"][timing.MMAP_THRESHOLD_SET] == timing.MMAP_THRESHOLD_RAISED
+    assert float(np.median(result[timing.FAULT_SAMPLES])) < 2_000, result[timing.FAULT_SAMPLES]

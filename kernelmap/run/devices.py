@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, frameworks, gpuinfo, timing
+from .. import doctor, frameworks, gpuinfo, heap, timing
 from ..commlink import NCCL_LOG, NCCL_LOG_ENV
 from ..frameworks.registry import NsysWindow
 from ..frameworks.spec import Math
@@ -181,15 +181,19 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]
     for name, value in timing.ALLOC_ENV.items():
         if name not in environ and mallopt(MALLOPT_PARAMS[name], int(value)) == 1:
             done[name] = int(value)
+    threshold = timing.MMAP_THRESHOLD_ENV
+    if (environ.get(threshold) == timing.ALLOC_ENV[threshold] or threshold in done) and heap.set_mmap_threshold(
+            timing.MMAP_THRESHOLD_RAISED):  # as every worker raises it (timing.MMAP_THRESHOLD_RAISED)
+        done[threshold] = timing.MMAP_THRESHOLD_RAISED
     return done
 
 
 def malloc_settings(applied: Mapping[str, int], environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
-    """The glibc malloc settings of ``timing.ALLOC_ENV`` this process runs with: each variable's value from
-    ``environ`` (glibc read it at start), else the one ``keep_freed_memory`` applied (``applied``), else None
-    (glibc's default: its mmap threshold then moves with what the process frees)."""
-    return {name: environ.get(name) if name in environ else (str(applied[name]) if name in applied else None)
-            for name in timing.ALLOC_ENV}
+    """The glibc malloc settings of ``timing.ALLOC_ENV`` this process runs with: each the one ``keep_freed_memory``
+    applied (``applied``: the mmap threshold raised to ``timing.MMAP_THRESHOLD_RAISED`` where glibc took it), else
+    its value in ``environ`` (glibc read it at start), else None (glibc's default: its mmap threshold then moves
+    with what the process frees)."""
+    return {name: str(applied[name]) if name in applied else environ.get(name) for name in timing.ALLOC_ENV}
 
 
 def decide_devices(chosen: list[str], device: str, python: dict[str, str],
