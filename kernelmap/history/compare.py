@@ -410,8 +410,8 @@ def format_comparison(cmp: Comparison, stats: tuple[str, ...] = ("min", "mean", 
     malloc = [f"  {r['label']} ({r['base_run']} -> {r['new_run']}): {r['malloc']}"
               for _, r in cmp.table.iterrows() if isinstance(r["malloc"], str)]
     if malloc:
-        lines.append("\nmalloc settings differ between the two sides (docs/timing.md \"Memory\": MXNet's and PyTorch's CPU "
-                     "steps faulted fresh pages without them; the change is not the code's alone):")
+        lines.append("\nmalloc settings differ between the two sides (docs/timing.md \"Memory\": CPU steps faulted fresh "
+                     "pages without them; the change is not the code's alone):")
         lines.extend(malloc)
     if cmp.only_base:
         lines.append(f"\nonly in BASE: {', '.join(cmp.only_base)}")
