@@ -831,3 +831,21 @@ def test_cudnn_is_loaded_beside_the_header_the_tree_was_compiled_against(tmp_pat
     assert built.library_candidates(tree, "libcudnn.so.9", dirs) == [system / "libcudnn.so.9"]
     assert built.library_candidates(built.BuiltTree(tmp_path / "tree", {}), "libcudnn.so.9", dirs) == \
         [system / "libcudnn.so.9"]
+
+
+def test_a_tree_built_elsewhere_takes_pips_cudnn_before_the_systems(tmp_path):
+    """The fp16 tree was built on the 2-core VM: its build info names a cuDNN header of that VM, absent on the GPU
+    machine, where /usr/local/cuda-13.0/lib64 may hold a system cuDNN 9.14 first (the 2-GPU H200s). pip's
+    nvidia/cudnn/lib, the package the tree was compiled against, comes first; other libraries keep the order."""
+    system, pip_lib = tmp_path / "cuda-13.0" / "lib64", tmp_path / "site-packages" / "nvidia" / "cudnn" / "lib"
+    for d in (system, pip_lib):
+        d.mkdir(parents=True)
+    for f in (system / "libcudnn.so.9", system / "libcudart.so.13", pip_lib / "libcudnn.so.9"):
+        f.write_bytes(b"")
+    dirs = [system, pip_lib]
+    elsewhere = built.BuiltTree(tmp_path / "tree", {"cudnn_header": "/nowhere/nvidia/cudnn/include/cudnn.h"})
+    assert built.library_candidates(elsewhere, "libcudnn.so.9", dirs) == [pip_lib / "libcudnn.so.9",
+                                                                           system / "libcudnn.so.9"]
+    assert built.library_candidates(elsewhere, "libcudart.so.13", dirs) == [system / "libcudart.so.13"]
+    (pip_lib / "libcudnn.so.9").unlink()  # no pip cuDNN here: the system's, as before
+    assert built.library_candidates(elsewhere, "libcudnn.so.9", dirs) == [system / "libcudnn.so.9"]

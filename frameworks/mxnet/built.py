@@ -200,13 +200,18 @@ def library_candidates(tree: BuiltTree, soname: str, dirs: list[Path]) -> list[P
     the lib/ beside the cuDNN header the tree was compiled against (its build info's ``cudnn_header``). On the
     2-GPU H200s a system cuDNN 9.14 in /usr/local/cuda-13.0/lib64, the first of the build's recorded dirs, was
     loaded under a tree compiled against pip's cuDNN 9.19 (MXNet: "cuDNN lib mismatch: linked-against version
-    91400 != compiled-against version 91900"), and the workers crashed at their first GPU operator."""
+    91400 != compiled-against version 91900"), and the workers crashed at their first GPU operator. A tree built
+    on another machine (the 2-core VM's) names a header that is not here: then pip's cuDNN (``nvidia/cudnn/lib``,
+    the package it was compiled against) comes before the system's."""
     hits = [d / soname for d in dirs if (d / soname).exists()]
     header = tree.info.get("cudnn_header")
     if soname.startswith("libcudnn") and header:
         own = Path(header).parent.parent / "lib" / soname
         if own.exists():
             hits = [own] + [h for h in hits if h.resolve() != own.resolve()]
+        else:
+            pip = [h for h in hits if h.parent.parts[-3:] == ("nvidia", "cudnn", "lib")]
+            hits = pip + [h for h in hits if h not in pip]
     return hits
 
 
