@@ -90,13 +90,14 @@ def test_end_to_end_of_the_same_trials_above_the_step_passes(busy, tmp_path):
 # --- library call within its op ----------------------------------------------------------------
 def test_library_call_above_its_op_fails_on_the_busy_run(busy):
     rows = _rows(busy, C.Check.CALL_WITHIN_OP)
+    # per-step medians (fc2 backward's means, 183.3 above 164.5 ms, failed; its medians 202.9 and 214.1 do not)
     assert dict(rows["status"]) == {"conv1 fwd": C.PASS, "conv1 bwd": C.PASS, "conv2 fwd": C.PASS,
                                     "conv2 bwd": C.PASS, "fc1 fwd": C.PASS, "fc1 bwd": C.FAIL,
-                                    "fc2 fwd": C.PASS, "fc2 bwd": C.FAIL}
-    fc2 = rows.loc["fc2 bwd"]
-    assert (fc2["measured"], fc2["expected"]) == (pytest.approx(183.289589, rel=1e-6),
-                                                  pytest.approx(164.466796, rel=1e-6))
-    assert f"libs pass: BUSY: {BUSY_LIBS}, framework pass: BUSY: {BUSY_FRAMEWORK}" in fc2["detail"]
+                                    "fc2 fwd": C.PASS, "fc2 bwd": C.PASS}
+    fc1 = rows.loc["fc1 bwd"]
+    assert (fc1["measured"], fc1["expected"]) == (pytest.approx(191.575, rel=1e-6),
+                                                  pytest.approx(173.0675205, rel=1e-6))
+    assert f"libs pass: BUSY: {BUSY_LIBS}, framework pass: BUSY: {BUSY_FRAMEWORK}" in fc1["detail"]
 
 
 def test_library_call_above_its_op_fails_on_quiet_passes_beyond_their_intervals(busy, tmp_path):
