@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kernelmap.adapters import mxnet_profiler
-from reports.analyses.timed import outermost_ops
+from kernelmap.reports.analyses.timed import outermost_ops
 
 DATA = Path(__file__).parent / "data"
 GPU_TRACE = DATA / "gpu_mxnet_run" / "mxnet" / "bs64" / "trace.json.gz"  # real, H100, 20 steps
