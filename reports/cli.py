@@ -649,6 +649,7 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "checks_not_checked": int((checks["status"] == C.NOT_CHECKED).sum()),
         "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
         "check_causes": C.causes(checks), "contended": contended,
+        "check_lines": H.failure_lines(checks, C.FAIL, A.fw_label, C.Check.MATH_AS_ASKED),
         "contended_total": len(contended), "noise_lines": B.noise_statements(a.noise, a.step_noise),
         "csvs": csvs,
         "figures": figs,

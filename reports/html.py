@@ -55,10 +55,11 @@ def _empty(v: Any) -> bool:
 
 
 def table(df: pd.DataFrame, columns: dict[str, str] | None = None, cell_class: dict[str, str] | None = None,
-          raw: set[str] | None = None, compact: bool = False) -> str:
+          raw: set[str] | None = None, compact: bool = False, row_ids: list[str | None] | None = None) -> str:
     """DataFrame -> <table>. ``columns`` maps column -> header (and picks/orders them); ``raw``
     columns hold HTML already escaped by the caller. ``compact`` (wide tables): columns empty in
-    every row are left out, and list cells show a few cut names (``abbr_list``, full names in titles)."""
+    every row are left out, and list cells show a few cut names (``abbr_list``, full names in titles).
+    ``row_ids``: an id per row (None: none), for links to a row."""
     if df is None or df.empty:
         return ""
     columns = columns or {c: c for c in df.columns}
@@ -67,7 +68,7 @@ def table(df: pd.DataFrame, columns: dict[str, str] | None = None, cell_class: d
     raw = raw or set()
     head = "".join(f"<th>{html.escape(h)}</th>" for h in columns.values())
     body = []
-    for _, row in df.iterrows():
+    for i, (_, row) in enumerate(df.iterrows()):
         cells = []
         for c in columns:
             v = row.get(c)
@@ -75,7 +76,8 @@ def table(df: pd.DataFrame, columns: dict[str, str] | None = None, cell_class: d
                                                  else "")
             text = v if c in raw else abbr_list(v, 30, keep=3) if compact and isinstance(v, list | tuple) else fmt(v, c)
             cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+        rid = row_ids[i] if row_ids else None
+        body.append((f'<tr id="{html.escape(rid)}">' if rid else "<tr>") + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -207,7 +209,38 @@ def checks_tables(checks: pd.DataFrame, columns: dict[str, str], failed: str) ->
         return "", ""
     bad = checks[checks["status"] == failed]
     short = {c: h for c, h in columns.items() if c != "detail"}
-    return table(bad, short, cell_class={"status": "status"}), table(checks, columns, cell_class={"status": "status"})
+    first = ~bad["check"].duplicated()
+    ids = [failure_anchor(k) if f else None for k, f in zip(bad["check"], first, strict=True)]
+    return (table(bad, short, cell_class={"status": "status"}, row_ids=ids),
+            table(checks, columns, cell_class={"status": "status"}))
+
+
+def failure_anchor(check: str) -> str:
+    """The id of a failed check's first row in the page's short table of failures."""
+    return "fail-" + "-".join("".join(ch if ch.isalnum() else " " for ch in str(check).lower()).split())
+
+
+def failure_lines(checks: pd.DataFrame, failed: str, label, first: str | None = None) -> list[dict[str, Any]]:
+    """The banner's failed checks: one line per check (``first``, if it failed, then the table's order) with how
+    many rows failed and every failed row's subject (framework, batch size and what was checked; each named once),
+    linked to its first row in the short table of failures (``failure_anchor``)."""
+    if checks is None or checks.empty:
+        return []
+    bad = checks[checks["status"] == failed]
+    kinds = sorted(dict.fromkeys(bad["check"]), key=lambda k: k != first)
+    out = []
+    for kind in kinds:
+        g = bad[bad["check"] == kind]
+        one = g["subject"].nunique(dropna=False) == 1
+        who = [" ".join(x for x in (label(r["framework"]) if isinstance(r["framework"], str) else "",
+                                    f"bs {int(r['batch_size'])}" if pd.notna(r["batch_size"]) else "",
+                                    "" if one or pd.isna(r["subject"]) else str(r["subject"])) if x)
+               for _, r in g.iterrows()]
+        whole = ", ".join(dict.fromkeys(w for w in who if w))
+        common = str(g["subject"].iloc[0]) if one and pd.notna(g["subject"].iloc[0]) else ""
+        subjects = f"{whole} ({common})" if whole and common else whole or common
+        out.append({"check": str(kind), "rows": len(g), "subjects": subjects, "anchor": failure_anchor(kind)})
+    return out
 
 
 def busy_mark(ov: pd.DataFrame, passes: tuple[str, ...], label) -> tuple[bool | None, str]:

@@ -55,6 +55,41 @@ def test_the_banner_names_every_busy_figure(page):
         assert any(f"bs {r['batch_size']} {r['pass']} pass: BUSY" in i for i in items), (r["framework"], r["pass"])
 
 
+def test_the_banner_lists_every_failed_check_a_line_each_linked_to_its_row(page):
+    html = (page / "report.html").read_text()
+    banner = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S).group(1)
+    checks = pd.read_csv(page / "tables" / "self_checks.csv")
+    bad = checks[checks["status"] == "FAIL"]
+    lines = re.findall(r'<li><a href="#(fail-[a-z0-9-]+)">(.*?)</a> \((\d+)\): (.*?)</li>', banner)
+    assert len(bad) > 0 and len(lines) == bad["check"].nunique()
+    assert {(k, int(n)) for _, k, n, _ in lines} == {(k, len(g)) for k, g in bad.groupby("check")}
+    said = {k: who for _, k, _, who in lines}
+    for _, r in bad.iterrows():  # every failed row is named: its framework and batch size on its check's line
+        assert f"{report_cli.A.fw_label(r['framework'])} bs {int(r['batch_size'])}" in said[r["check"]], r.to_dict()
+    short = re.search(r'<section id="checks">(.*?)<details id="checks-all">', html, re.S).group(1)
+    for anchor, kind, _, _ in lines:  # the link goes to the check's first row in the short table of failures
+        assert re.search(rf'<tr id="{anchor}"><td>[^<]*</td><td>[^<]*</td><td[^>]*>[^<]*</td><td>{kind}</td>', short)
+    # the details are folded, not dropped
+    assert '<details><summary>Why (the first failed row of each check, in full)</summary>' in banner
+
+
+def test_banner_lines_put_a_math_failure_first_and_name_each_subject():
+    from kernelmap.reports import checks as C
+    from kernelmap.reports import html as H
+
+    rows = [C.check_row("r", "mxnet", 256, C.Check.CAPTURE_NOT_FASTER, "framework pass", 1, 2, C.FAIL, "d"),
+            C.check_row("r", "mxnet", 64, C.Check.CALL_WITHIN_OP, "fc2 fwd", 1, 2, C.FAIL, "d"),
+            C.check_row("r", "jax", 64, C.Check.CALL_WITHIN_OP, "conv1 bwd_data", 1, 2, C.FAIL, "d"),
+            C.check_row("r", "jax", 64, C.Check.CALLS, "conv1 fwd", 1, 1, C.PASS, "ok"),
+            C.check_row("r", "pytorch", 64, C.Check.MATH_AS_ASKED, "conv/linear products", "bf16", "fp32", C.FAIL, "d")]
+    lines = H.failure_lines(pd.DataFrame(rows, columns=C.COLUMNS), C.FAIL, report_cli.A.fw_label, C.Check.MATH_AS_ASKED)
+    assert [(x["check"], x["rows"], x["subjects"]) for x in lines] == [
+        (C.Check.MATH_AS_ASKED, 1, "PyTorch bs 64 (conv/linear products)"),
+        (C.Check.CAPTURE_NOT_FASTER, 1, "MXNet bs 256 (framework pass)"),
+        (C.Check.CALL_WITHIN_OP, 2, "MXNet bs 64 fc2 fwd, JAX bs 64 conv1 bwd_data")]
+    assert lines[1]["anchor"] == H.failure_anchor(C.Check.CAPTURE_NOT_FASTER) == "fail-capture-not-faster"
+
+
 def test_every_figure_says_whether_the_machine_was_busy(page):
     html = (page / "report.html").read_text()
     for stem in MARKED:
