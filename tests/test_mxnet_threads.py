@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
+from kernelmap.reports.analyses.timed import outermost_ops
 
 from kernelmap.adapters import mxnet_profiler
-from kernelmap.reports.analyses.timed import outermost_ops
 
 DATA = Path(__file__).parent / "data"
 GPU_TRACE = DATA / "gpu_mxnet_run" / "mxnet" / "bs64" / "trace.json.gz"  # real, H100, 20 steps
