@@ -128,8 +128,10 @@ def test_mxnet_cpu_steps_fault_in_no_fresh_pages(tmp_path):
         assert {k: result["threads"]["env"][k] for k in timing.ALLOC_ENV} == timing.ALLOC_ENV
         faults = result[timing.FAULT_SAMPLES]
         assert len(faults) == len(result["step_times_s"]) == 2
-        # a step's arrays are ~100 MB; 100 pages (400 KiB) a step is far below one array faulted in again
-        assert float(np.median(faults)) < 100, (trial, faults)
+        # a step's arrays are ~100 MB (25,000 pages); 2,500 pages (10 MB) a step is far below them faulted in again
+        # and below the old environment's 11,000-14,000; under the full suite one block read 313.6 (a median of
+        # [0.1, 313.6] failed the first bound of 100)
+        assert float(np.median(faults)) < 2500, (trial, faults)
 
 
 @pytest.mark.mxnet
