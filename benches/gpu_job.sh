@@ -31,13 +31,13 @@
 #              kernelmap run --custom-op; fc1's kernels beside the run phase's built-in ones (custom_op_compare.py)
 #   report     kernelmap report --strict on the run (exit 4: a self-check failed)
 #   links      benches/link_summary.py: library-kernel time linked to its call per case and source
-#   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
-#              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate
 #   graph      benches/graph_vs_bare.py: the cuda-graph clean step against the bare replay (needs bare)
 #   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu) in SWEEP_SHARDS shards side by side (default 1;
 #              shard k on GPU (k-1) mod the GPUs), their rows merged into sweep.md
 #   tests      the GPU tests (pytest -m gpu, TESTS_K: its -k) of TESTS_DIR (default the checkout's tests/) against
 #              the installed package
+#   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
+#              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate
 #   commands   CMDS: shell command lines separated by ' ;; ' (e.g. kernelmap parity ...), one after another from /tmp
 #              (not with the tree's PYTHONPATH: its numpy 1.26 broke JAX's import; MXNet finds the tree through
 #              KERNELMAP_MXNET_HOME), each one's output in cmd-I.log and its exit status printed
@@ -57,7 +57,7 @@
 set -uo pipefail
 export KERNELMAP_MXNET_HOME=${KERNELMAP_MXNET_HOME:-/tmp/mxhome} PYTHONUNBUFFERED=1
 MXPARTS=${KERNELMAP_MXPARTS:-/tmp/mxparts}; kit=${MX_KIT:-.mxtree}
-ALL="bare mxnet smoke reference run bench repeats harness custom-op report links findings graph sweep tests commands fixture"
+ALL="bare mxnet smoke reference run bench repeats harness custom-op report links graph sweep tests findings commands fixture"
 phases=${PHASES:-bare mxnet run report links}
 nsys=0  # nsys for the phases past the bare loops, the tree and its smoke
 for p in $phases; do
@@ -315,12 +315,6 @@ if want links; then stamp "links"
   python3 "$repo/benches/link_summary.py" "${linked[@]}" --json "$out/link_summary.json" >"$out/link_summary.txt" 2>&1
   echo "link summary exit $?"; head -n 40 "$out/link_summary.txt"
 fi
-if want findings; then f=${runs[${FINDINGS_SET:-0}]}; stamp "findings $f"  # run the findings' remedies again
-  # shellcheck disable=SC2086  # word-split on purpose: kernelmap findings' arguments
-  python3 -m kernelmap.cli findings "$f" ${FINDINGS_ARGS:---batch-size 1024 --check-remedies 3} --check-out /tmp/gpu-job-checks \
-    --check-csv "$out/findings-checks.csv" >"$out/findings.txt" 2>&1
-  echo "findings exit $?"; tail -n 40 "$out/findings.txt"
-fi
 if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
   python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$run"
 fi
@@ -342,6 +336,12 @@ if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the 
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider -c /dev/null --import-mode=append "${k[@]}" -rfs \
     --continue-on-collection-errors \
     "${TESTS_DIR:-$repo/tests}" >"$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -n 15 "$out/gpu_tests.log"
+fi
+if want findings; then f=${runs[${FINDINGS_SET:-0}]}; stamp "findings $f"  # run the findings' remedies again
+  # shellcheck disable=SC2086  # word-split on purpose: kernelmap findings' arguments
+  python3 -m kernelmap.cli findings "$f" ${FINDINGS_ARGS:---batch-size 1024 --check-remedies 3} --check-out /tmp/gpu-job-checks \
+    --check-csv "$out/findings-checks.csv" >"$out/findings.txt" 2>&1
+  echo "findings exit $?"; tail -n 40 "$out/findings.txt"
 fi
 if want commands; then stamp "commands"
   i=0; while IFS= read -r c; do [ -n "${c// }" ] || continue; i=$((i+1)); stamp "command $i: $c"
