@@ -230,9 +230,12 @@ elif want run; then stamp "run"
 fi
 if want run; then stamp "pack"  # each run's small files: records, attribution, results, logs, worker json
   for r in "${runs[@]}"; do [ -d "$r" ] || continue
-    (cd "$r" && tar cJf "$out/run$(sfx "$r").tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
+    # the traces too where normalise did not write records.parquet (they are then the only way to read the run
+    # again), and always those of several-device cases (issue 39's fixtures); each rank's folder of those
+    (cd "$r" && traces=(./*-x*/bs*/trace.json.gz ./*-x*/bs*/*.hlo.txt.gz) && \
+     { [ -f records.parquet ] || traces=(./*/bs*/trace.json.gz ./*/bs*/*.hlo.txt.gz); } && tar cJf "$out/run$(sfx "$r").tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' manifest.json results.json \
        parity-*.json records.parquet attribution.json logs ./*/bs*/*.json ./*/bs*/*.log ./*/bs*/counters/ncu.csv ./*/bs*/counters/ncu.log \
-       2>/dev/null)
+       ./*/bs*/rank*/*.json ./*/bs*/rank*/*.log ./*/bs*/rank*/trace.json.gz "${traces[@]}" 2>/dev/null)
   done
 fi
 if want bench; then stamp "step benchmarks"
