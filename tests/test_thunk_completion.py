@@ -354,3 +354,22 @@ def test_a_thunk_whose_owner_is_not_passed_in_stays_outermost(case):
     assert inner not in outermost_ops(nested).index  # its owner among the rows: nested
     alone = outermost_ops(nested.drop(index=owner))
     assert inner in alone.index and len(alone) == len(ops) - 1
+
+
+def test_a_thunk_whose_grandparent_is_passed_in_is_not_counted_twice(case):
+    """Owner chain: grandparent (passed) -> a control-flow thunk (no canonical op: left out) -> inner. Without
+    the chain the inner thunk looked outermost beside its grandparent, and both were counted; with the records
+    as the chain it is the grandparent's."""
+    bs, df, ev, pairs = case
+    ops = df[df["kind"].eq("op")].sort_values("start_ns")
+    grand, middle, inner = ops.index[0], ops.index[1], ops.index[2]
+    chained = ops.copy()
+    chained.loc[middle, "op_event_id"] = chained.loc[grand, "event_id"]
+    chained.loc[inner, "op_event_id"] = chained.loc[middle, "event_id"]
+    passed = chained.drop(index=middle)  # the middle names no canonical op: callers leave it out
+    assert inner in outermost_ops(passed).index  # the chain broken: both counted (the old behaviour)
+    outer = outermost_ops(passed, chained)
+    assert grand in outer.index and inner not in outer.index and len(outer) == len(passed) - 1
+    unowned = chained.copy()
+    unowned.loc[middle, "op_event_id"] = pd.NA  # the middle in no op: inner outermost again
+    assert inner in outermost_ops(passed, unowned).index

@@ -106,7 +106,7 @@ def timed_rows(records: pd.DataFrame, source: str | None = None) -> tuple[str, s
             rows = srows[(srows["kind"] == level) & srows["dur_ns"].notna()]
             if len(rows):
                 rows = fill_from_links(rows, srows)
-                return src, level, outermost_ops(rows) if level == LEVEL_OP else rows
+                return src, level, outermost_ops(rows, srows) if level == LEVEL_OP else rows
     present = sorted(map(str, records["source"].dropna().unique()))
     raise KernelmapError(f"no timed kernels or ops in {'source ' + source if source else 'any trace'} "
                          f"(sources here: {', '.join(present) or 'none'})")

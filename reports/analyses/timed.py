@@ -21,14 +21,16 @@ def records_of(run: Run) -> pd.DataFrame:
     return rec if "case" in rec.columns else with_case_column(rec)
 
 
-def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
+def outermost_ops(ops: pd.DataFrame, chain: pd.DataFrame | None = None) -> pd.DataFrame:
     """Keep op rows not contained in another op row of the same (pid, tid). A source whose op spans may
     reach past other ops of their thread (its adapter's ``OP_SPANS_MAY_OVERLAP``: XLA's asynchronous CPU
-    thunks, timed to their completion) says nesting itself: its rows that no other op owns (``op_event_id``)."""
+    thunks, timed to their completion) says nesting itself: its rows that no other op row owns (``op_event_id``),
+    directly or through owners left out of ``ops`` (a control-flow thunk that names no canonical op), whose own
+    owners ``chain`` (the source's records; default ``ops``) gives."""
     if ops.empty:
         return ops
     by_owner = ops["source"].map(lambda s: bool(getattr(adapters.FORMATS.get(s), "OP_SPANS_MAY_OVERLAP", False)))
-    owned = by_owner & _owner_among(ops)
+    owned = by_owner & _owner_among(ops, ops if chain is None else chain)
     keep = list(ops.index[by_owner & ~owned])
     spans = ops[~by_owner]
     for _, g in spans.sort_values(["start_ns", "dur_ns"], ascending=[True, False]).groupby(
@@ -44,14 +46,33 @@ def outermost_ops(ops: pd.DataFrame) -> pd.DataFrame:
     return ops.loc[sorted(keep)]
 
 
-def _owner_among(ops: pd.DataFrame) -> pd.Series:
-    """Whether each row's owner (``op_event_id``) is itself a row of ``ops``, of the same run (event ids are a
-    run's): a row whose owner was not passed in (a thunk in a control-flow thunk that names no canonical op) has
-    no owner here and is outermost."""
-    runs = ops["run"].astype(object).where(ops["run"].notna(), None) if "run" in ops else pd.Series(None, ops.index)
+def _owner_among(ops: pd.DataFrame, chain: pd.DataFrame) -> pd.Series:
+    """Whether some owner up each row's chain (``op_event_id``, then that owner's own, as ``chain`` and ``ops``
+    give them) is itself a row of ``ops``, of the same run (event ids are a run's): a row whose owners were none
+    of them passed in (a thunk in a control-flow thunk that names no canonical op, itself in no op) is
+    outermost; one whose grandparent was passed in is that grandparent's (else both would count)."""
+    def run_of(df: pd.DataFrame) -> pd.Series:
+        return df["run"].astype(object).where(df["run"].notna(), None) if "run" in df else pd.Series(None, df.index)
+
+    runs = run_of(ops)
     ids = {(r, int(e)) for r, e in zip(runs, ops["event_id"], strict=True) if pd.notna(e)}
-    return pd.Series([pd.notna(o) and (r, int(o)) in ids
-                      for r, o in zip(runs, ops["op_event_id"].astype("Int64"), strict=True)], index=ops.index)
+    up: dict[tuple, int] = {}  # (run, event id) -> its owner's event id
+    for df in (chain, ops):
+        for r, e, o in zip(run_of(df), df["event_id"], df["op_event_id"].astype("Int64"), strict=True):
+            if pd.notna(e) and pd.notna(o):
+                up[(r, int(e))] = int(o)
+
+    def owned(r, o) -> bool:
+        seen = set()
+        while pd.notna(o) and (r, int(o)) not in seen:
+            if (r, int(o)) in ids:
+                return True
+            seen.add((r, int(o)))
+            o = up.get((r, int(o)))
+        return False
+
+    return pd.Series([owned(r, o) for r, o in zip(runs, ops["op_event_id"].astype("Int64"), strict=True)],
+                     index=ops.index)
 
 
 @dataclass
@@ -155,7 +176,7 @@ def _timed_events(run: Run) -> list[Timed]:
         srows = g[g["source"] == src]
         rows = fill_from_links(rows, srows)
         if level == "op":
-            rows = outermost_ops(rows[rows["canonical_op"].notna()])
+            rows = outermost_ops(rows[rows["canonical_op"].notna()], srows)
         steps = srows[srows["kind"] == "step"]["dur_ns"].dropna()
         n, basis = _n_steps(rows, run, str(fw), bs_v, src)
         its = _counted_iterations(rows)

@@ -43,7 +43,7 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
         host = set(ops["pid"].dropna())
         ph = ph[ph["pid"].isna() | ph["pid"].isin(host)] if host and ph["pid"].isin(host).any() else ph
         parts.append(ph.assign(lane="phase", derived=False))
-        outer = outermost_ops(ops[ops["canonical_op"].notna()]).index
+        outer = outermost_ops(ops[ops["canonical_op"].notna()], src).index
         parts.append(ops.assign(lane="op", derived=False, outermost=ops.index.isin(outer)))
         calls = src[src["kind"] == "library_call"].assign(lane="library_call", derived=False)
         kernels = src[src["kind"].isin(["kernel", "memcpy", "memset"])].assign(lane="kernel", derived=False)
