@@ -158,8 +158,9 @@ def mark_copies(df: pd.DataFrame) -> pd.DataFrame:
         return df
     cand = (df["devices"].fillna(1) > 1).to_numpy()  # a case on one device has none: no string looked at
     if cand.any():
-        cand &= (S.eq(df["kind"], "op") & S.eq(df["phase"], OPTIMIZER_PHASE)
-                 & S.isin(df["op_name"], {c for _, c in copies}))
+        # a new array: to_numpy() may hand out pandas' own, read-only under copy-on-write (pandas 3's default)
+        cand = cand & (S.eq(df["kind"], "op") & S.eq(df["phase"], OPTIMIZER_PHASE)
+                       & S.isin(df["op_name"], {c for _, c in copies}))
     rows = np.flatnonzero(cand)
     if not len(rows):
         return df

@@ -111,7 +111,7 @@ def _case_rows(case: CaseFrame) -> list[dict]:
         # the rank's rows and the rows that name no rank (a process's step regions), in the traces of its
         # communication (a rank's own trace; the one trace of a process that drives every device)
         sel = np.ones(len(df), dtype=bool) if r is None else ((df["rank"] == r).fillna(False) | df["rank"].isna()).to_numpy()
-        sel &= df["source_file"].isin(df.loc[sel & comm_mask, "source_file"].unique()).to_numpy()
+        sel = sel & df["source_file"].isin(df.loc[sel & comm_mask, "source_file"].unique()).to_numpy()
         mine, comm_all, work = df[sel], comm_mask[sel], work_all[sel]
         steps = _steps(mine)
         for it, (s0, s1) in steps.items():
