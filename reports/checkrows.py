@@ -50,6 +50,7 @@ class Check(enum.StrEnum):
     COMM_INDEPENDENT = "exposed communication against the step without reduction"
     SCALING = "scaling efficiency against one device"
     RANK_TIMELINE = "merged timeline's steps as the communication figures'"  # reports/commchecks.py
+    RANKS_TRACED = "every rank traced"  # reports/commchecks.py
     COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
     COUNTER_MATH = "log math vs counter math"
     COUNTERS_BUDGET = "counters pass within budget"

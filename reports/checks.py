@@ -547,6 +547,8 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
                              + ", ".join(c.value for c in (Check.CALLS, Check.TRACED_STEPS, Check.TIME_WITHIN_STEP,
                                                            Check.LAYERS_WITHIN_STEP, Check.LAYER_VS_BATCH))
                              + " not checked"))
+            if any((field_at(r, "devices") or 1) > 1 for r in run.results):
+                rows += comm_checks(run, comm)  # issue 39: scaling and each rank's captures need no records
             continue
         rows += math_checks(run)  # issue 38: first among the record checks, so the page's banner names it
         rows += counter_checks(run)  # issue 38: only for a run with a counters pass

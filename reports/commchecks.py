@@ -12,6 +12,10 @@ case and check:
   with ``--profile comm``, the traces' exposed communication (median over the traced steps) within
   ``comm.AGREEMENT`` (5%) of the clean pass's median step less the same step without the gradients' reduction
   (``comm.independent``), for every rank and trace source; not checked where the case has no such pass.
+- ``every rank traced``: a case of a framework that runs a process per device (``DataParallel.processes``: each rank
+  writes its own trace, rank r > 0 in ``rank<r>/``) whose framework pass ran has traced steps of every rank 0..N-1
+  in the records; else its figures are those of the ranks present only, not the case's: FAIL, naming each absent
+  rank's folder or what it holds (a copy that left ``rank<r>/`` out, a trace not written, no records.parquet).
 - ``merged timeline's steps as the communication figures'`` (``analyses/ranks.py``): every step the merged timeline
   of the ranks draws spans exactly (to the ns) the interval ``comm.per_step`` measured for that rank and step (a rank
   drawn shifted, or a step drawn that the figures lack: FAIL).
@@ -22,11 +26,14 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from kernelmap.frameworks.dataparallel import NO_REDUCTION
+from kernelmap.frameworks.dataparallel import NO_REDUCTION, rank_dir
+
+from kernelmap import frameworks
+from kernelmap.worker import FRAMEWORK_PASS
 
 from .analyses import commfigures as CF
 from .analyses import scaling as SC
-from .analyses.base import BUSY, Run
+from .analyses.base import BUSY, Run, field_at, passes_of
 from .analyses.comm import AGREEMENT, INDEPENDENT_COLUMNS
 from .analyses.ranks import step_mismatches
 from .checkrows import FAIL, NOT_CHECKED, PASS, Check, check_row
@@ -124,6 +131,44 @@ def scaling_checks(run_name: str, table: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def _absent_rank(run: Run, case: str, r: int) -> str:
+    """What of rank ``r``'s captures of ``case`` (its folder, relative to the run) is on disk, for a FAIL's detail."""
+    folder = rank_dir(run.path / case, r)
+    rel = folder.relative_to(run.path)
+    if not folder.is_dir():
+        return f"rank {r}: no {rel}/ (its captures are absent from this run directory)"
+    held = sorted(p.name for p in folder.iterdir() if p.is_file())
+    return (f"rank {r}: no traced step in the records ({rel}/ holds {', '.join(held[:6]) or 'no file'}"
+            f"{' ...' if len(held) > 6 else ''})")
+
+
+def rank_checks(run: Run, steps: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """``every rank traced`` (module docstring) per multi-device case of ``run``; ``steps``: ``comm.per_step`` of
+    its records (None: no records)."""
+    rows: list[dict[str, Any]] = []
+    for r in run.results:
+        n, fw, case = int(field_at(r, "devices") or 1), field_at(r, "framework"), str(field_at(r, "dir"))
+        d = frameworks.REGISTRY.get(fw)
+        dp = None if d is None else d.data_parallel
+        traced = passes_of(r).get(FRAMEWORK_PASS)
+        if n < 2 or dp is None or not dp.processes or traced is None or field_at(traced, "skipped") is not None:
+            continue  # one process drives every device (its one trace holds them all), or no framework pass
+        have = set() if steps is None else {int(x) for x in steps.loc[steps["run"] == case, "rank"].dropna()}
+        missing = [k for k in range(n) if k not in have]
+        said = ", ".join(str(k) for k in sorted(have)) or "none"
+        if not missing:
+            rows.append(check_row(run.name, fw, field_at(r, "batch_size"), Check.RANKS_TRACED, case,
+                                  f"ranks 0-{n - 1}", said, PASS, f"traced steps of each of the {n} ranks"))
+            continue
+        why = "; ".join(_absent_rank(run, case, k) for k in missing)
+        if run.records is None:
+            why = f"no records.parquet (run `kernelmap normalise` on {run.name}); {why}"
+        rows.append(check_row(run.name, fw, field_at(r, "batch_size"), Check.RANKS_TRACED, case, f"ranks 0-{n - 1}",
+                              said, FAIL, why + (f"; this case's communication figures are rank {said}'s only, not "
+                                                 "the case's" if have else "; no communication figure of this case")))
+    return rows
+
+
 def timeline_checks(run_name: str, timeline, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """The merged timeline's check per case it draws (``ranks.rank_timeline``'s ``timeline`` against ``steps``,
     ``comm.per_step`` of the same records): no ``ranks.step_mismatches``."""
@@ -152,13 +197,15 @@ def comm_checks(run: Run, figures: CF.CommFigures | None = None) -> list[dict[st
         rows += timeline_checks(run.name, figures.timelines[run.name], steps)
     multi = any((r.get("devices") or 1) > 1 for r in run.results)
     if multi and not rows:
-        rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,
-                          "no capture pass traced the multi-device cases' steps (--profile framework or comm)")
+        why = ("no capture pass traced the multi-device cases' steps (--profile framework or comm)"
+               if run.records is not None else f"no records.parquet (run `kernelmap normalise` on {run.name})")
+        rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
                 for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.RANK_TIMELINE)]
     if multi:
         table = figures.independent.get(run.name, pd.DataFrame(columns=INDEPENDENT_COLUMNS[1:]))
         scaled = figures.scaling[figures.scaling["run"] == run.name]
-        return (rows + independent_checks(run.name, table, run.results) + scaling_checks(run.name, scaled))
+        return (rows + rank_checks(run, steps) + independent_checks(run.name, table, run.results)
+                + scaling_checks(run.name, scaled))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
             for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.COMM_INDEPENDENT, Check.SCALING, Check.RANK_TIMELINE)]
