@@ -161,6 +161,9 @@ def rank_checks(run: Run, steps: pd.DataFrame | None) -> list[dict[str, Any]]:
                                   f"ranks 0-{n - 1}", said, PASS, f"traced steps of each of the {n} ranks"))
             continue
         why = "; ".join(_absent_rank(run, case, k) for k in missing)
+        gone = [f for f in field_at(r, "files", default=[]) or [] if not (run.path / str(f)).exists()]
+        if gone:  # what the run wrote (results.json's list of the case's files) and this directory lacks
+            why += f"; results.json lists {len(gone)} file(s) of the case absent here: {', '.join(map(str, gone[:4]))}"
         if run.records is None:
             why = f"no records.parquet (run `kernelmap normalise` on {run.name}); {why}"
         rows.append(check_row(run.name, fw, field_at(r, "batch_size"), Check.RANKS_TRACED, case, f"ranks 0-{n - 1}",

@@ -59,5 +59,6 @@ def test_no_trace_and_no_records_still_checks_ranks_and_scaling(tmp_path):
     assert len(got) == 1 and got[0]["status"] == FAIL and got[0]["measured"] == "none"
     assert got[0]["detail"].startswith("no records.parquet (run `kernelmap normalise` on run)")
     assert "no communication figure of this case" in got[0]["detail"]
+    assert f"results.json lists 1 file(s) of the case absent here: {CASE}/trace.json.gz" in got[0]["detail"]
     scaling = [r for r in rows if r["check"] == Check.SCALING.value]
     assert {r["subject"] for r in scaling} == {"pytorch-x2/bs32", "mxnet-x2/bs32", "jax-x2/bs32"}
