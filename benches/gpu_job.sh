@@ -33,7 +33,8 @@
 #   links      benches/link_summary.py: library-kernel time linked to its call per case and source
 #   graph      benches/graph_vs_bare.py: the cuda-graph clean step against the bare replay (needs bare)
 #   sweep      benches/option_sweep.py $SWEEP_ARGS (default --device gpu) in SWEEP_SHARDS shards side by side (default 1;
-#              shard k on GPU (k-1) mod the GPUs), their rows merged into sweep.md
+#              shard k on GPU (k-1) mod the GPUs), their rows merged into sweep.md; SWEEP_GPUS (e.g. "3" or "2,3"):
+#              the shards start with the run sets, on those GPUs only (keep them apart from the sets' GPUs)
 #   tests      the GPU tests (pytest -m gpu, TESTS_K: its -k) of TESTS_DIR (default the checkout's tests/) against
 #              the installed package
 #   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
@@ -201,6 +202,23 @@ km_run() {  # km_run DIR NAME ARGS...: one kernelmap run into DIR, its output as
   local d=$1 n=$2; shift 2; rm -rf "$d"
   python3 -m kernelmap.cli run "$@" --data "$data" --out "$d" --json >"$out/$n.json" 2>"$out/$n.err"
 }
+gpu_count() { local g; g=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$g" -gt 0 ] && echo "$g" || echo 1; }
+sweep_started=""; sweep_pids=()
+sweep_start() {  # sweep_start "GPUS": the option sweep's SWEEP_SHARDS shards in the background, shard k on the
+  local gl k n=${SWEEP_SHARDS:-1} real=()  # ((k-1) mod count)-th of GPUS, each its own rows and logs
+  read -ra gl <<<"$1"; [ -n "${DATA_DIR:-}" ] && real=(--real-dir "$data"); sweep_started=1
+  stamp "sweep: $n shards on GPUs ${gl[*]}"
+  for k in $(seq 1 "$n"); do
+    # shellcheck disable=SC2086
+    (CUDA_VISIBLE_DEVICES=${gl[$(( (k - 1) % ${#gl[@]} ))]} python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} \
+       "${real[@]}" --shard "$k/$n" --out "$out/sweep-$k" >"$out/sweep-$k.md" 2>"$out/sweep-$k.err"
+     rc=$?; echo "[$(( $(date +%s) - t0 )) s] sweep shard $k/$n exit $rc"; tail -n 3 "$out/sweep-$k.err") &
+    sweep_pids+=($!)
+  done
+}
+# SWEEP_GPUS: the sweep starts with the run sets on these GPUs (none of the side-by-side sets' GPUs); a set alone
+# (--devices) waits for it
+want sweep && want run && [ -n "${SWEEP_GPUS:-}" ] && sweep_start "${SWEEP_GPUS//,/ }"
 if want run && [ -n "${RUN_SETS:-}" ]; then stamp "run sets"
   IFS=';' read -ra sets <<<"$RUN_SETS"; runs=(); alone=(); declare -A lane=()  # lane: GPUs -> its sets, in order
   for i in "${!sets[@]}"; do
@@ -321,17 +339,10 @@ fi
 if want graph; then stamp "graph"  # needs bare and a run with --mode cuda-graph (or all)
   python3 "$repo/benches/graph_vs_bare.py" compare "$out" "$run"
 fi
-if want sweep; then n=${SWEEP_SHARDS:-1}; gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$gpus" -gt 0 ] || gpus=1; stamp "sweep: $n shards on $gpus GPUs"
-  real=(); [ -n "${DATA_DIR:-}" ] && real=(--real-dir "$data")
-  for k in $(seq 1 "$n"); do  # shard k on GPU (k-1) mod the GPUs, side by side, each its own rows and logs
-    # shellcheck disable=SC2086
-    (CUDA_VISIBLE_DEVICES=$(( (k - 1) % gpus )) python3 "$repo/benches/option_sweep.py" ${SWEEP_ARGS:---device gpu} \
-       "${real[@]}" --shard "$k/$n" --out "$out/sweep-$k" >"$out/sweep-$k.md" 2>"$out/sweep-$k.err"
-     rc=$?; echo "[$(( $(date +%s) - t0 )) s] sweep shard $k/$n exit $rc"; tail -n 3 "$out/sweep-$k.err") &
-  done
-  wait
-  python3 "$repo/benches/option_sweep.py" --table $(seq -f "$out/sweep-%g" 1 "$n") >"$out/sweep.md"; echo "sweep table exit $?"
-  tail -n 2 "$out/sweep.md"; grep -hE "FAIL|blocked|held by other processes" "$out"/sweep-*.err | head -n 20
+if want sweep; then [ -z "$sweep_started" ] && sweep_start "$(seq -s " " 0 $(( $(gpu_count) - 1 )))"
+  wait "${sweep_pids[@]}"
+  python3 "$repo/benches/option_sweep.py" --table $(seq -f "$out/sweep-%g" 1 "${SWEEP_SHARDS:-1}") >"$out/sweep.md"
+  echo "sweep table exit $?"; tail -n 2 "$out/sweep.md"; grep -hE "FAIL|blocked|held by other processes" "$out"/sweep-*.err | head -n 20
 fi
 if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the tests (.gpuhead has none)
   k=(); [ -n "${TESTS_K:-}" ] && k=(-k "$TESTS_K")

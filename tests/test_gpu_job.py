@@ -174,3 +174,30 @@ def test_commands_run_one_after_another_each_its_log_and_exit_status(tmp_path):
         "command 1 exit 0", "command 2 exit 3", "command 3 exit 0"], proc.stdout
     proc, _ = _job(tmp_path, "job", PHASES="commands")
     assert proc.returncode == 2 and "the commands phase needs CMDS" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_sweep_gpus_start_the_sweep_beside_the_run_sets_and_a_set_alone_waits_for_it(tmp_path):
+    """SWEEP_GPUS=3: both shards on GPU 3, started with the side-by-side run sets (the @0 set starts before a shard
+    ends), and the --devices set alone (every GPU) starts only after both shards ended."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "python3.log"
+    (bin_dir / "python3").write_text(
+        f'#!/bin/sh\necho "start GPU=$CUDA_VISIBLE_DEVICES $@" >>"{log}"\n'
+        f'case "$*" in *option_sweep.py*--shard*) sleep 1; echo "end shard" >>"{log}";; esac\nexit 0\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out"),
+           "PHASES": "run sweep", "RUN_SETS": "@0 --framework pytorch;--framework all --devices 2",
+           "SWEEP_SHARDS": "2", "SWEEP_GPUS": "3", "KERNELMAP_MXNET_HOME": str(tmp_path / "mxhome")}
+    (tmp_path / "checkout").mkdir()
+    proc = subprocess.run(["bash", str(SCRIPT), "job"], cwd=tmp_path / "checkout", env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = log.read_text().splitlines()
+    shards = [x for x in lines if "option_sweep.py" in x and "--shard" in x]
+    assert [x.split()[1] for x in shards] == ["GPU=3", "GPU=3"]
+    first_run = next(i for i, x in enumerate(lines) if "kernelmap.cli run" in x and "--framework pytorch" in x)
+    alone = next(i for i, x in enumerate(lines) if "kernelmap.cli run" in x and "--devices 2" in x)
+    ends = [i for i, x in enumerate(lines) if x == "end shard"]
+    assert len(ends) == 2 and first_run < min(ends) and alone > max(ends)
+    assert sum("--table" in x for x in lines) == 1  # the sweep phase merged the shards it did not start again
