@@ -38,7 +38,7 @@
 #   tests      the GPU tests (pytest -m gpu, TESTS_K: its -k) of TESTS_DIR (default the checkout's tests/) against
 #              the installed package
 #   findings   kernelmap findings on run set FINDINGS_SET (default 0) with FINDINGS_ARGS (default --batch-size 1024
-#              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate
+#              --check-remedies 3): the findings' remedies run again on this GPU, their hit rate (FINDINGS_TIMEOUT s, default 900)
 #   commands   CMDS: shell command lines separated by ' ;; ' (e.g. kernelmap parity ...), one after another from /tmp
 #              (not with the tree's PYTHONPATH: its numpy 1.26 broke JAX's import; MXNet finds the tree through
 #              KERNELMAP_MXNET_HOME), each one's output in cmd-I.log and its exit status printed
@@ -353,7 +353,7 @@ if want tests; then stamp "gpu tests ${TESTS_K:+-k $TESTS_K}"  # TESTS_DIR: the 
 fi
 if want findings; then f=${runs[${FINDINGS_SET:-0}]}; stamp "findings $f"  # run the findings' remedies again
   # shellcheck disable=SC2086  # word-split on purpose: kernelmap findings' arguments
-  python3 -m kernelmap.cli findings "$f" ${FINDINGS_ARGS:---batch-size 1024 --check-remedies 3} --check-out /tmp/gpu-job-checks \
+  timeout "${FINDINGS_TIMEOUT:-900}" python3 -m kernelmap.cli findings "$f" ${FINDINGS_ARGS:---batch-size 1024 --check-remedies 3} --check-out /tmp/gpu-job-checks \
     --check-csv "$out/findings-checks.csv" >"$out/findings.txt" 2>&1
   echo "findings exit $?"; tail -n 40 "$out/findings.txt"
 fi
