@@ -9,11 +9,17 @@ The KVStore (``KVSTORE_OPTION``, MXNet's option ``--kvstore``): ``local`` on the
 on the GPU ``device`` (the default: peer copies and sum kernels on the GPUs, no NCCL) or ``nccl``, only
 where the MXNet build has NCCL (``mx.runtime.Features``; ``kernelmap build-mxnet`` builds with
 ``USE_NCCL=OFF`` today, and the published cu112 wheel's build says what it has).
+
+Everything here that runs on the device contexts uses only operators whose GPU kernels the sm_90 tree compiles
+(``build.GPU_OPERATOR_SOURCES``, plus the .cu files outside ``src/operator``: the KVStore's copies and sums);
+``tests/test_mxnet_fp16_gpu_ops.py`` records the operators the steps run on the CPU and checks each.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from kernelmap.errors import KernelmapError
 
@@ -72,9 +78,11 @@ def split(loader, ctxs: list[mx.Context]):
                gluon.utils.split_and_load(labels, ctxs, even_split=True))
 
 
-def forward(net, images: list) -> Any:
-    """Logits of a split batch, its slices' in order, on the first context."""
-    return mx.nd.concat(*[net(x).as_in_context(images[0].context) for x in images], dim=0)
+def forward(net, images: list) -> np.ndarray:
+    """Logits of a batch given as its slices (one per context; one slice on one device) as float32 on the host, the
+    slices' in order: each context's logits cast there (AMP's are of its low dtype), copied to the host and joined by
+    numpy. No ``Concat`` on a device context: the sm_90 tree has no GPU kernels for it (docs/mxnet-sm90.md)."""
+    return np.concatenate([net(x).astype("float32", copy=False).asnumpy() for x in images], axis=0)
 
 
 def train_step(w, images: list, labels: list):
@@ -88,4 +96,14 @@ def train_step(w, images: list, labels: list):
         autograd.backward(scaled)
     with w.region("kernelmap:optimizer"):
         w.trainer.step(sum(x.shape[0] for x in images))
-    return mx.nd.concat(*[loss.as_in_context(w.ctx) for loss in losses], dim=0).mean()
+    return global_mean(losses, w.ctx)
+
+
+def global_mean(losses: list, ctx: mx.Context):
+    """The mean of the per-image ``losses`` of every context (one array each, its slice's), on ``ctx``: each context's
+    sum (``sum``) copied to ``ctx`` and added there (``add_n``), over the global batch (``_div_scalar``); the mean of
+    the slices joined, up to the order of the float32 additions. Only operators the sm_90 tree has GPU kernels for
+    (docs/mxnet-sm90.md): ``Concat`` has none there, and the old ``concat(...).mean()`` stopped every MXNet
+    case on N > 1 GPUs at its first step (4x H200, session 11: "Operator Concat is not implemented for GPU")."""
+    total = mx.nd.add_n(*[loss.sum().as_in_context(ctx) for loss in losses])
+    return total / sum(loss.shape[0] for loss in losses)
