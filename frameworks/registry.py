@@ -112,6 +112,9 @@ class Vocabulary:
     nvtx_not_ops: str = ""  # a regular expression: its ranges that are never an op (MXNet's C API calls)
     # op-name prefixes that only its ops have (``aten::``): an export whose ops carry them is its
     op_prefixes: tuple[str, ...] = ()
+    # op name of its fused ops -> the prefix of their generated kernels' names, which name the ops each one fuses
+    # (MXNet's pointwise fusion: ``_FusedOp`` runs ``FusedKernel_Activation_amp_cast_``): kernelmap/adapters/fused_ops.py
+    fused_ops: Mapping[str, str] = field(default_factory=dict)
 
     def lookup(self, name: str) -> tuple[str, str] | None:
         """(canonical op, direction) of one op name (its ``backward_prefix`` dropped), or None."""

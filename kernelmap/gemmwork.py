@@ -35,13 +35,23 @@ TILE_NAMES = (
 GEMM_KERNEL = re.compile(r"gemm|fprop|dgrad|wgrad|nvjet|ImplicitGemm|_engine<")
 WINOGRAD_TRANSFORM = re.compile(r"winograd\w*?(?:Data|Delta|Output|Filter)(\d+)x\1")
 SPLIT_K_NAME = re.compile(r"splitK")
+# an xmma GEMM's second kernel that sums its split-K partials: named after the GEMM (``…_wgrad_…_execute_split_k_kernel``)
+# but a reduction (the 4x H200 JAX bf16 capture: 405,504 FADD, no tensor op)
+SPLIT_K_REDUCE = re.compile(r"_execute_split_k_kernel")
+# an xmma kernel whose blocks share K in segments (``…_execute_segment_k_on_kernel``): the grid is output tiles x
+# segments, which its name does not split (the 4x H200 JAX bf16 conv2 weight gradient, 99 blocks: its 924,844,032
+# tensor ops are 9 tiles of 64x64 over K's 196 tiles of 64, 9 x 11 blocks, where the rule read 99 tiles: 11x;
+# PyTorch's ``…_segment_k_off_kernel`` of the same layer, 16 blocks each over all of K, is the rule's)
+SEGMENT_K_ON = re.compile(r"_segment_k_on_")
+SEGMENTED = ("its blocks share K in segments (xmma segment_k_on): how many output tiles its grid covers is not "
+             "in its name: its executed work is not derivable")
 NO_TILE = ("no tile in the kernel's name (a precompiled cuDNN/cuBLAS kernel whose template arguments are not "
            "documented): its executed work is not derivable")
 
 
 def is_gemm_kernel(name: str) -> bool:
     """A kernel that multiplies the conv's or GEMM's operands (not a layout, reduction, scale or Winograd transform)."""
-    return bool(GEMM_KERNEL.search(name)) and not WINOGRAD_TRANSFORM.search(name)
+    return bool(GEMM_KERNEL.search(name)) and not WINOGRAD_TRANSFORM.search(name) and not SPLIT_K_REDUCE.search(name)
 
 
 def tile_of(name: str) -> tuple[int, int, int | None, str] | None:
@@ -84,6 +94,8 @@ def expected_flops(name: str, grid, layer: str, direction: str, batch_size: int,
         return None, "the launch's grid is not known"
     tm, tn, tk, how = tile
     blocks = g[0] * g[1] * g[2]
+    if SEGMENT_K_ON.search(name):
+        return None, SEGMENTED
     if winograd:
         if direction != "bwd_weight":
             return None, f"Winograd {winograd}x{winograd} {direction}: only the weight gradient's GEMM is derived"

@@ -4,12 +4,19 @@ The adapters give each library call ``math_ran``, ``math_dtypes`` and ``math_sou
 library's API log; ``hlo``: XLA's HLO text; ``kernelmap/adapters/mathtypes.py`` says the rule). After the
 calls are linked to their kernels (``calllink``, ``attribution``, XLA's in-trace calls), ``fill`` gives
 each linked kernel its call's three values, but a TF32 call's kernel whose name says FP32 FMA is fp32 (a
-call permits TF32; the engine it ran may not use tensor cores). A kernel with no call that has a math takes
+call permits TF32; the engine it ran may not use tensor cores), and so is a bf16 or fp16 call's kernel whose name
+says it multiplies fp32 operands (``FP32_ENGINES``): cuDNN's FFT and Winograd algorithms transform the low-precision
+tensors into fp32 (``fft2d_r2c_16x16<__half>`` writes ``float2``, ``winogradForwardData4x4<float, __half>``) and
+multiply those in an FP32-FMA GEMM (``sm80_xmma_gemm_cf32cf32_f32f32_cf32_…_ffma``, ``…_f32f32_f32f32_f32_…_ffma``),
+the one-channel Winograd weight gradient in cuBLAS's ``gemvx::kernel<int, int, float, …>``: MXNet fp16 on the 4x
+H200 (its autotuner's choice for conv2 in every direction and conv1's weight gradient), where the log says fp16.
+The transforms themselves keep their call's math (their names give no product's type). A kernel with no call that has a math takes
 one from its name only where NVIDIA's name spells the multiply's input type (``NAME_RULES``, source ``name``): the
 xmma kernels of cuDNN and cuBLAS (``sm80_xmma_gemm_f32f32_tf32f32_f32_…``: storage types, then the math
 and accumulator, e.g. ``tf32f32``), CUTLASS's tensor-op kernels (``cutlass_tensorop_bf16_s16816fprop…``),
 the SIMT fp32 gemm and convolution kernels (``sgemm_…``, ``implicit_convolve_sgemm<float, …>`` and cuDNN's legacy
-weight-gradient ``wgrad_alg0_engine[_NHWC]<float, …>``, whose first template argument is the data type; no
+weight-gradient ``wgrad_alg0_engine[_NHWC]<float, …>``, whose first template argument is the data type; cuBLAS's
+``gemvx::kernel<…>``, its third; no
 tensor-core instruction takes that type, so a call that permitted TF32 ran fp32 there: seen under XLA's
 DEFAULT_MATH convolutions of a JAX tf32 case on the H200). Every other kernel without a call stays NA: unknown, never
 guessed (a layout conversion, cuBLASLt's split-K reduction, an FFT, the sm90 ``nvjet`` gemms) -- except a
@@ -28,7 +35,8 @@ for every kernel, whatever its call: a kernel's operand types (``math_ran``) do 
 that multiplies no operands (``cudnn::nchwToNhwcKernel``/``nhwcToNchwKernel``, cuBLASLt's ``splitKreduce_kernel``,
 cuBLAS's ``scal_kernel`` and cuDNN's ``scalePackedTensor_kernel`` (a scale by the call's beta),
 CUTLASS's ``reduction::kernel::ReduceSplitK``, cuDNN's ``flip_filter``, ``calc_bias_diff``, ``memset32``,
-``init_device_workspace_kernel``: their names may carry a GEMM's types as template arguments); then an xmma
+``init_device_workspace_kernel``, an xmma GEMM's ``…_execute_split_k_kernel`` (its split-K sum, named as the GEMM:
+FADD only in the 4x H200 JAX bf16 capture): their names may carry a GEMM's types as template arguments); then an xmma
 kernel's math field (``tf32``/``bf16``/``f16``: ``tensor``; ``f32``: ``fma``, the ``…_ffma_…`` kernels); then
 ``tensor``: CUTLASS ``_tensorop_``/``MmaTensorOp``, ``wmma``, ``hmma``, ``gmma``, an MMA shape (``s16816gemm``,
 ``_tensor16x8x16_``), sm90 ``nvjet``; ``fma``: ``sgemm`` (``sgemm_largek``, ``implicit_convolve_sgemm``, CUTLASS
@@ -46,7 +54,8 @@ __nv_bfloat16, ...>`` converts its bf16 operands and multiplies in FP32: 25,690,
 HFMA2.MMA moves in the 2x H200 capture). A kernel that multiplies no operands but computes in a type its template
 names: cuDNN's layout transforms (``nchwToNhwcKernel<in, out, compute, ...>``: one FMUL an element, the scale by
 alpha: 401,408 for conv2's 64x32x14x14 input), cuBLASLt's ``splitKreduce_kernel<.., int, partials, ...>`` (the sum of
-the split-K partials: FADD), CUTLASS's ``ReduceSplitK<..., ReduceAdd<float, ...>>``: that type (``float``:
+the split-K partials: FADD), CUTLASS's ``ReduceSplitK<..., ReduceAdd<float, ...>>``, an xmma split-K reduction (its
+accumulator, the math field's second type: ``bf16f32``): that type (``float``/``f32``:
 ``fp32``; ``__half``/``bf16``: the CUDA cores' half precision). Any other no-product kernel: unknown
 (cuBLAS's ``scal_kernel`` scales by the call's beta, which its name does not give; with beta 0 it writes zeros: no
 FP instruction in the capture; cuDNN's ``scalePackedTensor_kernel`` likewise). A kernel of no unit by name: its ``math_ran``. None where nothing is known.
@@ -80,12 +89,18 @@ _XMMA = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:[a-z]+_)*?(?:tf32|bf
 _CUTLASS = re.compile(r"cutlass\w*?_tensorop_(?:(bf16|f16)_s\d+|(s1688))")
 _SIMT = re.compile(r"^(?:void )?(?:\w+_)?sgemm_|^(?:void )?(?:implicit_convolve_sgemm|wgrad_alg0_engine(?:_NHWC)?)"
                    r"<(float|__nv_bfloat16|__half)\b")
+# cuBLAS's gemv (cuDNN's Winograd weight gradient of a one-channel conv runs one): its third template argument is
+# the matrix's type (``internal::gemvx::kernel<int, int, float, float, float, float, ...>``)
+_GEMV = re.compile(r"\bgemvx::kernel<")
 _NAMED = {"tf32": MathRan.TF32, "bf16": MathRan.BF16, "f16": MathRan.FP16, "f32": MathRan.FP32,
           "cf32": MathRan.FP32, "f64": MathRan.FP64, "s1688": MathRan.TF32, "float": MathRan.FP32,
           "__nv_bfloat16": MathRan.BF16, "__half": MathRan.FP16}
 COLUMNS = ("math_ran", "math_dtypes", "math_source")
+# FP32_ENGINES (module docstring): the calls' maths whose kernels may yet multiply fp32 operands
+LOWER_THAN_FP32 = (MathRan.TF32.value, MathRan.BF16.value, MathRan.FP16.value)
 # UNIT_RULES (module docstring), in this order
 _NO_PRODUCT = re.compile(r"nchwToNhwc|nhwcToNchw|splitKreduce|ReduceSplitK|reduction::kernel|flip_filter|calc_bias_diff"
+                         r"|_execute_split_k_kernel"
                          r"|init_device_workspace|^memset\d*$|\bscal_kernel<|scalePackedTensor_kernel<")
 _UNIT_OF_MATH = {"tf32": MathUnit.TENSOR, "bf16": MathUnit.TENSOR, "f16": MathUnit.TENSOR, "f32": MathUnit.FMA,
                  "cf32": MathUnit.FMA}
@@ -106,6 +121,11 @@ def name_math(name: str | None) -> str | None:
     m = _SIMT.search(name)
     if m:
         return _NAMED[m.group(1) or "float"].value
+    m = _GEMV.search(name)
+    if m:
+        args = template_args(name, m.end() - 1)
+        ran = _NAMED.get(args[2]) if len(args) > 2 else None
+        return ran.value if ran else None
     return None
 
 
@@ -129,6 +149,10 @@ _SINGLE = re.compile(r"sgemm|_engine_float|ffma")  # an FMA-unit kernel that mul
 # a no-product kernel's template argument (0-based) that is the type it computes in
 _TYPED = ((re.compile(r"(?:nchwToNhwc|nhwcToNchw)Kernel<"), 2), (re.compile(r"splitKreduce_kernel<"), 3),
           (re.compile(r"ReduceAdd<"), 0))
+# an xmma GEMM's split-K reduction kernel (its name is the GEMM's, ``…_bf16bf16_bf16f32_f32_…_execute_split_k_kernel``):
+# it sums the partials in the GEMM's accumulator type, the second of the math field (``bf16f32``: f32)
+_XMMA_SPLIT_K = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:[a-z]+_)*?(?:tf32|bf16|f16|f32)+"
+                           r"_(?:tf32|bf16|f16|f32)(f32|bf16|f16)_\w*_execute_split_k_kernel")
 _TYPE_MATH = {"float": COUNTED_FP32, "__half": COUNTED_HALF, "half": COUNTED_HALF, "__nv_bfloat16": COUNTED_HALF,
               "bfloat16_t": COUNTED_HALF, "half_t": COUNTED_HALF}
 
@@ -164,6 +188,9 @@ def counted_math(name: str | None, math_ran: str | None) -> str | None:
         if m:
             args = template_args(name, m.end() - 1)
             return _TYPE_MATH.get(args[arg]) if len(args) > arg else None
+    m = _XMMA_SPLIT_K.search(name)
+    if m:
+        return COUNTED_FP32 if m.group(1) == "f32" else COUNTED_HALF
     unit = name_unit(name)
     if unit == MathUnit.FMA.value:
         x = _XMMA.search(name)
@@ -177,7 +204,8 @@ def counted_by_name(name: str | None) -> bool:
     call's operands). The log's math is then not what the counters are compared with."""
     if not isinstance(name, str):
         return False
-    return any(rule.search(name) for rule, _ in _TYPED) or name_unit(name) == MathUnit.FMA.value
+    return (any(rule.search(name) for rule, _ in _TYPED) or bool(_XMMA_SPLIT_K.search(name))
+            or name_unit(name) == MathUnit.FMA.value)
 
 
 def _by_name(df: pd.DataFrame, rows: np.ndarray, judge) -> tuple[np.ndarray, np.ndarray]:
@@ -241,10 +269,11 @@ def fill(df: pd.DataFrame, overrides: list[str] = ()) -> dict:
         vals = S.objects(df[col])[src]
         S.set_rows(df, col, kern[linked], list(vals))
     # a call that permitted TF32 may run an FP32-FMA kernel (cuDNN's implicit_convolve_sgemm<float>, an xmma
-    # ..._f32f32_f32f32_..._ffma kernel): where the kernel's name says fp32, that is what the kernel ran
-    tf32 = kern[linked][S.objects(df["math_ran"])[src] == MathRan.TF32.value]
-    hit, said = _by_name(df, tf32, name_math)
-    fma = tf32[hit][said == MathRan.FP32.value]
+    # ..._f32f32_f32f32_..._ffma kernel), and a bf16/fp16 call an algorithm whose GEMM multiplies fp32 operands
+    # (FP32_ENGINES): where the kernel's name says fp32, that is what the kernel ran
+    low = kern[linked][np.isin(S.objects(df["math_ran"])[src], LOWER_THAN_FP32)]
+    hit, said = _by_name(df, low, name_math)
+    fma = low[hit][said == MathRan.FP32.value]
     if len(fma):
         S.set_rows(df, "math_ran", fma, MathRan.FP32.value)
         S.set_rows(df, "math_source", fma, MathSource.NAME.value)

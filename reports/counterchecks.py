@@ -52,8 +52,11 @@ def _covered(run: Run, s: dict) -> dict[str, Any]:
     if share is None or share != share:
         return check_row(*args, None, NOT_CHECKED, f"no timing step to pair with: {s['reason']}")
     by = f", by {s['pairing']}" if str(s.get("pairing")).startswith(R.BY_IDENTITY) else ""
+    n_copies = s.get("copy_nodes") or 0
+    copies = (f" ({int(n_copies)} graph memcpy/memset node(s), {s['copy_nodes_ms']:.4f} ms, left out of the step: "
+              "copies, which ncu does not profile)") if n_copies == n_copies and n_copies else ""
     detail = (f"{int(s['matched'])} of {int(s['kernels'])} counted kernels paired with the {s['source']} step's "
-              f"{int(s['timed_kernels'])}{by}")
+              f"{int(s['timed_kernels'])}{copies}{by}")
     if share >= COVERAGE_GOAL:
         return check_row(*args, f"{share:.1%}", PASS, detail)
     return check_row(*args, f"{share:.1%}", FAIL, f"{detail}: {s['reason']}")

@@ -46,9 +46,14 @@ VOCABULARY = Vocabulary(
     # (kernelmap:forward|backward|optimizer, kernelmap:step#N) around the issuing call; the loop waits for
     # each step before issuing the next (canonical.ASYNC_FRAMEWORKS)
     asynchronous=True,
-    native_kernel_marks=("mxnet::op::",),  # its operators' own kernels
+    native_kernel_marks=("mxnet::op::", "FusedKernel_"),  # its operators' own kernels; its fused ops' (below)
     nvtx_not_ops=r"MX[A-Z]",  # its C API calls (profile_api) are NVTX ranges too, named MX*: never an operator's
     # issue 39: the KVStore's sum (KVStoreReduce), and the copies its push and pull make between contexts
     collective_prefixes=("KVStore",),
     collective_copies=("CopyCPU2CPU", "CopyGPU2GPU", "CopyCPU2GPU", "CopyGPU2CPU"),
+    # hybridized on the GPU (MXNET_USE_FUSION, on by default) its pointwise fusion runs elementwise chains as one
+    # ``_FusedOp`` whose NVRTC kernel is "FusedKernel_" + each fused operator's name + "_" (1.9.1:
+    # src/executor/pointwise_fusion_pass.cc names the subgraph, src/operator/fusion/fused_op.cu the kernel); at fp16
+    # fc1's ReLU and AMP's cast of fc2's input run as FusedKernel_Activation_amp_cast_
+    fused_ops={"_FusedOp": "FusedKernel_"},
 )

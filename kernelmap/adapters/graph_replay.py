@@ -67,7 +67,7 @@ MEMCPY_NODE = re.compile(r"^memcpy(8|16|32|64|128)(_post)?$")
 NODE_KINDS = ((MEMSET_NODE, "memset"), (MEMCPY_NODE, "memcpy"))
 
 
-def _node_kind(kernel_name: str) -> str | None:
+def node_kind(kernel_name: str) -> str | None:
     """"memset" or "memcpy" for the kernel name of a graph's memset or memcpy node, else None."""
     return next((kind for pat, kind in NODE_KINDS if pat.match(kernel_name)), None)
 
@@ -79,7 +79,7 @@ def _device_name(df: pd.DataFrame, rows: np.ndarray) -> list[str]:
     "Memcpy DtoD (Device -> Device)" eagerly and "memcpy32_post" replayed (``MEMCPY_NODE``)."""
     kind = df["kind"].to_numpy(dtype=object)[rows]
     kn = df["kernel_name"].to_numpy(dtype=object)[rows]
-    return [str(c) if c != "kernel" or not isinstance(k, str) else _node_kind(k) or str(k)
+    return [str(c) if c != "kernel" or not isinstance(k, str) else node_kind(k) or str(k)
             for c, k in zip(kind, kn, strict=True)]
 
 

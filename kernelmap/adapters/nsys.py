@@ -284,13 +284,14 @@ def label_rows(out: pd.DataFrame, dims: list | None, framework: str) -> None:
     """Canonical op, direction, layer, phase, step and library of the export's rows, in place: as a Kineto
     trace's (``_trace.label``), torch.compile's wrapper ranges made annotations first and its generated
     kernels attributed to the ops they fuse after (``inductor``; without it 14% of a compiled step's
-    kernel time had no op)."""
-    from . import inductor
+    kernel time had no op), a framework's run-time fused ops likewise (``fused_ops``)."""
+    from . import fused_ops, inductor
     from .kineto import kernel_library
 
     inductor.mark_wrapper_rows(out)
     _trace.label(out, dims, framework)
     inductor.attribute(out)
+    fused_ops.attribute(out, framework)  # a fused op (MXNet's _FusedOp) as the model op its kernel's name fuses
     kernel_library(out)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import gemmwork, kernelmath, schema
-from kernelmap.adapters import ncu
+from kernelmap.adapters import graph_replay, ncu
 from kernelmap.calllink import mangled_head, short_name
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
@@ -100,12 +100,13 @@ KERNEL_COLUMNS = ["run", "case", "batch_size", "position", "kernel_name", "match
                   "roofline_share", "sm_clock_hz", "unmeasured", "grid", "expected_flops", "expected_from"]
 # expected_flops: the FLOPs a tiled conv/GEMM kernel executes by its shape, tile and launch (kernelmap/gemmwork.py),
 # expected_from how they were derived or why they are not
-# paired_time_share: the timing step's kernel time in kernels that have counters (issue 38: >= 99%)
+# paired_time_share: the timing step's kernel time in kernels that have counters (issue 38: >= 99%); copy_nodes,
+# copy_nodes_ms: the step's graph memcpy/memset nodes left out of it (``timed_step``: copies, not kernels)
 # ncu_wall_s against COUNTERS_BUDGET_S (issue 38: the pass costs <= 60 s per framework and case); math_*: the
 # paired kernels whose log math and counter math are both known, how many agree, the ones that do not
 COUNTERS_BUDGET_S = 60.0
 STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matched", "pairing", "paired_time_share",
-                  "source",
+                  "copy_nodes", "copy_nodes_ms", "source",
                   "iteration", "ncu_wall_s", "within_budget", "math_compared", "math_agree", "math_disagree",
                   "math_by_name", "math_products_by_name", "math_call_vs_name", "profiler_messages", "reason"]
 # math_by_name: of math_compared, the kernels whose log math is their name's alone (kernelmath.counted_by_name: the
@@ -136,6 +137,10 @@ def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None
     the first trace source (the framework pass's, then nsys) with kernels in traced steps, its last step. Launch
     order is the CUDA correlation id where every kernel has one (two threads and several streams launch in one
     global order), then the start on the device (a CUDA graph's kernels share their launch's id); else the start.
+    A replayed graph's memcpy and memset nodes, which the trace records as kernels (``memcpy32_post``:
+    ``graph_replay.node_kind``), are copies, left out as an eager step's copies are (memcpy/memset rows, not kernels),
+    and ncu profiles no copy: the 4x H200 JAX bf16 capture counted 53 kernels, its XLA step held 56, three of them
+    its command buffers' ``memcpy32_post``. Their count and time: ``attrs["copy_nodes"]`` (n, ns).
     (empty, None, None) if none."""
     k = rec[(rec["run"] == run_id) & (rec["kind"] == "kernel") & rec["iteration"].notna()]
     for src in TRACE_SOURCES:
@@ -143,9 +148,15 @@ def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None
         if len(ks):
             it = int(ks["iteration"].max())
             step = ks[ks["iteration"] == it]
+            copies = np.array([isinstance(n, str) and graph_replay.node_kind(n) is not None
+                               for n in step["kernel_name"]], dtype=bool)
+            left = (int(copies.sum()), int(pd.to_numeric(step["dur_ns"][copies], errors="coerce").sum()))
+            step = step[~copies]
             by = (["correlation_id", "start_ns", "event_id"] if step["correlation_id"].notna().all()
                   else ["start_ns", "event_id"])
-            return step.sort_values(by, kind="stable").reset_index(drop=True), src, it
+            out = step.sort_values(by, kind="stable").reset_index(drop=True)
+            out.attrs["copy_nodes"] = left
+            return out, src, it
     return k.iloc[0:0], None, None
 
 
@@ -302,7 +313,9 @@ def _case_kernels(run: Run, r: dict, rec: pd.DataFrame, peaks: dict) -> tuple[pd
     step_ns = pd.to_numeric(timed["dur_ns"], errors="coerce").sum()
     paired_ns = pd.to_numeric(out.loc[out["matched"], "timed_ns"], errors="coerce").sum()
     wall = c.get("ncu_wall_s")
+    copies = timed.attrs.get("copy_nodes", (0, 0))
     status.update(kernels=len(df), timed_kernels=len(timed), matched=int(out["matched"].sum()), pairing=how,
+                  copy_nodes=copies[0], copy_nodes_ms=copies[1] / 1e6,
                   source=source,
                   iteration=it, paired_time_share=paired_ns / step_ns if step_ns else None, ncu_wall_s=wall,
                   within_budget=None if wall is None else wall <= COUNTERS_BUDGET_S, **math_agreement(out),

@@ -11,6 +11,9 @@ from .timed import fill_from_links, outermost_ops, records_of, timed_events
 
 # --- one iteration, for the timeline figure and export ------------------------------------------
 LANES = ("phase", "op", "library_call", "kernel")
+# the columns timeline_events adds to the records' in every case: its lane, a library call derived from its kernels'
+# spans, an op drawn in the op lane (the outermost with a canonical op)
+EXTRA = ("lane", "derived", "outermost")
 
 
 def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool = False) -> pd.DataFrame:
@@ -58,9 +61,11 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
                                batch_size=t.batch_size, iteration=it).drop(columns=["end_ns"])
         parts += [calls, kernels]
         ev = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
-            else pd.DataFrame(columns=[*schema.COLUMNS, "lane", "derived"])
+            else pd.DataFrame(columns=[*schema.COLUMNS, *EXTRA])
         if ev.empty:
             continue
+        if "outermost" not in ev:  # a source without op rows (XLA's trace: its ops are annotations)
+            ev["outermost"] = False
         t0 = ev["start_ns"].min()
         if it is None:  # no step marks: start the window at the first attributed timed event
             timed = ev[ev["lane"].isin(["kernel", "op"]) & ev["canonical_op"].notna()]
@@ -71,5 +76,5 @@ def timeline_events(run: Run, iteration: int | None = None, all_iterations: bool
                        batch_size=t.batch_size, shown_iteration=it, run=run.name)
         out.append(ev)
     if not out:
-        return pd.DataFrame(columns=[*schema.COLUMNS, "lane", "derived", "rel_ns", "shown_iteration"])
+        return pd.DataFrame(columns=[*schema.COLUMNS, *EXTRA, "rel_ns", "shown_iteration"])
     return pd.concat(out, ignore_index=True)
