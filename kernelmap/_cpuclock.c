@@ -26,6 +26,8 @@ typedef struct {
     clockid_t clock;
     int64_t last;
     int live;
+    int64_t cur;           /* this sample's reading */
+    unsigned long emitted; /* the last sample whose reading is in the per-thread rows, +1 (0: none yet) */
 } Thread;
 
 static pthread_t sampler;
@@ -38,6 +40,10 @@ static int n_threads;
 static int64_t retired;  /* the last reading of every thread that has ended: the sum never goes back */
 static int64_t *rows;    /* per sample: monotonic ns, the other threads' CPU ns, this thread's own, the main thread's */
 static size_t n_rows, cap_rows;
+static int64_t *trows;   /* per-thread rows (THREAD_ROWS_RULE in cpusampler.py): monotonic ns, tid, CPU ns */
+static size_t n_trows, cap_trows;
+static unsigned long n_samples;
+static int64_t prev_stamp; /* the previous sample's monotonic ns */
 static int64_t own_cpu_ns;
 static int overflow;
 
@@ -65,7 +71,7 @@ static void discover(void) {
             overflow |= !known;
             continue;
         }
-        threads[n_threads++] = (Thread){tid, thread_clock(tid), 0, 1};
+        threads[n_threads++] = (Thread){tid, thread_clock(tid), 0, 1, 0, 0};
     }
     closedir(d);
 }
@@ -82,7 +88,7 @@ static int64_t cpu_sum(void) {
             sum += t->last;
             continue;
         }
-        t->last = v;
+        t->cur = v;
         sum += v;
     }
     return sum;
@@ -94,14 +100,22 @@ static int64_t main_cpu(void) { /* the process's first thread (tid = pid): the i
     return 0;
 }
 
-static void append(int64_t t, int64_t c) {
-    if (n_rows + 1 > cap_rows) {
-        size_t cap = cap_rows ? cap_rows * 2 : 65536;
-        int64_t *grown = realloc(rows, cap * 4 * sizeof(int64_t));
-        if (!grown) { overflow = 1; return; }
-        rows = grown;
-        cap_rows = cap;
+/* Room for one more row of `width` in *buf (doubling it); 0 where the allocation failed (overflow is set). */
+static int room(int64_t **buf, size_t n, size_t *cap, int width) {
+    if (n + 1 <= *cap) return 1;
+    size_t grown_cap = *cap ? *cap * 2 : 65536;
+    int64_t *grown = realloc(*buf, grown_cap * width * sizeof(int64_t));
+    if (!grown) {
+        overflow = 1;
+        return 0;
     }
+    *buf = grown;
+    *cap = grown_cap;
+    return 1;
+}
+
+static void append(int64_t t, int64_t c) {
+    if (!room(&rows, n_rows, &cap_rows, 4)) return;
     rows[4 * n_rows] = t;
     rows[4 * n_rows + 1] = c;
     rows[4 * n_rows + 2] = ns_of(CLOCK_THREAD_CPUTIME_ID);
@@ -109,12 +123,43 @@ static void append(int64_t t, int64_t c) {
     n_rows++;
 }
 
-static void sample(void) { /* stamped at the middle of its reads (a preempted read moves it less) */
+static void thread_row(int64_t t, pid_t tid, int64_t v) {
+    if (!room(&trows, n_trows, &cap_trows, 3)) return;
+    trows[3 * n_trows] = t;
+    trows[3 * n_trows + 1] = tid;
+    trows[3 * n_trows + 2] = v;
+    n_trows++;
+}
+
+/* Each thread's reading where it moved (and the unchanged reading of the sample before, so that a reader's line
+ * between two rows is the thread's own), its first, and every live thread's at the last sample (final). */
+static void thread_rows(int64_t stamp, int final) {
+    unsigned long k = n_samples + 1;
+    for (int i = 0; i < n_threads; i++) {
+        Thread *t = &threads[i];
+        if (!t->live) continue;
+        int moved = t->emitted && t->cur != t->last;
+        if (moved && t->emitted < k - 1) thread_row(prev_stamp, t->tid, t->last);
+        if (!t->emitted || moved || (final && t->emitted < k)) {
+            thread_row(stamp, t->tid, t->cur);
+            t->emitted = k;
+        }
+        t->last = t->cur;
+    }
+}
+
+static void sample_final(int final) { /* stamped at the middle of its reads (a preempted read moves it less) */
     int64_t t0 = ns_of(CLOCK_MONOTONIC);
     int64_t c = cpu_sum();
     int64_t t1 = ns_of(CLOCK_MONOTONIC);
-    append(t0 + (t1 - t0) / 2, c);
+    int64_t stamp = t0 + (t1 - t0) / 2;
+    thread_rows(stamp, final);
+    append(stamp, c);
+    prev_stamp = stamp;
+    n_samples++;
 }
+
+static void sample(void) { sample_final(0); }
 
 static void *run(void *arg) {
     (void)arg;
@@ -126,7 +171,7 @@ static void *run(void *arg) {
         sample();
         nanosleep(&wait, NULL);
     }
-    sample(); /* one read after stop(): the last marked step lies within the samples */
+    sample_final(1); /* one read after stop(): the last marked step lies within the samples */
     own_cpu_ns = ns_of(CLOCK_THREAD_CPUTIME_ID);
     return NULL;
 }
@@ -146,6 +191,9 @@ static PyObject *start(PyObject *self, PyObject *args) {
     n_threads = 0;
     retired = 0;
     n_rows = 0;
+    n_trows = 0;
+    n_samples = 0;
+    prev_stamp = 0;
     overflow = 0;
     own_cpu_ns = 0;
     atomic_store(&stopping, 0);
@@ -157,7 +205,8 @@ static PyObject *start(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* stop() -> (bytes of int64 rows of 4, the sampler thread's own CPU ns, threads read, whether any was missed) */
+/* stop() -> (bytes of int64 rows of 4, the sampler thread's own CPU ns, threads read, whether any was missed,
+ *           bytes of int64 per-thread rows of 3) */
 static PyObject *stop(PyObject *self, PyObject *args) {
     if (!running) {
         PyErr_SetString(PyExc_RuntimeError, "the CPU sampler is not running");
@@ -173,12 +222,21 @@ static PyObject *stop(PyObject *self, PyObject *args) {
     rows = NULL;
     cap_rows = 0;
     if (!data) return NULL;
-    return Py_BuildValue("(NLiO)", data, (long long)own_cpu_ns, n_threads, overflow ? Py_True : Py_False);
+    PyObject *tdata = PyBytes_FromStringAndSize((const char *)trows, (Py_ssize_t)(n_trows * 3 * sizeof(int64_t)));
+    free(trows);
+    trows = NULL;
+    cap_trows = 0;
+    if (!tdata) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NLiON)", data, (long long)own_cpu_ns, n_threads, overflow ? Py_True : Py_False, tdata);
 }
 
 static PyMethodDef methods[] = {
     {"start", start, METH_VARARGS, "start(period_us): start the sampler thread"},
-    {"stop", stop, METH_NOARGS, "stop() -> (rows, own_cpu_ns, threads, missed): stop it and take its samples"},
+    {"stop", stop, METH_NOARGS,
+     "stop() -> (rows, own_cpu_ns, threads, missed, thread_rows): stop it and take its samples"},
     {NULL, NULL, 0, NULL},
 };
 

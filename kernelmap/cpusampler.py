@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - depends on the build
     native = None
 
 SAMPLES_FILE = "cpu_samples.npy"  # in the case folder, beside the framework pass's trace
+THREADS_FILE = "cpu_threads.npy"  # the same reads per thread (THREAD_ROWS_RULE), beside it
 PERIOD_US = 250  # asked period between two reads of every thread's clock
 RESULT_KEY = "cpu_sampler"  # the framework pass's result: the sampler's figures and the step marks
 MARKS_KEY = "step_marks_ns"  # [[step, start, end], ...] on CLOCK_MONOTONIC: the trace's step regions
@@ -49,6 +50,12 @@ SAMPLER_RULE = ("a thread of the worker reads every other thread's CPU-time cloc
                 "the process works on something else within the op's span (the main thread's Python while an "
                 "engine runs the op)")
 COLUMNS = 4  # a sample: monotonic ns, the worker's threads' CPU ns, the sampler's own, the main thread's
+THREAD_COLUMNS = 3  # a per-thread row: monotonic ns (its sample's), the thread's OS id, its CPU ns
+THREAD_ROWS_RULE = ("the same reads per thread (THREADS_FILE: rows of the sample's monotonic ns, the thread's OS id, its "
+                    "CPU ns): a thread's row where its reading moved since the sample before, with that sample's reading "
+                    "where it was not written already, its first reading and its last; between two of its rows a "
+                    "thread's CPU time is read linearly, so each thread's series holds its reading at every sample, "
+                    "and their sum (with the ended threads' last readings) is the samples' (ThreadSamples.check)")
 DISCOVER_EVERY = 16  # samples between two listings of the process's threads (the native thread's too)
 
 
@@ -69,6 +76,10 @@ class PyThreadSampler:
         self._seen: dict[int, int] = {}  # tid -> clock id, the live threads
         self._last: dict[int, int] = {}
         self._retired = 0
+        self._trows: list[int] = []
+        self._emitted: dict[int, int] = {}  # tid -> the last sample whose reading is in _trows, +1
+        self._prev = 0  # the previous sample's stamp
+        self._k = 0  # samples taken
 
     def start(self, period_us: int) -> None:
         self._thread = threading.Thread(target=self._run, args=(period_us / 1e6,), daemon=True,
@@ -81,24 +92,41 @@ class PyThreadSampler:
             if tid != own and tid not in self._seen and tid not in self._last:
                 self._seen[tid] = thread_clock(tid)
 
-    def _sum(self) -> int:
+    def _sum(self) -> tuple[int, dict[int, int]]:
         total = self._retired
+        now: dict[int, int] = {}
         for tid, clock in list(self._seen.items()):
             try:
-                self._last[tid] = v = time.clock_gettime_ns(clock)
+                now[tid] = v = time.clock_gettime_ns(clock)
             except OSError:  # the thread ended: its last reading stays in the sum
                 del self._seen[tid]
                 self._retired += self._last.get(tid, 0)
                 total += self._last.get(tid, 0)
                 continue
             total += v
-        return total
+        return total, now
 
-    def _sample(self) -> None:
+    def _thread_rows(self, stamp: int, now: dict[int, int], final: bool) -> None:
+        """``THREAD_ROWS_RULE``, as the native thread writes them."""
+        k = self._k + 1
+        for tid, v in now.items():
+            done = self._emitted.get(tid, 0)
+            moved = bool(done) and v != self._last[tid]
+            if moved and done < k - 1:
+                self._trows += (self._prev, tid, self._last[tid])
+            if not done or moved or (final and done < k):
+                self._trows += (stamp, tid, v)
+                self._emitted[tid] = k
+            self._last[tid] = v
+
+    def _sample(self, final: bool = False) -> None:
         t0 = time.monotonic_ns()
-        c = self._sum()
-        self._rows += (t0 + (time.monotonic_ns() - t0) // 2, c, time.thread_time_ns(),  # stamped mid-read
-                       self._last.get(os.getpid(), 0))
+        c, now = self._sum()
+        stamp = t0 + (time.monotonic_ns() - t0) // 2  # stamped mid-read
+        self._thread_rows(stamp, now, final)
+        self._rows += (stamp, c, time.thread_time_ns(), self._last.get(os.getpid(), 0))
+        self._prev = stamp
+        self._k += 1
 
     def _run(self, wait: float) -> None:
         own = threading.get_native_id()
@@ -110,14 +138,15 @@ class PyThreadSampler:
             self._sample()
             k += 1
             self._stop.wait(wait)
-        self._sample()
+        self._sample(final=True)
         self._own = time.thread_time_ns()
 
-    def stop(self) -> tuple[bytes, int, int, bool]:
+    def stop(self) -> tuple[bytes, int, int, bool, bytes]:
         self._stop.set()
         self._thread.join()
-        return np.asarray(self._rows, dtype=np.int64).tobytes(), self._own, len(self._seen) + len(
-            set(self._last) - set(self._seen)), False
+        return (np.asarray(self._rows, dtype=np.int64).tobytes(), self._own,
+                len(self._seen) + len(set(self._last) - set(self._seen)), False,
+                np.asarray(self._trows, dtype=np.int64).tobytes())
 
 
 class Sampler:
@@ -127,6 +156,7 @@ class Sampler:
 
     def __init__(self, out_dir: Path, period_us: int = PERIOD_US, twin: bool = False):
         self.out = Path(out_dir) / SAMPLES_FILE
+        self.threads_out = Path(out_dir) / THREADS_FILE
         self.period_us = period_us
         self.marks: list[list[int]] = []
         self.figures: dict = {}
@@ -144,10 +174,16 @@ class Sampler:
         if not self._running:
             return
         self._running = False
-        data, own_ns, threads, missed = self._impl.stop()
+        data, own_ns, threads, missed, *per_thread = self._impl.stop()  # a native module built before: no per thread
         rows = np.frombuffer(data, dtype=np.int64).reshape(-1, COLUMNS)
         with atomic_file(self.out, "wb") as fh:
             np.save(fh, rows)
+        names = {}
+        if per_thread:
+            trows = np.frombuffer(per_thread[0], dtype=np.int64).reshape(-1, THREAD_COLUMNS)
+            with atomic_file(self.threads_out, "wb") as fh:
+                np.save(fh, trows)
+            names = thread_names(np.unique(trows[:, 1]).tolist())
         gaps = np.diff(rows[:, 0]) if len(rows) > 1 else np.zeros(0, dtype=np.int64)
         span = float(rows[-1, 0] - rows[0, 0]) / 1e9 if len(rows) > 1 else 0.0
         self.figures = {"file": self.out.name, "clock": CLOCK, "period_us": self.period_us,
@@ -157,9 +193,37 @@ class Sampler:
                         "own_cpu_share": own_ns / 1e9 / span if span else None,
                         "median_gap_us": float(np.median(gaps)) / 1e3 if len(gaps) else None,
                         "max_gap_us": float(gaps.max()) / 1e3 if len(gaps) else None, MARKS_KEY: self.marks}
+        if per_thread:
+            self.figures.update({THREADS_KEY: self.threads_out.name, NAMES_KEY: names})
 
     def mark(self, step: int, start_ns: int, end_ns: int) -> None:
         self.marks.append([step, start_ns, end_ns])
+
+
+THREADS_KEY = "threads_file"  # the sampler's figures: its THREADS_FILE (absent: a run made before, or an old build)
+NAMES_KEY = "thread_names"  # {OS thread id: its name (/proc's comm) when the sampler stopped, None where it had ended}
+
+
+def thread_names(tids: list[int]) -> dict[str, str | None]:
+    """Each thread's name from ``/proc/self/task/<tid>/comm`` (None where it has ended), keyed by its id as text."""
+    out: dict[str, str | None] = {}
+    for tid in tids:
+        try:
+            out[str(int(tid))] = Path(f"/proc/self/task/{int(tid)}/comm").read_text().strip()
+        except OSError:
+            out[str(int(tid))] = None
+    return out
+
+
+def _rows(path: Path, columns: int, what: str) -> np.ndarray:
+    """The int64 rows of ``columns`` in the .npy at ``path``, else an error naming it as not ``what``."""
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise KernelmapError(f"{path}: not {what} ({exc})") from exc
+    if rows.ndim != 2 or rows.shape[1] != columns or rows.dtype != np.int64:
+        raise KernelmapError(f"{path}: not {what} (rows {rows.shape} of {rows.dtype}, want rows of {columns} int64)")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -174,13 +238,7 @@ class Samples:
 
     @classmethod
     def read(cls, path: Path) -> Samples:
-        try:
-            rows = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise KernelmapError(f"{path}: not a CPU sampler file ({exc})") from exc
-        if rows.ndim != 2 or rows.shape[1] != COLUMNS or rows.dtype != np.int64:
-            raise KernelmapError(f"{path}: not a CPU sampler file (rows {rows.shape} of {rows.dtype}, "
-                                 f"want rows of {COLUMNS} int64)")
+        rows = _rows(path, COLUMNS, "a CPU sampler file")
         if len(rows) < 2 or (np.diff(rows, axis=0)[:, 1:] < 0).any() or (np.diff(rows[:, 0]) <= 0).any():
             raise KernelmapError(f"{path}: under two samples, or a clock that goes back")
         return cls(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3])
@@ -200,6 +258,52 @@ class Samples:
     def between(self, start_ns: np.ndarray, end_ns: np.ndarray, own: bool = False) -> np.ndarray:
         """CPU ns of the worker's threads (``own``: the sampler's) within each [start, end] (monotonic ns)."""
         return self.cpu_at(end_ns, own) - self.cpu_at(start_ns, own)
+
+
+@dataclass(frozen=True)
+class ThreadSamples:
+    """A sampler's per-thread file (``THREAD_ROWS_RULE``): each thread's (monotonic ns, CPU ns) series."""
+
+    series: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    @classmethod
+    def read(cls, path: Path, samples: Samples) -> ThreadSamples:
+        """The per-thread file at ``path`` beside its ``samples``: a thread first read after the first sample (found
+        later) is 0 at the sample before, as in the samples' sum, where its time arrives at the sample that found it."""
+        rows = _rows(path, THREAD_COLUMNS, "a per-thread CPU sampler file")
+        series = {}
+        for tid in np.unique(rows[:, 1]):
+            own = rows[rows[:, 1] == tid]
+            if (np.diff(own[:, 0]) <= 0).any() or (np.diff(own[:, 2]) < 0).any():
+                raise KernelmapError(f"{path}: thread {int(tid)}'s rows go back in time or in CPU time")
+            t, c = own[:, 0], own[:, 2]
+            k = int(np.searchsorted(samples.mono_ns, t[0]))
+            if k > 0:  # found after the first sample
+                t, c = np.concatenate([samples.mono_ns[k - 1:k], t]), np.concatenate([[0], c])
+            series[int(tid)] = (t, c)
+        return cls(series)
+
+    def cpu_at(self, tid: int, mono_ns: np.ndarray) -> np.ndarray:
+        """Thread ``tid``'s CPU ns at each monotonic instant: linear between its rows, its first reading before
+        them and its last after them."""
+        t, c = self.series[tid]
+        return np.interp(np.asarray(mono_ns, dtype=np.float64), t.astype(np.float64), c.astype(np.float64))
+
+    def between(self, tid: int, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+        """Thread ``tid``'s CPU ns within each [start, end] (monotonic ns)."""
+        return self.cpu_at(tid, end_ns) - self.cpu_at(tid, start_ns)
+
+    def total_at(self, mono_ns: np.ndarray) -> np.ndarray:
+        """The threads' summed CPU ns at each instant."""
+        return sum((self.cpu_at(tid, mono_ns) for tid in self.series), np.zeros(np.asarray(mono_ns).shape))
+
+    def check(self, samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray) -> float:
+        """The largest share by which the threads' summed CPU time over a [start, end] departs from the samples'
+        (``THREAD_ROWS_RULE``: 0 but for a thread that ended within one); NaN where no interval has CPU time."""
+        per = self.total_at(end_ns) - self.total_at(start_ns)
+        whole = samples.between(start_ns, end_ns)
+        ok = whole > 0
+        return float(np.max(np.abs(per[ok] - whole[ok]) / whole[ok])) if ok.any() else float("nan")
 
 
 OWN_RULE = ("the sampler is a thread of the worker: time.process_time counts its CPU time (3.7-6% of a core, measured) "

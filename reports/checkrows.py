@@ -43,6 +43,7 @@ class Check(enum.StrEnum):
     OP_CPU_SAMPLED = "sampled CPU time as the worker's"  # reports/cpuchecks.py (issue 42)
     OP_CPU_WITHIN = "ops' CPU time within their steps'"
     OP_CPU_WALL = "ops' CPU time vs wall time"
+    OP_CPU_THREADS = "ops' pool work from their threads' clocks"  # reports/cpuchecks.py (kernelmap/poolcpu.py)
     MATH_AS_ASKED = "math as asked"  # reports/mathchecks.py
     MATH_KNOWN = "math known"
     COMM_LINKED = "communication attributed to its op"  # reports/commchecks.py (issue 39)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kernelmap import poolcpu
 from kernelmap.worker import FRAMEWORK_PASS
 
 from .analyses import opcpu as OC
@@ -55,6 +56,7 @@ def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
             continue
         rows += _sampler_rows(run, oc)
         rows += _reads_rows(run, oc)
+        rows += _thread_rows(run, oc)
         rows += _wall_rows(run, oc, cores if isinstance(cores, int) else None)
     said = {r["check"] for r in rows}
     return rows + [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, NO_SAMPLES)
@@ -90,6 +92,33 @@ def _reads_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
            NOT_CHECKED: "the sampler recorded no threads_missed; "}.get(status, "")
     return [check_row(run.name, oc.framework, oc.batch_size, Check.OP_CPU_SAMPLED, "the sampler's reads", False, missed,
                       status, why + said)]
+
+
+def _thread_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
+    """``poolcpu.POOL_THREAD_RULE`` where the case has its files: the per-thread samples' sum against the samples'
+    (FAIL beyond ``poolcpu.SUM_SLACK``: the figures are then not drawn), and whether its trace threads were paired
+    with OS threads (not checked where not: the case keeps ``cpusampler.POOL_RULE``)."""
+    p = oc.pool
+    if p is None:
+        return []
+    fw, bs = oc.framework, oc.batch_size
+    gap_ok = p.sum_gap <= poolcpu.SUM_SLACK
+    rows = [check_row(run.name, fw, bs, Check.OP_CPU_THREADS, "threads' sum", poolcpu.SUM_SLACK, p.sum_gap,
+                      PASS if gap_ok else FAIL,
+                      f"the per-thread samples summed over each marked step against the samples' sum: largest "
+                      f"departure {p.sum_gap:.3%} (at most {poolcpu.SUM_SLACK:.1%}: the same reads)"
+                      + ("" if gap_ok else "; the ops' per-thread figures are not drawn"))]
+    if p.match.why:
+        return rows + [check_row(run.name, fw, bs, Check.OP_CPU_THREADS, "trace threads paired", True, False,
+                                 NOT_CHECKED, f"{p.match.why}: its thunks keep the process-wide reading "
+                                              f"(cpusampler.POOL_RULE) ({poolcpu.MATCH_RULE})")]
+    n = len(oc.iterations) or 1
+    held = int(p.unsure[:len(oc.events)].sum()) if p.unsure is not None else 0
+    return rows + [check_row(
+        run.name, fw, bs, Check.OP_CPU_THREADS, "trace threads paired", True, True, PASS,
+        f"{p.describe()}; the paired threads' CPU time in no op {p.no_op_ns / n / 1e6:.4g} ms a step (the executor, "
+        f"pool threads spinning)" + (f"; {held} ops beside a task of unknown scheduler: not given a figure"
+                                     if held else ""))]
 
 
 def _sampler_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:

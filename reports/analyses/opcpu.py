@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kernelmap import cpusampler, schema, timing
+from kernelmap import cpusampler, poolcpu, schema, timing
+from kernelmap.adapters import thunk_completion
 from kernelmap.errors import KernelmapError
 from kernelmap.rundir import pass_result_name, read_json
 from kernelmap.worker import FRAMEWORK_PASS
@@ -66,6 +67,7 @@ class OpCpu:
     main_how: str = ""  # MAIN_RULE: how that was decided, in words
     sampler_step_cpu_ms: tuple[float, ...] = ()  # the sampler thread's own over each marked step
     worker_step_cpu_ms: tuple[float, ...] = ()  # the worker's own process CPU time of each step (timing.CPU_SAMPLES)
+    pool: poolcpu.PoolCpu | None = None  # per-thread attribution (poolcpu.POOL_THREAD_RULE), where its files exist
 
     @property
     def measured(self) -> bool:
@@ -140,9 +142,44 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     # shared_cpu_ns: the op's share (cpusampler.SHARE_RULE); cpu_ns: the same where it is the op's own, NaN where
     # its span shared XLA's pool with another's work (cpu_why: cpusampler.POOL_RULE); span_cpu_ns: unshared
     shared = cpusampler.shared_cpu(samples, start, end, running)
-    why = pool_why(ev, _untimed_ops(rec, ev, t), rec)
+    more = _untimed_ops(rec, ev, t)
+    why = pool_why(ev, more, rec)
+    pool = pool_threads(path.parent, fig, full, result.get("pid"), rec, ev, more, fit, marks)
+    if pool is not None and pool.cpu_ns is not None:  # poolcpu.POOL_THREAD_RULE: each op's own, its pool work too
+        shared = np.where(np.isnan(shared), np.nan, pool.cpu_ns[:len(ev)])
+        unsure = pool.unsure[:len(ev)]
+        why = why.assign(cpu_why=pd.Series(np.where(unsure, poolcpu.UNSURE_WHY, None), index=ev.index, dtype=object),
+                         pool_with=pd.Series(None, index=ev.index, dtype=object))
     return OpCpu(fw, bs, "", ev.assign(cpu_ns=np.where(why["cpu_why"].notna(), np.nan, shared), shared_cpu_ns=shared,
-                                       **why, span_cpu_ns=samples.between(start, end)), **base)
+                                       **why, span_cpu_ns=samples.between(start, end)), **base, pool=pool)
+
+
+def pool_threads(folder, fig: dict, full: cpusampler.Samples, pid: Any, rec: pd.DataFrame, ev: pd.DataFrame,
+                 more: pd.DataFrame, fit: cpusampler.Fit, marks: list) -> poolcpu.PoolCpu | None:
+    """``poolcpu.attribute`` of a case whose capture wrote its pool tasks and whose sampler read each thread; None
+    where either is missing (a framework whose trace has no pool tasks, a run made before)."""
+    tasks_path, threads_name = folder / poolcpu.POOL_TASKS_FILE, fig.get(cpusampler.THREADS_KEY)
+    if not tasks_path.is_file() or not isinstance(threads_name, str) or not isinstance(pid, int) or not marks:
+        return None
+    threads_path = folder / threads_name
+    if not threads_path.is_file():
+        raise KernelmapError(f"{threads_path}: missing (the framework pass's result names it)")
+    every = pd.concat([ev[more.columns], more], ignore_index=True) if len(more) else ev
+    ops = {"tid": every["tid"].to_numpy(dtype=np.int64), "start": every["start_ns"].to_numpy(dtype=np.int64),
+           "running_end": running_ends(rec, every), "end": (every["start_ns"] + every["dur_ns"]).to_numpy(dtype=np.int64)}
+    cont = rec[rec["run"].isin(ev["run"].unique()) & rec["op_name"].eq(thunk_completion.CONTINUATION)
+               & rec["kind"].eq(schema.Kind.ANNOTATION) & rec["start_ns"].notna() & rec["tid"].notna()]
+    executor = {"tid": cont["tid"].to_numpy(dtype=np.int64), "start": cont["start_ns"].to_numpy(dtype=np.int64),
+                "end": (cont["start_ns"] + cont["dur_ns"].fillna(0)).to_numpy(dtype=np.int64)}
+    names = {int(k): v for k, v in (fig.get(cpusampler.NAMES_KEY) or {}).items() if isinstance(v, str)}
+    threads = cpusampler.ThreadSamples.read(threads_path, full)
+    got = poolcpu.attribute(threads, names, pid, poolcpu.PoolTasks.read(tasks_path), ops, executor, fit.offset_ns,
+                            (int(marks[0][1]), int(marks[-1][2])))
+    got.sum_gap = threads.check(full, np.asarray([m[1] for m in marks]), np.asarray([m[2] for m in marks]))
+    if not got.sum_gap <= poolcpu.SUM_SLACK:  # NaN too: nothing to hold the threads' file against
+        got.cpu_ns, got.why = None, (f"the per-thread samples' sum departs {got.sum_gap:.2%} from the samples' over a "
+                                     f"marked step (at most {poolcpu.SUM_SLACK:.1%}: they are the same reads)")
+    return got
 
 
 POOL_NAMES = 3  # the pending thunks a layer's reason names (the rest counted)
@@ -151,7 +188,7 @@ POOL_NAMES = 3  # the pending thunks a layer's reason names (the rest counted)
 def _untimed_ops(rec: pd.DataFrame, ev: pd.DataFrame, t: Timed) -> pd.DataFrame:
     """The case's other op records of its trace (no canonical op, nested, outside the traced steps): a thunk pending
     among them shares the pool as a timed one does (``pool_why``)."""
-    cols = ["run", "event_id", "op_name", "start_ns", "dur_ns"]
+    cols = ["run", "event_id", "op_name", "start_ns", "dur_ns", "tid"]
     ops = rec[(rec["case"] == t.framework) & (rec["batch_size"] == t.batch_size) & (rec["source"] == t.source)
               & rec["kind"].eq(schema.Kind.OP) & rec["run"].isin(ev["run"].unique()) & rec["start_ns"].notna()
               & rec["dur_ns"].notna()]
