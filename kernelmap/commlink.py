@@ -207,8 +207,10 @@ def link(df: pd.DataFrame) -> pd.DataFrame:
     n.iloc[pos] = pd.array([elements(s) for s in df["shapes"].to_numpy(dtype=object)[pos]], dtype="Int64")
     fill = coll & df["bytes"].isna().to_numpy() & n.notna().to_numpy()
     df.loc[fill, "bytes"] = (n[fill] * GRADIENT_BYTES).astype("Int64")
-    cols = ["source_file", "kind", "op_name", "event_id", "op_event_id", "start_ns"]  # what _link_work reads
-    for _, g in df.loc[coll, cols].groupby("source_file", sort=False):
+    # one trace is one rank's: its file name alone is not (every rank's folder holds a trace.json.gz)
+    trace = ["source_file", "rank"] if "rank" in df else ["source_file"]
+    cols = [*trace, "kind", "op_name", "event_id", "op_event_id", "start_ns"]  # what _link_work reads
+    for _, g in df.loc[coll, cols].groupby(trace, sort=False, dropna=False):
         _link_work(df, g, n)
     return df
 

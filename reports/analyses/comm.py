@@ -6,16 +6,21 @@ Per traced step of each rank (``per_step``):
   the last end of the step's compute and communication (JAX's region closes once the host has dispatched the
   step, before its devices run it);
 - ``communication_ms``: the union of the communication intervals of the step (``commlink.is_communication``:
-  collective ops, their work spans, the KVStore's sums and copies, collective kernels);
+  collective ops, their work spans, the KVStore's sums and copies, collective kernels); on the GPU (the device
+  basis) only the device's rows (kernels, copies, sets): the host's issuing ops and API calls are another clock;
 - ``compute_ms``: the union of the rest: on the GPU the kernels (the device's clock), on the CPU the framework
   ops (the host's clock; nested ops counted once);
 - ``exposed_ms``: communication time during which no compute ran (communication minus its overlap with
   compute); ``overlap_share`` = 1 − exposed / communication (NA without communication);
-- ``comm_bytes``: bytes the step's collective ops moved (their sizes in the trace; NA where it gives none);
+- ``comm_bytes``, ``collectives``: bytes the step's collective ops moved (their sizes in the trace; NA where it
+  gives none) and how many they are: the outermost collective ops (``outermost``: DDP's ``c10d::allreduce_`` and the
+  ``record_param_comms`` inside it are one), on the device basis those that launched device rows, plus each
+  instruction a device row names without a launching op (XLA's GPU trace);
 - ``step_start_ns``, ``step_end_ns``: the step's interval on the trace's clock (the merged timeline of the ranks
   draws it: ``analyses/ranks.py``);
 - ``linked_share``: the share of the communication rows' summed time that is an op of the framework's own
-  or linked to the op that issued it (``op_event_id``; ``kernelmap/commlink.py``).
+  or linked to the op that issued it (``op_event_id``; ``kernelmap/commlink.py``), or a device row that names the
+  instruction it runs (XLA's GPU kernels: the trace has no op rows).
 
 The rank is the trace's (Kineto's ``distributedInfo``; XLA's host device of each thunk); where a trace names
 none (MXNet's one process drives its N contexts through one KVStore, whose sums and copies serve them all),
@@ -37,6 +42,7 @@ import pandas as pd
 from kernelmap.frameworks.dataparallel import NO_REDUCTION, rank_folders
 
 from kernelmap.commlink import NCCL_LOG, NCCL_LOG_COLUMNS, is_communication, read_nccl_log
+from kernelmap.schema import Kind
 
 from ..foreign import length_ns, overlap_ns, union_ns
 
@@ -46,6 +52,7 @@ COLUMNS = ["run", "framework", "mode", "devices", "batch_size", "source", "rank"
            "compute_ms", "communication_ms", "exposed_ms", "overlap_share", "comm_bytes", "collectives",
            "linked_share", "step_start_ns", "step_end_ns"]
 _NS_MS = 1e6
+DEVICE_KINDS = (Kind.KERNEL.value, Kind.MEMCPY.value, Kind.MEMSET.value)  # rows on a device's clock
 
 
 def _intervals(rows: pd.DataFrame) -> list[tuple[int, int]]:
@@ -55,11 +62,35 @@ def _intervals(rows: pd.DataFrame) -> list[tuple[int, int]]:
 
 
 def _linked_ns(comm: pd.DataFrame, ops: set) -> tuple[int, int]:
-    """(summed time of ``comm``'s rows that are ops or linked to one of ``ops``, summed time of all)."""
+    """(summed time of ``comm``'s rows that are ops or linked to one of ``ops``, summed time of all). A device row
+    with no launching op that carries its instruction's name (XLA's GPU trace: a kernel names the ``all-reduce``
+    it runs; the trace has no op rows) is attributed to that op."""
     dur = comm["dur_ns"].fillna(0).astype("int64")
-    own = (comm["kind"] == "op").fillna(False)
-    linked = own | comm["op_event_id"].isin(ops).fillna(False)
+    kind = comm["kind"]
+    own = (kind == Kind.OP.value).fillna(False)
+    named = kind.isin(DEVICE_KINDS).fillna(False) & comm["op_event_id"].isna() & comm["op_name"].notna()
+    linked = own | comm["op_event_id"].isin(ops).fillna(False) | named
     return int(dur[linked].sum()), int(dur.sum())
+
+
+def roots(ops: pd.DataFrame, ids) -> list[int]:
+    """For each op event id of ``ids``: the outermost collective op of ``ops`` (one case's collective ops: event ids
+    are a case's own) above it or itself, else the id itself."""
+    up = {int(e): p for e, p in zip(ops["event_id"], ops["op_event_id"], strict=True)}
+    out = []
+    for i in ids:
+        i = int(i)
+        while pd.notna(up.get(i, pd.NA)) and int(up[i]) in up:
+            i = int(up[i])
+        out.append(i)
+    return out
+
+
+def outermost(ops: pd.DataFrame) -> pd.DataFrame:
+    """The collective ops of ``ops`` (one case's communication ops) not inside another of them: DDP's
+    ``c10d::allreduce_`` holds the ``record_param_comms`` that launches its NCCL kernel, one collective counted once
+    (its bytes too)."""
+    return ops[~ops["op_event_id"].isin(set(ops["event_id"].dropna().tolist())).fillna(False).to_numpy()]
 
 
 def _steps(df: pd.DataFrame) -> pd.Series:
@@ -119,15 +150,24 @@ def _case_rows(case: CaseFrame) -> list[dict]:
             in_rank = np.ones(len(mine), dtype=bool) if r is None else (mine["rank"] == r).fillna(False).to_numpy()
             comm = mine[at & comm_all & in_rank]
             compute = mine[at & ~comm_all & in_rank & work]
-            c_iv, w_iv = _intervals(comm), _intervals(compute)
+            # on the device basis its communication is the device's rows (kernels, copies), not the host's
+            # issuing ops and API calls: the device's clock, as its compute
+            timed = comm[comm["kind"].isin(DEVICE_KINDS).fillna(False).to_numpy()] if case.on_device else comm
+            c_iv, w_iv = _intervals(timed), _intervals(compute)
             c_ns = length_ns(c_iv)
             # the step on this rank: its region, widened to its work (an asynchronous framework's region
             # closes when the host has issued the step, before its devices ran it: JAX's)
-            ends = [s0, s1] + [x for iv in (c_iv, w_iv) if iv for x in (iv[0][0], iv[-1][1])]
+            ends = [s0, s1] + [x for iv in (_intervals(comm), w_iv) if iv for x in (iv[0][0], iv[-1][1])]
             step_ns = max(ends) - min(ends)
             exposed = c_ns - overlap_ns(c_iv, w_iv)
-            linked, total = _linked_ns(comm, ops)
-            issuing = comm[(comm["kind"] == "op").fillna(False)]
+            linked, total = _linked_ns(timed, ops)
+            every = comm[(comm["kind"] == "op").fillna(False).to_numpy()]
+            issuing, instructions = outermost(every), 0
+            if case.on_device:  # the collectives that ran on the device: ops that launched its rows (DDP's
+                # record_param_comms of a work's wait launches none), and each instruction a row names (XLA's)
+                launched = timed[timed["op_event_id"].notna().to_numpy()]
+                issuing = issuing[issuing["event_id"].isin(roots(every, launched["op_event_id"])).to_numpy()]
+                instructions = timed.loc[timed["op_event_id"].isna().to_numpy(), "op_name"].dropna().nunique()
             out.append({"run": key["run"], "framework": key["framework"], "mode": key["mode"],
                         "devices": key["devices"], "batch_size": key["batch_size"], "source": key["source"],
                         "rank": r, "iteration": it,
@@ -135,7 +175,7 @@ def _case_rows(case: CaseFrame) -> list[dict]:
                         "communication_ms": c_ns / _NS_MS, "exposed_ms": exposed / _NS_MS,
                         "overlap_share": (1 - exposed / c_ns) if c_ns else None,
                         "comm_bytes": int(issuing["bytes"].sum()) if issuing["bytes"].notna().any() else None,
-                        "collectives": len(issuing), "linked_share": linked / total if total else None,
+                        "collectives": len(issuing) + instructions, "linked_share": linked / total if total else None,
                         "step_start_ns": min(ends), "step_end_ns": max(ends)})
     return out
 
@@ -195,8 +235,8 @@ def arrivals(records: pd.DataFrame) -> pd.DataFrame:
     if records.empty or "devices" not in records:
         return pd.DataFrame(columns=ARRIVAL_COLUMNS)
     multi = records[(records["devices"].fillna(1) > 1)]
-    ops = multi[is_communication(multi) & (multi["kind"] == "op").fillna(False).to_numpy()
-                & multi["rank"].notna().to_numpy() & multi["iteration"].notna().to_numpy()]
+    ops = outermost(multi[is_communication(multi) & (multi["kind"] == "op").fillna(False).to_numpy()])
+    ops = ops[ops["rank"].notna().to_numpy() & ops["iteration"].notna().to_numpy()]
     rows = []
     for (run, src, it), g in ops.groupby(["run", "source", "iteration"], sort=True):
         g = g.sort_values("start_ns", kind="stable")
@@ -223,20 +263,36 @@ COLLECTIVE_COLUMNS = ["run", "framework", "devices", "batch_size", "source", "ra
 
 def collectives(records: pd.DataFrame) -> pd.DataFrame:
     """``COLLECTIVE_COLUMNS``: every collective of the traced steps of the multi-device cases, per rank in start
-    order (``collective``: its index in the step): its issuing op, bytes, the rows of work linked to it (gloo's
-    spans, NCCL's kernels: ``op_event_id``) with their summed time (the op's own where none is linked: XLA's thunk
-    on the CPU, MXNet's KVStore ops), the CUDA streams of its kernels, NCCL's algorithm and protocol where the
+    order (``collective``: its index in the step): its issuing op (the outermost collective op: ``outermost``), bytes,
+    the rows of work linked to it or to a collective op inside it (gloo's spans, NCCL's kernels: ``op_event_id``;
+    in a case traced on its devices only device rows, and only the ops that launched some) with their summed time
+    (the op's own where none is linked: XLA's thunk on the CPU, MXNet's KVStore ops), the CUDA streams of its kernels, NCCL's algorithm and protocol where the
     kernels' names say them (``commlink.nccl_algorithm``; NA for a generic NCCL kernel) and the kernels' names."""
     if records.empty or "devices" not in records:
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
     multi = records[(records["devices"].fillna(1) > 1)]
     comm = multi[is_communication(multi)]
-    ops = comm[(comm["kind"] == "op").fillna(False) & comm["iteration"].notna()]
-    work = comm[(comm["kind"] != "op").fillna(True) & comm["op_event_id"].notna()]
+    every = comm[(comm["kind"] == "op").fillna(False)]
+    ops = outermost(every)
+    ops = ops[ops["iteration"].notna().to_numpy()]
+    # an op's work: the device rows and work spans linked to it or to a collective op inside it (DDP's NCCL kernel
+    # is launched by the record_param_comms inside c10d::allreduce_); host API calls are not its work
+    # a case traced on its devices: their rows (the device basis, as per_step); else the host's work spans (gloo's)
+    on_device = set(map(tuple, multi.loc[(multi["kind"] == Kind.KERNEL.value).fillna(False).to_numpy(),
+                                         ["run", "source"]].drop_duplicates().to_numpy().tolist()))
+    dev = np.array([(c, s) in on_device for c, s in zip(comm["run"], comm["source"], strict=True)], dtype=bool)
+    kinds = np.where(dev, comm["kind"].isin(DEVICE_KINDS).fillna(False).to_numpy(),
+                     (comm["kind"] == Kind.ANNOTATION.value).fillna(False).to_numpy())
+    work = comm[kinds & comm["op_event_id"].notna().to_numpy()]
+    work = pd.concat([g.assign(op_event_id=roots(every[every["run"] == c], g["op_event_id"]))
+                      for c, g in work.groupby("run", sort=False)]) if len(work) else work
     by_op = {k: g for k, g in work.groupby(["run", "source", "source_file", "op_event_id"], sort=False)}
     rows = []
     for (case, src, rank, it), g in ops.groupby(["run", "source", "rank", "iteration"], sort=True, dropna=False):
-        for k, (_, op) in enumerate(g.sort_values("start_ns", kind="stable").iterrows()):
+        g = g.sort_values("start_ns", kind="stable")
+        if (case, src) in on_device:  # the collectives that ran on the device (per_step counts these)
+            g = g[[(case, src, f, e) in by_op for f, e in zip(g["source_file"], g["event_id"], strict=True)]]
+        for k, (_, op) in enumerate(g.iterrows()):
             w = by_op.get((case, src, op["source_file"], op["event_id"]))
             kern = w[(w["kind"] == "kernel").fillna(False)] if w is not None else work.iloc[0:0]
             algos = sorted(kern["algo"].dropna().astype(str).unique()) if len(kern) else []
