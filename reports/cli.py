@@ -191,6 +191,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                       f"<br><small>(same kind, comparable passes only)</small></th>")
         body = []
         notes: dict[str, int] = {}  # why a ratio is not drawn -> its note number (each reason printed once)
+        stated: dict[str, int] = {}  # a framework's one statement of its calls -> its note letter (H.letter)
         for _, row in g.iterrows():
             cells = [f'<td class="key">{_html.escape(str(row["layer"]))}</td>',
                      f'<td class="key">{_html.escape(str(row["direction"]))}</td>',
@@ -205,6 +206,11 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 call_html = H.abbr_list(calls, 28, wrap=True) if calls else (
                     f'<span class="empty">{_html.escape("/".join(libs) or "none")} '
                     f'({_html.escape(f"no call linked: {said}" if said else "no call logged")})</span>')
+                bare = not calls and not any(row.get(f"{fw}.{k}") for k in ("algos", "kernels"))
+                if bare and said:  # the one statement of its calls, said once under the table, not in every row
+                    n = stated.setdefault(f"no call linked: {said}", len(stated) + 1)
+                    call_html = (f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call linked '
+                                 f'<a href="#callnote-{_html.escape(str(run))}-{bs}-{n}">[{H.letter(n)}]</a>)</span>')
                 ms = row[f"{fw}.ms_per_step"]
                 pass_ = row.get(f"{fw}.pass")
                 kind = str(row.get(f"{fw}.time_kind"))
@@ -212,11 +218,12 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 under = (f"{pass_} pass" if isinstance(pass_, str) else "pass unknown") + (
                     f" · {kind}" if row["compared_on"] == ANS.MIXED else "")
                 suspect = not bool(row.get(f"{fw}.comparable"))
-                cells += [f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24, wrap=True)}</td>",
-                          f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34, wrap=True)}</td>",
-                          f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
-                          f"{H.fmt(ms, 'ms_per_step')}"
-                          f'<br><span class="pass{" suspect" if suspect else ""}">{_html.escape(under)}</span></td>']
+                cells += [f'<td colspan="3">{call_html}</td>'] if bare else [
+                    f"<td>{call_html}</td>", f"<td>{H.abbr_list(row[f'{fw}.algos'], 24, wrap=True)}</td>",
+                    f"<td>{H.abbr_list(row[f'{fw}.kernels'], 34, wrap=True)}</td>"]
+                cells.append(f'<td class="num" title="{_html.escape(str(row[f"{fw}.time_source"]))}">'
+                             f"{H.fmt(ms, 'ms_per_step')}"
+                             f'<br><span class="pass{" suspect" if suspect else ""}">{_html.escape(under)}</span></td>')
             for fw in others:
                 v = row.get(f"{fw}.vs_ref")
                 if v is None or pd.isna(v):
@@ -242,7 +249,8 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
                     "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
                             f"<tbody>{''.join(body)}</tbody></table>"
-                            + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else ""),
+                            + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else "")
+                            + H.statements_list(stated, f"callnote-{_html.escape(str(run))}-{bs}"),
                     "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})
     return out
 
@@ -264,13 +272,15 @@ def _summary_html(summ: pd.DataFrame) -> str:
         for lo, hi, hw, nz, td, rp in zip(s["step_ms_ci95_low"], s["step_ms_ci95_high"], s["ci95_half_width_pct"],
                                           s["noisy"], s["trials_disagree"], s["repeats"], strict=True)]
     s["contention_html"] = [_busy_html(c, t) for c, t in zip(s["contended"], s["contention"], strict=True)]
-    return H.table(s, SUMMARY_COLS, raw={"framework_html", "device_html", "ci_html", "contention_html"})
+    # one run: the page's header names it; its column would only narrow the others (issue 42: a row a line or two)
+    cols = SUMMARY_COLS if s["run"].nunique() > 1 else {k: v for k, v in SUMMARY_COLS.items() if k != "run"}
+    return H.table(s, cols, raw={"framework_html", "device_html", "ci_html", "contention_html"})
 
 
 def _busy_html(contended: Any, text: Any) -> str:
     """A contention text, marked where the pass was flagged contended."""
     if flagged(contended):
-        return f'<span class="busy">{_html.escape(str(text))}</span>'
+        return H.busy_span(text)
     return f'<span class="empty">{_html.escape(str(text))}</span>' if text == BUSY_NOT_MEASURED else _html.escape(
         str(text))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,24 @@ def notes_list(notes: dict[str, int], anchor: str) -> str:
     return f'<ol class="noratio-notes">{items}</ol>'
 
 
+def letter(n: int) -> str:
+    """The n-th (from 1) note letter: a, b, ... z, aa, ab ... (statements under a table, apart from its numbered
+    reasons)."""
+    out = ""
+    while n:
+        n, r = divmod(n - 1, 26)
+        out = chr(ord("a") + r) + out
+    return out
+
+
+def statements_list(stated: dict[str, int], anchor: str) -> str:
+    """A table's statements said once under it instead of in every row (``[a]`` in the cells), each with its id."""
+    if not stated:
+        return ""
+    items = "".join(f'<li id="{anchor}-{n}" value="{n}">{html.escape(w)}</li>' for w, n in stated.items())
+    return f'<ol class="noratio-notes call-notes" type="a">{items}</ol>'
+
+
 def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float) -> str:
     """A ratio cell: the ratio (marked where ``gap`` or more either way), or a pointer to why there is none."""
     if v is not None and not pd.isna(v):
@@ -155,64 +174,80 @@ def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float)
             f'<a href="#{anchor}-{n}">[{n}]</a></td>')
 
 
+def _cpu_cell(r: pd.Series, fw: str) -> str:
+    """One framework's CPU-time cell of ``cpu_tables``: its pass and interval, BUSY where the machine was, the figure."""
+    ms, ci, busy = r.get(f"{fw}.cpu_ms"), r.get(f"{fw}.ci_ms"), r.get(f"{fw}.busy")
+    why = r.get(f"{fw}.not_sampled")  # answer.cpu_table: why a layer's cell is not its ops' sampled time
+    if ms is None or pd.isna(ms):
+        return f'<td class="withheld" title="{html.escape(why)}">not sampled</td>' if isinstance(why, str) else "<td>–</td>"
+    how = html.escape(str(r.get(f"{fw}.method") or "") + (f" ({why})" if isinstance(why, str) else ""))
+    under = f"{r.get(f'{fw}.pass')} pass" + (f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
+    mark = f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>' if isinstance(busy, str) else ""
+    return (f'<td class="num" title="{how}"><span class="pass">{html.escape(under)}</span>{mark} '
+            f"<b>{fmt(ms, 'ms_per_step')}</b></td>")
+
+
 def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -> list[dict[str, Any]]:
-    """``answer.cpu_table`` as one HTML table per run x batch size: per framework its CPU time per step
-    (ms, on one line with its pass, the clean pass's 95% interval on the whole-step row, BUSY where the
-    machine was), then each framework's CPU time over the reference's. ``label``: framework key -> its name."""
+    """``answer.cpu_table`` as one HTML table per run, its batch sizes one above the other (a ``bs`` column
+    where there are several: every layer and direction of every batch size on the first screen): per framework
+    its CPU time per step (ms, on one line with its pass, the clean pass's 95% interval on the whole-step row,
+    BUSY where the machine was), then each framework's CPU time over the reference's. ``label``: framework key
+    -> its name. The reasons a cell has no ratio are numbered once per table, folded under it."""
     out: list[dict[str, Any]] = []
     if cpu.empty:
         return out
-    for (run, bs), g in cpu.groupby(["run", "batch_size"], sort=False, dropna=False):
+    for run, g in cpu.groupby("run", sort=False, dropna=False):
         here = [fw for fw in fws if f"{fw}.cpu_ms" in g and g[f"{fw}.cpu_ms"].notna().any()]
         others = [fw for fw in here if fw != ref and ref in here]
-        head = "<th>layer</th><th>direction</th>" + "".join(
-            f"<th>{html.escape(label(fw))}<br><small>CPU ms/step</small></th>" for fw in here) + "".join(
-            f"<th>{html.escape(label(fw))} / {html.escape(label(ref))}<br><small>CPU time</small></th>"
-            for fw in others)
-        anchor = f"cpunote-{run}-{bs}"
+        sizes = list(dict.fromkeys(g["batch_size"]))
+        several = len(sizes) > 1
+        head = ("<th>bs</th>" if several else "") + "<th>layer</th><th>direction</th>" + "".join(
+            f"<th>{html.escape(label(fw))} <small>CPU ms/step</small></th>" for fw in here) + "".join(
+            f"<th>{html.escape(label(fw))} / {html.escape(label(ref))} <small>CPU time</small></th>" for fw in others)
+        anchor = f"cpunote-{run}"
         notes: dict[str, int] = {}
         body = []
-        for _, r in g.iterrows():
-            cells = [f'<td class="key">{html.escape(str(r["layer"]))}</td>',
-                     f'<td class="key">{html.escape(str(r["direction"]))}</td>']
-            for fw in here:
-                ms, ci, busy = r.get(f"{fw}.cpu_ms"), r.get(f"{fw}.ci_ms"), r.get(f"{fw}.busy")
-                why = r.get(f"{fw}.not_sampled")  # answer.cpu_table: why a layer's cell is not its ops' sampled time
-                how = html.escape(str(r.get(f"{fw}.method") or "") + (f" ({why})" if isinstance(why, str) else ""))
-                under = f"{r.get(f'{fw}.pass')} pass" + (
-                    f" · {ci[0]:.3g}–{ci[1]:.3g}" if isinstance(ci, tuple) else "")
-                mark = (f' <span class="busy" title="{html.escape(str(busy))}">BUSY</span>'
-                        if isinstance(busy, str) else "")
-                cells.append(f'<td class="num" title="{how}"><span class="pass">{html.escape(under)}</span>{mark} '
-                             f"<b>{fmt(ms, 'ms_per_step')}</b></td>" if ms is not None and not pd.isna(ms)
-                             else f'<td class="withheld" title="{html.escape(why)}">not sampled</td>'
-                             if isinstance(why, str) else "<td>–</td>")
-            cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
-                      for fw in others]
-            body.append("<tr>" + "".join(cells) + "</tr>")
+        for bs in sizes:
+            rows = g[g["batch_size"] == bs]
+            for i, (_, r) in enumerate(rows.iterrows()):
+                cells = ([f'<td class="key bs" rowspan="{len(rows)}">{html.escape(str(bs))}</td>'] if several and i == 0
+                         else []) + [f'<td class="key">{html.escape(str(r["layer"]))}</td>',
+                                     f'<td class="key">{html.escape(str(r["direction"]))}</td>']
+                cells += [_cpu_cell(r, fw) for fw in here]
+                cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
+                          for fw in others]
+                body.append(('<tr class="bs-first">' if several and i == 0 and bs != sizes[0] else "<tr>")
+                            + "".join(cells) + "</tr>")
         n_ratio = sum(int(g[f"{fw}.vs_ref"].notna().sum()) for fw in others)
         n_cells = sum(int(g[f"{fw}.cpu_ms"].notna().sum()) for fw in others)
         # cells with no figure that say why (answer.WITHHELD: not sampled apart), counted as such, not as figures
         n_withheld = sum(int((g[f"{fw}.cpu_ms"].isna() & g[f"{fw}.not_sampled"].map(lambda v: isinstance(v, str)))
                              .sum()) for fw in here if f"{fw}.not_sampled" in g)
-        out.append({"title": f"Run {run}, batch size {bs}", "ratios": n_ratio, "ratio_cells": n_cells,
-                    "withheld": n_withheld,
+        folded = (f"<details><summary>Why a cell has no ratio ({len(notes)} reason(s), numbered in the table; hover a"
+                  f" cell for its own)</summary>{notes_list(notes, anchor)}</details>" if notes else "")
+        sizes_said = ", ".join(str(b) for b in sizes)
+        out.append({"title": f"Run {run}, batch size{'s' if several else ''} {sizes_said}", "ratios": n_ratio,
+                    "ratio_cells": n_cells, "withheld": n_withheld,
                     "html": f'<table class="answer cpu"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
-                            f"</tbody></table>" + notes_list(notes, anchor)})
+                            f"</tbody></table>" + folded})
     return out
 
 
 def checks_tables(checks: pd.DataFrame, columns: dict[str, str], failed: str) -> tuple[str, str]:
-    """(the failed checks' short table, every check's table): the first on the page without the ``detail``
-    column (each row's detail is in the second, folded), the second whole."""
+    """(the failed checks, every check's table). The first: one line per failed check (its first failed row and
+    how many rows failed, without the ``detail`` column, linked from the banner: ``failure_anchor``), then every
+    failed row folded under it where a check failed more than once; the second whole (each row's detail)."""
     if checks is None or checks.empty:
         return "", ""
     bad = checks[checks["status"] == failed]
     short = {c: h for c, h in columns.items() if c != "detail"}
-    first = ~bad["check"].duplicated()
-    ids = [failure_anchor(k) if f else None for k, f in zip(bad["check"], first, strict=True)]
-    return (table(bad, short, cell_class={"status": "status"}, row_ids=ids),
-            table(checks, columns, cell_class={"status": "status"}))
+    first = bad[~bad["check"].duplicated()].copy()
+    first.insert(len(first.columns), "failed_rows", [int((bad["check"] == k).sum()) for k in first["check"]])
+    ids = [failure_anchor(k) for k in first["check"]]
+    head = table(first, {**short, "failed_rows": "failed rows"}, cell_class={"status": "status"}, row_ids=ids)
+    rest = (f"<details id=\"checks-failed\"><summary>Every failed row ({len(bad)})</summary>"
+            f"{table(bad, short, cell_class={'status': 'status'})}</details>" if len(bad) > len(first) else "")
+    return head + rest, table(checks, columns, cell_class={"status": "status"})
 
 
 def failure_anchor(check: str) -> str:
@@ -223,7 +258,8 @@ def failure_anchor(check: str) -> str:
 def failure_lines(checks: pd.DataFrame, failed: str, label, first: str | None = None) -> list[dict[str, Any]]:
     """The banner's failed checks: one line per check (``first``, if it failed, then the table's order) with how
     many rows failed and every failed row's subject (framework, batch size and what was checked; each named once),
-    linked to its first row in the short table of failures (``failure_anchor``)."""
+    linked to its first row in the short table of failures (``failure_anchor``). ``head``: the subjects that fit
+    on the line (``LINE_CHARS``), ``more``: how many are left to the folded whole (``subjects``)."""
     if checks is None or checks.empty:
         return []
     bad = checks[checks["status"] == failed]
@@ -236,11 +272,42 @@ def failure_lines(checks: pd.DataFrame, failed: str, label, first: str | None = 
                                     f"bs {int(r['batch_size'])}" if pd.notna(r["batch_size"]) else "",
                                     "" if one or pd.isna(r["subject"]) else str(r["subject"])) if x)
                for _, r in g.iterrows()]
-        whole = ", ".join(dict.fromkeys(w for w in who if w))
+        names = list(dict.fromkeys(w for w in who if w))
         common = str(g["subject"].iloc[0]) if one and pd.notna(g["subject"].iloc[0]) else ""
-        subjects = f"{whole} ({common})" if whole and common else whole or common
-        out.append({"check": str(kind), "rows": len(g), "subjects": subjects, "anchor": failure_anchor(kind)})
+        shown = _fitting(names, LINE_CHARS - len(str(kind)) - len(common))
+        said = {}
+        for key, part in (("subjects", names), ("head", names[:shown])):
+            whole = ", ".join(part)
+            said[key] = f"{whole} ({common})" if whole and common else whole or common
+        out.append({"check": str(kind), "rows": len(g), **said, "more": len(names) - shown,
+                    "anchor": failure_anchor(kind)})
     return out
+
+
+LINE_CHARS = 150  # about one line of the banner at 1,400 px: a failed check's line names its first subjects in it
+
+
+def _fitting(names: list[str], room: int) -> int:
+    """How many of ``names`` (joined by ", ") fit in ``room`` characters: at least one."""
+    used = 0
+    for i, n in enumerate(names):
+        used += len(n) + 2
+        if used > room and i:
+            return i
+    return len(names)
+
+
+# contention.summarise's busiest other process, "(most: pid N COMMAND, C cores)": the banner's list names it in full
+MOST_CLAUSE = re.compile(r" \(most: pid \d+ .*?, [\d.]+ cores\)")
+
+
+def busy_span(text: Any) -> str:
+    """A busy pass's contention text, marked, in a table cell: the busiest other process (``MOST_CLAUSE``, named in
+    full in the banner's list of busy figures) moved into its title, so that the cell stays a line or two."""
+    full = str(text)
+    short = MOST_CLAUSE.sub("", full)
+    title = f' title="{html.escape(full, quote=True)}"' if short != full else ""
+    return f'<span class="busy"{title}>{html.escape(short)}</span>'
 
 
 def busy_mark(ov: pd.DataFrame, passes: tuple[str, ...], label) -> tuple[bool | None, str]:

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from kernelmap.reports import cli as report_cli
 from kernelmap.reports import figures as F
+from kernelmap.reports import html as H
 from kernelmap.reports.analyses.basis import UNEVEN_STRETCH
 
 from kernelmap import schema
@@ -55,27 +56,50 @@ def test_the_banner_names_every_busy_figure(page):
         assert any(f"bs {r['batch_size']} {r['pass']} pass: BUSY" in i for i in items), (r["framework"], r["pass"])
 
 
+BANNER_LINE = re.compile(r'<li><a href="#(fail-[a-z0-9-]+)">(.*?)</a> \((\d+)\): (.*?)</li>'
+                         r'|<li><details><summary><a href="#(fail-[a-z0-9-]+)">(.*?)</a> \((\d+)\): (.*?) and (\d+) more:'
+                         r"</summary>(.*?)</details></li>", re.S)
+
+
+def banner_lines(banner: str) -> list[dict]:
+    """The banner's failed-check lines: a line each, its subjects whole, or its first ones with the rest folded."""
+    out = []
+    for m in BANNER_LINE.finditer(banner):
+        g = m.groups()
+        if g[0]:
+            out.append({"anchor": g[0], "check": g[1], "rows": int(g[2]), "head": g[3], "more": 0, "subjects": g[3]})
+        else:
+            out.append({"anchor": g[4], "check": g[5], "rows": int(g[6]), "head": g[7], "more": int(g[8]),
+                        "subjects": g[9]})
+    return out
+
+
 def test_the_banner_lists_every_failed_check_a_line_each_linked_to_its_row(page):
     html = (page / "report.html").read_text()
     banner = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S).group(1)
     checks = pd.read_csv(page / "tables" / "self_checks.csv")
     bad = checks[checks["status"] == "FAIL"]
-    lines = re.findall(r'<li><a href="#(fail-[a-z0-9-]+)">(.*?)</a> \((\d+)\): (.*?)</li>', banner)
+    lines = banner_lines(banner)
     assert len(bad) > 0 and len(lines) == bad["check"].nunique()
-    assert {(k, int(n)) for _, k, n, _ in lines} == {(k, len(g)) for k, g in bad.groupby("check")}
-    said = {k: who for _, k, _, who in lines}
+    assert {(x["check"], x["rows"]) for x in lines} == {(k, len(g)) for k, g in bad.groupby("check")}
+    said = {x["check"]: x["subjects"] for x in lines}
     for _, r in bad.iterrows():  # every failed row is named: its framework and batch size on its check's line
         assert f"{report_cli.A.fw_label(r['framework'])} bs {int(r['batch_size'])}" in said[r["check"]], r.to_dict()
+    for x in lines:  # a long line shows its first subjects and folds the whole list, the count of the rest said
+        assert x["subjects"].startswith(x["head"].split(" (")[0])
+        assert x["more"] == 0 or len(x["head"]) <= H.LINE_CHARS < len(x["subjects"])
+    assert any(x["more"] for x in lines)  # this fixture has a check that failed on more rows than a line holds
     short = re.search(r'<section id="checks">(.*?)<details id="checks-all">', html, re.S).group(1)
-    for anchor, kind, _, _ in lines:  # the link goes to the check's first row in the short table of failures
-        assert re.search(rf'<tr id="{anchor}"><td>[^<]*</td><td>[^<]*</td><td[^>]*>[^<]*</td><td>{kind}</td>', short)
+    for x in lines:  # the link goes to the check's first row in the short table of failures
+        assert re.search(rf'<tr id="{x["anchor"]}"><td>[^<]*</td><td>[^<]*</td><td[^>]*>[^<]*</td><td>{x["check"]}</td>',
+                         short)
     # the details are folded, not dropped
-    assert '<details><summary>Why (the first failed row of each check, in full)</summary>' in banner
+    assert re.search(r'<details class="fail-head"><summary><b>⚠ \d+ self-check\(s\) failed</b>.*?Why:</summary>', banner,
+                     re.S)
 
 
 def test_banner_lines_put_a_math_failure_first_and_name_each_subject():
     from kernelmap.reports import checks as C
-    from kernelmap.reports import html as H
 
     rows = [C.check_row("r", "mxnet", 256, C.Check.CAPTURE_NOT_FASTER, "framework pass", 1, 2, C.FAIL, "d"),
             C.check_row("r", "mxnet", 64, C.Check.CALL_WITHIN_OP, "fc2 fwd", 1, 2, C.FAIL, "d"),
@@ -102,9 +126,15 @@ def test_every_figure_says_whether_the_machine_was_busy(page):
 def test_self_checks_show_their_failures_and_fold_the_rest(page):
     html = (page / "report.html").read_text()
     checks = pd.read_csv(page / "tables" / "self_checks.csv")
+    bad = checks[checks["status"] == "FAIL"]
     section = re.search(r'<section id="checks">(.*?)</section>', html, re.S).group(1)
     short, full = section.split('<details id="checks-all">')
-    assert short.count('<td class="status">FAIL</td>') == int((checks["status"] == "FAIL").sum()) > 0
+    kinds, failed = short.split('<details id="checks-failed">')
+    # a line per failed check (its first failed row and how many failed), then every failed row folded
+    assert kinds.count('<td class="status">FAIL</td>') == bad["check"].nunique() > 0
+    counts = [int(n) for n in re.findall(r'<td class="status">FAIL</td><td class="num">(\d+)</td></tr>', kinds)]
+    assert counts == [int((bad["check"] == k).sum()) for k in dict.fromkeys(bad["check"])]
+    assert failed.count('<td class="status">FAIL</td>') == len(bad) > len(counts)
     assert "<td class=\"status\">pass</td>" not in short
     assert full.count("<tr>") == len(checks) + 1
 
@@ -135,6 +165,7 @@ def _measure(tmp: Path, html: Path) -> dict:
       const q = s => document.querySelector(s) ? box(document.querySelector(s)) : null;
       const out = {height: document.documentElement.scrollHeight, page: document.documentElement.scrollWidth,
                    viewport: document.documentElement.clientWidth, cpu_row: q('#answer table.cpu tbody tr'),
+                   cpu_last_row: q('#answer table.cpu tbody tr:last-child'),
                    summary: q('#summary'), banner: q('#alarm')};
       const pre = document.createElement('pre'); pre.id = 'measure'; pre.textContent = JSON.stringify(out);
       document.body.appendChild(pre); });</script>"""
@@ -155,4 +186,4 @@ def test_page_height_and_first_screen_in_chromium(page, tmp_path):
     m = _measure(tmp_path, page / "report.html")
     assert m["height"] < MAX_PAGE, m
     assert m["page"] <= m["viewport"], m
-    assert m["banner"]["top"] < HEIGHT and m["cpu_row"]["bottom"] <= HEIGHT, m
+    assert m["banner"]["top"] < HEIGHT and m["cpu_last_row"]["bottom"] <= HEIGHT and m["summary"]["top"] < HEIGHT, m

@@ -1,0 +1,112 @@
+"""The page a user gets from the default CPU bench (issue 42), on the two real runs of `nox -R -s bench` on the
+project's 2-core VM (tests/data/cpu_bench_busy: the full test suite beside it, 24 self-checks failed, 46 busy
+figures; tests/data/cpu_bench_quiet: other processes at most 0.03 cores, 1 failed), each with the step benchmarks
+the bench saved (tests/data/cpu_bench_storage) as `--storage`, as the bench reports it. In headless Chromium at
+1,400 x 900: the page under 15,000 px, nothing scrolls sideways, and on the first screen the banner, every row of the
+CPU-time answer (every layer and direction of both batch sizes) and the top of the summary."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kernelmap.reports import cli as report_cli
+from kernelmap.reports import html as H
+from test_report_page import CHROMIUM, HEIGHT, MAX_PAGE, _measure, banner_lines
+
+from kernelmap.normalise import normalise_run_dir
+
+DATA = Path(__file__).parent / "data"
+RUNS = {"busy": "cpu_bench_busy", "quiet": "cpu_bench_quiet"}
+STORAGE = DATA / "cpu_bench_storage"
+
+
+def unpacked(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` with the files the fixture keeps gzipped (the CPU sampler's .npy, the saved benchmarks'
+    .json: their readers take them only as written) as the run and the bench wrote them."""
+    shutil.copytree(src, dst)
+    for f in [*dst.rglob("*.npy.gz"), *dst.rglob("*.json.gz")]:
+        if f.name != "trace.json.gz":  # the traces were written gzipped
+            f.with_suffix("").write_bytes(gzip.decompress(f.read_bytes()))
+            f.unlink()
+    return dst
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def bench_page(request, tmp_path_factory) -> tuple[str, Path]:
+    tmp = tmp_path_factory.mktemp(request.param)
+    run = unpacked(DATA / RUNS[request.param], tmp / RUNS[request.param])
+    storage = unpacked(STORAGE, tmp / "storage")
+    normalise_run_dir(run)
+    out, _ = report_cli.build([str(run)], tmp / "report", storage=str(storage))
+    return request.param, out
+
+
+def test_the_runs_are_what_the_bench_reported(bench_page):
+    """The fixtures give the bench's own self-check counts (its console: busy 142 passed, 24 failed, 90 not
+    checked; quiet 197 passed, 1 failed, 58 not checked), so the page measured below is the bench's page."""
+    which, out = bench_page
+    status = pd.read_csv(out / "tables" / "self_checks.csv")["status"].value_counts().to_dict()
+    assert status == {"busy": {"pass": 142, "FAIL": 24, "not checked": 90},
+                      "quiet": {"pass": 197, "FAIL": 1, "not checked": 58}}[which]
+
+
+def test_the_cpu_answer_is_one_table_with_both_batch_sizes(bench_page):
+    _, out = bench_page
+    html = (out / "report.html").read_text()
+    section = re.search(r'<section id="answer">(.*?)</section>', html, re.S).group(1)
+    assert section.count('<table class="answer cpu">') == 1
+    cpu = pd.read_csv(out / "tables" / "cpu_answer.csv")
+    table = re.search(r'<table class="answer cpu">.*?</table>', section, re.S).group(0)
+    assert table.count("<tr") == len(cpu) + 1 == 19  # 9 rows a batch size: the whole step, 4 layers x fwd/bwd (all)
+    assert re.findall(r'<td class="key bs" rowspan="(\d+)">(\d+)</td>', table) == [("9", "64"), ("9", "256")]
+    # every reason a cell has no ratio is said once, folded under the table, and each [n] leads to it
+    notes = re.findall(r'<li id="(cpunote-[^"]+)" value="\d+">', section)
+    assert notes and set(re.findall(r'href="#(cpunote-[^"]+)"', table)) == set(notes)
+    assert re.search(r'<details><summary>Why a cell has no ratio \(\d+ reason\(s\)', section)
+
+
+def test_a_call_statement_is_said_once_under_its_table(bench_page):
+    """JAX's CPU rows link no library call: each row points at the one statement under its table (relations' "one
+    statement of library calls"), which the page used to repeat in every row, in a column three words wide."""
+    _, out = bench_page
+    html = (out / "report.html").read_text()
+    calls = re.search(r'<section id="calls">(.*?)</section>', html, re.S).group(1)
+    tables = re.findall(r'<table class="answer">.*?</table>(?:<ol class="noratio-notes">.*?</ol>)?'
+                        r'(<ol class="noratio-notes call-notes" type="a">.*?</ol>)?', calls, re.S)
+    pointed = re.findall(r'\(no call linked <a href="#(callnote-[^"]+)">\[a\]</a>\)', calls)
+    said = dict(re.findall(r'<li id="(callnote-[^"]+)" value="1">(no call linked: [^<]*)</li>', calls))
+    assert len(tables) >= 2 and pointed and set(pointed) == set(said)  # every pointer has its statement
+    for anchor, text in said.items():  # the statement's figures: the batch size's own logged calls, none linked
+        assert re.fullmatch(r"no call linked: \d+ oneDNN calls/step logged in the libs pass, 0 linked to an op", text)
+        assert calls.count(text) == calls.count(f'id="{anchor}"')  # said only in its list, never in a row
+
+
+def test_busy_marks_are_folded_not_dropped(bench_page):
+    """The summary's busy cells name the busiest other process in their title, the banner's list names it whole."""
+    which, out = bench_page
+    html = (out / "report.html").read_text()
+    summ = re.search(r'<section id="summary">(.*?)</section>', html, re.S).group(1)
+    banner = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S).group(1)
+    cut = re.findall(r'<span class="busy" title="([^"]*)">([^<]*)</span>', summ)
+    assert len(cut) == {"busy": 4, "quiet": 0}[which]
+    for full, short in cut:
+        full = full.replace("&#x27;", "'")
+        assert H.MOST_CLAUSE.search(full) and H.MOST_CLAUSE.sub("", full) == short and "(most: pid" not in short
+        assert full in banner.replace("&#x27;", "'")  # the whole text, in the banner's list of busy figures
+    lines = banner_lines(banner)
+    assert sum(x["rows"] for x in lines) == {"busy": 24, "quiet": 1}[which]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless chromium not installed")
+def test_the_bench_page_fits_and_its_first_screen_holds_the_answer_and_summary(bench_page, tmp_path):
+    _, out = bench_page
+    m = _measure(tmp_path, out / "report.html")
+    assert m["height"] < MAX_PAGE, m
+    assert m["page"] <= m["viewport"], m
+    assert m["banner"]["top"] < HEIGHT and m["cpu_last_row"]["bottom"] <= HEIGHT and m["summary"]["top"] < HEIGHT, m
