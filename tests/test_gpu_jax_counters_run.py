@@ -104,3 +104,19 @@ def test_a_gemm_whose_blocks_share_k_in_segments_is_not_derived(counted):
     wgrad = layers[(layers["case"] == "jax-bf16") & (layers["direction"] == "bwd_weight")].set_index("layer")
     assert pd.isna(wgrad.loc["conv2", "within_tolerance"]) and gemmwork.SEGMENTED in wgrad.loc["conv2", "expected_from"]
     assert bool(wgrad.loc["conv1", "within_tolerance"])  # CUTLASS GemmShape, split-K in z: derived, within 10%
+
+
+def test_a_failed_pass_says_how_far_ncu_got(tmp_path):
+    from kernelmap.errors import KernelmapError
+    from kernelmap.run import counters
+
+    exc = KernelmapError("jax bs 64 (counters pass under ncu, gpu): worker exited 139: Segmentation fault")
+    why = counters.failure(RUN / "jax" / "bs64" / "counters", exc)  # the fp32 case's real log: connected, no more
+    assert why == ("ncu failed: jax bs 64 (counters pass under ncu, gpu): worker exited 139: Segmentation fault; "
+                   "ncu's log: connected to its target, 0 kernel(s) profiled, never disconnected (ncu said: "
+                   "==WARNING== Note: Running with unmodified GPU clocks. If not controlled otherwise, profiling "
+                   "results may be inconsistent.)")
+    # the bf16 case's log (53 profiled, disconnected), were its import to fail
+    assert "; ncu's log: connected to its target, 53 kernel(s) profiled (ncu said:" in counters.failure(
+        RUN / "jax-bf16" / "bs64" / "counters", exc)
+    assert counters.failure(tmp_path, exc) == f"ncu failed: {exc}"  # no log: the error alone

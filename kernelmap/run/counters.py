@@ -62,10 +62,24 @@ def commands(ncu: str, out_dir: Path, worker_cmd: list[str]) -> tuple[list[str],
 
 
 def failure(out_dir: Path, exc: Exception) -> str:
-    """The reason a counters pass recorded nothing: the worker's error and ncu's ``==ERROR==`` lines."""
+    """The reason a counters pass recorded nothing: the worker's error (the process run is ncu, its target inside:
+    an exit code is ncu's), how far ncu got by its log (connected to its target; kernels profiled) and its
+    ``==ERROR==`` lines. The 4x H200 JAX fp32 case: "worker exited 139" where ncu's log ended at "Connected to
+    process", no kernel profiled, and the JAX process outlived it: ncu itself died."""
     log = out_dir / LOG
-    said = ncu_csv.messages(log.read_text(errors="replace")) if log.is_file() else []
-    return f"ncu failed: {exc}" + (f" (ncu said: {' | '.join(said[:5])})" if said else "")
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    said = ncu_csv.messages(text)
+    lines = text.splitlines()
+    got = ""
+    if any(line.startswith(CONNECTED) for line in lines):
+        n = sum(1 for line in lines if line.startswith(PROFILING))
+        got = (f"; ncu's log: connected to its target, {n} kernel(s) profiled"
+               + ("" if any(line.startswith(DISCONNECTED) for line in lines) else ", never disconnected"))
+    return f"ncu failed: {exc}{got}" + (f" (ncu said: {' | '.join(said[:5])})" if said else "")
+
+
+# ncu's log lines: attached to its target, each kernel it profiled, the target's end
+CONNECTED, PROFILING, DISCONNECTED = "==PROF== Connected to process", "==PROF== Profiling ", "==PROF== Disconnected"
 
 
 def summary(result: dict[str, Any], out_dir: Path, rel: Path, ncu_wall_s: float) -> dict[str, Any]:
