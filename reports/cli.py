@@ -166,10 +166,11 @@ ANSWER_FIELDS = {"library_calls": "library call", "algos": "algorithm", "kernels
 
 
 def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], summ: pd.DataFrame,
-                   libcalls: pd.DataFrame | None = None) -> list[dict]:
+                   libcalls: pd.DataFrame | None = None, tag: str = "") -> list[dict]:
     """The answer table (``answer.answer_table``) as one HTML table per run x batch size, its title
     naming the device each framework ran on (the summary's). Each row prints the kind of time it
-    compares, each time cell its pass, and each ratio cell either the ratio or why there is none."""
+    compares, each time cell its pass, and each ratio cell either the ratio or why there is none. ``tag``: the
+    prefix of its notes' ids, where the page holds another set of these tables (each [n] leads to its own table's)."""
     out: list[dict] = []
     if ans.empty:
         return out
@@ -210,7 +211,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                 if bare and said:  # the one statement of its calls, said once under the table, not in every row
                     n = stated.setdefault(f"no call linked: {said}", len(stated) + 1)
                     call_html = (f'<span class="empty">{_html.escape("/".join(libs) or "none")} (no call linked '
-                                 f'<a href="#callnote-{_html.escape(str(run))}-{bs}-{n}">[{H.letter(n)}]</a>)</span>')
+                                 f'<a href="#{tag}callnote-{_html.escape(str(run))}-{bs}-{n}">[{H.letter(n)}]</a>)</span>')
                 ms = row[f"{fw}.ms_per_step"]
                 pass_ = row.get(f"{fw}.pass")
                 kind = str(row.get(f"{fw}.time_kind"))
@@ -233,7 +234,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                         continue
                     n = notes.setdefault(why, len(notes) + 1)
                     cells.append(f'<td class="noratio" title="{_html.escape(why)}">{ANS.NO_RATIO} '
-                                 f'<a href="#noratio-{_html.escape(str(run))}-{bs}-{n}">[{n}]</a></td>')
+                                 f'<a href="#{tag}noratio-{_html.escape(str(run))}-{bs}-{n}">[{n}]</a></td>')
                     continue
                 far = v >= ANS.GAP or v <= 1 / ANS.GAP
                 cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
@@ -244,13 +245,13 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
         n_ratio = sum(int(pd.notna(g.get(f"{fw}.vs_ref")).sum()) for fw in others if f"{fw}.vs_ref" in g)
         n_cells = sum(int(g[f"{fw}.ms_per_step"].notna().sum()) for fw in others)
-        why_list = "".join(f'<li id="noratio-{_html.escape(str(run))}-{bs}-{n}" value="{n}">{_html.escape(w)}</li>'
+        why_list = "".join(f'<li id="{tag}noratio-{_html.escape(str(run))}-{bs}-{n}" value="{n}">{_html.escape(w)}</li>'
                            for w, n in notes.items())
         out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
                     "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
                             f"<tbody>{''.join(body)}</tbody></table>"
                             + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else "")
-                            + H.statements_list(stated, f"callnote-{_html.escape(str(run))}-{bs}"),
+                            + H.statements_list(stated, f"{tag}callnote-{_html.escape(str(run))}-{bs}"),
                     "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})
     return out
 
@@ -614,7 +615,7 @@ def _first_screen(a: Analysed) -> dict[str, Any]:
     return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP),
             "cpu_method": f"{B.PER_OP_CPU}. {OP_CPU_METHOD}. {B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
             "cpu_wall_html": H.table(a.cpu_wall),
-            "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls),
+            "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls, "alone-"),
             "answers_shared": _answer_tables(shared, a.ans_fws, a.fallbacks, a.summ, a.libcalls),
             "checks_failed_html": failed, "checks_html": every}
 
