@@ -16,6 +16,10 @@ whose framework pass sampled it:
   dropped samples (``threads_missed``); its largest gap between two reads named where over ``LARGE_GAP`` x the
   median, and its own CPU share.
 
+* ``ops' pool work from their threads' clocks`` (``_thread_rows``, ``kernelmap.poolcpu``): where an XLA case has its
+  pool tasks and per-thread samples, their sum against the samples' (FAIL beyond ``poolcpu.SUM_SLACK``: no per-thread
+  figure drawn) and whether its trace threads were paired with OS threads (not checked where not).
+
 Not checked where the case has no samples (``OpCpu.why``); a run none of whose cases sampled says each check once,
 not checked (``NO_SAMPLES``).
 """

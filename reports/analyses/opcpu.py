@@ -3,7 +3,8 @@ within each op's span of its trace, per layer and direction per traced step.
 
 ``op_cpu`` puts each case's trace on its sampler's clock (``cpusampler.fit_offset``) and gives every timed
 event of ``timed.timed_events`` its CPU ns (``cpusampler.shared_cpu``); ``layer_cpu`` sums them per traced
-step for a layer and a set of directions. A case without a sampler file (a run made before kernelmap sampled,
+step for a layer and a set of directions. An XLA case whose capture wrote its pool tasks gives each op its threads'
+own CPU time, its pool work included (``pool_threads``: ``kernelmap.poolcpu``). A case without a sampler file (a run made before kernelmap sampled,
 a GPU case, several devices) has none, and says why.
 """
 
@@ -45,7 +46,8 @@ MAIN_RULE = ("where no traced op runs on the worker's main thread (an asynchrono
              "time is kept in the ops (dropping it wrongly would read a layer near 0: a synchronous engine, NaiveEngine, "
              "runs its ops on the main thread)")
 OP_CPU_METHOD = (f"{cpusampler.SAMPLER_RULE}; {cpusampler.SHARE_RULE}; {cpusampler.PENDING_SHARE_RULE}; "
-                 f"{cpusampler.POOL_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}")
+                 f"{cpusampler.POOL_RULE}; where the capture wrote XLA's pool tasks and the sampler each thread's "
+                 f"readings: {poolcpu.POOL_THREAD_RULE}; {MAIN_RULE}; {cpusampler.FIT_RULE}")
 
 
 @dataclass(frozen=True)
