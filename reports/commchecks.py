@@ -64,10 +64,21 @@ def step_checks(run_name: str, steps) -> list[dict[str, Any]]:
     return rows
 
 
-def independent_checks(run_name: str, table, results: list[dict]) -> list[dict[str, Any]]:
+def _untraced(nr: dict, have_records: bool) -> str:
+    """Why a case with a step without reduction has no row of the independent measure, with what that side measured."""
+    why = ("no traced step recorded communication (the framework pass)" if have_records
+           else "no records.parquet: no traced step to read (run `kernelmap normalise`)")
+    said = "; ".join(f"rank {x.get('rank')}: {x['clean_median_step_s'] * 1e3:.4g} − {x['median_step_s'] * 1e3:.4g} = "
+                     f"{(x['clean_median_step_s'] - x['median_step_s']) * 1e3:.4g} ms"
+                     for x in nr.get("ranks") or [] if x.get("clean_median_step_s") and x.get("median_step_s"))
+    return why + (f"; the step without reduction alone (clean − without, medians): {said}" if said else "")
+
+
+def independent_checks(run_name: str, table, results: list[dict], have_records: bool = True) -> list[dict[str, Any]]:
     """The independent measure's check per multi-device case of ``results`` (``comm.independent``'s ``table``):
     every row within ``AGREEMENT``; not checked where the case ran no step without reduction (or it was skipped)
-    or no traced step recorded communication."""
+    or no traced step recorded communication (``have_records``: False where the run has no records.parquet), the
+    figures of the step without reduction said."""
     rows: list[dict[str, Any]] = []
     for r in results:
         if (r.get("devices") or 1) < 2:
@@ -77,7 +88,7 @@ def independent_checks(run_name: str, table, results: list[dict]) -> list[dict[s
         g = table[table["case"] == case] if len(table) else table
         if not nr.get("ranks") or g.empty:
             why = (nr.get("skipped") or f"no {NO_REDUCTION} pass (kernelmap run --profile comm)" if not nr.get("ranks")
-                   else "no traced step recorded communication (the framework pass)")
+                   else _untraced(nr, have_records))
             rows.append(check_row(run_name, fw, bs, Check.COMM_INDEPENDENT, case, f"within {AGREEMENT:.0%}", None,
                                   NOT_CHECKED, why))
             continue
@@ -207,7 +218,7 @@ def comm_checks(run: Run, figures: CF.CommFigures | None = None) -> list[dict[st
     if multi:
         table = figures.independent.get(run.name, pd.DataFrame(columns=INDEPENDENT_COLUMNS[1:]))
         scaled = figures.scaling[figures.scaling["run"] == run.name]
-        return (rows + rank_checks(run, steps) + independent_checks(run.name, table, run.results)
+        return (rows + rank_checks(run, steps) + independent_checks(run.name, table, run.results, run.records is not None)
                 + scaling_checks(run.name, scaled))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)

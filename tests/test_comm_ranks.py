@@ -62,3 +62,22 @@ def test_no_trace_and_no_records_still_checks_ranks_and_scaling(tmp_path):
     assert f"results.json lists 1 file(s) of the case absent here: {CASE}/trace.json.gz" in got[0]["detail"]
     scaling = [r for r in rows if r["check"] == Check.SCALING.value]
     assert {r["subject"] for r in scaling} == {"pytorch-x2/bs32", "mxnet-x2/bs32", "jax-x2/bs32"}
+
+
+def test_independent_measure_without_records_says_why_and_what_the_step_without_reduction_gave(tmp_path):
+    # tests/data/cpu_comm_run (--profile comm) read as a pack without traces and records: its figures of the step
+    # without reduction are still said, from results.json as written (read here with json)
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA.parent / "cpu_comm_run", run)
+    for p in run.glob("*/bs*/**/trace.json.gz"):
+        p.unlink()
+    rows = [r for r in commchecks.comm_checks(load_run(run)) if r["check"] == Check.COMM_INDEPENDENT.value]
+    want = {r["dir"]: r["noreduce"]["ranks"] for r in json.loads((run / "results.json").read_text())}
+    assert {r["subject"] for r in rows} == set(want) and {r["status"] for r in rows} == {"not checked"}
+    for r in rows:
+        assert r["detail"].startswith("no records.parquet: no traced step to read")
+        for x in want[r["subject"]]:
+            clean, without = x["clean_median_step_s"] * 1e3, x["median_step_s"] * 1e3
+            assert f"rank {x['rank']}: {clean:.4g} − {without:.4g} = {clean - without:.4g} ms" in r["detail"]
