@@ -146,3 +146,12 @@ def test_a_pool_task_file_that_is_not_one_is_an_error_naming_it(tmp_path):
     p.write_text(json.dumps({"regions": [[1, 9, 3, 1, 1]], "threads": {}, "unpaired": 0, "unstopped": 0}))
     with pytest.raises(KernelmapError, match="stops before it starts"):
         poolcpu.PoolTasks.read(p)
+
+
+def test_a_nested_thunks_cpu_time_is_its_ancestors_too():
+    import pandas as pd
+    from kernelmap.reports.analyses.opcpu import nested_into_outermost
+
+    every = pd.DataFrame({"run": ["r"] * 4, "event_id": [1, 2, 3, 4],
+                          "op_event_id": pd.array([None, 1, 2, None], dtype="Int64")})
+    assert nested_into_outermost(every, np.asarray([1.0, 2.0, 4.0, 8.0])).tolist() == [7.0, 6.0, 4.0, 8.0]

@@ -177,11 +177,30 @@ def pool_threads(folder, fig: dict, full: cpusampler.Samples, pid: Any, rec: pd.
     threads = cpusampler.ThreadSamples.read(threads_path, full)
     got = poolcpu.attribute(threads, names, pid, poolcpu.PoolTasks.read(tasks_path), ops, executor, fit.offset_ns,
                             (int(marks[0][1]), int(marks[-1][2])))
+    if got.cpu_ns is not None:
+        got.cpu_ns = nested_into_outermost(every, got.cpu_ns)
     got.sum_gap = threads.check(full, np.asarray([m[1] for m in marks]), np.asarray([m[2] for m in marks]))
     if not got.sum_gap <= poolcpu.SUM_SLACK:  # NaN too: nothing to hold the threads' file against
         got.cpu_ns, got.why = None, (f"the per-thread samples' sum departs {got.sum_gap:.2%} from the samples' over a "
                                      f"marked step (at most {poolcpu.SUM_SLACK:.1%}: they are the same reads)")
     return got
+
+
+def nested_into_outermost(every: pd.DataFrame, cpu: np.ndarray) -> np.ndarray:
+    """Each op's CPU ns with those of the ops nested in it (``op_event_id``: a control-flow thunk's nested executor, whose
+    thunks the thread ran within its span and ``poolcpu.OWNER_RULE`` gave the innermost) added to it, ancestors too."""
+    if "op_event_id" not in every:
+        return cpu
+    at = {(r, int(e)): i for i, (r, e) in enumerate(zip(every["run"], every["event_id"], strict=True))}
+    parent = [at.get((r, int(o))) if pd.notna(o) else None
+              for r, o in zip(every["run"], every["op_event_id"], strict=True)]
+    out = cpu.copy()
+    for i, p in enumerate(parent):
+        seen = 0
+        while p is not None and seen < len(parent):  # every ancestor holds its descendants' time
+            out[p] += cpu[i]
+            p, seen = parent[p], seen + 1
+    return out
 
 
 POOL_NAMES = 3  # the pending thunks a layer's reason names (the rest counted)
@@ -190,7 +209,7 @@ POOL_NAMES = 3  # the pending thunks a layer's reason names (the rest counted)
 def _untimed_ops(rec: pd.DataFrame, ev: pd.DataFrame, t: Timed) -> pd.DataFrame:
     """The case's other op records of its trace (no canonical op, nested, outside the traced steps): a thunk pending
     among them shares the pool as a timed one does (``pool_why``)."""
-    cols = ["run", "event_id", "op_name", "start_ns", "dur_ns", "tid"]
+    cols = ["run", "event_id", "op_name", "start_ns", "dur_ns", "tid", "op_event_id"]
     ops = rec[(rec["case"] == t.framework) & (rec["batch_size"] == t.batch_size) & (rec["source"] == t.source)
               & rec["kind"].eq(schema.Kind.OP) & rec["run"].isin(ev["run"].unique()) & rec["start_ns"].notna()
               & rec["dur_ns"].notna()]
