@@ -118,6 +118,13 @@ def _thread_rows(run: Run, oc: OC.OpCpu) -> list[dict[str, Any]]:
                                               f"(cpusampler.POOL_RULE) ({poolcpu.MATCH_RULE})")]
     n = len(oc.iterations) or 1
     held = int(p.unsure[:len(oc.events)].sum()) if p.unsure is not None else 0
+    ratio, ops = p.agreement or (float("nan"), 0)
+    agree = poolcpu.AGREE_LOW <= ratio <= poolcpu.AGREE_HIGH
+    rows.append(check_row(run.name, fw, bs, Check.OP_CPU_THREADS, "against the process-wide reading",
+                          f"{poolcpu.AGREE_LOW:g}-{poolcpu.AGREE_HIGH:g}", ratio,
+                          PASS if agree else FAIL if ops else NOT_CHECKED,
+                          f"over the {ops} of {len(oc.events)} traced ops the process-wide reading holds for, their "
+                          f"per-thread CPU time is {ratio:.3g} x that reading's ({poolcpu.AGREE_RULE})"))
     return rows + [check_row(
         run.name, fw, bs, Check.OP_CPU_THREADS, "trace threads paired", True, True, PASS,
         f"{p.describe()}; the paired threads' CPU time in no op {p.no_op_ns / n / 1e6:.4g} ms a step (the executor, "

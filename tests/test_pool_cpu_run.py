@@ -122,3 +122,18 @@ def test_threads_that_cannot_be_paired_keep_the_process_wide_reading(run, tmp_pa
     assert oc.pool.cpu_ns is None and "against 0 OS threads" in oc.pool.why and oc.withheld > 0
     (paired,) = _rows(v, "trace threads paired")
     assert paired["status"] == NOT_CHECKED and "process-wide reading" in paired["detail"]
+
+
+def test_pool_work_given_to_no_op_fails_against_the_process_wide_reading(run, tmp_path):
+    def orphan(d: Path) -> None:  # every task scheduled from a thread that ran no op: its CPU time in no op
+        doc = json.loads((d / poolcpu.POOL_TASKS_FILE).read_text())
+        doc["regions"] = [[*r[:3], 1 if r[3] >= 0 else r[3], r[4]] for r in doc["regions"]]
+        (d / poolcpu.POOL_TASKS_FILE).write_text(json.dumps(doc))
+
+    (good,) = _rows(run, "against the process-wide reading")
+    assert good["status"] == PASS and 0.9 < good["measured"] <= poolcpu.AGREE_HIGH
+    v = _variant(run, tmp_path, orphan)
+    oc = _jax(v)
+    assert oc.pool.cpu_ns is None and "x the process-wide" in oc.pool.why and oc.withheld > 0
+    (bad,) = _rows(v, "against the process-wide reading")
+    assert bad["status"] == FAIL and bad["measured"] < poolcpu.AGREE_LOW

@@ -147,6 +147,11 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     more = _untimed_ops(rec, ev, t)
     why = pool_why(ev, more, rec)
     pool = pool_threads(path.parent, fig, full, result.get("pid"), rec, ev, more, fit, marks)
+    if pool is not None and pool.cpu_ns is not None:
+        pool.agreement = poolcpu.agreement(pool.cpu_ns[:len(ev)], shared, why["cpu_why"].isna().to_numpy())
+        if not poolcpu.AGREE_LOW <= pool.agreement[0] <= poolcpu.AGREE_HIGH:
+            pool.cpu_ns, pool.why = None, (f"its per-thread CPU time is {pool.agreement[0]:.3g} x the process-wide "
+                                           f"reading where that holds ({poolcpu.AGREE_RULE})")
     if pool is not None and pool.cpu_ns is not None:  # poolcpu.POOL_THREAD_RULE: each op's own, its pool work too
         shared = np.where(np.isnan(shared), np.nan, pool.cpu_ns[:len(ev)])
         unsure = pool.unsure[:len(ev)]
