@@ -66,7 +66,9 @@ def profiler_trace(out_dir: Path, workload):
         shutil.move(traces[0], out_dir / "trace.json.gz")
         write_hlo(out_dir, workload.compiled_hlo())
         spaces = sorted(tmp.glob(XSPACE_GLOB))
-        if len(spaces) == 1:
+        if workload.device.platform == "cpu":  # the CPU sampler's pass (kernelmap.poolcpu); a GPU's XSpace is not read
+            if len(spaces) != 1:
+                raise KernelmapError(f"jax.profiler wrote {len(spaces)} XSpace files under {tmp}, expected one")
             write_pool_tasks(out_dir / POOL_TASKS_FILE, spaces[0], out_dir / "trace.json.gz")
     finally:
         shutil.rmtree(tmp)
