@@ -120,6 +120,10 @@ def test_threads_that_cannot_be_paired_keep_the_process_wide_reading(run, tmp_pa
     v = _variant(run, tmp_path, rename)
     oc = _jax(v)
     assert oc.pool.cpu_ns is None and "against 0 OS threads" in oc.pool.why and oc.withheld > 0
+    held = [OC.layer_cpu(oc, layer, d) for layer, d in ROWS]
+    assert any(h.withheld for h in held)
+    assert all("not read per thread: 2 trace threads named 'tf_XLAEigen' against 0 OS threads" in h.why
+               for h in held if h.withheld)
     (paired,) = _rows(v, "trace threads paired")
     assert paired["status"] == NOT_CHECKED and "process-wide reading" in paired["detail"]
 

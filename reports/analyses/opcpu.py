@@ -342,8 +342,9 @@ def layer_cpu(oc: OpCpu, layer: str, directions: set[str]) -> LayerCpu:
     if lost:
         return LayerCpu(None, None, (), None, f"{lost} of its {len(ev)} traced ops lie outside the CPU samples")
     if why.notna().any():  # cpusampler.POOL_RULE: no figure that holds another op's work, nor a share estimate
+        per_thread = f"; not read per thread: {oc.pool.why}" if oc.pool is not None and oc.pool.why else ""
         return LayerCpu(None, None, (), None, f"{int(why.notna().sum())} of its {len(ev)} traced ops not sampled "
-                                              f"apart: {_withheld_why(ev)}", withheld=True)
+                                              f"apart: {_withheld_why(ev)}{per_thread}", withheld=True)
     its = oc.iterations or tuple(sorted(int(i) for i in ev["iteration"].dropna().unique()))
     per, wall = ev.groupby("iteration")["cpu_ns"].sum(), ev.groupby("iteration")["dur_ns"].sum()
     steps = tuple(float(per.get(i, 0.0)) / 1e6 for i in its)
