@@ -6,7 +6,8 @@ A native thread of the worker (``kernelmap._cpuclock``, built from ``_cpuclock.c
 ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``: brought up to date as it is read, ns resolution) beside
 ``CLOCK_MONOTONIC`` about every ``PERIOD_US`` and keeps their sum; the worker writes the samples to
 ``SAMPLES_FILE`` (``.npy``: int64 rows of monotonic ns, the other threads' CPU ns, the sampler thread's own, the
-main thread's: one of the others). Not from another process: there Linux gives
+main thread's: one of the others) and each thread's own readings to ``THREADS_FILE`` (``THREAD_ROWS_RULE``: what
+``kernelmap.poolcpu`` parts XLA's pool work by). Not from another process: there Linux gives
 only the process-wide clock, which sums the threads' times as of their last tick or switch, so a running
 thread's time arrives a scheduler tick at a time (measured on the project's VM: 4 ms steps, rates of up to 13.8
 cores on 2 between reads 320 µs apart), too coarse for an op of 10 µs to 2 ms; a thread's own clock is readable
