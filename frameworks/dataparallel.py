@@ -20,10 +20,13 @@ How each framework spreads its step (``DataParallel`` in its descriptor):
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +41,11 @@ if TYPE_CHECKING:
 RANK_ENV = "KERNELMAP_RANK"  # this process's rank among a case's processes (one per device)
 WORLD_ENV = "KERNELMAP_WORLD_SIZE"  # how many processes (= devices) the case runs
 ADDR_ENV, PORT_ENV = "MASTER_ADDR", "MASTER_PORT"  # the rendezvous (torch.distributed's env:// names)
+LAUNCHER_ENV = "KERNELMAP_LAUNCHER_PID"  # the process that launched this rank (``launch``): the rank ends with it
+# what the launcher passes on to its ranks before it ends (``launch``): a job's or a profiler's SIGTERM, Ctrl-C, a hangup
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RANK_GRACE_S = 10.0  # a rank sent the launcher's signal: this long to end before it is killed
+POLL_S = 0.05  # how often the launcher looks at its ranks
 RANK_DIR = "rank{}"  # the folder of rank r > 0 in a case folder (its pass results and captures)
 # The pass that times the same step with the gradients' reduction removed (issue 39's independent measure of
 # exposed communication): timed as the clean pass is, on the same N devices and data; each framework's
@@ -187,34 +195,112 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
     variables and a free rendezvous port on this host); wait for all. Rank 0's stdout is this process's (the
     CPU libs pass reads oneDNN's verbose lines there); the others' is discarded where ``quiet_ranks``. The
     first rank to fail stops the rest; its exit status is returned (0 when all succeed; 124 past ``timeout``
-    seconds)."""
+    seconds; 128 + N for a rank that died of signal N, as a shell says it).
+
+    No rank outlives this process. A signal of ``FORWARDED_SIGNALS`` that reaches it (a job's or a profiler's
+    SIGTERM: PyTorch's x2 nsys pass at bs 1024 on the 4x H200 ended with its launcher, nsys's target, gone by
+    SIGTERM while its ranks ran, re-parented: nsys waited for them, then exited 143) is sent on to
+    every rank still running, each is waited for (``RANK_GRACE_S``, then killed), and only then does this
+    process return 128 + the signal, saying so on stderr (or the handler it had for that signal runs: the CLI's
+    Ctrl-C). Each rank also gets the launcher's death as SIGTERM
+    (``die_with_launcher``: a launcher killed by SIGKILL)."""
     port, n = free_port(), len(commands)
     base = dict(os.environ if env is None else env)
     procs: list[subprocess.Popen] = []
     deadline = None if timeout is None else time.monotonic() + timeout
+    received: list[int] = []
+    previous = _catch(FORWARDED_SIGNALS, received)
     try:
         for r, cmd in enumerate(commands):
             out = subprocess.DEVNULL if r and quiet_ranks else None
             own = rank_envs[r] if rank_envs else {}
-            procs.append(subprocess.Popen(cmd, env={**base, **own, **rank_env(r, n, port)}, stdout=out))
-        rc = 0
-        pending = list(procs)
-        while pending:
-            if deadline is not None and time.monotonic() > deadline:
-                return 124
-            for p in list(pending):
-                try:
-                    code = p.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    continue
-                pending.remove(p)
-                if code != 0 and rc == 0:
-                    rc = code
-                    for q in pending:  # one rank failed: the others would wait for it at the next collective
-                        q.send_signal(signal.SIGTERM)
-        return rc
+            procs.append(subprocess.Popen(cmd, env={**base, **own, **rank_env(r, n, port), LAUNCHER_ENV: str(os.getpid())},
+                                          stdout=out))
+        return _wait_ranks(procs, deadline, received)
     finally:
+        if received:
+            _stop_ranks(procs, received[0])
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if received and callable(previous.get(received[0])):  # this process's own handler (the CLI's Ctrl-C) too
+            previous[received[0]](received[0], None)
+
+
+def _catch(signals: tuple[signal.Signals, ...], received: list[int]) -> dict:
+    """Record each of ``signals`` into ``received`` instead of dying of it (only the main thread may set
+    handlers; elsewhere nothing is caught); the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in signals}
+
+
+def _exit_status(code: int) -> int:
+    """A rank's exit status as a shell gives it: 128 + N for a death by signal N (Popen's -N)."""
+    return 128 - code if code < 0 else code
+
+
+def _wait_ranks(procs: list[subprocess.Popen], deadline: float | None, received: list[int]) -> int:
+    """Wait for every rank of ``procs`` (see ``launch``); 128 + the signal as soon as one is ``received``."""
+    rc, pending = 0, list(procs)
+    while pending:
+        if received:
+            return 128 + received[0]
+        if deadline is not None and time.monotonic() > deadline:
+            return 124
+        for p in list(pending):
+            code = p.poll()
+            if code is None:
+                continue
+            pending.remove(p)
+            if code != 0 and rc == 0:
+                rc = _exit_status(code)
+                if code < 0:
+                    print(f"kernelmap-worker: rank {procs.index(p)} of {len(procs)} died of "
+                          f"{signal.Signals(-code).name}", file=sys.stderr, flush=True)
+                for q in pending:  # one rank failed: the others would wait for it at the next collective
+                    q.send_signal(signal.SIGTERM)
+        time.sleep(POLL_S)
+    return rc
+
+
+def _stop_ranks(procs: list[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` (the launcher's) to every rank still running, wait for each (``RANK_GRACE_S``, then SIGKILL),
+    and say so on stderr."""
+    running = [r for r, p in enumerate(procs) if p.poll() is None]
+    for r in running:
+        procs[r].send_signal(signum)
+    end = time.monotonic() + RANK_GRACE_S
+    killed = []
+    for r in running:
+        try:
+            procs[r].wait(timeout=max(end - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            procs[r].kill()
+            procs[r].wait()
+            killed.append(r)
+    name = signal.Signals(signum).name
+    print(f"kernelmap-worker: the launcher of {len(procs)} ranks got {name} (from another process); sent it to the "
+          f"ranks still running ({', '.join(map(str, running)) or 'none'}) and waited for them"
+          f"{'; killed after ' + str(RANK_GRACE_S) + ' s: ' + ', '.join(map(str, killed)) if killed else ''}: "
+          "no rank outlives it", file=sys.stderr, flush=True)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """In a rank ``launch`` started (``LAUNCHER_ENV`` set): be sent SIGTERM by the kernel when the launcher dies
+    (prctl PR_SET_PDEATHSIG), so that no rank outlives a launcher killed outright (SIGKILL: nothing is forwarded);
+    ended now where the launcher is already gone. Nothing elsewhere, or where prctl is not there (not Linux)."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(launcher):  # it died before the prctl: re-parented already
+        os.kill(os.getpid(), signal.SIGTERM)

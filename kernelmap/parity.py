@@ -88,6 +88,7 @@ import numpy as np
 
 from . import frameworks as registry
 from .errors import KernelmapError, MissingToolError
+from .frameworks import dataparallel
 from .frameworks.spec import Math
 
 FP32 = Math.FP32.value  # the reference math: TF32 off
@@ -594,11 +595,14 @@ def _worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--result", required=True)
     p.add_argument("--params", required=True, help="JSON of TrainConfig fields")
     a = p.parse_args(argv)
+    dataparallel.die_with_launcher()  # a rank of kernelmap/devparity.py's launch: not past its launcher
     try:
         worker(a.worker, a.weights, a.result, json.loads(a.params))
     except KernelmapError as exc:
         print(f"kernelmap parity worker ({a.worker}): error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if dataparallel.is_rank():  # out of its process group, as the run's workers (PyTorch warned at exit: 4x H200)
+        registry.load_parallel(a.worker).leave()
     return 0
 
 

@@ -350,6 +350,7 @@ def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
+    dataparallel.die_with_launcher()  # a rank of a case run one process per device: not past its launcher
     stall.dump_stacks_on_signal()  # the runner's stall guard asks for every thread's stack (into our log)
     raise_mmap_threshold()  # before any framework allocates
     p = argparse.ArgumentParser(prog="python -m kernelmap.worker", description=__doc__.splitlines()[0])

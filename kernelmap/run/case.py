@@ -210,7 +210,9 @@ class CaseRun:
         """Run worker ``cmd`` under nsys into ``out``, then export its report to SQLite there (each of the two
         within ``stall_s``)."""
         out.mkdir(parents=True, exist_ok=True)
-        profile, export = nsys_commands(self.nsys, out, cmd, window)
+        dp = self.descriptor.data_parallel  # one process per device: the worker launches its ranks under nsys
+        profile, export = nsys_commands(self.nsys, out, cmd, window,
+                                        processes=self.key.devices if dp is not None and dp.processes else 1)
         processes.run_worker(profile, label=label, batch_size=self.bs, env=env, forward_stderr=False,
                              log_path=log_path, stall_s=stall_s)
         processes.run_worker([*export, str(nsys_report(out))], label=f"{label}: nsys export", batch_size=self.bs,

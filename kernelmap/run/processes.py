@@ -379,16 +379,40 @@ def run_worker(cmd: list[str], *, label: str, batch_size: int, env: dict[str, st
     if isinstance(rc, int) and rc < 0:
         raise KernelmapError(f"{label}: {died_of(-rc, log_path, tee.text())}{memory_said(tee.text())}")
     if rc != 0:
-        raise KernelmapError(f"{label}: worker exited {rc}: {tee.last_line() or '(no message)'}"
-                             f"{memory_said(tee.text())}")
+        said = signal_said(rc)
+        raise KernelmapError(f"{label}: worker exited {rc}{f' ({said})' if said else ''}: "
+                             f"{tee.last_line() or '(no message)'}{memory_said(tee.text())}")
+
+
+def signal_said(rc: int) -> str | None:
+    """What an exit status of 128 + N says (N a signal): a process that passes on how its child ended (nsys: its
+    target; a shell: its command) saw it end by signal N; None for any other status."""
+    try:
+        sig = signal.Signals(rc - 128) if 128 < rc < 128 + signal.NSIG else None
+    except ValueError:
+        return None
+    if sig is None:
+        return None
+    return (f"128 + {sig.name}: the process it ran (under nsys: nsys's target) ended by {sig.name}, "
+            "from another process or itself")
+
+
+# nsys's options for a worker that launches one process per device (PyTorch DDP: the worker starts its ranks and
+# waits for them): nsys never signals its target (``--kill``'s default is SIGTERM to the target's process group),
+# and waits for every process its target started (``--wait all``). On the 4x H200 (session 11) PyTorch's x2 nsys
+# pass at bs 1024 ended 143: nsys's target, the launcher, was gone by SIGTERM while its ranks ran on; bs 64 ended 0.
+MULTIPROCESS_NSYS_FLAGS = ("--kill", "none", "--wait", "all")
 
 
 def nsys_commands(nsys: str, out_dir: Path, worker_cmd: list[str],
-                  window: NsysWindow) -> tuple[list[str], list[str]]:
+                  window: NsysWindow, processes: int = 1) -> tuple[list[str], list[str]]:
+    """``nsys profile`` of ``worker_cmd`` into ``out_dir`` and the export of its report to SQLite; ``processes``:
+    how many processes the worker runs (its ranks: ``MULTIPROCESS_NSYS_FLAGS`` where more than one)."""
     # Only the timed steps: the worker brackets them with cudaProfilerStart/Stop (nsys records only
     # those) or a kernelmap:capture NVTX range (the adapter cuts the capture to it), so warm-up kernels
     # (which no op range covers) never enter the records.
-    profile = [nsys, "profile", "--trace=cuda,nvtx", *window.nsys_flags(),
+    ranks = list(MULTIPROCESS_NSYS_FLAGS) if processes > 1 else []
+    profile = [nsys, "profile", "--trace=cuda,nvtx", *window.nsys_flags(), *ranks,
                "-o", str(out_dir / "nsys"), "--force-overwrite", "true", *worker_cmd]
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out_dir / "nsys.sqlite")]
     return profile, export
