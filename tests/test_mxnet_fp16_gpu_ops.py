@@ -46,6 +46,8 @@ import pytest
 from conftest import require_framework
 from kernelmap.frameworks.mxnet import build
 
+from kernelmap import frameworks
+
 OPERATOR_CU = Path(__file__).parent / "data" / "mxnet_operator_cu" / "operator-cu.tar.xz"
 ALWAYS_CU = OPERATOR_CU.with_name("always-cu.tar.xz")  # sources outside src/operator: compiled in every build
 MEMBER_PREFIX = "mxnet/src/operator/"
@@ -273,10 +275,14 @@ def test_engine_functions_have_gpu_code_in_every_build():
     device = comm[comm.index("class CommDevice"):]
     assert "ElementwiseSum(reduce, &buf_merged, priority);" in device and "CopyFromTo(" in device
     assert "updater_(key, merged,  &local);" in src["kvstore/kvstore_local.h"]
-    # ElementwiseSum on a GPU buffer: pushed as "DenseElementwiseSum", ndarray::ElementwiseSum<gpu>
+    # ElementwiseSum on a GPU buffer: pushed as "DenseElementwiseSum", ndarray::ElementwiseSum<gpu>; in the records
+    # that is the KVStore `device`'s sum: communication, as `local`'s KVStoreReduce is
     nd = src["ndarray/ndarray.cc"]
     gpu_sum = nd[nd.index("void ElementwiseSum(const std::vector<NDArray> &source"):]
     assert gpu_sum.index("ndarray::ElementwiseSum<gpu>") < gpu_sum.index('"DenseElementwiseSum"')
+    vocabulary = frameworks.get("mxnet").vocabulary
+    assert vocabulary.lookup("DenseElementwiseSum") == vocabulary.lookup("KVStoreReduce") == ("collective", "none")
+    assert vocabulary.lookup("ElementwiseSum") is None  # CPU contexts: `local` never runs it; an unknown op there
 
 
 def test_unknown_names_and_bulks_are_reported():

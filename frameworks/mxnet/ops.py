@@ -48,8 +48,9 @@ VOCABULARY = Vocabulary(
     asynchronous=True,
     native_kernel_marks=("mxnet::op::", "FusedKernel_"),  # its operators' own kernels; its fused ops' (below)
     nvtx_not_ops=r"MX[A-Z]",  # its C API calls (profile_api) are NVTX ranges too, named MX*: never an operator's
-    # issue 39: the KVStore's sum (KVStoreReduce), and the copies its push and pull make between contexts
-    collective_prefixes=("KVStore",),
+    # issue 39: the KVStore's sum (KVStoreReduce: `local`'s, CommCPU; DenseElementwiseSum: `device`'s on the GPU,
+    # CommDevice's ndarray::ElementwiseSum, 1.9.1's src/ndarray/ndarray.cc), and the copies its push and pull make
+    collective_prefixes=("KVStore", "DenseElementwiseSum"),
     collective_copies=("CopyCPU2CPU", "CopyGPU2GPU", "CopyCPU2GPU", "CopyGPU2CPU"),
     # hybridized on the GPU (MXNET_USE_FUSION, on by default) its pointwise fusion runs elementwise chains as one
     # ``_FusedOp`` whose NVRTC kernel is "FusedKernel_" + each fused operator's name + "_" (1.9.1:
