@@ -134,6 +134,8 @@ STEP_RUN = textwrap.dedent("""
     options = {descriptor.KVSTORE_OPTION: descriptor.KVSTORE_DEFAULT["gpu"]} if devices > 1 else {}
     w = workload.Workload(spec.TrainConfig(batch_size=8, data="synthetic", device="cpu", math=math, mode=mode,
                                            devices=devices, options=options))
+    if variant == "noreduce":  # the pass that times the step without the KVStore (dataparallel.NO_REDUCTION)
+        parallel.drop_reduction(w)
     order = spec.training_batches(w.data_info.n_train, 0, 8, 3).ravel()
     (x0, y0), (x1, y1), (x2, _) = list(w.batches("train", 8, order))[:3]
     out = {"graph": [], "kvstore": w.trainer._kvstore_params["kvstore"]}
@@ -292,7 +294,8 @@ def test_unknown_names_and_bulks_are_reported():
 
 @pytest.mark.slow
 def test_every_operator_of_the_steps_on_one_and_two_devices_has_gpu_code(tmp_path):
-    """fp32 and fp16, imperative and hybridized, 1 and 2 contexts with the GPU's KVStore: all in the sm_90 tree."""
+    """fp32 and fp16, imperative and hybridized, 1 and 2 contexts with the GPU's KVStore (and without it: the
+    noreduce pass): all in the sm_90 tree."""
     require_framework("mxnet")
     seen = {}
     for math in ("fp32", "fp16"):
@@ -310,6 +313,10 @@ def test_every_operator_of_the_steps_on_one_and_two_devices_has_gpu_code(tmp_pat
         assert two["kvstore"] == "device" and "ElementwiseSum" in two["ran"] and "KVStoreReduce" not in two["ran"]
         assert {"sum", "add_n", "_div_scalar", "CopyCPU2CPU"} <= set(two["ran"]) and "Concat" not in two["ran"]
         assert "Concat" not in one["ran"] and "ElementwiseSum" not in one["ran"]
+        # the step without the KVStore (its noreduce pass): each context updated alone, nothing summed
+        bare = run_step("fp32", mode, 2, tmp_path, variant="noreduce")
+        assert bare["kvstore"] is None and without_gpu_code(bare["ran"], build.GPU_OPERATOR_SOURCES) == []
+        assert "ElementwiseSum" not in bare["ran"] and "multi_sgd_mom_update" in bare["ran"]
         fp16 = seen["fp16", mode, 2]
         assert {"amp_cast", "_backward_amp_cast", "mean"} <= set(fp16["graph"])  # mean: the single device's loss too
         # AMP's check, the KVStore's sum, the loss over the contexts; astype's float16 -> float32 is a copy (CopyFromTo
