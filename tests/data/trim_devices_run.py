@@ -1,0 +1,91 @@
+"""Trim a multi-device run to a small fixture: its several-device cases' last traced steps, every rank.
+
+    python tests/data/trim_devices_run.py RUN_DIR OUT_DIR --steps 3 [--cases pytorch-x2/bs64 jax-x2/bs64]
+
+For each case kept (default: every case on more than one device whose folder holds a trace): manifest.json,
+results.json (the kept cases' entries), each rank's folder (rank 0 the case folder, rank<r>/ the others) with its
+pass results (``*.json``), NCCL log and HLO text as they are, and its trace trimmed to the last ``--steps``
+``kernelmap:step#N`` regions (complete events, as Kineto and XLA write them): every event from the first kept step's
+start on (the capture ends after the last step; a capture pass synchronises its devices after every step, so no
+earlier step's kernel runs into the window), and every metadata event; numbers keep their written text
+(tests/data/foreign/make_fixtures.py's load and dump). The library logs (cuDNN's, cuBLAS's: megabytes) are left out.
+Each rank is trimmed to the same step numbers; a trace without those steps is an error naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "foreign"))
+from make_fixtures import dump, load  # noqa: E402  (a script beside this one)
+
+STEP = re.compile(r"^kernelmap:step#(\d+)$")
+TRACE = "trace.json.gz"
+KEEP_AS_IS = ("*.json", "nccl.log", "*.hlo.txt.gz")
+
+
+def steps_of(doc: dict) -> dict[int, tuple]:
+    """Step number -> (start, end) of its ``kernelmap:step#N`` complete event(s) (the widest)."""
+    out: dict[int, tuple] = {}
+    for e in doc["traceEvents"]:
+        m = STEP.match(str(e.get("name", "")))
+        if m and e.get("ph") == "X":
+            n, s, t = int(m.group(1)), e["ts"], e["ts"] + e.get("dur", 0)
+            a, b = out.get(n, (s, t))
+            out[n] = (min(a, s), max(b, t))
+    return out
+
+
+def trim(doc: dict, keep: list[int], where: Path) -> dict:
+    """``doc`` with the events of steps ``keep`` on (see the module docstring)."""
+    steps = steps_of(doc)
+    missing = [n for n in keep if n not in steps]
+    if missing:
+        raise SystemExit(f"{where}: no kernelmap:step#{missing[0]} in the trace (its steps: {sorted(steps)})")
+    t0 = min(steps[n][0] for n in keep)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "M" or ("ts" in e and e["ts"] >= t0)]
+    return {**doc, "traceEvents": ev}
+
+
+def rank_folders(case: Path) -> list[Path]:
+    return [case, *sorted(p for p in case.glob("rank*") if p.is_dir() and p.name[4:].isdigit())]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cases", nargs="*")
+    a = ap.parse_args(argv)
+    results = json.loads((a.run / "results.json").read_text())
+    cases = a.cases or [r["dir"] for r in results if (r.get("devices") or 1) > 1 and (a.run / r["dir"] / TRACE).is_file()]
+    if a.out.exists():
+        raise SystemExit(f"{a.out}: exists; give a new folder")
+    a.out.mkdir(parents=True)
+    shutil.copy2(a.run / "manifest.json", a.out / "manifest.json")
+    (a.out / "results.json").write_text(json.dumps([r for r in results if r.get("dir") in cases], indent=1) + "\n")
+    for case in cases:
+        src = a.run / case
+        first = steps_of(load(src / TRACE))
+        keep = sorted(first)[-a.steps:]
+        for folder in rank_folders(src):
+            dst = a.out / folder.relative_to(a.run)
+            dst.mkdir(parents=True, exist_ok=True)
+            for pattern in KEEP_AS_IS:
+                for f in folder.glob(pattern):
+                    shutil.copy2(f, dst / f.name)
+            if not (folder / TRACE).is_file():  # every rank's trace, or no fixture (a rank must not go missing)
+                raise SystemExit(f"{folder / TRACE}: absent (rank 0's is there)")
+            dump(trim(load(folder / TRACE), keep, folder / TRACE), dst / TRACE)
+        print(f"{case}: steps {keep[0]}-{keep[-1]} of {sorted(first)}, ranks {len(rank_folders(src))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
