@@ -211,8 +211,9 @@ def comm_checks(run: Run, figures: CF.CommFigures | None = None) -> list[dict[st
         rows += timeline_checks(run.name, figures.timelines[run.name], steps)
     multi = any((r.get("devices") or 1) > 1 for r in run.results)
     if multi and not rows:
-        why = ("no capture pass traced the multi-device cases' steps (--profile framework or comm)"
-               if run.records is not None else f"no records.parquet (run `kernelmap normalise` on {run.name})")
+        why = ("no traced step of a multi-device case in the records (no --profile framework or comm, or their "
+               "traces absent: 'every rank traced' says which)" if run.records is not None
+               else f"no records.parquet (run `kernelmap normalise` on {run.name})")
         rows = [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
                 for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.RANK_TIMELINE)]
     if multi:

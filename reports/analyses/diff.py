@@ -96,11 +96,14 @@ def _text(s: pd.Series) -> pd.Series:
     return s.astype(object).where(s.notna(), NONE)
 
 
+TIMED_LEVELS = (LEVEL_KERNEL, LEVEL_OP)  # the rows a side is made of (timed_rows)
+
+
 def timed_rows(records: pd.DataFrame, source: str | None = None) -> tuple[str, str, pd.DataFrame]:
     """(source, level, rows) of one case's records: the first trace source (``TRACE_SOURCES``, or ``source``)
     with kernels, else with ops; kernels as they are, ops outermost only; labels filled from their links."""
     sources = [source] if source else list(TRACE_SOURCES)
-    for level in (LEVEL_KERNEL, LEVEL_OP):
+    for level in TIMED_LEVELS:
         for src in sources:
             srows = records[records["source"] == src]
             rows = srows[(srows["kind"] == level) & srows["dur_ns"].notna()]

@@ -85,7 +85,9 @@ def run_sides(run: Run, batch_sizes: set[int] | None = None, source: str | None 
         if not isinstance(e, dict) or (batch_sizes and bs not in batch_sizes):
             continue
         rec = run.records[(run.records["case"] == e.get("case")) & (run.records["batch_size"] == bs)]
-        if len(rec):
+        timed = rec["kind"].isin(D.TIMED_LEVELS) & rec["dur_ns"].notna() & rec["source"].isin(
+            [source] if source else D.TRACE_SOURCES)
+        if timed.any():  # a case with library logs only (a pack that kept no trace) has no side
             out.append(D.make_side(f"{e['case']} bs{bs}", rec, e, source))
     return out
 
