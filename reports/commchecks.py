@@ -223,4 +223,5 @@ def comm_checks(run: Run, figures: CF.CommFigures | None = None) -> list[dict[st
                 + scaling_checks(run.name, scaled))
     why = "no case of this run trained on more than one device (--devices)"
     return [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, why)
-            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.COMM_INDEPENDENT, Check.SCALING, Check.RANK_TIMELINE)]
+            for c in (Check.COMM_LINKED, Check.COMM_BOUNDS, Check.COMM_INDEPENDENT, Check.SCALING, Check.RANK_TIMELINE,
+                      Check.RANKS_TRACED)]

@@ -63,13 +63,17 @@ def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
         rows += _thread_rows(run, oc)
         rows += _wall_rows(run, oc, cores if isinstance(cores, int) else None)
     said = {r["check"] for r in rows}
-    return rows + [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED, NO_SAMPLES)
+    return rows + [check_row(run.name, None, None, c, "run", None, None, NOT_CHECKED,
+                             NO_THREAD_FILES if c == Check.OP_CPU_THREADS else NO_SAMPLES)
                    for c in SAMPLER_CHECKS if c not in said]
 
 
-SAMPLER_CHECKS = (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_WALL)
+SAMPLER_CHECKS = (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_THREADS, Check.OP_CPU_WALL)
 NO_SAMPLES = ("no case of this run sampled its ops' CPU time (the CPU framework pass's sampler: a GPU run, a run "
               "without --profile framework on the CPU, or one recorded before the sampler)")
+NO_THREAD_FILES = ("no case of this run gave its XLA pool work per thread (kernelmap.poolcpu: an XLA case's CPU "
+                   "framework pass writes its per-thread samples and pool tasks; not other frameworks, a GPU run, or "
+                   "one recorded before them)")
 
 
 LARGE_GAP = 10  # a gap between two reads this many times the median is named: ops within it read its average rate

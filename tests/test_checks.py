@@ -114,11 +114,12 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.COMM_LINKED, C.NOT_CHECKED): 1,  # issue 39: no case on more than one device (said once)
         (C.Check.COMM_BOUNDS, C.NOT_CHECKED): 1, (C.Check.COMM_INDEPENDENT, C.NOT_CHECKED): 1,
         (C.Check.SCALING, C.NOT_CHECKED): 1, (C.Check.RANK_TIMELINE, C.NOT_CHECKED): 1,
+        (C.Check.RANKS_TRACED, C.NOT_CHECKED): 1,
         # issue 38: each framework's oneDNN/MKL calls ran fp32 as asked, every call's math known
         (C.Check.MATH_AS_ASKED, C.PASS): 2, (C.Check.MATH_KNOWN, C.PASS): 2,
-        # issue 42: recorded before the CPU sampler (said once each)
+        # issue 42: recorded before the CPU sampler and its per-thread reads (said once each)
         (C.Check.OP_CPU_SAMPLED, C.NOT_CHECKED): 1, (C.Check.OP_CPU_WITHIN, C.NOT_CHECKED): 1,
-        (C.Check.OP_CPU_WALL, C.NOT_CHECKED): 1,
+        (C.Check.OP_CPU_THREADS, C.NOT_CHECKED): 1, (C.Check.OP_CPU_WALL, C.NOT_CHECKED): 1,
     }
     assert _counts(_checks(runs["gpu_mxnet_run"])) == {
         (C.Check.CALLS, C.PASS): 8, (C.Check.TRACED_STEPS, C.PASS): 1, (C.Check.TIME_WITHIN_STEP, C.PASS): 1,
@@ -137,12 +138,12 @@ def test_untouched_copies_fail_nothing(runs):
         (C.Check.CPU_WALL, C.NOT_CHECKED): 1,  # a GPU run: its host's CPU time is not the step's work
         (C.Check.COMM_LINKED, C.NOT_CHECKED): 1, (C.Check.COMM_BOUNDS, C.NOT_CHECKED): 1,  # issue 39: one device
         (C.Check.COMM_INDEPENDENT, C.NOT_CHECKED): 1, (C.Check.SCALING, C.NOT_CHECKED): 1,
-        (C.Check.RANK_TIMELINE, C.NOT_CHECKED): 1,
+        (C.Check.RANK_TIMELINE, C.NOT_CHECKED): 1, (C.Check.RANKS_TRACED, C.NOT_CHECKED): 1,
         # issue 38: its cuDNN/cuBLAS calls ran fp32 (NVIDIA_TF32_OVERRIDE=0) as asked, every kernel's math known
         (C.Check.MATH_AS_ASKED, C.PASS): 1, (C.Check.MATH_KNOWN, C.PASS): 1,
         # issue 42: the CPU sampler's checks, said once each (a GPU run)
         (C.Check.OP_CPU_SAMPLED, C.NOT_CHECKED): 1, (C.Check.OP_CPU_WITHIN, C.NOT_CHECKED): 1,
-        (C.Check.OP_CPU_WALL, C.NOT_CHECKED): 1}
+        (C.Check.OP_CPU_THREADS, C.NOT_CHECKED): 1, (C.Check.OP_CPU_WALL, C.NOT_CHECKED): 1}
     rc = _counts(_checks(runs["report_cpu_run"]))
     # 2 frameworks x 4 layers x 2 directions, framework-op time, + MXNet's 8 and PyTorch's 4 library-call rows
     assert rc[(C.Check.LAYER_VS_BATCH, C.PASS)] == 28
