@@ -286,10 +286,10 @@ def _busy_html(contended: Any, text: Any) -> str:
         str(text))
 
 
-def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame, hist: pd.DataFrame | None) -> list[str]:
-    """Every figure of the page measured while the machine was busy (flagged contended), in words: the clean
+def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame) -> list[str]:
+    """Every figure of the run(s) measured while the machine was busy (flagged contended), in words: the clean
     passes (summary), the capture passes (overhead figure, and so every per-op and per-layer figure of that
-    pass), the step benchmarks (history). Trials that disagree on a quiet machine are noise between processes,
+    pass); the history's step benchmarks: ``history_busy_notes``. Trials that disagree on a quiet machine are noise between processes,
     not a busy machine: ``basis.noise_statements`` says them apart."""
     out = []
     for _, r in summ.iterrows():
@@ -300,11 +300,17 @@ def busy_notes(summ: pd.DataFrame, ov: pd.DataFrame, hist: pd.DataFrame | None) 
         if r["pass"] != "clean" and flagged(r.get("contended")):
             out.append(f"{r['run']}: {A.fw_label(r['framework'])} bs {r['batch_size']} {r['pass']} pass: "
                        f"{r['contention']}")
-    if hist is not None and "contended" in hist.columns:
-        for _, h in hist[hist["contended"].map(flagged).astype(bool)].iterrows():
-            out.append(f"step benchmark {h['name']} (saved run {h['run']}): "
-                       f"BUSY: {h.get('contention_text') or 'contended'}")
     return out
+
+
+def history_busy_notes(hist: pd.DataFrame | None) -> list[str]:
+    """The saved step benchmarks of the History section measured while the machine was busy, in words: said apart
+    from this run's figures (``busy_notes``), since a quiet run's page read as busy when they were counted with
+    its own."""
+    if hist is None or "contended" not in hist.columns:
+        return []
+    return [f"step benchmark {h['name']} (saved run {h['run']}): BUSY: {h.get('contention_text') or 'contended'}"
+            for _, h in hist[hist["contended"].map(flagged).astype(bool)].iterrows()]
 
 
 def _op_tables(runs: list[A.Run], fallbacks: list[dict]) -> list[dict]:
@@ -431,6 +437,7 @@ class Analysed:
     checks: pd.DataFrame
     libcalls: pd.DataFrame
     contended: list[str]
+    hist_busy: list[str]
     no_capture: list[str]
     parity: pd.DataFrame
     env: pd.DataFrame
@@ -478,7 +485,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         cov=cov, cov_top=cov_top, attr=attr, not_read=not_read, unlinked=A.unlinked_library_kernels(runs),
         raw_hist=raw_hist, layers=layers, ans=ans, ans_fws=ans_fws,
         checks=C.self_checks(runs, raw_hist, layers, ans, comm), libcalls=A.library_calls(runs),
-        contended=busy_notes(summ, ov, raw_hist), no_capture=ANS.no_capture_runs(runs),
+        contended=busy_notes(summ, ov), hist_busy=history_busy_notes(raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
         counters=_counters(runs), comm=comm,
@@ -661,7 +668,8 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
         "check_causes": C.causes(checks), "contended": contended,
         "check_lines": H.failure_lines(checks, C.FAIL, A.fw_label, C.Check.MATH_AS_ASKED),
-        "contended_total": len(contended), "noise_lines": B.noise_statements(a.noise, a.step_noise),
+        "contended_total": len(contended), "hist_busy": a.hist_busy,
+        "noise_lines": B.noise_statements(a.noise, a.step_noise),
         "csvs": csvs,
         "figures": figs,
         "coverage_html": H.table(a.cov), "coverage_top_html": H.table(a.cov_top), "attribution_html": H.table(a.attr),

@@ -176,7 +176,7 @@ def test_no_ratio_across_a_contended_and_a_quiet_pass(quiet, tmp_path, capsys):
     page = (out / "report.html").read_text()
     head = _header(page)
     # trials that disagree are noise between processes, said apart from the busy figures (basis.noise_statements)
-    assert "⚠ 2 figure(s) of this page were measured while the machine was busy" in head
+    assert "⚠ 2 figure(s) of this run were measured while the machine was busy" in head
     for item in (f"cpu_run_all: PyTorch bs 64 clean pass: BUSY: {BUSY_TEXT}",
                  f"cpu_run_all: MXNet bs 64 libs pass: BUSY: {BUSY_TEXT}"):
         assert html.escape(item) in head.split('id="noise"')[0], item

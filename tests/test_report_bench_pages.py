@@ -1,5 +1,5 @@
 """The page a user gets from the default CPU bench (issue 42), on the two real runs of `nox -R -s bench` on the
-project's 2-core VM (tests/data/cpu_bench_busy: the full test suite beside it, 24 self-checks failed, 46 busy
+project's 2-core VM (tests/data/cpu_bench_busy: the full test suite beside it, 24 self-checks failed, 16 busy
 figures; tests/data/cpu_bench_quiet: other processes at most 0.03 cores, 1 failed), each with the step benchmarks
 the bench saved (tests/data/cpu_bench_storage) as `--storage`, as the bench reports it. In headless Chromium at
 1,400 x 900: the page under 15,000 px, nothing scrolls sideways, and on the first screen the banner, every row of the
@@ -140,3 +140,26 @@ def test_the_bench_page_fits_and_its_first_screen_holds_the_answer_and_summary(b
     assert m["height"] < MAX_PAGE, m
     assert m["page"] <= m["viewport"], m
     assert m["banner"]["top"] < HEIGHT and m["cpu_last_row"]["bottom"] <= HEIGHT and m["summary"]["top"] < HEIGHT, m
+
+
+def test_the_history_busy_figures_are_said_apart_from_the_runs(bench_page):
+    """The saved step benchmarks of the History measured busy are one folded line of their own; the alarm's busy
+    count is the run's figures alone (the quiet bench's page opened with '30 figure(s) of this page were measured
+    while the machine was busy', every one a saved benchmark of an earlier job)."""
+    which, out = bench_page
+    html = (out / "report.html").read_text()
+    hist = pd.read_csv(out / "tables" / "trend.csv")
+    saved_busy = int(hist["contended"].map(lambda x: str(x).lower() in ("true", "1", "1.0")).sum())
+    alarm = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S)
+    busy_line = re.search(r"⚠ (\d+) figure\(s\) of this run were measured while the machine was busy",
+                          alarm.group(1) if alarm else "")
+    own = {"busy": 16, "quiet": 0}[which]  # the run's own busy figures; the 30 saved benchmarks apart
+    assert (int(busy_line.group(1)) if busy_line else 0) == own
+    if saved_busy:
+        line = re.search(r'<details class="noise" id="hist-busy"><summary><b>(\d+) saved step benchmark\(s\)</b>'
+                         r'(.*?)</summary>', html, re.S)
+        assert line and int(line.group(1)) == saved_busy
+        assert ("this run's own" in line.group(2)) == (own == 0)
+        assert not re.search(r"\(saved run [^)]*\): BUSY", alarm.group(1) if alarm else "")
+    else:
+        assert 'id="hist-busy"' not in html
