@@ -17,7 +17,7 @@ from kernelmap.reports import answer as ANS
 from kernelmap.reports.analyses import basis as B
 from kernelmap.reports.analyses import opcpu as OC
 from kernelmap.reports.checkrows import FAIL, NOT_CHECKED, PASS, Check
-from kernelmap.reports.cpuchecks import NO_SAMPLES, op_cpu_checks
+from kernelmap.reports.cpuchecks import NO_SAMPLES, NO_THREAD_FILES, op_cpu_checks
 
 from kernelmap import cpusampler
 from kernelmap.normalise import normalise_run_dir
@@ -203,6 +203,10 @@ def test_every_sampled_layer_and_direction_has_a_cpu_ratio_on_a_busy_run(run):
 
 def test_the_checks_of_the_sampled_time_pass_on_the_real_run(run):
     rows = op_cpu_checks(run)
+    # recorded before the per-thread pool files: that check is said once for the run, not checked
+    (threads,) = [r for r in rows if r["check"] == Check.OP_CPU_THREADS]
+    assert (threads["framework"], threads["status"], threads["detail"]) == (None, NOT_CHECKED, NO_THREAD_FILES)
+    rows = [r for r in rows if r is not threads]
     assert sorted((r["framework"], r["check"], r["subject"]) for r in rows) == sorted(
         (fw, c, s) for fw in FWS for c, s in ((Check.OP_CPU_SAMPLED, "the sampler's reads"),
                                               (Check.OP_CPU_SAMPLED, "CPU time per traced step"),
@@ -340,9 +344,10 @@ def test_a_run_without_samples_says_so(tmp_path):
     normalise_run_dir(d)
     run = A.load_run(d)
     assert all("sampled no CPU time" in oc.why for oc in OC.op_cpu(run).values())
-    rows = op_cpu_checks(run)  # nothing sampled: each of the three checks once, not checked, saying why
+    rows = op_cpu_checks(run)  # nothing sampled: each of the four checks once, not checked, saying why
     assert [(r["check"], r["status"], r["detail"]) for r in rows] == [
-        (c, NOT_CHECKED, NO_SAMPLES) for c in (Check.OP_CPU_SAMPLED, Check.OP_CPU_WITHIN, Check.OP_CPU_WALL)]
+        (Check.OP_CPU_SAMPLED, NOT_CHECKED, NO_SAMPLES), (Check.OP_CPU_WITHIN, NOT_CHECKED, NO_SAMPLES),
+        (Check.OP_CPU_THREADS, NOT_CHECKED, NO_THREAD_FILES), (Check.OP_CPU_WALL, NOT_CHECKED, NO_SAMPLES)]
 
 
 def test_the_samples_are_kernelmaps_own_not_unrecognised_content(run):

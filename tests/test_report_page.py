@@ -47,7 +47,7 @@ def test_every_op_has_its_own_timeline_colour():
 def test_the_banner_names_every_busy_figure(page):
     html = (page / "report.html").read_text()
     banner = re.search(r'<div class="alarm" id="alarm">(.*?)</div>', html, re.S).group(1)
-    n = int(re.search(r"⚠ (\d+) figure\(s\) of this page were measured while the machine was busy", banner).group(1))
+    n = int(re.search(r"⚠ (\d+) figure\(s\) of this run were measured while the machine was busy", banner).group(1))
     items = re.findall(r"<li>(.*?)</li>", re.search(r'<ul class="busy-list">(.*?)</ul>', banner, re.S).group(1))
     assert len(items) == n and "more (" not in banner
     over = pd.read_csv(page / "tables" / "overhead.csv")
