@@ -216,9 +216,9 @@ sweep_start() {  # sweep_start "GPUS": the option sweep's SWEEP_SHARDS shards in
     sweep_pids+=($!)
   done
 }
-# SWEEP_GPUS: the sweep starts with the run sets on these GPUs (none of the side-by-side sets' GPUs); a set alone
+# SWEEP_GPUS (with RUN_SETS): the sweep starts with the run sets on these GPUs (none of the sets' GPUs); a set alone
 # (--devices) waits for it
-want sweep && want run && [ -n "${SWEEP_GPUS:-}" ] && sweep_start "${SWEEP_GPUS//,/ }"
+want sweep && want run && [ -n "${RUN_SETS:-}" ] && [ -n "${SWEEP_GPUS:-}" ] && sweep_start "${SWEEP_GPUS//,/ }"
 if want run && [ -n "${RUN_SETS:-}" ]; then stamp "run sets"
   IFS=';' read -ra sets <<<"$RUN_SETS"; runs=(); alone=(); declare -A lane=()  # lane: GPUs -> its sets, in order
   for i in "${!sets[@]}"; do

@@ -232,10 +232,12 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
 
 def _catch(signals: tuple[signal.Signals, ...], received: list[int]) -> dict:
     """Record each of ``signals`` into ``received`` instead of dying of it (only the main thread may set
-    handlers; elsewhere nothing is caught); the handlers it replaced."""
+    handlers; elsewhere nothing is caught); the handlers it replaced. A signal this process ignores (``nohup``'s
+    SIGHUP, a background job's SIGINT) stays ignored, for it and the ranks it starts."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in signals}
+    return {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in signals
+            if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def _exit_status(code: int) -> int:

@@ -131,3 +131,22 @@ def test_xla_gpu_kernels_carry_their_all_reduce_and_count_as_attributed():
     s = comm.per_step(df).iloc[0]
     assert s["basis"] == comm.BASIS_DEVICE and s["linked_share"] == 1.0 and s["collectives"] == 2
     assert round(s["communication_ms"] * 1e6) == 30 and round(s["exposed_ms"] * 1e6) == 25
+
+
+def test_an_xla_kernel_whose_instruction_is_not_a_collective_is_not_attributed():
+    """Every kernel of XLA's GPU trace carries an instruction name: an NCCL kernel whose instruction the HLO text
+    does not call a collective (absent from it: no canonical op) is unattributed communication, not 'linked' by its
+    name alone (a check that could not fail): 20 of 30 ns attributed, one collective."""
+    from kernelmap import schema
+
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    rows = [{"kind": "step", "op_name": "kernelmap:step#1", "start_ns": 0, "dur_ns": 100},
+            {"kind": "kernel", "op_name": "all-reduce-start.1", "canonical_op": "collective", "start_ns": 10,
+             "dur_ns": 20, "kernel_name": nccl},
+            {"kind": "kernel", "op_name": "all-reduce-start.9", "canonical_op": None, "start_ns": 40,
+             "dur_ns": 10, "kernel_name": nccl}]
+    df = pd.DataFrame({c: [r.get(c) for r in rows] for c in schema.COLUMNS})
+    df = df.assign(run="jax-x2/bs8", framework="jax", mode="jit", devices=2, batch_size=8, rank=0, iteration=1,
+                   source="xla_trace", source_file="t.json", event_id=range(len(rows)), op_event_id=pd.NA)
+    s = comm.per_step(df).iloc[0]
+    assert round(s["linked_share"], 6) == round(20 / 30, 6) and s["collectives"] == 1

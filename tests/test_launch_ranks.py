@@ -191,3 +191,24 @@ def test_a_launcher_with_its_own_handler_gets_the_signal_after_its_ranks_are_gon
     finally:
         _cleanup(ranks)
     assert rc == 130 and left == [] and err.rstrip().endswith("interrupted") and "got SIGINT" in err
+
+
+def test_a_signal_the_launcher_ignores_stays_ignored(tmp_path):
+    """Under ``nohup`` SIGHUP is ignored: the launcher does not take it up (it would have forwarded it and ended the
+    run with 129), and its ranks, started with it ignored, run on: rc 0 once they are done."""
+    ignoring = "import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" + LAUNCHER
+    proc = subprocess.Popen([sys.executable, "-c", ignoring, RANK, str(tmp_path), "-1", "3"],
+                            stderr=subprocess.PIPE, text=True, process_group=0)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"rank{r}.pid").is_file() for r in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    ranks = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)  # the hang-up reaches the launcher and its ranks alike
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        _cleanup(ranks)
+    assert rc == 0, err
+    assert "SIGHUP" not in err

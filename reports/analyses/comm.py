@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from kernelmap.frameworks.dataparallel import NO_REDUCTION, rank_folders
 
+from kernelmap.adapters.canonical import COLLECTIVE
 from kernelmap.commlink import NCCL_LOG, NCCL_LOG_COLUMNS, is_communication, read_nccl_log
 from kernelmap.schema import Kind
 
@@ -63,14 +64,21 @@ def _intervals(rows: pd.DataFrame) -> list[tuple[int, int]]:
 
 def _linked_ns(comm: pd.DataFrame, ops: set) -> tuple[int, int]:
     """(summed time of ``comm``'s rows that are ops or linked to one of ``ops``, summed time of all). A device row
-    with no launching op that carries its instruction's name (XLA's GPU trace: a kernel names the ``all-reduce``
-    it runs; the trace has no op rows) is attributed to that op."""
+    with no launching op that carries a collective instruction (XLA's GPU trace: a kernel names the ``all-reduce``
+    it runs, canonical op ``collective`` from the HLO text; the trace has no op rows) is attributed to that op; one
+    whose instruction is not a collective, or not in the HLO text, is not (every XLA kernel carries a name)."""
     dur = comm["dur_ns"].fillna(0).astype("int64")
     kind = comm["kind"]
     own = (kind == Kind.OP.value).fillna(False)
-    named = kind.isin(DEVICE_KINDS).fillna(False) & comm["op_event_id"].isna() & comm["op_name"].notna()
+    named = _named_collective(comm)
     linked = own | comm["op_event_id"].isin(ops).fillna(False) | named
     return int(dur[linked].sum()), int(dur.sum())
+
+
+def _named_collective(rows: pd.DataFrame) -> pd.Series:
+    """Device rows with no launching op whose own instruction is a collective (``_linked_ns``)."""
+    return (rows["kind"].isin(DEVICE_KINDS).fillna(False) & rows["op_event_id"].isna()
+            & rows["canonical_op"].eq(COLLECTIVE).fillna(False))
 
 
 def roots(ops: pd.DataFrame, ids) -> list[int]:
@@ -167,7 +175,7 @@ def _case_rows(case: CaseFrame) -> list[dict]:
                 # record_param_comms of a work's wait launches none), and each instruction a row names (XLA's)
                 launched = timed[timed["op_event_id"].notna().to_numpy()]
                 issuing = issuing[issuing["event_id"].isin(roots(every, launched["op_event_id"])).to_numpy()]
-                instructions = timed.loc[timed["op_event_id"].isna().to_numpy(), "op_name"].dropna().nunique()
+                instructions = timed.loc[_named_collective(timed).to_numpy(), "op_name"].dropna().nunique()
             out.append({"run": key["run"], "framework": key["framework"], "mode": key["mode"],
                         "devices": key["devices"], "batch_size": key["batch_size"], "source": key["source"],
                         "rank": r, "iteration": it,
