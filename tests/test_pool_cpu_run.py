@@ -141,3 +141,15 @@ def test_pool_work_given_to_no_op_fails_against_the_process_wide_reading(run, tm
     assert oc.pool.cpu_ns is None and "x the process-wide" in oc.pool.why and oc.withheld > 0
     (bad,) = _rows(v, "against the process-wide reading")
     assert bad["status"] == FAIL and bad["measured"] < poolcpu.AGREE_LOW
+
+
+def test_no_op_to_hold_the_per_thread_reading_against_draws_nothing_and_says_so(run, tmp_path, monkeypatch):
+    """Where no traced op has the process-wide reading as its own, the per-thread figures have nothing to be checked
+    against: not drawn, and the reason says that (it read 'nan x the process-wide reading'); the check: not checked."""
+    monkeypatch.setattr(poolcpu, "agreement", lambda per_thread, process_wide, holds: (float("nan"), 0))
+    v = _variant(run, tmp_path, lambda d: None)  # a fresh copy: the run's figures are computed once per load
+    oc = _jax(v)
+    assert oc.pool.cpu_ns is None and oc.pool.why.startswith("no traced op where the process-wide reading holds")
+    assert "nan" not in oc.pool.why
+    (row,) = _rows(v, "against the process-wide reading")
+    assert row["status"] == NOT_CHECKED

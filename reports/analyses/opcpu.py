@@ -149,7 +149,10 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     pool = pool_threads(path.parent, fig, full, result.get("pid"), rec, ev, more, fit, marks)
     if pool is not None and pool.cpu_ns is not None:
         pool.agreement = poolcpu.agreement(pool.cpu_ns[:len(ev)], shared, why["cpu_why"].isna().to_numpy())
-        if not poolcpu.AGREE_LOW <= pool.agreement[0] <= poolcpu.AGREE_HIGH:
+        if not pool.agreement[1]:  # nothing to hold the per-thread reading against: not drawn, said so
+            pool.cpu_ns, pool.why = None, ("no traced op where the process-wide reading holds, to check its per-thread "
+                                           f"CPU time against ({poolcpu.AGREE_RULE})")
+        elif not poolcpu.AGREE_LOW <= pool.agreement[0] <= poolcpu.AGREE_HIGH:
             pool.cpu_ns, pool.why = None, (f"its per-thread CPU time is {pool.agreement[0]:.3g} x the process-wide "
                                            f"reading where that holds ({poolcpu.AGREE_RULE})")
     if pool is not None and pool.cpu_ns is not None:  # poolcpu.POOL_THREAD_RULE: each op's own, its pool work too
@@ -196,7 +199,7 @@ def nested_into_outermost(every: pd.DataFrame, cpu: np.ndarray) -> np.ndarray:
     thunks the thread ran within its span and ``poolcpu.OWNER_RULE`` gave the innermost) added to it, ancestors too."""
     if "op_event_id" not in every:
         return cpu
-    at = {(r, int(e)): i for i, (r, e) in enumerate(zip(every["run"], every["event_id"], strict=True))}
+    at = {(r, int(e)): i for i, (r, e) in enumerate(zip(every["run"], every["event_id"], strict=True)) if pd.notna(e)}
     parent = [at.get((r, int(o))) if pd.notna(o) else None
               for r, o in zip(every["run"], every["op_event_id"], strict=True)]
     out = cpu.copy()
