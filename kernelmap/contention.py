@@ -15,7 +15,9 @@ process per device (PyTorch DDP: ``dataparallel.WORLD_ENV`` > 1), the worker tha
 ranks; they are this run's own, not "other processes" (each rank of a 2-device case counted the other's core as
 contention: on a 2-core machine always BUSY). Which other processes (``top_others``): /proc's process tables at the
 window's two ends name the ones that used the most of it, with their command lines (on the 2x H200 every 1-device
-case read "other processes used 28.9-31.3 of 32 cores" and nothing said it was an orphaned ncu target).
+case read "other processes used 28.9-31.3 of 32 cores" and nothing said it was an orphaned ncu target), each absolute
+path in them cut to its basename (``path_free``: a saved figure names no folder of the machine it ran on; readers of
+figures saved before apply it too).
 
 ``is_contended`` is the one rule (constants below): other processes used at least
 ``max(OTHER_CPU_MIN_CORES, OTHER_CPU_SHARE x NCPU)`` cores, or steal took at least
@@ -31,6 +33,7 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -180,13 +183,39 @@ def case_cpu_s(proc_root: str = "/proc", pid: int | None = None, ppid: int | Non
 
 
 def command_line(pid: int, name: str, proc_root: str = "/proc") -> str:
-    """Process ``pid``'s command line (its first ``CMDLINE_CHARS`` characters), else ``name``."""
+    """Process ``pid``'s command line, path-free (``path_free``; its first ``CMDLINE_CHARS`` characters), else
+    ``name``."""
     try:
         with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
             line = " ".join(fh.read(4 * CMDLINE_CHARS).replace(b"\0", b" ").decode(errors="replace").split())
     except OSError:
         return name
-    return _cut(line, CMDLINE_CHARS) or name
+    return _cut(path_free(line), CMDLINE_CHARS) or name
+
+
+# an absolute path in a command line: a word's start, or after "=" (--out=/x/y), ":" or "," (a list of them)
+ABSOLUTE_PATH = re.compile(r"(?<![^\s=:,(\[])/[^\s=:,;)\]]*")
+
+
+def path_free(text: str) -> str:
+    """``text`` (a command line, a summary's words) with each absolute path cut to its basename
+    (``/work/main/.nox/frameworks/bin/python -m kernelmap.worker --out=/tmp/r/x`` reads ``python -m kernelmap.worker
+    --out=x``): what a saved run says of other processes leaks no local folder and reads the same on any machine."""
+    return ABSOLUTE_PATH.sub(lambda m: m.group().rstrip("/").rpartition("/")[2] or m.group(), text)
+
+
+def path_free_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A saved ``summarise`` (or a window) with ``path_free`` words: its text, reasons and processes' commands (one
+    saved before ``command_line`` cut them)."""
+    out = dict(summary)
+    if isinstance(out.get("text"), str):
+        out["text"] = path_free(out["text"])
+    if isinstance(out.get("reasons"), list):
+        out["reasons"] = [path_free(r) if isinstance(r, str) else r for r in out["reasons"]]
+    if isinstance(out.get("top_other"), list):
+        out["top_other"] = [{**t, "command": path_free(t["command"])} if isinstance(t, dict)
+                            and isinstance(t.get("command"), str) else t for t in out["top_other"]]
+    return out
 
 
 def _cut(text: str, n: int) -> str:

@@ -315,7 +315,7 @@ def test_a_window_names_the_other_processes_that_used_most_of_it():
 
 
 def test_a_busy_process_is_named_with_its_command_line():
-    hog = subprocess.Popen([sys.executable, "-c", "while True:\n pass", "kernelmap-test-hog"])
+    hog = subprocess.Popen([sys.executable, "-c", "while True:\n pass", "kernelmap-test-hog", "--out=/no/such/dir/x.json"])
     try:
         time.sleep(0.3)
         w = CpuWindow.start()
@@ -327,5 +327,62 @@ def test_a_busy_process_is_named_with_its_command_line():
     named = {t["pid"]: t for t in w["top_other"]}
     assert hog.pid in named, w["top_other"]
     assert named[hog.pid]["cores"] >= 0.3
-    assert named[hog.pid]["command"] == f"{sys.executable} -c while True: pass kernelmap-test-hog"  # one line
+    # one line, path-free: the program's basename, each absolute path of its arguments its basename
+    assert named[hog.pid]["command"] == f"{os.path.basename(sys.executable)} -c while True: pass kernelmap-test-hog " \
+                                        "--out=x.json"
     assert os.getpid() not in named
+
+
+# --- saved figures name no folder of the machine they ran on ----------------------------------------------------
+def test_path_free_cuts_each_absolute_path_to_its_basename():
+    cut = contention.path_free
+    assert cut("/work/main/.nox/frameworks/bin/python -m kernelmap.worker --framework pytorch --out "
+               "/work/main/runs/r1/pytorch/bs64") == "python -m kernelmap.worker --framework pytorch --out bs64"
+    assert cut("/usr/bin/python3 /tmp/pytest-of-root/x/run.py --log=/var/log/a.log,/var/log/b.log") == \
+        "python3 run.py --log=a.log,b.log"
+    # a relative path, a ratio and a path cut short by the summary stay as they are but for the folders
+    assert cut(".nox/frameworks/bin/python -c 1/2") == ".nox/frameworks/bin/python -c 1/2"
+    assert cut("other processes used 1.2 of 2 cores (most: pid 3863 /work/main/.nox/frameworks/bin/python "
+               "/work/main/.nox/fra..., 1.0 cores)") == \
+        "other processes used 1.2 of 2 cores (most: pid 3863 python fra..., 1.0 cores)"
+
+
+def test_a_command_line_is_stored_path_free(tmp_path):
+    """The window's commands come from /proc/<pid>/cmdline: stored path-free, then cut to ``CMDLINE_CHARS``."""
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cmdline").write_bytes(b"/work/main/.nox/frameworks/bin/python\0-m\0kernelmap.worker\0"
+                                              b"--out\0/work/main/runs/r1/pytorch/bs64\0")
+    assert contention.command_line(42, "python", str(tmp_path)) == "python -m kernelmap.worker --out bs64"
+
+
+def test_saved_busy_marks_are_read_path_free(tmp_path):
+    """The real runs saved before commands were cut (the 2-core VM's bench: its step benchmarks and its passes)
+    name /work/main/.nox/...: their readers give them path-free (the report prints what they give)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from kernelmap.reports.analyses.base import Busy
+
+    from kernelmap.history.keys import CONTENTION, run_entries
+    from kernelmap.history.storage import list_runs
+    from kernelmap.history.trend import load_history
+
+    data = Path(__file__).parent / "data"
+    saved = next((data / "cpu_bench_storage").rglob("0009_*.json.gz"))
+    raw = [b["extra_info"][CONTENTION]["text"] for b in json.loads(gzip.decompress(saved.read_bytes()))["benchmarks"]
+           if (b.get("extra_info") or {}).get(CONTENTION)]
+    assert any("/work/main/" in t for t in raw)  # as saved
+    dst = tmp_path / saved.parent.name
+    dst.mkdir()
+    (dst / saved.name.removesuffix(".gz")).write_bytes(gzip.decompress(saved.read_bytes()))
+    texts = load_history(tmp_path)["contention_text"].dropna().tolist()
+    compared = [e.contention for r in list_runs(tmp_path) for e in run_entries(r)[0] if e.contention]  # compare's
+    assert len(texts) == len(raw) and not any("/work/" in t for t in texts)
+    assert "(most: pid 3863 python fra..., " in " ".join(texts)
+    assert [c["text"] for c in compared] == texts and not any("/work/" in t["command"] for c in compared
+                                                              for t in c.get("top_other") or ())
+    results = json.loads((data / "cpu_bench_busy" / "results.json").read_text())
+    passes = [p for r in results for p in r["passes"].values() if isinstance(p, dict) and p.get("contention")]
+    assert any("/work/main/" in p["contention"]["text"] for p in passes)  # as saved
+    assert not any("/work/" in Busy.of(p).text for p in passes)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import frameworks
+from ..contention import path_free_summary
 from ..errors import KernelmapError
 
 TIME_STATS = ("min", "max", "mean", "stddev", "median", "iqr")  # seconds, as pytest-benchmark saves them
@@ -111,9 +112,10 @@ class Entry:
 
     @property
     def contention(self) -> dict | None:
-        """``kernelmap.contention.summarise()`` of the benchmark's rounds; None where not recorded."""
+        """``kernelmap.contention.summarise()`` of the benchmark's rounds, its words path-free (``path_free_summary``:
+        one saved before ``command_line`` cut them); None where not recorded."""
         c = self.extra_info.get(CONTENTION)
-        return c if isinstance(c, dict) else None
+        return path_free_summary(c) if isinstance(c, dict) else None
 
     @property
     def malloc(self) -> dict | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..contention import path_free_summary
 from .keys import (
     CONTENTION,
     KEY_FIELDS,
@@ -54,7 +55,7 @@ def load_history(storage: str | Path) -> pd.DataFrame:
 
         def per_bench(b: dict) -> dict:
             c = (b.get("extra_info") or {}).get(CONTENTION)
-            c = c if isinstance(c, dict) else {}
+            c = path_free_summary(c) if isinstance(c, dict) else {}  # one saved with its processes' paths too
             return {"steps_per_round": _steps_per_round(b),
                     "contended": bool(c["contended"]) if c.get("contended") is not None else None,
                     "contention_text": c.get("text"), "malloc": malloc_text((b.get("extra_info") or {}).get(MALLOC_INFO)),

@@ -13,6 +13,7 @@ from kernelmap.frameworks.case import Case, by_name
 from kernelmap.frameworks.spec import LAYERS, MATH_DEFAULT, Layer
 
 from kernelmap import frameworks, rundir
+from kernelmap.contention import path_free
 from kernelmap.errors import KernelmapError
 
 # each framework's profiler trace (its descriptor says which), then nsys
@@ -210,10 +211,12 @@ class Busy:
 
     @classmethod
     def of(cls, d: Any) -> Busy:
+        """The pass's figure, its words path-free (``contention.path_free``: a run saved before its processes'
+        commands were cut names this machine's folders)."""
         c = field_at(d, "contention")
         if not isinstance(c, dict) or not isinstance(c.get("contended"), bool):
-            return cls(None, str(c.get("text") or NOT_MEASURED) if isinstance(c, dict) else NOT_MEASURED)
-        return cls(bool(c["contended"]), str(c.get("text") or ("contended" if c["contended"] else "quiet")))
+            return cls(None, path_free(str(c.get("text") or NOT_MEASURED)) if isinstance(c, dict) else NOT_MEASURED)
+        return cls(bool(c["contended"]), path_free(str(c.get("text") or ("contended" if c["contended"] else "quiet"))))
 
     @property
     def marked(self) -> str:
