@@ -134,6 +134,24 @@ def test_exposed_and_overlap_by_hand():
     assert r["step_ms"] * 1e6 == pytest.approx(100)
 
 
+def test_outermost_keys_event_ids_by_case_and_rank():
+    """Event ids are unique within a case's pass only: case A's c10d::allreduce_ (id 1) holds its
+    record_param_comms (id 2, op_event_id 1); case B's allreduce (id 7) and rank 1's of case A (id 9) sit in an op
+    of id 1 that is no collective of theirs (a DDP hook). Only A's rank-0 record_param_comms is inside another; the
+    comparison without the case and rank dropped B's and rank 1's collectives too (arrivals and collectives read
+    every case at once)."""
+    ops = pd.DataFrame({"run": ["a/bs32", "a/bs32", "b/bs32", "a/bs32"], "source": ["kineto"] * 4,
+                        "rank": pd.array([0, 0, 0, 1], dtype="Int64"),
+                        "event_id": pd.array([1, 2, 7, 9], dtype="Int64"),
+                        "op_event_id": pd.array([pd.NA, 1, 1, 1], dtype="Int64"),
+                        "op_name": ["c10d::allreduce_", "record_param_comms", "c10d::allreduce_", "c10d::allreduce_"]})
+    assert comm.outermost(ops)["event_id"].tolist() == [1, 7, 9]
+    # a trace without ranks (MXNet's one process): NA ranks are one scope
+    one = ops.iloc[:2].assign(rank=pd.array([pd.NA, pd.NA], dtype="Int64"))
+    assert comm.outermost(one)["event_id"].tolist() == [1]
+    assert comm.outermost(ops.iloc[:0]).empty
+
+
 def test_the_report_counts_each_devices_calls_and_checks_communication(tmp_path):
     """The report's checks on the normalised run: calls per step of every device (two ranks' traces, two
     contexts' ops; each rank's backward paired with its own forward by its autograd numbers), and the two

@@ -94,11 +94,24 @@ def roots(ops: pd.DataFrame, ids) -> list[int]:
     return out
 
 
+# what an event id is unique within (normalise: a run, i.e. a case, of one capture pass), with the rank's trace
+EVENT_SCOPE = ("run", "source", "rank")
+
+
+def _scoped(ops: pd.DataFrame, column: str) -> list[tuple]:
+    """Each row's ``column`` (an event id) keyed by its case, pass and rank (``EVENT_SCOPE``; NA as None)."""
+    cols = [ops[c].astype(object).where(ops[c].notna(), None) for c in (*EVENT_SCOPE, column)]
+    return list(zip(*cols, strict=True))
+
+
 def outermost(ops: pd.DataFrame) -> pd.DataFrame:
-    """The collective ops of ``ops`` (one case's communication ops) not inside another of them: DDP's
+    """The collective ops of ``ops`` (communication ops of one case or of several) not inside another of them: DDP's
     ``c10d::allreduce_`` holds the ``record_param_comms`` that launches its NCCL kernel, one collective counted once
-    (its bytes too)."""
-    return ops[~ops["op_event_id"].isin(set(ops["event_id"].dropna().tolist())).fillna(False).to_numpy()]
+    (its bytes too). An op is inside another of its own case, pass and rank (``EVENT_SCOPE``): two cases' equal event
+    ids are two ops."""
+    ids = {k for k in _scoped(ops, "event_id") if k[-1] is not None}
+    inside = [k[-1] is not None and k in ids for k in _scoped(ops, "op_event_id")]
+    return ops[~np.array(inside, dtype=bool)]
 
 
 def _steps(df: pd.DataFrame) -> pd.Series:
