@@ -45,6 +45,7 @@ LAUNCHER_ENV = "KERNELMAP_LAUNCHER_PID"  # the process that launched this rank (
 # what the launcher passes on to its ranks before it ends (``launch``): a job's or a profiler's SIGTERM, Ctrl-C, a hangup
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RANK_GRACE_S = 10.0  # a rank sent the launcher's signal: this long to end before it is killed
+FAILED_RANK_GRACE_S = 5.0  # one rank failed: the others, sent SIGTERM, this long to end before they are killed
 POLL_S = 0.05  # how often the launcher looks at its ranks
 RANK_DIR = "rank{}"  # the folder of rank r > 0 in a case folder (its pass results and captures)
 # The pass that times the same step with the gradients' reduction removed (issue 39's independent measure of
@@ -194,15 +195,17 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
     """Run ``commands[r]`` as rank ``r`` of ``len(commands)`` (``env``, else this environment, plus the rank
     variables and a free rendezvous port on this host); wait for all. Rank 0's stdout is this process's (the
     CPU libs pass reads oneDNN's verbose lines there); the others' is discarded where ``quiet_ranks``. The
-    first rank to fail stops the rest; its exit status is returned (0 when all succeed; 124 past ``timeout``
-    seconds; 128 + N for a rank that died of signal N, as a shell says it).
+    first rank to fail stops the rest (SIGTERM, then SIGKILL after ``FAILED_RANK_GRACE_S``: a rank stuck in a collective
+    may not end of SIGTERM); its exit status is returned (0 when all succeed; 124 past ``timeout`` seconds; 128 + N
+    for a rank that died of signal N, as a shell says it).
 
     No rank outlives this process. A signal of ``FORWARDED_SIGNALS`` that reaches it (a job's or a profiler's
     SIGTERM: PyTorch's x2 nsys pass at bs 1024 on the 4x H200 ended with its launcher, nsys's target, gone by
     SIGTERM while its ranks ran, re-parented: nsys waited for them, then exited 143) is sent on to
     every rank still running, each is waited for (``RANK_GRACE_S``, then killed), and only then does this
     process return 128 + the signal, saying so on stderr (or the handler it had for that signal runs: the CLI's
-    Ctrl-C). Each rank also gets the launcher's death as SIGTERM
+    Ctrl-C); a signal that arrives once the ranks have ended returns it too (not the ranks' status: the launcher
+    was signalled). Each rank also gets the launcher's death as SIGTERM
     (``die_with_launcher``: a launcher killed by SIGKILL)."""
     port, n = free_port(), len(commands)
     base = dict(os.environ if env is None else env)
@@ -216,7 +219,7 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
             own = rank_envs[r] if rank_envs else {}
             procs.append(subprocess.Popen(cmd, env={**base, **own, **rank_env(r, n, port), LAUNCHER_ENV: str(os.getpid())},
                                           stdout=out))
-        return _wait_ranks(procs, deadline, received)
+        rc = _wait_ranks(procs, deadline, received)
     finally:
         if received:
             _stop_ranks(procs, received[0])
@@ -228,6 +231,7 @@ def launch(commands: list[list[str]], env: Mapping[str, str] | None = None, quie
             signal.signal(sig, handler)
         if received and callable(previous.get(received[0])):  # this process's own handler (the CLI's Ctrl-C) too
             previous[received[0]](received[0], None)
+    return 128 + received[0] if received else rc  # one caught after the ranks ended too
 
 
 def _catch(signals: tuple[signal.Signals, ...], received: list[int]) -> dict:
@@ -247,12 +251,18 @@ def _exit_status(code: int) -> int:
 
 def _wait_ranks(procs: list[subprocess.Popen], deadline: float | None, received: list[int]) -> int:
     """Wait for every rank of ``procs`` (see ``launch``); 128 + the signal as soon as one is ``received``."""
-    rc, pending = 0, list(procs)
+    rc, pending, kill_at = 0, list(procs), None
     while pending:
         if received:
             return 128 + received[0]
         if deadline is not None and time.monotonic() > deadline:
             return 124
+        if kill_at is not None and time.monotonic() > kill_at:
+            print(f"kernelmap-worker: rank(s) {', '.join(str(procs.index(q)) for q in pending)} of {len(procs)} still "
+                  f"running {FAILED_RANK_GRACE_S} s after SIGTERM (another rank failed): killed", file=sys.stderr, flush=True)
+            for q in pending:
+                q.kill()
+            kill_at = None
         for p in list(pending):
             code = p.poll()
             if code is None:
@@ -265,6 +275,7 @@ def _wait_ranks(procs: list[subprocess.Popen], deadline: float | None, received:
                           f"{signal.Signals(-code).name}", file=sys.stderr, flush=True)
                 for q in pending:  # one rank failed: the others would wait for it at the next collective
                     q.send_signal(signal.SIGTERM)
+                kill_at = time.monotonic() + FAILED_RANK_GRACE_S
         time.sleep(POLL_S)
     return rc
 

@@ -212,3 +212,64 @@ def test_a_signal_the_launcher_ignores_stays_ignored(tmp_path):
         _cleanup(ranks)
     assert rc == 0, err
     assert "SIGHUP" not in err
+
+
+def test_a_signal_after_the_ranks_ended_is_the_launchers_exit_status(tmp_path):
+    """A SIGTERM that reaches the launcher once both ranks have ended (here: sent to itself as the wait for its ranks
+    returns, before the launcher returns): the launcher was signalled, so it exits 143, not its ranks' 0."""
+    late = textwrap.dedent("""
+        import os, signal, sys
+        from kernelmap.frameworks import dataparallel
+        wait = dataparallel._wait_ranks
+        def then_signalled(procs, deadline, received):
+            rc = wait(procs, deadline, received)
+            assert all(p.poll() == 0 for p in procs)  # both ranks ended, and well
+            os.kill(os.getpid(), signal.SIGTERM)
+            return rc
+        dataparallel._wait_ranks = then_signalled
+        rank = [sys.executable, "-c", sys.argv[1], sys.argv[2], "-1", "0"]
+        sys.exit(dataparallel.launch([rank, rank]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", late, RANK, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr  # before: 0, the signal dropped
+    assert "got SIGTERM" in proc.stderr and "ranks still running (none)" in proc.stderr
+
+
+# argv: folder; rank 1 ignores SIGTERM (a rank stuck where SIGTERM does not end it) and says it runs; rank 0 then fails
+STUCK_RANK = textwrap.dedent("""
+    import os, signal, sys, time
+    from kernelmap.frameworks import dataparallel
+    r = os.environ[dataparallel.RANK_ENV]
+    if r == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.path.join(sys.argv[1], "rank1.tmp"), "w").write(str(os.getpid()))
+        os.rename(os.path.join(sys.argv[1], "rank1.tmp"), os.path.join(sys.argv[1], "rank1.pid"))
+        time.sleep(120)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(sys.argv[1], "rank1.pid")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sys.exit(3)
+""")
+
+
+def test_after_one_rank_fails_a_rank_that_outlives_sigterm_is_killed_after_the_grace(tmp_path):
+    """Rank 0 exits 3; rank 1 ignores the SIGTERM the launcher sends it: after ``FAILED_RANK_GRACE_S`` (1 s here) it
+    is killed, and the launcher exits 3 (before: it waited on for rank 1, here until its 30 s timeout: 124)."""
+    code = textwrap.dedent("""
+        import sys
+        from kernelmap.frameworks import dataparallel
+        dataparallel.FAILED_RANK_GRACE_S = 1.0
+        rank = [sys.executable, "-c", sys.argv[1], sys.argv[2]]
+        sys.exit(dataparallel.launch([rank, rank], timeout=30))
+    """)
+    assert dataparallel.FAILED_RANK_GRACE_S <= 10  # a few seconds
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, STUCK_RANK, str(tmp_path)], capture_output=True, text=True,
+                          timeout=90)
+    took = time.monotonic() - t0
+    stuck = int((tmp_path / "rank1.pid").read_text())
+    left = _alive(stuck)
+    _cleanup([stuck])
+    assert proc.returncode == 3, proc.stderr
+    assert not left and took < 20, took
+    assert "rank(s) 1 of 2 still running 1.0 s after SIGTERM (another rank failed): killed" in proc.stderr
