@@ -5,9 +5,10 @@
 For each case kept (default: every case on more than one device whose folder holds a trace): manifest.json,
 results.json (the kept cases' entries), each rank's folder (rank 0 the case folder, rank<r>/ the others) with its
 pass results (``*.json``), NCCL log and HLO text as they are, and its trace trimmed to the last ``--steps``
-``kernelmap:step#N`` regions (complete events, as Kineto and XLA write them): every event from the first kept step's
+``kernelmap:step#N`` regions (complete events, as Kineto and XLA write them, or MXNet's B/E pairs): every event from the first kept step's
 start on (the capture ends after the last step; a capture pass synchronises its devices after every step, so no
-earlier step's kernel runs into the window), and every metadata event; numbers keep their written text
+earlier step's kernel runs into the window), every metadata event, and the step markers of steps the trace recorded no work in (MXNet's warm-up steps:
+its profiler writes their spans while its operator profiling is off); numbers keep their written text
 (tests/data/foreign/make_fixtures.py's load and dump). The library logs (cuDNN's, cuBLAS's: megabytes) are left out.
 Each rank is trimmed to the same step numbers; a trace without those steps is an error naming it.
 """
@@ -15,6 +16,7 @@ Each rank is trimmed to the same step numbers; a trace without those steps is an
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import re
 import shutil
@@ -30,12 +32,13 @@ KEEP_AS_IS = ("*.json", "nccl.log", "*.hlo.txt.gz")
 
 
 def steps_of(doc: dict) -> dict[int, tuple]:
-    """Step number -> (start, end) of its ``kernelmap:step#N`` complete event(s) (the widest)."""
+    """Step number -> (start, end) of its ``kernelmap:step#N`` complete event(s) or B/E pair (the widest)."""
     out: dict[int, tuple] = {}
     for e in doc["traceEvents"]:
         m = STEP.match(str(e.get("name", "")))
-        if m and e.get("ph") == "X":
-            n, s, t = int(m.group(1)), e["ts"], e["ts"] + e.get("dur", 0)
+        if m and e.get("ph") in ("X", "B", "E"):  # MXNet's profiler writes its step spans as B/E pairs
+            n, s = int(m.group(1)), e["ts"]
+            t = s + e.get("dur", 0) if e["ph"] == "X" else s
             a, b = out.get(n, (s, t))
             out[n] = (min(a, s), max(b, t))
     return out
@@ -48,7 +51,12 @@ def trim(doc: dict, keep: list[int], where: Path) -> dict:
     if missing:
         raise SystemExit(f"{where}: no kernelmap:step#{missing[0]} in the trace (its steps: {sorted(steps)})")
     t0 = min(steps[n][0] for n in keep)
-    ev = [e for e in doc["traceEvents"] if e.get("ph") == "M" or ("ts" in e and e["ts"] >= t0)]
+    marks = [e for e in doc["traceEvents"] if STEP.match(str(e.get("name", "")))]
+    work = sorted(e["ts"] for e in doc["traceEvents"]  # what ran: not the workload's own regions (kernelmap:...)
+                  if "ts" in e and e.get("ph") != "M" and not str(e.get("name", "")).startswith("kernelmap:"))
+    empty = {n for n, (a, b) in steps.items() if bisect.bisect_left(work, a) == bisect.bisect_right(work, b)}
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "M" or ("ts" in e and e["ts"] >= t0)
+          or (e in marks and int(STEP.match(e["name"]).group(1)) in empty)]
     return {**doc, "traceEvents": ev}
 
 
