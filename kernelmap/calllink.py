@@ -127,6 +127,31 @@ def short_name(name: str) -> str:
     return re.split(r"[<(]", s, maxsplit=1)[0].strip() or str(name)
 
 
+OPEN, CLOSE = "<([{", ">)]}"  # without_return_type: the brackets a demangled name nests
+
+
+def without_return_type(name: str) -> str:
+    """A demangled kernel name less the return type written before it: the text after the last space outside
+    every bracket before the argument list (``void k<float>(float*)`` -> ``k<float>(float*)``; cuBLAS's gemv,
+    ``std::enable_if<!T7, void>::type internal::kernel<int, ...>(T13)`` as ncu 2025.3 wrote it,
+    ``std::enable_if<!(false), void>::type internal::gemvx::kernel<int, ...>(...)`` in XLA's trace, ->
+    ``internal::kernel<int, ...>``: the return type's ``!T7``/``!(false)`` is no part of the kernel's name). A name
+    whose brackets do not balance is returned as it is."""
+    depth, cut = 0, 0
+    for i, ch in enumerate(name):
+        if ch == "(" and depth == 0 and i > 0:
+            break  # the argument list
+        if ch in OPEN:
+            depth += 1
+        elif ch in CLOSE:
+            depth -= 1
+            if depth < 0:
+                return name
+        elif ch == " " and depth == 0:
+            cut = i + 1
+    return name[cut:]
+
+
 def _nth(frame: pd.DataFrame) -> np.ndarray:
     """Per row, which occurrence of its op kind (``OP_KEY`` but ``op_nth``) in its step its launching op
     is, counting ops by their start."""

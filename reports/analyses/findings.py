@@ -33,6 +33,7 @@ import pandas as pd
 from kernelmap.frameworks.case import FIELDS
 
 from kernelmap import timing
+from kernelmap.calllink import mangled_head, without_return_type
 
 from . import diff as D
 from .base import Run, field_at
@@ -139,10 +140,18 @@ def place_call(x: list[float], y: list[float], alpha: float) -> tuple[Call, str,
 
 # --- causes --------------------------------------------------------------------------------------------
 def short_kernel(name: str) -> str:
-    """A kernel's name without its template arguments, parameters and namespaces (``calc_bias_diff_nchw_packed``)."""
-    text = re.sub(r"^void\s+|\(anonymous namespace\)::", "", str(name).strip())
-    text = re.split(r"[<(]", text, maxsplit=1)[0].strip()
-    return text.rsplit("::", 1)[-1] or str(name)
+    """A kernel's name without its return type, template arguments, parameters and namespaces
+    (``calc_bias_diff_nchw_packed``; cuBLAS's ``std::enable_if<!(false), void>::type internal::gemvx::kernel<...>``:
+    ``gemvx::kernel``, a function called ``kernel`` keeps its last namespace); a name left mangled (cuDNN's CUTLASS
+    kernels in Kineto, 1,600 characters) by its function and the head of its first template argument
+    (``Kernel<ImplicitGemmConvolution>``: ``calllink.mangled_head``)."""
+    head = mangled_head(name)
+    if head:
+        fn = head[0].rsplit("::", 1)[-1]
+        return f"{fn}<{head[1]}>" if head[1] else fn
+    text = without_return_type(re.sub(r"\(anonymous namespace\)::", "", str(name).strip()))
+    parts = re.split(r"[<(]", text, maxsplit=1)[0].strip().split("::")
+    return "::".join(parts[-2:] if parts[-1] == "kernel" else parts[-1:]) or str(name)  # gemvx::kernel
 
 
 def place_cause(side: D.Side, place: tuple[str, str]) -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from kernelmap import gemmwork, kernelmath, schema
 from kernelmap.adapters import graph_replay, ncu
-from kernelmap.calllink import mangled_head, short_name
+from kernelmap.calllink import mangled_head, short_name, without_return_type
 from kernelmap.errors import KernelmapError
 from kernelmap.flops import layer_flops
 
@@ -254,14 +254,17 @@ def kernel_key(name: str) -> str:
     ``at::<unnamed>::``, ``[lambda(int) (instance 1)]``, ``0``, ``(int)4`` and no ``native::`` for the same kernels;
     a bool template argument is ``true`` in Kineto's name and a bare ``1`` in ncu's (cuBLAS's ``sgemm_largek_lds64``
     of the 2x H200 fp32 run), so ``true``/``false`` read as ``1``/``0`` (the whole argument only: ``true_type`` stays).
-    A name Kineto left mangled (cuDNN's long CUTLASS kernels) gives the same key from its mangled head."""
+    A name Kineto left mangled (cuDNN's long CUTLASS kernels) gives the same key from its mangled head. A return type
+    written before the name is no part of it (``calllink.without_return_type``: cuBLAS's gemv, ``std::enable_if<!T7,
+    void>::type internal::kernel<int`` in ncu 2025.3, ``std::enable_if<!(false), void>::type
+    internal::gemvx::kernel<int`` in XLA's trace, both ``kernel<int``: the 4x H100 JAX fp32 capture paired 55 of 56)."""
     head = mangled_head(name)
     if head:
         fn = head[0].split("::")[-1]
         return f"{fn}<{head[1]}" if head[1] else fn
     s = re.sub(r"\((?:unsigned )?(?:int|long|long long|short|char|bool)\)(?=-?\d)", "", str(name))
     s = s.replace("(anonymous namespace)", "<unnamed>").replace("<unnamed>::", "")
-    s = s[5:] if s.startswith("void ") else s
+    s = without_return_type(s)
     fn, lt, rest = s.partition("<")
     fn = re.split(r"\(", fn, maxsplit=1)[0].strip().split("::")[-1]  # a function without a template: no args
     if not lt:
