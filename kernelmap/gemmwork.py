@@ -46,7 +46,7 @@ SEGMENT_K_ON = re.compile(r"_segment_k_on_")
 SEGMENTED = ("its blocks share K in segments (xmma segment_k_on): how many output tiles its grid covers is not "
              "in its name: its executed work is not derivable")
 NO_TILE = ("no tile in the kernel's name (a precompiled cuDNN/cuBLAS kernel whose template arguments are not "
-           "documented): its executed work is not derivable")
+           "documented, or a compiler's own, as XLA's Triton gemm_fusion kernels): its executed work is not derivable")
 
 
 def is_gemm_kernel(name: str) -> bool:

@@ -25,6 +25,7 @@ from kernelmap.reports.analyses import roofline as R
 from kernelmap.reports.analyses.base import load_run
 from kernelmap.reports.analyses.findings import short_kernel
 
+from kernelmap import gemmwork
 from kernelmap.calllink import without_return_type
 
 DATA = Path(__file__).parent / "data"
@@ -106,6 +107,11 @@ def test_fp32_ran_no_tensor_math_by_the_counters(counted):
     derived = layers[layers["within_tolerance"].notna()].set_index(["layer", "direction"])
     assert sorted(derived.index) == [("conv2", "bwd_data"), ("conv2", "fwd"), ("fc1", "bwd_data")]
     assert derived["within_tolerance"].astype(bool).all()
+    # XLA's own GEMMs (Triton gemm_fusion) carry no tile: not derived, and the reason does not call them cuDNN/cuBLAS's
+    fused = layers[layers["expected_from"].fillna("").str.startswith("gemm_fusion")].set_index(["layer", "direction"])
+    assert sorted(fused.index) == [("fc1", "bwd_weight"), ("fc1", "fwd"), ("fc2", "bwd_data"), ("fc2", "bwd_weight"),
+                                   ("fc2", "fwd")]
+    assert all(w.endswith(gemmwork.NO_TILE) for w in fused["expected_from"]) and "XLA's Triton" in gemmwork.NO_TILE
 
 
 def test_ncu_counted_where_it_had_died():
