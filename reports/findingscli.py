@@ -20,6 +20,8 @@ from .analyses import findings as F
 from .analyses.base import field_at, load_run
 
 CAUSE_WIDTH = 110
+NO_PAIR = ("no two cases to compare (one case per batch size and device count): findings set a run's cases against "
+           "each other (another mode, math or framework); kernelmap diff A B compares two runs")
 RUN_OPTIONS = ("warmup", "data", "data_dir", "threads", "lr", "seed")  # taken from the run being checked
 
 
@@ -86,7 +88,7 @@ def write(found: pd.DataFrame, out: TextIO, top: int | None = 10) -> None:
         print(f"\n{kind} findings ({n} beyond noise, {len(rows) - n} noise or not judged); time: "
               f"{F.BASIS[kind].split(':')[0] if kind == F.Kind.STEP else 'per traced step at the place'}", file=out)
         if rows.empty:
-            print("  none", file=out)
+            print("  none" + ("" if found.attrs.get("pairs", 1) else f": {NO_PAIR}"), file=out)
             continue
         shown = rows.head(top) if top else rows
         print(table(shown, COLS), file=out)

@@ -135,3 +135,20 @@ def test_a_findings_cause_names_the_kernel_not_its_return_type_or_mangling():
         == "calc_bias_diff_nchw_packed"
     assert short_kernel("void at::native::(anonymous namespace)::max_pool_backward_nchw<float>(int)") \
         == "max_pool_backward_nchw"
+
+
+def test_findings_of_a_run_of_one_case_say_why_there_are_none():
+    from kernelmap.reports import findingscli
+    from kernelmap.reports.analyses import findings as F
+
+    found = F.findings(F.run_sides(load_run(RUN)))
+    assert found.empty and found.attrs["pairs"] == 0
+    out = io.StringIO()
+    findingscli.write(found, out)
+    assert out.getvalue().count(f"  none: {findingscli.NO_PAIR}\n") == 2  # the place and the step findings
+    # MXNet fp32 and fp16, imperative and hybridized, bs 1024: 4 cases, 6 pairs, findings listed, no 'none'
+    four = F.findings(F.run_sides(load_run(DATA / "gpu_mxnet_fp16_run"), {1024}))
+    assert four.attrs["pairs"] == 6 and len(four)
+    out = io.StringIO()
+    findingscli.write(four, out)
+    assert "  none" not in out.getvalue()

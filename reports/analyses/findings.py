@@ -298,6 +298,7 @@ def findings(sides: list[D.Side], alpha: float = D.ALPHA) -> pd.DataFrame:
         df = df.drop(columns=["_k", "_c"]).reset_index(drop=True)
         df["rank"] = df.groupby("kind").cumcount() + 1
     df.attrs["rules"] = {"noise": NOISE_RULE, "hit": HIT_RULE, **{str(k): v for k, v in BASIS.items()}}
+    df.attrs["pairs"] = sum(comparable(x, y) for i, x in enumerate(sides) for y in sides[i + 1:])
     return df
 
 
