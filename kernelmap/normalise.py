@@ -209,6 +209,10 @@ def _main_run_dir(args: argparse.Namespace, dirs: list[str]) -> int:
         if summary["not_records"]:
             sys.stdout.write(f"{len(summary['not_records'])} file(s) not read (pass results, timings; each with its "
                              "reason under not_records in attribution.json)\n")
+        absent = [x["file"] for x in summary["not_records"] if x["reason"] == ABSENT]
+        if absent:
+            sys.stdout.write(f"{len(absent)} trace(s) results.json lists are absent, their cases' records hold none "
+                             f"of their rows: {', '.join(absent)}\n")
     return 0
 
 
@@ -315,6 +319,17 @@ def _tf32_override(bs_dir: Path) -> str | None:
 
 # the captures read from every rank of a multi-process case: the traces (rank 0's library logs stand for all)
 RANK_FORMATS = frozenset({*(d.trace_source for d in frameworks.REGISTRY.values()), "nsys"})
+# the names a pass writes its trace under in its case folder (the libs pass's own trace, in libs/, has them too)
+TRACE_NAMES = LIBS_TRACES
+ABSENT = "absent: results.json lists it, the case folder has it not; its case's records hold none of its rows"
+
+
+def absent_traces(run_dir: Path, entries) -> tuple[list[str], list[str]]:
+    """(listed, absent): the traces (``TRACE_NAMES``) the cases' results.json entries list (``files``) in the case
+    folders that are there, and those of them the folder has not (neither as listed nor gzipped: a trimmed copy's)."""
+    listed = [f for e in entries if (run_dir / e.dir).is_dir() for f in e.entry.get("files") or ()
+              if isinstance(f, str) and Path(f).name in TRACE_NAMES]
+    return listed, [f for f in listed if not any((run_dir / g).is_file() for g in (f, f + ".gz"))]
 
 
 def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
@@ -322,12 +337,20 @@ def normalise_run_dir(run_dir: str | os.PathLike) -> dict:
     its folder, ``RUN_DIR/<case>/bs<N>/*``) into ``RUN_DIR/records.parquet`` and ``RUN_DIR/attribution.json``;
     returns the summary. Each record carries its case's key (framework, mode, math, devices, batch size) as
     recorded, never read from a folder's name. Files no adapter recognises (clean.json, step timings) are
-    listed under ``not_records``."""
+    listed under ``not_records``, and so is each trace an entry lists (``files``) that its case folder has not
+    (``absent_traces``; named on the console too); where every listed trace is absent, an error naming them, nothing
+    written (the records would be the library logs' alone)."""
     rd = RunDir(run_dir)
     run_dir = rd.path
     manifest = rd.read_manifest() if rd.manifest.is_file() else {}
-    frames, per, skipped, sources = [], {}, [], []
-    for entry in sorted(rd.read_cases(), key=lambda e: e.dir.parts):  # folder order, as the records always were
+    cases = rd.read_cases()
+    listed, absent = absent_traces(run_dir, cases)
+    if listed and len(absent) == len(listed):  # the records would be the library logs' alone
+        raise KernelmapError(f"{run_dir}: every trace {rd.results.name} lists is absent ({', '.join(absent)}): no "
+                             f"kernel or op to normalise; {rd.records.name} and {rd.attribution.name} not written (those there "
+                             "left as they are)")
+    frames, per, skipped, sources = [], {}, [{"file": f, "reason": ABSENT} for f in absent], []
+    for entry in sorted(cases, key=lambda e: e.dir.parts):  # folder order, as the records always were
         key, bs_dir = entry.key, run_dir / entry.dir
         if not bs_dir.is_dir():
             continue  # a case whose captures were removed (kept for its report), or a clean-only run

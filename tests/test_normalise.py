@@ -498,3 +498,47 @@ def test_rows_is_loc():
         got = attribution._rows(df, mask, cols)
         pd.testing.assert_frame_equal(got, df.loc[mask, cols])
     assert len(attribution._rows(df, df["kind"].eq("kernel").fillna(False).to_numpy(), cols)) > 100
+
+
+def _listing_run(run: Path) -> str:
+    """``gpu_run_dir`` with its results.json entry listing its case folder's files, as the runner writes it."""
+    from conftest import gpu_run_dir
+
+    bs = gpu_run_dir(run)
+    case = f"pytorch/bs{bs}"
+    entries = json.loads((run / "results.json").read_text())
+    entries[0].update(dir=case, files=sorted(f"{case}/{f.name}" for f in (run / case).iterdir()))
+    (run / "results.json").write_text(json.dumps(entries))
+    return case
+
+
+def test_normalise_run_directory_whose_listed_traces_are_all_absent_is_an_error(tmp_path, capsys):
+    """Its Kineto trace and nsys export gone, the run's records were its library logs alone, exit 0, naming no
+    file: now an error naming the run and each absent trace, nothing written."""
+    from kernelmap import cli
+
+    run = tmp_path / "run"
+    case = _listing_run(run)
+    for name in ("trace.json.gz", "nsys.sqlite"):
+        (run / case / name).unlink()
+    rc = cli.main(["normalise", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert str(run) in err and f"{case}/nsys.sqlite" in err and f"{case}/trace.json.gz" in err and "absent" in err
+    assert not (run / "records.parquet").exists() and not (run / "attribution.json").exists()
+
+
+def test_normalise_run_directory_names_a_listed_trace_that_is_absent(tmp_path, capsys):
+    """One trace of two gone (the Kineto trace; the nsys export there): the records are the rest's, and the absent
+    one is named on the console and under not_records with its reason (it was left out unsaid)."""
+    from kernelmap import cli, normalise
+
+    run = tmp_path / "run"
+    case = _listing_run(run)
+    (run / case / "trace.json.gz").unlink()
+    assert cli.main(["normalise", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"1 trace(s) results.json lists are absent, their cases' records hold none of their rows: {case}/trace.json.gz" in out
+    a = json.loads((run / "attribution.json").read_text())
+    assert {"file": f"{case}/trace.json.gz", "reason": normalise.ABSENT} in a["not_records"]
+    assert set(a["runs"][case]["by_source"]) == {"nsys"}
