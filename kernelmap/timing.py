@@ -239,6 +239,23 @@ def process_interval(trial_medians: list[float], center: float) -> tuple[float, 
     return center - half, center + half
 
 
+TWO_PROCESS_RULE = ("two figures of two other processes (a library call of the libs pass held against its op of the "
+                    "framework pass) may lie apart by the noise between processes besides each one's own interval: "
+                    "as far apart as the clean pass's used trials lay (each trial is its own process): the slowest "
+                    "trial's median over the fastest's, less one; the lower figure's 95% interval is widened by that "
+                    "share. Measured on the whole step (a small op may move more between processes); not measured "
+                    "where the clean pass ran contended or has under two used trials")
+
+
+def two_process_spread(trial_medians: list[float]) -> float | None:
+    """``TWO_PROCESS_RULE``'s share: the highest of the trials' medians over the lowest, less one; None under two
+    trials or a median that is not positive."""
+    m = [float(x) for x in trial_medians]
+    if len(m) < 2 or min(m) <= 0:
+        return None
+    return max(m) / min(m) - 1.0
+
+
 def judging_interval(clean: dict[str, Any], between_processes: bool = True) -> tuple[float, float] | None:
     """The interval another process's median is judged against (``PROCESS_RULE``): the clean pass's
     95% interval of its median (``StepStats.to_dict()``), widened by ``process_interval`` of its

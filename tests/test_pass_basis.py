@@ -113,12 +113,25 @@ def test_two_processes_at_two_speeds_are_not_one_basis(default_bench):
 
 
 def test_at_one_speed_the_call_above_its_op_fails(default_bench, tmp_path):
-    """The libs pass's step figures set to the framework pass's (one speed): conv2 backward's calls, 3.354 ms/step
-    ([3.017–3.698]) above their op's 2.549 ([2.248–3.002]), fail: a real contradiction still fails."""
+    """The libs pass's step figures set to the framework pass's (one speed): conv2 backward's calls, 3.448 ms/step
+    ([2.849–3.712]) above their op's 2.19 ([2.165–2.26]) beyond the passes' own intervals, lie within the noise
+    between this job's processes (its clean trials' medians 10.27 to 22.12 ms, 115.4% apart: timing.TWO_PROCESS_RULE)
+    and pass, saying so; made 3x longer they fail: a real contradiction still fails."""
     def alike(r: dict) -> None:
         fw = r["passes"]["framework"]
         r["passes"]["libs"].update({k: fw[k] for k in ("median_step_s", "ci95_low_s", "ci95_high_s", "step_times_s")})
-    rows = _within(_doctored(default_bench, tmp_path, 64, alike))
+    d = _doctored(default_bench, tmp_path, 64, alike)
+    rows = _within(d).set_index("subject")
+    assert set(rows["status"]) == {C.PASS}
+    assert ("(call [2.849–3.712] ms, op [2.165–2.26] ms) but within the noise between the two processes: the call's "
+            "interval starts at 2.849 ms, the op's ends at 2.26, at 4.868 once widened by 115.4%, the spread of the "
+            "clean pass's 5 trials") in rows.loc["conv2 bwd", "detail"]
+    rec = schema.read_parquet(d / "records.parquet")
+    hit = (rec["framework"].eq("mxnet") & rec["batch_size"].eq(64) & rec["kind"].eq("library_call")
+           & rec["layer"].eq("conv2") & rec["direction"].str.startswith("bwd"))
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 3).astype(rec["dur_ns"].dtype)
+    schema.write_parquet(rec, d / "records.parquet")
+    rows = _within(d)
     assert sorted(rows.loc[rows["status"] == C.FAIL, "subject"]) == ["conv2 bwd"]
     assert (rows["status"] == C.NOT_CHECKED).sum() == 0
 
@@ -130,10 +143,9 @@ def libs_over_fw(r: dict) -> float:
 def test_calls_of_a_slowed_libs_pass_are_not_held_against_their_ops(bench):
     rows = _within(bench)
     assert {(bs, s): n for (bs, s), n in rows.groupby(["batch_size", "status"]).size().items()} == {
-        (64, C.PASS): 7, (64, C.FAIL): 1, (256, C.NOT_CHECKED): 8}
+        (64, C.PASS): 8, (256, C.NOT_CHECKED): 8}
     # fc2 forward, both passes quiet: per-step medians 0.1321 ms/step ([0.1154–0.1425]) above the op's 0.101
-    # ([0.0995–0.106]); the means' wider intervals (0.1225 [0.1062–0.1361] against 0.1047 [0.09475–0.1159]) overlapped
-    assert list(rows.loc[rows["status"] == C.FAIL, "subject"]) == ["fc2 fwd"]
+    # ([0.0995–0.106]), within the noise between processes (tests/test_call_condition.py; it failed before it)
     at256 = rows[rows["batch_size"] == 256].set_index("subject")
     assert all(SLOWED in d and "not one time basis" in d for d in at256["detail"])
     conv1 = at256.loc["conv1 fwd"]
@@ -145,15 +157,18 @@ def test_calls_of_a_slowed_libs_pass_are_not_held_against_their_ops(bench):
 
 
 def test_the_check_still_fails_where_the_passes_ran_alike(bench, tmp_path):
-    """The libs pass's step figures set to the framework pass's (one basis): the five calls above their ops fail."""
+    """The libs pass's step figures set to the framework pass's (one basis): of the six calls above their ops beyond
+    the passes' own intervals, conv1 forward (8.073 ms/step, 2.58x its op's 3.135) fails; the five others lie within
+    the noise between processes (the clean trials 37.76-58.23 ms, 54.2% apart: timing.TWO_PROCESS_RULE)."""
     def alike(r: dict) -> None:
         fw = r["passes"]["framework"]
         r["passes"]["libs"].update({k: fw[k] for k in ("median_step_s", "ci95_low_s", "ci95_high_s", "step_times_s")})
     rows = _within(_doctored(bench, tmp_path, 256, alike))
     at256 = rows[rows["batch_size"] == 256]
-    # by per-step medians fc2 forward too (0.146 against 0.1295 ms/step)
-    assert sorted(at256.loc[at256["status"] == C.FAIL, "subject"]) == sorted([*ABOVE, "fc2 fwd"])
-    assert (at256["status"] == C.PASS).sum() == 2 and (at256["status"] == C.NOT_CHECKED).sum() == 0
+    assert list(at256.loc[at256["status"] == C.FAIL, "subject"]) == ["conv1 fwd"]
+    noise = at256.set_index("subject")["detail"].str.contains("but within the noise between the two processes: ")
+    assert sorted(noise.index[noise]) == sorted([*ABOVE[1:], "fc2 fwd"])
+    assert (at256["status"] == C.PASS).sum() == 7 and (at256["status"] == C.NOT_CHECKED).sum() == 0
 
 
 def test_a_libs_pass_faster_beyond_noise_is_still_held(bench, tmp_path):
@@ -166,9 +181,8 @@ def test_a_libs_pass_faster_beyond_noise_is_still_held(bench, tmp_path):
     d = _doctored(bench, tmp_path, 64, faster)
     at64 = _within(d)
     at64 = at64[at64["batch_size"] == 64]
-    # fc2 forward's call above its op by per-step medians, as in the undoctored copy
-    assert dict(zip(at64["subject"], at64["status"], strict=True)) == {
-        s: C.FAIL if s == "fc2 fwd" else C.PASS for s in at64["subject"]} and len(at64) == 8
+    # fc2 forward's call above its op by per-step medians within the noise between processes, as undoctored
+    assert set(at64["status"]) == {C.PASS} and len(at64) == 8
     assert all("held though the passes ran apart, the call's the faster" in x and "faster beyond noise" in x
                for x in at64["detail"])
     pair = pair_basis(pass_states([A.load_run(d)]), "doctored", "mxnet", 64, "libs", "framework")
@@ -201,7 +215,8 @@ def test_layer_time_vs_batch_size_holds_no_slowed_pass_against_another(bench, tm
 
 def test_a_faster_libs_pass_with_a_call_above_its_op_fails(default_bench, tmp_path):
     """Job 20261127T071834Z, PyTorch bs 64: its libs pass ran 0.867x its framework pass (the profiler's overhead), its
-    8 calls held and within their ops; conv2 forward's oneDNN calls made 3x longer: above their op, FAIL."""
+    8 calls held and within their ops; conv2 forward's oneDNN calls made 4x longer: above their op beyond the noise
+    between processes too (its clean trials 16.25-25.35 ms, 56.0% apart; 3x lay within it), FAIL."""
     rows = _within_fw(default_bench, "pytorch")
     assert set(rows["status"]) == {C.PASS} and len(rows) == 8
     assert all("PyTorch's libs pass ran 0.867x its framework pass" in x for x in rows["detail"])
@@ -211,7 +226,7 @@ def test_a_faster_libs_pass_with_a_call_above_its_op_fails(default_bench, tmp_pa
     hit = (rec["framework"].eq("pytorch") & rec["batch_size"].eq(64) & rec["kind"].eq("library_call")
            & rec["layer"].eq("conv2") & rec["direction"].eq("fwd"))
     assert int(hit.sum()) == 21  # one warm-up and 20 timed steps
-    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 3).astype(rec["dur_ns"].dtype)
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 4).astype(rec["dur_ns"].dtype)
     schema.write_parquet(rec, d / "records.parquet")
     rows = _within_fw(d, "pytorch").set_index("subject")
     assert list(rows.index[rows["status"] == C.FAIL]) == ["conv2 fwd"]

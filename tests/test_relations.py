@@ -106,10 +106,13 @@ def test_library_call_above_its_op_fails_on_quiet_passes_beyond_their_intervals(
     rec = schema.read_parquet(d / "records.parquet")
     hit = rec["kind"].eq("library_call") & rec["layer"].eq("conv2") & rec["direction"].eq("fwd")
     assert int(hit.sum()) == 21  # the libs pass's log: one warm-up and 20 timed steps
-    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 10).astype(rec["dur_ns"].dtype)
+    # 30x: the clean trials this copy calls quiet were busy (medians 648-2040 ms), so the noise between processes
+    # (timing.TWO_PROCESS_RULE) allows 215% of the op; 10x (483.8 ms/step in an op of 219.9) lay within it
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * 30).astype(rec["dur_ns"].dtype)
     schema.write_parquet(rec, d / "records.parquet")
     rows = _rows(d, C.Check.CALL_WITHIN_OP)
     assert list(rows.index[rows["status"] == C.FAIL]) == ["conv2 fwd"]
+    assert "and beyond the noise between the two processes: " in rows.loc["conv2 fwd", "detail"]
     assert rows.loc["conv2 fwd", "measured"] > rows.loc["conv2 fwd", "expected"]
 
 
