@@ -13,6 +13,11 @@ different ones, none is picked and the op stays as its name maps (``other``). Wi
 ReLU call (the 4x H200 MXNet hybridized fp16 run: "calls per step: relu fwd: expected 3, measured 2"). ``op_name``
 keeps the trace's name (``_FusedOp``); what it fused is its kernel's name. A trace without kernel names (MXNet's
 own profiler) cannot say what its ``_FusedOp`` fused: it stays ``other`` there.
+
+Not shared with ``inductor.fused_ops`` (Inductor's kernel names): the grammars differ; here a name is the
+vocabulary's prefix then known op names each closed by ``_``, and one unknown part leaves the kernel unread, where
+Inductor's is ``(triton|cpp)_<kind>_fused_<ops>_<index>`` whose known ATen words are picked out of ``<ops>`` and
+the rest (``with``, ``default``, numbers) skipped.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@
   ``op_name`` keeps the kernel's name. The backward graph's extern calls (``aten::mm`` in the backward
   region, outside any autograd node) are backward. Layers: a generated kernel's name does not say which layer it
   belongs to; its layer stays NA unless the trace says so otherwise.
+
+``fused_ops`` is not shared with ``fused_ops.fused_names`` (MXNet's ``_FusedOp`` kernels): the grammars differ; here
+the known ATen words are picked out of the name's ``<ops>`` and the rest skipped, there every part between the
+prefix and each ``_`` must be a known op name or the kernel is not read.
 """
 
 from __future__ import annotations
