@@ -37,7 +37,11 @@ RANK = textwrap.dedent("""
     r = os.environ[dataparallel.RANK_ENV]
     open(os.path.join(sys.argv[1], "rank" + r + ".tmp"), "w").write(str(os.getpid()))
     os.rename(os.path.join(sys.argv[1], "rank" + r + ".tmp"), os.path.join(sys.argv[1], "rank" + r + ".pid"))
-    if r == sys.argv[2]:  # this rank dies of SIGTERM at once
+    if r == sys.argv[2]:  # this rank dies of SIGTERM once the other runs (its pid file written: else it could be
+        # stopped before writing it, and the test not find it)
+        deadline = time.monotonic() + 60
+        while len([f for f in os.listdir(sys.argv[1]) if f.endswith(".pid")]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(float(sys.argv[3]))
 """)
