@@ -31,8 +31,10 @@ TILE_NAMES = (
     (re.compile(r"_(\d+)x(\d+)_(?:nn|nt|tn|tt)_"), "CUTLASS MxN, no K tile in the name"),
 )
 # a kernel that computes a conv or GEMM's products (the rest of a layer's library kernels transform layouts,
-# reduce split-K partials, scale, add a bias: not compared)
-GEMM_KERNEL = re.compile(r"gemm|fprop|dgrad|wgrad|nvjet|ImplicitGemm|_engine<")
+# reduce split-K partials, scale, add a bias: not compared); cuDNN's direct ``convolve_common_engine_float_NHWC`` and
+# the gemv its Winograd weight gradient runs (ncu: ``internal::kernel<..., cublasGemvParamsEx<...>>``) are products too
+# (the 4x H100 JAX fp32 conv1 fwd and bwd_weight: "no conv or GEMM kernel" until they were)
+GEMM_KERNEL = re.compile(r"gemm|[gG]emv|convolve|fprop|dgrad|wgrad|nvjet|ImplicitGemm|_engine<")
 WINOGRAD_TRANSFORM = re.compile(r"winograd\w*?(?:Data|Delta|Output|Filter)(\d+)x\1")
 SPLIT_K_NAME = re.compile(r"splitK")
 # an xmma GEMM's second kernel that sums its split-K partials: named after the GEMM (``…_wgrad_…_execute_split_k_kernel``)

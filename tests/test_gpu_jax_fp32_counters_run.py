@@ -47,6 +47,14 @@ def count(text: str) -> int:
     return int(float(text.replace(",", "")))  # ncu's raw page writes thousands separators
 
 
+def flops_of(row: dict) -> int:
+    """A kernel's FLOPs from its thread instructions: FP32 FFMA x2 + FADD + FMUL, half HFMA x4 + HADD x2 + HMUL x2
+    (packed pairs; its HFMA2.MMA register moves included, as ``ncu.flops`` counts them)."""
+    op = "sm__sass_thread_inst_executed_op_{}_pred_on.sum"
+    return sum(w * count(row[op.format(k)]) for k, w in
+               (("ffma", 2), ("fadd", 1), ("fmul", 1), ("hfma", 4), ("hadd", 2), ("hmul", 2)))
+
+
 def xla_step() -> pd.DataFrame:
     """The XLA trace's last traced step, its kernels in launch order (correlation id, then start)."""
     rec = load_run(RUN).records
@@ -112,6 +120,13 @@ def test_fp32_ran_no_tensor_math_by_the_counters(counted):
     assert sorted(fused.index) == [("fc1", "bwd_weight"), ("fc1", "fwd"), ("fc2", "bwd_data"), ("fc2", "bwd_weight"),
                                    ("fc2", "fwd")]
     assert all(w.endswith(gemmwork.NO_TILE) for w in fused["expected_from"]) and "XLA's Triton" in gemmwork.NO_TILE
+    # conv1's direct convolution (fwd) and its Winograd GEMM, cuBLAS's gemv (bwd_weight), are its conv's products:
+    # their counter FLOPs are the layer's, not derived for want of a tile (was "no conv or GEMM kernel")
+    lay = layers.set_index(["layer", "canonical_op", "direction"], verify_integrity=True)
+    for d, pos, name in [("fwd", 5, "convolve_common_engine_float_NHWC"), ("bwd_weight", 38, "internal::kernel")]:
+        row = lay.loc[("conv1", "conv2d", d)]
+        assert row["kernels"] == (1 if d == "fwd" else 6) and row["gemm_counter_flops"] == flops_of(rows[pos])
+        assert row["expected_from"] == f"{name}: {gemmwork.NO_TILE}" and pd.isna(row["within_tolerance"])
 
 
 def test_ncu_counted_where_it_had_died():

@@ -275,6 +275,12 @@ def kernel_key(name: str) -> str:
     return f"{fn}<{first}"
 
 
+def display_name(name: str) -> str:
+    """A kernel's name in a reason: ``calllink.short_name`` less a return type written before it (cuBLAS's gemv,
+    ``std::enable_if<!T7, void>::type internal::kernel<...>``: ``internal::kernel``, not ``std::enable_if``)."""
+    return short_name(without_return_type(str(name)))
+
+
 def _said(key: str, width: int = 200) -> str:
     return key if len(key) <= width else key[: width - 3] + "..."
 
@@ -369,10 +375,10 @@ def math_agreement(kernels: pd.DataFrame) -> dict[str, Any]:
     apart = fma[np.array([isinstance(r, str) and r != lm for r, lm in zip(fma["math_ran"], fma["log_math"],
                                                                           strict=True)], dtype=bool)]
     return {"math_compared": len(k), "math_agree": len(k) - len(bad),
-            "math_disagree": [f"{short_name(n)}: log {lm}, counters {cm}" for n, lm, cm in
+            "math_disagree": [f"{display_name(n)}: log {lm}, counters {cm}" for n, lm, cm in
                               zip(bad["kernel_name"], bad["log_math"], bad["counter_math"], strict=True)],
             "math_by_name": len(named), "math_products_by_name": len(fma),
-            "math_call_vs_name": [f"{short_name(n)}: call {r}, name {lm} on the FMA units" for n, r, lm in
+            "math_call_vs_name": [f"{display_name(n)}: call {r}, name {lm} on the FMA units" for n, r, lm in
                                   zip(apart["kernel_name"], apart["math_ran"], apart["log_math"], strict=True)]}
 
 
@@ -448,11 +454,11 @@ def executed_verdict(g: pd.DataFrame) -> dict[str, Any]:
     out["gemm_counter_flops"] = fl
     missing = gm[gm["expected_flops"].isna()]
     if len(missing):
-        return {**out, "expected_from": "; ".join(f"{short_name(n)}: {w}" for n, w in
+        return {**out, "expected_from": "; ".join(f"{display_name(n)}: {w}" for n, w in
                                                   zip(missing["kernel_name"], missing["expected_from"], strict=True))}
     exp = float(pd.to_numeric(gm["expected_flops"]).sum())
     out.update(expected_flops=exp, expected_ratio=fl / exp if exp else None,
-               expected_from="; ".join(f"{short_name(n)}: {w}" for n, w in
+               expected_from="; ".join(f"{display_name(n)}: {w}" for n, w in
                                        zip(gm["kernel_name"], gm["expected_from"], strict=True)))
     if not gm["flops_complete"].astype(bool).all():
         out["expected_from"] = "counter FLOPs a lower bound (a metric not measured); " + out["expected_from"]
