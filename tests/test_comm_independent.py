@@ -95,6 +95,53 @@ def test_the_check_holds_within_five_percent_and_fails_beyond(run, factor, statu
     assert all(r["measured"] == pytest.approx(abs(factor - 1), abs=1e-9) for r in rows)
 
 
+def _with_intervals(run, results: list[dict], half_of_exposed: float) -> list[dict]:
+    """``results`` with each rank's two medians given 95% intervals of +- h / 2, h = ``half_of_exposed`` x the
+    rank's exposed time (the difference's interval: +- h)."""
+    t = comm.independent(run.records, results)
+    out = json.loads(json.dumps(results))
+    for r in out:
+        for x in r[dataparallel.NO_REDUCTION]["ranks"]:
+            rank = x["rank"] if len(r[dataparallel.NO_REDUCTION]["ranks"]) > 1 else comm.CRITICAL_RANK
+            h = float(t[(t["case"] == r["dir"]) & (t["rank"] == rank)].iloc[0]["exposed_ms"]) * half_of_exposed
+            for side in ("clean_", ""):
+                m = x[f"{side}median_step_s"]
+                x[f"{side}ci95_low_s"], x[f"{side}ci95_high_s"] = m - h / 2e3, m + h / 2e3
+    return out
+
+
+@pytest.mark.parametrize(("factor", "half_of_exposed", "status", "verdict"), [
+    (1.5, 1.0, NOT_CHECKED, comm.NOISE),  # 33% off, inside the difference's interval: the measure's noise
+    (1.5, 0.1, FAIL, comm.DISAGREE),  # the same gap, the interval narrow: a contradiction
+    (1.02, 0.001, PASS, comm.AGREE)])  # within 5% whatever the interval
+def test_a_gap_inside_the_measures_own_noise_is_not_judged_one_beyond_it_fails(run, factor, half_of_exposed, status,
+                                                                               verdict):
+    results = _with_intervals(run, _with_difference(run, factor), half_of_exposed)
+    t = comm.independent(run.records, results)
+    assert (t["difference_high_ms"] - t["difference_low_ms"]).tolist() == pytest.approx(
+        (2 * half_of_exposed * t["exposed_ms"]).tolist())
+    assert set(t["verdict"]) == {verdict}
+    rows = commchecks.independent_checks("run", t, results)
+    assert {r["status"] for r in rows} == {status} and all(verdict in r["detail"] for r in rows)
+    if status != PASS:
+        assert "95% interval of the difference" in rows[0]["detail"]
+
+
+def test_the_run_writes_each_ranks_intervals_beside_its_medians():
+    """On the real 2-GPU capture (tests/data/gpu_devices_run: 2 samples of 10 steps a pass, PyTorch's two ranks)."""
+    from kernelmap.run.results import no_reduction_entry
+
+    folder = DATA / "gpu_devices_run" / "pytorch-x2" / "bs1024"
+    used = [json.loads((folder / f"clean-{t}.json").read_text()) for t in (1, 2)]
+    nr = no_reduction_entry(json.loads((folder / "noreduce.json").read_text()), used, folder)
+    assert [x["rank"] for x in nr["ranks"]] == [0, 1]
+    for x in nr["ranks"]:
+        assert x["clean_ci95_low_s"] < x["clean_median_step_s"] < x["clean_ci95_high_s"]
+        assert x["ci95_low_s"] < x["median_step_s"] < x["ci95_high_s"]
+    rank1 = nr["ranks"][1]  # its clean samples: 2.575, 17.30 (trial 1), 2.689, 8.145 ms: a wide interval
+    assert rank1["clean_ci95_high_s"] - rank1["clean_ci95_low_s"] > 0.004
+
+
 def test_a_run_without_the_pass_is_not_checked_and_says_how_to_run_it(tmp_path):
     from kernelmap.reports.cli import load_runs
 

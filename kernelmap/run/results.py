@@ -86,8 +86,14 @@ def no_reduction_entry(result: dict[str, Any], used: list[dict[str, Any]], out_d
         else:
             own = rundir.read_json(folder / rundir.pass_result_name(dataparallel.NO_REDUCTION))
             cleans = [rundir.read_json(folder / rundir.pass_result_name("clean", t))["step_times_s"] for t in used_ids]
+        clean = timing.step_stats(cleans)
+        own_ci = timing.capture_ci(own["step_times_s"])
+        # each side's 95% interval: what the report judges the traces' exposed time against beside the 5%
         ranks.append({"rank": r, "median_step_s": own["median_step_s"],
-                      "clean_median_step_s": timing.step_stats(cleans).median_s})
+                      "ci95_low_s": None if own_ci is None else own_ci[0],
+                      "ci95_high_s": None if own_ci is None else own_ci[1],
+                      "clean_median_step_s": clean.median_s, "clean_ci95_low_s": clean.ci95_low_s,
+                      "clean_ci95_high_s": clean.ci95_high_s})
     return {"median_step_s": result["median_step_s"], **_ci_fields(result["step_times_s"]), "steps": result["steps"],
             "step_times_s": result["step_times_s"], "timing": result["timing"],
             "contention": result.get("contention"), "clean_trials": list(used_ids), "ranks": ranks}

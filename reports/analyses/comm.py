@@ -374,7 +374,11 @@ def with_logged_algorithms(each: pd.DataFrame, logged: pd.DataFrame) -> pd.DataF
 
 AGREEMENT = 0.05  # issue 39: the traces' exposed communication within 5% of the step's change without reduction
 INDEPENDENT_COLUMNS = ["run", "case", "framework", "devices", "batch_size", "source", "rank", "traced_steps",
-                       "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error", "within"]
+                       "exposed_ms", "clean_ms", "no_reduction_ms", "difference_ms", "rel_error", "within",
+                       "difference_low_ms", "difference_high_ms", "verdict"]
+# ``verdict`` of a row: within AGREEMENT; else inside the difference's 95% interval (each side's interval of its
+# median, the widest difference they allow: the measure's own noise is wider than 5%); else beyond both
+AGREE, NOISE, DISAGREE = "within 5%", "within the measure's noise", "beyond 5% and the noise"
 CRITICAL_RANK = "the device with the most compute in each step"  # one process driving every device
 
 
@@ -388,13 +392,23 @@ def _exposed(steps: pd.DataFrame, per_rank: bool) -> dict[Any, tuple[float, int]
     return {None: (float(crit["exposed_ms"].median()), len(crit))}
 
 
+def _difference_interval(rank: dict) -> tuple[float | None, float | None]:
+    """(low, high) ms of clean − without reduction that the two medians' 95% intervals allow (results.json's per-rank
+    ``ci95_*`` of each side); (None, None) where either side has none (too few samples, or a run from before)."""
+    b = [rank.get(k) for k in ("clean_ci95_low_s", "clean_ci95_high_s", "ci95_low_s", "ci95_high_s")]
+    if any(x is None for x in b):
+        return None, None
+    return (b[0] - b[3]) * 1e3, (b[1] - b[2]) * 1e3
+
+
 def independent(records: pd.DataFrame, results: list[dict], steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """``INDEPENDENT_COLUMNS``: per multi-device case with a step without reduction (results.json's
     ``dataparallel.NO_REDUCTION`` entry), source and rank, the traces' exposed communication (``per_step``,
     median over the traced steps) against the difference of the clean pass's median step and the step without
     the gradients' reduction (``difference_ms``, the same rank's, timed as the clean pass is; one process: its
     one figure against ``CRITICAL_RANK``'s exposed time); ``rel_error`` = (exposed − difference) / difference,
-    ``within`` |rel_error| <= ``AGREEMENT``. ``records``: one run's; its ``run`` column is the case; ``steps``: its
+    ``within`` |rel_error| <= ``AGREEMENT``, ``verdict`` (AGREE, NOISE or DISAGREE) against the difference's interval
+    too (``_difference_interval``). ``records``: one run's; its ``run`` column is the case; ``steps``: its
     ``per_step`` where the caller has it (computed here otherwise)."""
     steps = per_step(records) if steps is None else steps
     rows = []
@@ -413,12 +427,16 @@ def independent(records: pd.DataFrame, results: list[dict], steps: pd.DataFrame 
                 clean, without = t["clean_median_step_s"] * 1e3, t["median_step_s"] * 1e3
                 diff = clean - without
                 rel = (exposed - diff) / diff if diff > 0 else None
+                lo, hi = _difference_interval(t)
+                within = rel is not None and abs(rel) <= AGREEMENT
+                noise = lo is not None and lo <= exposed <= hi
                 rows.append({"case": r.get("dir"), "framework": r.get("framework"), "devices": r.get("devices"),
                              "batch_size": r.get("batch_size"), "source": src,
                              "rank": CRITICAL_RANK if rank is None else rank, "traced_steps": n,
                              "exposed_ms": exposed, "clean_ms": clean, "no_reduction_ms": without,
                              "difference_ms": diff, "rel_error": rel,
-                             "within": rel is not None and abs(rel) <= AGREEMENT})
+                             "within": within, "difference_low_ms": lo, "difference_high_ms": hi,
+                             "verdict": AGREE if within else NOISE if noise else DISAGREE})
     out = pd.DataFrame(rows, columns=INDEPENDENT_COLUMNS[1:])
     out["rel_error"] = pd.to_numeric(out["rel_error"], errors="coerce")  # NA where the difference is not > 0
     return out
