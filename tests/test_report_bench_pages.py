@@ -130,6 +130,8 @@ def test_busy_marks_are_folded_not_dropped(bench_page):
         assert full in banner.replace("&#x27;", "'")  # the whole text, in the banner's list of busy figures
     lines = banner_lines(banner)
     assert sum(x["rows"] for x in lines) == {"busy": 24, "quiet": 1}[which]
+    # the busiest processes as saved name /work/main/.nox/... (runs and step benchmarks alike): printed path-free
+    assert not re.search(r"most: pid \d+ /", html) and "/work/main" not in html
 
 
 @pytest.mark.browser
