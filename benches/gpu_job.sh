@@ -3,7 +3,8 @@
 # on the GPU machine (carry .gpu/ and .mxtree/; kernelmap is installed into that machine's python3):
 #   OUT=$OUT benches/gpu_job.sh      start the job detached (it may outlast one 10-minute call), wait up to WAIT_S
 #                                    (default 540) and pack what is done into $OUT; again on the same warm machine:
-#                                    wait more, pack again; FRESH=1: a new job once the last one is done
+#                                    wait more, pack again; FRESH=1: a new job once the last one is done; while
+#                                    it runs, each run directory as it stands too (raw-N.tar.xz: the hold may end first)
 #   OUT=DIR benches/gpu_job.sh job   the job itself, in the foreground (a machine of your own; `nox -s reference_loop`)
 #   benches/gpu_job.sh stage         copy this call's MXNet tree parts ($MX_KIT) to /tmp/mxparts: a tree and the
 #                                    checkout are over one call's carry, so parts may come in two calls
@@ -118,6 +119,13 @@ if [ "${1:-}" != job ]; then
   tail -n 80 "$job/job.log"
   rm -f "$final"/job.tar.*
   (cd "$job" && tar cf - --exclude='*.nsys-rep' --exclude='*.sqlite' . | split -b 15M -d - "$final/job.tar.")
+  if [ ! -e "$job/DONE" ]; then  # the job's own pack comes at its end: the hold may end first, so each run
+    # directory as it stands (finished, or a run's .partial folder mid-run: no manifest yet), less nsys's files
+    for d in /tmp/gpu-job-run-dir* /tmp/.gpu-job-run-dir*.partial; do [ -d "$d" ] || continue
+      n=$(basename "$d" | sed 's/^\.//; s/\.partial$//; s/\.[a-z0-9_]*$//'); n=${n#gpu-job-run-dir}
+      (cd "$d" && tar cJf "$final/raw${n:--}.tar.xz" --exclude='*.nsys-rep' --exclude='*.sqlite' . 2>/dev/null)
+    done
+  fi
   ls -l "$final"
   if [ -e "$job/DONE" ]; then echo "job exit $(cat "$job/DONE")"; else echo "still running: call again (same warm machine)"; fi
   exit 0
