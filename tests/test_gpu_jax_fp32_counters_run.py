@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from kernelmap.reports import counterchecks
+from kernelmap.reports.analyses import ops
 from kernelmap.reports.analyses import roofline as R
 from kernelmap.reports.analyses.base import load_run
 from kernelmap.reports.analyses.findings import short_kernel
@@ -142,6 +143,8 @@ def test_a_findings_cause_names_the_kernel_not_its_return_type_or_mangling():
     (gemv,) = rec.loc[rec["kernel_name"].str.contains("enable_if", na=False), "kernel_name"].unique()
     assert gemv.startswith("std::enable_if<!T7, void>::type internal::gemvx::kernel<int")  # nsys, MXNet fp16 wgrad
     assert short_kernel(gemv) == "gemvx::kernel"
+    assert ops.short_kernel(gemv) == "internal::gemvx::kernel"  # the op and answer tables' (was "std::enable_if::type
+    # internal::gemvx::kernel")
     rec = pd.read_parquet(DATA / "gpu_counters_run" / "records.parquet", columns=["kernel_name"])
     (mangled,) = rec.loc[rec["kernel_name"].str.startswith("_ZN17cutlass", na=False), "kernel_name"].unique()
     assert len(mangled) == 1623  # Kineto's name of cuDNN's CUTLASS wgrad (2x H200 bf16)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import schema
+from kernelmap.calllink import without_return_type
 from kernelmap.flops import layer_flops
 
 from .base import Run, fw_label, replay_reason
@@ -41,8 +42,7 @@ def op_time(runs: list[Run]) -> pd.DataFrame:
 
 def short_kernel(name: str, limit: int = 110) -> str:
     """A kernel's name without return type, template arguments and parameters, for tables."""
-    n = str(name).replace("<unnamed>", "{anon}")
-    n = n[5:] if n.startswith("void ") else n
+    n = without_return_type(str(name).replace("<unnamed>", "{anon}"))  # void, cuBLAS gemv's std::enable_if<...>::type
     depth, out = 0, []
     for ch in n:
         if ch == "<":
