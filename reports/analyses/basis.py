@@ -272,7 +272,7 @@ def pair_basis(states: dict[StateKey, PassState], run: str, framework: str, batc
     return PairBasis(False, ratio, f"{said}, {way} beyond noise ({own}): not one time basis")
 
 
-# --- CPU time (timing.CPU_RULE): the kind of time a busy machine barely moves ---------------------------
+# --- CPU time (timing.CPU_RULE): a kind of time a busy machine moves less than wall time ----------------
 CPU_KEY = "cpu_time"  # results.json: a case's (its used clean trials') and each capture pass's timing.cpu_figure
 CPU_BASIS = ("the pass's process CPU time per step against its clean pass's: their 95% intervals of the median, the "
              "clean pass's widened to one more process's 95% prediction interval from its trials (timing.PROCESS_RULE, "
@@ -293,7 +293,9 @@ PER_OP_CPU = ("a layer's CPU time per step = the CPU time of the worker process 
               "passes with other processes at 1.0-1.1 cores against 1.7-1.8 (two CPU hogs): the whole step's CPU time "
               "+9-23% (wall +100-450%), conv2's forward and backward 0.8-1.4x, conv1's forward 0.71 -> 1.59 ms in one "
               "framework and 3.33 -> 1.68 ms in another, a 45 µs linear forward 0.042 -> 0.140 ms (a descheduled "
-              "thread resumes at a cost its op pays); read a ratio between such rows as within a factor 2, not 10%")
+              "thread resumes at a cost its op pays); between two whole jobs, one quiet and one busy, up to 3x (timing.CPU_MOVED: "
+              "a thread burning CPU while its sibling waits for a core, page faults in some steps, small ops' "
+              "hand-offs); read a ratio between such rows with both figures' intervals: likely within 30%, not certainly")
 OPS_WITHIN_CLEAN = ("the ops' own CPU time of a pass is compared where all its traced ops together took no more CPU "
                     "time a step than its clean pass's whole step (its 95% interval widened to one more process, "
                     "timing.PROCESS_RULE): above it, its profiler's work (or another process's speed) lies within "
@@ -463,8 +465,8 @@ CPU_WALL_RULE = ("on a quiet machine a CPU worker's process works through its wh
                  "fetched; a thread that waits is waiting for another of its threads), so its CPU time per step is "
                  "not below its wall time beyond noise (the two 95% intervals of the clean pass's medians overlap, or "
                  "CPU time is above), and never above the wall time times the machine's cores (the most its threads "
-                 "can work at once); on a busy machine the wall time stretches and the CPU time does not, so there "
-                 "it is not checked")
+                 "can work at once); on a busy machine the wall time stretches far more than the CPU time (timing.CPU_MOVED), "
+                 "so there it is not checked")
 
 
 def cpu_wall_agreement(runs: list[Run]) -> pd.DataFrame:
