@@ -30,7 +30,7 @@ def _spin():
 
 def test_a_step_that_waits_costs_wall_time_not_cpu_time(tmp_path):
     """A step that sleeps (what waiting for a core looks like from inside) adds wall time, not CPU time; a
-    step that computes adds both: the CPU clock is the one a neighbour barely moves."""
+    step that computes adds both: the CPU clock is the one a neighbour moves less (not nothing: timing.CPU_MOVED)."""
     waits = _run(_Workload(n_train=10_000, on_step=lambda: time.sleep(STEP_S)), tmp_path, steps=20)
     works = _run(_Workload(n_train=10_000, on_step=_spin), tmp_path, steps=20)
     for r in (waits, works):
