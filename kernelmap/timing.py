@@ -63,8 +63,8 @@ CPU_METHOD = ("the worker process's own CPU time (time.process_time: user + syst
 # What a neighbour did to CPU time, measured (issue 42): the default bench twice on the 2-core VM, job
 # 20261127T185139Z quiet and 20261127T190317Z beside the full test suite, the per-thread samples (cpu_threads.npy)
 # and the framework pass's page faults per step read for the cells that moved most.
-CPU_MOVED = ("measured between two default benches on the 2-core VM, one quiet and one beside the test suite (there "
-             "other processes at up to 1.0-1.4 of 2 cores): the whole step's CPU time 0.95-1.28x (wall 1.29-1.96x); 44 of 54 "
+CPU_MOVED = ("kernelmap's own measurement, not this run's: two default benches on its developers' 2-core VM, one quiet "
+             "and one beside the test suite (there other processes at up to 1.0-1.4 of 2 cores): the whole step's CPU time 0.95-1.28x (wall 1.29-1.96x); 44 of 54 "
              "CPU-time figures within 30%, the others 0.32-2.52x, for three reasons: a pool thread that burns CPU "
              "while its sibling waits for a core (one framework's bs 64 conv1 backward, a oneDNN backward-weights "
              "convolution: 0.86 -> 2.17 ms, one thread's 0.4 ms of work and the other's 1.5-1.9 ms within the op; OMP_WAIT_POLICY=PASSIVE did not "
