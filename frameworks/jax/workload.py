@@ -61,6 +61,7 @@ from kernelmap.errors import KernelmapError
 
 from .. import spec
 from ..data import IMAGE_MAGIC, LABEL_MAGIC, SPLIT_FILES, synthetic_arrays
+from ..peakrate import CPU_CASE
 from . import parallel
 from .hlo import conv_dot_dtypes
 
@@ -299,6 +300,14 @@ class Workload(spec.WorkloadBase):
         for x, y in self.batches("test", batch_size, np.arange(len(labels))):
             correct += int(jnp.sum(jnp.argmax(self._logits(self.params, x), axis=1) == y))
         return correct / len(labels)
+
+    def measure_peaks(self) -> dict[str, Any]:
+        """The GPU's GEMM and copy peaks through XLA (peaks.py; the counters pass's roofline)."""
+        if self.device.platform != "gpu":
+            return {"not_measured": CPU_CASE}
+        from .peaks import measure
+
+        return measure(self.device, MATMUL_PRECISION)
 
     def profile(self, out_dir):
         from .capture import profiler_trace

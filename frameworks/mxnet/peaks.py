@@ -9,9 +9,9 @@ precision one square GEMM of two ``GEMM_N`` x ``GEMM_N`` matrices and one device
 Which operator and what it computes, per precision (MXNet 1.9.1's sources):
 
 - fp32 and tf32: ``mx.nd.linalg.gemm2`` of float32 (``linalg_gemm``/``linalg_batch_gemm``: cuBLAS with the handle
-  set to ``CUBLAS_TF32_TENSOR_OP_MATH`` on CUDA >= 11, src/operator/linalg_impl.h and linalg.h). MXNet has no switch of its own: TF32 is held off only
-  by ``NVIDIA_TF32_OVERRIDE=0`` (``spec.Math``). So where the variable is 0 (any ``--math`` but tf32) the GEMM is
-  fp32 and tf32 is not measured; where it is not, the GEMM is TF32, measured as tf32, and fp32 is not measured.
+  set to ``CUBLAS_TF32_TENSOR_OP_MATH`` on CUDA >= 11, src/operator/linalg_impl.h and linalg.h). MXNet has no switch
+  of its own: TF32 is held off only by ``NVIDIA_TF32_OVERRIDE=0`` (``spec.Math``). So where the variable is 0 (any
+  ``--math`` but tf32) the GEMM is fp32 and tf32 is not measured; where it is not, the GEMM is TF32, measured as tf32, and fp32 is not measured.
   (``dot`` is not used here: mshadow's float GEMM runs in whatever math mode the handle was left in.) Under AMP
   (fp16 cases) gemm2 is in AMP's float32 list, which leaves float32 operands as they are.
 - fp16: ``mx.nd.dot`` of float16 (mshadow's "pseudo-fp16": ``cublasSgemmEx``, float16 in and out, float32

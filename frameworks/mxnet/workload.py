@@ -32,6 +32,7 @@ from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
 from ..data import file_digest, synthetic_arrays
+from ..peakrate import CPU_CASE
 from . import amp_ops, built, cuda11
 from .descriptor import HYBRIDIZED, MATH_REFUSALS, bf16_cpu_refusal
 
@@ -318,6 +319,14 @@ class Workload(spec.WorkloadBase):
 
     def synchronize(self) -> None:
         mx.nd.waitall()
+
+    def measure_peaks(self) -> dict[str, Any]:
+        """The GPU's GEMM and copy peaks through MXNet (peaks.py; the counters pass's roofline)."""
+        if self.ctx.device_type != "gpu":
+            return {"not_measured": CPU_CASE}
+        from .peaks import measure
+
+        return measure(self.ctx)
 
     def allocator_bytes(self) -> int | None:
         if self.ctx.device_type != "gpu":

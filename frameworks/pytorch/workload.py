@@ -31,6 +31,7 @@ from kernelmap.rundir import GRAPH_REFERENCE as GRAPH_REFERENCE_FILE
 
 from .. import dataparallel, spec
 from ..data import synthetic_arrays
+from ..peakrate import CPU_CASE
 from . import custom_op, parallel
 from .descriptor import COMPILE, COMPILE_GRAPHS, CUDA_GRAPH, GRAPH_WARMUP
 
@@ -234,7 +235,7 @@ class Workload(spec.WorkloadBase):
     def measure_peaks(self) -> dict[str, Any]:
         """The GPU's GEMM and copy peaks through PyTorch (peaks.py; the counters pass's roofline)."""
         if self.device.type != "cuda":
-            return {"not_measured": "a CPU case: the roofline's peaks are the GPU's"}
+            return {"not_measured": CPU_CASE}
         from .peaks import measure
 
         return measure(self.device)

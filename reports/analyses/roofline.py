@@ -116,7 +116,7 @@ STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matc
 
 
 def measured_peaks(run: Run) -> dict[str, Any]:
-    """The GPU's peaks the run measured (each counters pass's worker: frameworks/pytorch/peaks.py): per
+    """The GPU's peaks the run measured (each counters pass's worker: frameworks/{pytorch,jax,mxnet}/peaks.py): per
     precision the GEMM FLOP/s and the DRAM copy bytes/s, the highest over the cases that measured them, with
     the case that did; {} where none did. Never a spec sheet's figure."""
     gemm: dict[str, dict] = {}
