@@ -41,7 +41,7 @@ from .analyses import math as MATH
 from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.opcpu import OP_CPU_METHOD, op_cpu_of
-from .analyses.roofline import counter_kernels, layer_counters
+from .analyses.roofline import counter_kernels, layer_counters, peak_table
 from .relations import library_call_statement
 from .timeline import chrome_trace
 
@@ -103,6 +103,8 @@ TABLES = {
                       "shapes' FLOP model (a ratio) and vs the FLOPs its conv/GEMM kernels execute by shape, tile "
                       "and launch (+-10%, or why not derivable)",
     "counter_status": "counters pass: per case, kernels counted and paired, or why the pass recorded nothing",
+    "counter_peaks": "counters pass: the roofs each run measured (a large GEMM per precision, a device copy), the "
+                     "case that measured each and how it was timed",
     "math": "math each library call really ran (issue 38), per case x layer x direction x call: math, its source, "
             "the unit its kernels ran on (tensor core, FMA, none: by name), data types, kernels or calls per step "
             "and their time",
@@ -495,7 +497,8 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
 def _counters(runs: list[A.Run]) -> dict[str, Any]:
     """The counters pass's tables (analyses/roofline.py: counter_kernels, layer_counters) and measured peaks."""
     kernels, status, peaks = counter_kernels(runs)
-    return {"kernels": kernels, "layers": layer_counters(kernels), "status": status, "peaks": peaks}
+    return {"kernels": kernels, "layers": layer_counters(kernels), "status": status, "peaks": peaks,
+            "peak_table": peak_table(peaks)}
 
 
 def _cpu_time(runs: list[A.Run], layers: pd.DataFrame) -> dict[str, Any]:
@@ -694,7 +697,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "self_checks": a.checks, "op_time": a.ot, "library_mix": a.mix, "kernel_count": a.kc,
             "busy_share": a.busy, "overhead": a.ov, "launch_bound": a.launch, "best_modes": a.best,
             "roofline": a.roof, "counter_kernels": a.counters["kernels"], "counter_layers": a.counters["layers"],
-            "counter_status": a.counters["status"], "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
+            "counter_status": a.counters["status"], "counter_peaks": a.counters["peak_table"],
+            "coverage": a.cov, "coverage_top": a.cov_top, "attribution": a.attr,
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise,

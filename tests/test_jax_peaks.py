@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from kernelmap.frameworks import spec
+from kernelmap.reports import cli as report_cli
 from kernelmap.reports.analyses import roofline as R
 from kernelmap.reports.analyses.base import load_run
 
@@ -163,3 +164,14 @@ def test_a_jax_only_run_gets_roofline_positions_from_its_peaks(tmp_path):
     achieved = flops / (pd.to_numeric(placed["ncu_ns"]) / 1e9)
     assert np.allclose(placed["roofline_share"], achieved / roof, rtol=1e-12)
     assert set(placed.loc[placed["layer"].notna(), "layer"]) == {"conv1", "conv2", "fc1", "fc2", "loss"}
+
+
+def test_the_report_tables_the_roofs_and_how_they_were_measured(tmp_path):
+    """`report` on the planted run: tables/counter_peaks.csv names each roof, the case that measured it and the
+    method (here the PLANTED mark), and counter_kernels.csv places the 42 fp32 kernels."""
+    out, _ = report_cli.build([str(_planted_run(tmp_path))], tmp_path / "report")
+    roofs = pd.read_csv(out / "tables" / "counter_peaks.csv")
+    assert list(roofs["roof"]) == ["gemm fp32", "gemm bf16", "gemm fp16", "device copy"]  # tf32: not measured
+    assert set(roofs["method"]) == {PLANTED_MARK} and set(roofs["case"]) == {"jax"}
+    assert list(roofs["per_s"]) == [5.0e13, 7.0e14, 7.0e14, 3.0e12] and set(roofs["timed_runs"]) == {1}
+    assert pd.read_csv(out / "tables" / "counter_kernels.csv")["roofline_share"].notna().sum() == 42

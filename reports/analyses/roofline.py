@@ -132,6 +132,29 @@ def measured_peaks(run: Run) -> dict[str, Any]:
     return {"gemm": gemm, "dram": dram} if gemm or dram else {}
 
 
+PEAK_COLUMNS = ["run", "roof", "unit", "per_s", "per_s_best", "ms_median", "timed_runs", "size", "case", "method"]
+
+
+def _peak_row(run: str, roof: str, unit: str, entry: dict, key: str, size: str) -> dict[str, Any]:
+    return {"run": run, "roof": roof, "unit": unit, "per_s": entry.get(key), "per_s_best": entry.get(f"{key}_best"),
+            "ms_median": entry.get("ms_median"), "timed_runs": len(entry.get("ms") or []), "size": size,
+            "case": entry.get("case"), "method": entry.get("method")}
+
+
+def peak_table(peaks: dict[str, dict]) -> pd.DataFrame:
+    """The roofs each run measured (``measured_peaks``): one row per GEMM precision and the device copy, its rate at
+    the median run and the fastest, the median time and how many runs were timed, the size, the case that measured
+    it and how (``method``: PyTorch's CUDA events, JAX's and MXNet's host timing)."""
+    rows = []
+    for run, p in peaks.items():
+        for prec, g in (p.get("gemm") or {}).items():
+            rows.append(_peak_row(run, f"gemm {prec}", "FLOP/s", g, "flops_per_s", f"n={g.get('n')}"))
+        if p.get("dram"):
+            rows.append(_peak_row(run, "device copy", "bytes/s (read + write)", p["dram"], "bytes_per_s",
+                                  f"{p['dram'].get('bytes')} bytes"))
+    return pd.DataFrame(rows, columns=PEAK_COLUMNS)
+
+
 def timed_step(rec: pd.DataFrame, run_id: str) -> tuple[pd.DataFrame, str | None, int | None]:
     """The kernels of one traced step of a case's timing passes, in the order they were launched (ncu's order):
     the first trace source (the framework pass's, then nsys) with kernels in traced steps, its last step. Launch
