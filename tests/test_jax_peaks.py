@@ -136,6 +136,31 @@ def test_the_gpu_entry_refuses_the_cpu_and_the_workload_says_not_measured(measur
     assert list(measured["workload"]) == ["not_measured"] and "CPU case" in measured["workload"]["not_measured"]
 
 
+GPU_SCRIPT = r"""
+import json, jax
+from kernelmap.frameworks.jax import peaks, workload as W
+print(json.dumps(peaks.measure(jax.devices("gpu")[0], W.MATMUL_PRECISION)))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("override", ["0", None])
+def test_peaks_measured_through_xla_on_the_gpu(override):
+    """On a GPU (the next hold): every precision's GEMM and the copy at full size, bf16 above twice fp32 (tensor
+    cores against fp32 at precision highest); tf32 not measured, with its reason, where NVIDIA_TF32_OVERRIDE=0."""
+    env = {k: v for k, v in os.environ.items() if k not in (spec.TF32_OVERRIDE, "JAX_PLATFORMS")}
+    if override is not None:
+        env[spec.TF32_OVERRIDE] = override
+    proc = subprocess.run([_jax_python(), "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=600,
+                          env=dict(env, XLA_PYTHON_CLIENT_PREALLOCATE="false"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p = json.loads(proc.stdout.strip().splitlines()[-1])
+    g = p["gemm"]
+    assert g["bf16"]["flops_per_s"] > 2 * g["fp32"]["flops_per_s"] > 0 and g["fp16"]["flops_per_s"] > 0
+    assert ("not_measured" in g["tf32"]) == (override == "0")
+    assert p["dram"]["bytes_per_s"] > 1e11 and len(p["dram"]["ms"]) == 10 and "host-timed" in p["method"]
+
+
 def _planted_run(tmp_path: Path) -> Path:
     run = tmp_path / RUN.name
     shutil.copytree(RUN, run)
