@@ -318,14 +318,18 @@ def run_pass(workload, *, framework: str, pass_name: str, out_dir: Path, steps: 
                    n_timed=n_timed, reused=reused)
 
 
-def _peaks(workload, framework: str) -> dict[str, Any]:
+def peaks_of(workload, framework: str) -> dict[str, Any]:
     """The GPU's peaks as the framework reaches them (a large GEMM per precision through its BLAS, a
     device-to-device copy), for the roofline (reports/analyses/roofline.py); a workload without
-    ``measure_peaks`` says so."""
+    ``measure_peaks`` says so, and so does one whose measurement raised (its type and message: the counters
+    pass's kernels are kept, the roofline says it has no roofs; a measurement runs after ncu's window closed)."""
     measure = getattr(workload, "measure_peaks", None)
     if measure is None:
         return {"not_measured": f"{frameworks.get(framework).label}'s workload measures no peaks"}
-    return measure()
+    try:
+        return measure()
+    except Exception as exc:  # noqa: BLE001 - recorded, not swallowed: results.json's counters.peaks says it
+        return {"not_measured": f"the peaks' measurement failed: {type(exc).__name__}: {exc}"}
 
 
 def _spread(framework: str, config, argv: list[str] | None, case_dir: Path) -> int | None:
@@ -404,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                           progress=args.progress, reuse_batches=args.reuse_batches)
         result["train_wall_s"] = time.perf_counter() - t0
         if args.pass_name == "counters":  # after the window closed: ncu profiles none of these kernels
-            result["peaks"] = _peaks(workload, args.framework)
+            result["peaks"] = peaks_of(workload, args.framework)
         evaluate = not args.no_evaluate and dataparallel.rank() == 0  # the ranks hold the same weights
         result["test_accuracy"] = float(workload.evaluate()) if evaluate else None
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,

@@ -200,3 +200,17 @@ def test_the_report_tables_the_roofs_and_how_they_were_measured(tmp_path):
     assert set(roofs["method"]) == {PLANTED_MARK} and set(roofs["case"]) == {"jax"}
     assert list(roofs["per_s"]) == [5.0e13, 7.0e14, 7.0e14, 3.0e12] and set(roofs["timed_runs"]) == {1}
     assert pd.read_csv(out / "tables" / "counter_kernels.csv")["roofline_share"].notna().sum() == 42
+
+
+def test_a_measurement_that_raises_is_recorded_as_not_measured_not_lost():
+    """The worker keeps its counters record when a framework's peaks measurement raises (new GPU code: XLA's
+    autotuner has crashed under ncu before): results.json's counters.peaks names the error."""
+    from kernelmap.worker import peaks_of
+
+    class Failing:
+        def measure_peaks(self):
+            raise RuntimeError("XLA compilation failed")
+
+    assert peaks_of(Failing(), "jax") == {
+        "not_measured": "the peaks' measurement failed: RuntimeError: XLA compilation failed"}
+    assert "measures no peaks" in peaks_of(object(), "jax")["not_measured"]
