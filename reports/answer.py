@@ -208,10 +208,11 @@ STEP_CPU = "process CPU time per step"  # the whole step's (timing.CPU_METHOD)
 WITHHELD = "not sampled: withheld (no figure, no estimate)"  # a layer whose ops shared XLA's pool (cpusampler.POOL_RULE)
 
 
-def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: float | None = None) -> dict[str, Any]:
+def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: float | None = None,
+              ops_ci: tuple[float, float] | None = None) -> dict[str, Any]:
     """One framework's CPU-time cell: its ms, the pass, how it was measured, whether it may be compared and why
     not; ``lc``: the layer's sampled CPU time (``basis.PER_OP_CPU``), used where measured, ``ops_ms`` the pass's
-    traced ops' CPU time a step (``basis.OPS_WITHIN_CLEAN``)."""
+    traced ops' CPU time a step (``basis.OPS_WITHIN_CLEAN``), ``ops_ci`` its 95% interval."""
     if st is None:
         return {"cpu_ms": None, "comparable": False, "why_not": "no pass figures in results.json"}
     fig = st.figure or {}
@@ -220,7 +221,7 @@ def _cpu_cell(st: CpuState | None, ms: Any, lc: LayerCpu | None = None, ops_ms: 
                 "busy": st.busy.text if st.busy.contended else None, "method": WITHHELD, "not_sampled": lc.why,
                 "comparable": False, "why_not": f"its ops' own CPU time not sampled: {lc.why}"}
     if lc is not None and lc.ms is not None:
-        why = st.why_not(per_op_ms=ops_ms)
+        why = st.why_not(per_op_ms=ops_ms, per_op_ci=ops_ci)
         return {"cpu_ms": lc.ms, "ci_ms": lc.ci_ms, "pass": st.pass_name, "utilisation": lc.utilisation,
                 "busy": st.busy.text if st.busy.contended else None, "method": SAMPLED, "comparable": not why,
                 "why_not": why}
@@ -273,7 +274,8 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
                       and total and pd.notna(r["op_ms_per_step"]) else None)
                 oc = sampled.get((run, r["framework"], bs))
                 lc = layer_cpu(oc, layer, set(BACKWARD) if d == BWD_ALL else {d}) if oc is not None else None
-                cell = _cpu_cell(st, ms, lc, oc.ops_ms_per_step if oc is not None else None)
+                cell = _cpu_cell(st, ms, lc, oc.ops_ms_per_step if oc is not None else None,
+                                 oc.ops_ms_ci if oc is not None else None)
                 row.update({f"{r['framework']}.{k}": v for k, v in cell.items()})
             rows.append(row)
     out = pd.DataFrame(rows)

@@ -380,3 +380,45 @@ def test_the_cpu_answer_csvs_columns_are_documented():
     for method in (ANS.SAMPLED, ANS.STEP_CPU, ANS.SHARED):
         assert " ".join(method.split()) in " ".join(doc.split()), method
     assert "lies apart from its clean pass's beyond noise" not in doc and "`basis.OPS_WITHIN_CLEAN`" in doc
+
+
+def _clean_top_at(run: A.Run, tmp_path: Path, top_ms: float) -> A.Run:
+    """A variant whose MXNet clean pass's CPU time is scaled so that the top of its 95% interval is ``top_ms`` (its
+    two trials alike: no spread between processes to widen by)."""
+    c0 = next(r for r in run.results if r["framework"] == "mxnet")["cpu_time"]
+    f = top_ms / (c0["ci95_high_s"] * 1e3)
+
+    def scale(d: Path):
+        for p in (d / "mxnet" / "bs64").glob("clean-*.json"):
+            _edit_json(p, lambda doc: doc.update(cpu_step_times_s=[x * f for x in doc["cpu_step_times_s"]]))
+
+        def entry(doc):
+            for r in doc:
+                if r["framework"] == "mxnet":
+                    c = r["cpu_time"]
+                    for k in ("median_step_s", "ci95_low_s", "ci95_high_s"):
+                        c[k] *= f
+                    c["trial_medians_s"] = [c["median_step_s"]] * 2
+
+        _edit_json(d / "results.json", entry)
+
+    return _variant(run, tmp_path, scale)
+
+
+def test_ops_above_their_clean_step_within_both_intervals_are_noise_and_keep_their_ratios(run, tmp_path):
+    """basis.OPS_WITHIN_CLEAN judges the bottom of the ops' own interval (their mean over the traced steps,
+    opcpu.OpCpu.ops_ms_ci) against the clean step's top: a clean step whose top lies between the two (the ops' mean
+    above it, inside their interval) keeps the ratios; one below the ops' interval withholds them, naming it."""
+    oc = OC.op_cpu_of([run])[(run.name, "mxnet", 64)]
+    mean, (lo, hi) = oc.ops_ms_per_step, oc.ops_ms_ci
+    per = oc.events.groupby("iteration")[oc.total_column].sum() / 1e6
+    assert mean == pytest.approx(per.reindex(list(oc.iterations), fill_value=0.0).mean())  # the figure's own mean
+    assert lo < mean < hi
+    inside = _cpu_table(_clean_top_at(run, tmp_path / "inside", (lo + mean) / 2))[0]
+    inside = inside[inside["layer"] != ANS.WHOLE_STEP]
+    assert inside["mxnet.vs_ref"].notna().all()
+    below = _cpu_table(_clean_top_at(run, tmp_path / "below", lo * 0.98))[0]
+    below = below[below["layer"] != ANS.WHOLE_STEP]
+    assert below["mxnet.vs_ref"].isna().all()
+    assert below["mxnet.no_ratio"].str.contains(f"{mean:.4g} ms [{lo:.4g}–{hi:.4g}]", regex=False).all()
+    assert below["mxnet.no_ratio"].str.contains("beyond both intervals").all()

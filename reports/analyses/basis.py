@@ -297,10 +297,13 @@ PER_OP_CPU = ("a layer's CPU time per step = the CPU time of the worker process 
               "a thread burning CPU while its sibling waits for a core, page faults in some steps, small ops' "
               "hand-offs); read a ratio between such rows with both figures' intervals: likely within 30%, not certainly")
 OPS_WITHIN_CLEAN = ("the ops' own CPU time of a pass is compared where all its traced ops together took no more CPU "
-                    "time a step than its clean pass's whole step (its 95% interval widened to one more process, "
-                    "timing.PROCESS_RULE): above it, its profiler's work (or another process's speed) lies within "
-                    "its ops' spans. Not the pass's whole CPU time against its clean pass's: the profiler's own work "
-                    "between the ops, and the sampler's thread, are in that and in no op")
+                    "time a step than its clean pass's whole step, each with its 95% interval (the ops' mean over the "
+                    "traced steps; the clean step's widened to one more process, timing.PROCESS_RULE): above it beyond "
+                    "both, its profiler's work (or another process's speed) lies within its ops' spans; a gap inside "
+                    "them is noise (a quiet 2-core bench, job 20261127T221159Z: one framework's bs 256 ops 88.94 ms "
+                    "[86.53-91.70] against a clean step judged up to 88.47 had withheld 16 ratios). Not the pass's "
+                    "whole CPU time against its clean pass's: the profiler's own work between the ops, and the "
+                    "sampler's thread, are in that and in no op")
 UNEVEN_STRETCH = ("a layer's share of a busy pass's traced wall time is not its share of the work: a neighbour stretches "
                   "ops unevenly, one that needs both threads more than one on one (job 20261127T080924Z, framework "
                   "passes busy: one framework's conv1 backward 5% -> 19% of its traced op time, another's traced op "
@@ -342,10 +345,11 @@ class CpuState:
         c, w = self.cpu_median_s, self.wall_median_s
         return c / w if c is not None and w else None
 
-    def why_not(self, per_op_ms: float | None = None) -> str:
+    def why_not(self, per_op_ms: float | None = None, per_op_ci: tuple[float, float] | None = None) -> str:
         """Why this pass's CPU time may not be compared ('' where it may); ``per_op_ms``: the pass's traced ops'
         own sampled CPU time per step (``PER_OP_CPU``), held to ``OPS_WITHIN_CLEAN`` instead (a busy machine does
-        not keep it from a comparison)."""
+        not keep it from a comparison); ``per_op_ci``: that figure's 95% interval (ms), its bottom held to the
+        clean step's top (None: the figure itself)."""
         who = f"{fw_label(self.framework)}'s {self.pass_name} pass"
         if self.figure is None or self.clean is None:
             return f"{who} records no CPU time (a run made before kernelmap measured it)"
@@ -354,11 +358,13 @@ class CpuState:
             if judge is None:  # as the share estimate's Agreement.NO_INTERVAL: not judged, so not compared
                 return (f"{who}'s traced ops took {per_op_ms:.4g} ms of CPU time a step; its clean pass records no "
                         f"interval to judge its ops by ({OPS_WITHIN_CLEAN})")
-            if per_op_ms * 1e-3 <= judge[1]:
+            low = per_op_ms if per_op_ci is None else min(per_op_ms, per_op_ci[0])
+            if low * 1e-3 <= judge[1]:
                 return ""
-            return (f"{who}'s traced ops took {per_op_ms:.4g} ms of CPU time a step, above its clean pass's whole step "
-                    f"{self.clean['median_step_s'] * 1e3:.4g} ms (judged up to {judge[1] * 1e3:.4g} ms): "
-                    f"{OPS_WITHIN_CLEAN}")
+            iv = "" if per_op_ci is None else f" [{per_op_ci[0]:.4g}–{per_op_ci[1]:.4g}]"
+            return (f"{who}'s traced ops took {per_op_ms:.4g} ms{iv} of CPU time a step, above its clean pass's whole "
+                    f"step {self.clean['median_step_s'] * 1e3:.4g} ms (judged up to {judge[1] * 1e3:.4g} ms) beyond "
+                    f"both intervals: {OPS_WITHIN_CLEAN}")
         if self.pass_name != CLEAN and self.busy.contended:  # PER_LAYER_CPU: shares of wall time
             return f"{who} ran on a busy machine ({self.busy.text}): {UNEVEN_STRETCH}"
         if self.agreement is Agreement.AGREES:

@@ -83,6 +83,15 @@ class OpCpu:
         return float(np.nansum(self.events[self.total_column].to_numpy(dtype=float))) / len(self.iterations) / 1e6
 
     @property
+    def ops_ms_ci(self) -> tuple[float, float] | None:
+        """95% bootstrap interval (ms) of ``ops_ms_per_step``: the mean over the traced steps of each step's traced
+        ops' CPU time summed (``timing.mean_ci``; a step without ops counts 0); None under two steps."""
+        if not self.measured or not self.iterations or "iteration" not in self.events:
+            return None
+        per = self.events.groupby("iteration")[self.total_column].sum() / 1e6
+        return timing.mean_ci(per.reindex(list(self.iterations), fill_value=0.0).tolist())
+
+    @property
     def total_column(self) -> str:
         """The column whose sum is the ops' CPU time together: their shares, withheld ones' included
         (``cpusampler.POOL_RULE``: the sum is the process's over the ops' spans however it is parted)."""
