@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import require_framework
-from kernelmap.frameworks import spec
-from kernelmap.frameworks.case import CaseKey
+from kernelmap.frameworks import dataparallel, spec
+from kernelmap.frameworks.case import Case, CaseKey
 from kernelmap.frameworks.registry import NsysWindow
 
 from kernelmap import doctor, frameworks, manifest, rundir, timing
@@ -187,10 +187,15 @@ def test_progress_is_one_plain_line_per_worker_that_starts():
 
     cpu = {fw: run_devices.Decision(fw, "auto", "cpu", "no NVIDIA GPU") for fw in frameworks.FRAMEWORKS}
     passes, trials, n_bs = run_schedule.PROFILES["all"], 3, 2
-    n = run_schedule.planned_workers(list(cpu), n_bs, trials, passes, run_devices.nsys_skips(cpu, None))
-    captures_that_run = [p for p in passes if p not in ("clean", "nsys")]
+    cases = [Case(fw, frameworks.get(fw).modes[0], "fp32", 1) for fw in cpu]
+    skips = run_devices.nsys_skips(cpu, None)
+    n = run_schedule.planned_workers(cases, n_bs, trials, passes, {c: skips[c.framework] for c in cases})
+    # on one device no step without reduction (none to remove), and here no nsys pass
+    captures_that_run = [p for p in passes if p not in ("clean", "nsys", dataparallel.NO_REDUCTION)]
     assert n == n_bs * len(cpu) * (trials + len(captures_that_run))
-    assert run_schedule.planned_workers(list(cpu), n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
+    assert run_schedule.planned_workers(cases, n_bs, trials, passes, {}) == n + n_bs * len(cpu)  # nsys where it runs
+    two = [Case(c.framework, c.mode, c.math, 2) for c in cases]  # on two devices the step without reduction runs
+    assert run_schedule.planned_workers(two, n_bs, trials, passes, {}) == n + 2 * n_bs * len(cpu)
     stream = io.StringIO()
     progress = run_processes.RunProgress(n, stream=stream)
     for k in range(n):
@@ -313,7 +318,8 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     console = proc.stderr.splitlines()
     assert console and all(line.startswith("kernelmap run: ") for line in console), proc.stderr[-3000:]
     assert sum("nsys pass skipped" in line for line in console) == 1 and "skipped" in entry["passes"]["nsys"]
-    captures = [p for p in run_schedule.PROFILES["all"] if p not in ("clean", "nsys")]  # nsys: none on the CPU
+    # nsys: none on the CPU; no step without reduction on one device (its entry says so)
+    captures = [p for p in run_schedule.PROFILES["all"] if p not in ("clean", "nsys", dataparallel.NO_REDUCTION)]
     n = TRIALS + len(captures)
     workers = [line for line in console if line.startswith("kernelmap run: [")]
     assert len(workers) == n and workers[-1].startswith(f"kernelmap run: [{n}/{n}]")
@@ -327,6 +333,7 @@ def test_run_pytorch_cpu_with_onednn_pass(tmp_path):
     log = (out / "pytorch" / "bs64" / "onednn.log").read_text()
     assert "onednn_verbose" in log and ",exec," in log
     assert (out / "records.parquet").is_file()  # normalise ran over the captures
+    assert entry[dataparallel.NO_REDUCTION] == {"skipped": "one device: no reduction to remove"}
 
 
 @pytest.mark.mxnet

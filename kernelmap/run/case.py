@@ -153,7 +153,6 @@ class CaseRun:
         if self.key.devices < 2:
             why = "one device: no reduction to remove"
             self.pass_results[p] = {"skipped": why}
-            progress.total -= 1  # no worker starts
             return
         label = f"{self.name} ({p} pass: the step without the gradients' reduction, {self.decision.device})"
         progress.start(label)

@@ -21,10 +21,11 @@ PROFILES = {
     "framework": ("clean", "framework"),
     "libs": ("clean", "libs"),
     "nsys": ("clean", "nsys"),
-    "all": ("clean", "framework", "libs", "nsys"),
+    # and on N > 1 devices the step without the gradients' reduction (issue 39's independent measure, as "comm")
+    "all": ("clean", "framework", "libs", "nsys", dataparallel.NO_REDUCTION),
     # every capture pass, then one step under Nsight Compute (kernelmap/run/counters.py): its kernels are paired
     # with a timing pass's traced step and their calls' logged math; not in "all" yet
-    "counters": ("clean", "framework", "libs", "nsys", "counters"),
+    "counters": ("clean", "framework", "libs", "nsys", dataparallel.NO_REDUCTION, "counters"),
     # issue 39: the framework pass, then the step without the gradients' reduction on N > 1 devices, timed as the
     # clean pass is (dataparallel.NO_REDUCTION): the exposed communication of the traces against the difference
     "comm": ("clean", "framework", dataparallel.NO_REDUCTION),
@@ -73,8 +74,10 @@ def check_warmup(warmup_steps: int, cases: list[Case]) -> None:
 def planned_workers(cases: list[Case], n_batch_sizes: int, trials: int, passes: tuple[str, ...],
                     nsys_skipped: dict[Case, str]) -> int:
     """How many worker processes the run starts (the progress line's N): per case x batch size, the clean
-    pass's trials and each capture pass, less an nsys pass that is skipped (``case_nsys_skips``)."""
-    per_case = {c: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and c in nsys_skipped))
+    pass's trials and each capture pass, less an nsys pass that is skipped (``case_nsys_skips``) and the step
+    without reduction of a case on one device (none to remove)."""
+    per_case = {c: trials + sum(1 for p in passes if p != "clean" and not (p == "nsys" and c in nsys_skipped)
+                                and not (p == dataparallel.NO_REDUCTION and c.devices < 2))
                 for c in cases}
     return n_batch_sizes * sum(per_case.values())
 
