@@ -100,6 +100,17 @@ CONTENDED_RULE = (f"measured under contention: intervals are not noise there, so
                   f"within {NOISE_THRESHOLD:.0%} of the smaller")
 
 
+# Two figures of two processes (two passes, a pass and a step benchmark), each measured under contention at its own
+# time (issue 42): how far apart they lie says how differently the machine was shared then, not how the figures relate.
+BOTH_CONTENDED_RULE = ("both measured under contention, each in its own process at its own time: how far apart they "
+                       "lie says how differently the machine was shared then, not how the two figures relate")
+
+
+def both_contended(*busy: Busy) -> bool:
+    """Every one of ``busy`` measured contended (``BOTH_CONTENDED_RULE``)."""
+    return bool(busy) and all(b.contended is True for b in busy)
+
+
 def exceeds(a: float, b: float, a_ci: tuple[float, float] | None, b_ci: tuple[float, float] | None,
             contended: bool, floor: float = 0.0) -> bool:
     """``a`` above ``b`` beyond noise: where neither was contended, ``a``'s 95% interval wholly above ``b``'s;

@@ -33,8 +33,8 @@ Checks (``Check``):
   pass's 95% interval of its median lies wholly below the clean pass's, widened to one more
   process's 95% prediction interval where the clean pass ran quiet (``timing.PROCESS_RULE``) (runs that record no
   interval of the pass: the overhead verdict "below noise"). A pass that adds a profiler and
-  synchronises every step cannot be faster: the clean pass was slowed (by the machine where contention
-  was measured during it; the detail gives both passes' contention).
+  synchronises every step cannot be faster: the clean pass was slowed. Not checked where the clean pass ran
+  contended (the machine slowed it: the detail gives both passes' contention); FAIL where it was not measured busy.
 * ``layer time vs batch size``: per run x framework x layer x direction x kind of time, a layer's
   time per step does not fall when the batch size grows, beyond noise; a host-clock pair is not checked
   where either pass ran slower or faster than its own clean pass beyond noise (not one time basis:
@@ -45,7 +45,11 @@ Checks (``Check``):
   per traced iteration (framework-op and kernel time) or per logged step of the libs pass
   (library-call time: ``ops.logged_step_sums_ms``); FAIL where the larger batch's interval lies
   wholly below the smaller one's by more than ``LAYER_FALL_FLOOR_MS`` per step. Every pair of batch
-  sizes is compared. The floor: a library picks its kernel per shape, and a microsecond-scale op can
+  sizes is compared. Host-clock figures of two passes of which one or both ran contended (contention measured for
+  both) are not held (``checkrows.BOTH_CONTENDED_RULE``, ``relations.SAME_CONDITION_RULE``), nor a pass that ran
+  apart from its clean pass; there a framework-op row is judged on its ops' own CPU time instead
+  (``opcpu.layer_cpu`` of the framework pass, the CPU-time answer's figure), by its 95% intervals
+  (``CPU_BY_INTERVALS``), in a row of its own ("CPU time of its ops"). The floor: a library picks its kernel per shape, and a microsecond-scale op can
   run a faster kernel at the larger batch (on an H200, JAX's fc2 forward 5.1 µs at bs 64 and 4.0 µs at
   1024; PyTorch's fc2 bias gradient 5.1 and 3.8 µs); the contradictions this check is for are
   milliseconds (PyTorch conv1 fwd 39.2 ms at bs 64 against 21.5 ms at 256 on a busy CPU).
@@ -54,7 +58,9 @@ Checks (``Check``):
   is the run's manifest ``job``) agree within their combined noise: the clean pass's 95% interval,
   widened to one more process's 95% prediction interval from its trials where it ran quiet
   (``timing.PROCESS_RULE``: the benchmark is another process), overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
-  McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``.
+  McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``. Two that disagree are not held
+  where both ran contended (``checkrows.BOTH_CONTENDED_RULE``) or where the contended one is the slower and the
+  other quiet; a contended one faster than a quiet one beyond the 5% rule fails (``_bench_apart``).
 * ``launch-bound figures`` (``analyses.launch``), per framework x mode x batch size of a GPU run: the
   GPU-busy time per step (union of kernel intervals) is at most the summed kernel time (a union
   cannot exceed its parts) and at most the clean step's 95% upper bound (else the idle share would
@@ -81,6 +87,7 @@ from kernelmap import adapters, frameworks, timing
 from kernelmap.adapters import thunk_completion
 from kernelmap.rundir import MANIFEST, asked_cases, pass_result_name, read_json
 from kernelmap.timing import mean_ci  # the layer checks' noise (also reports.checks.mean_ci)
+from kernelmap.worker import FRAMEWORK_PASS
 
 from .analyses.base import (
     Busy,
@@ -93,14 +100,17 @@ from .analyses.base import (
     replay_reason,
 )
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
+from .analyses.opcpu import layer_cpu, op_cpu
 from .analyses.summary import clean_stats
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
+    BOTH_CONTENDED_RULE,
     COLUMNS,
     CONTENDED_RULE,
     FAIL,
     NOT_CHECKED,
     PASS,
     Check,
+    both_contended,
     check_row,
     entry_of,
     exceeds,
@@ -113,6 +123,7 @@ from .counterchecks import counter_checks
 from .cpuchecks import op_cpu_checks
 from .mathchecks import math_checks
 from .relations import (
+    SAME_CONDITION_RULE,
     busy_share_basis,
     call_statement_checks,
     call_within_op,
@@ -127,10 +138,11 @@ LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (pe
 
 
 # A capture pass adds a profiler and synchronises every step: it cannot be faster than its clean pass, so the
-# clean pass was slowed. By the machine where contention was measured there; the contention texts that follow
-# say whether it was (on a VM measured quiet, by what else differs between the two passes' processes).
-BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the machine was busier then, or, where "
-                "both were measured quiet, its process ran slower)")
+# clean pass was slowed. Where the clean pass ran contended that is the machine's doing, not held (issue 42: two
+# processes, each at its own time); where it was measured quiet (or not measured), by what else differs between the
+# two passes' processes: FAIL.
+BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the clean pass not measured busy: its "
+                "process ran slower)")
 NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
 
 
@@ -423,12 +435,19 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                                          NOT_CHECKED, "no per-step times (under two steps, or a library log whose "
                                                       "calls do not divide into its logged steps): no noise figure"))
                         continue
-                    apart = _apart_from_clean(run, fw, kind, ((a, ra["pass"]), (b, rb["pass"])))
-                    if apart:  # one time basis per comparison: a pass slowed (or sped) apart from its clean pass
-                        rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
-                                              NOT_CHECKED, f"not held against each other: {apart}"))
-                        continue
                     busy = [pass_contention(run, fw, a, ra["pass"]), pass_contention(run, fw, b, rb["pass"])]
+                    # one time basis per comparison: a pass slowed (or sped) apart from its clean pass, or two
+                    # processes' host-clock figures of which one or both ran contended, each at its own time
+                    apart = (_apart_from_clean(run, fw, kind, ((a, ra["pass"]), (b, rb["pass"])))
+                             or _contended_apart(kind, a, b, busy))
+                    if apart:
+                        cpu = _cpu_vs_batch(run, fw, layer, d, a, b) if kind == TimeKind.OP else None
+                        rows.append(check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, ra["ms"], rb["ms"],
+                                              NOT_CHECKED, f"not held against each other: {apart}"
+                                              + (f"; judged on its ops' CPU time instead: {cpu['subject']}"
+                                                 if cpu else "")))
+                        rows += [cpu] if cpu else []
+                        continue
                     contended = any(x.contended for x in busy)
                     fell = exceeds(ra["ms"], rb["ms"], ca, cb, contended, LAYER_FALL_FLOOR_MS)
                     rows.append(check_row(
@@ -441,6 +460,52 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
                         + (f"; bs {a}'s pass: {busy[0].marked}, bs {b}'s pass: {busy[1].marked}"
                            if fell or contended else "")))
     return rows
+
+
+def _contended_apart(kind: str, a: int, b: int, busy: list[Busy]) -> str:
+    """Why two batch sizes' host-clock figures are not held against each other where contention was measured for
+    both and one or both ran contended ('' otherwise): each its own process at its own time
+    (``checkrows.BOTH_CONTENDED_RULE``), or one busy and one quiet (``relations.SAME_CONDITION_RULE``)."""
+    if not TimeKind(kind).host_clock or None in (busy[0].contended, busy[1].contended) or not any(
+            x.contended for x in busy):
+        return ""
+    why = BOTH_CONTENDED_RULE if both_contended(*busy) else f"one busy, one quiet ({SAME_CONDITION_RULE})"
+    return f"{why}; bs {a}'s pass: {busy[0].marked}, bs {b}'s pass: {busy[1].marked}"
+
+
+# The CPU-time answer sets its figures side by side on a busy machine too, by their 95% intervals (basis.PER_OP_CPU):
+# the check holds them the same way (a pool's hand-offs move a small op's CPU time under load: timing.CPU_MOVED).
+CPU_BY_INTERVALS = "judged by the intervals on a busy machine too, as the CPU-time answer sets them side by side"
+
+
+def _cpu_vs_batch(run: Run, fw: str, layer: str, d: str, a: int, b: int) -> dict[str, Any] | None:
+    """``layer time vs batch size`` on the ops' own CPU time (``opcpu.layer_cpu`` of the framework pass: the figure
+    the CPU-time answer shows, ``basis.PER_OP_CPU``) where a host-clock pair is not held: its median per traced
+    step at ``b`` below ``a``'s beyond noise fails. None where neither case's ops were sampled."""
+    cases = op_cpu(run)
+    oa, ob = cases.get((fw, a)), cases.get((fw, b))
+    if oa is None or ob is None or not (oa.measured or ob.measured):
+        return None
+    subject = f"{layer} {d}, {TimeKind.CPU} of its ops: bs {a} -> {b}"
+    la, lb = (layer_cpu(o, layer, {d}) if o.measured else None for o in (oa, ob))
+    if la is None or lb is None or la.ms is None or lb.ms is None:
+        why = "; ".join(f"bs {n}: {o.why if x is None else x.why}" for n, o, x in ((a, oa, la), (b, ob, lb))
+                        if x is None or x.ms is None)
+        return check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, None if la is None else la.ms,
+                         None if lb is None else lb.ms, NOT_CHECKED, f"no CPU time of its ops: {why}")
+    busy = [pass_contention(run, fw, a, FRAMEWORK_PASS), pass_contention(run, fw, b, FRAMEWORK_PASS)]
+    fell = exceeds(la.ms, lb.ms, la.ci_ms, lb.ci_ms, False, LAYER_FALL_FLOOR_MS)
+    return check_row(run.name, fw, b, Check.LAYER_VS_BATCH, subject, la.ms, lb.ms, FAIL if fell else PASS,
+                     f"the ops' own CPU time per step of the {FRAMEWORK_PASS} pass (median of the traced steps, as the "
+                     f"CPU-time answer shows it); at bs {b} {'falls below' if fell else 'not below'} bs {a} beyond "
+                     f"noise: 95% intervals of the median {span_ms(_s(lb.ci_ms))} ({len(lb.steps_ms)} steps) vs "
+                     f"{span_ms(_s(la.ci_ms))} ({len(la.steps_ms)} steps), {CPU_BY_INTERVALS}; bs {a}'s pass: "
+                     f"{busy[0].marked}, bs {b}'s pass: {busy[1].marked}")
+
+
+def _s(ci_ms: tuple[float, float] | None) -> tuple[float, float] | None:
+    """An interval in ms as ``span_ms`` takes it (seconds)."""
+    return None if ci_ms is None else (ci_ms[0] / 1e3, ci_ms[1] / 1e3)
 
 
 # --- checks of results.json ------------------------------------------------------------------
@@ -463,7 +528,13 @@ def _capture_not_faster(run: Run) -> list[dict[str, Any]]:
             got = (s.ci[1] if by_ci and s.ci else s.median_s) * 1e3
             figures = (f"{name} pass {ms_text(s.median_s)} {span_ms(s.ci)} (x{s.ratio:.3g}), clean pass "
                        f"{ms_text(s.clean_median_s)} {span_ms(s.clean_ci)}; by the {s.basis}")
-            if s.agreement is Agreement.FASTER:
+            if s.agreement is Agreement.FASTER and s.clean_busy.contended:  # the clean pass slowed by the machine
+                rows.append(check_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, NOT_CHECKED,
+                                      f"not held against each other: the clean pass ran under contention, so a "
+                                      f"capture pass faster than it is what that contention gives, not a profiler "
+                                      f"that speeds a step: {figures}; clean pass: {s.clean_busy.marked}; {name} "
+                                      f"pass: {s.busy.marked}"))
+            elif s.agreement is Agreement.FASTER:
                 rows.append(check_row(run.name, fw, bs, Check.CAPTURE_NOT_FASTER, subject, bound, got, FAIL,
                                  f"{BUSIER_CLEAN}: {figures}; clean pass: {s.clean_busy.marked}; {name} pass: "
                                  f"{s.busy.marked}"))
@@ -525,9 +596,11 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
             half = NOTCH * float(iqr) / math.sqrt(float(n))
             bci = (float(bmed) - half, float(bmed) + half)
             b_busy = b.get("contended")
-            contended = bool(Busy.of(r).contended) or (isinstance(b_busy, bool | np.bool_) and bool(b_busy))
+            bench_busy = Busy(bool(b_busy) if isinstance(b_busy, bool | np.bool_) else None, _bench_busy(b))
+            contended = bool(Busy.of(r).contended) or bool(bench_busy.contended)
             agree = not (exceeds(med, float(bmed), (lo, hi), bci, contended)
                          or exceeds(float(bmed), med, bci, (lo, hi), contended))
+            apart = _bench_apart(Busy.of(r), bench_busy, med, float(bmed))
             n_tr = len(c.get("trial_medians_s") or ())
             quiet = Busy.of(r).contended
             widened = ("not widened between processes: " + ("it ran contended" if quiet else "its contention was not "
@@ -537,10 +610,27 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
                        f"{span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
             busy = (f"{CONTENDED_RULE}; " if contended else "") + (
                 f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}")
+            if apart and not agree:
+                rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
+                                      NOT_CHECKED, f"not held against each other: {apart}: {figures}; {busy}"))
+                continue
             rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
                              PASS if agree else FAIL,
                              f"{'agree' if agree else 'disagree beyond their combined noise'}: {figures}; {busy}"))
     return rows
+
+
+def _bench_apart(clean: Busy, bench: Busy, clean_s: float, bench_s: float) -> str:
+    """Why a clean pass and a step benchmark that disagree are not held against each other ('' where they are):
+    both ran contended, each its own process at its own time (``checkrows.BOTH_CONTENDED_RULE``), or the one that
+    ran contended is the slower (what its contention gives a whole step). A contended one faster than a quiet one is
+    still held: contention slows a whole step (``timing.CPU_MOVED``: wall 1.29-1.96x), it does not speed it."""
+    if both_contended(clean, bench):
+        return BOTH_CONTENDED_RULE
+    slower = ("clean pass", clean) if clean_s > bench_s else ("step benchmark", bench)
+    if slower[1].contended and (bench if slower[1] is clean else clean).contended is False:
+        return f"the {slower[0]} ran under contention and the other quiet, and it is the slower"
+    return ""
 
 
 def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.DataFrame | None = None,

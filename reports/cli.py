@@ -42,7 +42,7 @@ from .analyses import scaling as SC
 from .analyses.base import NOT_MEASURED as BUSY_NOT_MEASURED
 from .analyses.opcpu import OP_CPU_METHOD, op_cpu_of
 from .analyses.roofline import counter_kernels, layer_counters, peak_table
-from .relations import library_call_statement
+from .relations import CALL_VS_OP, library_call_statement, with_call_op_basis
 from .timeline import chrome_trace
 
 SUMMARY_COLS = {"run": "run", "framework_html": "framework", "mode": "mode", "device_html": "device", "math": "math",
@@ -67,7 +67,8 @@ LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "can
                 "algos": "algorithm", "kernels": "kernel(s)", "calls_per_step": "library calls/step",
                 "ms_per_step": "time/step (ms)", "time_source": "time from", "op_ms_per_step": "op time/step (ms)",
                 "reorders_per_step": "reorders/step", "reorder_ms_per_step": "reorder time/step (ms)",
-                "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode"}
+                "flops_per_step": "FLOP/step", "achieved_flops": "achieved FLOP/s", "math_modes": "math mode",
+                CALL_VS_OP: "op time against the call's"}
 LIBCALL_FIELDS = {"run": "run", "framework": "framework", "batch_size": "batch size", "library": "library",
                   "library_call": "library call", "canonical_op": "op", "layer": "layer", "direction": "direction",
                   "linked_to_op": "linked to an op", "kernels_linked": "kernels linked to it",
@@ -485,7 +486,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
             [A.timeline_events(r) for r in runs], ignore_index=True),
         busy=A.busy_share(runs), launch=launch, best=A.best_modes(launch, LAUNCH_BS), ov=ov, roof=roof, peaks=peaks,
         cov=cov, cov_top=cov_top, attr=attr, not_read=not_read, unlinked=A.unlinked_library_kernels(runs),
-        raw_hist=raw_hist, layers=layers, ans=ans, ans_fws=ans_fws,
+        raw_hist=raw_hist, layers=with_call_op_basis(runs, layers), ans=ans, ans_fws=ans_fws,
         checks=C.self_checks(runs, raw_hist, layers, ans, comm), libcalls=A.library_calls(runs),
         contended=busy_notes(summ, ov), hist_busy=history_busy_notes(raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),

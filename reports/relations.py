@@ -15,7 +15,9 @@ the page's sections that must hold for the page not to contradict itself (docs/c
   checked where the two passes are not one time basis and the call's ran the slower (``basis.PAIR_RULE``: the
   libs pass ran slower than the framework pass beyond their own 95% intervals; the row says by how much); a
   libs pass that ran faster is still held (its speed can hide a call above its op, never make one). Not checked
-  either where one pass ran quiet and the other busy (``SAME_CONDITION_RULE``). The figures held are per-step
+  either where one pass ran quiet and the other busy (``SAME_CONDITION_RULE``), nor where both ran busy
+  (``checkrows.BOTH_CONTENDED_RULE``: two processes, each contended at its own time, and ``NO_SAME_PASS``); the
+  page's layer table says the same of each row (``with_call_op_basis``: "not comparable: why"). The figures held are per-step
   medians with their 95% intervals where the layer table has per-step figures (a call descheduled once moves
   a mean, not a median), else the means per step. The two figures are two processes' (the libs pass's, the
   framework pass's): where both passes ran quiet, a call above its op beyond the two intervals fails only beyond
@@ -54,11 +56,13 @@ from .analyses.base import NOT_MEASURED, Busy, Run, case_of, field_at, passes_of
 from .analyses.basis import CLEAN, CPU_WALL_RULE, TimeKind, cpu_wall_agreement, pair_basis, pass_states
 from .analyses.summary import clean_stats
 from .checkrows import (
+    BOTH_CONTENDED_RULE,
     CONTENDED_RULE,
     FAIL,
     NOT_CHECKED,
     PASS,
     Check,
+    both_contended,
     check_row,
     entry_of,
     exceeds,
@@ -244,26 +248,69 @@ def _beyond_processes(run: Run, fw: str, bs: int, call_ci: tuple[float, float],
     return False, f"but within {noise}: noise between processes, not a call longer than its op"
 
 
+# The one pass that would measure a call and its op together does not exist on the CPU: the libs pass logs the calls
+# and traces no op, the framework pass traces the ops and logs no call.
+NO_SAME_PASS = "no pass measured both (the libs pass logs the calls and traces no op, the framework pass the reverse)"
+
+
+def call_op_apart(run: Run, x: pd.Series, states: dict | None = None) -> tuple[str, list[Busy], Any]:
+    """Why a layer-table row's library-call time is not to be held against its op's time ('' where it is), with the
+    two passes' contention and their ``basis.pair_basis``: ``basis.PAIR_RULE``; one pass quiet and the other busy
+    (``SAME_CONDITION_RULE``); both busy in two passes (``checkrows.BOTH_CONTENDED_RULE``: issue 42's PyTorch bs 64
+    conv1 backward, a 4.36 ms call inside a 1.151 ms op, both passes busy). The page's layer table says the same."""
+    fw, bs = x["framework"], int(x["batch_size"])
+    pair = pair_basis(pass_states([run]) if states is None else states, run.name, fw, bs, x["pass"], x["op_pass"])
+    busy = [pass_contention(run, fw, bs, x["pass"]), pass_contention(run, fw, bs, x["op_pass"])]
+    marks = f"{x['pass']} pass: {busy[0].marked}, {x['op_pass']} pass: {busy[1].marked}"
+    if pair.withheld:  # basis.PAIR_RULE
+        return pair.why, busy, pair
+    if None not in (busy[0].contended, busy[1].contended) and busy[0].contended != busy[1].contended:
+        return (f"the {x['pass']} pass was {_word(busy[0])} and the {x['op_pass']} pass {_word(busy[1])} "
+                f"({SAME_CONDITION_RULE}); {marks}"), busy, pair
+    if x["pass"] != x["op_pass"] and both_contended(*busy):
+        return f"{BOTH_CONTENDED_RULE}; {NO_SAME_PASS}; {marks}", busy, pair
+    return "", busy, pair
+
+
+def _call_op_rows(layers: pd.DataFrame) -> pd.DataFrame:
+    """The layer-table rows with a library-call time and its op's time."""
+    if not len(layers):
+        return layers
+    return layers[(layers["time_kind"] == str(TimeKind.LIBRARY)) & layers["ms_per_step"].notna()
+                  & layers["op_ms_per_step"].notna()]
+
+
+CALL_VS_OP = "op_time_vs_call"  # the layer table's column: whether its op time may be read against its call time
+
+
+def with_call_op_basis(runs: list[Run], layers: pd.DataFrame) -> pd.DataFrame:
+    """``layers`` with ``CALL_VS_OP``: on each row with a library-call time and an op time, "one basis" or "not
+    comparable: <why>" (``call_op_apart``), so the page never sets the two side by side as if comparable."""
+    out = layers.copy()
+    out[CALL_VS_OP] = None
+    by_name = {r.name: r for r in runs}
+    for run_name, rows in _call_op_rows(layers).groupby("run", sort=False):
+        run = by_name[run_name]
+        states = pass_states([run])
+        for i, x in rows.iterrows():
+            why = call_op_apart(run, x, states)[0]
+            out.at[i, CALL_VS_OP] = f"not comparable: {why}" if why else "one basis"
+    return out
+
+
 def call_within_op(run: Run, layers: pd.DataFrame) -> list[dict[str, Any]]:
     """``library call within its op`` (module docstring), per layer-table row with library-call time."""
     rows: list[dict[str, Any]] = []
-    lib = layers[(layers["time_kind"] == str(TimeKind.LIBRARY)) & layers["ms_per_step"].notna()
-                 & layers["op_ms_per_step"].notna()] if len(layers) else layers
     states = pass_states([run])
-    for _, x in lib.iterrows():
+    for _, x in _call_op_rows(layers).iterrows():
         fw, bs = x["framework"], int(x["batch_size"])
         subject = f"{x['layer']} {x['direction']}"
         call, call_ci, call_of = _step_figure(x["steps_ms"], x["ms_per_step"])
         op, op_ci, op_of = _step_figure(x["op_steps_ms"], x["op_ms_per_step"])
         said = (f"library-call time {call:.4g} ms/step ({x['pass']} pass, {call_of})", f"its op's {op:.4g} ms/step "
                 f"({x['op_pass']} pass, {op_of})")
-        pair = pair_basis(states, run.name, fw, bs, x["pass"], x["op_pass"])
-        busy = [pass_contention(run, fw, bs, x["pass"]), pass_contention(run, fw, bs, x["op_pass"])]
-        mixed = None not in (busy[0].contended, busy[1].contended) and busy[0].contended != busy[1].contended
-        if pair.withheld or mixed:  # basis.PAIR_RULE, or SAME_CONDITION_RULE
-            why = pair.why if pair.withheld else (
-                f"the {x['pass']} pass was {_word(busy[0])} and the {x['op_pass']} pass {_word(busy[1])} "
-                f"({SAME_CONDITION_RULE}); {x['pass']} pass: {busy[0].marked}, {x['op_pass']} pass: {busy[1].marked}")
+        why, busy, pair = call_op_apart(run, x, states)
+        if why:  # basis.PAIR_RULE, SAME_CONDITION_RULE or BOTH_CONTENDED_RULE: the page says "not comparable"
             rows.append(check_row(run.name, fw, bs, Check.CALL_WITHIN_OP, subject, op, call, NOT_CHECKED,
                                   f"{said[0]} not held against {said[1]}: {why}"))
             continue

@@ -20,6 +20,7 @@ import pytest
 from conftest import report
 from kernelmap.reports import analysis as A
 from kernelmap.reports import checks as C
+from kernelmap.reports import relations as R
 from test_checks_quiet import copy_run, quiet_record
 
 from kernelmap import schema
@@ -88,21 +89,31 @@ def test_end_to_end_of_the_same_trials_above_the_step_passes(busy, tmp_path):
 
 
 # --- library call within its op ----------------------------------------------------------------
-def test_library_call_above_its_op_fails_on_the_busy_run(busy):
+def test_library_call_of_two_busy_passes_is_not_held_against_its_op(busy):
+    """Both passes ran busy, each its own process at its own time (issue 42: a 4.36 ms call in a 1.151 ms op): no
+    row is held, each says why and names both passes' contention, and the page's layer table says "not comparable"
+    on the same rows (fc1 backward's 191.6 ms call against its 173.1 ms op failed before). The quiet copy below
+    still fails a call above its op."""
     rows = _rows(busy, C.Check.CALL_WITHIN_OP)
-    # per-step medians (fc2 backward's means, 183.3 above 164.5 ms, failed; its medians 202.9 and 214.1 do not)
-    assert dict(rows["status"]) == {"conv1 fwd": C.PASS, "conv1 bwd": C.PASS, "conv2 fwd": C.PASS,
-                                    "conv2 bwd": C.PASS, "fc1 fwd": C.PASS, "fc1 bwd": C.FAIL,
-                                    "fc2 fwd": C.PASS, "fc2 bwd": C.PASS}
+    assert len(rows) == 8 and set(rows["status"]) == {C.NOT_CHECKED}
     fc1 = rows.loc["fc1 bwd"]
     assert (fc1["measured"], fc1["expected"]) == (pytest.approx(191.575, rel=1e-6),
                                                   pytest.approx(173.0675205, rel=1e-6))
-    assert f"libs pass: BUSY: {BUSY_LIBS}, framework pass: BUSY: {BUSY_FRAMEWORK}" in fc1["detail"]
+    assert fc1["detail"].startswith("library-call time 191.6 ms/step (libs pass, median of 20 steps) not held against "
+                                    f"its op's 173.1 ms/step (framework pass, median of 20 steps): "
+                                    f"{C.BOTH_CONTENDED_RULE}; {R.NO_SAME_PASS}; ")
+    assert fc1["detail"].endswith(f"libs pass: BUSY: {BUSY_LIBS}, framework pass: BUSY: {BUSY_FRAMEWORK}")
+    run = A.load_run(busy)
+    lt = R.with_call_op_basis([run], A.layer_table([run]))
+    said = lt[lt["time_kind"] == "library-call time"][R.CALL_VS_OP]
+    assert len(said) == 8 and all(s.startswith(f"not comparable: {C.BOTH_CONTENDED_RULE}") for s in said)
 
 
 def test_library_call_above_its_op_fails_on_quiet_passes_beyond_their_intervals(busy, tmp_path):
     d = copy_run(busy, tmp_path / "q", _quiet)
     assert set(_rows(d, C.Check.CALL_WITHIN_OP)["status"]) == {C.PASS}  # quiet: intervals, and they overlap
+    run = A.load_run(d)
+    assert set(R.with_call_op_basis([run], A.layer_table([run]))[R.CALL_VS_OP].dropna()) == {"one basis"}
     rec = schema.read_parquet(d / "records.parquet")
     hit = rec["kind"].eq("library_call") & rec["layer"].eq("conv2") & rec["direction"].eq("fwd")
     assert int(hit.sum()) == 21  # the libs pass's log: one warm-up and 20 timed steps

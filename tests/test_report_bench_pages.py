@@ -47,8 +47,10 @@ def bench_page(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, out
 
 
-FAILED = {"busy": {"first-screen figures quiet": 18, "clean vs step benchmark": 3, "library call within its op": 3},
-          "quiet": {"library call within its op": 1}}
+# busy: the bench's own 3 "clean vs step benchmark" and 3 "library call within its op" failures were two processes'
+# figures, each measured busy at its own time (or the busy one the slower): not held since issue 42's last part
+# (tests/test_checks_contended.py)
+FAILED = {"busy": {"first-screen figures quiet": 18}, "quiet": {"library call within its op": 1}}
 
 
 def test_the_runs_fail_what_the_bench_reported(bench_page):
@@ -129,7 +131,7 @@ def test_busy_marks_are_folded_not_dropped(bench_page):
         assert H.MOST_CLAUSE.search(full) and H.MOST_CLAUSE.sub("", full) == short and "(most: pid" not in short
         assert full in banner.replace("&#x27;", "'")  # the whole text, in the banner's list of busy figures
     lines = banner_lines(banner)
-    assert sum(x["rows"] for x in lines) == {"busy": 24, "quiet": 1}[which]
+    assert sum(x["rows"] for x in lines) == sum(FAILED[which].values()) == {"busy": 18, "quiet": 1}[which]
     # the busiest processes as saved name /work/main/.nox/... (runs and step benchmarks alike): printed path-free
     assert not re.search(r"most: pid \d+ /", html) and "/work/main" not in html
 

@@ -1,0 +1,123 @@
+"""Issue 42's last part: on a busy shared machine no self-check holds against each other two figures measured in two
+processes, each under contention at its own time; where the run measured a kind of time a neighbour moves less (the
+ops' own CPU time, in the same pass as the wall figure) the check judges that instead, and the same relations measured
+quiet still fail (reports/checks.py, reports/relations.py, checkrows.BOTH_CONTENDED_RULE).
+
+Fixtures: tests/data/cpu_bench_busy (the default CPU bench beside the full test suite, its capture passes busy: the
+bench's report failed 3 "clean vs step benchmark" and 3 "library call within its op" rows, each of two processes
+measured busy, or the busy one the slower) with the step benchmarks its bench saved (tests/data/cpu_bench_storage),
+unpacked as tests/test_report_bench_pages.py does; its quiet twin tests/data/cpu_bench_quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kernelmap.reports import analysis as A
+from kernelmap.reports import checks as C
+from kernelmap.reports import relations as R
+from test_report_bench_pages import DATA, RUNS, STORAGE, unpacked
+
+from kernelmap import schema
+from kernelmap.history.trend import load_history
+from kernelmap.normalise import normalise_run_dir
+
+CONV2 = ("conv2 fwd, framework-op time: bs 64 -> 256", "conv2 fwd, CPU time of its ops: bs 64 -> 256")
+
+
+@pytest.fixture(scope="module")
+def benches(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("contended")
+    out = {"storage": unpacked(STORAGE, tmp / "storage")}
+    for which, name in RUNS.items():
+        out[which] = unpacked(DATA / name, tmp / name)
+        normalise_run_dir(out[which])
+    return out
+
+
+def _checks(run: Path, storage: Path | None = None) -> pd.DataFrame:
+    return C.self_checks([A.load_run(run)], load_history(storage) if storage else None)
+
+
+def _clean_ms(run: Path, fw: str, bs: int) -> float:
+    """The clean pass's median step of ``fw`` bs ``bs``, read from results.json with the standard library."""
+    r = next(x for x in json.loads((run / "results.json").read_text()) if x["framework"] == fw and x["batch_size"] == bs)
+    return r["median_step_s"] * 1e3
+
+
+def test_the_busy_bench_fails_only_its_busy_figures(benches):
+    """What the bench failed besides its busy figures was two processes' figures each measured busy at its own time
+    (or the busy one the slower): every such row is not checked and names both contentions."""
+    c = _checks(benches["busy"], benches["storage"])
+    assert c[c["status"] == C.FAIL]["check"].value_counts().to_dict() == {C.Check.QUIET: 18}
+    within = c[c["check"] == C.Check.CALL_WITHIN_OP]
+    both = within[within["detail"].str.contains(C.BOTH_CONTENDED_RULE, regex=False)]
+    assert len(within) == 32 and set(within["status"]) == {C.NOT_CHECKED} and len(both) == 16
+    assert all(d.count("pass: BUSY: ") == 2 and R.NO_SAME_PASS in d for d in both["detail"])
+    bench = c[(c["check"] == C.Check.CLEAN_VS_BENCH) & (c["status"] == C.NOT_CHECKED)].set_index("framework")
+    assert sorted(bench.index) == ["jax", "mxnet", "pytorch"] and set(bench["batch_size"]) == {64}
+    for fw in bench.index:
+        assert bench.loc[fw, "expected"] == pytest.approx(_clean_ms(benches["busy"], fw, 64), rel=1e-12)
+    assert bench.loc["jax", "detail"].startswith(f"not held against each other: {C.BOTH_CONTENDED_RULE}: ")
+    # PyTorch's clean pass ran quiet (12.56 ms) and its benchmark busy (26.80 ms): the busy one the slower
+    assert bench.loc["pytorch", "detail"].startswith("not held against each other: the step benchmark ran under "
+                                                     "contention and the other quiet, and it is the slower: ")
+    assert bench.loc["pytorch", "measured"] > 2 * bench.loc["pytorch", "expected"]
+
+
+def _layer_rows(run: Path) -> pd.DataFrame:
+    c = _checks(run)
+    return c[(c["check"] == C.Check.LAYER_VS_BATCH) & (c["framework"] == "pytorch")].set_index("subject")
+
+
+def _shorten_conv2_fwd(run: Path, factor: float) -> None:
+    """PyTorch bs 256's conv2 forward ops (160 events: 20 traced steps x its nested aten ops) made ``factor`` as
+    long in the trace's records: less of the worker's sampled CPU time falls within them."""
+    rec = schema.read_parquet(run / "records.parquet")
+    hit = (rec["framework"].eq("pytorch") & rec["batch_size"].eq(256) & rec["kind"].eq("op")
+           & rec["layer"].eq("conv2") & rec["direction"].eq("fwd"))
+    assert int(hit.sum()) == 160
+    rec.loc[hit, "dur_ns"] = (rec.loc[hit, "dur_ns"] * factor).astype(rec["dur_ns"].dtype)
+    schema.write_parquet(rec, run / "records.parquet")
+
+
+@pytest.mark.parametrize("which", sorted(RUNS))
+def test_layer_time_vs_batch_size_is_judged_on_cpu_time_where_wall_time_is_not_held(benches, which, tmp_path):
+    """The wall rows of passes run apart from their clean pass or contended are not held; the same layer's ops' own
+    CPU time (the framework pass's, as the CPU-time answer shows it) is, busy or quiet, and fails a planted fall."""
+    rows = _layer_rows(benches[which])
+    wall, cpu = rows.loc[CONV2[0]], rows.loc[CONV2[1]]
+    assert wall["status"] == C.NOT_CHECKED and wall["detail"].endswith(f"judged on its ops' CPU time instead: {CONV2[1]}")
+    assert cpu["status"] == C.PASS and C.CPU_BY_INTERVALS in cpu["detail"]
+    bs64, bs256 = {"busy": (2.55498, 9.598412), "quiet": (2.293478, 10.081252)}[which]  # ms a step, the CPU answer's
+    assert (cpu["expected"], cpu["measured"]) == (pytest.approx(bs64, rel=1e-5), pytest.approx(bs256, rel=1e-6))
+    assert ("BUSY: " in cpu["detail"]) == (which == "busy")
+    d = tmp_path / which
+    shutil.copytree(benches[which], d)
+    _shorten_conv2_fwd(d, 0.1)
+    rows = _layer_rows(d)
+    assert rows.loc[CONV2[0], "status"] == C.NOT_CHECKED
+    cpu = rows.loc[CONV2[1]]
+    assert cpu["status"] == C.FAIL and cpu["measured"] < cpu["expected"] / 2
+    assert "at bs 256 falls below bs 64 beyond noise" in cpu["detail"]
+
+
+def test_the_page_says_which_calls_and_ops_are_not_comparable(benches):
+    """The layer table's column beside the call and op times says what the check decided, row by row."""
+    for which in RUNS:
+        run = A.load_run(benches[which])
+        lt = R.with_call_op_basis([run], A.layer_table([run]))
+        c = _checks(benches[which])
+        c = c[c["check"] == C.Check.CALL_WITHIN_OP].set_index(["framework", "batch_size", "subject"])
+        lib = lt[lt["time_kind"] == "library-call time"]
+        assert len(lib) == len(c) == 32
+        for _, x in lib.iterrows():
+            row = c.loc[(x["framework"], x["batch_size"], f"{x['layer']} {x['direction']}")]
+            said = x[R.CALL_VS_OP]
+            assert (said == "one basis") == (row["status"] != C.NOT_CHECKED), (said, row["status"])
+            if said != "one basis":
+                assert row["detail"].endswith(said.removeprefix("not comparable: "))
