@@ -58,9 +58,9 @@ Checks (``Check``):
   is the run's manifest ``job``) agree within their combined noise: the clean pass's 95% interval,
   widened to one more process's 95% prediction interval from its trials where it ran quiet
   (``timing.PROCESS_RULE``: the benchmark is another process), overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
-  McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``. Two that disagree are not held
-  where both ran contended (``checkrows.BOTH_CONTENDED_RULE``) or where the contended one is the slower and the
-  other quiet; a contended one faster than a quiet one beyond the 5% rule fails (``_bench_apart``).
+  McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``. Not held where both ran
+  contended (``checkrows.BOTH_CONTENDED_RULE``), nor, where they disagree, where the contended one is the slower
+  and the other quiet; a contended one faster than a quiet one beyond the 5% rule fails (``_bench_apart``).
 * ``launch-bound figures`` (``analyses.launch``), per framework x mode x batch size of a GPU run: the
   GPU-busy time per step (union of kernel intervals) is at most the summed kernel time (a union
   cannot exceed its parts) and at most the clean step's 95% upper bound (else the idle share would
@@ -610,7 +610,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
                        f"{span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
             busy = (f"{CONTENDED_RULE}; " if contended else "") + (
                 f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}")
-            if apart and not agree:
+            if apart and (not agree or both_contended(Busy.of(r), bench_busy)):
                 rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
                                       NOT_CHECKED, f"not held against each other: {apart}: {figures}; {busy}"))
                 continue
@@ -621,8 +621,9 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
 
 
 def _bench_apart(clean: Busy, bench: Busy, clean_s: float, bench_s: float) -> str:
-    """Why a clean pass and a step benchmark that disagree are not held against each other ('' where they are):
-    both ran contended, each its own process at its own time (``checkrows.BOTH_CONTENDED_RULE``), or the one that
+    """Why a clean pass and a step benchmark are not held against each other ('' where they are): both ran
+    contended, each its own process at its own time (``checkrows.BOTH_CONTENDED_RULE``: agreeing or not), or, where
+    they disagree, the one that
     ran contended is the slower (what its contention gives a whole step). A contended one faster than a quiet one is
     still held: contention slows a whole step (``timing.CPU_MOVED``: wall 1.29-1.96x), it does not speed it."""
     if both_contended(clean, bench):
