@@ -304,10 +304,18 @@ def busy_share_figure(busy: pd.DataFrame, path: Path) -> Path | None:
     return save_png(fig, path)
 
 
-def _overhead_label(row: pd.Series) -> str:
-    """A capture pass's bar label: its change vs clean where it is one (timing.OverheadVerdict)."""
+def _flagged(v: object) -> bool:
+    """A ``contended`` cell that says contended (True; not False, None or NaN)."""
+    return isinstance(v, bool | np.bool_) and bool(v)
+
+
+def _overhead_label(row: pd.Series, clean_busy: bool = False) -> str:
+    """A capture pass's bar label: its change vs clean where it is one (timing.OverheadVerdict); "busy" where the
+    pass or its clean pass ran contended: two processes, each slowed by its own neighbours, give no overhead."""
     if pd.isna(row["overhead"]):
         return ""
+    if clean_busy or _flagged(row.get("contended")):
+        return "busy"
     if row["verdict"] == str(timing.OverheadVerdict.ABOVE):
         return f"{row['overhead'] * 100:+.0f}%"
     if row["verdict"] == str(timing.OverheadVerdict.WITHIN):
@@ -343,7 +351,9 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
             for fw in fws:
                 m = here[(here["framework"] == fw) & (here["pass"] == p)]
                 vals.append(m["step_ms_median"].iloc[0] if len(m) else np.nan)
-                labels.append(_overhead_label(m.iloc[0]) if len(m) and p != "clean" else "")
+                clean = here[(here["framework"] == fw) & (here["pass"] == "clean")]
+                clean_busy = bool(len(clean)) and "contended" in clean and _flagged(clean["contended"].iloc[0])
+                labels.append(_overhead_label(m.iloc[0], clean_busy) if len(m) and p != "clean" else "")
             bars = ax.bar(x + (i - (len(passes) - 1) / 2) * width, vals, width, label=p, color=cmap[i % len(cmap)])
             for bar, text in zip(bars, labels, strict=True):
                 if text:  # upright: side by side, bars are narrower than "below noise"
@@ -358,7 +368,8 @@ def overhead_figure(ov: pd.DataFrame, path: Path) -> Path | None:
         axes[k // ncols][k % ncols].set_visible(False)
     axes[0][0].legend(title="pass", frameon=False, fontsize=8)
     fig.suptitle("Median step time per capture pass, ms (label: change vs the clean pass where it lies outside "
-                 "the clean pass's 95% interval, else 'noise'; capture passes sync every step)", fontsize=9)
+                 "the clean pass's 95% interval, else 'noise'; 'busy' where either ran contended; capture passes "
+                 "sync every step)", fontsize=9)
     if len(skipped):
         why = sorted({f"{p} pass skipped: {w}" for p, w in zip(skipped["pass"], skipped["skipped"], strict=True)})
         fig.text(0.01, -0.02, "\n".join(why), fontsize=8, va="top", color="#862e9c")

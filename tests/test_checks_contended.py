@@ -123,3 +123,25 @@ def test_the_page_says_which_calls_and_ops_are_not_comparable(benches):
             assert (said == "one basis") == (row["status"] != C.NOT_CHECKED), (said, row["status"])
             if said != "one basis":
                 assert row["detail"].endswith(said.removeprefix("not comparable: "))
+
+
+def test_the_overhead_figure_gives_no_overhead_of_busy_passes(benches, tmp_path, monkeypatch):
+    """The profiler-overhead figure's labels: 'busy' where the capture pass or its clean pass ran contended (the
+    busy bench: every capture pass, so no '+16%' of two processes each slowed by its own neighbours); the quiet
+    bench keeps its changes and 'noise' (the figure's rule: timing.OverheadVerdict)."""
+    from kernelmap.reports import figures as F
+
+    def labels_of(run: Path) -> list[str]:
+        drawn = []
+        monkeypatch.setattr(F, "save_png", lambda fig, path: drawn.append(fig) or Path(path))
+        ov = A.profiler_overhead([A.load_run(run)])
+        assert F.overhead_figure(ov, tmp_path / "overhead.png") is not None
+        out = [t.get_text().strip() for ax in drawn[0].axes for t in ax.texts if t.get_text().strip()]
+        F.plt.close(drawn[0])
+        return out
+    ov = A.profiler_overhead([A.load_run(benches["busy"])])
+    captured = ov[(ov["pass"] != "clean") & ov["overhead"].notna()]
+    assert len(captured) == 12 and set(captured["contended"]) == {True}
+    assert labels_of(benches["busy"]) == ["busy"] * 12
+    quiet = labels_of(benches["quiet"])
+    assert len(quiet) == 12 and "busy" not in quiet and any(x.endswith("%") for x in quiet)
