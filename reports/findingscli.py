@@ -14,6 +14,7 @@ import pandas as pd
 
 from kernelmap.atomic import atomic_file
 from kernelmap.errors import KernelmapError
+from kernelmap.run.schedule import PROFILES
 
 from .analyses import diff as D
 from .analyses import findings as F
@@ -132,14 +133,20 @@ def run_command(group: dict[str, Any], cli: dict[str, Any], out: Path, steps: in
     return cmd
 
 
-def run_groups(sides: list[D.Side]) -> dict[tuple, dict[str, Any]]:
-    """The check's ``kernelmap run`` invocations: one per framework x math x device x capture pass."""
+def run_groups(sides: list[D.Side], checked_profile: str | None = None) -> dict[tuple, dict[str, Any]]:
+    """The check's ``kernelmap run`` invocations: one per framework x math x device x capture pass. Each with the
+    checked run's ``--profile`` (``checked_profile``) where that records the side's source, so that the fresh
+    runs place kernels as it did (a kernel's layer and direction may come from its library call, which the libs
+    pass logs: on an H200, session 13, PyTorch fp32's conv2 bwd_data FFT kernels had a place only through the
+    cuDNN log, and a fresh run of the framework pass alone had no such place); else the pass of the source alone."""
     groups: dict[tuple, dict[str, Any]] = {}
     for s in sides:
         f = F.case_fields(s)
         profile = D.source_pass(s.source)
         if profile is None:
             raise KernelmapError(f"{s.label}: its source {s.source} is recorded by no kernelmap capture pass")
+        if checked_profile in PROFILES and profile in PROFILES[checked_profile]:
+            profile = checked_profile
         key = (str(f["framework"]), str(f["math"]), str(s.entry.get("device")), profile)
         g = groups.setdefault(key, {"framework": key[0], "math": key[1], "device": key[2], "profile": profile,
                                     "modes": [], "batch_sizes": []})
@@ -160,7 +167,7 @@ def check_remedies(run_dir: Path, found: pd.DataFrame, sides: list[D.Side], n: i
     cli = field_at(load_run(run_dir).manifest, "config.cli", default={})
     fresh: dict[str, D.Side] = {}
     needed = [by_label[x] for x in dict.fromkeys([*todo["case"], *todo["remedy_case"]])]
-    for i, g in enumerate(run_groups(needed).values()):
+    for i, g in enumerate(run_groups(needed, cli.get("profile")).values()):
         where = out / f"{i + 1}-{g['framework']}"
         cmd = run_command(g, cli, where, steps, trials, python)
         print("kernelmap findings: " + " ".join(cmd[1:]), file=sys.stderr)

@@ -370,3 +370,8 @@ def test_the_gpu_checks_commands():
     got = {g["framework"]: (sorted(g["modes"]), g["profile"], g["device"], g["batch_sizes"]) for g in groups.values()}
     assert got == {"pytorch": (["compile", "cuda-graph", "eager"], "framework", "gpu", [64]),
                    "mxnet": (["hybridized", "imperative"], "nsys", "gpu", [64])}
+    # the checked run's --profile where it records the source: the fresh runs place kernels as it did (their
+    # library calls logged too); one that does not record it (libs: no trace of ops) gives way to the source's pass
+    assert {g["profile"] for g in findingscli.run_groups(needed, "all").values()} == {"all"}
+    assert {g["framework"]: g["profile"] for g in findingscli.run_groups(needed, "libs").values()} == {
+        "pytorch": "framework", "mxnet": "nsys"}
