@@ -12,14 +12,7 @@ Checks (``Check``):
   of the model's layers equal the counts the model spec implies (``expected_calls_per_step``). A count short of
   it where the trace holds fused ops whose parts it does not name (MXNet's ``_FusedOp`` in its own profiler's
   trace) is not checked, and says so (``_unread_fused``).
-* ``library calls per step``: on the GPU, the cuDNN convolution calls per step of each conv layer
-  (library-call table, ``analysis.library_calls``) equal the model's: one forward, one filter-gradient
-  and one data-gradient call per step, none for the first conv layer's data gradient (its input needs
-  none) (``expected_library_calls_per_step``). Warm-up and autotuning calls are not the model's: where
-  the steps of the calls are known (the libs pass's own trace, XLA's own calls) they are counted
-  apart; where they are not (an older run: every logged call over the logged steps) the check still
-  applies and fails where the framework's autotuning adds calls. A framework x batch size without cuDNN
-  convolution calls (the CPU) is not checked.
+* ``library calls per step``: ``reports/callchecks.py``.
 * ``traced steps``: the steps the report divides by (iterations of the trace holding timed model
   ops) equal the steps the capture pass timed (results.json).
 * ``time within step``: summed op time (CPU) or kernel time (GPU) per step is at most the
@@ -81,7 +74,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kernelmap.frameworks.spec import LAYERS
 
 from kernelmap import adapters, frameworks, timing
 from kernelmap.adapters import thunk_completion
@@ -97,11 +89,11 @@ from .analyses.base import (
     field_at,
     fw_label,
     passes_of,
-    replay_reason,
 )
 from .analyses.basis import BY_INTERVALS, Agreement, TimeKind, pass_state, pass_states
 from .analyses.opcpu import layer_cpu, op_cpu
 from .analyses.summary import clean_stats
+from .callchecks import library_call_checks
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
     BOTH_CONTENDED_RULE,
     COLUMNS,
@@ -144,63 +136,6 @@ LAYER_FALL_FLOOR_MS = 0.005  # "layer time vs batch size": a fall under this (pe
 BUSIER_CLEAN = ("the clean pass was slowed: a capture pass cannot be faster (the clean pass not measured busy: its "
                 "process ran slower)")
 NOTCH = 1.57  # median +- NOTCH * IQR / sqrt(n): a box plot's notch, a 95% interval of the median
-
-
-CONV_CALL_DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
-CONV_LIBRARY = "cuDNN"
-
-
-def expected_library_calls_per_step(layers: Iterable = LAYERS) -> dict[tuple[str, str], int]:
-    """(conv layer, direction) -> cuDNN convolution calls per training step: a forward, a filter-gradient
-    and a data-gradient call per conv layer, but no data gradient for the first layer (the model's input
-    needs none)."""
-    convs = [x.name for x in layers if x.kind == "conv2d"]
-    return {(name, d): 0 if (d == "bwd_data" and i == 0) else 1
-            for i, name in enumerate(convs) for d in CONV_CALL_DIRECTIONS}
-
-
-def _library_call_checks(run: Run, libcalls: pd.DataFrame) -> list[dict[str, Any]]:
-    """``library calls per step`` of every framework x batch size with cuDNN convolution calls."""
-    rows: list[dict[str, Any]] = []
-    expected = expected_library_calls_per_step()
-    conv = libcalls[(libcalls["run"] == run.name) & (libcalls["canonical_op"] == "conv2d")
-                    & (libcalls["library"] == CONV_LIBRARY)]
-    have = set(zip(conv["framework"], conv["batch_size"], strict=True))
-    for r in run.results:
-        fw, bs = case_of(r), field_at(r, "batch_size")
-        if (fw, bs) not in have:
-            rows.append(check_row(run.name, fw, bs, Check.LIBRARY_CALLS, "cuDNN convolution calls", None, None,
-                             NOT_CHECKED, f"no {CONV_LIBRARY} convolution call recorded (device: "
-                                          f"{field_at(r, 'device') or 'unknown'})"))
-    for (fw, bs), g in conv.groupby(["framework", "batch_size"], dropna=False):
-        bs_v = None if pd.isna(bs) else int(bs)
-        # calls counted in their steps where there are any (XLA's own; log calls owned in the libs pass's
-        # trace): another pass's log of the same calls (JAX's libs pass) is not counted twice
-        if g["calls_outside_steps"].notna().any():
-            g = g[g["calls_outside_steps"].notna()]
-        replay = replay_reason(run, str(fw))
-        for (layer, d), n in expected.items():
-            sub = g[(g["layer"] == layer) & (g["direction"] == d)]
-            if replay:  # no call per step to count: the calls of the capture, one set per layer and direction
-                got = int(sub["logged_calls"].sum())
-                rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None,
-                                 PASS if (got > 0) == (n > 0) else FAIL,
-                                 f"replays CUDA graphs ({replay}): checked that the capture made "
-                                 f"{'calls' if n else 'no call'} of this layer and direction: {got} logged"))
-                continue
-            if sub["calls_per_step"].isna().any():
-                rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, None, NOT_CHECKED,
-                                 "; ".join(sorted(set(sub["basis"].astype(str))))))
-                continue
-            got = float(sub["calls_per_step"].sum())
-            outside = sub["calls_outside_steps"].dropna()
-            calls = ", ".join(f"{c} {v:.4g}/step" for c, v in zip(sub["library_call"], sub["calls_per_step"],
-                                                                    strict=True)) or "no call"
-            apart = f"; {int(outside.sum())} call(s) outside the steps counted apart" if len(outside) and outside.sum() else ""
-            basis = "; ".join(sorted(set(sub["basis"].astype(str)))) or "no call of this layer and direction"
-            rows.append(check_row(run.name, fw, bs_v, Check.LIBRARY_CALLS, f"{layer} {d}", n, got,
-                             PASS if math.isclose(got, n) else FAIL, f"{calls}{apart}; {basis}"))
-    return rows
 
 
 def _pass_step_times(run, fw: str, bs: int | None, pass_name: str | None) -> tuple[list[float] | None, str]:
@@ -671,7 +606,7 @@ def self_checks(runs: list, history: pd.DataFrame | None = None, layers: pd.Data
         rows += comm_checks(run, comm)  # issue 39: only for a run with multi-device cases
         rows += _record_checks(run, expected)
         libcalls = A.library_calls([run])
-        rows += _library_call_checks(run, libcalls)
+        rows += library_call_checks(run, libcalls)
         rows += call_statement_checks(run, lt, libcalls)
         series = _layer_series(lt)
         rows += _layers_within_step(run, series)

@@ -47,7 +47,10 @@ def union_ns(start: np.ndarray, end: np.ndarray) -> int:
 
 
 def busy_per_step_ns(events: pd.DataFrame, iterations) -> float | None:
-    """Mean over ``iterations`` of the union of the kernel intervals of each (None without any)."""
+    """Mean over ``iterations`` of the union of the kernel intervals of each, on its busiest device (None without
+    any): a case on N devices keeps each device's clock apart (``rank``, ``device_index``): a union across
+    devices would count their offsets as busy time (2x H200, session 13: JAX x2's kernels 1.259 ms a step
+    against its clean step 1.203, the two devices' unions 1.2 ms or less)."""
     its = list(iterations)
     if not its:
         return None
@@ -55,7 +58,16 @@ def busy_per_step_ns(events: pd.DataFrame, iterations) -> float | None:
     start = k["start_ns"].to_numpy(dtype="int64")
     end = start + k["dur_ns"].to_numpy(dtype="int64")
     it = k["iteration"].to_numpy(dtype="int64")
-    return float(sum(union_ns(start[it == i], end[it == i]) for i in its)) / len(its)
+    dev = np.zeros(len(k), dtype="int64")
+    for col in ("rank", "device_index"):  # each (rank, device) its own clock
+        if col in k:
+            dev = dev * 1024 + pd.to_numeric(k[col], errors="coerce").fillna(-1).to_numpy(dtype="int64") + 1
+    total = 0.0
+    for i in its:
+        here = it == i
+        total += max((union_ns(start[here & (dev == d)], end[here & (dev == d)]) for d in np.unique(dev[here])),
+                     default=0)
+    return total / len(its)
 
 
 def _registry_rank(name: str) -> tuple[int, str]:

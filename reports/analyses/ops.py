@@ -300,7 +300,7 @@ def _reorders(lcalls: pd.DataFrame, calls: pd.DataFrame, n_log: int | None, laye
 
 LIBRARY_CALL_COLUMNS = ("run", "framework", "batch_size", "library", "library_call", "canonical_op", "layer",
                         "direction", "linked_to_op", "kernels_linked", "calls_per_step", "ms_per_step",
-                        "logged_calls", "logged_steps", "calls_outside_steps", "basis")
+                        "logged_calls", "logged_steps", "calls_outside_steps", "basis", "sources")
 
 
 def _step_basis(c: pd.DataFrame) -> tuple[pd.Series, dict[str, int]]:
@@ -372,7 +372,7 @@ def library_calls(runs: list[Run]) -> pd.DataFrame:
                              "calls_per_step": per_step, "ms_per_step": ms,
                              "logged_calls": len(g), "logged_steps": n_steps if stepped else n_log,
                              "calls_outside_steps": outside,
-                             "basis": why if timed else f"{why}; no durations recorded"})
+                             "basis": why if timed else f"{why}; no durations recorded", "sources": "/".join(srcs)})
     df = pd.DataFrame(rows, columns=list(LIBRARY_CALL_COLUMNS))
     if len(df):
         order = {o: i for i, o in enumerate(schema.CANONICAL_OPS)}
