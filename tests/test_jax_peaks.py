@@ -214,3 +214,27 @@ def test_a_measurement_that_raises_is_recorded_as_not_measured_not_lost():
     assert peaks_of(Failing(), "jax") == {
         "not_measured": "the peaks' measurement failed: RuntimeError: XLA compilation failed"}
     assert "measures no peaks" in peaks_of(object(), "jax")["not_measured"]
+
+
+H200 = json.loads((Path(__file__).parent / "data" / "h200_jax_peaks.json").read_text())  # a real measurement
+
+
+def test_a_tensor_core_rate_below_fp32_is_no_roof(tmp_path):
+    """The peaks an H200 measured through XLA with autotuning off (session 13, as the worker wrote them): bf16 and
+    fp16 GEMMs 10.4 TFLOP/s, below fp32's 26.7: not roofs. The run's fp32 roof and copy stay; the two rows are tabled
+    with why; a bf16 rate above fp32's (the planted one) is a roof."""
+    fp32, bf16 = H200["gemm"]["fp32"]["flops_per_s"], H200["gemm"]["bf16"]["flops_per_s"]
+    assert bf16 < fp32 and set(R.not_a_roof(H200["gemm"])) == {"bf16", "fp16"}
+    assert R.not_a_roof(PLANTED["gemm"]) == {}
+    run = _planted_run(tmp_path)
+    results = json.loads((run / "results.json").read_text())
+    results[0]["counters"]["peaks"] = H200
+    (run / "results.json").write_text(json.dumps(results))
+    peaks = R.measured_peaks(load_run(run))
+    assert set(peaks["gemm"]) == {"fp32"} and peaks["gemm"]["fp32"]["flops_per_s"] == fp32
+    assert [g["precision"] for g in peaks["rejected"]] == ["bf16", "fp16"]
+    table = R.peak_table({run.name: peaks})
+    assert list(table["roof"]) == ["gemm fp32", "gemm bf16", "gemm fp16", "device copy"]
+    said = table.set_index("roof")["not_a_roof"]
+    assert pd.isna(said["gemm fp32"]) and pd.isna(said["device copy"])
+    assert f"{bf16:.3g} FLOP/s, at or below the same case's fp32 {fp32:.3g}" in said["gemm bf16"]

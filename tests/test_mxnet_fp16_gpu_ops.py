@@ -335,3 +335,38 @@ def test_the_concat_step_the_h200s_ran_fails_the_check_and_ours_keeps_its_result
     assert ours == pytest.approx(concat_mean, rel=1e-6, abs=0)  # float32: the additions' order only
     joined, per_context = new["logits"]
     assert joined == per_context[0] + per_context[1]  # the slices' logits in order, values untouched
+
+
+PEAKS_RUN = textwrap.dedent("""
+    import json, sys
+    from kernelmap.frameworks.mxnet.loaded import mx
+    from kernelmap.frameworks.mxnet import peaks
+    x = mx.nd.ones((2, 2))  # MXNet's own start-up before the profiler (as the steps' test profiles after its steps):
+    mx.nd.FullyConnected(x, x, num_hidden=2, no_bias=True).wait_to_read()  # the context's resources seeded on first use
+    mx.profiler.set_config(profile_all=True, aggregate_stats=False, filename=sys.argv[1])
+    mx.profiler.set_state("run")
+    got = peaks.measure_on(mx.cpu(), 16, 1 << 12, 1, 1, skip={"fp16": "no CPU fp16 GEMM"})
+    mx.nd.waitall()
+    mx.profiler.set_state("stop")
+    mx.profiler.dump(finished=True)
+    events = json.load(open(sys.argv[1]))["traceEvents"]
+    print(json.dumps({"ran": sorted({e["name"] for e in events if e.get("cat") == "operator"}),
+                      "measured": sorted(k for k, v in got["gemm"].items() if "flops_per_s" in v)}))
+""")
+
+
+@pytest.mark.slow
+def test_the_peaks_measurement_runs_only_operators_the_tree_has_gpu_code_for(tmp_path):
+    """frameworks/mxnet/peaks.py's operators (here on the CPU, fp32; fp16 is the same FullyConnected in float16) all
+    have GPU code in the sm_90 tree. Its first version did not: on an H200 (session 13) it died at its operands,
+    "Operator _random_normal is not implemented for GPU", and its GEMMs (linalg_gemm2, dot) have none either."""
+    require_framework("mxnet")
+    proc = subprocess.run([sys.executable, "-c", PEAKS_RUN, str(tmp_path / "peaks.json")], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", NVIDIA_TF32_OVERRIDE="0",
+                                                           **BULK_OFF))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["measured"] == ["fp32"] and "FullyConnected" in out["ran"]
+    assert without_gpu_code(out["ran"], build.GPU_OPERATOR_SOURCES) == []
+    old = ["_random_normal", "_linalg_gemm2", "dot"]  # the first version's operators: the check names each
+    assert without_gpu_code(old, build.GPU_OPERATOR_SOURCES) == old

@@ -9,10 +9,13 @@ write = 2x its size), each ``REPEATS`` times after ``WARMUP`` untimed runs (the 
 time holds the call's dispatch (tens of microseconds), so a rate is at most that much low. The figure is the median
 run's rate, the fastest run's beside it, in the shape PyTorch's ``measure`` returns (the report reads either).
 
-Each program is compiled with XLA's autotuning off (``xla_gpu_autotune_level=0``, its default algorithms, as
-``torch.mm`` takes cuBLAS's heuristic): the counters pass runs under ncu, where XLA's autotuner once died ("Delay
-kernel timed out", then SIGSEGV: docs/COUNTERS.md), and a dying worker would lose the case. An autotuned step kernel
-may therefore run above these roofs. Where the process holds TF32 off (``NVIDIA_TF32_OVERRIDE=0``: any ``--math``
+Each program is compiled with XLA's autotuning off (``xla_gpu_autotune_level=0``) and its GEMMs given to cuBLAS, not
+Triton (``xla_gpu_enable_triton_gemm=False``): cuBLAS's heuristic, as ``torch.mm`` takes it. With autotuning off
+alone the bf16 and fp16 GEMMs ran 10.4 TFLOP/s on an H200 (session 13), below fp32's 26.7 (the report rejects such a
+roof: ``roofline.not_a_roof``); the likely cause, not read there, is Triton's untuned default tiles (XLA gives GEMMs
+to Triton by default); the cuBLAS route has not yet run on a GPU. Autotuning stays off: the counters pass runs under
+ncu, where XLA's autotuner once died ("Delay kernel timed out", then SIGSEGV: docs/COUNTERS.md), and a dying worker
+would lose the case. An autotuned step kernel may therefore run above these roofs. Where the process holds TF32 off (``NVIDIA_TF32_OVERRIDE=0``: any ``--math``
 but tf32) the tf32 GEMM is not measured and says why: cuBLAS and cuDNN then never use TF32 whatever XLA asks, while
 a GEMM XLA gives to Triton would, so its math would be the backend's choice, not tf32's.
 """
@@ -35,7 +38,8 @@ COPY_BYTES = 1 << 30
 WARMUP, REPEATS = 3, 10
 DTYPES = {spec.Math.FP32: jnp.float32, spec.Math.TF32: jnp.float32, spec.Math.BF16: jnp.bfloat16,
           spec.Math.FP16: jnp.float16}
-DEFAULT_ALGORITHMS = {"xla_gpu_autotune_level": 0}  # each program's compile options: no autotuning (docstring)
+# each program's compile options: no autotuning, and no Triton GEMM (docstring)
+DEFAULT_ALGORITHMS = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
 TF32_HELD_OFF = (f"{spec.TF32_OVERRIDE}=0 in this process (the run's math is not tf32): cuBLAS and cuDNN never use "
                  "TF32 whatever XLA asks, a Triton GEMM would: a tf32 GEMM's math would be the backend's choice")
 

@@ -6,17 +6,19 @@ precision one square GEMM of two ``GEMM_N`` x ``GEMM_N`` matrices and one device
 ``REPEATS`` times after ``WARMUP`` untimed runs, host-timed (``time.perf_counter`` around the call and its
 ``wait_to_read``: MXNet's engine offers no device events; each time holds the engine's dispatch).
 
-Which operator and what it computes, per precision (MXNet 1.9.1's sources):
+Which operator and what it computes, per precision (MXNet 1.9.1's sources): ``FullyConnected`` (``no_bias``, an
+``GEMM_N`` x ``GEMM_N`` weight: out = data x weight^T, 2*n^3 FLOPs), the operator of the workload's own fc layers and
+one the sm_90 tree builds GPU kernels for (nn/fully_connected.cu; ``linalg_gemm2`` and ``dot``, used here before,
+are not in ``build.GPU_OPERATOR_SOURCES``: on an H200, session 13, the measurement died at its operands, ``Operator
+_random_normal is not implemented for GPU``). The operands are made on the host (numpy) and copied to the GPU.
 
-- fp32 and tf32: ``mx.nd.linalg.gemm2`` of float32 (``linalg_gemm``/``linalg_batch_gemm``: cuBLAS with the handle
-  set to ``CUBLAS_TF32_TENSOR_OP_MATH`` on CUDA >= 11, src/operator/linalg_impl.h and linalg.h). MXNet has no switch
-  of its own: TF32 is held off only by ``NVIDIA_TF32_OVERRIDE=0`` (``spec.Math``). So where the variable is 0 (any
-  ``--math`` but tf32) the GEMM is fp32 and tf32 is not measured; where it is not, the GEMM is TF32, measured as tf32, and fp32 is not measured.
-  (``dot`` is not used here: mshadow's float GEMM runs in whatever math mode the handle was left in.) Under AMP
-  (fp16 cases) gemm2 is in AMP's float32 list, which leaves float32 operands as they are.
-- fp16: ``mx.nd.dot`` of float16 (mshadow's "pseudo-fp16": ``cublasSgemmEx``, float16 in and out, float32
-  compute, tensor cores by cuBLAS's default math). AMP's list casts dot's operands to the widest of them: float16.
-  Not gemm2: AMP's float32 list would cast its float16 operands to float32.
+- fp32 and tf32: float32 ``FullyConnected``: ``linalg_gemm`` (src/operator/linalg_impl.h): cuBLAS with the handle set
+  to ``CUBLAS_TF32_TENSOR_OP_MATH`` on CUDA >= 11. MXNet has no switch of its own: TF32 is held off only by
+  ``NVIDIA_TF32_OVERRIDE=0`` (``spec.Math``). So where the variable is 0 (any ``--math`` but tf32) the GEMM is fp32
+  and tf32 is not measured; where it is not, the GEMM is TF32, measured as tf32, and fp32 is not measured.
+- fp16: float16 ``FullyConnected``: ``linalg_gemm<gpu, half_t>`` (cuBLAS ``cublasSgemmEx``/``cublasGemmEx``, float16
+  in and out, tensor cores by cuBLAS's default math), the fc layers' GEMM at fp16 (AMP lists FullyConnected as fp16).
+  MXNet's CPU has no float16 FullyConnected (its tests skip it).
 - bf16: not measured: MXNet's CUDA operators have no bfloat16 type (its descriptor's refusal).
 """
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import os
 from typing import Any
+
+import numpy as np
 
 from kernelmap.errors import KernelmapError
 
@@ -39,16 +43,15 @@ WARMUP, REPEATS = 3, 10
 TF32_HELD_OFF = (f"{spec.TF32_OVERRIDE}=0 in this process (the run's math is not tf32): cuBLAS never uses TF32, "
                  "so a tf32 GEMM would run fp32")
 NO_TF32_SWITCH = (f"MXNet has no TF32 switch and {spec.TF32_OVERRIDE}=0 is not set in this process (a tf32 case): "
-                  "its float32 GEMM (linalg_gemm2, cuBLAS in TF32 math mode) runs TF32, measured as tf32")
-OPS = {spec.Math.FP32: ("linalg.gemm2", "float32"), spec.Math.TF32: ("linalg.gemm2", "float32"),
-       spec.Math.FP16: ("dot", "float16")}
+                  "its float32 GEMM (FullyConnected: linalg_gemm, cuBLAS in TF32 math mode) runs TF32, measured as tf32")
+DTYPES = {spec.Math.FP32: "float32", spec.Math.TF32: "float32", spec.Math.FP16: "float16"}
 
 
 def method(n: int = GEMM_N, nbytes: int = COPY_BYTES, warmup: int = WARMUP, repeats: int = REPEATS) -> str:
     return (f"median of {repeats} host-timed runs (time.perf_counter around the call and wait_to_read, not CUDA "
             f"events: each time holds MXNet's engine dispatch) after {warmup} warm-up runs: {n}x{n} GEMMs, "
-            "mx.nd.linalg.gemm2 in float32 (fp32 under NVIDIA_TF32_OVERRIDE=0, else tf32), mx.nd.dot in float16 "
-            f"(2*n^3 FLOPs); NDArray.copyto of {nbytes / 2**20:g} MiB (2x its bytes moved)")
+            "mx.nd.FullyConnected (no bias) in float32 (fp32 under NVIDIA_TF32_OVERRIDE=0, else tf32) and float16 "
+            f"(2*n^3 FLOPs), operands made on the host; NDArray.copyto of {nbytes / 2**20:g} MiB (2x its bytes moved)")
 
 
 def _why_not(math: spec.Math, held_off: bool) -> str | None:
@@ -60,11 +63,9 @@ def _why_not(math: spec.Math, held_off: bool) -> str | None:
 
 
 def _gemm(ctx, math: spec.Math, n: int, warmup: int, repeats: int) -> dict[str, Any]:
-    name, dtype = OPS[math]
-    op = mx.nd.linalg.gemm2 if name == "linalg.gemm2" else mx.nd.dot
-    a = mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(dtype)
-    b = mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(dtype)
-    ms = host_times_ms(lambda: op(a, b).wait_to_read(), warmup, repeats)
+    rng = np.random.default_rng(0)
+    a, b = (mx.nd.array(rng.standard_normal((n, n), dtype=np.float32), ctx=ctx, dtype=DTYPES[math]) for _ in range(2))
+    ms = host_times_ms(lambda: mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True).wait_to_read(), warmup, repeats)
     return {**rate(2.0 * n**3, ms, "flops_per_s"), "n": n}
 
 

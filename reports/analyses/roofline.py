@@ -115,40 +115,62 @@ STATUS_COLUMNS = ["run", "case", "batch_size", "kernels", "timed_kernels", "matc
 # ran on the FP32 FMA units), each "kernel: call X, name Y on the FMA units"
 
 
+def not_a_roof(gemm: dict[str, Any]) -> dict[str, str]:
+    """{precision: why} of one case's tensor-core GEMM rates (tf32, bf16, fp16) at or below its own fp32 rate: on a GPU
+    with tensor cores (every GPU ncu's tensor-pipe counters read) such a GEMM runs above the FMA units' fp32 one,
+    so a lower figure measured a slower path (an untuned kernel, another algorithm), not the GPU's peak. On an H200,
+    session 13, JAX's bf16 and fp16 GEMMs (XLA's default algorithms, no autotuning) ran 10.4 TFLOP/s against fp32's
+    26.7: a roofline against them would place every bf16 kernel near its roof."""
+    fp32 = (gemm.get(ncu.MATH_FP32) or {}).get("flops_per_s")
+    return {prec: (f"{prec} GEMM {g['flops_per_s']:.3g} FLOP/s, at or below the same case's fp32 {fp32:.3g}: a "
+                   "tensor-core GEMM runs faster than the FMA units' one, so this measured a slower path, not the peak")
+            for prec, g in gemm.items() if prec in TENSOR_MATHS and isinstance(g, dict) and fp32
+            and g.get("flops_per_s") and g["flops_per_s"] <= fp32}
+
+
 def measured_peaks(run: Run) -> dict[str, Any]:
     """The GPU's peaks the run measured (each counters pass's worker: frameworks/{pytorch,jax,mxnet}/peaks.py): per
     precision the GEMM FLOP/s and the DRAM copy bytes/s, the highest over the cases that measured them, with
-    the case that did; {} where none did. Never a spec sheet's figure."""
+    the case that did; {} where none did. Never a spec sheet's figure. A case's tensor-core rate that is no roof
+    (``not_a_roof``) is not one: ``rejected`` lists it with why."""
     gemm: dict[str, dict] = {}
+    rejected: list[dict] = []
     dram = None
     for r in run.results:
         p = field_at(r, "counters.peaks") or {}
+        bad = not_a_roof(p.get("gemm") or {})
         for prec, g in (p.get("gemm") or {}).items():
-            if isinstance(g, dict) and g.get("flops_per_s") and g["flops_per_s"] > gemm.get(prec, {}).get("flops_per_s", 0):
+            if prec in bad:
+                rejected.append({**g, "precision": prec, "case": case_of(r), "method": p.get("method"), "why": bad[prec]})
+            elif isinstance(g, dict) and g.get("flops_per_s") and g["flops_per_s"] > gemm.get(prec, {}).get("flops_per_s", 0):
                 gemm[prec] = {**g, "case": case_of(r), "method": p.get("method")}
         d = p.get("dram") or {}
         if d.get("bytes_per_s") and (dram is None or d["bytes_per_s"] > dram["bytes_per_s"]):
             dram = {**d, "case": case_of(r), "method": p.get("method")}
-    return {"gemm": gemm, "dram": dram} if gemm or dram else {}
+    return {"gemm": gemm, "dram": dram, "rejected": rejected} if gemm or dram or rejected else {}
 
 
-PEAK_COLUMNS = ["run", "roof", "unit", "per_s", "per_s_best", "ms_median", "timed_runs", "size", "case", "method"]
+PEAK_COLUMNS = ["run", "roof", "unit", "per_s", "per_s_best", "ms_median", "timed_runs", "size", "case", "method",
+                "not_a_roof"]
 
 
 def _peak_row(run: str, roof: str, unit: str, entry: dict, key: str, size: str) -> dict[str, Any]:
     return {"run": run, "roof": roof, "unit": unit, "per_s": entry.get(key), "per_s_best": entry.get(f"{key}_best"),
             "ms_median": entry.get("ms_median"), "timed_runs": len(entry.get("ms") or []), "size": size,
-            "case": entry.get("case"), "method": entry.get("method")}
+            "case": entry.get("case"), "method": entry.get("method"), "not_a_roof": entry.get("why")}
 
 
 def peak_table(peaks: dict[str, dict]) -> pd.DataFrame:
     """The roofs each run measured (``measured_peaks``): one row per GEMM precision and the device copy, its rate at
     the median run and the fastest, the median time and how many runs were timed, the size, the case that measured
-    it and how (``method``: PyTorch's CUDA events, JAX's and MXNet's host timing)."""
+    it and how (``method``: PyTorch's CUDA events, JAX's and MXNet's host timing); a measured rate that is no roof
+    has its row too, ``not_a_roof`` saying why (else empty)."""
     rows = []
     for run, p in peaks.items():
         for prec, g in (p.get("gemm") or {}).items():
             rows.append(_peak_row(run, f"gemm {prec}", "FLOP/s", g, "flops_per_s", f"n={g.get('n')}"))
+        for g in p.get("rejected") or []:  # measured, shown, not used (``not_a_roof``)
+            rows.append(_peak_row(run, f"gemm {g['precision']}", "FLOP/s", g, "flops_per_s", f"n={g.get('n')}"))
         if p.get("dram"):
             rows.append(_peak_row(run, "device copy", "bytes/s (read + write)", p["dram"], "bytes_per_s",
                                   f"{p['dram'].get('bytes')} bytes"))
