@@ -2,14 +2,17 @@
 
     python tests/data/trim_devices_run.py RUN_DIR OUT_DIR --steps 3 [--cases pytorch-x2/bs64 jax-x2/bs64]
 
-For each case kept (default: every case on more than one device whose folder holds a trace): manifest.json,
-results.json (the kept cases' entries), each rank's folder (rank 0 the case folder, rank<r>/ the others) with its
-pass results (``*.json``), NCCL log and HLO text as they are, and its trace trimmed to the last ``--steps``
+For each case kept (default: every case on more than one device whose folder holds a trace): manifest.json
+(``reduced_manifest``: told of the kept cases only), results.json (the kept cases' entries),
+parity-devices-<case>.json, each rank's folder (rank 0 the case folder, rank<r>/ the others) with its pass results (``*.json``), NCCL log and HLO text as they are, and its trace trimmed to the last ``--steps``
 ``kernelmap:step#N`` regions (complete events, as Kineto and XLA write them, or MXNet's B/E pairs): every event from the first kept step's
 start on (the capture ends after the last step; a capture pass synchronises its devices after every step, so no
 earlier step's kernel runs into the window), every metadata event, and the step markers of steps the trace recorded no work in (MXNet's warm-up steps:
 its profiler writes their spans while its operator profiling is off); numbers keep their written text
-(tests/data/foreign/make_fixtures.py's load and dump). The library logs (cuDNN's, cuBLAS's: megabytes) are left out.
+(tests/data/foreign/make_fixtures.py's load and dump). The library logs (cuDNN's, cuBLAS's: megabytes) are left out,
+but those named by ``--logs CASE:NAME`` (e.g. ``mxnet-x2/bs1024:cudnn.log``): the case folder's log whole, gzipped
+(``NAME.gz``, read as it is): its calls are counted over the libs pass's logged steps, so a log cut to the kept
+steps would contradict its pass result.
 Each rank is trimmed to the same step numbers; a trace without those steps is an error naming it.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gzip
 import json
 import re
 import shutil
@@ -60,6 +64,24 @@ def trim(doc: dict, keep: list[int], where: Path) -> dict:
     return {**doc, "traceEvents": ev}
 
 
+def reduced_manifest(m: dict, cases: list[str], results: list[dict], steps: int) -> dict:
+    """``m`` told of the kept cases only: its asked cases (``config.cases``), frameworks, notes naming a case
+    (``<case> bs ...``: the kept ones'), the devices' parity of the kept cases; the one-device parity (files not
+    kept) left out; a note saying so."""
+    kept = [r for r in results if r.get("dir") in cases]
+    fws = {r.get("framework") for r in kept}
+    names = {str(r["dir"]).split("/")[0] for r in kept}
+    cfg = m.get("config") or {}
+    out = {**m, "frameworks": {k: v for k, v in (m.get("frameworks") or {}).items() if k in fws},
+           "parity": {}, "parity_devices": {k: v for k, v in (m.get("parity_devices") or {}).items() if k in names},
+           "notes": [n for n in m.get("notes") or [] if not re.match(r"^\S+ bs \d", n) or n.split()[0] in names]}
+    if "cases" in cfg:
+        out["config"] = {**cfg, "cases": [c for c in cfg["cases"] if c.get("dir") in cases]}
+    out["notes"].append(f"trimmed by tests/data/trim_devices_run.py to the cases {', '.join(cases)} (their last "
+                        f"{steps} traced steps); the one-device parity and other cases left out")
+    return out
+
+
 def rank_folders(case: Path) -> list[Path]:
     return [case, *sorted(p for p in case.glob("rank*") if p.is_dir() and p.name[4:].isdigit())]
 
@@ -70,13 +92,18 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--cases", nargs="*")
+    ap.add_argument("--logs", nargs="*", default=[], metavar="CASE:NAME")
     a = ap.parse_args(argv)
     results = json.loads((a.run / "results.json").read_text())
     cases = a.cases or [r["dir"] for r in results if (r.get("devices") or 1) > 1 and (a.run / r["dir"] / TRACE).is_file()]
     if a.out.exists():
         raise SystemExit(f"{a.out}: exists; give a new folder")
     a.out.mkdir(parents=True)
-    shutil.copy2(a.run / "manifest.json", a.out / "manifest.json")
+    manifest = json.loads((a.run / "manifest.json").read_text())
+    (a.out / "manifest.json").write_text(json.dumps(reduced_manifest(manifest, cases, results, a.steps), indent=1) + "\n")
+    for name in {str(c).split("/")[0] for c in cases}:  # the kept cases' parity across devices
+        if (a.run / f"parity-devices-{name}.json").is_file():
+            shutil.copy2(a.run / f"parity-devices-{name}.json", a.out)
     (a.out / "results.json").write_text(json.dumps([r for r in results if r.get("dir") in cases], indent=1) + "\n")
     for case in cases:
         src = a.run / case
@@ -91,6 +118,9 @@ def main(argv=None) -> int:
             if not (folder / TRACE).is_file():  # every rank's trace, or no fixture (a rank must not go missing)
                 raise SystemExit(f"{folder / TRACE}: absent (rank 0's is there)")
             dump(trim(load(folder / TRACE), keep, folder / TRACE), dst / TRACE)
+        for name in (x.split(":", 1)[1] for x in a.logs if x.split(":", 1)[0] == case):
+            with open(src / name, "rb") as fi, gzip.GzipFile(a.out / case / f"{name}.gz", "wb", 9, mtime=0) as fo:
+                shutil.copyfileobj(fi, fo)
         print(f"{case}: steps {keep[0]}-{keep[-1]} of {sorted(first)}, ranks {len(rank_folders(src))}")
     return 0
 
