@@ -56,7 +56,15 @@ names: cuDNN's layout transforms (``nchwToNhwcKernel<in, out, compute, ...>``: o
 alpha: 401,408 for conv2's 64x32x14x14 input), cuBLASLt's ``splitKreduce_kernel<.., int, partials, ...>`` (the sum of
 the split-K partials: FADD), CUTLASS's ``ReduceSplitK<..., ReduceAdd<float, ...>>``, an xmma split-K reduction (its
 accumulator, the math field's second type: ``bf16f32``): that type (``float``/``f32``:
-``fp32``; ``__half``/``bf16``: the CUDA cores' half precision). Any other no-product kernel: unknown
+``fp32``; ``__half``/``bf16``: the CUDA cores' half precision); so too cuDNN's legacy no-product kernels, whose call's
+operand types are their data's (``op_generic_tensor_kernel<dims, data, compute, ...>`` of cudnnAddTensor and
+cudnnActivation*, ``pooling_{fw,bw}_*kernel*<data, compute, ...>``, ``calc_bias_diff_nchw_packed<data, compute, ...>``,
+the Winograd transforms ``winograd*4x4<compute, data>``, the FFTs ``fft2d_{r2c,c2r}_*<data>(float2 *, ...)``, whose
+complex buffer is FP32). Where that type is ``float`` and the data fp16: ``COUNTED_FP32_ON_FP16``, which ``agrees``
+with counters of FP32 alone or FP32 and HADD (``ncu.MATH_FP32_HADD``): sm_80+ converts fp16 to fp32 with HADD2.F32,
+counted as a half add (MXNet fp16 on an H200: the fp16 gradients' casts to fp32 ran one HADD an element and nothing
+else; max pooling one HADD an input element and one FMUL, its alpha, an output element;
+tests/test_gpu_mxnet_fp16_counters.py). Any other no-product kernel: unknown
 (cuBLAS's ``scal_kernel`` scales by the call's beta, which its name does not give; with beta 0 it writes zeros: no
 FP instruction in the capture; cuDNN's ``scalePackedTensor_kernel`` likewise). A kernel of no unit by name: its ``math_ran``. None where nothing is known.
 
@@ -145,16 +153,23 @@ def name_unit(name: str | None) -> str | None:
 
 # COUNTED_RULES (module docstring): the values of ``adapters.ncu.kernel_math`` a kernel's log and name can give
 COUNTED_FP32, COUNTED_HALF = ncu.MATH_FP32, ncu.MATH_HALF  # FP32 / half precision on the CUDA cores
+# FP32 arithmetic on fp16 data (HALF_STORAGE): the counters find FP32 alone, or FP32 and the HADD2.F32 conversions
+COUNTED_FP32_ON_FP16 = "fp32 on fp16 data"
+COUNTER_MATHS = {COUNTED_FP32_ON_FP16: (ncu.MATH_FP32, ncu.MATH_FP32_HADD)}  # log math -> the counter maths it allows
 _SINGLE = re.compile(r"sgemm|_engine_float|ffma")  # an FMA-unit kernel that multiplies in FP32
-# a no-product kernel's template argument (0-based) that is the type it computes in
-_TYPED = ((re.compile(r"(?:nchwToNhwc|nhwcToNchw)Kernel<"), 2), (re.compile(r"splitKreduce_kernel<"), 3),
-          (re.compile(r"ReduceAdd<"), 0))
+# a no-product kernel's template arguments (0-based): the type it computes in, and the type of the data it reads
+# (None: its compute type's); a function argument ``float2 *`` is an FFT's complex buffer, its compute type
+_TYPED = ((re.compile(r"(?:nchwToNhwc|nhwcToNchw)Kernel<"), 2, 0), (re.compile(r"splitKreduce_kernel<"), 3, None),
+          (re.compile(r"ReduceAdd<"), 0, None), (re.compile(r"\bop_generic_tensor_kernel<"), 2, 1),
+          (re.compile(r"\bpooling_(?:fw|bw)_\w*kernel\w*<"), 1, 0), (re.compile(r"\bcalc_bias_diff\w*<"), 1, 0),
+          (re.compile(r"\bwinograd\w*4x4<"), 0, 1), (re.compile(r"\bfft2d_(?:r2c|c2r)_\w+<"), "float2", 0))
 # an xmma GEMM's split-K reduction kernel (its name is the GEMM's, ``…_bf16bf16_bf16f32_f32_…_execute_split_k_kernel``):
 # it sums the partials in the GEMM's accumulator type, the second of the math field (``bf16f32``: f32)
 _XMMA_SPLIT_K = re.compile(r"xmma_\w*?(?:gemm|fprop|dgrad|wgrad)_(?:[a-z]+_)*?(?:tf32|bf16|f16|f32)+"
                            r"_(?:tf32|bf16|f16|f32)(f32|bf16|f16)_\w*_execute_split_k_kernel")
 _TYPE_MATH = {"float": COUNTED_FP32, "__half": COUNTED_HALF, "half": COUNTED_HALF, "__nv_bfloat16": COUNTED_HALF,
               "bfloat16_t": COUNTED_HALF, "half_t": COUNTED_HALF}
+_HALF_TYPES = ("__half", "half", "half_t")  # fp16 (not bf16, whose conversion to fp32 is a shift, no FP instruction)
 
 
 def template_args(name: str, at: int) -> list[str]:
@@ -183,11 +198,10 @@ def counted_math(name: str | None, math_ran: str | None) -> str | None:
     ran = None if math_ran is None or pd.isna(math_ran) else str(math_ran)
     if not isinstance(name, str):
         return None
-    for rule, arg in _TYPED:
+    for rule, arg, data in _TYPED:
         m = rule.search(name)
         if m:
-            args = template_args(name, m.end() - 1)
-            return _TYPE_MATH.get(args[arg]) if len(args) > arg else None
+            return typed_math(name, template_args(name, m.end() - 1), arg, data)
     m = _XMMA_SPLIT_K.search(name)
     if m:
         return COUNTED_FP32 if m.group(1) == "f32" else COUNTED_HALF
@@ -198,13 +212,32 @@ def counted_math(name: str | None, math_ran: str | None) -> str | None:
     return None if unit == MathUnit.NONE.value else ran
 
 
+def typed_math(name: str, args: list[str], arg, data: int | None) -> str | None:
+    """A no-product kernel's arithmetic from its template ``args``: its compute type (``args[arg]``; ``"float2"``:
+    an FFT whose signature has that complex buffer computes in FP32), ``COUNTED_FP32_ON_FP16`` where that is
+    ``float`` and the data (``args[data]``) ``__half``; None where the name does not say."""
+    if arg == "float2":
+        compute = "float" if re.search(r"\(\s*(?:const\s+)?float2\s*\*|,\s*(?:const\s+)?float2\s*\*", name) else None
+    else:
+        compute = args[arg] if len(args) > arg else None
+    math = _TYPE_MATH.get(compute)
+    stored = args[data] if data is not None and len(args) > data else None
+    return COUNTED_FP32_ON_FP16 if math == COUNTED_FP32 and stored in _HALF_TYPES else math
+
+
+def agrees(log_math: str, counter_math: str) -> bool:
+    """Whether a kernel's log math (``counted_math``) and counter math (``adapters.ncu.kernel_math``) say the same
+    arithmetic: equal, or a counter math ``COUNTER_MATHS`` allows for the log's."""
+    return counter_math in COUNTER_MATHS.get(log_math, (log_math,))
+
+
 def counted_by_name(name: str | None) -> bool:
     """Whether ``counted_math`` gives ``name``'s arithmetic from the name alone, whatever the log's ``math_ran``: a
     no-product kernel whose template names its type, or an FMA-unit kernel (``sgemm`` computes FP32 whatever its
     call's operands). The log's math is then not what the counters are compared with."""
     if not isinstance(name, str):
         return False
-    return (any(rule.search(name) for rule, _ in _TYPED) or bool(_XMMA_SPLIT_K.search(name))
+    return (any(rule.search(name) for rule, _, _ in _TYPED) or bool(_XMMA_SPLIT_K.search(name))
             or name_unit(name) == MathUnit.FMA.value)
 
 

@@ -10,8 +10,9 @@ Rows only for the cases of a run that asked for the pass (``--profile counters``
   name imply: ``kernelmath.counted_math``) and counter math are both known agrees; FAIL names each that does not.
   Not checked where none has both. The detail says how many were compared by the kernel's name alone
   (``kernelmath.counted_by_name``: an FMA-unit kernel computes FP32 whatever its call's math, a no-product kernel in its
-  template's type), and names each FMA-unit kernel whose call's ``math_ran`` is another math (a bf16 call that ran an
-  sgemm): the counters cannot disagree with those, so that is where such a finding is said.
+  template's type; FP32 on fp16 data agrees with counters of FP32 alone or FP32 and HADD, the conversions:
+  ``kernelmath.agrees``), and names each FMA-unit kernel whose call's ``math_ran`` is another math (a bf16 call that
+  ran an sgemm): the counters cannot disagree with those, so that is where such a finding is said.
 * ``counters pass within budget``: ncu's wall time for the case is at most ``COUNTERS_BUDGET_S`` (the issue's
   60 s per framework and case).
 
@@ -82,7 +83,8 @@ def by_name(s: dict) -> str:
     (``roofline.math_agreement``), and the FMA-unit ones whose call ran another math (a bf16 call on FP32 FMA)."""
     n, products = int(s.get("math_by_name") or 0), int(s.get("math_products_by_name") or 0)
     text = (f"{n} of them by the kernel's name alone, not the call's math: {products} FMA-unit kernel(s), "
-            f"{n - products} that multiply no operands (layout transforms, split-K reductions)")
+            f"{n - products} that multiply no operands (layout, FFT and Winograd transforms, split-K reductions, "
+            "elementwise, pooling: their template's compute type)")
     apart = s.get("math_call_vs_name")
     if isinstance(apart, list) and apart:
         text += f"; the call's math differs from the name's in {len(apart)}: {'; '.join(apart)}"

@@ -40,7 +40,8 @@ def test_each_fails_with_its_reason(tmp_path, monkeypatch):
     assert (math["status"], math["measured"]) == (FAIL, "4 of 5")
     assert math["detail"] == ("nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT: log tf32, counters bf16 (3 of them "
                               "by the kernel's name alone, not the call's math: 0 FMA-unit kernel(s), 3 that multiply "
-                              "no operands (layout transforms, split-K reductions))")
+                              "no operands (layout, FFT and Winograd transforms, split-K reductions, elementwise, "
+                              "pooling: their template's compute type))")
     assert (budget["status"], budget["measured"]) == (FAIL, "75.0 s")
 
 

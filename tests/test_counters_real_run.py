@@ -104,7 +104,8 @@ def test_every_kernel_paired_and_its_math_agrees():
     assert s.loc["pytorch", "pairing"] == s.loc["pytorch-bf16", "pairing"] == roofline.BY_ORDER
     assert s.loc["mxnet", "pairing"] == f"{roofline.BY_IDENTITY}: 2 of 51 launched at another point"
     compared = {c: (s.loc[c, "math_compared"], s.loc[c, "math_agree"], s.loc[c, "math_disagree"]) for c in CASES}
-    assert compared == {"pytorch": (16, 16, []), "pytorch-bf16": (25, 25, []), "mxnet": (26, 26, [])}
+    # MXNet: cuDNN's two bias gradients (``calc_bias_diff_nchw_packed<float, float, ...>``) compared by their template
+    assert compared == {"pytorch": (16, 16, []), "pytorch-bf16": (25, 25, []), "mxnet": (28, 28, [])}
     bf16 = kernels[kernels["case"] == "pytorch-bf16"].set_index("position")
     # the log says bf16 operands; the FMA conv, the layout transforms and the split-K reductions compute in FP32
     for pos, ran, unit, log in ((3, "bf16", "fma", "fp32"), (9, "bf16", "none", "fp32"), (11, "bf16", "tensor", "bf16"),
@@ -172,9 +173,9 @@ def test_a_kernel_the_steps_do_not_share_fails_the_check(tmp_path, plant, measur
     real = {r["check"]: r for r in counterchecks.counter_checks(load_run(RUN)) if r["framework"] == "mxnet"}
     assert real["counters cover the step"]["status"] == PASS
     assert real["log math vs counter math"]["detail"].startswith(
-        "26 kernel(s): the counters say the math the log says (11 of them by the kernel's name alone, not the call's "
-        "math: 8 FMA-unit kernel(s), 3 that multiply no operands (layout transforms, split-K reductions)); 25 other "
-        "paired kernel(s) not compared")
+        "28 kernel(s): the counters say the math the log says (25 of them by the kernel's name alone, not the call's "
+        "math: 8 FMA-unit kernel(s), 17 that multiply no operands (layout, FFT and Winograd transforms, split-K "
+        "reductions, elementwise, pooling: their template's compute type)); 23 other paired kernel(s) not compared")
 
 
 def test_a_log_math_the_counters_contradict_fails_the_check(tmp_path):
@@ -189,8 +190,9 @@ def test_a_log_math_the_counters_contradict_fails_the_check(tmp_path):
     row = rows["log math vs counter math"]
     assert (row["status"], row["measured"]) == (FAIL, "24 of 25")
     assert row["detail"] == ("cutlass__5x_cudnn::Kernel: log fp16, counters bf16 (15 of them by the kernel's name "
-                             "alone, not the call's math: 1 FMA-unit kernel(s), 14 that multiply no operands (layout "
-                             "transforms, split-K reductions); the call's math differs from the name's in 1: "
+                             "alone, not the call's math: 1 FMA-unit kernel(s), 14 that multiply no operands (layout, "
+                             "FFT and Winograd transforms, split-K reductions, elementwise, pooling: their template's "
+                             "compute type); the call's math differs from the name's in 1: "
                              "implicit_convolve_sgemm: call bf16, name fp32 on the FMA units)")
 
 
@@ -204,7 +206,7 @@ def test_the_math_check_says_what_it_read_from_names(tmp_path):
     s = status.set_index("case")
     got = {c: (s.loc[c, "math_by_name"], s.loc[c, "math_products_by_name"], s.loc[c, "math_call_vs_name"])
            for c in CASES}
-    assert got == {"pytorch": (11, 10, []), "mxnet": (11, 8, []),
+    assert got == {"pytorch": (14, 10, []), "mxnet": (25, 8, []),
                    "pytorch-bf16": (15, 1, ["implicit_convolve_sgemm: call bf16, name fp32 on the FMA units"])}
 
     def change(rec, step):
@@ -213,7 +215,7 @@ def test_the_math_check_says_what_it_read_from_names(tmp_path):
         return rec
 
     row = _planted(tmp_path, change)["log math vs counter math"]
-    assert (row["status"], row["measured"]) == (PASS, "26 of 26")
+    assert (row["status"], row["measured"]) == (PASS, "28 of 28")
     named = row["detail"].split("the call's math differs from the name's in ")[1]
     assert named.startswith("8: ") and named.count("call bf16, name fp32 on the FMA units") == 8
 
@@ -224,11 +226,18 @@ def test_counted_math_rules():
     assert f("void implicit_convolve_sgemm<__nv_bfloat16, __nv_bfloat16, 128, 5>(int)", "bf16") == "fp32"
     assert f("void convolve_common_engine_float_NHWC<__nv_bfloat16, __nv_bfloat16, 128>(int)", "bf16") == "fp32"
     assert f("sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4", "tf32") == "fp32"
-    assert f("void cudnn::nchwToNhwcKernel<__half, __half, float, 0, 1, 0>(int)", "fp16") == "fp32"
+    # fp32 compute on fp16 data: the counters may count the HADD2.F32 that converts each element
+    assert f("void cudnn::nchwToNhwcKernel<__half, __half, float, 0, 1, 0>(int)", "fp16") == "fp32 on fp16 data"
+    assert f("void cudnn::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, 0, 1, 0>(int)", "bf16") == "fp32"
     assert f("void cudnn::nchwToNhwcKernel<__half, __half, __half, 0, 1, 0>(int)", "fp16") == "fp16/bf16 (CUDA cores)"
     assert f("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>(int)", "bf16") == "fp32"
     assert f("nvjet_sm90_tst_64x32_64x16_2x2_h_bz_splitK_bias_TNT", "bf16") == "bf16"
     assert f("void scal_kernel<float, float, 1, 1, 6, 5, 5, 3>(int)", "fp32") is None  # beta not in the name
-    assert f("void cudnn::winogradWgradData4x4<float, float>(int)", "fp32") == "fp32"  # no unit: the call's
+    assert f("void cudnn::winogradWgradData4x4<float, float>(int)", "bf16") == "fp32"  # its template's compute type
+    assert f("void fft2d_r2c_16x16<__half>(float2 *, const T1 *, int)", "fp16") == "fp32 on fp16 data"
+    assert f("void fft2d_r2c_16x16<__half>(int)", "fp16") is None  # no complex buffer named: not said
+    assert f("void cudnn::pooling_fw_4d_kernel<__half, __half, x>(int)", "fp16") == "fp16/bf16 (CUDA cores)"
+    assert kernelmath.agrees("fp32 on fp16 data", "fp32 + HADD") and kernelmath.agrees("fp32 on fp16 data", "fp32")
+    assert not kernelmath.agrees("fp32", "fp32 + HADD") and not kernelmath.agrees("fp32 on fp16 data", "mixed")
     assert f("void at::vectorized_elementwise_kernel<4, x>(int)", None) is None
     assert kernelmath.template_args("k<a::b<c, d>, float, 3>(x)", 1) == ["b<c, d>", "float", "3"]

@@ -100,6 +100,12 @@ def test_kernel_math_rules():
     assert ncu.kernel_math({**base, "flops_fp32": 5.0}) == "fp32"
     assert ncu.kernel_math({**base, "flops_tensor_fp16": None, "flops_fp32": 5.0}, mma_inst=3) == ncu.MATH_UNKNOWN
     assert ncu.kernel_math({**base, "flops_tensor_fp16": None, "flops_fp32": 5.0}, mma_inst=0) == "fp32"
+    # FP32 and half precision whose instructions were all HADD (HADD2.F32 converts fp16 to fp32): said apart
+    fp32_half = {**base, "flops_fp32": 4e5, "flops_half": 3.2e6}
+    assert ncu.kernel_math(fp32_half, 0, half_adds_only=True) == ncu.MATH_FP32_HADD
+    assert ncu.kernel_math(fp32_half, 0) == ncu.MATH_MIXED  # HFMA or HMUL among them
+    assert ncu.kernel_math({**base, "flops_half": 3.2e6}, 0, half_adds_only=True) == ncu.MATH_HALF
+    assert ncu.kernel_math({**fp32_half, "flops_tensor_fp16": 1e6}, 5, half_adds_only=True) == ncu.MATH_MIXED
 
 
 def test_pass_metrics_exist_on_gh100():

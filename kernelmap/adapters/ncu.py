@@ -189,6 +189,10 @@ MATH_NONE = "none"  # no floating-point math counted (copies, layout kernels)
 MATH_FP32 = "fp32"  # FP32 FMA/ADD/MUL on the CUDA cores, no tensor-core math
 MATH_HALF = "fp16/bf16 (CUDA cores)"  # half-precision HFMA/HADD/HMUL only (the counters do not split fp16 from bf16)
 MATH_MIXED = "mixed"
+# FP32 arithmetic beside half-precision instructions that are HADD alone (no HFMA but HFMA2.MMA moves, no HMUL): on
+# sm_80+ the compiler converts fp16 to fp32 with HADD2.F32, counted as a half add, so this is FP32 math on fp16 data
+# or FP32 math and half adds, which the counters do not tell apart (docs/COUNTERS.md "HADD: an add or a conversion")
+MATH_FP32_HADD = "fp32 + HADD"
 MATH_UNKNOWN = "unknown"  # a metric the kind depends on was not measured
 MIXED_SHARE = 0.10  # a second kind of math above this share of the kernel's FLOPs makes it "mixed"
 
@@ -214,8 +218,10 @@ def flops(df: pd.DataFrame) -> pd.DataFrame:
     # for the kind of math only: HFMA thread instructions that HFMA2.MMA (measured) can explain are not counted
     # (at most 32 a warp instruction); in the probe they were register moves of copy and add kernels
     moves = (32 * df["tensor_pipe_hfma2_inst"]).fillna(0)
-    math_kinds = out[kinds].assign(flops_half=4 * (df["hfma"] - moves).clip(lower=0) + 2 * df["hadd"] + 2 * df["hmul"])
-    out["math"] = [kernel_math(r, m) for r, m in zip(math_kinds.to_dict("records"), mma, strict=True)]
+    hfma = (df["hfma"] - moves).clip(lower=0)
+    math_kinds = out[kinds].assign(flops_half=4 * hfma + 2 * df["hadd"] + 2 * df["hmul"])
+    adds_only = (hfma.eq(0) & df["hmul"].eq(0)).fillna(False).to_numpy(dtype=bool)  # HADD the only half instruction
+    out["math"] = [kernel_math(r, m, a) for r, m, a in zip(math_kinds.to_dict("records"), mma, adds_only, strict=True)]
     return out
 
 
@@ -227,13 +233,15 @@ def tensor_math_inst(df: pd.DataFrame) -> pd.Series:
     return hmma.add(df["tensor_pipe_gmma_inst"].fillna(0))
 
 
-def kernel_math(f: dict, mma_inst=None) -> str:
+def kernel_math(f: dict, mma_inst=None, half_adds_only: bool = False) -> str:
     """The math a kernel ran, from its FLOPs by kind (``flops``' columns): the tensor-core precision it counted
     (``tf32``, ``bf16``, ``fp16``: the log's ``math_mode`` values, so that a kernel's log math and counter math
     compare as strings), else ``fp32`` (FP32 FMA), else ``MATH_HALF``, else ``none``. A kind under
     ``MIXED_SHARE`` of the kernel's FLOPs is ignored (an FP32 epilogue of a tensor-core GEMM); two or more
-    above it: ``mixed``. ``unknown`` where a metric the answer depends on was not measured: a tensor metric
-    missing, unless ``mma_inst`` (``tensor_math_inst``) is 0, i.e. no tensor instruction could have run."""
+    above it: ``mixed``, but ``MATH_FP32_HADD`` where the two are FP32 and half precision whose instructions were
+    all HADD (``half_adds_only``: the HADD2.F32 that converts fp16 to fp32 is one). ``unknown`` where a metric the
+    answer depends on was not measured: a tensor metric missing, unless ``mma_inst`` (``tensor_math_inst``) is 0,
+    i.e. no tensor instruction could have run."""
     vals = {k: float(v) for k, v in f.items() if not pd.isna(v)}
     tensor_missing = any(k.startswith("flops_tensor_") and pd.isna(v) for k, v in f.items())
     no_mma = mma_inst is not None and not pd.isna(mma_inst) and float(mma_inst) == 0
@@ -245,4 +253,6 @@ def kernel_math(f: dict, mma_inst=None) -> str:
         return MATH_UNKNOWN
     if not big:
         return MATH_NONE
+    if half_adds_only and sorted(big) == sorted([MATH_FP32, MATH_HALF]):
+        return MATH_FP32_HADD
     return big[0] if len(big) == 1 else MATH_MIXED

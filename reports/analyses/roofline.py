@@ -405,7 +405,7 @@ def _rates(out: pd.DataFrame, peaks: dict) -> pd.DataFrame:
     out["attainable_flops_per_s"] = (np.minimum(peak, out["intensity"] * bw) if bw else peak)
     out["roofline_share"] = out["flops_per_s"] / out["attainable_flops_per_s"]
     lm = out["log_math"].astype(object)
-    out["math_agrees"] = [None if not m or pd.isna(a) or b == ncu.MATH_UNKNOWN else a == b
+    out["math_agrees"] = [None if not m or pd.isna(a) or b == ncu.MATH_UNKNOWN else kernelmath.agrees(a, b)
                           for m, a, b in zip(out["matched"], lm, out["counter_math"], strict=True)]
     return out
 
