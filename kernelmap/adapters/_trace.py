@@ -280,10 +280,42 @@ def label_steps(r: LabelRows, dims: list | None) -> None:
     r.rmask = r.smask = r.dev_ann = r.name_codes = None
     if not _has_shapes(dims) and r.is_op.any():
         pos = C.layers_by_position(r.is_op, r.canon.take(r.out_canon), r.direc.take(r.out_dir),
-                                   np.where(r.it_na, np.nan, r.it_val), start)
+                                   np.where(r.it_na, np.nan, r.it_val), start, op_devices(r))
         need = (r.top >= 0) & (r.layer < 0)
         r.layer[need] = np.array([r.layer_v.code(v) for v in pos[r.top[need]].tolist()], dtype=np.int32)
     r.top = None
+
+
+def op_devices(r: LabelRows) -> np.ndarray | None:
+    """Per row, the GPU its outermost op (``top``; an op outside every mapped one: itself) launched its
+    kernels onto (``device_index`` through the launch's correlation id), else the one GPU its thread launched
+    onto (an op that launched nothing), else -1; None where the trace's kernels ran on fewer than two GPUs
+    (``canonical.layers_by_position`` then counts per step alone). One process driving N GPUs (MXNet's
+    contexts): each op thread launches onto one GPU (2x H200: two threads a GPU)."""
+    df = r.df
+    if "device_index" not in df:
+        return None
+    dev, has_dev = _ints(df["device_index"])
+    corr, has_corr = _ints(df["correlation_id"])
+    kern = np.flatnonzero(r.is_kind(*DEVICE_KINDS) & has_dev & has_corr)
+    if len(np.unique(dev[kern])) < 2:
+        return None
+    by_corr = pd.Series(dev[kern], index=corr[kern])
+    by_corr = by_corr[~by_corr.index.duplicated(keep="first")]
+    rt = np.flatnonzero(r.is_kind("runtime") & has_corr)
+    got = by_corr.reindex(corr[rt]).to_numpy(dtype="float64")
+    rt, got = rt[~np.isnan(got)], got[~np.isnan(got)].astype("int64")
+    tid = df["tid"].to_numpy(dtype="int64", na_value=-1)
+
+    def one(keys: np.ndarray) -> pd.Series:  # key -> its one device (keys with several left out)
+        g = pd.Series(got).groupby(keys)
+        return g.first()[g.nunique() == 1]
+
+    owner = np.where(r.top >= 0, r.top, np.arange(r.n))  # the op whose position names the row's layer
+    of_op, of_thread = one(owner[rt]), one(tid[rt])
+    out = pd.Series(owner).map(of_op)
+    out = out.fillna(pd.Series(tid).map(of_thread))
+    return out.fillna(-1).to_numpy(dtype="int64")
 
 
 def inherit_from_launches(r: LabelRows) -> None:

@@ -277,12 +277,15 @@ def until_next(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def layers_by_position(is_op: np.ndarray, canonical: np.ndarray, direction: np.ndarray,
-                       iteration: np.ndarray, start: np.ndarray) -> np.ndarray:
+                       iteration: np.ndarray, start: np.ndarray, device: np.ndarray | None = None) -> np.ndarray:
     """For traces without shapes (MXNet's): a conv2d/linear op's layer is its position among the
-    ops of its kind and direction within the iteration, in time order (forward in model order,
-    backward in reverse); None where that count differs from frameworks/spec.LAYERS."""
+    ops of its kind and direction within the iteration and ``device`` (per row, -1: not known; None: one
+    device), in time order (forward in model order, backward in reverse); None where that count differs
+    from frameworks/spec.LAYERS. One process driving N devices (MXNet's contexts) runs each layer's op once
+    per device a step: counted over the step alone, N times the model's, no op would have its layer."""
     out = np.full(len(is_op), None, dtype=object)
-    frame = pd.DataFrame({"canon": canonical, "dir": direction, "it": iteration, "start": start})
+    dev = np.zeros(len(is_op), dtype="int64") if device is None else np.asarray(device, dtype="int64")
+    frame = pd.DataFrame({"canon": canonical, "dir": direction, "it": iteration, "start": start, "dev": dev})
     for kind_name in ("conv2d", "linear"):
         names_fwd = [layer.name for layer in LAYERS if layer.kind == kind_name]
         for d, order in (("fwd", names_fwd), ("bwd", names_fwd[::-1])):
@@ -290,7 +293,7 @@ def layers_by_position(is_op: np.ndarray, canonical: np.ndarray, direction: np.n
             if sel.empty:
                 continue
             sel = sel.sort_values("start", kind="stable")
-            key = pd.to_numeric(sel["it"], errors="coerce").fillna(-(10**9))
+            key = [pd.to_numeric(sel["it"], errors="coerce").fillna(-(10**9)), sel["dev"]]
             pos = sel.groupby(key).cumcount()
             ok = (sel.groupby(key)["canon"].transform("size") == len(order)).to_numpy()
             out[sel.index[ok]] = [order[p] for p in pos[ok].tolist()]

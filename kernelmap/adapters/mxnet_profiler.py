@@ -14,8 +14,9 @@ now those were NA, every such thread one: on the 2x H200 an engine thread's ``De
 calls in 20 steps ("calls per step: linear bwd: expected 2, measured 1.95").
 
 Layer: MXNet writes no shapes, so a conv/linear op takes the layer at its position among the ops
-of its kind within the iteration (forward in model order, backward in reverse); left NA when the
-count does not match frameworks/spec.LAYERS.
+of its kind within the iteration and its device (forward in model order, backward in reverse); left NA
+when the count does not match frameworks/spec.LAYERS. An op's device is its process (pid: "gpu/0",
+"gpu/1", ... or "cpu/0", "cpu/1"): one process driving two contexts runs each layer twice a step.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ def _label(df: pd.DataFrame) -> None:
     df.loc[is_op & df["canonical_op"].isin(list(C.LOSS_OPS)), "layer"] = "loss"
     pos = C.layers_by_position(is_op.to_numpy(), df["canonical_op"].to_numpy(dtype=object, na_value=None),
                                df["direction"].to_numpy(dtype=object, na_value=None),
-                               df["iteration"].to_numpy(dtype=object, na_value=None), start)
+                               df["iteration"].to_numpy(dtype=object, na_value=None), start,
+                               df["pid"].to_numpy(dtype="int64", na_value=-1))  # an op's device: its process
     has = pos != None  # noqa: E711
     df.loc[has, "layer"] = pos[has]
     del kind
