@@ -668,10 +668,18 @@ def launch_bound_checks(lb: pd.DataFrame, busy: pd.DataFrame, summ: pd.DataFrame
             rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step", None, busy_ms, NOT_CHECKED,
                              "no clean-pass step for this framework x mode x batch size"))
         else:
-            ok = busy_ms <= bound
+            # a case with collectives: its compute kernels alone, since a collective kernel's time holds its wait for
+            # the other ranks, which the capture pass's own host timing sets (PyTorch x2 under the profiler: 5.1 ms
+            # of kernels a step on its busiest GPU, NCCL's waits included, against a 2.72 ms clean step; 2x H200)
+            compute = r.get("compute_busy_ms")
+            comm = compute is not None and pd.notna(compute) and compute < busy_ms
+            held = compute if comm else busy_ms
+            ok = held <= bound
             why = "" if ok else "; the kernels of the capture pass outlast the clean step: the idle share would be negative"
+            said = (f"; compute kernels {held:.4f} ms (communication kernels apart: GPU busy {busy_ms:.4f} ms holds "
+                    "their wait for the other ranks, set by the capture pass's own timing)" if comm else "")
             rows.append(check_row(run, fw, bs, Check.LAUNCH_BOUND, "GPU busy <= clean step (ms, 95% upper bound)", bound,
-                             busy_ms, PASS if ok else FAIL, f"clean step {clean:.4f} ms (median){why}"))
+                             held, PASS if ok else FAIL, f"clean step {clean:.4f} ms (median){said}{why}"))
         b = busy[(busy["run"] == run) & (busy["framework"] == fw) & (busy["batch_size"] == bs)
                  & (busy["level"] == "kernel")]
         if b.empty:

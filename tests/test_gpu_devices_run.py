@@ -111,3 +111,36 @@ def test_mxnet_warm_up_markers_are_in_the_trace_but_no_traced_steps(records):
 def test_the_attribution_check_passes_for_every_framework(records):
     rows = [r for r in commchecks.step_checks("run", comm.per_step(records)) if r["check"] == Check.COMM_LINKED]
     assert sorted(r["subject"] for r in rows) == sorted([PT, JX, MX]) and {r["status"] for r in rows} == {PASS}
+
+
+def test_gpu_busy_against_the_clean_step_holds_compute_kernels_where_collectives_wait(tmp_path):
+    """PyTorch x2 under the profiler: its busiest GPU's kernels span 3.47 ms a step, NCCL's waits for the other rank
+    included, against a 2.82 ms clean step [95% up to 3.54]: the bound holds its compute kernels (1.57 ms), which a
+    pass's host timing does not stretch. With the clean bound planted between the two the check passes on compute and
+    says so; planted below compute it fails. JAX x2's all-reduce waits little: the same rule."""
+    from kernelmap.reports import checks
+    from kernelmap.reports.analyses.launch import launch_bound
+    from kernelmap.reports.analyses.summary import summary_table
+    from kernelmap.reports.cli import load_runs
+
+    d = tmp_path / "run"
+    shutil.copytree(RUN, d)
+    normalise_run_dir(d)
+    run = load_runs([str(d)])[0]
+    lb, summ = launch_bound([run]), summary_table([run])
+    pt = lb[lb["framework"] == "pytorch-x2"].iloc[0]
+    assert pt["compute_busy_ms"] == pytest.approx(1.5747, abs=1e-4) and pt["gpu_busy_ms"] == pytest.approx(3.4733, abs=1e-4)
+    busy = pd.DataFrame({"run": lb["run"], "framework": lb["framework"], "batch_size": lb["batch_size"],
+                         "level": "kernel", "step_ms": lb["clean_step_ms"], "busy_ms_per_step": lb["kernel_sum_ms"],
+                         "step_basis": "clean"})
+
+    def bound_row(high: float) -> dict:
+        s = summ.copy()
+        s.loc[s["framework"] == "pytorch-x2", "step_ms_ci95_high"] = high
+        rows = checks.launch_bound_checks(lb, busy, s)
+        return next(r for r in rows if r["framework"] == "pytorch-x2" and "clean step" in str(r["subject"]))
+
+    between = bound_row(2.9)  # above compute, below the kernels' span with NCCL's waits
+    assert between["status"] == PASS and between["measured"] == pytest.approx(pt["compute_busy_ms"])
+    assert "communication kernels apart" in between["detail"]
+    assert bound_row(1.5)["status"] == "FAIL"

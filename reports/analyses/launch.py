@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kernelmap import frameworks
+from kernelmap.commlink import is_communication
 
 from .base import Run, fw_label
 from .summary import summary_table
@@ -27,7 +28,7 @@ from .timed import timed_events
 
 COLUMNS = ["run", "framework", "framework_name", "mode", "batch_size", "source", "steps", "clean_step_ms",
            "gpu_busy_ms", "kernel_sum_ms", "idle_ms", "idle_share", "busy_share_of_clean", "capture_step_ms",
-           "pass"]
+           "pass", "compute_busy_ms"]
 BEST_COLUMNS = ["run", "framework_name", "label", "batch_size", "best", "mode", "clean_step_ms", "gpu_busy_ms",
                 "idle_share", "modes_compared"]
 
@@ -88,6 +89,8 @@ def launch_bound(runs: list[Run]) -> pd.DataFrame:
             clean = float(m["step_ms_median"].iloc[0]) if len(m) and pd.notna(m["step_ms_median"].iloc[0]) else None
             busy_ns = busy_per_step_ns(t.events, t.iterations)
             busy = None if busy_ns is None else busy_ns / 1e6
+            comm = is_communication(t.events)  # a collective kernel's time holds its wait for the other ranks
+            compute_ns = busy_per_step_ns(t.events[~comm], t.iterations) if comm.any() else busy_ns
             ksum = float(t.events["dur_ns"].sum()) / t.n_steps / 1e6
             case = run.cases.get(t.framework)  # the typed case (load_run)
             name, mode = (case.framework, case.mode) if case is not None else (t.framework, None)
@@ -99,7 +102,8 @@ def launch_bound(runs: list[Run]) -> pd.DataFrame:
                 "idle_ms": None if clean is None or busy is None else clean - busy,
                 "idle_share": None if not clean or busy is None else 1 - busy / clean,
                 "busy_share_of_clean": None if not clean else ksum / clean,
-                "capture_step_ms": None if not t.step_ns else t.step_ns / 1e6, "pass": t.pass_name})
+                "capture_step_ms": None if not t.step_ns else t.step_ns / 1e6, "pass": t.pass_name,
+                "compute_busy_ms": None if compute_ns is None else compute_ns / 1e6})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
