@@ -217,7 +217,7 @@ def typed_math(name: str, args: list[str], arg, data: int | None) -> str | None:
     an FFT whose signature has that complex buffer computes in FP32), ``COUNTED_FP32_ON_FP16`` where that is
     ``float`` and the data (``args[data]``) ``__half``; None where the name does not say."""
     if arg == "float2":
-        compute = "float" if re.search(r"\(\s*(?:const\s+)?float2\s*\*|,\s*(?:const\s+)?float2\s*\*", name) else None
+        compute = "float" if re.search(r"[(,]\s*(?:const\s+)?float2\s*\*", name) else None
     else:
         compute = args[arg] if len(args) > arg else None
     math = _TYPE_MATH.get(compute)

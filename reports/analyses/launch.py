@@ -56,19 +56,17 @@ def busy_per_step_ns(events: pd.DataFrame, iterations) -> float | None:
     if not its:
         return None
     k = events[events["iteration"].isin(its) & events["start_ns"].notna() & events["dur_ns"].notna()]
+    clock = [c for c in ("rank", "device_index") if c in k]  # each (rank, device) its own clock
+    keys = pd.DataFrame({"it": k["iteration"].astype("int64"),
+                         **{c: pd.to_numeric(k[c], errors="coerce").fillna(-1) for c in clock}})
     start = k["start_ns"].to_numpy(dtype="int64")
     end = start + k["dur_ns"].to_numpy(dtype="int64")
-    it = k["iteration"].to_numpy(dtype="int64")
-    dev = np.zeros(len(k), dtype="int64")
-    for col in ("rank", "device_index"):  # each (rank, device) its own clock
-        if col in k:
-            dev = dev * 1024 + pd.to_numeric(k[col], errors="coerce").fillna(-1).to_numpy(dtype="int64") + 1
-    total = 0.0
-    for i in its:
-        here = it == i
-        total += max((union_ns(start[here & (dev == d)], end[here & (dev == d)]) for d in np.unique(dev[here])),
-                     default=0)
-    return total / len(its)
+    unions = pd.Series({g: union_ns(start[ix], end[ix]) for g, ix in keys.groupby(list(keys.columns)).indices.items()},
+                       dtype="float64")
+    if unions.empty:
+        return 0.0
+    busiest = unions.groupby(level=0).max()  # per iteration, its busiest device
+    return float(busiest.sum()) / len(its)
 
 
 def _registry_rank(name: str) -> tuple[int, str]:
