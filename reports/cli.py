@@ -33,6 +33,7 @@ from . import answer as ANS
 from . import checks as C
 from . import figures as F
 from . import html as H
+from . import mathchecks as MC
 from . import rankfigure as RF
 from .analyses import basis as B
 from .analyses import commfigures as CF
@@ -672,6 +673,7 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "checks_total": len(checks), "exit_check_failed": C.EXIT_CHECK_FAILED,
         "check_causes": C.causes(checks), "contended": contended,
         "check_lines": H.failure_lines(checks, C.FAIL, A.fw_label, C.Check.MATH_AS_ASKED),
+        "math_lines": MC.first_screen_lines(checks, A.fw_label),  # issue 38: the libraries' fp32 on the tensors asked
         "contended_total": len(contended), "hist_busy": a.hist_busy,
         "noise_lines": B.noise_statements(a.noise, a.step_noise),
         "csvs": csvs,

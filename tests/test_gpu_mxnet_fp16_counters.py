@@ -12,16 +12,21 @@ from __future__ import annotations
 import collections
 import csv
 import gzip
+import html
 import io
 import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from kernelmap.reports import counterchecks
+from kernelmap.reports import cli as report_cli
+from kernelmap.reports import counterchecks, mathchecks
+from kernelmap.reports import html as H
+from kernelmap.reports.analyses import math as MA
 from kernelmap.reports.analyses import roofline
-from kernelmap.reports.analyses.base import load_run
-from kernelmap.reports.checkrows import FAIL, PASS
+from kernelmap.reports.analyses.base import fw_label, load_run
+from kernelmap.reports.checkrows import FAIL, PASS, Check
 
 from kernelmap import kernelmath
 
@@ -223,3 +228,152 @@ def test_hadd_in_an_fp32_data_kernel_fails(tmp_path):
     row = _plant(tmp_path, FP32, "op_generic_tensor_kernel<4", {M.format("hadd"): 3_211_264})
     assert (row["status"], row["measured"]) == (FAIL, "27 of 28")
     assert row["detail"].startswith("op_generic_tensor_kernel: log fp32, counters fp32 + HADD (")
+
+
+# --- 'math as asked': cuDNN's fp32 algorithms on fp16 tensors are the library's choice, fp32 tensors the recipe's -----
+DIRECTION = {"cudnnConvolutionForward": "fwd", "cudnnConvolutionBackwardFilter": "bwd_weight",
+             "cudnnConvolutionBackwardData": "bwd_data"}
+FILTER = {"wDesc": None, "dwDesc": None}
+LAYER_OF_FILTER = {32 * 1 * 3 * 3: "conv1", 64 * 32 * 3 * 3: "conv2"}  # the model's two convolutions' weights
+# the multiplying kernel each algorithm ran, as the counters pass counted it (implicit GEMM: cuDNN's legacy SIMT
+# kernel; the FFTs: a complex fp32 GEMM between their transforms; the one-channel Winograd weight gradient: cuBLAS's gemv)
+GEMM_OF = {"IMPLICIT_GEMM": "implicit_convolve_sgemm<__half", "FFT": "xmma_gemm_cf32cf32",
+           "FFT_TILING": "xmma_gemm_cf32cf32", "WINOGRAD_NONFUSED": "internal::kernel<int, int, float,"}
+STATEMENT_CALL = re.compile(r"(conv\d|fc\d) (\w+) (\w+) (\w+) ([\d.]+) ms/step")
+
+
+def conv_calls() -> list[tuple[str, str, str, str]]:
+    """The log's convolutions (layer by its filter's elements, direction, function, algorithm without cuDNN's
+    prefix), each asserted to have every tensor fp16."""
+    out = []
+    for f, b in calls():
+        if f not in DIRECTION:
+            continue
+        tensors = re.findall(r"^i!     (\w+Desc): type=cudnn(?:Tensor|Filter)Descriptor_t:\n"
+                             r"i!         dataType: type=cudnnDataType_t; val=(\w+)", b, re.M)
+        assert len(tensors) == 3 and {t for _, t in tensors} == {"CUDNN_DATA_HALF"}, f
+        filt = next(d for d, _ in tensors if d in FILTER)
+        algo = re.search(r"algo: type=\w+; val=CUDNN_CONVOLUTION_\w+?_ALGO_(\w+)", b).group(1)
+        out.append((LAYER_OF_FILTER[dims(b, filt)], DIRECTION[f], f, algo))
+    return sorted(out)
+
+
+def _as_asked(run) -> dict:
+    return next(r for r in mathchecks.math_checks(run) if r["framework"] == FP16 and r["check"] == "math as asked")
+
+
+def _kernel_ms(run, layer: str, direction: str, call: str) -> float:
+    rec = run.records
+    k = rec[(rec["run"] == f"{FP16}/bs64") & (rec["kind"] == "kernel") & (rec["layer"] == layer)
+            & (rec["direction"] == direction) & (rec["library_call"] == call)]
+    return float(k["dur_ns"].sum()) / 20 / 1e6  # 20 traced steps
+
+
+def test_math_as_asked_names_cudnns_fp32_algorithms_on_fp16_tensors():
+    """Every convolution of the step has fp16 tensors (the AMP recipe worked), and each one's multiplying kernel
+    computed FP32 by the counters, no tensor op: the 5 conv products (2 implicit GEMM forwards, conv2's FFT weight and
+    FFT-tiling data gradients, conv1's Winograd weight gradient) ran fp32 by cuDNN's choice of algorithm; the 6 linear
+    products stay fp16 on tensor cores. 'math as asked' passes the case (it failed before: 'ran fp32' for three) and
+    its statement names exactly those 5 calls, with their kernels' time from the records and its share of library-kernel
+    time; the first screen says it."""
+    convs = conv_calls()
+    assert convs == [("conv1", "bwd_weight", "cudnnConvolutionBackwardFilter", "WINOGRAD_NONFUSED"),
+                     ("conv1", "fwd", "cudnnConvolutionForward", "IMPLICIT_GEMM"),
+                     ("conv2", "bwd_data", "cudnnConvolutionBackwardData", "FFT_TILING"),
+                     ("conv2", "bwd_weight", "cudnnConvolutionBackwardFilter", "FFT"),
+                     ("conv2", "fwd", "cudnnConvolutionForward", "IMPLICIT_GEMM")]
+    kernels = counted(FP16)
+    gemms = [k for k in kernels if any(m in k["name"] for m in GEMM_OF.values())]
+    assert len(gemms) == 5 and all(math_of(k) == "fp32" and k[TENSOR["fp16"]] == 0 for k in gemms)
+    tensor = [k for k in kernels if k[TENSOR["fp16"]] > 0]
+    assert len(tensor) == 6 and {math_of(k) for k in tensor} == {"fp16"}  # fc1, fc2: fwd, bwd_data, bwd_weight
+    assert collections.Counter(GEMM_OF[a] for *_, a in convs) == collections.Counter(
+        next(m for m in GEMM_OF.values() if m in k["name"]) for k in gemms)
+
+    run = load_run(RUN)
+    row = _as_asked(run)
+    assert (row["status"], row["measured"]) == (PASS, "fp16/fp32")
+    assert row["subject"] == f"{mathchecks.LIBRARY_FP32}: conv/linear products"
+    statement = row["detail"].split(mathchecks.STATEMENT_END)[0]
+    assert statement.startswith(f"{len(convs)} of {len(convs) + len(tensor)} conv/linear products (layer x direction) "
+                                "ran kernels that compute in fp32 on fp16 tensors, the algorithms cuDNN chose: ")
+    named = STATEMENT_CALL.findall(statement)
+    assert [tuple(n[:4]) for n in named] == convs
+    ms = [_kernel_ms(run, *c[:3]) for c in convs]
+    assert [float(n[4]) for n in named] == [round(m, 3) for m in ms]
+    library = MA.math_coverage([run]).set_index("case").loc[FP16, "library_ms_per_step"]
+    assert statement.endswith(f"({sum(ms):.3f} ms/step, {sum(ms) / library:.1%} of library-kernel time)")
+    assert (f"{sum(ms):.3f}", f"{sum(ms) / library:.1%}") == ("0.150", "56.5%")
+    checks = pd.DataFrame(mathchecks.math_checks(run))
+    assert mathchecks.first_screen_lines(checks, fw_label) == [f"MXNet hybridized fp16 bs 64: {statement}"]
+
+
+def _plant_records(run, layer: str, direction: str, mark: str = "", **values) -> None:
+    """The fp16 case's kernels of ``layer`` x ``direction`` (whose name holds ``mark``) given ``values`` (their records,
+    as normalise writes them)."""
+    rec = run.records
+    sel = (rec["run"] == f"{FP16}/bs64") & (rec["kind"] == "kernel") & (rec["layer"] == layer) & (
+        rec["direction"] == direction) & rec["kernel_name"].str.contains(mark, regex=False).fillna(False)
+    assert sel.sum() > 0
+    for col, v in values.items():
+        rec[col] = rec[col].astype(object).where(~sel, v).astype(rec[col].dtype)
+
+
+def test_a_conv_on_fp32_tensors_under_fp16_fails():
+    """conv2's forward logged as an fp32 convolution (every tensor fp32: the recipe left the layer in fp32, as cuDNN's
+    log gives it) under --math fp16: FAIL, named with its time, first on the banner; the other 4 still named as
+    cuDNN's choice, not failed, and no first-screen line of the library's choice for a failed case."""
+    run = load_run(RUN)
+    _plant_records(run, "conv2", "fwd", math_ran="fp32", math_source="log", math_dtypes="x=fp32 w=fp32 y=fp32 compute=fp32")
+    row = _as_asked(run)
+    assert (row["status"], row["measured"], row["subject"]) == (
+        FAIL, "fp32", f"{mathchecks.NOT_AS_ASKED}: conv/linear products")
+    assert row["detail"].startswith("asked fp16: conv2 fwd cudnnAddTensor ran fp32 (0.005 ms/step); conv2 fwd "
+                                    "cudnnConvolutionForward ran fp32 (0.051 ms/step); on FMA units")
+    assert "; not failed, 4 of 11 conv/linear products (layer x direction) ran kernels that compute in fp32 on fp16 " \
+           "tensors" in row["detail"]
+    assert "conv2 fwd cudnnConvolutionForward IMPLICIT_GEMM" not in row["detail"]
+    checks = pd.DataFrame(mathchecks.math_checks(run))
+    lines = H.failure_lines(checks, FAIL, fw_label, Check.MATH_AS_ASKED)
+    assert (lines[0]["check"], lines[0]["rows"], lines[0]["subjects"]) == (
+        "math as asked", 1, "MXNet hybridized fp16 bs 64 (did not run the math asked for: conv/linear products)")
+    assert mathchecks.first_screen_lines(checks, fw_label) == []
+
+
+def test_a_conv_with_one_fp32_tensor_under_fp16_fails():
+    """conv1's weight gradient written to an fp32 tensor (dw=fp32: fp16 data, fp32 weights' gradient) while its gemv
+    multiplies fp32: not every tensor the type asked, so not the library's choice: FAIL."""
+    run = load_run(RUN)
+    _plant_records(run, "conv1", "bwd_weight", math_dtypes="x=fp16 dw=fp32 dy=fp16 compute=fp32")
+    row = _as_asked(run)
+    assert (row["status"], row["measured"]) == (FAIL, "fp32")
+    assert row["detail"].startswith("asked fp16: conv1 bwd_weight cudnnConvolutionBackwardFilter ran fp32 (0.010 ms/step)")
+    assert "; not failed, 4 of 11 " in row["detail"]
+
+
+def test_an_fp32_gemm_on_fp16_tensors_is_the_librarys_choice():
+    """fc1's forward GEMM kernel given fp32 math by name (as if cuBLAS had picked an FP32 gemm for the fp16 call, whose
+    log keeps a=fp16 b=fp16 c=fp16): not a failure; the statement names it beside cuDNN's 5: 6 of 11."""
+    run = load_run(RUN)
+    _plant_records(run, "fc1", "fwd", "nvjet_", math_ran="fp32", math_source="name")
+    row = _as_asked(run)
+    assert (row["status"], row["measured"]) == (PASS, "fp16/fp32")
+    assert row["detail"].startswith("6 of 11 conv/linear products (layer x direction) ran kernels that compute in fp32 "
+                                    "on fp16 tensors, the algorithms cuBLAS and cuDNN chose: ")
+    assert "; fc1 fwd cublasGemmEx 0.006 ms/step (" in row["detail"]
+
+
+def test_the_first_screen_says_which_products_cudnn_ran_in_fp32(tmp_path):
+    """The report of the capture: its header (the first screen) holds "Math the libraries chose" with the case's
+    statement, and no banner line of 'math as asked' (it passed)."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    out, checks = report_cli.build([str(run)], tmp_path / "report")
+    page = (out / "report.html").read_text()
+    header = page[page.index("<header>"):page.index("</header>")]
+    row = checks[(checks["framework"] == FP16) & (checks["check"] == "math as asked")].iloc[0]
+    assert row["status"] == PASS
+    said = html.escape(f"MXNet hybridized fp16 bs 64: {row['detail'].split(mathchecks.STATEMENT_END)[0]}")
+    assert 'id="math-chosen"' in header and f"<li>{said}</li>" in header
+    assert said.count("ms/step;") == 4  # five calls
+    assert "did not run the math asked for" not in header

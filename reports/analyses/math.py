@@ -81,8 +81,9 @@ def _cpu_calls(rec: pd.DataFrame, fw: str, bs: int | None) -> pd.DataFrame:
     return case[(case["kind"] == "library_call") & case["source"].isin(CPU_SOURCES)]
 
 
-def _cases(run: Run):
-    """(case, batch size, GPU library kernels or CPU library calls, steps, kind of time) per case."""
+def library_events(run: Run):
+    """(case, batch size, GPU library kernels or CPU library calls, steps, kind of time) per case: the events
+    ``math_table`` groups (``reports/mathchecks.py`` reads their kernels' names)."""
     rec = records_of(run)
     gpu = set()
     for t in timed_events(run):
@@ -102,7 +103,7 @@ def _cases(run: Run):
 def math_table(runs: list[Run]) -> pd.DataFrame:
     rows: list[dict] = []
     for run in runs:
-        for fw, bs, ev, n, kind in _cases(run):
+        for fw, bs, ev, n, kind in library_events(run):
             base = {"run": run.name, "case": fw, "batch_size": bs, "math_asked": _asked(ev), "time_kind": kind}
             rows += _grouped(ev, n, base)
     return pd.DataFrame(rows, columns=TABLE)
@@ -111,7 +112,7 @@ def math_table(runs: list[Run]) -> pd.DataFrame:
 def math_coverage(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
-        for fw, bs, ev, n, kind in _cases(run):
+        for fw, bs, ev, n, kind in library_events(run):
             dur = ev["dur_ns"].fillna(0).astype("float64")
             # a kernel that multiplies nothing (math_unit none: a layout conversion, a workspace init) has no
             # math to know: known as such, not unknown
