@@ -130,8 +130,9 @@ def first_screen_lines(checks: pd.DataFrame, label) -> list[str]:
         return []
     rows = checks[(checks["check"] == Check.MATH_AS_ASKED) & (checks["status"] == PASS)
                   & checks["subject"].astype(str).str.startswith(LIBRARY_FP32)]
-    return [f"{label(r.framework)} bs {r.batch_size}: {str(r.detail).split(STATEMENT_END)[0]}"
-            for r in rows.itertuples(index=False)]
+    return [" ".join(x for x in (label(r.framework) if isinstance(r.framework, str) else "",
+                                 f"bs {int(r.batch_size)}" if pd.notna(r.batch_size) else "") if x)
+            + f": {str(r.detail).split(STATEMENT_END)[0]}" for r in rows.itertuples(index=False)]
 
 
 def math_checks(run: Run) -> list[dict[str, Any]]:

@@ -306,6 +306,9 @@ def test_math_as_asked_names_cudnns_fp32_algorithms_on_fp16_tensors():
     assert (f"{sum(ms):.3f}", f"{sum(ms) / library:.1%}") == ("0.150", "56.5%")
     checks = pd.DataFrame(mathchecks.math_checks(run))
     assert mathchecks.first_screen_lines(checks, fw_label) == [f"MXNet hybridized fp16 bs 64: {statement}"]
+    # a table whose batch sizes are floats (a row of none beside them): the same line
+    floats = checks.astype({"batch_size": "float64"})
+    assert mathchecks.first_screen_lines(floats, fw_label) == [f"MXNet hybridized fp16 bs 64: {statement}"]
 
 
 def _plant_records(run, layer: str, direction: str, mark: str = "", **values) -> None:
