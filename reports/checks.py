@@ -52,7 +52,7 @@ Checks (``Check``):
   widened to one more process's 95% prediction interval from its trials where it ran quiet
   (``timing.PROCESS_RULE``: the benchmark is another process), overlaps the benchmark's, taken as median ± 1.57 x IQR / sqrt(rounds) (the notch of a box plot,
   McGill, Tukey and Larsen 1978: a 95% interval of a median). Needs ``--storage``. Not held where both ran
-  contended (``checkrows.BOTH_CONTENDED_RULE``), nor, where they disagree, where the contended one is the slower
+  contended (``relations.contended_apart``), nor, where they disagree, where the contended one is the slower
   and the other quiet; a contended one faster than a quiet one beyond the 5% rule fails (``_bench_apart``).
 * ``launch-bound figures`` (``analyses.launch``), per framework x mode x batch size of a GPU run: the
   GPU-busy time per step (union of kernel intervals) is at most the summed kernel time (a union
@@ -95,14 +95,13 @@ from .analyses.opcpu import layer_cpu, op_cpu
 from .analyses.summary import clean_stats
 from .callchecks import library_call_checks
 from .checkrows import (  # the table's vocabulary, also reports.checks.<name>
-    BOTH_CONTENDED_RULE,
+    BOTH_CONTENDED_RULE,  # noqa: F401  (relations.contended_apart's wording, also reports.checks.<name>)
     COLUMNS,
     CONTENDED_RULE,
     FAIL,
     NOT_CHECKED,
     PASS,
     Check,
-    both_contended,
     check_row,
     entry_of,
     exceeds,
@@ -119,6 +118,7 @@ from .relations import (
     busy_share_basis,
     call_statement_checks,
     call_within_op,
+    contended_apart,
     cpu_vs_wall,
     e2e_vs_step,
     quiet_figures,
@@ -400,11 +400,11 @@ def _layer_vs_batch(run: Run, series: pd.DataFrame) -> list[dict[str, Any]]:
 def _contended_apart(kind: str, a: int, b: int, busy: list[Busy]) -> str:
     """Why two batch sizes' host-clock figures are not held against each other where contention was measured for
     both and one or both ran contended ('' otherwise): each its own process at its own time
-    (``checkrows.BOTH_CONTENDED_RULE``), or one busy and one quiet (``relations.SAME_CONDITION_RULE``)."""
+    (``relations.contended_apart``), or one busy and one quiet (``relations.SAME_CONDITION_RULE``)."""
     if not TimeKind(kind).host_clock or None in (busy[0].contended, busy[1].contended) or not any(
             x.contended for x in busy):
         return ""
-    why = BOTH_CONTENDED_RULE if both_contended(*busy) else f"one busy, one quiet ({SAME_CONDITION_RULE})"
+    why = contended_apart(*busy) or f"one busy, one quiet ({SAME_CONDITION_RULE})"
     return f"{why}; bs {a}'s pass: {busy[0].marked}, bs {b}'s pass: {busy[1].marked}"
 
 
@@ -545,7 +545,7 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
                        f"{span_ms(bci)} (median ± {NOTCH}·IQR/√rounds, {int(n)} rounds; saved run {b.get('run')})")
             busy = (f"{CONTENDED_RULE}; " if contended else "") + (
                 f"clean pass: {Busy.of(r).marked}; step benchmark: {_bench_busy(b)}")
-            if apart and (not agree or both_contended(Busy.of(r), bench_busy)):
+            if apart and (not agree or contended_apart(Busy.of(r), bench_busy)):
                 rows.append(check_row(run.name, fw, bs, Check.CLEAN_VS_BENCH, subject, med * 1e3, float(bmed) * 1e3,
                                       NOT_CHECKED, f"not held against each other: {apart}: {figures}; {busy}"))
                 continue
@@ -557,12 +557,13 @@ def _clean_vs_bench(run: Run, history: pd.DataFrame | None) -> list[dict[str, An
 
 def _bench_apart(clean: Busy, bench: Busy, clean_s: float, bench_s: float) -> str:
     """Why a clean pass and a step benchmark are not held against each other ('' where they are): both ran
-    contended, each its own process at its own time (``checkrows.BOTH_CONTENDED_RULE``: agreeing or not), or, where
+    contended, each its own process at its own time (``relations.contended_apart``: agreeing or not), or, where
     they disagree, the one that
     ran contended is the slower (what its contention gives a whole step). A contended one faster than a quiet one is
     still held: contention slows a whole step (``timing.CPU_MOVED``: wall 1.29-1.96x), it does not speed it."""
-    if both_contended(clean, bench):
-        return BOTH_CONTENDED_RULE
+    both = contended_apart(clean, bench)
+    if both:
+        return both
     slower = ("clean pass", clean) if clean_s > bench_s else ("step benchmark", bench)
     if slower[1].contended and (bench if slower[1] is clean else clean).contended is False:
         return f"the {slower[0]} ran under contention and the other quiet, and it is the slower"

@@ -16,7 +16,7 @@ the page's sections that must hold for the page not to contradict itself (docs/c
   libs pass ran slower than the framework pass beyond their own 95% intervals; the row says by how much); a
   libs pass that ran faster is still held (its speed can hide a call above its op, never make one). Not checked
   either where one pass ran quiet and the other busy (``SAME_CONDITION_RULE``), nor where both ran busy
-  (``checkrows.BOTH_CONTENDED_RULE``: two processes, each contended at its own time, and ``NO_SAME_PASS``); the
+  (``contended_apart``: two processes, each contended at its own time, and ``NO_SAME_PASS``); the
   page's layer table says the same of each row (``with_call_op_basis``: "not comparable: why"). The figures held are per-step
   medians with their 95% intervals where the layer table has per-step figures (a call descheduled once moves
   a mean, not a median), else the means per step. The two figures are two processes' (the libs pass's, the
@@ -253,10 +253,19 @@ def _beyond_processes(run: Run, fw: str, bs: int, call_ci: tuple[float, float],
 NO_SAME_PASS = "no pass measured both (the libs pass logs the calls and traces no op, the framework pass the reverse)"
 
 
+def contended_apart(a: Busy, b: Busy, one_process: bool = False) -> str:
+    """The one decision that two figures are not held against each other because each was measured under contention
+    in its own process at its own time: ``checkrows.BOTH_CONTENDED_RULE`` (the one wording every check gives it) where
+    ``a`` and ``b`` were both measured contended and are not of ``one_process``; '' otherwise (either quiet or not
+    measured). ``call_op_apart`` and ``checks``' ``layer time vs batch size`` and ``clean vs step benchmark`` decide
+    by it; what each does with one busy and one quiet figure is its own (module docstrings)."""
+    return BOTH_CONTENDED_RULE if not one_process and both_contended(a, b) else ""
+
+
 def call_op_apart(run: Run, x: pd.Series, states: dict | None = None) -> tuple[str, list[Busy], Any]:
     """Why a layer-table row's library-call time is not to be held against its op's time ('' where it is), with the
     two passes' contention and their ``basis.pair_basis``: ``basis.PAIR_RULE``; one pass quiet and the other busy
-    (``SAME_CONDITION_RULE``); both busy in two passes (``checkrows.BOTH_CONTENDED_RULE``: issue 42's PyTorch bs 64
+    (``SAME_CONDITION_RULE``); both busy in two passes (``contended_apart``: issue 42's PyTorch bs 64
     conv1 backward, a 4.36 ms call inside a 1.151 ms op, both passes busy). The page's layer table says the same."""
     fw, bs = x["framework"], int(x["batch_size"])
     pair = pair_basis(pass_states([run]) if states is None else states, run.name, fw, bs, x["pass"], x["op_pass"])
@@ -267,8 +276,9 @@ def call_op_apart(run: Run, x: pd.Series, states: dict | None = None) -> tuple[s
     if None not in (busy[0].contended, busy[1].contended) and busy[0].contended != busy[1].contended:
         return (f"the {x['pass']} pass was {_word(busy[0])} and the {x['op_pass']} pass {_word(busy[1])} "
                 f"({SAME_CONDITION_RULE}); {marks}"), busy, pair
-    if x["pass"] != x["op_pass"] and both_contended(*busy):
-        return f"{BOTH_CONTENDED_RULE}; {NO_SAME_PASS}; {marks}", busy, pair
+    both = contended_apart(*busy, one_process=x["pass"] == x["op_pass"])
+    if both:
+        return f"{both}; {NO_SAME_PASS}; {marks}", busy, pair
     return "", busy, pair
 
 

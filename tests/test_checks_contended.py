@@ -145,3 +145,57 @@ def test_the_overhead_figure_gives_no_overhead_of_busy_passes(benches, tmp_path,
     assert labels_of(benches["busy"]) == ["busy"] * 12
     quiet = labels_of(benches["quiet"])
     assert len(quiet) == 12 and "busy" not in quiet and any(x.endswith("%") for x in quiet)
+
+
+def _contention_of(run: Path, fw: str, bs: int, name: str) -> dict:
+    """A pass's contention record as the bench wrote it in results.json."""
+    r = next(x for x in json.loads((run / "results.json").read_text()) if x["framework"] == fw and x["batch_size"] == bs)
+    return r["passes"][name]["contention"]
+
+
+def test_the_three_checks_decide_two_busy_processes_by_one_rule(benches, tmp_path):
+    """``relations.contended_apart`` owns the decision that two figures, each measured busy in its own process at its
+    own time, are not held: given the same two contention records (the busy bench's PyTorch bs 64 libs and framework
+    passes, both BUSY), ``library call within its op`` (MXNet bs 64 conv1 fwd), ``layer time vs batch size`` (JAX
+    conv1 fwd framework-op time, bs 64 -> 256) and ``clean vs step benchmark`` (PyTorch bs 64) planted on the quiet
+    bench say the same: not checked, in its one wording. Given the quiet bench's own records of those passes, each
+    holds its pair (the untouched quiet bench passes all three) and none says it."""
+    from kernelmap.reports.analyses.base import Busy
+
+    history = load_history(benches["storage"])
+    subjects = {C.Check.CALL_WITHIN_OP: ("mxnet", 64, "conv1 fwd"),
+                C.Check.LAYER_VS_BATCH: ("jax", 256, "conv1 fwd, framework-op time: bs 64 -> 256"),
+                C.Check.CLEAN_VS_BENCH: ("pytorch", 64, "pytorch eager cpu bs 64")}
+    for which, want_held in (("busy", False), ("quiet", True)):
+        a, b = (_contention_of(benches[which], "pytorch", 64, p) for p in ("libs", "framework"))
+        said = R.contended_apart(Busy.of({"contention": a}), Busy.of({"contention": b}))
+        assert said == ("" if want_held else C.BOTH_CONTENDED_RULE)
+        d = tmp_path / which
+        shutil.copytree(benches["quiet"], d)
+        res = json.loads((d / "results.json").read_text())
+        at = {(x["framework"], x["batch_size"]): x for x in res}
+        at["mxnet", 64]["passes"]["libs"]["contention"] = a
+        at["mxnet", 64]["passes"]["framework"]["contention"] = b
+        at["jax", 64]["passes"]["framework"]["contention"] = a
+        at["jax", 256]["passes"]["framework"]["contention"] = b
+        at["pytorch", 64]["contention"] = at["pytorch", 64]["passes"]["clean"]["contention"] = a
+        (d / "results.json").write_text(json.dumps(res))
+        h = history.copy()
+        job = json.loads((d / "manifest.json").read_text())["job"]
+        bench = (h["job"] == job) & (h["key"] == "pytorch-eager-cpu-64")
+        assert int(bench.sum()) == 1
+        h.loc[bench, ["contended", "contention_text"]] = [b["contended"], b["text"]]
+        c = C.self_checks([A.load_run(d)], h)
+        rows = {k: c[(c["check"] == k) & (c["framework"] == fw) & (c["batch_size"] == bs) & (c["subject"] == s)]
+                for k, (fw, bs, s) in subjects.items()}
+        assert {k: len(r) for k, r in rows.items()} == dict.fromkeys(subjects, 1)
+        rows = {k: r.iloc[0] for k, r in rows.items()}
+        assert {k: r["status"] == C.NOT_CHECKED for k, r in rows.items()} == dict.fromkeys(subjects, not want_held)
+        if want_held:
+            assert {r["status"] for r in rows.values()} == {C.PASS}
+            assert not any(C.BOTH_CONTENDED_RULE in r["detail"] for r in rows.values())
+            continue
+        assert f"(framework pass, median of 20 steps): {said}; {R.NO_SAME_PASS}; " in rows[C.Check.CALL_WITHIN_OP][
+            "detail"]
+        assert rows[C.Check.LAYER_VS_BATCH]["detail"].startswith(f"not held against each other: {said}; bs 64's pass: ")
+        assert rows[C.Check.CLEAN_VS_BENCH]["detail"].startswith(f"not held against each other: {said}: clean pass ")
