@@ -167,6 +167,7 @@ def test_a_gap_inside_the_measures_own_noise_is_not_judged_one_beyond_it_fails(p
     assert (t["difference_high_ms"] - t["difference_low_ms"]).tolist() == pytest.approx(
         (2 * half_of_exposed * t["exposed_ms"]).tolist())
     assert set(t["verdict"]) == {verdict} and len(t) == len(cases)
+    assert t["within"].tolist() == [verdict == comm.AGREE] * len(cases)  # the CSV's column: derived from the verdict
     rows = [r for r in commchecks.independent_checks("run", t, results) if r["subject"] in cases]
     assert len(rows) == len(cases) and {r["status"] for r in rows} == {status} and all(verdict in r["detail"] for r in rows)
     if status != PASS:

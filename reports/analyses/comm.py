@@ -420,9 +420,10 @@ def independent(records: pd.DataFrame, results: list[dict], steps: pd.DataFrame 
     pass is (``difference_ms``). One process per device: each side its slowest rank's median (the ranks of the clean
     step keep pace with each other; without the reduction each goes its own pace, and the slowest one's is the step
     the reduction waits on); one process: its one figure. ``rel_error`` = (exposed − difference) / difference,
-    ``within`` |rel_error| <= ``AGREEMENT``, ``verdict`` (AGREE, NOISE or DISAGREE) against the difference's interval
-    too (``_difference_interval``). ``records``: one run's; its ``run`` column is the case; ``steps``: its
-    ``per_step`` where the caller has it (computed here otherwise)."""
+    ``verdict`` (AGREE: |rel_error| <= ``AGREEMENT``, else NOISE or DISAGREE against the difference's interval:
+    ``_difference_interval``); ``within``: the verdict is AGREE (the CSV's yes or no of it, never decided apart).
+    ``records``: one run's; its ``run`` column is the case; ``steps``: its ``per_step`` where the caller has it
+    (computed here otherwise)."""
     steps = per_step(records) if steps is None else steps
     rows = []
     for r in results:
@@ -438,16 +439,16 @@ def independent(records: pd.DataFrame, results: list[dict], steps: pd.DataFrame 
         for src, g in mine.groupby("source", sort=True):
             exposed, n = _exposed(g, per_rank)
             rel = (exposed - diff) / diff if diff > 0 else None
-            within = rel is not None and abs(rel) <= AGREEMENT
-            noise = lo is not None and lo <= exposed <= hi
+            verdict = (AGREE if rel is not None and abs(rel) <= AGREEMENT else
+                       NOISE if lo is not None and lo <= exposed <= hi else DISAGREE)
             rows.append({"case": r.get("dir"), "framework": r.get("framework"), "devices": r.get("devices"),
                          "batch_size": r.get("batch_size"), "source": src,
                          "rank": LAST_RANK if per_rank else CRITICAL_RANK, "traced_steps": n,
                          "exposed_ms": exposed, "clean_ms": clean, "no_reduction_ms": without,
                          "clean_rank": t_clean["rank"], "no_reduction_rank": t_without["rank"],
                          "difference_ms": diff, "rel_error": rel,
-                         "within": within, "difference_low_ms": lo, "difference_high_ms": hi,
-                         "verdict": AGREE if within else NOISE if noise else DISAGREE})
+                         "within": verdict == AGREE, "difference_low_ms": lo, "difference_high_ms": hi,
+                         "verdict": verdict})
     out = pd.DataFrame(rows, columns=INDEPENDENT_COLUMNS[1:])
     out["rel_error"] = pd.to_numeric(out["rel_error"], errors="coerce")  # NA where the difference is not > 0
     return out
