@@ -81,6 +81,16 @@ def own_env(name: str) -> Path:
     return Path(".nox") / f"{name}-workers"
 
 
+def run_every_mode(session: nox.Session, *args: str, **kwargs) -> None:
+    """``session.run`` of a command that makes or fills an environment the session needs, whatever nox's flags:
+    ``nox --install-only`` skips ``session.run`` (it returns None, running nothing), so there the command runs as
+    ``session.run_install``, which --install-only runs. Without that flag (``--no-install`` included) it is
+    ``session.run``, as before: a fresh clone's ``nox -s tests --install-only`` made no ``.nox/frameworks`` and then
+    ran its missing python (FileNotFoundError)."""
+    if session.run(*args, **kwargs) is None:
+        session.run_install(*args, **kwargs)
+
+
 def _own_env_pythons(session: nox.Session) -> None:
     """A framework whose dependencies clash with the others' lists its own in
     ``frameworks/<name>/own-env.txt``: make ``.nox/<name>-workers`` from it (plus kernelmap) once, and
@@ -97,10 +107,10 @@ def _own_env_pythons(session: nox.Session) -> None:
         env = own_env(name)
         python = env / "bin" / "python"
         if not python.exists():
-            session.run(sys.executable, "-m", "venv", str(env), external=True)
-            session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
-                        external=True)
-        session.run(str(python), "-m", "pip", "install", "-q", "-e", ".", "-r", str(req), external=True)
+            run_every_mode(session, sys.executable, "-m", "venv", str(env), external=True)
+            run_every_mode(session, str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
+                           external=True)
+        run_every_mode(session, str(python), "-m", "pip", "install", "-q", "-e", ".", "-r", str(req), external=True)
         session.env[var] = str(python.absolute())  # not resolve(): the venv's python is a symlink
 
 
@@ -225,10 +235,10 @@ def _frameworks_env(session: nox.Session) -> Path:
     first on the session's PATH and return its bin directory. Its Python is the session's own; to start
     it afresh, remove the folder (nox -N renews only the session's own environment)."""
     python = FRAMEWORKS_ENV / "bin" / "python"
-    if not python.exists():
-        session.run("python", "-m", "venv", str(FRAMEWORKS_ENV))
-        session.run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
-                    external=True)
+    if not python.exists():  # made in every mode: torch_cpu_args runs its python next (run_every_mode)
+        run_every_mode(session, "python", "-m", "venv", str(FRAMEWORKS_ENV))
+        run_every_mode(session, str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77",
+                       external=True)
     torch_args, why = torch_cpu_args(str(python))
     session.log(f"torch: {why}")
     session.run_install(str(python), "-m", "pip", "install", "-q", *torch_args, "-e",

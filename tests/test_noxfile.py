@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,70 @@ def test_benchmarks_session_is_one_job_too(monkeypatch, tmp_path):
     (saved,) = list_runs(tmp_path / nf.BENCH_STORAGE)
     assert saved.job == "ci-1234" and len(saved.data["benchmarks"]) == 4
     assert not scratch[0].exists()
+
+
+class InstallSession:
+    """nox's two ways with an environment's commands: ``session.run`` runs nothing under ``--install-only`` (nox
+    returns None there, True where it ran), ``session.run_install`` runs in that mode too. A ``python -m venv DIR``
+    that runs makes ``DIR/bin/python`` (an empty file: nothing here runs it); every command is recorded with the
+    method that ran it."""
+
+    def __init__(self, install_only: bool):
+        self.install_only = install_only
+        self.posargs: list[str] = []
+        self.env: dict[str, str] = {}
+        self.ran: list[tuple[str, list[str]]] = []
+        self.logs: list[str] = []
+
+    def log(self, msg):
+        self.logs.append(msg)
+
+    def _ran(self, how: str, args) -> bool:
+        argv = [str(a) for a in args]
+        self.ran.append((how, argv))
+        if argv[1:3] == ["-m", "venv"]:
+            python = Path(argv[3]) / "bin" / "python"
+            python.parent.mkdir(parents=True)
+            python.touch()
+        return True
+
+    def run(self, *args, **kwargs):
+        return None if self.install_only else self._ran("run", args)
+
+    def run_install(self, *args, **kwargs):
+        return self._ran("run_install", args)
+
+
+@pytest.mark.parametrize("install_only", [True, False])
+def test_install_only_makes_and_fills_every_environment_of_the_tests_session(monkeypatch, tmp_path, install_only):
+    """A fresh clone's ``nox -s tests --install-only`` ran the frameworks environment's python before anything made
+    it (its ``python -m venv`` a ``session.run``, which that flag skips: FileNotFoundError). Now every command that
+    makes or fills an environment runs there as ``run_install``; without the flag each is the ``session.run`` it
+    was, and pytest runs only then."""
+    nf = _noxfile()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(nf, "_gpu_compute_capability", lambda: None)
+    own = sorted(p.parent.name for p in nf.FRAMEWORKS_DIR.glob("*/own-env.txt"))
+    assert own == ["jax"]
+    for name in own:
+        monkeypatch.delenv(f"KERNELMAP_PYTHON_{name.upper()}", raising=False)
+    seen = []
+
+    def torch_args(python):  # the first thing that runs the environment's python
+        seen.append(Path(python).is_file())
+        return [], "stand-in"
+
+    monkeypatch.setattr(nf, "torch_cpu_args", torch_args)
+    session = InstallSession(install_only)
+    nf.tests(session)
+    assert seen == [True]
+    fw_py, jax_py = str(nf.FRAMEWORKS_ENV / "bin" / "python"), str(nf.own_env("jax") / "bin" / "python")
+    made = "run_install" if install_only else "run"
+    upgrade = ["-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77"]
+    assert session.ran == [
+        (made, ["python", "-m", "venv", str(nf.FRAMEWORKS_ENV)]), (made, [fw_py, *upgrade]),
+        ("run_install", [fw_py, "-m", "pip", "install", "-q", "-e", ".[pytorch,mxnet,dev]"]),
+        (made, [sys.executable, "-m", "venv", str(nf.own_env("jax"))]), (made, [jax_py, *upgrade]),
+        (made, [jax_py, "-m", "pip", "install", "-q", "-e", ".", "-r", str(nf.FRAMEWORKS_DIR / "jax" / "own-env.txt")]),
+        *([] if install_only else [("run", [str(nf.FRAMEWORKS_ENV.absolute() / "bin" / "pytest")])])]
+    assert session.env["KERNELMAP_PYTHON_JAX"] == str(tmp_path / jax_py)
