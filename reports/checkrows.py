@@ -55,6 +55,7 @@ class Check(enum.StrEnum):
     COUNTERS_COVER = "counters cover the step"  # reports/counterchecks.py
     COUNTER_MATH = "log math vs counter math"
     COUNTERS_BUDGET = "counters pass within budget"
+    DIFF_CONSERVED = "diff conserves each side's time"  # reports/diffsection.py (issue 40)
 
 
 COLUMNS = ["run", "framework", "batch_size", "check", "subject", "expected", "measured", "status", "detail"]

@@ -31,6 +31,7 @@ from kernelmap.history.keys import flagged
 from . import analysis as A
 from . import answer as ANS
 from . import checks as C
+from . import diffsection as DS
 from . import figures as F
 from . import html as H
 from . import mathchecks as MC
@@ -136,6 +137,8 @@ TABLES = {
                  "stream, and algorithm/protocol where rank 0 logged them",
     "comm_independent": "exposed communication from the traces against the clean step less the same step without "
                         "the gradients' reduction (--profile comm), per case and rank, within 5% or not",
+    "diff_pairs": "differences between a run's cases that differ in one of mode, math, devices or framework (issue 40; "
+                  "reports/diffsection.py): a row a pair; every pair's rows under tables/diff/",
     "trial_noise": "noise between processes: each case's clean trials, their spread and whether they differ (basis.trial_noise)",
     "step_noise": "each clean step against the reference's on wall and CPU time, within noise or not (basis.step_noise)",
 }
@@ -454,6 +457,7 @@ class Analysed:
     step_noise: pd.DataFrame  # each clean step against the reference's, within noise or not (basis.step_noise)
     counters: dict[str, Any]  # the counters pass: kernels, layers, status, peaks (``_counters``)
     comm: CF.CommFigures  # issue 39: every run's communication figures, computed once (tables, checks, figures)
+    diffs: list[DS.Pair]  # issue 40: the runs' pairs of cases differing in one dimension (reports/diffsection.py)
 
 
 def load_runs(run_dirs: list[str]) -> list[A.Run]:
@@ -479,7 +483,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
     cov, cov_top, attr, not_read = A.coverage(runs)
     layers = A.layer_table(runs)
     ans, ans_fws = ANS.answer_table(layers, B.pass_states(runs))
-    comm = CF.of(runs)
+    comm, diffs = CF.of(runs), DS.pairs(runs)
     return Analysed(
         runs=runs, fallbacks=_fallbacks(runs), summ=summ, ot=A.op_time(runs), mix=A.library_mix(runs),
         kc=A.kernel_counts(runs),
@@ -488,11 +492,11 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
         busy=A.busy_share(runs), launch=launch, best=A.best_modes(launch, LAUNCH_BS), ov=ov, roof=roof, peaks=peaks,
         cov=cov, cov_top=cov_top, attr=attr, not_read=not_read, unlinked=A.unlinked_library_kernels(runs),
         raw_hist=raw_hist, layers=with_call_op_basis(runs, layers), ans=ans, ans_fws=ans_fws,
-        checks=C.self_checks(runs, raw_hist, layers, ans, comm), libcalls=A.library_calls(runs),
+        checks=DS.with_checks(C.self_checks(runs, raw_hist, layers, ans, comm), diffs), libcalls=A.library_calls(runs),
         contended=busy_notes(summ, ov), hist_busy=history_busy_notes(raw_hist), no_capture=ANS.no_capture_runs(runs),
         parity=A.parity_table(runs), env=A.environment_table(runs), findings=FD.run_findings(runs),
         trace=chrome_trace(runs, all_iterations=all_iterations),
-        counters=_counters(runs), comm=comm,
+        counters=_counters(runs), comm=comm, diffs=diffs,
         **_cpu_time(runs, layers))
 
 
@@ -663,6 +667,7 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
         "parity_html": H.table(a.parity),
         "findings_place_html": H.findings_html(a.findings, str(FD.Kind.PLACE)),
         "findings_step_html": H.findings_html(a.findings, str(FD.Kind.STEP)), "findings_rule": FD.NOISE_RULE,
+        "diff_html": DS.section_html(DS.table(a.diffs)), "diff_rule": DS.RULE, "diff_top": DS.TOP,
         "env_html": H.table(a.env),
         "op_tables": _op_tables(runs, fallbacks),
         "layer_html": H.table(a.layers, LAYER_FIELDS, compact=True),
@@ -705,7 +710,8 @@ def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | 
             "not_read": a.not_read, "unlinked_library_kernels": a.unlinked, "trend": hist,
             "math": MATH.math_table(a.runs), "math_coverage": MATH.math_coverage(a.runs),
             "cpu_answer": a.cpu, "cpu_wall": a.cpu_wall, "findings": a.findings, "trial_noise": a.noise, "step_noise": a.step_noise,
-            "scaling": (scaled := a.comm.scaling), **CF.tables(a.runs, a.comm)})
+            "scaling": (scaled := a.comm.scaling), **CF.tables(a.runs, a.comm), "diff_pairs": DS.table(a.diffs)})
+        DS.write(tmp, a.diffs)
         with atomic_file(tmp / "report.html") as fh:
             fh.write(H.render({**_context(a, figs, trend, csvs), **devices_screen(scaled)}))
     return Path(out), a.checks
