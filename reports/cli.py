@@ -156,6 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timeline.json: every traced iteration, not only one")
     parser.add_argument("--strict", action="store_true",
                         help=f"exit {C.EXIT_CHECK_FAILED} when a self-check fails (the report is still written)")
+    parser.add_argument("--diff-against", metavar="RUN_DIR", help="differences section: also each case against the "
+                        "same case of this run directory (docs/diff.md)")
 
 
 def _fallbacks(runs: list[A.Run]) -> list[dict]:
@@ -469,7 +471,8 @@ def load_runs(run_dirs: list[str]) -> list[A.Run]:
     return runs
 
 
-def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool = False) -> Analysed:
+def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool = False,
+            against: A.Run | None = None) -> Analysed:
     """Every analysis of the page, the answer and the self-checks (which read the same layer and answer
     tables the page shows)."""
     raw_hist = None
@@ -483,7 +486,7 @@ def analyse(runs: list[A.Run], storage: str | None = None, all_iterations: bool 
     cov, cov_top, attr, not_read = A.coverage(runs)
     layers = A.layer_table(runs)
     ans, ans_fws = ANS.answer_table(layers, B.pass_states(runs))
-    comm, diffs = CF.of(runs), DS.pairs(runs)
+    comm, diffs = CF.of(runs), DS.pairs(runs, against=against)
     return Analysed(
         runs=runs, fallbacks=_fallbacks(runs), summ=summ, ot=A.op_time(runs), mix=A.library_mix(runs),
         kc=A.kernel_counts(runs),
@@ -691,9 +694,9 @@ def _context(a: Analysed, figs: list[dict], trend: dict | None, csvs: list[dict]
 
 
 def build(run_dirs: list[str], out: Path, replace: bool = False, storage: str | None = None,
-          all_iterations: bool = False) -> tuple[Path, pd.DataFrame]:
+          all_iterations: bool = False, diff_against: str | None = None) -> tuple[Path, pd.DataFrame]:
     """Write the report of ``run_dirs`` into ``out`` (atomically); returns (out, the self-checks)."""
-    a = analyse(load_runs(run_dirs), storage, all_iterations)
+    a = analyse(load_runs(run_dirs), storage, all_iterations, A.load_run(diff_against) if diff_against else None)
     with atomic_dir(out, replace=replace) as tmp:
         figs = _figures(tmp, a)
         trend, hist = _trend(tmp, a.raw_hist, storage)
@@ -729,7 +732,7 @@ def main(args: argparse.Namespace) -> int:
         raise KernelmapError("give either kernelmap run directories or trace files, not both: "
                              + ", ".join(p for p, r in zip(args.run_dirs, runs, strict=True) if not r) + " is not a run directory")
     out, checks = build(args.run_dirs, Path(args.out), replace=args.replace, storage=args.storage,
-                        all_iterations=args.all_iterations)
+                        all_iterations=args.all_iterations, diff_against=args.diff_against)
     print(f"wrote {out / 'report.html'}")
     return say_checks(checks, out, args.strict)
 

@@ -44,6 +44,7 @@ class Axis(enum.StrEnum):
     MATH = "math"
     DEVICES = "devices"
     FRAMEWORK = "framework"  # each at its framework's default mode
+    RUN = "run"  # the same case in another run (``kernelmap report RUN --diff-against OTHER``: A is OTHER's)
 
 
 RULE = ("two cases of a run are paired where they differ in exactly one of: the mode (same framework, math and "
@@ -66,6 +67,7 @@ class Pair:
     problem: str = ""  # why there is no diff: another unit of time, or the diff's own error (not conserved)
     file: str = ""  # the rows' CSV, relative to the report
     places_file: str = ""
+    against: str = ""  # A's run where it is another (Axis.RUN)
 
     @property
     def batch_size(self) -> Any:
@@ -112,23 +114,40 @@ def run_pairs(run: Run, alpha: float = D.ALPHA) -> list[Pair]:
     """The run's pairs, each diffed (``analyses.diff``). A pair whose sides are timed in other units (GPU kernels
     against CPU ops) is not diffed; a diff that does not conserve its sides' time keeps its error as the problem
     (its self-check fails: ``check_rows``)."""
+    return [diffed(Pair(run.name, axis, a, b), alpha) for axis, a, b in case_pairs(FD.run_sides(run))]
+
+
+def diffed(pair: Pair, alpha: float = D.ALPHA) -> Pair:
+    """``pair`` with its diff, or its problem: sides timed in other units (GPU kernels against CPU ops) are not
+    diffed; a diff that does not conserve its sides' time keeps its error (its self-check fails: ``check_rows``)."""
+    a, b = pair.a, pair.b
+    if a.level != b.level:
+        pair.problem = f"not compared: A timed by {a.level}s ({a.source}), B by {b.level}s ({b.source})"
+        return pair
+    try:
+        pair.rows, pair.places = D.diff(a, b, alpha), D.by_place(a, b, alpha)
+    except KernelmapError as exc:  # the diff's conservation (analyses.diff.conserve): a failed self-check
+        pair.problem = str(exc)
+    return pair
+
+
+def across(run: Run, other: Run, alpha: float = D.ALPHA) -> list[Pair]:
+    """Each case of ``run`` against the same case (framework, mode, math, devices, batch size) of ``other``: A is
+    ``other``'s side."""
+    theirs = {tuple(s.entry.get(k) for k in FIELDS): s for s in FD.run_sides(other)}
     out = []
-    for axis, a, b in case_pairs(FD.run_sides(run)):
-        pair = Pair(run.name, axis, a, b)
-        if a.level != b.level:
-            pair.problem = f"not compared: A timed by {a.level}s ({a.source}), B by {b.level}s ({b.source})"
-        else:
-            try:
-                pair.rows, pair.places = D.diff(a, b, alpha), D.by_place(a, b, alpha)
-            except KernelmapError as exc:  # the diff's conservation (analyses.diff.conserve): a failed self-check
-                pair.problem = str(exc)
-        out.append(pair)
+    for b in FD.run_sides(run):
+        a = theirs.get(tuple(b.entry.get(k) for k in FIELDS))
+        if a is not None:
+            out.append(diffed(Pair(run.name, Axis.RUN, a, b, against=other.name), alpha))
     return out
 
 
-def pairs(runs: list[Run], alpha: float = D.ALPHA) -> list[Pair]:
-    """Every run's pairs, each given its CSVs' names (``file_names``)."""
+def pairs(runs: list[Run], alpha: float = D.ALPHA, against: Run | None = None) -> list[Pair]:
+    """Every run's pairs (and with ``against``, each run's cases against that run's: ``across``), each given its
+    CSVs' names (``file_names``)."""
     out = [p for run in runs for p in run_pairs(run, alpha)]
+    out += [p for run in runs for p in across(run, against, alpha)] if against is not None else []
     file_names(out)
     return out
 
@@ -151,7 +170,8 @@ def check_rows(found: list[Pair]) -> list[dict[str, Any]]:
     out = []
     for p in found:
         expected = f"A {p.a.total_ns} ns, B {p.b.total_ns} ns"
-        subject = f"{_name(p.a)} -> {_name(p.b)} ({p.axis})"
+        subject = (f"{p.against}:{_name(p.a)} -> {p.run}:{_name(p.b)}" if p.against
+                   else f"{_name(p.a)} -> {_name(p.b)} ({p.axis})")
         if p.rows is not None:
             status, measured, detail = conservation(p.rows, p.a.total_ns, p.b.total_ns)
         elif p.a.level != p.b.level:
@@ -190,7 +210,8 @@ def file_names(found: list[Pair]) -> None:
     for p in found:
         if p.rows is None:
             continue
-        stem = f"{FOLDER}/{_slug(p.run)}/bs{p.batch_size}-{_slug(_name(p.a))}-vs-{_slug(_name(p.b))}"
+        folder = _slug(p.run) + (f"-vs-{_slug(p.against)}" if p.against else "")
+        stem = f"{FOLDER}/{folder}/bs{p.batch_size}-{_slug(_name(p.a))}-vs-{_slug(_name(p.b))}"
         base, n = stem, 1
         while stem in seen:
             n += 1
@@ -231,7 +252,7 @@ def _top_text(places: list[dict[str, Any]]) -> str:
                                                               else f" ({x['verdict']})") for x in places)
 
 
-COLUMNS = ["run", "batch_size", "differs_in", "a", "b", "a_label", "b_label", "level", "a_source", "b_source", "a_ms", "b_ms", "change_pct",
+COLUMNS = ["run", "against", "batch_size", "differs_in", "a", "b", "a_label", "b_label", "level", "a_source", "b_source", "a_ms", "b_ms", "change_pct",
            "verdict", "p_value", "clean_verdict", "a_total_ns", "b_total_ns", "a_rows_ns", "b_rows_ns", "conserved",
            "rows", "same", "appeared", "disappeared", "algorithm_changed", "other_changes", "top", "problem",
            "rows_csv", "places_csv"]
@@ -249,7 +270,7 @@ def table(found: list[Pair]) -> pd.DataFrame:
         changed = sum(k[str(x)] for x in CHANGED)
         a_ms, b_ms = (s["a"]["ms_per_step"], s["b"]["ms_per_step"]) if s else (None, None)
         out.append({
-            "run": p.run, "batch_size": p.batch_size, "differs_in": str(p.axis), "a": _name(p.a), "b": _name(p.b),
+            "run": p.run, "against": p.against, "batch_size": p.batch_size, "differs_in": str(p.axis), "a": _name(p.a), "b": _name(p.b),
             "a_label": _label(p.a), "b_label": _label(p.b), "level": p.a.level, "a_source": p.a.source, "b_source": p.b.source, "a_ms": a_ms, "b_ms": b_ms,
             "change_pct": (b_ms - a_ms) / a_ms * 100 if a_ms else None,
             "verdict": s["traced_verdict"] if s else None, "p_value": s["traced_p"] if s else None,
@@ -269,6 +290,8 @@ def table(found: list[Pair]) -> pd.DataFrame:
 def _cells(r: pd.Series, runs: int) -> list[str]:
     e = html.escape
     who = f"{e(r['a_label'])} → {e(r['b_label'])}" + (f" <span class='meta'>({e(r['run'])})</span>" if runs > 1 else "")
+    if r["against"]:
+        who = f"{e(r['a_label'])} <span class='meta'>({e(r['against'])} → {e(r['run'])})</span>"
     if r["rows"] == 0:
         return [e(str(r["batch_size"])), who, e(r["differs_in"]), f"<span class='status'>{e(r['problem'])}</span>",
                 "", "", "", ""]

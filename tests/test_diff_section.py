@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +24,8 @@ from kernelmap.reports import diffsection as DS
 from kernelmap.reports.analyses.base import load_run
 from kernelmap.reports.checkrows import Check
 from test_diff import normalised_copy, outermost_cpu_op_ns, pyarrow_total
+
+from kernelmap.cli import main
 
 DATA = Path(__file__).parent / "data"
 CHECK = str(Check.DIFF_CONSERVED)
@@ -210,3 +213,30 @@ def test_a_pair_file_is_never_written_over(tmp_path, modes):
     with pytest.raises(report_cli.KernelmapError, match="exists"):
         DS.write(tmp_path, [p])
     assert (tmp_path / p.file).read_text() == "mine"
+
+
+# --- --diff-against: each case against the same case of another run --------------------------------
+def test_diff_against_another_run(tmp_path):
+    older = tmp_path / "older"
+    shutil.copytree(DATA / "gpu_replay_modes_run", older)
+    out = tmp_path / "report"
+    assert main(["report", str(DATA / "gpu_replay_modes_run"), "-o", str(out), "--diff-against", str(older)]) == 0
+    pairs = pd.read_csv(out / "tables" / "diff_pairs.csv", keep_default_na=False)
+    assert pairs[["against", "differs_in", "a", "b", "verdict", "rows", "same"]].values.tolist() == [
+        ["", "mode", "pytorch-cuda-graph", "pytorch-compile-graphs", "faster", 60, 12],
+        ["older", "run", "pytorch-cuda-graph", "pytorch-cuda-graph", "within noise", 36, 36],
+        ["older", "run", "pytorch-compile-graphs", "pytorch-compile-graphs", "within noise", 36, 36]]  # itself: no change
+    graph, compiled = pyarrow_total("pytorch-cuda-graph"), pyarrow_total("pytorch-compile-graphs")
+    assert pairs[["a_rows_ns", "b_rows_ns"]].values.tolist() == [
+        [graph[0], compiled[0]], [graph[0], graph[0]], [compiled[0], compiled[0]]]
+    folder = out / "tables" / "diff" / "gpu_replay_modes_run-vs-older"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "bs64-pytorch-compile-graphs-vs-pytorch-compile-graphs-places.csv",
+        "bs64-pytorch-compile-graphs-vs-pytorch-compile-graphs.csv",
+        "bs64-pytorch-cuda-graph-vs-pytorch-cuda-graph-places.csv", "bs64-pytorch-cuda-graph-vs-pytorch-cuda-graph.csv"]
+    checks = pd.read_csv(out / "tables" / "self_checks.csv")
+    mine = checks[checks["check"] == CHECK]
+    assert mine[["subject", "status"]].values.tolist() == [
+        ["pytorch-cuda-graph -> pytorch-compile-graphs (mode)", "pass"],
+        ["older:pytorch-cuda-graph -> gpu_replay_modes_run:pytorch-cuda-graph", "pass"],
+        ["older:pytorch-compile-graphs -> gpu_replay_modes_run:pytorch-compile-graphs", "pass"]]
