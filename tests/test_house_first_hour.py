@@ -27,6 +27,7 @@ class _Session:
 
     def run(self, *args, **kwargs):
         self.calls.append([str(a) for a in args])
+        return True  # nox's session.run: True for a command that ran (None only where --install-only skipped it)
 
     def install(self, *args, **kwargs):
         self.installs.append(args)
