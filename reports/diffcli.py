@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from html import escape
@@ -116,6 +117,35 @@ def _f(x: Any, fmt: str) -> str:
     return "" if x is None or (isinstance(x, float) and pd.isna(x)) else format(x, fmt)
 
 
+NO_MACHINE = "a machine not recorded (a trace, not a run directory)"
+
+
+def machine(path: str, device: Any) -> str:
+    """The machine a side's case ran on, from its run's manifest: the GPU's name for a GPU case, else the host's
+    CPU and cores; a trace records none."""
+    p = Path(path)
+    manifest = p / "manifest.json"
+    if not (is_run_dir(p) and manifest.is_file()):
+        return NO_MACHINE
+    try:
+        m = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise KernelmapError(f"{manifest}: cannot be read as JSON: {exc}") from exc
+    gpu, host = m.get("gpu") or {}, m.get("host") or {}
+    if str(device) == "gpu" and gpu.get("name"):
+        return str(gpu["name"])
+    cores = host.get("ncpu") or host.get("cpu_count")
+    return f"CPU {host.get('cpu') or 'unknown'}" + (f" ({cores} cores)" if cores else "")
+
+
+def machines_line(s: dict[str, Any]) -> str | None:
+    """A line where A and B ran on different machines: every change then holds the machines' difference too."""
+    a, b = s["a"].get("machine"), s["b"].get("machine")
+    if a is None or b is None or a == b or NO_MACHINE in (a, b):
+        return None
+    return f"A and B ran on different machines ({a}; {b}): each change holds the machines' difference too"
+
+
 def header(s: dict[str, Any]) -> list[str]:
     """What each side's figures are: source, unit, steps, 100% of its time, the machine, the clean step."""
     lines = []
@@ -124,12 +154,15 @@ def header(s: dict[str, Any]) -> list[str]:
         busy = {True: "a BUSY machine", False: "a quiet machine", None: "a machine not measured"}[x["contended"]]
         lines.append(f"{name.upper()}: {x['label']} — {x['level']} time from {x['source']}, {x['steps']} steps "
                      f"({x['steps_basis']}); {_f(x['ms_per_step'], '.4f')} ms/step; 100% = {x['total_ns']} ns "
-                     f"({x['outside_ns']} ns outside the counted steps); that pass on {busy}")
+                     f"({x['outside_ns']} ns outside the counted steps); that pass on {busy}"
+                     + (f", {x['machine']}" if x.get("machine") else ""))
         if x["clean_median_ms"] is not None:
             lo, hi = x["clean_ci95_ms"]
             ci = (f"95% CI [{lo:.4f}, {hi:.4f}] over {x['clean_trials']} trial(s)" if lo is not None and hi is not None
                   else "no interval recorded")
             lines.append(f"   clean step {x['clean_median_ms']:.4f} ms, {ci}" + (" (BUSY)" if x["clean_contended"] else ""))
+    if (apart := machines_line(s)) is not None:
+        lines.append(apart)
     lines.append(f"clean step, B vs A (trials' 95% intervals): {s['clean_verdict']}")
     lines.append(f"traced {s['a']['level']} time per step, B vs A: {s['traced_verdict']}"
                  + (f" (p = {s['traced_p']:.3g})" if s["traced_p"] is not None else ""))
@@ -281,6 +314,8 @@ def main(args: argparse.Namespace) -> int:
         raise KernelmapError(f"A is timed by {a.level}s ({a.source}), B by {b.level}s ({b.source}): "
                              "not one unit of time; diff a GPU side against a GPU side")
     df, places = D.diff(a, b, args.alpha), D.by_place(a, b, args.alpha)
+    for name, path, sd in (("a", args.a, a), ("b", args.b, b)):
+        df.attrs["summary"][name]["machine"] = machine(path, sd.entry.get("device"))
     want = args.findings is not None or args.findings_csv or args.html
     found = F.findings([a, b], args.alpha) if want else None
     texts = {path: csv_text(frame) for frame, path in ((df, args.csv), (places, args.places_csv),

@@ -461,3 +461,29 @@ def test_a_trace_without_step_marks_is_one_step(tmp_path, capsys):
 
 
 # the --html page: tests/test_diff_html.py
+
+
+def test_cli_names_each_sides_machine_and_says_when_they_differ(tmp_path, capsys):
+    """Each side's line names the machine its case ran on (the run's manifest: the GPU for a GPU case); two runs of
+    different machines get a line saying so, since every change then holds the machines' difference too. The real
+    H200 run against itself: one machine, no such line; against a copy whose manifest names an H100: the line."""
+    from kernelmap import cli
+
+    gpu = json.loads((RUN / "manifest.json").read_text())["gpu"]["name"]
+    assert gpu == "NVIDIA H200"
+    assert cli.main(["diff", str(RUN), str(RUN), "--case-a", "mode=cuda-graph", "--case-b", "mode=compile-graphs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    sides = [ln for ln in out if ln.startswith(("A: ", "B: "))]
+    assert len(sides) == 2 and all(ln.endswith(", NVIDIA H200") for ln in sides)
+    assert not any("different machines" in ln for ln in out)
+
+    other = tmp_path / "h100_run"
+    shutil.copytree(RUN, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["gpu"]["name"] = "NVIDIA H100 80GB HBM3"
+    (other / "manifest.json").write_text(json.dumps(m))
+    assert cli.main(["diff", str(RUN), str(other), "--case", "mode=cuda-graph"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln for ln in out if "different machines" in ln] == [
+        "A and B ran on different machines (NVIDIA H200; NVIDIA H100 80GB HBM3): each change holds the machines' "
+        "difference too"]
