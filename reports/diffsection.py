@@ -110,13 +110,6 @@ def case_pairs(sides: list[D.Side]) -> list[tuple[Axis, D.Side, D.Side]]:
     return out
 
 
-def run_pairs(run: Run, alpha: float = D.ALPHA) -> list[Pair]:
-    """The run's pairs, each diffed (``analyses.diff``). A pair whose sides are timed in other units (GPU kernels
-    against CPU ops) is not diffed; a diff that does not conserve its sides' time keeps its error as the problem
-    (its self-check fails: ``check_rows``)."""
-    return [diffed(Pair(run.name, axis, a, b), alpha) for axis, a, b in case_pairs(FD.run_sides(run))]
-
-
 def diffed(pair: Pair, alpha: float = D.ALPHA) -> Pair:
     """``pair`` with its diff, or its problem: sides timed in other units (GPU kernels against CPU ops) are not
     diffed; a diff that does not conserve its sides' time keeps its error (its self-check fails: ``check_rows``)."""
@@ -131,23 +124,25 @@ def diffed(pair: Pair, alpha: float = D.ALPHA) -> Pair:
     return pair
 
 
-def across(run: Run, other: Run, alpha: float = D.ALPHA) -> list[Pair]:
-    """Each case of ``run`` against the same case (framework, mode, math, devices, batch size) of ``other``: A is
-    ``other``'s side."""
+def across(name: str, sides: list[D.Side], other: Run, alpha: float = D.ALPHA) -> list[Pair]:
+    """Each case of run ``name`` (its ``sides``) against the same case (framework, mode, math, devices, batch size)
+    of ``other``: A is ``other``'s side."""
     theirs = {tuple(s.entry.get(k) for k in FIELDS): s for s in FD.run_sides(other)}
     out = []
-    for b in FD.run_sides(run):
+    for b in sides:
         a = theirs.get(tuple(b.entry.get(k) for k in FIELDS))
         if a is not None:
-            out.append(diffed(Pair(run.name, Axis.RUN, a, b, against=other.name), alpha))
+            out.append(diffed(Pair(name, Axis.RUN, a, b, against=other.name), alpha))
     return out
 
 
 def pairs(runs: list[Run], alpha: float = D.ALPHA, against: Run | None = None) -> list[Pair]:
-    """Every run's pairs (and with ``against``, each run's cases against that run's: ``across``), each given its
-    CSVs' names (``file_names``)."""
-    out = [p for run in runs for p in run_pairs(run, alpha)]
-    out += [p for run in runs for p in across(run, against, alpha)] if against is not None else []
+    """Every run's pairs (``case_pairs``, each diffed), and with ``against`` each run's cases against that run's
+    (``across``), each given its CSVs' names (``file_names``). Each run's sides are read once."""
+    sides = [(run.name, FD.run_sides(run)) for run in runs]
+    out = [diffed(Pair(name, axis, a, b), alpha) for name, these in sides for axis, a, b in case_pairs(these)]
+    if against is not None:
+        out += [p for name, these in sides for p in across(name, these, against, alpha)]
     file_names(out)
     return out
 
