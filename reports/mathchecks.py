@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from kernelmap import kernelmath, schema
+from kernelmap.adapters.mathtypes import tensor_types
 from kernelmap.schema import MathRan, MathUnit
 
 from .analyses import math as M
@@ -46,21 +47,8 @@ SUBJECT = "conv/linear products"
 # the asked maths whose recipe stores a product's tensors in that type (docs/MIXED_PRECISION.md): there a kernel that
 # computes in fp32 on them is the library's algorithm, not the recipe's fp32
 LOW_MATHS = (MathRan.BF16.value, MathRan.FP16.value)
-# ``math_dtypes`` keys that name no tensor (``adapters.mathtypes.dtypes_text``'s callers): the compute and scale types,
-# oneDNN's fpmath; a token whose value is no data type (``mode=TENSOR_OP_MATH``, ``NVIDIA_TF32_OVERRIDE=0``) neither
-NOT_TENSORS = ("compute", "scale", "fpmath")
-_TYPE = re.compile(r"^(?:fp\d+(?:_e\dm\d)?|bf16|u?int\d+)$")
 _ALGO_PREFIX = re.compile(r"^CUDNN_CONVOLUTION_\w+?_ALGO_")  # cuDNN's legacy algorithm enums: the algorithm's name
 _CALL = ["layer", "direction", "library_call"]
-
-
-def tensor_types(dtypes: str | None) -> set[str]:
-    """The data types of a call's tensors as its ``math_dtypes`` gives them (``x=fp16 w=fp16 y=fp16 compute=fp32``:
-    {fp16}; a table row's several texts joined by "; " read together); empty where none is known."""
-    if not isinstance(dtypes, str):
-        return set()
-    pairs = (tok.split("=", 1) for tok in dtypes.replace(";", " ").split() if "=" in tok)
-    return {v for k, v in pairs if k not in NOT_TENSORS and _TYPE.match(v)}
 
 
 def on_asked_tensors(dtypes: str | None, asked: str | None) -> bool:

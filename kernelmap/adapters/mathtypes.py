@@ -102,6 +102,22 @@ def dtypes_text(**named: str | None) -> str | None:
     return " ".join(parts) or None
 
 
+# ``dtypes_text`` names that are no tensor (its callers'): the compute and scale types, oneDNN's fpmath; a token
+# whose value is no data type (``mode=TENSOR_OP_MATH``, ``NVIDIA_TF32_OVERRIDE=0``) neither
+NOT_TENSORS = ("compute", "scale", "fpmath")
+_TYPE = re.compile(r"^(?:fp\d+(?:_e\dm\d)?|bf16|u?int\d+)$")
+
+
+def tensor_types(dtypes: str | None) -> set[str]:
+    """The data types of a call's tensors as ``dtypes_text`` wrote them, a record's ``math_dtypes``
+    (``x=fp16 w=fp16 y=fp16 compute=fp32``: {fp16}; a table row's several texts joined by "; " read together);
+    empty where none is known."""
+    if not isinstance(dtypes, str):
+        return set()
+    pairs = (tok.split("=", 1) for tok in dtypes.replace(";", " ").split() if "=" in tok)
+    return {v for k, v in pairs if k not in NOT_TENSORS and _TYPE.match(v)}
+
+
 # --- XLA's HLO text: a library custom call's operands and precision --------------------------------
 _HLO_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \(?([a-z0-9]+)\[")
 _HLO_CALL = re.compile(r'custom-call\(([^)]*)\).*custom_call_target="(__cudnn\$\w+|__cublas\$[\w$]+)"')
