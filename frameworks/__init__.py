@@ -99,12 +99,13 @@ def modes_to_run(name: str, asked: list[str] | tuple[str, ...] | None, device: s
 # --- math modes: which framework runs which spec.Math on which device ---------------------------------------
 def math_refusal(name: str, math: str, device: str) -> str | None:
     """Why framework ``name`` cannot run ``math`` (a spec.Math value) on ``device`` (cpu | gpu), None where it
-    can: a GPU-only math (TF32) on the CPU, else its descriptor's ``math_refusals``."""
+    can: a GPU-only math (TF32) on the CPU, else its descriptor's ``math_refusals``, else what this machine lacks
+    for it (its descriptor's ``machine_math_refusal``: MXNet's bf16 on a CPU without AVX-512)."""
     from .spec import Math
 
     d = get(name)
     m = Math(math)
     if device != "gpu" and m.gpu_only:
         return f"{m.value} is a GPU math (the CPU has no TF32); {d.label} runs on the {device.upper()} here"
-    why = (d.math_refusals.get(device) or {}).get(m.value)
+    why = (d.math_refusals.get(device) or {}).get(m.value) or d.machine_math_refusal(device, m.value)
     return f"{d.label} cannot run {m.value} on the {device.upper()}: {why}" if why else None

@@ -175,6 +175,10 @@ class Framework:
     # such a case with the reason (frameworks.math_refusal), never runs it in fp32 under the label. The default:
     # mixed precision not implemented (a framework whose workload implements it says so in its descriptor)
     math_refusals: Mapping[str, Mapping[str, str]] = field(default_factory=mixed_not_implemented)
+    # what this machine lacks for a math its workload runs elsewhere: (device, math) -> why, or None where it can;
+    # read from the machine itself (the CPU's flags), never by importing the framework: the runner skips such a
+    # case with the reason before any work, as it does ``math_refusals``' (frameworks.math_refusal)
+    machine_math_refusal: Callable[[str, str], str | None] = lambda device, math: None
     # older command-line switches that name one of its modes: ``--hybridize`` -> hybridized
     mode_flags: Mapping[str, str] = field(default_factory=dict)
     # one line per mode, for --help and the docs: what the mode runs

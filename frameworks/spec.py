@@ -282,6 +282,12 @@ class WorkloadBase(abc.ABC):
             raise KernelmapError(f"{d.label} has no mode {mode!r}; its modes: {', '.join(d.modes)}")
         return mode
 
+    def math_notes(self) -> list[str]:
+        """Where this workload's math runs here outside the library route it names (a line each, for the run's
+        notes): e.g. PyTorch's bf16 on a CPU whose oneDNN has no bfloat16 runs ATen's own kernels, which no library
+        log shows. [] (the default) where it runs as named."""
+        return []
+
     def allocator_bytes(self) -> int | None:
         """Device memory the framework's allocator holds (reserved or in use, as it reports), or None."""
         return None

@@ -155,3 +155,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags (the first ``flags`` line of /proc/cpuinfo: avx2, avx512f, amx_bf16, ...), None where
+    they cannot be read (no such file, no such line)."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None

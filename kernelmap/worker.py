@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         result["test_accuracy"] = float(workload.evaluate()) if evaluate else None
         result.update(framework=args.framework, mode=workload.mode, batch_size=config.batch_size,
                       devices=config.devices, rank=dataparallel.rank(),
-                      device=config.device, versions=workload.versions(), pid=os.getpid(),
+                      device=config.device, versions=workload.versions(), math_notes=workload.math_notes(),
+                      pid=os.getpid(),
                       math=config.math,  # tf32 on the CPU is refused before (frameworks.math_refusal)
                       tf32_override=os.environ.get(spec.TF32_OVERRIDE))
     except KernelmapError as exc:

@@ -27,6 +27,7 @@ from conftest import require_framework
 from kernelmap.frameworks.case import Case
 
 from kernelmap import doctor, frameworks, parity
+from kernelmap.errors import KernelmapError
 
 STEPS, WARMUP = 3, 1
 ONEDNN_PREFIXES = ("onednn_verbose,", "dnnl_verbose,", "mkldnn_verbose,")
@@ -66,13 +67,58 @@ def onednn_executions(path: Path) -> Counter:
     return counts
 
 
+# MXNet's bf16 needs a CPU with AVX-512 (frameworks/mxnet/descriptor.py BF16_CPU_FLAGS): this machine's answer
+BF16_REFUSED_HERE = frameworks.math_refusal("mxnet", "bf16", "cpu")
+needs_bf16_cpu = pytest.mark.skipif(BF16_REFUSED_HERE is not None, reason=f"here: {BF16_REFUSED_HERE}")
+
+
 @pytest.mark.slow
-def test_mxnet_bf16_runs_onednn_bf16_in_both_modes_and_fp16_is_refused(tmp_path):
+def test_mxnet_fp16_is_refused_and_bf16_too_on_a_cpu_without_avx512(tmp_path):
+    """fp16 on the CPU: refused before any work (exit 2, nothing written), with the reason. On a CPU without
+    AVX-512 bf16 likewise (the CI runner's AMD EPYC with AVX2), and beside fp32 its cases are skipped with the reason
+    while fp32's run; on a CPU with AVX-512 bf16 runs (test_mxnet_bf16_runs_onednn_bf16_in_both_modes)."""
     require_framework("mxnet")
-    # fp16 on the CPU: refused before any work (exit 2, nothing written), with the reason
-    refused = _run(tmp_path / "refused", "--framework", "mxnet", "--math", "bf16", "fp16", rc=2)
+    refused = _run(tmp_path / "refused", "--framework", "mxnet", "--math", "fp16", rc=2)
     assert "MXNet cannot run fp16 on the CPU" in refused.stderr and "FP16 gemm on cpu not implemented" in refused.stderr
     assert not (tmp_path / "refused").exists()
+    if BF16_REFUSED_HERE is None:
+        return
+    refused = _run(tmp_path / "refused", "--framework", "mxnet", "--math", "bf16", rc=2)
+    assert "--math bf16 --device cpu: MXNet cannot run bf16 on the CPU: this CPU lacks avx512f" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "run"  # the device left to the run (auto): the bf16 cases skipped, the fp32 ones run
+    proc = _run(out, "--framework", "mxnet", "--mode", "all", "--math", "fp32", "bf16", "--device", "auto")
+    assert ("math skipped (mxnet-bf16, mxnet-hybridized-bf16): MXNet cannot run bf16 on the CPU: this CPU lacks"
+            in proc.stderr)
+    assert "worker exited" not in proc.stderr
+    assert sorted(_results(out)) == [("hybridized", "fp32"), ("imperative", "fp32")]
+
+
+def test_mxnet_bf16_on_the_cpu_is_refused_by_the_cpu_flags(monkeypatch):
+    """The machine's refusal comes from /proc/cpuinfo's flags through the registry, before any worker: AVX2 only
+    refuses bf16 naming the flags missing, AVX-512 allows it, unread flags allow it (the worker then decides)."""
+    from kernelmap.frameworks.mxnet import descriptor as mxd
+
+    from kernelmap import gpuinfo
+
+    for flags, refused in ((frozenset({"sse2", "avx2", "fma"}), True), (frozenset({"avx2", *mxd.BF16_CPU_FLAGS}), False),
+                           (None, False)):
+        monkeypatch.setattr(gpuinfo, "cpu_flags", lambda flags=flags: flags)
+        why = frameworks.math_refusal("mxnet", "bf16", "cpu")
+        assert (why is not None) is refused, (flags, why)
+        if refused:
+            assert why.startswith("MXNet cannot run bf16 on the CPU: this CPU lacks avx512f, avx512bw, avx512vl, "
+                                  "avx512dq")
+            with pytest.raises(KernelmapError, match="parity --math bf16: MXNet cannot run bf16 on the CPU"):
+                parity.check_maths(("pytorch", "mxnet"), ("bf16",), "cpu")
+        assert frameworks.math_refusal("mxnet", "bf16", "gpu") is not None  # never on its GPU, whatever the CPU
+        assert frameworks.math_refusal("mxnet", "fp32", "cpu") is None  # fp32 needs nothing of the CPU
+
+
+@pytest.mark.slow
+@needs_bf16_cpu
+def test_mxnet_bf16_runs_onednn_bf16_in_both_modes(tmp_path):
+    require_framework("mxnet")
     out = tmp_path / "run"
     _run(out, "--framework", "mxnet", "--mode", "all", "--math", "fp32", "bf16", "--profile", "libs")
     results = _results(out)
@@ -205,6 +251,8 @@ def test_bf16_parity_against_pytorch_on_the_cpu(tmp_path, other):
     python = {"jax": _jax_python()} if other == "jax" else {}
     if other == "mxnet":
         require_framework("mxnet")
+        if BF16_REFUSED_HERE is not None:  # its refusal: test_mxnet_bf16_on_the_cpu_is_refused_by_the_cpu_flags
+            pytest.skip(f"here: {BF16_REFUSED_HERE}")
     r = parity.compute_parity(data="synthetic", steps=8, batch_size=32, frameworks=("pytorch", other),
                               python=python, maths=("bf16",), workdir=tmp_path)
     [c] = r["comparisons"]
@@ -228,7 +276,7 @@ def test_mxnet_bf16_cpu_refusal_names_the_missing_piece():
     # the static refusals reach the runner through the registry, per device
     assert "FP16 gemm on cpu" in frameworks.math_refusal("mxnet", "fp16", "cpu")
     assert "no bfloat16" in frameworks.math_refusal("mxnet", "bf16", "gpu")
-    assert frameworks.math_refusal("mxnet", "bf16", "cpu") is None and frameworks.math_refusal("mxnet", "fp16", "gpu") is None
+    assert frameworks.math_refusal("mxnet", "fp16", "gpu") is None  # bf16 on the CPU: by its flags (the test above)
     assert all(frameworks.math_refusal("jax", m, d) is None for m in ("bf16", "fp16") for d in ("cpu", "gpu"))
 
 

@@ -60,6 +60,14 @@ def bf16_cpu_refusal(onednn_build: bool, cpu_flags: frozenset[str] | None) -> st
     return None
 
 
+def machine_math_refusal(device: str, math: str) -> str | None:
+    """``Framework.machine_math_refusal``: bf16 on a CPU without AVX-512 (``BF16_CPU_FLAGS``, read from
+    /proc/cpuinfo), known before any worker starts; the workload checks the rest (oneDNN in the build) itself."""
+    from ... import gpuinfo
+
+    return bf16_cpu_refusal(True, gpuinfo.cpu_flags()) if (device, math) == ("cpu", "bf16") else None
+
+
 # MXNet runs backward ops as one ImperativeBulk segment unless bulking is off; the profiler then
 # shows no _backward_* operator. Read at `import mxnet`, hence the environment.
 # Bulk execution off: the engine then runs (and its profiler and NVTX ranges name) each operator on
@@ -150,7 +158,8 @@ DESCRIPTOR = Framework(
     recorded_env=("MXNET_ENGINE_TYPE",),
     train_memory_factor=2.0,  # two steps at batch 2048 (CPU, imperative): peak resident growth 1.49x the forward's values
     vocabulary=ops.VOCABULARY,
-    math_refusals=MATH_REFUSALS,  # bf16 on the CPU also needs oneDNN and AVX-512: checked by its workload
+    math_refusals=MATH_REFUSALS,  # bf16 on the CPU also needs AVX-512 (machine_math_refusal) and oneDNN (its workload)
+    machine_math_refusal=machine_math_refusal,
     data_parallel=DataParallel(processes=False, cpu="KVStore local (N CPU contexts)", gpu=KVSTORES["gpu"],
                                modes=(IMPERATIVE, HYBRIDIZED)),
     options=(Option(KVSTORE_OPTION, tuple(dict.fromkeys(k for ks in KVSTORES.values() for k in ks)),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelmap import gpuinfo
 from kernelmap.errors import KernelmapError, MissingToolError
 
 from .. import spec
@@ -89,18 +90,6 @@ def offline_dataset(cls, root: str, train: bool):
 
     Offline.__name__ = Offline.__qualname__ = f"Offline{cls.__name__}"
     return Offline(root=root, train=train)
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
-    """The CPU's feature flags (the first ``flags`` line of /proc/cpuinfo), None where it cannot be read."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        return None
-    return None
 
 
 def _compute_capability(ctx) -> tuple[int, int] | None:
@@ -183,7 +172,7 @@ class Workload(spec.WorkloadBase):
         it here (``math_refusal``) or AMP already runs in this process at another dtype."""
         why = MATH_REFUSALS.get(device, {}).get(self.math.value)
         if self.math is spec.Math.BF16 and device == "cpu":
-            why = why or bf16_cpu_refusal(mx.runtime.Features().is_enabled("MKLDNN"), cpu_flags())
+            why = why or bf16_cpu_refusal(mx.runtime.Features().is_enabled("MKLDNN"), gpuinfo.cpu_flags())
         if why:
             raise KernelmapError(f"--math {self.math.value}: {why}")
         target = self.math.low_precision

@@ -174,6 +174,20 @@ class Workload(spec.WorkloadBase):
                 h.remove()
         return seen
 
+    def math_notes(self) -> list[str]:
+        """bf16 on a CPU whose oneDNN has no bfloat16 (torch.ops.mkldnn._is_mkldnn_bf16_supported(): AVX-512
+        (avx512_core) or AMX): autocast still casts, but PyTorch sends no bf16 convolution or matmul to oneDNN (its
+        mkldnn_bf16_device_check), so the case's libs pass logs no call (seen on an AMD EPYC with AVX2: 0 oneDNN
+        executions, the step 7x the fp32 one)."""
+        if self.device.type != "cpu" or self.amp_dtype is not torch.bfloat16:
+            return []
+        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return []
+        return [f"bf16 on this CPU ({torch.backends.cpu.get_cpu_capability()}) runs outside oneDNN: PyTorch's oneDNN "
+                "has no bfloat16 here (torch.ops.mkldnn._is_mkldnn_bf16_supported() is False: it needs AVX-512 "
+                "(avx512_core) or AMX), so its bf16 convolutions and matmuls run ATen's own kernels, which no library "
+                "log shows: this case has no library call"]
+
     # --- versions, weights ---------------------------------------------------------------------
     def versions(self) -> dict[str, Any]:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

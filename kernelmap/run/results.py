@@ -126,6 +126,7 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
         notes.append(f"{fw} bs {bs}: its clean trials disagree beyond noise (medians {meds} ms) after "
                      f"{repeats} repeat{'s' if repeats != 1 else ''}")
     first = clean_trials[0]
+    notes.extend(f"{fw} bs {bs}: {line}" for line in first.get("math_notes", ()))  # where its math ran off-library
     passes_summary: dict[str, Any] = {
         "clean": {"median_step_s": clean["median_step_s"], "ci95_low_s": clean["ci95_low_s"],
                   "ci95_high_s": clean["ci95_high_s"], "steps": first["steps"],
@@ -190,6 +191,7 @@ def case_entry(key: CaseKey, decision: Decision, clean_trials: list[dict[str, An
         "dir": str(rel),
         "files": files,
         "versions": first["versions"],
+        "math_notes": first.get("math_notes", []),  # Workload.math_notes: where the math ran outside its library
     }
 
 
