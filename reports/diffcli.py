@@ -209,13 +209,14 @@ def write(df: pd.DataFrame, places: pd.DataFrame, out: TextIO, top: int | None =
 def conservation(df: pd.DataFrame, places: pd.DataFrame) -> list[str]:
     """Each side's 100%, summed from the rows themselves (both tables) against its source's total."""
     s = df.attrs["summary"]
+    rows, at_places = (D.held(t, s["a"]["total_ns"], s["b"]["total_ns"]) for t in (df, places))
     lines = []
     for name in ("a", "b"):
-        x, total = s[name], s[name]["total_ns"]
-        k, p = int(df[f"{name}_ns"].sum()), int(places[f"{name}_ns"].sum())
-        share = f"{k / total:.3%}" if total else "no time"
+        x = s[name]
+        k, p = (getattr(h, f"{name}_ns") for h in (rows, at_places))
         lines.append(f"conservation, {name.upper()}: the {len(df)} {x['level']} rows hold {k} ns and the {len(places)} "
-                     f"place rows {p} ns of its {total} ns of {x['level']} time from {x['source']} ({share})")
+                     f"place rows {p} ns of its {x['total_ns']} ns of {x['level']} time from {x['source']} "
+                     f"({rows.share(name)})")
     return lines
 
 

@@ -151,13 +151,11 @@ def pairs(runs: list[Run], alpha: float = D.ALPHA, against: Run | None = None) -
 def conservation(rows: pd.DataFrame, a_total: int, b_total: int) -> tuple[str, str, str]:
     """(status, measured, detail) of one pair: its rows' ns summed per side against each side's 100% (every timed
     event of its source), exactly."""
-    got = (int(rows["a_ns"].sum()), int(rows["b_ns"].sum()))
-    measured = f"A {got[0]} ns, B {got[1]} ns"
-    if got == (a_total, b_total):
+    h = D.held(rows, a_total, b_total)
+    measured = f"A {h.a_ns} ns, B {h.b_ns} ns"
+    if h.conserved:
         return PASS, measured, f"the {len(rows)} rows hold 100% of each side's time"
-    shares = ", ".join(f"{n} {g / t:.4%}" if t else f"{n} no time" for n, g, t in
-                       (("A", got[0], a_total), ("B", got[1], b_total)))
-    return FAIL, measured, f"the {len(rows)} rows hold {shares} of each side's time"
+    return FAIL, measured, f"the {len(rows)} rows hold A {h.share('a')}, B {h.share('b')} of each side's time"
 
 
 def check_rows(found: list[Pair]) -> list[dict[str, Any]]:
@@ -263,6 +261,7 @@ def table(found: list[Pair]) -> pd.DataFrame:
         counts = p.rows["status"].value_counts() if p.rows is not None else pd.Series(dtype=int)
         k = {str(x): int(counts.get(str(x), 0)) for x in D.Status}
         changed = sum(k[str(x)] for x in CHANGED)
+        h = D.held(p.rows, p.a.total_ns, p.b.total_ns) if s else None
         a_ms, b_ms = (s["a"]["ms_per_step"], s["b"]["ms_per_step"]) if s else (None, None)
         out.append({
             "run": p.run, "against": p.against, "batch_size": p.batch_size, "differs_in": str(p.axis), "a": _name(p.a), "b": _name(p.b),
@@ -270,8 +269,8 @@ def table(found: list[Pair]) -> pd.DataFrame:
             "change_pct": (b_ms - a_ms) / a_ms * 100 if a_ms else None,
             "verdict": s["traced_verdict"] if s else None, "p_value": s["traced_p"] if s else None,
             "clean_verdict": s["clean_verdict"] if s else None, "a_total_ns": p.a.total_ns, "b_total_ns": p.b.total_ns,
-            "a_rows_ns": int(p.rows["a_ns"].sum()) if s else None, "b_rows_ns": int(p.rows["b_ns"].sum()) if s else None,
-            "conserved": (conservation(p.rows, p.a.total_ns, p.b.total_ns)[0] == PASS) if s else False,
+            "a_rows_ns": h.a_ns if s else None, "b_rows_ns": h.b_ns if s else None,
+            "conserved": h.conserved if s else False,
             "rows": len(p.rows) if s else 0, "same": k[str(D.Status.SAME)], "appeared": k[str(D.Status.APPEARED)],
             "disappeared": k[str(D.Status.DISAPPEARED)], "algorithm_changed": changed,
             "other_changes": int(counts.sum()) - changed - sum(k[str(x)] for x in (D.Status.SAME, D.Status.APPEARED,

@@ -106,7 +106,7 @@ def test_page_holds_every_row_of_the_csvs_and_the_conservation(tmp_path):
     assert (a, b) == (6624347, 4053744)
     assert sum(int(r["a_ns"]) for r in rows["kernels"]) == a and sum(int(r["b_ns"]) for r in rows["places"]) == b
     assert (f"conservation, A: the 60 kernel rows hold {a} ns and the {len(rows['places'])} place rows {a} ns of its "
-            f"{a} ns of kernel time from kineto (100.000%)") in t.paragraphs
+            f"{a} ns of kernel time from kineto (100.0000%)") in t.paragraphs
     assert any(p.startswith("quiet machine A: gpu_replay_modes_run:pytorch-cuda-graph bs64 — kernel time from kineto, "
                             "20 steps") for p in t.paragraphs)
     e = next(r for r in json.loads((RUN / "results.json").read_text()) if r["mode"] == "cuda-graph")

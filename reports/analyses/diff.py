@@ -314,12 +314,39 @@ def _row(key: tuple, ra: pd.Series | None, rb: pd.Series | None, a: Side, b: Sid
             calls_a, calls_b]
 
 
+@dataclass(frozen=True)
+class Held:
+    """What a diff's rows hold of each side's time against that side's 100% (integer ns): the one reckoning of a
+    diff's conservation, which ``conserve`` enforces, ``kernelmap diff`` prints (reports/diffcli.py) and the
+    report's self-check judges (reports/diffsection.py)."""
+
+    a_ns: int
+    b_ns: int
+    a_total_ns: int
+    b_total_ns: int
+
+    @property
+    def conserved(self) -> bool:
+        return (self.a_ns, self.b_ns) == (self.a_total_ns, self.b_total_ns)
+
+    def share(self, side: str) -> str:
+        """Side ``a`` or ``b``'s held share of its 100% (4 decimals of a percent; "no time" for an empty side)."""
+        got, total = (self.a_ns, self.a_total_ns) if side == "a" else (self.b_ns, self.b_total_ns)
+        return f"{got / total:.4%}" if total else "no time"
+
+
+def held(rows: pd.DataFrame, a_total_ns: int, b_total_ns: int) -> Held:
+    """What ``rows`` (a ``diff`` or ``by_place`` table) hold of each side's 100%: the sums of their a_ns, b_ns."""
+    return Held(int(rows["a_ns"].sum()), int(rows["b_ns"].sum()), int(a_total_ns), int(b_total_ns))
+
+
 def conserve(df: pd.DataFrame, a: Side, b: Side) -> None:
-    """The rows hold 100% of each side's time, exactly (integer ns): every timed event of its source is in one
-    row, and the per-step rows hold every event of the counted steps. KernelmapError otherwise."""
+    """The rows hold 100% of each side's time, exactly (integer ns, ``held``): every timed event of its source is
+    in one row, and the per-step rows hold every event of the counted steps. KernelmapError otherwise."""
+    whole = held(df, a.total_ns, b.total_ns)
     for name, side in (("A", a), ("B", b)):
         col = df[f"{name.lower()}_ns"]
-        rows_ns = int(col.sum())
+        rows_ns = whole.a_ns if name == "A" else whole.b_ns
         ev_ns = int(side.events["dur_ns"].sum())
         in_steps = int(side.events.loc[side.events["iteration"].notna(), "dur_ns"].sum())
         rows_in_steps = int(col[df["where"] != OUTSIDE].sum())
