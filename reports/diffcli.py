@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from html import escape
@@ -80,8 +79,9 @@ def _one(candidates: list[dict[str, Any]], sel: dict[str, str], where: str) -> d
     raise KernelmapError(f"{where}: {what} {_describe(sel) or '(no --case)'}; its cases: {listed}")
 
 
-def run_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
-    """A case of a run directory: its results.json entry and its records (``load_run``)."""
+def run_side(path: Path, sel: dict[str, str], source: str | None) -> tuple[D.Side, str]:
+    """A case of a run directory: its results.json entry and its records (``load_run``), and the machine it ran
+    on (``machine``, from the manifest the run was loaded with)."""
     run = load_run(path)
     entry = _one([r for r in run.results if isinstance(r, dict)], sel, str(path))
     if run.records is None:
@@ -90,11 +90,13 @@ def run_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
     rec = rec[(rec["case"] == entry["case"]) & (rec["batch_size"] == entry["batch_size"])]
     if rec.empty:
         raise KernelmapError(f"{path}: no records of {_describe(entry)}")
-    return D.make_side(f"{path.name}:{entry['case']} bs{entry['batch_size']}", rec, entry, source)
+    return (D.make_side(f"{path.name}:{entry['case']} bs{entry['batch_size']}", rec, entry, source),
+            machine(run.manifest, entry.get("device")))
 
 
-def trace_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
-    """Traces that are not a kernelmap run (``normalise``; a ParseError names a file it cannot read)."""
+def trace_side(path: Path, sel: dict[str, str], source: str | None) -> tuple[D.Side, str]:
+    """Traces that are not a kernelmap run (``normalise``; a ParseError names a file it cannot read), which record
+    no machine."""
     rec, _ = normalise.normalise(trace_files([path]))
     rec = with_case_column(rec)
     keys = rec[["case", "framework", "batch_size"]].drop_duplicates()
@@ -102,10 +104,11 @@ def trace_side(path: Path, sel: dict[str, str], source: str | None) -> D.Side:
     c = _one(cands, sel, str(path))
     m = (rec["case"] == c["case"]) if c["case"] is not None else rec["case"].isna()
     m &= rec["batch_size"].isna() if c["batch_size"] is None else (rec["batch_size"] == c["batch_size"])
-    return D.make_side(f"{path.name}:{c['case']}", rec[m], None, source)
+    return D.make_side(f"{path.name}:{c['case']}", rec[m], None, source), NO_MACHINE
 
 
-def side(path: str, sel: dict[str, str], source: str | None) -> D.Side:
+def side(path: str, sel: dict[str, str], source: str | None) -> tuple[D.Side, str]:
+    """A side and the machine it ran on (``run_side``, ``trace_side``)."""
     p = Path(path)
     if not p.exists():
         raise KernelmapError(f"{p}: no such file or directory")
@@ -120,18 +123,10 @@ def _f(x: Any, fmt: str) -> str:
 NO_MACHINE = "a machine not recorded (a trace, not a run directory)"
 
 
-def machine(path: str, device: Any) -> str:
-    """The machine a side's case ran on, from its run's manifest: the GPU's name for a GPU case, else the host's
-    CPU and cores; a trace records none."""
-    p = Path(path)
-    manifest = p / "manifest.json"
-    if not (is_run_dir(p) and manifest.is_file()):
-        return NO_MACHINE
-    try:
-        m = json.loads(manifest.read_text())
-    except (OSError, ValueError) as exc:
-        raise KernelmapError(f"{manifest}: cannot be read as JSON: {exc}") from exc
-    gpu, host = m.get("gpu") or {}, m.get("host") or {}
+def machine(manifest: dict[str, Any], device: Any) -> str:
+    """The machine a case ran on, from its run's manifest: the GPU's name for a GPU case, else the host's CPU and
+    cores."""
+    gpu, host = manifest.get("gpu") or {}, manifest.get("host") or {}
     if str(device) == "gpu" and gpu.get("name"):
         return str(gpu["name"])
     cores = host.get("ncpu") or host.get("cpu_count")
@@ -310,13 +305,12 @@ def main(args: argparse.Namespace) -> int:
         writable(path)
     if len({os.path.realpath(p) for p in outputs}) < len(outputs):
         raise KernelmapError(f"two outputs name one file ({', '.join(outputs)}): one would overwrite the other")
-    a, b = side(args.a, sa, args.source), side(args.b, sb, args.source)
+    (a, a_machine), (b, b_machine) = side(args.a, sa, args.source), side(args.b, sb, args.source)
     if a.level != b.level:
         raise KernelmapError(f"A is timed by {a.level}s ({a.source}), B by {b.level}s ({b.source}): "
                              "not one unit of time; diff a GPU side against a GPU side")
     df, places = D.diff(a, b, args.alpha), D.by_place(a, b, args.alpha)
-    for name, path, sd in (("a", args.a, a), ("b", args.b, b)):
-        df.attrs["summary"][name]["machine"] = machine(path, sd.entry.get("device"))
+    df.attrs["summary"]["a"]["machine"], df.attrs["summary"]["b"]["machine"] = a_machine, b_machine
     want = args.findings is not None or args.findings_csv or args.html
     found = F.findings([a, b], args.alpha) if want else None
     texts = {path: csv_text(frame) for frame, path in ((df, args.csv), (places, args.places_csv),
