@@ -181,14 +181,31 @@ def median_ci(trials: list[list[float]], confidence: float = CONFIDENCE,
     if sum(len(a) for a in arrays) < 2:
         return None
     rng = np.random.default_rng(seed)
-    meds = np.empty(resamples)
     k = len(arrays)
-    for i in range(resamples):
+    pooled = np.concatenate(arrays)
+    starts = np.cumsum([0, *(len(a) for a in arrays[:-1])])
+    # the draws in the order the resamples make them (the seed's stream, unchanged), then one median per resample
+    # taken together for the resamples of one length (np.median over rows: the values one median each gives)
+    if k == 1:  # one trial: the same draws as one call (the generator's stream does not depend on the call's size)
+        return _interval(np.median(pooled[rng.integers(0, len(pooled), size=(resamples, len(pooled)))], axis=1),
+                         confidence)
+    drawn: list[np.ndarray] = []
+    for _ in range(resamples):
         picked = rng.integers(0, k, size=k) if k > 1 else np.zeros(1, dtype=int)
-        parts = [arrays[j][rng.integers(0, len(arrays[j]), size=len(arrays[j]))] for j in picked]
-        meds[i] = np.median(np.concatenate(parts))
+        drawn.append(np.concatenate([starts[j] + rng.integers(0, len(arrays[j]), size=len(arrays[j]))
+                                     for j in picked]))
+    meds = np.empty(resamples)
+    lengths = np.fromiter((len(d) for d in drawn), dtype=np.int64, count=resamples)
+    for n in np.unique(lengths):
+        rows = np.flatnonzero(lengths == n)
+        meds[rows] = np.median(pooled[np.stack([drawn[i] for i in rows])], axis=1)
+    return _interval(meds, confidence)
+
+
+def _interval(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central ``confidence`` interval of a bootstrap's estimates."""
     alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(meds, [alpha, 1 - alpha])
+    lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
     return float(lo), float(hi)
 
 
@@ -199,10 +216,7 @@ def mean_ci(values: list[float], confidence: float = CONFIDENCE, resamples: int 
     if a.size < 2:
         return None
     rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    return _interval(a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1), confidence)
 
 
 def step_stats(trials: list[list[float]]) -> StepStats:
