@@ -70,18 +70,21 @@ def _ints(v, n: int) -> bool:
 
 
 # --- the GEMM each direction is, as a tiled kernel runs it ------------------------------------------
-def gemm_dims(layer: str, direction: str, batch_size: int) -> tuple[int, int, int] | None:
+def gemm_dims(layer: str, direction: str, batch_size: int, c_in_align: int = 1) -> tuple[int, int, int] | None:
     """(M, N, K) of the GEMM a ``direction`` of ``layer`` is, ``2 * M * N * K`` = ``layer_flops``. A conv as an
     implicit GEMM in CUTLASS's convention (docs/implicit_gemm_convolution.md of NVIDIA/cutlass): forward
     M = N·H·W, N = C_out, K = C_in·kh·kw; data gradient M = N·H·W, N = C_in, K = C_out·kh·kw; weight gradient
     M = C_out, N = C_in·kh·kw, K = N·H·W. A linear layer as cuBLAS runs a row-major framework's matmul (column
     major: C^T = B^T A^T): forward m = out, n = batch, k = in; data gradient m = in, n = batch, k = out; weight
-    gradient m = in, n = out, k = batch. None where ``direction`` is not one of ``DIRECTIONS``."""
+    gradient m = in, n = out, k = batch. ``c_in_align``: a conv's C_in rounded up to a multiple of it (a kernel
+    that reads the input that many channels an access runs on an input padded so: ``kernelmap/gemmwork.py``);
+    ``layer_flops`` is the unpadded GEMM's. None where ``direction`` is not one of ``DIRECTIONS``."""
     lay = _LAYERS.get(layer)
     if lay is None or direction not in DIRECTIONS:
         return None
     if lay.kind == "conv2d":
         c_out, c_in, kh, kw = lay.weight_shape
+        c_in = -(-c_in // c_in_align) * c_in_align
         npq = batch_size * _HW[layer][0] * _HW[layer][1]
         return {"fwd": (npq, c_out, c_in * kh * kw), "bwd_data": (npq, c_in, c_out * kh * kw),
                 "bwd_weight": (c_out, c_in * kh * kw, npq)}[direction]
