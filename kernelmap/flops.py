@@ -104,3 +104,23 @@ def winograd_wgrad_dims(layer: str, batch_size: int, m: int) -> tuple[int, int, 
     c_out, c_in, kh, kw = lay.weight_shape
     h, w = _HW[layer]
     return (m + kh - 1) * (m + kw - 1), c_out, c_in, batch_size * -(-h // m) * -(-w // m)
+
+
+def fft_gemm_dims(layer: str, direction: str, batch_size: int, fh: int, fw: int) -> tuple[int, int, int, int] | None:
+    """(frequency points, M, N, K) of the batched complex GEMM of an FFT convolution with fh x fw transforms (cuDNN's
+    ``fft2d_r2c_16x16`` ... ``xmma_gemm_cf32cf32`` ... ``fft2d_c2r_16x16``): by the convolution theorem each point
+    of the real-to-complex transform, fh·(fw/2 + 1) of them, is one GEMM over the channels: forward
+    Y[n,k] = Σ_c X[n,c]·W[k,c] (M = N, N = C_out, K = C_in), data gradient dX[n,c] = Σ_k dY[n,k]·W[k,c] (N, C_in,
+    C_out), weight gradient dW[k,c] = Σ_n dY[n,k]·conj(X[n,c]) (C_out, C_in, N). None for a layer that is not a
+    conv, or whose input and filter (H + kh - 1) exceed one transform: the FFT then tiles the image, a count its
+    kernels' names do not give."""
+    lay = _LAYERS.get(layer)
+    if lay is None or lay.kind != "conv2d" or direction not in DIRECTIONS:
+        return None
+    c_out, c_in, kh, kw = lay.weight_shape
+    h, w = _HW[layer]
+    if h + kh - 1 > fh or w + kw - 1 > fw:
+        return None
+    m, n, k = {"fwd": (batch_size, c_out, c_in), "bwd_data": (batch_size, c_in, c_out),
+               "bwd_weight": (c_out, c_in, batch_size)}[direction]
+    return fh * (fw // 2 + 1), m, n, k
