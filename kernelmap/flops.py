@@ -70,18 +70,21 @@ def _ints(v, n: int) -> bool:
 
 
 # --- the GEMM each direction is, as a tiled kernel runs it ------------------------------------------
-def gemm_dims(layer: str, direction: str, batch_size: int) -> tuple[int, int, int] | None:
+def gemm_dims(layer: str, direction: str, batch_size: int, c_in_align: int = 1) -> tuple[int, int, int] | None:
     """(M, N, K) of the GEMM a ``direction`` of ``layer`` is, ``2 * M * N * K`` = ``layer_flops``. A conv as an
     implicit GEMM in CUTLASS's convention (docs/implicit_gemm_convolution.md of NVIDIA/cutlass): forward
     M = N·H·W, N = C_out, K = C_in·kh·kw; data gradient M = N·H·W, N = C_in, K = C_out·kh·kw; weight gradient
     M = C_out, N = C_in·kh·kw, K = N·H·W. A linear layer as cuBLAS runs a row-major framework's matmul (column
     major: C^T = B^T A^T): forward m = out, n = batch, k = in; data gradient m = in, n = batch, k = out; weight
-    gradient m = in, n = out, k = batch. None where ``direction`` is not one of ``DIRECTIONS``."""
+    gradient m = in, n = out, k = batch. ``c_in_align``: a conv's C_in rounded up to a multiple of it (a kernel
+    that reads the input that many channels an access runs on an input padded so: ``kernelmap/gemmwork.py``);
+    ``layer_flops`` is the unpadded GEMM's. None where ``direction`` is not one of ``DIRECTIONS``."""
     lay = _LAYERS.get(layer)
     if lay is None or direction not in DIRECTIONS:
         return None
     if lay.kind == "conv2d":
         c_out, c_in, kh, kw = lay.weight_shape
+        c_in = -(-c_in // c_in_align) * c_in_align
         npq = batch_size * _HW[layer][0] * _HW[layer][1]
         return {"fwd": (npq, c_out, c_in * kh * kw), "bwd_data": (npq, c_in, c_out * kh * kw),
                 "bwd_weight": (c_out, c_in * kh * kw, npq)}[direction]
@@ -101,3 +104,23 @@ def winograd_wgrad_dims(layer: str, batch_size: int, m: int) -> tuple[int, int, 
     c_out, c_in, kh, kw = lay.weight_shape
     h, w = _HW[layer]
     return (m + kh - 1) * (m + kw - 1), c_out, c_in, batch_size * -(-h // m) * -(-w // m)
+
+
+def fft_gemm_dims(layer: str, direction: str, batch_size: int, fh: int, fw: int) -> tuple[int, int, int, int] | None:
+    """(frequency points, M, N, K) of the batched complex GEMM of an FFT convolution with fh x fw transforms (cuDNN's
+    ``fft2d_r2c_16x16`` ... ``xmma_gemm_cf32cf32`` ... ``fft2d_c2r_16x16``): by the convolution theorem each point
+    of the real-to-complex transform, fh·(fw/2 + 1) of them, is one GEMM over the channels: forward
+    Y[n,k] = Σ_c X[n,c]·W[k,c] (M = N, N = C_out, K = C_in), data gradient dX[n,c] = Σ_k dY[n,k]·W[k,c] (N, C_in,
+    C_out), weight gradient dW[k,c] = Σ_n dY[n,k]·conj(X[n,c]) (C_out, C_in, N). None for a layer that is not a
+    conv, or whose input and filter (H + kh - 1) exceed one transform: the FFT then tiles the image, a count its
+    kernels' names do not give."""
+    lay = _LAYERS.get(layer)
+    if lay is None or lay.kind != "conv2d" or direction not in DIRECTIONS:
+        return None
+    c_out, c_in, kh, kw = lay.weight_shape
+    h, w = _HW[layer]
+    if h + kh - 1 > fh or w + kw - 1 > fw:
+        return None
+    m, n, k = {"fwd": (batch_size, c_out, c_in), "bwd_data": (batch_size, c_in, c_out),
+               "bwd_weight": (c_out, c_in, batch_size)}[direction]
+    return fh * (fw // 2 + 1), m, n, k
