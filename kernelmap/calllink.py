@@ -23,11 +23,12 @@ An owning call's ``iteration`` (and ``phase``) become its kernels' step: a logge
 ran outside the traced steps (warm-up, the framework's autotuning), which the report counts apart.
 
 The mapping is carried to the timing passes (Kineto, nsys) by the launching op: per op kind
-(op name, canonical op, layer, direction) the libs pass gives the sequence of its library kernels
-and each one's call (``template``); an op of a timing pass that launched the same kernels in the
+(op name, canonical op, layer, direction, its occurrence in the step: counted per process, ``PROCESS``: each
+rank's trace, each process of one nsys capture of every rank) the libs pass gives the sequence of its library
+kernels and each one's call (``template``); an op of a timing pass that launched the same kernels in the
 same order links each kernel to that call. Where the kernels differ (the timing pass ran another
 algorithm), its kernels stay unlinked with a reason that names both: what the libs pass's call ran
-and what this pass ran.
+and what this pass ran (``differs_reason``: the same kernels in another order or number are said so).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ SIGNATURE = ["canonical_op", "layer", "direction"]
 # linear backward share name, layer and direction: the first is the data gradient, the second the weight's)
 OP_KEY = ["op_name", "op_canonical", "op_layer", "op_direction", "op_nth"]
 _CALL_COLS = ["library", "library_call", "algo", "math_mode"]
+# what one process's records are: a rank's trace (Kineto's), or a process of a capture of several (nsys': no rank,
+# its launching ops' process ids apart)
+PROCESS = ["source", "rank", "op_pid"]
 SPLIT_BWD = (Direction.BWD_DATA.value, Direction.BWD_WEIGHT.value)  # what an unsplit backward's calls are
 
 
@@ -381,6 +385,20 @@ def _describe(t: Template, calls: pd.DataFrame) -> str:
     return "; ".join(parts) or "no logged call"
 
 
+def differs_reason(key: tuple, tp: Template, names: tuple[str, ...], libs: str, algorithms_shared: bool) -> str:
+    """Why an op's kernels ``names`` (in launch order) are not linked through the libs pass's template ``tp`` of its
+    op kind ``key`` (``libs``: what its calls ran, ``_describe``). Only kernels other than the call's (not the same
+    names) are an algorithm the process may have chosen for itself; the same kernels in another order or number
+    are said as such."""
+    if tp.variants > 1:
+        return f"the libs pass's {key[0]} ({key[2] or '-'} {key[3]}) launched other kernels in its own steps"
+    ran = f"the libs pass ran {libs}; this pass ran {', '.join(dict.fromkeys(names))}"
+    if set(names) == set(tp.names):
+        how = "in another order" if sorted(names) == sorted(tp.names) else f"{len(names)} where it ran {len(tp.names)}"
+        return f"{ran}: the same kernels, {how}"
+    return ran + ("" if algorithms_shared else " (each process of this case chose its own algorithms)")
+
+
 def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool = True) -> dict:
     """Link the timing passes' library kernels of ``df`` (every trace source in it) to the libs
     pass's calls through ``tpl``; returns the figures, the per-layer differences and, per kernel row
@@ -399,17 +417,13 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
     t = t.assign(op_name=op["op_name"].to_numpy(), op_canonical=op["canonical_op"].to_numpy(),
                  op_layer=op["layer"].to_numpy(), op_direction=op["direction"].to_numpy(),
                  op_start_ns=op["start_ns"].to_numpy(dtype="float64", na_value=np.nan),
+                 op_pid=op["pid"].to_numpy(dtype="float64", na_value=np.nan),
                  short=t["kernel_name"].map(short_name))
     t["op_nth"] = 0
-    for _, g in t.groupby("source", sort=False):  # each source's ops counted in its own steps
+    # each process's ops counted in its own steps (``PROCESS``: one trace of each rank, or one nsys capture of all)
+    for _, g in t.groupby(PROCESS, sort=False, dropna=False):
         t.loc[g.index, "op_nth"] = _nth(g)
-    # in launch order (the libs trace's order), not the GPU's: kernels of several streams (cuDNN's FFT) start
-    # out of the order they were launched in
-    rt = S.plain(df[S.eq(df["kind"], "runtime") & df["correlation_id"].notna().to_numpy()])
-    rt = rt.drop_duplicates(["source_file", "correlation_id"]).set_index(["source_file", "correlation_id"])["start_ns"]
-    at = rt.reindex(pd.MultiIndex.from_arrays([t["source_file"], t["correlation_id"]])).to_numpy(dtype="float64",
-                                                                                                  na_value=np.nan)
-    t["launch_ns"] = np.where(np.isnan(at), t["start_ns"].to_numpy(dtype="float64", na_value=np.nan), at)
+    t["launch_ns"] = _launch_ns(df, t)
     t = t.sort_values(["source", "launch_ns", "event_id"], kind="stable")
     rows, ids = [], []
     differs: dict[tuple, dict] = {}
@@ -426,10 +440,7 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
                     ids.append(int(cid))
             continue
         libs = _describe(tp, calls)
-        why = (f"the libs pass's {key[0]} ({key[2] or '-'} {key[3]}) launched other kernels in its own steps"
-               if tp.variants > 1 else
-               f"the libs pass ran {libs}; this pass ran {', '.join(dict.fromkeys(names))}"
-               + ("" if algorithms_shared else " (each process of this case chose its own algorithms)"))
+        why = differs_reason(key, tp, names, libs, algorithms_shared)
         for label in g.index:
             info["reasons"][label] = why
         d = differs.setdefault((src, *key), {"source": src, "op_name": key[0], "canonical_op": key[1],
@@ -440,6 +451,32 @@ def carry(df: pd.DataFrame, tpl: dict[tuple, Template], algorithms_shared: bool 
     info["linked"] = len(rows)
     info["differs"] = list(differs.values())
     return info
+
+
+def _launch_ns(df: pd.DataFrame, t: pd.DataFrame) -> np.ndarray:
+    """The launch time of each kernel row of ``t`` (``carry``'s: ``op_pid`` its launching op's process): its runtime
+    call of the same correlation id in the same trace and process (every rank's trace is a ``trace.json.gz``;
+    one nsys capture holds every rank's processes, each counting its own ids from the same first one); where the
+    op's process has none (a trace whose runtime rows carry another pid than its ops), the one runtime call of that
+    id in the trace (an id two processes share: none); else the kernel's own start. Launch order is the libs
+    trace's order, not the GPU's: kernels of several streams (cuDNN's FFT) start out of the order they were
+    launched in."""
+    rt = S.plain(df[S.eq(df["kind"], "runtime") & df["correlation_id"].notna().to_numpy()])
+    rt = pd.DataFrame({"file": rt["source_file"].astype(object).to_numpy(),
+                       "rank": rt["rank"].to_numpy(dtype="float64", na_value=-1.0),
+                       "pid": rt["pid"].to_numpy(dtype="float64", na_value=-1.0),
+                       "corr": rt["correlation_id"].to_numpy(dtype="int64"),
+                       "start": rt["start_ns"].to_numpy(dtype="float64", na_value=np.nan)})
+    k = pd.DataFrame({"file": t["source_file"].astype(object).to_numpy(),
+                      "rank": t["rank"].to_numpy(dtype="float64", na_value=-1.0),
+                      "pid": np.nan_to_num(t["op_pid"].to_numpy(dtype="float64"), nan=-1.0),
+                      "corr": t["correlation_id"].to_numpy(dtype="float64", na_value=-1.0).astype("int64")})
+    at = np.full(len(t), np.nan)
+    for keys, keep in ((["file", "rank", "pid", "corr"], "first"), (["file", "rank", "corr"], False)):
+        one = rt.drop_duplicates(keys, keep=keep).set_index(keys)["start"]
+        got = one.reindex(pd.MultiIndex.from_frame(k[keys])).to_numpy(dtype="float64")
+        at = np.where(np.isnan(at), got, at)
+    return np.where(np.isnan(at), t["start_ns"].to_numpy(dtype="float64", na_value=np.nan), at)
 
 
 def _set_links(df: pd.DataFrame, rows: list, ids: list[int], calls: pd.DataFrame) -> None:

@@ -22,13 +22,17 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
 def label(df: pd.DataFrame, dims: list | None, framework: str,
-          on_device: np.ndarray | None = None) -> pd.DataFrame:
+          on_device: np.ndarray | None = None, process: np.ndarray | None = None) -> pd.DataFrame:
     """Fill op_event_id, canonical_op, direction, phase, iteration, layer in place and return df.
 
     ``on_device`` (optional, per row): annotation and step rows that lie on a GPU stream's clock
     (Kineto's ``gpu_user_annotation`` copy of each ``ProfilerStep#N``, ``cuda_sync``...): they are
     not host spans (no nesting); a device step gives the iteration of device rows without a launch
     only, every other row takes its step from the host's step regions.
+
+    ``process`` (optional, per row: a code >= 0, -1 none): the process whose correlation ids the row carries,
+    where the trace holds several processes that each count their own ids (nsys' one capture of a case's every
+    rank: both count from the same first id); a device row then joins the launch of its own process only.
 
     ``df`` holds kind, op_name, start_ns, dur_ns, tid, correlation_id, seq (event_id = row
     position); ``dims`` is, per row, the op's list of input shapes (or None). The labels are
@@ -42,6 +46,7 @@ def label(df: pd.DataFrame, dims: list | None, framework: str,
     rows take their launch's labels), ``write_labels`` (the columns; the phase rule where no region says
     it); then the kernel names' refinements of direction (``refine_direction``, ``_refine_linear``)."""
     r = label_inputs(df, framework)
+    r.process = None if process is None else np.asarray(process, dtype="int64")
     find_regions(r, on_device)
     nest_host_spans(r)
     label_ops(r)
@@ -100,6 +105,7 @@ class LabelRows:
     phase: np.ndarray | None = None
     it_val: np.ndarray | None = None
     it_na: np.ndarray | None = None
+    process: np.ndarray | None = None  # label's ``process``: per row its process's code (-1: none), or None
 
     @property
     def n(self) -> int:
@@ -255,7 +261,8 @@ def layers_through_seq(r: LabelRows) -> None:
 
 
 def label_steps(r: LabelRows, dims: list | None) -> None:
-    """Phase region and step of each row by time containment of its start (any thread): host
+    """Phase region and step of each row by time containment of its start (any thread; its own process's regions
+    where the trace holds several: ``held_by``): host
     steps for every row, a device step for device rows no host step holds (their launch's, if
     any, replaces it in ``inherit_from_launches``). For asynchronous frameworks (ops run after the issuing
     host left its regions) a region and a step reach to the next one's start, as in
@@ -264,11 +271,11 @@ def label_steps(r: LabelRows, dims: list | None) -> None:
     start, dur = r.start, r.dur
     rrows, srows = np.flatnonzero(r.rmask), np.flatnonzero(r.smask)
     region_end = C.until_next(start[rrows], _ends(start, dur, rrows)) if r.asynchronous else _ends(start, dur, rrows)
-    r.phase = np.append(r.ph_u[r.name_codes[r.rmask]], -1)[C.region_index(start, start[r.rmask], region_end)]
+    r.phase = np.append(r.ph_u[r.name_codes[r.rmask]], -1)[held_by(r, rrows, region_end)]
     step_end = C.until_next(start[srows], _ends(start, dur, srows)) if r.asynchronous else _ends(start, dur, srows)
     host_step = ~r.dev_ann[srows]
     step_no = np.append(r.st_u[r.name_codes[r.smask]], 0)
-    step_at = _among(host_step, C.region_index(start, start[srows[host_step]], step_end[host_step]))
+    step_at = _among(host_step, held_by(r, srows[host_step], step_end[host_step]))
     if not host_step.all():  # device rows (those without a launch keep this): the GPU's own step copy
         dev = r.is_kind(*DEVICE_KINDS)
         d_at = _among(~host_step, C.region_index(start[dev], start[srows[~host_step]], step_end[~host_step]))
@@ -296,7 +303,7 @@ def op_devices(r: LabelRows) -> np.ndarray | None:
     if "device_index" not in df:
         return None
     dev, has_dev = _ints(df["device_index"])
-    corr, has_corr = _ints(df["correlation_id"])
+    corr, has_corr = launch_ids(r)
     kern = np.flatnonzero(r.is_kind(*DEVICE_KINDS) & has_dev & has_corr)
     if len(np.unique(dev[kern])) < 2:
         return None
@@ -318,14 +325,44 @@ def op_devices(r: LabelRows) -> np.ndarray | None:
     return out.fillna(-1).to_numpy(dtype="int64")
 
 
+def launch_ids(r: LabelRows) -> tuple[np.ndarray, np.ndarray]:
+    """(per row the id that joins a device row to its runtime launch, which rows have one): the correlation id,
+    made one per process where the trace holds several (``r.process``: each counts its own ids; a row without a
+    process has none)."""
+    corr, has = _ints(r.df["correlation_id"])
+    if r.process is None:
+        return corr, has
+    has = has & (r.process >= 0) & (corr >= 0)
+    span = int(corr[has].max()) + 1 if has.any() else 1
+    return np.where(has, r.process * span + corr, -1), has
+
+
+def held_by(r: LabelRows, regions: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per row, the position (into ``regions``: rows of region spans, ending at ``ends``) of the region that holds its
+    start (``canonical.region_index``), -1 none. Where the trace holds several processes (``r.process``), a row of
+    a process that marks regions of its own is held by those only: two ranks' steps overlap (one runs into its next
+    step while the other ends its own: 240 of rank 0's host rows of 2x H100's nsys capture took rank 1's next step
+    number); other rows by every region."""
+    out = C.region_index(r.start, r.start[regions], ends)
+    if r.process is None:
+        return out
+    rp = r.process[regions]
+    for p in np.unique(rp[rp >= 0]).tolist():
+        mine, sel = np.flatnonzero(r.process == p), np.flatnonzero(rp == p)
+        at = C.region_index(r.start[mine], r.start[regions[sel]], ends[sel])
+        out[mine] = np.where(at >= 0, sel[np.maximum(at, 0)], -1)
+    return out
+
+
 def inherit_from_launches(r: LabelRows) -> None:
     """Device rows (kernels, memcpys, memsets) take every label and the launching op of their
-    runtime launch (the same correlation id; the first launch of an id); those without a launch
+    runtime launch (the same correlation id, of the same process where the trace holds several: ``launch_ids``;
+    the first launch of an id); those without a launch
     keep the regions of their own (device) time. Collective kernels (NCCL/RCCL by name) are
     collectives whatever launched them."""
     df = r.df
     dev = r.is_kind(*DEVICE_KINDS)
-    corr, has_corr = _ints(df["correlation_id"])
+    corr, has_corr = launch_ids(r)
     has_corr = has_corr & (corr >= 0)
     rt = np.flatnonzero(r.is_kind("runtime") & has_corr)
     launch = pd.Series(rt, index=corr[rt])

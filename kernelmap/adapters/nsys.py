@@ -17,7 +17,9 @@ needs; a missing required table/column raises ParseError naming it. Everything i
   range itself is dropped: warm-up, autotuning and set-up never enter the records.
 * ``CUDNN_EVENTS`` / ``CUBLAS_EVENTS`` (nsys ``--trace=cudnn,cublas``) -> library_call rows
 
-``tid``/``pid`` are decoded from nsys' ``globalTid`` (pid = bits 24..47, tid = low 24 bits).
+``tid``/``pid`` are decoded from nsys' ``globalTid`` (pid = bits 24..47, tid = low 24 bits); the device rows'
+pid from their ``globalPid``. A capture of several processes (a multi-process case's every rank) is labelled per
+process (``launch_processes``).
 """
 
 from __future__ import annotations
@@ -201,9 +203,11 @@ def _cuda_frames(con, tables: set[str], path: Path, sql) -> list[pd.DataFrame]:
             _need(path, t, have, ("start", "end", "correlationId", "bytes"))
             stream = "streamId" if "streamId" in have else "NULL"
             dev = "deviceId" if "deviceId" in have else "NULL"
+            # whose correlation ids they carry (a capture of several processes); no column of NULLs where none
+            gpid = '"globalPid" AS gpid, ' if "globalPid" in have else ""
             frames.append(sql(
                 f"SELECT '{kind}' AS kind, start AS start_ns, \"end\" - start AS dur_ns, correlationId AS correlation_id, "
-                f"{stream} AS stream, bytes, {dev} AS device_index, NULL AS gtid FROM {t}"))
+                f"{stream} AS stream, bytes, {gpid}{dev} AS device_index, NULL AS gtid FROM {t}"))
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if t in tables:
         have = _columns(con, t)
@@ -289,10 +293,21 @@ def label_rows(out: pd.DataFrame, dims: list | None, framework: str) -> None:
     from .kineto import kernel_library
 
     inductor.mark_wrapper_rows(out)
-    _trace.label(out, dims, framework)
+    _trace.label(out, dims, framework, process=launch_processes(out))
     inductor.attribute(out)
     fused_ops.attribute(out, framework)  # a fused op (MXNet's _FusedOp) as the model op its kernel's name fuses
     kernel_library(out)
+
+
+def launch_processes(out: pd.DataFrame) -> np.ndarray | None:
+    """Per row, its process (a code; -1: none) where the capture's runtime calls come from several processes
+    (one nsys capture of a case's every rank: each process counts its correlation ids from the same first one, so
+    a kernel joins its launch within its own process: ``_trace.label``'s ``process``); None for one process."""
+    if "pid" not in out:
+        return None
+    codes, _ = pd.factorize(out["pid"].astype("Int64"), use_na_sentinel=True)
+    runtime = strings.eq(out["kind"], "runtime")
+    return codes.astype("int64") if len(np.unique(codes[runtime & (codes >= 0)])) > 1 else None
 
 
 _RECORD_COLUMNS = ("kind", "start_ns", "dur_ns", "correlation_id", "stream", "kernel_name", "op_name", "seq",
