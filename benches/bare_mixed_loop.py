@@ -29,7 +29,7 @@ Data: ``BATCHES`` random batches put on the device before timing and cycled thro
 to back, each block ended by one device sync; a sample is a block's wall time / its steps. Unlike kernelmap's, the
 garbage collector is left as a plain loop leaves it (kernelmap turns it off within each window of 50 steps and
 collects between windows, outside its clocks). One JSON line per batch size: the median sample (ms/step), the
-interquartile range, every sample.
+interquartile range, every sample, and the main thread's median CPU ms a step (``main_cpu_ms``).
 """
 
 from __future__ import annotations
@@ -82,22 +82,26 @@ def random_batches(bs: int, n: int, seed: int = 1):
             for _ in range(n)]
 
 
-def timed(step, batches: list, sync, warmup: int, blocks: int) -> list[float]:
-    """Samples (ms/step): ``warmup`` steps, then ``blocks`` blocks of ``BLOCK`` steps, a sync ending each."""
+def timed(step, batches: list, sync, warmup: int, blocks: int) -> tuple[list[float], list[float]]:
+    """Samples (ms/step): ``warmup`` steps, then ``blocks`` blocks of ``BLOCK`` steps, a sync ending each; beside
+    each, the main thread's CPU time a step over the same block (``time.thread_time``, kernelmap's
+    main_thread_median_step_s): a host-bound step's wall time is mostly this thread's work."""
     i = 0
     for _ in range(warmup):
         step(*batches[i % len(batches)])
         i += 1
     sync()
-    out = []
+    out, cpu = [], []
     for _ in range(blocks):
+        c = time.thread_time()
         t = time.perf_counter()
         for _ in range(BLOCK):
             step(*batches[i % len(batches)])
             i += 1
         sync()
         out.append((time.perf_counter() - t) / BLOCK * 1e3)
-    return out
+        cpu.append((time.thread_time() - c) / BLOCK * 1e3)
+    return out, cpu
 
 
 def pytorch(bs: int, math: str, device: str) -> Loop:
@@ -296,11 +300,11 @@ def main(argv: list[str]) -> int:
         os.environ["NVIDIA_TF32_OVERRIDE"] = "0"  # before any framework loads its CUDA libraries (spec.Math.apply)
     for bs in a.batch_sizes:
         loop = LOOPS[a.framework](bs, a.math, a.device)
-        samples, ver = timed(loop.step, loop.batches, loop.sync, a.warmup, a.blocks), loop.version
+        (samples, cpu), ver = timed(loop.step, loop.batches, loop.sync, a.warmup, a.blocks), loop.version
         q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
         print(json.dumps({"fw": a.framework, "math": a.math, "bs": bs, "device": a.device,
                           "median_ms": round(statistics.median(samples), 4), "iqr_ms": [round(q[0], 4), round(q[2], 4)],
-                          "blocks": a.blocks, "block_steps": BLOCK, "warmup": a.warmup,
+                          "main_cpu_ms": round(statistics.median(cpu), 4), "blocks": a.blocks, "block_steps": BLOCK, "warmup": a.warmup,
                           "samples_ms": [round(s, 4) for s in samples], "version": ver}), flush=True)
     return 0
 

@@ -153,8 +153,10 @@ def trial_lines(results: list[dict], mode: str, math: str, bs: int) -> list[dict
             continue
         if want is not None and entry.get("mode") != want:
             continue
+        main = (entry.get("cpu_time") or {}).get("main_thread_median_step_s")  # the case's, over its trials
         return [{"trial": t["trial"], "median_ms": t["median_step_s"] * 1e3, "contended": t.get("contended"),
-                 "used": t.get("used")} for t in entry["trials"]]
+                 "used": t.get("used"), "main_cpu_ms": main * 1e3 if main is not None else None}
+                for t in entry["trials"]]
     raise ValueError(f"no case {mode} {math} bs {bs} in the run's results.json")
 
 
@@ -187,7 +189,8 @@ def run_one(out: Path, r: int, mode: str, bs: int, side: str, a: argparse.Namesp
         return [{**base, "error": f"exit {p.returncode}: {_last_line(p.stderr)}"}]
     if side == BARE:
         d = json.loads(_last_line(p.stdout))
-        return [{**base, "median_ms": d["median_ms"], "iqr_ms": d["iqr_ms"], "version": d["version"]}]
+        return [{**base, "median_ms": d["median_ms"], "iqr_ms": d["iqr_ms"], "version": d["version"],
+                 "main_cpu_ms": d.get("main_cpu_ms")}]
     (out / f"km-{mode}-bs{bs}-{r}.json").write_text(p.stdout)
     try:
         trials = trial_lines(json.loads((run_dir / "results.json").read_text()), mode, math, bs)
@@ -264,11 +267,18 @@ def summarise_processes(lines: list[dict]) -> list[dict]:
             ok = [x["median_ms"] for x in xs if "error" not in x]
             row[side] = {"n": len(ok), "failed": [x["error"] for x in xs if "error" in x],
                          "median_ms": statistics.median(ok) if ok else None,
-                         "range_ms": [min(ok), max(ok)] if ok else None, "per_process_ms": ok}
+                         "range_ms": [min(ok), max(ok)] if ok else None, "per_process_ms": ok,
+                         "main_cpu_ms": _median_of(x.get("main_cpu_ms") for x in xs if "error" not in x)}
         row[KERNELMAP]["contended"] = sum(1 for x in sides[KERNELMAP] if x.get("contended"))
         row[KERNELMAP]["runs"] = len({x["round"] for x in sides[KERNELMAP]})
         rows.append({**row, **verdict(row[BARE]["per_process_ms"], row[KERNELMAP]["per_process_ms"])})
     return rows
+
+
+def _median_of(xs) -> float | None:
+    """The median of the figures given, None where none is."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def format_verdicts(rows: list[dict]) -> str:
@@ -291,6 +301,9 @@ def format_verdicts(rows: list[dict]) -> str:
         p = f"{r['u_p']:.4f}" if "u_p" in r else "-"
         out.append(f"{r['mode']} {r['math']} {r['batch_size']} | {cell(r[BARE])} | {cell(k, extra)} | {ratio} | "
                    f"{spread} | {p} | {r['verdict']}: {r['why']}")
+        mains = [r[side].get("main_cpu_ms") for side in (BARE, KERNELMAP)]
+        if None not in mains:  # where the host's time went: the main thread's work, or waiting
+            out.append(f"    main thread's CPU ms a step (median): bare {mains[0]:.3f}, kernelmap {mains[1]:.3f}")
         for side in (BARE, KERNELMAP):
             out.extend(f"    {side} failed: {e}" for e in r[side]["failed"])
     return "\n".join(out)

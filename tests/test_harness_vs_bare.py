@@ -69,7 +69,11 @@ def test_each_clean_trial_of_the_case_from_a_real_results_json():
     # the H200 bf16 run of last session's job (--mode all --trials 1), trimmed to each case's trials
     results = json.loads((MIXED / "results_h200_bf16.json").read_text())
     t = H.trial_lines(results, "pytorch", "bf16", 1024)  # eager, not cuda-graph/compile/compile-graphs
-    assert t == [{"trial": 1, "median_ms": pytest.approx(2.8787955), "contended": False, "used": True}]
+    # trimmed without the case's cpu_time: no main-thread figure, not a made-up one
+    assert t == [{"trial": 1, "median_ms": pytest.approx(2.8787955), "contended": False, "used": True,
+                  "main_cpu_ms": None}]
+    results[0]["cpu_time"] = {"main_thread_median_step_s": 0.00205}
+    assert H.trial_lines(results, "pytorch", "bf16", 1024)[0]["main_cpu_ms"] == pytest.approx(2.05)
     assert H.trial_lines(results, "jax", "bf16", 1024)[0]["median_ms"] == pytest.approx(0.9185971)
     with pytest.raises(ValueError, match="no case mxnet fp16 bs 1024"):
         H.trial_lines(results, "mxnet", "fp16", 1024)
@@ -129,6 +133,19 @@ def test_a_real_cpu_run_summarised_failures_counted_never_dropped():
     assert r["bare"]["median_ms"] == pytest.approx(sorted(bare)[1])
     text = H.format_verdicts(list(rows.values()))
     assert "    bare failed: exit 1: boom" in text and "(9 trials of 3 runs" in text
+
+
+def test_the_main_threads_cpu_time_shown_only_where_both_sides_have_it():
+    lines = H.read_processes(MIXED / "cpu_run")
+    rows = {r["mode"]: r for r in H.summarise_processes(lines)}
+    assert rows["pytorch"]["bare"]["main_cpu_ms"] is None  # the fixture's script did not read it yet
+    assert "main thread's CPU ms" not in H.format_verdicts(list(rows.values()))
+    for side, base in (("bare", 1.0), ("kernelmap", 3.0)):
+        for i, x in enumerate(x for x in lines if x["mode"] == "pytorch" and x["side"] == side):
+            x["main_cpu_ms"] = base + i / 100  # bare: 3 processes, kernelmap: 9 trials
+    rows = {r["mode"]: r for r in H.summarise_processes(lines)}
+    assert rows["pytorch"]["bare"]["main_cpu_ms"] == pytest.approx(1.01)  # median of 1.00, 1.01, 1.02
+    assert "main thread's CPU ms a step (median): bare 1.010, kernelmap 3.040" in H.format_verdicts(list(rows.values()))
 
 
 def test_the_summary_of_a_mixed_run_dir_and_a_second_run_into_it_refused(tmp_path, capsys):
