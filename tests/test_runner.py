@@ -655,6 +655,22 @@ def _run_args(out: Path, *extra: str) -> argparse.Namespace:
          "--data", "synthetic", "--out", str(out), "--json", *extra])
 
 
+def test_a_capture_pass_faster_than_the_clean_trials_gets_them_repeated(tmp_path, monkeypatch, capsys):
+    """PyTorch's libs pass ran at half its clean trials' step, quiet (a clean process ran slow: schedule.FASTER_RULE):
+    two repeats (--max-repeats' default), each saying why; the others, whose passes ran as their trials, none."""
+    plan = {("pytorch", 64, "libs", None): {"median_s": 0.005}}
+    fake = _workers_that_finish(monkeypatch, plan)
+    monkeypatch.setattr(run_cli, "parity_figures", lambda *a: {})
+    monkeypatch.setattr(run_cli, "normalise_run", lambda tmp: None)
+    out = tmp_path / "run"
+    run_cli.execute(_run_args(out, "--repeat-budget", "600"))
+    repeated = [c[:4] for c in fake.calls if c[2] == "clean" and c[3] > 2]
+    assert repeated == [("pytorch", 64, "clean", 3), ("pytorch", 64, "clean", 4)]
+    results = {r["framework"]: r for r in json.loads((out / "results.json").read_text())}
+    assert results["pytorch"]["repeats"] == 2 and results["mxnet"]["repeats"] == results["jax"]["repeats"] == 0
+    assert "its libs pass ran faster than its clean trials beyond noise" in capsys.readouterr().err
+
+
 def test_run_interleaves_repeats_and_leaves_contended_trials_out(tmp_path, monkeypatch, capsys):
     """All three frameworks, 2 trials and the libs pass: MXNet's trial 2 ran under contention (one repeat
     replaces it), JAX's trials disagree (two repeats, still apart: flagged), PyTorch is quiet."""

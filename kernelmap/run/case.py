@@ -293,7 +293,8 @@ def run_repeats(cases: dict[CaseKey, CaseRun], trials: int, max_repeats: int, bu
         order = round_order([c.key for c in live], r)
         want = [(cases[k], why) for k in order
                 if not cases[k].repeats_over
-                and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats))]
+                and (why := repeat_reason(cases[k].clean_trials, trials, len(cases[k].repeat_trials), max_repeats,
+                                          cases[k].pass_results))]
         if not want:
             return
         progress.total += len(want)

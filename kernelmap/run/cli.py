@@ -407,7 +407,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"independent clean-pass processes per framework x batch size (default {timing.DEFAULT_TRIALS})")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS, metavar="N",
                         help="extra clean trials of a framework x batch size whose trials ran under contention or "
-                             f"disagree beyond noise (default {DEFAULT_MAX_REPEATS})")
+                             "disagree beyond noise, or that a capture pass outran beyond noise "
+                             f"(default {DEFAULT_MAX_REPEATS})")
     parser.add_argument("--repeat-budget", type=float, metavar="SECONDS",
                         help="wall time the extra trials may take (default: "
                              f"{REPEAT_BUDGET_SHARE * 100:.0f}%% of the run's time before them)")

@@ -135,10 +135,12 @@ def used_trials(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return quiet or list(trials)
 
 
-def repeat_reason(trials: list[dict[str, Any]], wanted: int, repeats: int, max_repeats: int) -> str | None:
+def repeat_reason(trials: list[dict[str, Any]], wanted: int, repeats: int, max_repeats: int,
+                  captures: dict[str, dict[str, Any]] | None = None) -> str | None:
     """Why a case gets one more clean trial, or None: fewer than ``wanted`` of its trials ran without
-    contention, or the trials its figure uses disagree (``timing.trials_disagree``); never more than
-    ``max_repeats`` extra trials."""
+    contention, the trials its figure uses disagree (``timing.trials_disagree``), or a capture pass of
+    ``captures`` ({pass: its worker's result}) ran faster than them beyond noise (``faster_capture``); never more
+    than ``max_repeats`` extra trials."""
     if repeats >= max_repeats:
         return None
     busy = [t["trial"] for t in trials if trial_contended(t) is True]
@@ -146,6 +148,36 @@ def repeat_reason(trials: list[dict[str, Any]], wanted: int, repeats: int, max_r
         return f"trial{'s' if len(busy) > 1 else ''} {', '.join(str(b) for b in busy)} ran under contention"
     if timing.trials_disagree([t["step_times_s"] for t in used_trials(trials)]):
         return "its trials disagree beyond noise"
+    faster = faster_capture(trials, captures or {})
+    if faster is not None:
+        return f"its {faster} pass ran faster than its clean trials beyond noise (a clean process ran slow)"
+    return None
+
+
+FASTER_RULE = ("a capture pass (its profiler added, the device synchronised after every step) cannot run a step faster "
+               "than the clean pass: where its 95% interval of the median lies wholly below the clean trials' "
+               "(timing.judging_interval, widened to one more process where they ran quiet: timing.PROCESS_RULE), a "
+               "clean process ran slow, and the case gets one more clean trial (the report's check 'capture not "
+               "faster' holds the same comparison)")
+
+
+def faster_capture(trials: list[dict[str, Any]], captures: dict[str, dict[str, Any]]) -> str | None:
+    """The first capture pass of ``captures`` ({pass: its worker's result}) that ran faster than the clean
+    ``trials`` beyond noise (``FASTER_RULE``), or None; a pass skipped, without two timed steps, or of the step
+    without reduction (faster by design: dataparallel.NO_REDUCTION) is not held against them."""
+    used = used_trials(trials)
+    if not used:
+        return None
+    clean = timing.step_stats([t["step_times_s"] for t in used]).to_dict()
+    clean_ci = timing.judging_interval(clean, between_processes=all(trial_contended(t) is False for t in used))
+    if clean_ci is None:
+        return None
+    for name, result in captures.items():
+        if name == dataparallel.NO_REDUCTION or "skipped" in result:
+            continue
+        ci = timing.capture_ci(result.get("step_times_s") or [])
+        if ci is not None and ci[1] < clean_ci[0]:
+            return name
     return None
 
 
