@@ -58,7 +58,8 @@ class OpCpu:
     framework: str
     batch_size: int | None
     why: str = ""
-    # Timed.events plus cpu_ns (NaN: outside the samples, or not sampled apart: cpu_why), shared_cpu_ns, span_cpu_ns
+    # Timed.events plus cpu_ns (NaN: outside the samples, or not sampled apart: cpu_why), shared_cpu_ns, span_cpu_ns,
+    # process_cpu_ns
     events: pd.DataFrame | None = None
     iterations: tuple[int, ...] = ()
     fit: cpusampler.Fit | None = None
@@ -151,7 +152,8 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     end = start + ev["dur_ns"].to_numpy(dtype=np.int64)
     running = running_ends(rec, ev) - fit.offset_ns
     # shared_cpu_ns: the op's share (cpusampler.SHARE_RULE); cpu_ns: the same where it is the op's own, NaN where
-    # its span shared XLA's pool with another's work (cpu_why: cpusampler.POOL_RULE); span_cpu_ns: unshared
+    # its span shared XLA's pool with another's work (cpu_why: cpusampler.POOL_RULE); span_cpu_ns: unshared, the ops'
+    # threads' (less the main thread where it runs none: MAIN_RULE); process_cpu_ns: every thread's, the main one's too
     shared = cpusampler.shared_cpu(samples, start, end, running)
     more = _untimed_ops(rec, ev, t)
     why = pool_why(ev, more, rec)
@@ -170,7 +172,8 @@ def _measure(run: Run, t: Timed) -> OpCpu:
         why = why.assign(cpu_why=pd.Series(np.where(unsure, poolcpu.UNSURE_WHY, None), index=ev.index, dtype=object),
                          pool_with=pd.Series(None, index=ev.index, dtype=object))
     return OpCpu(fw, bs, "", ev.assign(cpu_ns=np.where(why["cpu_why"].notna(), np.nan, shared), shared_cpu_ns=shared,
-                                       **why, span_cpu_ns=samples.between(start, end)), **base, pool=pool)
+                                       **why, span_cpu_ns=samples.between(start, end),
+                                       process_cpu_ns=full.between(start, end)), **base, pool=pool)
 
 
 def pool_threads(folder, fig: dict, full: cpusampler.Samples, pid: Any, rec: pd.DataFrame, ev: pd.DataFrame,
