@@ -3,7 +3,7 @@ goal (the clean step within 5% of a bare mixed-precision loop at bs 1024, for ea
 
     python benches/harness_vs_bare.py run OUT [--math bf16] [--n 3] [--batch-size 1024 ...] [--device gpu]
                                               [--modes pytorch jax mxnet] [--steps 200] [--warmup 5] [--trials 3]
-                                              [--mxnet-tree TREE] [--python NAME=PATH ...]
+                                              [--mxnet-tree TREE] [--python NAME=PATH ...] [--cpus 0-3]
     python benches/harness_vs_bare.py OUT     the summary of OUT again (a mixed run: OUT/processes.jsonl; an fp32
                                               run of the GPU job's harness phase: OUT/bare.jsonl + run-*.json)
 
@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -160,6 +162,15 @@ def trial_lines(results: list[dict], mode: str, math: str, bs: int) -> list[dict
     raise ValueError(f"no case {mode} {math} bs {bs} in the run's results.json")
 
 
+CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")  # taskset -c's list: 0-3,8,10-11
+
+
+def pinned(argv: list[str], cpus: str | None) -> list[str]:
+    """``argv`` run on the CPUs of ``cpus`` (taskset -c), both sides alike; unchanged without. A process's children
+    (kernelmap run's workers) inherit its CPUs: the placement between processes is then not a source of their spread."""
+    return ["taskset", "-c", cpus, *argv] if cpus else list(argv)
+
+
 def _last_line(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return lines[-1] if lines else "(no output)"
@@ -168,7 +179,7 @@ def _last_line(text: str) -> str:
 def run_one(out: Path, r: int, mode: str, bs: int, side: str, a: argparse.Namespace) -> list[dict]:
     """One process (a kernelmap run: its trials), its lines for processes.jsonl."""
     math = math_of(mode, a.math, a.device)
-    base = {"side": side, "mode": mode, "math": math, "bs": bs, "round": r}
+    base = {"side": side, "mode": mode, "math": math, "bs": bs, "round": r, **({"cpus": a.cpus} if a.cpus else {})}
     fw, env = framework_of(mode), dict(os.environ)
     if side == BARE:
         python = dict(x.split("=", 1) for x in a.python).get(fw, sys.executable)
@@ -179,6 +190,7 @@ def run_one(out: Path, r: int, mode: str, bs: int, side: str, a: argparse.Namesp
     else:
         run_dir = out / "runs" / f"{mode}-bs{bs}-{r}"
         argv, log = kernelmap_argv(mode, math, bs, run_dir, a), out / "kernelmap.err"
+    argv = pinned(argv, a.cpus)
     try:
         p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=out, timeout=a.timeout)
     except subprocess.TimeoutExpired:
@@ -271,6 +283,7 @@ def summarise_processes(lines: list[dict]) -> list[dict]:
                          "main_cpu_ms": _median_of(x.get("main_cpu_ms") for x in xs if "error" not in x)}
         row[KERNELMAP]["contended"] = sum(1 for x in sides[KERNELMAP] if x.get("contended"))
         row[KERNELMAP]["runs"] = len({x["round"] for x in sides[KERNELMAP]})
+        row["cpus"] = sorted({x["cpus"] for xs in sides.values() for x in xs if x.get("cpus")})
         rows.append({**row, **verdict(row[BARE]["per_process_ms"], row[KERNELMAP]["per_process_ms"])})
     return rows
 
@@ -301,6 +314,8 @@ def format_verdicts(rows: list[dict]) -> str:
         p = f"{r['u_p']:.4f}" if "u_p" in r else "-"
         out.append(f"{r['mode']} {r['math']} {r['batch_size']} | {cell(r[BARE])} | {cell(k, extra)} | {ratio} | "
                    f"{spread} | {p} | {r['verdict']}: {r['why']}")
+        if r.get("cpus"):
+            out.append(f"    every process on CPUs {' and '.join(r['cpus'])} (taskset -c)")
         mains = [r[side].get("main_cpu_ms") for side in (BARE, KERNELMAP)]
         if None not in mains:  # where the host's time went: the main thread's work, or waiting
             out.append(f"    main thread's CPU ms a step (median): bare {mains[0]:.3f}, kernelmap {mains[1]:.3f}")
@@ -325,9 +340,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--python", action="append", default=[], metavar="NAME=PATH",
                    help="a framework's interpreter: the bare loop's, and kernelmap run's --python")
     p.add_argument("--timeout", type=int, default=600, help="seconds a process may take (default 600)")
+    p.add_argument("--cpus", help="taskset -c list (e.g. 0-3): every process of both sides on these CPUs")
     a = p.parse_args(argv)
     if a.steps < BLOCK or a.steps % BLOCK or a.n < 1 or a.trials < 1:
         p.error(f"--steps must be a positive multiple of {BLOCK}; --n and --trials >= 1")
+    if a.cpus is not None and not CPU_LIST.match(a.cpus):
+        p.error(f"--cpus {a.cpus}: not a CPU list (taskset -c's form: 0-3,8)")
+    if a.cpus is not None and shutil.which("taskset") is None:
+        p.error("--cpus needs taskset (util-linux), not found on PATH")
     if any("=" not in x for x in a.python):
         p.error("--python takes NAME=PATH")
     if a.device == "cpu" and a.math == "fp16" and "pytorch" in a.modes:

@@ -202,3 +202,20 @@ def test_the_jobs_harness_phase_at_bf16_runs_the_comparison(tmp_path):
     assert calls == [f"{tmp_path}/checkout/benches/harness_vs_bare.py run {tmp_path}/out/harness --math bf16 --n 4 "
                      "--batch-size 1024 --modes pytorch jax mxnet --steps 200"]
     assert "harness exit 0" in p.stdout
+
+
+def test_both_sides_pinned_to_the_same_cpus_and_said(tmp_path):
+    assert H.pinned(["python", "x.py"], "0-3") == ["taskset", "-c", "0-3", "python", "x.py"]
+    assert H.pinned(["python", "x.py"], None) == ["python", "x.py"]
+    assert H.parse([str(tmp_path), "--cpus", "0-3,8"]).cpus == "0-3,8"
+    for bad in ("0-", "a", "0;3", "0-3,"):
+        with pytest.raises(SystemExit):
+            H.parse([str(tmp_path), "--cpus", bad])
+    lines = H.read_processes(MIXED / "cpu_run")
+    for x in lines:
+        x["cpus"] = "0-3"
+    rows = {r["mode"]: r for r in H.summarise_processes(lines)}
+    assert rows["pytorch"]["cpus"] == ["0-3"]
+    assert "    every process on CPUs 0-3 (taskset -c)" in H.format_verdicts(list(rows.values()))
+    rows = {r["mode"]: r for r in H.summarise_processes(H.read_processes(MIXED / "cpu_run"))}
+    assert rows["pytorch"]["cpus"] == [] and "taskset" not in H.format_verdicts(list(rows.values()))
