@@ -27,7 +27,8 @@
 #              (default fp32): fp32 the reference probes, HARNESS_N (default 5) processes each, every mode; bf16/fp16
 #              (issue 38's 5%): benches/harness_vs_bare.py run, HARNESS_N (default 3) rounds of bare_mixed_loop.py and
 #              kernelmap run --trials 3 per mode of HARNESS_MODES (default pytorch jax, + mxnet with a tree; MXNet
-#              fp16), HARNESS_STEPS (default 200) timed steps each, HARNESS_CPUS (a taskset -c list): every process of
+#              fp16), HARNESS_STEPS (default 200) timed steps each, HARNESS_TRIALS (default 3) kernelmap trials a
+#              round, HARNESS_CPUS (a taskset -c list): every process of
 #              both sides on those CPUs; the verdict per mode in harness/summary.txt
 #   custom-op  per route in CUSTOM_ROUTES (default "jit setuptools cmake"): build, the seed's AddModel, parity,
 #              kernelmap run --custom-op; fc1's kernels beside the run phase's built-in ones (custom_op_compare.py)
@@ -288,9 +289,10 @@ if want harness && [ "${HARNESS_MATH:-fp32}" != fp32 ]; then  # issue 38: the mi
   h="$out/harness"; mkdir -p "$h"; modes=${HARNESS_MODES:-pytorch jax}; tree_arg=()
   if [ -n "$(tree)" ]; then tree_arg=(--mxnet-tree "$(tree)"); [ -z "${HARNESS_MODES:-}" ] && modes="$modes mxnet"; fi
   stamp "harness $HARNESS_MATH: ${HARNESS_N:-3} rounds of $modes at $bs"
-  # shellcheck disable=SC2086  # word-split on purpose: lists of batch sizes and modes
   pin=(); [ -n "${HARNESS_CPUS:-}" ] && pin=(--cpus "$HARNESS_CPUS")  # both sides on these CPUs (taskset -c)
+  # shellcheck disable=SC2086  # word-split on purpose: lists of batch sizes and modes
   python3 "$repo/benches/harness_vs_bare.py" run "$h" --math "$HARNESS_MATH" --n "${HARNESS_N:-3}" --batch-size $bs "${pin[@]}" \
+    --trials "${HARNESS_TRIALS:-3}" \
     --modes $modes --steps "${HARNESS_STEPS:-200}" "${tree_arg[@]}" 2>&1 | tee "$h/summary.txt"
   echo "harness exit ${PIPESTATUS[0]}"
 elif want harness; then stamp "harness: ${HARNESS_N:-5} processes each"
