@@ -200,8 +200,16 @@ def test_the_jobs_harness_phase_at_bf16_runs_the_comparison(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c for c in log.read_text().splitlines() if "harness_vs_bare.py" in c]
     assert calls == [f"{tmp_path}/checkout/benches/harness_vs_bare.py run {tmp_path}/out/harness --math bf16 --n 4 "
-                     "--batch-size 1024 --modes pytorch jax mxnet --steps 200"]
+                     "--batch-size 1024 --trials 3 --modes pytorch jax mxnet --steps 200"]
     assert "harness exit 0" in p.stdout
+    log.unlink()
+    env.update(HARNESS_CPUS="0-7", HARNESS_TRIALS="1")  # both sides pinned, one kernelmap trial a round
+    p = subprocess.run(["bash", str(ROOT / "benches" / "gpu_job.sh"), "job"], cwd=tmp_path / "checkout", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = [c for c in log.read_text().splitlines() if "harness_vs_bare.py" in c]
+    assert calls == [f"{tmp_path}/checkout/benches/harness_vs_bare.py run {tmp_path}/out/harness --math bf16 --n 4 "
+                     "--batch-size 1024 --cpus 0-7 --trials 1 --modes pytorch jax mxnet --steps 200"]
 
 
 def test_both_sides_pinned_to_the_same_cpus_and_said(tmp_path):
