@@ -257,8 +257,9 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
         why_list = "".join(f'<li id="{tag}noratio-{_html.escape(str(run))}-{bs}-{n}" value="{n}">{_html.escape(w)}</li>'
                            for w, n in notes.items())
         out.append({"title": f"Run {run}, batch size {bs}" + (f": {where}" if where else ""),
-                    "html": f'<table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
-                            f"<tbody>{''.join(body)}</tbody></table>"
+                    # a table of many frameworks' calls is wider than the page: it scrolls in its own box
+                    "html": f'<div class="wide"><table class="answer"><thead><tr>{head1}</tr><tr>{head2}</tr></thead>'
+                            f"<tbody>{''.join(body)}</tbody></table></div>"
                             + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else "")
                             + H.statements_list(stated, f"{tag}callnote-{_html.escape(str(run))}-{bs}"),
                     "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})

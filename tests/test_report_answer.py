@@ -148,6 +148,9 @@ def test_answer_is_the_first_section_and_a_csv(out):
     # the CPU run: 4 layers x (fwd, bwd) per batch size, one table per batch size
     sizes = sorted(A.load_run(RUN).results[i]["batch_size"] for i in range(len(A.load_run(RUN).results)))
     assert sec.count("<table") == len(set(sizes))
+    # each in a box of its own that scrolls: 3 frameworks' calls, algorithms and kernels are wider than 1,400 px
+    # (the sample report's H200 "Calls and kernels" tables: 1,778 px, the whole page as wide before the box)
+    assert sec.count('<div class="wide"><table class="answer">') == len(set(sizes))
     assert sec.count('<td class="key">') == 2 * 8 * len(set(sizes))
     for layer in ("conv1", "conv2", "fc1", "fc2"):
         assert f'<td class="key">{layer}</td>' in sec
