@@ -304,7 +304,8 @@ def main(argv: list[str]) -> int:
         q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
         print(json.dumps({"fw": a.framework, "math": a.math, "bs": bs, "device": a.device,
                           "median_ms": round(statistics.median(samples), 4), "iqr_ms": [round(q[0], 4), round(q[2], 4)],
-                          "main_cpu_ms": round(statistics.median(cpu), 4), "blocks": a.blocks, "block_steps": BLOCK, "warmup": a.warmup,
+                          "main_cpu_ms": round(statistics.median(cpu), 4),
+                          "blocks": a.blocks, "block_steps": BLOCK, "warmup": a.warmup,
                           "samples_ms": [round(s, 4) for s in samples], "version": ver}), flush=True)
     return 0
 

@@ -52,6 +52,7 @@ OP_WALL_RULE = ("the process's CPU time (every thread's, its main thread's too) 
                 "thread holds a core of a machine with few (the step's first forward op, on 2 cores, while the main thread "
                 "pushes the rest of the step): said, not failed")
 
+
 def op_cpu_checks(run: Run) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     cores = field_at(field_at(run.manifest, "host", default={}) or {}, "cpu_count")

@@ -184,30 +184,32 @@ def test_end_to_end_on_the_cpu(tmp_path):
     assert "pytorch bf16 4 |" in r.stdout
 
 
-def test_the_jobs_harness_phase_at_bf16_runs_the_comparison(tmp_path):
-    """gpu_job.sh PHASES=harness HARNESS_MATH=bf16: one call of the script's `run` with the job's options."""
+def _harness_calls(tmp_path, **extra) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """gpu_job.sh PHASES=harness HARNESS_MATH=bf16 with a stand-in python3: its exit and its calls of the script."""
     log = tmp_path / "python3.log"
+    log.unlink(missing_ok=True)
     fake = tmp_path / "bin"
-    fake.mkdir()
+    fake.mkdir(exist_ok=True)
     (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >>"{log}"\nexit 0\n')
     (fake / "python3").chmod(0o755)
-    (tmp_path / "checkout").mkdir()
+    (tmp_path / "checkout").mkdir(exist_ok=True)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out"),
            "KERNELMAP_MXNET_HOME": str(tmp_path / "mxhome"), "PHASES": "harness", "HARNESS_MATH": "bf16",
-           "BARE_BS": "1024", "HARNESS_MODES": "pytorch jax mxnet", "HARNESS_N": "4"}
+           "BARE_BS": "1024", "HARNESS_MODES": "pytorch jax mxnet", "HARNESS_N": "4", **extra}
     p = subprocess.run(["bash", str(ROOT / "benches" / "gpu_job.sh"), "job"], cwd=tmp_path / "checkout", env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    calls = [c for c in log.read_text().splitlines() if "harness_vs_bare.py" in c]
+    return p, [c for c in log.read_text().splitlines() if "harness_vs_bare.py" in c]
+
+
+def test_the_jobs_harness_phase_at_bf16_runs_the_comparison(tmp_path):
+    """gpu_job.sh PHASES=harness HARNESS_MATH=bf16: one call of the script's `run` with the job's options."""
+    p, calls = _harness_calls(tmp_path)
     assert calls == [f"{tmp_path}/checkout/benches/harness_vs_bare.py run {tmp_path}/out/harness --math bf16 --n 4 "
                      "--batch-size 1024 --trials 3 --modes pytorch jax mxnet --steps 200"]
     assert "harness exit 0" in p.stdout
-    log.unlink()
-    env.update(HARNESS_CPUS="0-7", HARNESS_TRIALS="1")  # both sides pinned, one kernelmap trial a round
-    p = subprocess.run(["bash", str(ROOT / "benches" / "gpu_job.sh"), "job"], cwd=tmp_path / "checkout", env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    calls = [c for c in log.read_text().splitlines() if "harness_vs_bare.py" in c]
+    # both sides pinned, one kernelmap trial a round
+    _, calls = _harness_calls(tmp_path, HARNESS_CPUS="0-7", HARNESS_TRIALS="1")
     assert calls == [f"{tmp_path}/checkout/benches/harness_vs_bare.py run {tmp_path}/out/harness --math bf16 --n 4 "
                      "--batch-size 1024 --cpus 0-7 --trials 1 --modes pytorch jax mxnet --steps 200"]
 
