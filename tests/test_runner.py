@@ -253,7 +253,11 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     assert entry["n_trials"] == len(used) >= 1
     assert len(entry["step_times_s"]) == sum(t["samples"] for t in used) and all(t > 0 for t in entry["step_times_s"])
     assert entry["median_step_s"] == pytest.approx(float(np.median(entry["step_times_s"])))
-    assert entry["ci95_low_s"] <= entry["median_step_s"] <= entry["ci95_high_s"]
+    # one used trial of one sample (the other ran under contention, as on a busy CI runner): no interval
+    assert (entry["ci95_low_s"] is None) == (entry["ci95_high_s"] is None) == (len(entry["step_times_s"]) < 2)
+    assert entry["ci95_low_s"] is None or entry["ci95_low_s"] <= entry["median_step_s"] <= entry["ci95_high_s"]
+    if len(used) < len(entry["trials"]):  # a trial left out is one that ran under contention, and said so
+        assert all(t["contended"] for t in entry["trials"] if not t["used"])
     assert entry["images_per_s"] == pytest.approx(64 / entry["median_step_s"])
     # the end-to-end figure: over the same used trials as the step figure (each fetches its own batches)
     assert entry["e2e_images_per_s"] == pytest.approx(64 / entry["e2e_step_s"])
@@ -301,7 +305,9 @@ def _check_run(out: Path, framework: str, proc: subprocess.CompletedProcess) -> 
     assert len(pids) == n_trials  # each trial its own process
     # CPU time over the same used trials as the step figure, with its own interval (timing.cpu_figure)
     assert entry["cpu_time"]["n_trials"] == len(used) and entry["cpu_time"]["clock"] == timing.CPU_CLOCK
-    assert entry["cpu_time"]["ci95_low_s"] <= entry["cpu_time"]["median_step_s"] <= entry["cpu_time"]["ci95_high_s"]
+    cpu = entry["cpu_time"]
+    assert (cpu["ci95_low_s"] is None) == (cpu["n_samples"] < 2) and cpu["n_samples"] == len(entry["step_times_s"])
+    assert cpu["ci95_low_s"] is None or cpu["ci95_low_s"] <= cpu["median_step_s"] <= cpu["ci95_high_s"]
     return entry
 
 
