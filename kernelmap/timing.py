@@ -237,6 +237,21 @@ def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
+class Placement(enum.StrEnum):
+    """Where one 95% interval lies against another: the one comparison every "beyond noise" verdict makes."""
+
+    BELOW = "below"  # wholly below the other: faster (a time) beyond noise
+    WITHIN = "within"  # they share a point: within noise
+    ABOVE = "above"  # wholly above the other: slower beyond noise
+
+
+def placement(a: tuple[float, float], b: tuple[float, float]) -> Placement:
+    """Where interval ``a`` lies against interval ``b`` (``intervals_overlap``: within)."""
+    if intervals_overlap(a, b):
+        return Placement.WITHIN
+    return Placement.ABOVE if a[0] > b[1] else Placement.BELOW
+
+
 def capture_ci(samples: list[float]) -> tuple[float, float] | None:
     """95% bootstrap interval of one trial's (or one capture pass's) per-step median: ``median_ci`` of
     that trial alone (samples resampled within it); None for fewer than two samples."""

@@ -85,6 +85,17 @@ def test_intervals_overlap():
     assert timing.intervals_overlap((1.0, 4.0), (2.0, 3.0))  # one inside the other
 
 
+def test_placement_of_one_interval_against_another():
+    """The one comparison behind every "beyond noise" verdict (capture pass, pair of passes, CPU time, diff's
+    step, the repeat rule): wholly below, sharing a point, wholly above."""
+    clean = (2.570, 3.168)
+    assert timing.placement((2.40, 2.56), clean) is timing.Placement.BELOW
+    assert timing.placement((2.40, 2.57), clean) is timing.Placement.WITHIN  # a shared end point
+    assert timing.placement((3.0, 3.3), clean) is timing.Placement.WITHIN
+    assert timing.placement((3.169, 3.3), clean) is timing.Placement.ABOVE
+    assert timing.placement(clean, (2.40, 2.56)) is timing.Placement.ABOVE  # the mirror
+
+
 def test_capture_ci_is_one_trials_interval():
     rng = np.random.default_rng(1)
     samples = list(1.0 + 0.01 * rng.standard_normal(40))

@@ -176,7 +176,7 @@ def faster_capture(trials: list[dict[str, Any]], captures: dict[str, dict[str, A
         if name == dataparallel.NO_REDUCTION or "skipped" in result:
             continue
         ci = timing.capture_ci(result.get("step_times_s") or [])
-        if ci is not None and ci[1] < clean_ci[0]:
+        if ci is not None and timing.placement(ci, clean_ci) is timing.Placement.BELOW:
             return name
     return None
 

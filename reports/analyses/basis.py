@@ -81,6 +81,8 @@ _FROM_VERDICT = {timing.OverheadVerdict.ABOVE: Agreement.SLOWER, timing.Overhead
                  timing.OverheadVerdict.WITHIN: Agreement.AGREES,
                  timing.OverheadVerdict.TOO_FEW_STEPS: Agreement.TOO_FEW_STEPS,
                  timing.OverheadVerdict.NO_INTERVAL: Agreement.NO_INTERVAL}
+_BY_PLACEMENT = {timing.Placement.WITHIN: Agreement.AGREES, timing.Placement.ABOVE: Agreement.SLOWER,
+                 timing.Placement.BELOW: Agreement.FASTER}
 BY_INTERVALS = ("95% intervals of the pass's and the clean pass's medians, the clean pass's widened to one more "
                 "process's 95% prediction interval from its trials where it ran quiet (timing.PROCESS_RULE)")
 BY_VERDICT = ("overhead verdict: the pass's median against the clean pass's 95% interval (the run records "
@@ -177,8 +179,7 @@ def pass_state(run_name: str, r: dict, pass_name: str) -> PassState | None:
         agreement, basis = Agreement.NOT_MEASURED, ""
     elif ci is not None and clean_ci is not None:
         basis = BY_INTERVALS
-        agreement = (Agreement.AGREES if timing.intervals_overlap(ci, clean_ci) else
-                     Agreement.SLOWER if ci[0] > clean_ci[1] else Agreement.FASTER)
+        agreement = _BY_PLACEMENT[timing.placement(ci, clean_ci)]
     else:
         basis = BY_VERDICT
         recorded = field_at(p, "overhead_verdict")
@@ -266,9 +267,10 @@ def pair_basis(states: dict[StateKey, PassState], run: str, framework: str, batc
     if sa.ci is None or sb.ci is None:
         return PairBasis(None, ratio, f"{said}; no interval of {a if sa.ci is None else b} pass's median to judge by")
     own = f"{a} [{sa.ci[0] * 1e3:.4g}–{sa.ci[1] * 1e3:.4g}] ms against {b} [{sb.ci[0] * 1e3:.4g}–{sb.ci[1] * 1e3:.4g}] ms"
-    if timing.intervals_overlap(sa.ci, sb.ci):
+    where = timing.placement(sa.ci, sb.ci)
+    if where is timing.Placement.WITHIN:
         return PairBasis(True, ratio, f"{said}: one speed ({own})")
-    way = "slower" if sa.ci[0] > sb.ci[1] else "faster"
+    way = "slower" if where is timing.Placement.ABOVE else "faster"
     return PairBasis(False, ratio, f"{said}, {way} beyond noise ({own}): not one time basis")
 
 
@@ -443,8 +445,7 @@ def cpu_state(run_name: str, r: dict, pass_name: str, clean: dict | None = None,
     if fig is not None and clean is not None:
         ci, judge = _ci(fig), timing.judging_interval(clean, between_processes=True)
         agreement = (Agreement.AGREES if pass_name == CLEAN else Agreement.NO_INTERVAL if ci is None or judge is None
-                     else Agreement.AGREES if timing.intervals_overlap(ci, judge)
-                     else Agreement.SLOWER if ci[0] > judge[1] else Agreement.FASTER)
+                     else _BY_PLACEMENT[timing.placement(ci, judge)])
     return CpuState(run_name, str(case_of(r)), field_at(r, "batch_size"), pass_name, fig,
                     float(wall) if isinstance(wall, int | float) else None, clean, agreement,
                     (_trials_busy(r) if pooled else Busy.of(r)) if pass_name == CLEAN else Busy.of(p),

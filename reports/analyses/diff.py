@@ -364,9 +364,8 @@ def step_verdict(a: dict[str, Any], b: dict[str, Any]) -> Verdict:
     ib = (field_at(b, "ci95_low_s"), field_at(b, "ci95_high_s"))
     if None in ia or None in ib:
         return Verdict.NO_TRIALS
-    if timing.intervals_overlap(ia, ib):
-        return Verdict.NOISE
-    return Verdict.SLOWER if field_at(b, "median_step_s") > field_at(a, "median_step_s") else Verdict.FASTER
+    return {timing.Placement.WITHIN: Verdict.NOISE, timing.Placement.ABOVE: Verdict.SLOWER,
+            timing.Placement.BELOW: Verdict.FASTER}[timing.placement(ib, ia)]
 
 
 def _step_samples(side: Side) -> list[float]:
