@@ -29,7 +29,7 @@ import pandas as pd
 from kernelmap.frameworks import spec
 from kernelmap.frameworks.case import order_names
 
-from kernelmap import adapters, frameworks, schema
+from kernelmap import adapters, frameworks, schema, timing
 
 from . import analysis as A
 from .analyses.basis import CLEAN, CpuState, PassState, StateKey, TimeKind, comparable
@@ -244,7 +244,8 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
     step, median of every clean trial: ``basis.CPU_ALL_TRIALS``, 95% interval) and a row per layer x direction (``PER_LAYER_CPU``:
     ``op_totals`` is ``basis.traced_op_ms``,
     from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
-    ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio``.
+    ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio`` and
+    ``<fw>.vs_ref_noise`` (``cpu_noise``: where the ratio lies against the noise of its two figures).
     ``sampled`` (``opcpu.op_cpu_of``, by run, framework, batch size): a layer's cell is its ops' own sampled CPU
     time where measured (``basis.PER_OP_CPU``), compared on a busy machine too; else the share estimate, whose
     busy pass is a reason (``basis.UNEVEN_STRETCH``). Contention is marked (``busy``)."""
@@ -283,7 +284,24 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
         if fw != frameworks.REFERENCE:
             out[[f"{fw}.vs_ref", f"{fw}.no_ratio"]] = [
                 _cpu_ratio(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
+            out[f"{fw}.vs_ref_noise"] = [cpu_noise(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
     return _layer_order(out), fws
+
+
+NOISE_RULE = ("a CPU-time ratio is within noise where the two figures' 95% intervals overlap (timing.placement; "
+              "the interval of each cell: its clean trials' median on the whole-step row, its sampled ops' per-step "
+              "time on a layer's row): the difference it shows is then called noise, however far from 1 it reads")
+
+
+def cpu_noise(row: dict[str, Any], fw: str, ref: str) -> str | None:
+    """Where ``fw``'s CPU-time figure lies against ``ref``'s on an ``answer.cpu_table`` row (``NOISE_RULE``): a
+    ``timing.Placement`` value (below: faster beyond noise, within, above: slower beyond noise), or None where the
+    row has no ratio or either figure no interval."""
+    v = row.get(f"{fw}.vs_ref")
+    a, b = row.get(f"{fw}.ci_ms"), row.get(f"{ref}.ci_ms")
+    if v is None or pd.isna(v) or not isinstance(a, tuple) or not isinstance(b, tuple):
+        return None
+    return str(timing.placement(a, b))
 
 
 def _cpu_ratio(row: dict[str, Any], fw: str, ref: str) -> tuple[float | None, str | None]:

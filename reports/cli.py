@@ -632,7 +632,8 @@ def _first_screen(a: Analysed) -> dict[str, Any]:
     shared, alone = ANS.split_alone(a.ans, a.ans_fws)
     failed, every = H.checks_tables(a.checks, CHECK_FIELDS, C.FAIL)
     ref = ANS.frameworks.REFERENCE
-    return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP),
+    return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP,
+                                        str(timing.Placement.WITHIN), ANS.NOISE_RULE),
             "cpu_method": f"{B.PER_OP_CPU}. {OP_CPU_METHOD}. {B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
             "cpu_wall_html": H.table(a.cpu_wall),
             "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls, "alone-"),

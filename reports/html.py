@@ -162,9 +162,17 @@ def statements_list(stated: dict[str, int], anchor: str) -> str:
     return f'<ol class="noratio-notes call-notes" type="a">{items}</ol>'
 
 
-def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float) -> str:
-    """A ratio cell: the ratio (marked where ``gap`` or more either way), or a pointer to why there is none."""
+NOISE_SAID = "noise"  # a ratio whose two figures' 95% intervals overlap (answer.NOISE_RULE)
+
+
+def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float, within_noise: bool = False,
+               noise_rule: str = "") -> str:
+    """A ratio cell: the ratio (marked where ``gap`` or more either way, unless ``within_noise``: then called noise,
+    ``noise_rule`` in its title), or a pointer to why there is none."""
     if v is not None and not pd.isna(v):
+        if within_noise:
+            return (f'<td class="num within-noise" title="{html.escape(noise_rule)}">{v:.3g}× '
+                    f'<span class="meta">{NOISE_SAID}</span></td>')
         far = v >= gap or v <= 1 / gap
         return f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>'
     if not isinstance(why, str):
@@ -187,12 +195,14 @@ def _cpu_cell(r: pd.Series, fw: str) -> str:
             f"<b>{fmt(ms, 'ms_per_step')}</b></td>")
 
 
-def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -> list[dict[str, Any]]:
+def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float, within: str = "",
+               noise_rule: str = "") -> list[dict[str, Any]]:
     """``answer.cpu_table`` as one HTML table per run, its batch sizes one above the other (a ``bs`` column
     where there are several: every layer and direction of every batch size on the first screen): per framework
     its CPU time per step (ms, on one line with its pass, the clean pass's 95% interval on the whole-step row,
-    BUSY where the machine was), then each framework's CPU time over the reference's. ``label``: framework key
-    -> its name. The reasons a cell has no ratio are numbered once per table, folded under it."""
+    BUSY where the machine was), then each framework's CPU time over the reference's, called noise where its
+    ``<fw>.vs_ref_noise`` is ``within`` (``noise_rule``). ``label``: framework key -> its name. The reasons a cell
+    has no ratio are numbered once per table, folded under it."""
     out: list[dict[str, Any]] = []
     if cpu.empty:
         return out
@@ -214,11 +224,14 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                          else []) + [f'<td class="key">{html.escape(str(r["layer"]))}</td>',
                                      f'<td class="key">{html.escape(str(r["direction"]))}</td>']
                 cells += [_cpu_cell(r, fw) for fw in here]
-                cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap)
+                cells += [ratio_cell(r.get(f"{fw}.vs_ref"), r.get(f"{fw}.no_ratio"), notes, anchor, gap,
+                                     bool(within) and r.get(f"{fw}.vs_ref_noise") == within, noise_rule)
                           for fw in others]
                 body.append(('<tr class="bs-first">' if several and i == 0 and bs != sizes[0] else "<tr>")
                             + "".join(cells) + "</tr>")
         n_ratio = sum(int(g[f"{fw}.vs_ref"].notna().sum()) for fw in others)
+        n_noise = sum(int((g[f"{fw}.vs_ref_noise"] == within).sum()) for fw in others
+                      if within and f"{fw}.vs_ref_noise" in g)
         n_cells = sum(int(g[f"{fw}.cpu_ms"].notna().sum()) for fw in others)
         # cells with no figure that say why (answer.WITHHELD: not sampled apart), counted as such, not as figures
         n_withheld = sum(int((g[f"{fw}.cpu_ms"].isna() & g[f"{fw}.not_sampled"].map(lambda v: isinstance(v, str)))
@@ -227,7 +240,7 @@ def cpu_tables(cpu: pd.DataFrame, fws: list[str], ref: str, label, gap: float) -
                   f" cell for its own)</summary>{notes_list(notes, anchor)}</details>" if notes else "")
         sizes_said = ", ".join(str(b) for b in sizes)
         out.append({"title": f"Run {run}, batch size{'s' if several else ''} {sizes_said}", "ratios": n_ratio,
-                    "ratio_cells": n_cells, "withheld": n_withheld,
+                    "ratio_cells": n_cells, "withheld": n_withheld, "noise": n_noise,
                     "html": f'<table class="answer cpu"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
                             f"</tbody></table>" + folded})
     return out

@@ -158,3 +158,34 @@ def test_cpu_time_against_wall_time_on_a_quiet_machine():
     assert got.loc[3, "why"] == "CPU time above the wall time x 2 cores: not one process's CPU time"
     gpu = B.cpu_wall_agreement([_states([_entry("pytorch", 0.01, 0.1, 0.01, False, device="gpu")])[1]])
     assert gpu.loc[0, "agrees"] is None and gpu.loc[0, "why"].startswith("a GPU run")
+
+
+def test_a_cpu_ratio_inside_the_noise_is_called_noise():
+    """answer.NOISE_RULE: MXNet's whole step at PyTorch's CPU time (their 95% intervals overlap) is called noise;
+    JAX's at half of it is a difference beyond noise. On the page a ratio within noise is not marked as a gap
+    however far from 1 it reads, and the table's title counts it."""
+    from kernelmap.reports import answer as ANS
+    from kernelmap.reports import html as H
+
+    states, _ = _states([_entry("pytorch", 0.040, 0.100, 0.0401, False),
+                         _entry("mxnet", 0.0401, 0.100, 0.0402, False), _entry("jax", 0.020, 0.090, 0.0201, False)])
+    cpu, fws = ANS.cpu_table(_layers({}), states, {})
+    step = cpu.set_index("layer").loc[ANS.WHOLE_STEP]
+    assert step["mxnet.vs_ref_noise"] == str(timing.Placement.WITHIN)
+    assert step["jax.vs_ref_noise"] == str(timing.Placement.BELOW)
+    # a row with no interval on one side: no verdict either way
+    row = {**step.to_dict(), "pytorch.ci_ms": None}
+    assert ANS.cpu_noise(row, "jax", "pytorch") is None
+    # 1.6x, a gap by its size, inside the noise of two wide intervals: grey and called noise, not red
+    wide = cpu.copy()
+    wide.loc[wide.index[0], ["mxnet.cpu_ms", "mxnet.vs_ref"]] = [64.0, 1.6]
+    wide.at[wide.index[0], "mxnet.ci_ms"] = (30.0, 90.0)
+    wide.at[wide.index[0], "mxnet.vs_ref_noise"] = ANS.cpu_noise(wide.iloc[0].to_dict(), "mxnet", "pytorch")
+    assert wide.iloc[0]["mxnet.vs_ref_noise"] == str(timing.Placement.WITHIN)
+    (t,) = H.cpu_tables(wide, fws, "pytorch", str.upper, ANS.GAP, str(timing.Placement.WITHIN), ANS.NOISE_RULE)
+    assert t["ratios"] == 2 and t["noise"] == 1
+    assert f'1.6× <span class="meta">{H.NOISE_SAID}</span>' in t["html"] and 'differs">1.6×' not in t["html"]
+    assert 'differs">0.5' in t["html"]  # JAX: beyond noise and a gap
+    # without the verdict's value (an older caller), the same table marks the 1.6x as a gap
+    (old,) = H.cpu_tables(wide, fws, "pytorch", str.upper, ANS.GAP)
+    assert 'differs">1.6×' in old["html"] and old["noise"] == 0
