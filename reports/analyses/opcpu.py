@@ -139,9 +139,11 @@ def _measure(run: Run, t: Timed) -> OpCpu:
     ends_ns = np.asarray([m[2] for m in marks], dtype=np.int64)
     on_main, main_how = main_thread(ev, result.get("pid"), full, fit, fig.get("median_gap_us"))
     samples = full if on_main is not False else full.without_main()  # MAIN_RULE: not decided, kept
+    step_ns = full.between(starts_ns, ends_ns)
     base = dict(iterations=t.iterations, fit=fit, sampler=fig, main_in_ops=on_main, main_how=main_how,
-                step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns)),
-                ops_step_cpu_ms=tuple(float(x) / 1e6 for x in samples.between(starts_ns, ends_ns)),
+                step_cpu_ms=tuple(float(x) / 1e6 for x in step_ns),
+                ops_step_cpu_ms=tuple(float(x) / 1e6 for x in (
+                    step_ns if samples is full else samples.between(starts_ns, ends_ns))),
                 sampler_step_cpu_ms=tuple(float(x) / 1e6 for x in full.between(starts_ns, ends_ns, own=True)),
                 worker_step_cpu_ms=tuple(float(x) * 1e3 for x in result.get(timing.CPU_SAMPLES) or ()))
     if fit is None or not fit.good:
@@ -171,9 +173,10 @@ def _measure(run: Run, t: Timed) -> OpCpu:
         unsure = pool.unsure[:len(ev)]
         why = why.assign(cpu_why=pd.Series(np.where(unsure, poolcpu.UNSURE_WHY, None), index=ev.index, dtype=object),
                          pool_with=pd.Series(None, index=ev.index, dtype=object))
+    process_ns = full.between(start, end)  # where the main thread runs ops, the ops' threads are every thread
     return OpCpu(fw, bs, "", ev.assign(cpu_ns=np.where(why["cpu_why"].notna(), np.nan, shared), shared_cpu_ns=shared,
-                                       **why, span_cpu_ns=samples.between(start, end),
-                                       process_cpu_ns=full.between(start, end)), **base, pool=pool)
+                                       **why, span_cpu_ns=process_ns if samples is full else samples.between(start, end),
+                                       process_cpu_ns=process_ns), **base, pool=pool)
 
 
 def pool_threads(folder, fig: dict, full: cpusampler.Samples, pid: Any, rec: pd.DataFrame, ev: pd.DataFrame,
