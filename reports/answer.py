@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from kernelmap.frameworks import spec
 from kernelmap.frameworks.case import order_names
@@ -36,8 +37,9 @@ from .analyses.basis import CLEAN, CpuState, PassState, StateKey, TimeKind, comp
 from .analyses.opcpu import LayerCpu, OpCpu, layer_cpu
 
 # one answer row: which layer and direction it is, then per framework these fields
-FW_FIELDS = ("libraries", "library_calls", "algos", "kernels", "ms_per_step", "time_source", "time_kind", "pass",
-             "comparable", "why_not")
+FW_FIELDS = ("libraries", "library_calls", "algos", "kernels", "ms_per_step", "ci_ms", "time_source", "time_kind",
+             "pass", "comparable", "why_not")
+RATIO_FIELDS = ("vs_ref", "no_ratio", "vs_ref_noise")  # per framework but the reference
 KEY = ("run", "batch_size", "layer", "direction")
 GAP = A.TIME_GAP  # a time ratio this far from 1 (either way) is called a gap
 LIBRARY_TIME = str(TimeKind.LIBRARY)
@@ -54,6 +56,7 @@ BACKWARD = frozenset({schema.Direction.BWD, schema.Direction.BWD_DATA, schema.Di
 _SUMMED = ("ms_per_step", "op_ms_per_step", "calls_per_step", "reorders_per_step", "reorder_ms_per_step",
            "flops_per_step")
 _JOINED = ("libraries", "library_calls", "algos", "kernels", "math_modes")
+_STEPWISE = ("steps_ms", "op_steps_ms")  # per traced step, in the same steps' order (layer_table)
 
 
 def _whole_backward(directions: frozenset) -> bool:
@@ -96,6 +99,11 @@ def merge_backward(layers: pd.DataFrame) -> pd.DataFrame:
             for c in _JOINED:
                 if c in x:
                     row[c] = list(dict.fromkeys(v for lst in x[c] if isinstance(lst, list) for v in lst))
+            for c in _STEPWISE:  # the same traced steps in every part: summed step by step, else none
+                if c in x:
+                    parts = [v for v in x[c] if isinstance(v, list | tuple)]
+                    same = len(parts) == len(x) and len({len(v) for v in parts}) == 1
+                    row[c] = [float(s) for s in np.sum(np.asarray(parts, dtype=float), axis=0)] if same else None
             row["time_source"] = f"{row.get('time_source')}; summed over {', '.join(sorted(x['direction']))}"
             extra.append(row)
     return pd.concat([layers, pd.DataFrame(extra)], ignore_index=True) if extra else layers
@@ -110,6 +118,13 @@ def no_capture_runs(runs: list[A.Run]) -> list[str]:
         if run.results and passes <= {"clean"}:
             out.append(run.name)
     return out
+
+
+def _cell_ci(r: pd.Series, kind: TimeKind) -> tuple[float, float] | None:
+    """The 95% interval of a cell's time per step (the mean of its per-step values: ``timing.mean_ci``), None
+    without two of them."""
+    steps = r.get("op_steps_ms" if kind == TimeKind.OP else "steps_ms")
+    return timing.mean_ci(list(steps)) if isinstance(steps, list | tuple) and len(steps) > 1 else None
 
 
 def _cell_time(r: pd.Series, lib_time: bool) -> tuple[TimeKind, Any, str | None, str]:
@@ -159,6 +174,7 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
             kinds.add(kind)
             row.update({f"{fw}.libraries": r["libraries"], f"{fw}.library_calls": r["library_calls"],
                         f"{fw}.algos": r["algos"], f"{fw}.kernels": r["kernels"], f"{fw}.ms_per_step": ms,
+                        f"{fw}.ci_ms": _cell_ci(r, kind),
                         f"{fw}.time_source": source, f"{fw}.time_kind": str(kind), f"{fw}.pass": pass_,
                         f"{fw}.comparable": ok, f"{fw}.why_not": why})
         row["compared_on"] = str(kinds.pop()) if len(kinds) == 1 else MIXED
@@ -171,11 +187,11 @@ def answer_table(layers: pd.DataFrame, states: dict[StateKey, PassState] | None 
             if fw == ref or fw not in by_fw:
                 continue
             row[f"{fw}.vs_ref"], row[f"{fw}.no_ratio"] = _ratio(row, fw, ref, unsplit)
+            row[f"{fw}.vs_ref_noise"] = ratio_noise(row, fw, ref)
         rows.append(row)
     out = pd.DataFrame(rows)
     cols = [*KEY, "canonical_op", "compared_on"] + [
-        f"{fw}.{k}" for fw in fws for k in (*FW_FIELDS, "vs_ref", "no_ratio") if fw != ref or k not in (
-            "vs_ref", "no_ratio")]
+        f"{fw}.{k}" for fw in fws for k in (*FW_FIELDS, *RATIO_FIELDS) if fw != ref or k not in RATIO_FIELDS]
     out = out.reindex(columns=cols)
     return _layer_order(out), fws
 
@@ -245,7 +261,7 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
     ``op_totals`` is ``basis.traced_op_ms``,
     from ``merge_backward(layers)`` so that every framework's backward is on one row); per framework
     ``<fw>.<field>`` for ``CPU_FIELDS`` and, but the reference, ``<fw>.vs_ref`` / ``<fw>.no_ratio`` and
-    ``<fw>.vs_ref_noise`` (``cpu_noise``: where the ratio lies against the noise of its two figures).
+    ``<fw>.vs_ref_noise`` (``ratio_noise``: where the ratio lies against the noise of its two figures).
     ``sampled`` (``opcpu.op_cpu_of``, by run, framework, batch size): a layer's cell is its ops' own sampled CPU
     time where measured (``basis.PER_OP_CPU``), compared on a busy machine too; else the share estimate, whose
     busy pass is a reason (``basis.UNEVEN_STRETCH``). Contention is marked (``busy``)."""
@@ -284,17 +300,19 @@ def cpu_table(layers: pd.DataFrame, states: dict[StateKey, CpuState],
         if fw != frameworks.REFERENCE:
             out[[f"{fw}.vs_ref", f"{fw}.no_ratio"]] = [
                 _cpu_ratio(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
-            out[f"{fw}.vs_ref_noise"] = [cpu_noise(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
+            out[f"{fw}.vs_ref_noise"] = [ratio_noise(r, fw, frameworks.REFERENCE) for r in out.to_dict("records")]
     return _layer_order(out), fws
 
 
-NOISE_RULE = ("a CPU-time ratio is within noise where the two figures' 95% intervals overlap (timing.placement; "
-              "the interval of each cell: its clean trials' median on the whole-step row, its sampled ops' per-step "
-              "time on a layer's row): the difference it shows is then called noise, however far from 1 it reads")
+NOISE_RULE = ("a ratio is within noise where the two figures' 95% intervals overlap (timing.placement): the "
+              "difference it shows is then called noise, however far from 1 it reads. Each cell's interval: on CPU "
+              "time its clean trials' median on the whole-step row, its sampled ops' per-step time on a layer's row; "
+              "in the calls-and-kernels tables the mean over its traced steps (timing.mean_ci: within the one "
+              "process each figure comes from, not widened by the noise between processes)")
 
 
-def cpu_noise(row: dict[str, Any], fw: str, ref: str) -> str | None:
-    """Where ``fw``'s CPU-time figure lies against ``ref``'s on an ``answer.cpu_table`` row (``NOISE_RULE``): a
+def ratio_noise(row: dict[str, Any], fw: str, ref: str) -> str | None:
+    """Where ``fw``'s figure lies against ``ref``'s on an answer row (``answer_table``, ``cpu_table``; ``NOISE_RULE``): a
     ``timing.Placement`` value (below: faster beyond noise, within, above: slower beyond noise), or None where the
     row has no ratio or either figure no interval."""
     v = row.get(f"{fw}.vs_ref")

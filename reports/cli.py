@@ -61,6 +61,7 @@ OP_FIELDS = {"op_names": "op", "libraries": "library", "library_calls": "library
 ABBREVIATED = {"op_names", "library_calls", "kernels"}  # list cells cut to a few short names (full in a title)
 NEAR_ZERO = 0.01  # op-table rows under this share of every framework's summed time are folded away
 LAUNCH_BS = 64  # the first screen's launch-bound line: each framework's fastest mode at this batch size
+WITHIN = str(timing.Placement.WITHIN)  # a ratio whose two figures' intervals overlap: called noise (answer.NOISE_RULE)
 
 
 LAYER_FIELDS = {"run": "run", "batch_size": "batch size", "layer": "layer", "canonical_op": "op",
@@ -245,14 +246,15 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                     cells.append(f'<td class="noratio" title="{_html.escape(why)}">{ANS.NO_RATIO} '
                                  f'<a href="#{tag}noratio-{_html.escape(str(run))}-{bs}-{n}">[{n}]</a></td>')
                     continue
-                far = v >= ANS.GAP or v <= 1 / ANS.GAP
-                cells.append(f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>')
+                cells.append(H.ratio_value_cell(float(v), ANS.GAP, row.get(f"{fw}.vs_ref_noise") == WITHIN,
+                                                ANS.NOISE_RULE))
             body.append("<tr>" + "".join(cells) + "</tr>")
         basis = sorted(set(g["compared_on"].dropna()))
         dev = summ[(summ["run"] == run) & (summ["batch_size"] == bs)] if len(summ) else summ
         on = {f: d for f, d in zip(dev.get("framework", []), dev.get("device", []), strict=True)}
         where = ", ".join(f"{A.fw_label(fw)} on {str(on[fw]).upper()}" for fw in here if fw in on)
         n_ratio = sum(int(pd.notna(g.get(f"{fw}.vs_ref")).sum()) for fw in others if f"{fw}.vs_ref" in g)
+        n_noise = sum(int((g[f"{fw}.vs_ref_noise"] == WITHIN).sum()) for fw in others if f"{fw}.vs_ref_noise" in g)
         n_cells = sum(int(g[f"{fw}.ms_per_step"].notna().sum()) for fw in others)
         why_list = "".join(f'<li id="{tag}noratio-{_html.escape(str(run))}-{bs}-{n}" value="{n}">{_html.escape(w)}</li>'
                            for w, n in notes.items())
@@ -262,7 +264,7 @@ def _answer_tables(ans: pd.DataFrame, fws: list[str], fallbacks: list[dict], sum
                             f"<tbody>{''.join(body)}</tbody></table></div>"
                             + (f'<ol class="noratio-notes">{why_list}</ol>' if notes else "")
                             + H.statements_list(stated, f"{tag}callnote-{_html.escape(str(run))}-{bs}"),
-                    "basis": ", ".join(basis), "ratios": n_ratio, "ratio_cells": n_cells})
+                    "basis": ", ".join(basis), "ratios": n_ratio, "noise": n_noise, "ratio_cells": n_cells})
     return out
 
 
@@ -632,8 +634,7 @@ def _first_screen(a: Analysed) -> dict[str, Any]:
     shared, alone = ANS.split_alone(a.ans, a.ans_fws)
     failed, every = H.checks_tables(a.checks, CHECK_FIELDS, C.FAIL)
     ref = ANS.frameworks.REFERENCE
-    return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP,
-                                        str(timing.Placement.WITHIN), ANS.NOISE_RULE),
+    return {"cpu_answers": H.cpu_tables(a.cpu, a.cpu_fws, ref, A.fw_label, ANS.GAP, WITHIN, ANS.NOISE_RULE),
             "cpu_method": f"{B.PER_OP_CPU}. {OP_CPU_METHOD}. {B.PER_LAYER_CPU}. {timing.CPU_RULE}.",
             "cpu_wall_html": H.table(a.cpu_wall),
             "answers_alone": _answer_tables(alone, a.ans_fws, a.fallbacks, a.summ, a.libcalls, "alone-"),

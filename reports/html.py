@@ -165,16 +165,22 @@ def statements_list(stated: dict[str, int], anchor: str) -> str:
 NOISE_SAID = "noise"  # a ratio whose two figures' 95% intervals overlap (answer.NOISE_RULE)
 
 
+def ratio_value_cell(v: float, gap: float, within_noise: bool = False, noise_rule: str = "") -> str:
+    """A ratio's cell: grey and called noise where ``within_noise`` (``noise_rule`` in its title), else marked
+    where ``gap`` or more either way."""
+    if within_noise:
+        return (f'<td class="num within-noise" title="{html.escape(noise_rule)}">{v:.3g}× '
+                f'<span class="meta">{NOISE_SAID}</span></td>')
+    far = v >= gap or v <= 1 / gap
+    return f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>'
+
+
 def ratio_cell(v: Any, why: Any, notes: dict[str, int], anchor: str, gap: float, within_noise: bool = False,
                noise_rule: str = "") -> str:
     """A ratio cell: the ratio (marked where ``gap`` or more either way, unless ``within_noise``: then called noise,
     ``noise_rule`` in its title), or a pointer to why there is none."""
     if v is not None and not pd.isna(v):
-        if within_noise:
-            return (f'<td class="num within-noise" title="{html.escape(noise_rule)}">{v:.3g}× '
-                    f'<span class="meta">{NOISE_SAID}</span></td>')
-        far = v >= gap or v <= 1 / gap
-        return f'<td class="num{" differs" if far else ""}">{v:.3g}×</td>'
+        return ratio_value_cell(float(v), gap, within_noise, noise_rule)
     if not isinstance(why, str):
         return "<td>–</td>"
     n = notes.setdefault(why, len(notes) + 1)

@@ -175,12 +175,12 @@ def test_a_cpu_ratio_inside_the_noise_is_called_noise():
     assert step["jax.vs_ref_noise"] == str(timing.Placement.BELOW)
     # a row with no interval on one side: no verdict either way
     row = {**step.to_dict(), "pytorch.ci_ms": None}
-    assert ANS.cpu_noise(row, "jax", "pytorch") is None
+    assert ANS.ratio_noise(row, "jax", "pytorch") is None
     # 1.6x, a gap by its size, inside the noise of two wide intervals: grey and called noise, not red
     wide = cpu.copy()
     wide.loc[wide.index[0], ["mxnet.cpu_ms", "mxnet.vs_ref"]] = [64.0, 1.6]
     wide.at[wide.index[0], "mxnet.ci_ms"] = (30.0, 90.0)
-    wide.at[wide.index[0], "mxnet.vs_ref_noise"] = ANS.cpu_noise(wide.iloc[0].to_dict(), "mxnet", "pytorch")
+    wide.at[wide.index[0], "mxnet.vs_ref_noise"] = ANS.ratio_noise(wide.iloc[0].to_dict(), "mxnet", "pytorch")
     assert wide.iloc[0]["mxnet.vs_ref_noise"] == str(timing.Placement.WITHIN)
     (t,) = H.cpu_tables(wide, fws, "pytorch", str.upper, ANS.GAP, str(timing.Placement.WITHIN), ANS.NOISE_RULE)
     assert t["ratios"] == 2 and t["noise"] == 1

@@ -260,3 +260,35 @@ def test_jax_exact_counts(runs):
         # every kernel of a library custom call, and those a CUDA graph replays (placed by the schedule)
         assert b["library_kernels_linked"] >= len(direct) > 0
         assert (b["library_kernels_linked"], b["library_kernels"]) == LINKS[("all", "jax", bs, "xla_trace")][:2]
+
+
+def test_answer_calls_a_ratio_inside_its_steps_noise_noise(runs):
+    """answer.NOISE_RULE on the H200 run's kernel times: a ratio whose two cells' 95% intervals (the mean over the
+    traced steps, timing.mean_ci) overlap is within noise; the kernels' per-step times are steady enough that a
+    0.4% difference can lie beyond them. A backward summed over its halves (bwd (all)) is summed step by step."""
+    import numpy as np
+    from kernelmap.reports import analysis as A
+    from kernelmap.reports import answer as ANS
+    from kernelmap.reports.analyses import basis as B
+
+    run = A.load_run(runs["all"])
+    layers = A.layer_table([run])
+    ans = ANS.answer_table(layers, B.pass_states([run]))[0].set_index(["batch_size", "layer", "direction"])
+    counts = {fw: ans[f"{fw}.vs_ref_noise"].value_counts().to_dict() for fw in ("mxnet", "jax")}
+    assert counts == {"mxnet": {"above": 26, "below": 13, "within": 5}, "jax": {"below": 34, "above": 11, "within": 1}}
+    assert ans.loc[(256, "fc1", "bwd_data"), "mxnet.vs_ref"] == pytest.approx(1.002588, abs=1e-6)
+    assert ans.loc[(256, "fc1", "bwd_data"), "mxnet.vs_ref_noise"] == "within"
+    assert ans.loc[(1024, "fc1", "bwd_data"), ["mxnet.vs_ref_noise", "jax.vs_ref_noise"]].tolist() == ["within"] * 2
+    assert ans.loc[(64, "fc1", "bwd_weight"), "mxnet.vs_ref"] == pytest.approx(1.003758, abs=1e-6)
+    assert ans.loc[(64, "fc1", "bwd_weight"), "mxnet.vs_ref_noise"] == "above"
+    # no ratio, no verdict: MXNet's conv2 backward at bs 1024 is unsplit (a bwd row of its own)
+    assert ans.loc[(1024, "conv2", "bwd"), "mxnet.vs_ref_noise"] is None
+    for fw in ("pytorch", "mxnet", "jax"):
+        lo, hi = ans.loc[(1024, "conv2", ANS.BWD_ALL), f"{fw}.ci_ms"]
+        assert lo <= ans.loc[(1024, "conv2", ANS.BWD_ALL), f"{fw}.ms_per_step"] <= hi
+    merged = ANS.merge_backward(layers)
+    for fw, g in merged[(merged["batch_size"] == 1024) & (merged["layer"] == "conv2")].groupby("framework"):
+        parts = g[g["direction"].isin(ANS.BACKWARD)]
+        (whole,) = g.loc[g["direction"] == ANS.BWD_ALL, "steps_ms"]
+        assert whole == pytest.approx(np.sum(np.asarray(parts["steps_ms"].tolist()), axis=0).tolist()), fw
+        assert np.mean(whole) == pytest.approx(parts["ms_per_step"].sum()), fw
