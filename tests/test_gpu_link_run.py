@@ -292,3 +292,19 @@ def test_answer_calls_a_ratio_inside_its_steps_noise_noise(runs):
         (whole,) = g.loc[g["direction"] == ANS.BWD_ALL, "steps_ms"]
         assert whole == pytest.approx(np.sum(np.asarray(parts["steps_ms"].tolist()), axis=0).tolist()), fw
         assert np.mean(whole) == pytest.approx(parts["ms_per_step"].sum()), fw
+
+
+def test_the_page_greys_the_kernel_time_ratios_inside_the_noise(runs, tmp_path):
+    """The calls-and-kernels tables of the H200 run's page: each ratio within noise is a grey cell that says so
+    (html.ratio_value_cell), never a red one, and the tables' titles count them: 6, as answer.csv holds."""
+    import pandas as pd
+    from kernelmap.reports.cli import build
+
+    out = build([str(runs["all"])], tmp_path / "report")[0]
+    page = (out / "report.html").read_text()
+    grey = re.findall(r'<td class="num within-noise" title="[^"]*">([0-9.]+)× <span class="meta">noise</span>', page)
+    assert len(grey) == 6 and all(0.95 < float(v) < 1.05 for v in grey)
+    assert not re.search(r'class="num differs within-noise"|class="num within-noise differs"', page)
+    assert sum(int(n) for n in re.findall(r"(\d+) of them within noise", page)) == 6
+    ans = pd.read_csv(out / "tables" / "answer.csv")
+    assert int((ans[["mxnet.vs_ref_noise", "jax.vs_ref_noise"]] == "within").sum().sum()) == 6
